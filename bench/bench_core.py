@@ -1,0 +1,422 @@
+#!/usr/bin/env python3
+"""Core-op benchmark: eqgrad vs NumPy, PyTorch (eager, CPU) and tinygrad.
+
+Workloads (full size / --quick size):
+  elementwise  8-op chain log(exp((a*b + c)*0.5 - a) + |b|) on 16M (1M) float32
+  softmax      softmax over the last axis of (4096,1024) ((256,1024)) float32
+  layernorm    (x-mean)/sqrt(var+1e-5) over the last axis, same shapes, no affine
+  matmul512    512x512 @ 512x512 (128x128) float32
+  matmul1024   1024x1024 @ 1024x1024 (256x256) float32
+
+Per workload and framework it reports the median wall time over --reps timed
+repetitions (after warm-up), the ratio to eqgrad's median (to NumPy's when
+eqgrad is unavailable), the first-call latency (includes compilation for the
+lazy frameworks), kernels launched per run (eqgrad and tinygrad) and whether
+the result matches NumPy's.  Inputs are created and realized once, outside the
+timed region; for lazy frameworks every repetition rebuilds the lazy graph from
+those inputs and forces it.
+
+  python bench/bench_core.py                 # full run, 10 reps
+  python bench/bench_core.py --quick         # CI smoke run (sizes /16, 3 reps)
+  python bench/bench_core.py --only softmax,matmul512 --json bench/results/core.json
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import importlib.util
+import json
+import os
+import platform
+import shutil
+import statistics
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field, asdict
+from importlib import metadata
+from typing import Any, Callable
+
+import numpy as np
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if importlib.util.find_spec("eqgrad") is None: sys.path.insert(1, REPO_ROOT)   # not installed: use this checkout
+
+
+class Skip(Exception):
+  """A framework (or a framework/workload pair) cannot run here."""
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Workloads: each is written once against a tiny op namespace `F` that every framework adapter provides.
+
+def elementwise_chain(F, a, b, c):
+  # 8 ops: *, +, *, -, exp, abs, +, log   (exp argument stays in [-2, 2], log argument > 0)
+  return F.log(F.exp((a * b + c) * 0.5 - a) + F.abs(b))
+
+def softmax(F, x): return F.softmax(x)
+
+def layernorm(F, x):
+  mean = F.mean(x)
+  d = x - mean
+  var = F.mean(d * d)                           # biased variance, as layernorm uses
+  return d / F.sqrt(var + 1e-5)
+
+def matmul(F, a, b): return a @ b
+
+
+@dataclass(frozen=True)
+class Workload:
+  name: str
+  fn: Callable
+  shapes: tuple[tuple[int, ...], ...]          # full-size input shapes
+  quick_shapes: tuple[tuple[int, ...], ...]    # --quick input shapes (1/16 of the elements)
+  matmul_tol: bool = False                     # atol scaled by the result's magnitude
+
+N_EW = 16 * 1024 * 1024
+WORKLOADS = [
+  Workload("elementwise", elementwise_chain, ((N_EW,),) * 3, ((N_EW // 16,),) * 3),
+  Workload("softmax", softmax, ((4096, 1024),), ((256, 1024),)),
+  Workload("layernorm", layernorm, ((4096, 1024),), ((256, 1024),)),
+  Workload("matmul512", matmul, ((512, 512),) * 2, ((128, 128),) * 2, matmul_tol=True),
+  Workload("matmul1024", matmul, ((1024, 1024),) * 2, ((256, 256),) * 2, matmul_tol=True),
+]
+
+
+def make_inputs(w: Workload, quick: bool, seed: int = 0) -> list[np.ndarray]:
+  rng = np.random.default_rng(seed)
+  return [rng.uniform(-1.0, 1.0, size=s).astype(np.float32) for s in (w.quick_shapes if quick else w.shapes)]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Framework adapters.  Each provides the op namespace used by the workloads plus:
+#   setup()            import / initialise, raise Skip(reason) if unavailable
+#   info()             dict of environment info for the header
+#   to_input(arr)      realized framework tensor from a numpy array (untimed)
+#   force(out)         force the computation of `out` (timed)
+#   to_numpy(out)      result as ndarray (untimed, for verification)
+#   kernel_count()     running kernel counter, or None
+
+class Framework:
+  name = "?"
+  def setup(self): pass
+  def info(self) -> dict: return {}
+  def to_input(self, arr): return arr
+  def force(self, out): return out
+  def to_numpy(self, out) -> np.ndarray: return np.asarray(out)
+  def kernel_count(self) -> int | None: return None
+
+
+class NumpyFW(Framework):
+  name = "numpy"
+  exp, log, abs, sqrt = staticmethod(np.exp), staticmethod(np.log), staticmethod(np.abs), staticmethod(np.sqrt)
+  @staticmethod
+  def mean(x): return x.mean(axis=-1, keepdims=True)
+  @staticmethod
+  def softmax(x):
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+  def info(self):
+    blas = {}
+    try: blas = np.__config__.CONFIG["Build Dependencies"]["blas"]
+    except Exception: pass
+    return {"version": np.__version__, "blas": f"{blas.get('name', '?')} {blas.get('version', '')}".strip(),
+            "OPENBLAS_CORETYPE": os.environ.get("OPENBLAS_CORETYPE", "(unset)")}
+
+
+class TorchFW(Framework):
+  name = "torch"
+  def setup(self):
+    try: import torch
+    except Exception as e: raise Skip(f"torch not importable: {e}")
+    self.torch = torch
+    self.exp, self.log, self.abs, self.sqrt = torch.exp, torch.log, torch.abs, torch.sqrt
+  def mean(self, x): return x.mean(dim=-1, keepdim=True)
+  def softmax(self, x): return self.torch.softmax(x, dim=-1)
+  def info(self): return {"version": self.torch.__version__, "threads": self.torch.get_num_threads()}
+  def to_input(self, arr): return self.torch.from_numpy(arr)
+  def to_numpy(self, out): return out.numpy()
+
+
+class LazyTensorFW(Framework):
+  """Shared op namespace for the method-style lazy frameworks (eqgrad, tinygrad)."""
+  @staticmethod
+  def exp(x): return x.exp()
+  @staticmethod
+  def log(x): return x.log()
+  @staticmethod
+  def abs(x): return x.abs()
+  @staticmethod
+  def sqrt(x): return x.sqrt()
+  @staticmethod
+  def mean(x): return x.mean(axis=-1, keepdim=True)
+  @staticmethod
+  def softmax(x):
+    if hasattr(x, "softmax"): return x.softmax(axis=-1)
+    e = (x - x.max(axis=-1, keepdim=True)).exp()
+    return e / e.sum(axis=-1, keepdim=True)
+  def to_numpy(self, out): return out.numpy()
+
+
+class TinygradFW(LazyTensorFW):
+  def __init__(self, device: str):
+    self.device, self.name = device, f"tinygrad[{device}]"
+  def setup(self):
+    # tinygrad 0.14.0 selects its default device with DEV=<name> (CPU=1 / CL=1 raise "deprecated" assertions); we
+    # instead pass device= explicitly, which lets CPU and CL run side by side in one process.  Its CPU device
+    # compiles C with $CC (default "clang"); Debian's PoCL package only brings clang-15, so fall back to that.
+    # This must happen before tinygrad reads CC (its getenv is cached).
+    if "CC" not in os.environ and not shutil.which("clang") and shutil.which("clang-15"):
+      os.environ["CC"] = "clang-15"
+    try:
+      from tinygrad import Tensor, Device
+      from tinygrad.helpers import GlobalCounters
+    except Exception as e: raise Skip(f"tinygrad not importable: {e}")
+    self.Tensor, self.Device, self.GC = Tensor, Device, GlobalCounters
+    try:
+      dev = Device[self.device]
+      (Tensor([1.0, 2.0], device=self.device) * 2).realize().numpy()   # compile + run something tiny
+      dev.synchronize()
+    except Exception as e: raise Skip(f"tinygrad device {self.device} unusable: {type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}")
+    self.dev = dev
+  def info(self):
+    d = {"version": metadata.version("tinygrad"), "device": self.device,
+         "renderer": type(getattr(self.dev, "renderer", None)).__name__}
+    if self.device.startswith("CPU"): d["CC"] = os.environ.get("CC", "clang")
+    if hasattr(self.dev, "device_name"): d["cl_device"] = f"{self.dev.device_name} ({getattr(self.dev, 'driver_version', '?')})"
+    return d
+  def to_input(self, arr): return self.Tensor(arr, device=self.device).realize()
+  def force(self, out):
+    out.realize()
+    self.dev.synchronize()
+    return out
+  def kernel_count(self): return self.GC.kernel_count
+
+
+class EqgradFW(LazyTensorFW):
+  name = "eqgrad"
+  def setup(self):
+    try:
+      import eqgrad
+      self.Tensor = eqgrad.Tensor
+    except Exception as e: raise Skip(f"eqgrad not usable: {type(e).__name__}: {e}")
+    self.eqgrad = eqgrad
+    gc_ = getattr(eqgrad, "GlobalCounters", None)
+    self.counters = gc_ if isinstance(getattr(gc_, "kernel_count", None), int) else None
+    self.has_realize = hasattr(self.Tensor, "realize")
+  def info(self):
+    d = {"version": getattr(self.eqgrad, "__version__", "dev"), "path": os.path.dirname(self.eqgrad.__file__),
+         "kernel_count": "yes" if self.counters else "unavailable", "force": "realize()" if self.has_realize else "numpy()"}
+    try: d["device"] = str(self.Tensor(np.zeros(1, np.float32)).device)
+    except Exception: pass
+    return d
+  def to_input(self, arr):
+    t = self.Tensor(arr)
+    if self.has_realize: t.realize()
+    return t
+  def force(self, out):
+    if self.has_realize: out.realize()
+    else: out.numpy()
+    return out
+  def kernel_count(self): return self.counters.kernel_count if self.counters else None
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Measurement
+
+@dataclass
+class Result:
+  workload: str
+  framework: str
+  status: str = "ok"             # ok | mismatch | skipped | error
+  note: str = ""
+  median_s: float | None = None
+  mad_s: float | None = None     # median absolute deviation, a noise indicator
+  times_s: list[float] = field(default_factory=list)
+  first_call_s: float | None = None
+  kernels_per_run: int | None = None
+  max_abs_err: float | None = None
+  ratio_vs_baseline: float | None = None
+
+
+def timed(fw: Framework, w: Workload, inputs) -> tuple[float, Any]:
+  t0 = time.perf_counter()
+  out = fw.force(w.fn(fw, *inputs))
+  return time.perf_counter() - t0, out
+
+
+def bench_one(fw: Framework, w: Workload, arrays: list[np.ndarray], ref: np.ndarray, reps: int, warmup: int) -> Result:
+  r = Result(w.name, fw.name)
+  inputs = [fw.to_input(a) for a in arrays]
+  r.first_call_s, out = timed(fw, w, inputs)
+  for _ in range(warmup): out = None; timed(fw, w, inputs)
+  gc.collect()
+  gc.disable()
+  try:
+    kernels = set()
+    for _ in range(reps):
+      out = None
+      k0 = fw.kernel_count()
+      dt, out = timed(fw, w, inputs)
+      if k0 is not None: kernels.add(fw.kernel_count() - k0)
+      r.times_s.append(dt)
+  finally:
+    gc.enable()
+  r.median_s = statistics.median(r.times_s)
+  r.mad_s = statistics.median(abs(t - r.median_s) for t in r.times_s)
+  if kernels:
+    r.kernels_per_run = max(kernels)
+    if len(kernels) > 1: r.note = f"kernels per run varied: {sorted(kernels)}"
+  got = np.asarray(fw.to_numpy(out), dtype=np.float32)
+  atol = 1e-4 * max(1.0, float(np.abs(ref).max())) if w.matmul_tol else 1e-4
+  if got.shape != ref.shape:
+    r.status, r.note = "mismatch", f"shape {got.shape} != {ref.shape}"
+  else:
+    r.max_abs_err = float(np.nanmax(np.abs(got.astype(np.float64) - ref))) if got.size else 0.0
+    if not np.allclose(got, ref, rtol=1e-3, atol=atol): r.status = "mismatch"
+  return r
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Reporting
+
+def fmt_time(s: float | None) -> str:
+  if s is None: return "-"
+  return f"{s * 1e3:.3f} ms" if s < 0.01 else f"{s * 1e3:.1f} ms" if s < 10 else f"{s:.2f} s"
+
+def fmt_ratio(r: float | None, is_baseline: bool) -> str:
+  if is_baseline: return "baseline"
+  if r is None: return "-"
+  return f"{r:.2f}x slower" if r >= 1 else f"{1 / r:.2f}x faster"
+
+def progress(msg: str):
+  if sys.stderr.isatty(): print(f"\r  {msg:<50}", end="" if msg else "\r", file=sys.stderr, flush=True)
+
+def cpu_model() -> str:
+  try:
+    with open("/proc/cpuinfo") as f:
+      for line in f:
+        if line.startswith("model name"): return line.split(":", 1)[1].strip()
+  except OSError: pass
+  return platform.processor() or platform.machine()
+
+def print_env(fws: list[Framework], skipped: dict[str, str], args) -> dict:
+  ncpu = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+  env = {"cpu": cpu_model(), "cores": ncpu, "python": platform.python_version(), "platform": platform.platform(),
+         "reps": args.reps, "warmup": args.warmup, "quick": args.quick, "frameworks": {}}
+  print(f"CPU: {env['cpu']}  ({ncpu} cores usable, os.cpu_count={os.cpu_count()})")
+  print(f"Python {env['python']} on {env['platform']}")
+  for fw in fws:
+    try: info = fw.info()
+    except Exception as e: info = {"info_error": repr(e)}
+    env["frameworks"][fw.name] = info
+    print(f"  {fw.name:<15} " + ", ".join(f"{k}={v}" for k, v in info.items()))
+  for name, why in skipped.items():
+    env["frameworks"][name] = {"skipped": why}
+    print(f"  {name:<15} SKIPPED: {why}")
+  print(f"reps={args.reps} (median reported), warmup={args.warmup}, sizes={'quick (1/16)' if args.quick else 'full'}")
+  return env
+
+def print_table(results: list[Result], baseline: str):
+  head = ["workload", "framework", "median", "±MAD", f"vs {baseline}", "kernels", "1st call", "check"]
+  rows = []
+  for r in results:
+    if r.status in ("skipped", "error"):
+      rows.append([r.workload, r.framework, r.status.upper(), "", "", "", "", r.note[:60]]); continue
+    mad = f"{100 * r.mad_s / r.median_s:.0f}%" if r.median_s else "-"
+    check = "ok" if r.status == "ok" else f"MISMATCH (max err {r.max_abs_err:.3g})" if r.max_abs_err is not None else f"MISMATCH {r.note}"
+    if r.status == "ok" and r.note: check += f" ({r.note})"
+    rows.append([r.workload, r.framework, fmt_time(r.median_s), mad, fmt_ratio(r.ratio_vs_baseline, r.framework == baseline),
+                 "-" if r.kernels_per_run is None else str(r.kernels_per_run), fmt_time(r.first_call_s), check])
+  widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
+  line = lambda cells: "  ".join(str(c).ljust(wd) if i < 2 or i == len(cells) - 1 else str(c).rjust(wd)
+                                 for i, (c, wd) in enumerate(zip(cells, widths))).rstrip()
+  print()
+  print(line(head))
+  print(line(["-" * wd for wd in widths]))
+  prev = None
+  for row in rows:
+    if prev is not None and row[0] != prev: print()
+    print(line(row if row[0] != prev else [""] + row[1:]))
+    prev = row[0]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+
+def main(argv=None) -> int:
+  p = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--reps", type=int, default=None, help="timed repetitions per case (default 10, 3 with --quick)")
+  p.add_argument("--warmup", type=int, default=None, help="untimed repetitions after the first call (default 2, 1 with --quick)")
+  p.add_argument("--quick", action="store_true", help="1/16 of the elements and 3 reps (CI smoke run)")
+  p.add_argument("--only", default=None, help="comma-separated workloads: " + ",".join(w.name for w in WORKLOADS))
+  p.add_argument("--frameworks", default="eqgrad,numpy,torch,tinygrad",
+                 help="comma-separated subset of eqgrad,numpy,torch,tinygrad (default: all)")
+  p.add_argument("--tinygrad-devices", default="CPU,CL", help="tinygrad devices, one column each (default CPU,CL)")
+  p.add_argument("--no-eqgrad", action="store_true", help="skip the eqgrad column")
+  p.add_argument("--json", default=None, metavar="PATH", help="write environment and results as JSON")
+  args = p.parse_args(argv)
+  args.reps = args.reps if args.reps is not None else (3 if args.quick else 10)
+  args.warmup = args.warmup if args.warmup is not None else (1 if args.quick else 2)
+  if args.reps < 1: p.error("--reps must be >= 1")
+
+  workloads = WORKLOADS
+  if args.only:
+    wanted = [s.strip() for s in args.only.split(",") if s.strip()]
+    unknown = [s for s in wanted if s not in {w.name for w in WORKLOADS}]
+    if unknown: p.error(f"unknown workload(s) {unknown}; choose from {[w.name for w in WORKLOADS]}")
+    workloads = [w for w in WORKLOADS if w.name in wanted]
+
+  names = [s.strip() for s in args.frameworks.split(",") if s.strip()]
+  candidates: list[Framework] = []
+  for n in names:
+    if n == "eqgrad" and not args.no_eqgrad: candidates.append(EqgradFW())
+    elif n == "numpy": candidates.append(NumpyFW())
+    elif n == "torch": candidates.append(TorchFW())
+    elif n == "tinygrad": candidates += [TinygradFW(d.strip()) for d in args.tinygrad_devices.split(",") if d.strip()]
+    elif n != "eqgrad": p.error(f"unknown framework {n!r}")
+
+  fws, skipped = [], {}
+  for fw in candidates:
+    try:
+      fw.setup()
+      fws.append(fw)
+    except Skip as e: skipped[fw.name] = str(e)
+  baseline = "eqgrad" if any(fw.name == "eqgrad" for fw in fws) else "numpy"
+
+  env = print_env(fws, skipped, args)
+  if baseline != "eqgrad": print("NOTE: eqgrad column unavailable; ratios are relative to numpy")
+
+  results: list[Result] = []
+  for w in workloads:
+    arrays = make_inputs(w, args.quick)
+    ref = np.asarray(w.fn(NumpyFW, *arrays), dtype=np.float64)
+    case = []
+    for fw in fws:
+      progress(f"running {w.name} / {fw.name}")
+      try:
+        r = bench_one(fw, w, arrays, ref, args.reps, args.warmup)
+      except Exception as e:
+        r = Result(w.name, fw.name, status="error", note=f"{type(e).__name__}: {e}".splitlines()[0])
+        if os.environ.get("BENCH_DEBUG"): traceback.print_exc()
+      case.append(r)
+    base = next((r for r in case if r.framework == baseline and r.median_s), None)
+    for r in case:
+      if base and r.median_s: r.ratio_vs_baseline = r.median_s / base.median_s
+    results += case
+    gc.collect()
+  progress("")
+
+  print_table(results, baseline)
+  bad = [r for r in results if r.status in ("mismatch", "error")]
+  if bad: print(f"\n{len(bad)} case(s) failed verification or errored: " + ", ".join(f"{r.workload}/{r.framework}" for r in bad))
+
+  if args.json:
+    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+    with open(args.json, "w") as f:
+      json.dump({"env": env, "baseline": baseline, "results": [asdict(r) for r in results]}, f, indent=1)
+    print(f"wrote {args.json}")
+  return 1 if bad else 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

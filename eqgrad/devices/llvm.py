@@ -1,0 +1,272 @@
+"""The LLVM device (the default): loop IR -> LLVM IR text -> llvmlite (O3, host CPU) -> ctypes call.
+
+Renderer: ``render_llvm`` is a table from op to LLVM instructions (``ALU``), one entry per ALU op
+of the op table (``tests/test_optable.py`` checks coverage). Values are SSA; loop counters and
+accumulators are ``alloca``s that LLVM's mem2reg promotes. Bools are ``i1`` in registers and
+``i8`` in memory. Float constants are written as exact hex doubles. Integer division and modulo
+guard against division by zero (result 0) and INT_MIN / -1, which are undefined in LLVM.
+Sum accumulators carry the ``reassoc`` flag so LLVM may vectorize reductions (the summation order
+then differs from a sequential loop, within float tolerance).
+"""
+from __future__ import annotations
+
+import ctypes
+import struct
+import threading
+from typing import Any
+
+import numpy as np
+
+from ..dtype import DType, bool_, float32, int32
+from ..lower.loopir import INDEX, LInst, LoopKernel
+
+LT = {"float32": "float", "int32": "i32", "bool": "i1", INDEX: "i64"}     # register types
+MT = {"float32": "float", "int32": "i32", "bool": "i8"}                    # memory types
+
+
+def _name(dt: Any) -> str:
+    return dt if isinstance(dt, str) else dt.name
+
+
+def _const(v: Any, dt: Any) -> str:
+    n = _name(dt)
+    if n == "float32":
+        return "0x%016X" % struct.unpack("<Q", struct.pack("<d", float(np.float32(v))))[0]
+    if n == "bool":
+        return "true" if v else "false"
+    return str(int(v))
+
+
+class _Ctx:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.n = 0
+        self.decls: set[str] = set()
+
+    def tmp(self) -> str:
+        self.n += 1
+        return f"%t{self.n}"
+
+    def __call__(self, rhs: str) -> str:
+        t = self.tmp()
+        self.lines.append(f"  {t} = {rhs}")
+        return t
+
+
+def _intrinsic(c: _Ctx, name: str, ty: str, *args: str) -> str:
+    c.decls.add(f"declare {ty} @{name}({', '.join(ty for _ in args)})")
+    return c(f"call {ty} @{name}({', '.join(f'{ty} {a}' for a in args)})")
+
+
+def _max(c: _Ctx, k: str, ty: str, a: str, b: str) -> str:
+    if k == "float32":     # NaN-propagating: a if (a > b or a is NaN) else b
+        gt = c(f"fcmp ogt float {a}, {b}")
+        nan = c(f"fcmp uno float {a}, {a}")
+        return c(f"select i1 {c(f'or i1 {gt}, {nan}')}, float {a}, float {b}")
+    if k == "bool":
+        return c(f"or i1 {a}, {b}")
+    return c(f"select i1 {c(f'icmp sgt {ty} {a}, {b}')}, {ty} {a}, {ty} {b}")
+
+
+def _div_guarded(c: _Ctx, ty: str, a: str, b: str, instr: str, index: bool) -> str:
+    if index:     # index arithmetic divides by positive constants only
+        return c(f"{instr} {ty} {a}, {b}")
+    zero = c(f"icmp eq {ty} {b}, 0")
+    m1 = c(f"icmp eq {ty} {b}, -1")
+    bad = c(f"or i1 {zero}, {m1}")
+    safe = c(f"select i1 {bad}, {ty} 1, {ty} {b}")
+    q = c(f"{instr} {ty} {a}, {safe}")
+    special = c(f"sub {ty} 0, {a}") if instr == "sdiv" else "0"       # x / -1 = -x (wraps), x % -1 = 0
+    q = c(f"select i1 {m1}, {ty} {special}, {ty} {q}")
+    return c(f"select i1 {zero}, {ty} 0, {ty} {q}")
+
+
+def _cast(c: _Ctx, a: str, src: str, dst: str) -> str:
+    if src == dst:
+        return a
+    ts, td = LT[src], LT[dst]
+    if src == "float32":
+        if dst == "bool":
+            return c(f"fcmp une float {a}, 0.0")
+        c.decls.add(f"declare {td} @llvm.fptosi.sat.{td}.f32(float)")
+        return c(f"call {td} @llvm.fptosi.sat.{td}.f32(float {a})")
+    if dst == "float32":
+        return c(f"{'uitofp' if src == 'bool' else 'sitofp'} {ts} {a} to float")
+    if dst == "bool":
+        return c(f"icmp ne {ts} {a}, 0")
+    if src == "bool":
+        return c(f"zext i1 {a} to {td}")
+    return c(f"{'sext' if LT[dst] == 'i64' else 'trunc'} {ts} {a} to {td}")
+
+
+def _alu(c: _Ctx, op: str, k: str, ty: str, a: list[str], index: bool = False) -> str:
+    f, b = k == "float32", k == "bool"
+    if op == "NEG":
+        return c(f"fneg float {a[0]}") if f else c(f"xor i1 {a[0]}, true") if b else c(f"sub {ty} 0, {a[0]}")
+    if op in ("EXP2", "LOG2", "SIN", "SQRT", "TRUNC"):
+        return _intrinsic(c, f"llvm.{op.lower()}.f32", "float", a[0])
+    if op == "RECIP":
+        return c(f"fdiv float 1.0, {a[0]}")
+    if op == "ADD":
+        return c(f"fadd float {a[0]}, {a[1]}") if f else c(f"or i1 {a[0]}, {a[1]}") if b else c(f"add {ty} {a[0]}, {a[1]}")
+    if op == "MUL":
+        return c(f"fmul float {a[0]}, {a[1]}") if f else c(f"and i1 {a[0]}, {a[1]}") if b else c(f"mul {ty} {a[0]}, {a[1]}")
+    if op == "MAX":
+        return _max(c, k, ty, a[0], a[1])
+    if op == "CMPLT":
+        if b:
+            return c(f"and i1 {c(f'xor i1 {a[0]}, true')}, {a[1]}")
+        return c(f"fcmp olt float {a[0]}, {a[1]}") if f else c(f"icmp slt {ty} {a[0]}, {a[1]}")
+    if op == "CMPEQ":
+        return c(f"fcmp oeq float {a[0]}, {a[1]}") if f else c(f"icmp eq {ty} {a[0]}, {a[1]}")
+    if op == "IDIV":
+        return _div_guarded(c, ty, a[0], a[1], "sdiv", index)
+    if op == "MOD":
+        return _div_guarded(c, ty, a[0], a[1], "srem", index)
+    if op in ("AND", "OR", "XOR"):
+        return c(f"{op.lower()} {ty} {a[0]}, {a[1]}")
+    if op == "WHERE":
+        return c(f"select i1 {a[0]}, {ty} {a[1]}, {ty} {a[2]}")
+    raise NotImplementedError(f"LLVM renderer: no rule for {op}")
+
+
+# ops the renderer implements (checked against the op table by the tests)
+ALU = ("NEG", "EXP2", "LOG2", "SIN", "SQRT", "RECIP", "TRUNC", "CAST", "ADD", "MUL", "MAX", "CMPLT", "CMPEQ",
+       "IDIV", "MOD", "AND", "OR", "XOR", "WHERE")
+
+
+def render_llvm(k: LoopKernel) -> str:
+    c = _Ctx()
+    val: dict[int, str] = {}
+    kinds: dict[int, str] = {}
+    allocas: list[str] = []
+    args = ", ".join(f"ptr noalias {'' if w else 'readonly '}%p{i}" for i, (_, _, w) in enumerate(k.params))
+    open_loops: list[int] = []
+    for i, x in enumerate(k.insts):
+        kd = _name(x.dtype) if x.dtype is not None else None
+        if x.op == "PARAM":
+            val[i] = f"%p{x.arg}"
+            kinds[i] = _name(x.dtype)
+        elif x.op == "CONST":
+            val[i] = _const(x.arg, x.dtype)
+            kinds[i] = kd
+        elif x.op == "RANGE":
+            allocas.append(f"  %r{i}.p = alloca i64")
+            c.lines += [f"  store i64 0, ptr %r{i}.p", f"  br label %L{i}.cond", f"L{i}.cond:",
+                        f"  %r{i} = load i64, ptr %r{i}.p", f"  %r{i}.c = icmp slt i64 %r{i}, {x.arg}",
+                        f"  br i1 %r{i}.c, label %L{i}.body, label %L{i}.exit", f"L{i}.body:"]
+            val[i], kinds[i] = f"%r{i}", INDEX
+            open_loops.append(i)
+        elif x.op == "ENDRANGE":
+            r = x.src[0]
+            c.lines += [f"  %r{r}.n = add nuw nsw i64 %r{r}, 1", f"  store i64 %r{r}.n, ptr %r{r}.p",
+                        f"  br label %L{r}.cond, !llvm.loop !0", f"L{r}.exit:"]
+            open_loops.pop()
+        elif x.op == "DEFACC":
+            ty = LT[kd]
+            allocas.append(f"  %a{i} = alloca {ty}")
+            c.lines.append(f"  store {ty} {_const(x.arg, x.dtype)}, ptr %a{i}")
+            val[i], kinds[i] = f"%a{i}", kd
+        elif x.op == "ACCUM":
+            acc, v = x.src
+            kd = kinds[acc]
+            ty = LT[kd]
+            cur = c(f"load {ty}, ptr {val[acc]}")
+            if x.arg == "ADD":
+                new = c(f"fadd reassoc nsz float {cur}, {val[v]}") if kd == "float32" else \
+                    c(f"or i1 {cur}, {val[v]}") if kd == "bool" else c(f"add {ty} {cur}, {val[v]}")
+            else:
+                new = _max(c, kd, ty, cur, val[v])
+            c.lines.append(f"  store {ty} {new}, ptr {val[acc]}")
+        elif x.op == "ACCREAD":
+            val[i] = c(f"load {LT[kd]}, ptr {val[x.src[0]]}")
+            kinds[i] = kd
+        elif x.op == "LOAD":
+            p, idx = x.src
+            ptr = c(f"getelementptr inbounds {MT[kd]}, ptr {val[p]}, i64 {val[idx]}")
+            v = c(f"load {MT[kd]}, ptr {ptr}")
+            val[i] = c(f"trunc i8 {v} to i1") if kd == "bool" else v
+            kinds[i] = kd
+        elif x.op == "STORE":
+            p, idx, v = x.src
+            kd = kinds[v]
+            ptr = c(f"getelementptr inbounds {MT[kd]}, ptr {val[p]}, i64 {val[idx]}")
+            sv = c(f"zext i1 {val[v]} to i8") if kd == "bool" else val[v]
+            c.lines.append(f"  store {MT[kd]} {sv}, ptr {ptr}")
+        elif x.op == "CAST":
+            val[i] = _cast(c, val[x.src[0]], kinds[x.src[0]], kd)
+            kinds[i] = kd
+        else:
+            # ALU: the operand kind decides the instruction (CMP* produce bool from any kind)
+            opk = kinds[x.src[1]] if x.op == "WHERE" else kinds[x.src[0]]
+            val[i] = _alu(c, x.op, opk, LT[opk], [val[s] for s in x.src], index=opk == INDEX)
+            kinds[i] = kd
+    body = "\n".join(c.lines)
+    return (f"; kernel {k.name}\n" + "\n".join(sorted(c.decls)) + "\n\n"
+            f"define void @{k.name}({args}) nounwind {{\nentry:\n" + "\n".join(allocas) + "\n"
+            f"{body}\n  ret void\n}}\n\n!0 = distinct !{{!0, !1}}\n!1 = !{{!\"llvm.loop.mustprogress\"}}\n")
+
+
+# ------------------------------------------------------------------ compiler and runtime
+
+class LLVMCompiler:
+    """Compiles LLVM IR text for the host CPU at O3; one MCJIT engine per program (kept alive)."""
+
+    _lock = threading.Lock()
+    _initialized = False
+
+    def __init__(self) -> None:
+        import llvmlite.binding as llvm
+        self.llvm = llvm
+        with LLVMCompiler._lock:
+            if not LLVMCompiler._initialized:
+                llvm.initialize_native_target()
+                llvm.initialize_native_asmprinter()
+                LLVMCompiler._initialized = True
+        target = llvm.Target.from_default_triple()
+        self.tm = target.create_target_machine(opt=3, cpu=llvm.get_host_cpu_name(),
+                                               features=llvm.get_host_cpu_features().flatten(),
+                                               codemodel="jitdefault")
+        self.engines: list[Any] = []
+
+    def compile(self, src: str, name: str) -> int:
+        llvm = self.llvm
+        mod = llvm.parse_assembly(src)
+        mod.verify()
+        pto = llvm.create_pipeline_tuning_options(speed_level=3)
+        pto.loop_vectorization = True
+        pto.slp_vectorization = True
+        pto.loop_unrolling = True
+        pb = llvm.create_pass_builder(self.tm, pto)
+        pb.getModulePassManager().run(mod, pb)
+        engine = llvm.create_mcjit_compiler(mod, self.tm)
+        engine.finalize_object()
+        self.engines.append(engine)
+        return engine.get_function_address(name)
+
+    def assembly(self, src: str) -> str:
+        mod = self.llvm.parse_assembly(src)
+        return self.tm.emit_assembly(mod)
+
+
+_compiler: LLVMCompiler | None = None
+
+
+def compiler() -> LLVMCompiler:
+    global _compiler
+    if _compiler is None:
+        _compiler = LLVMCompiler()
+    return _compiler
+
+
+class LLVMProgram:
+    def __init__(self, k: LoopKernel, src: str):
+        self.name, self.src = k.name, src
+        addr = compiler().compile(src, k.name)
+        self.fn = ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * len(k.params)))(addr)
+
+    def __call__(self, *ptrs: int) -> None:
+        self.fn(*ptrs)
+
+
+_ = (DType, bool_, float32, int32, LInst)

@@ -1,0 +1,210 @@
+"""realize(): lazy graph -> e-graph -> saturation -> extraction -> kernel plan -> device.
+
+Compile work is cached by graph *structure* (ops, attributes, shapes, dtypes, constants, how the
+realized inputs are wired -- not buffer contents), so a program saturates once per process.
+"""
+from __future__ import annotations
+
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from . import config
+from .devices import Buffer, get_device
+from .extract.egraph import EGraph, from_json, from_lazy
+from .extract.greedy import GreedyExtractor
+from .extract.plan import Kernel, KernelPlan, build_plan
+from .frontend.lazy import LazyBuffer, toposort
+from .ops import OPS, numel
+from .rules.ir import emit_program
+from .rules.saturate import SaturationReport, default_saturator
+
+
+class EqgradWarning(UserWarning):
+    """Optimization fell back to a less optimized plan (the message says why)."""
+
+
+class GlobalCounters:
+    kernel_count = 0          # kernels launched
+    realize_count = 0         # realize() calls that ran a plan
+    plans_compiled = 0        # plan cache misses
+    saturations = 0
+
+    @classmethod
+    def reset(cls) -> None:
+        cls.kernel_count = cls.realize_count = cls.plans_compiled = cls.saturations = 0
+
+
+@dataclass
+class CompiledPlan:
+    plan: KernelPlan
+    run: Callable[[list[Buffer]], None]
+    report: SaturationReport
+    egraph: EGraph
+    seconds: dict[str, float]
+
+
+_plan_cache: dict[Any, CompiledPlan] = {}
+
+
+def clear_cache() -> None:
+    _plan_cache.clear()
+
+
+def structure_key(order: list[LazyBuffer], targets: list[LazyBuffer], device: str) -> tuple:
+    """A hashable description of the graph that ignores buffer contents (mirrors emit_program)."""
+    pos: dict[int, int] = {}
+    idx: dict[int, int] = {}
+    items: list[tuple] = [(device,)]
+
+    def leaf(lb: LazyBuffer) -> tuple:
+        if lb.op == "CONST":
+            return ("C", repr(lb.arg), lb.shape, lb.dtype.name)
+        if id(lb) not in pos:
+            pos[id(lb)] = len(pos)
+        return ("B", pos[id(lb)], lb.shape, lb.dtype.name)
+
+    for lb in order:
+        if lb.op in ("BUF", "CONST"):
+            continue
+        srcs = tuple(leaf(s) if s.op in ("BUF", "CONST") else idx[id(s)] for s in lb.src)
+        arg = lb.arg.name if lb.op == "CAST" else lb.arg
+        idx[id(lb)] = len(items)
+        items.append((lb.op, arg, lb.shape, lb.dtype.name, srcs))
+    items.append(tuple(leaf(t) if t.op in ("BUF", "CONST") else idx[id(t)] for t in targets))
+    return tuple(items)
+
+
+def _compile(targets: list[LazyBuffer], order: list[LazyBuffer], device: str) -> tuple[CompiledPlan, list[LazyBuffer]]:
+    dev = get_device(device)
+    dbg = config.DEBUG.value
+    t0 = time.perf_counter()
+    prog = emit_program(targets, order)
+    if dbg >= 6:
+        print(f"--- egglog program\n{prog.text}")
+    specs = [(lb.shape, lb.dtype) for lb in prog.inputs]
+    g: EGraph | None = None
+    if config.OPT.value:
+        js, report = default_saturator().run(prog.text)
+        GlobalCounters.saturations += 1
+        if js is not None:
+            g = from_json(js, prog.roots)
+        if report.stop_reason != "completed":
+            warnings.warn(f"eqgrad: saturation stopped early ({report.stop_reason}: {report.detail}); "
+                          f"{'using the e-graph of the last finished phase' if g is not None else 'running the unoptimized plan'}",
+                          EqgradWarning, stacklevel=4)
+    else:
+        report = SaturationReport("skipped", detail="EQGRAD_OPT=0")
+    if g is None:
+        g = from_lazy(targets, order, prog.inputs)
+    t1 = time.perf_counter()
+    choice, ev = GreedyExtractor(g, dev.params).extract(specs)
+    plan = build_plan(g, choice, specs, ev.kernels)
+    t2 = time.perf_counter()
+    run = dev.prepare(plan)
+    t3 = time.perf_counter()
+    GlobalCounters.plans_compiled += 1
+    cp = CompiledPlan(plan, run, report, g, dict(saturate=t1 - t0, extract=t2 - t1, compile=t3 - t2))
+    if dbg >= 3:
+        print(report)
+        print(plan.describe())
+    return cp, prog.inputs
+
+
+def _inputs_in_order(order: list[LazyBuffer], targets: list[LazyBuffer]) -> list[LazyBuffer]:
+    seen: dict[int, LazyBuffer] = {}
+    for lb in order:
+        if lb.op in ("BUF", "CONST"):
+            continue
+        for s in lb.src:
+            if s.op == "BUF" and id(s) not in seen:
+                seen[id(s)] = s
+    for t in targets:
+        if t.op == "BUF" and id(t) not in seen:
+            seen[id(t)] = t
+    return list(seen.values())
+
+
+def realize(lbs: list[LazyBuffer]) -> None:
+    targets = list({id(lb): lb for lb in lbs if not lb.realized}.values())
+    if not targets:
+        return
+    by_device: dict[str, list[LazyBuffer]] = {}
+    for t in targets:
+        by_device.setdefault(t.device, []).append(t)
+    for device, ts in by_device.items():
+        _realize_on(device, ts)
+
+
+def _realize_on(device: str, targets: list[LazyBuffer]) -> None:
+    dbg = config.DEBUG.value
+    t0 = time.perf_counter()
+    order = toposort(targets)
+    key = structure_key(order, targets, device)
+    cp = _plan_cache.get(key)
+    inputs = _inputs_in_order(order, targets)
+    if cp is None:
+        cp, _ = _compile(targets, order, device)
+        _plan_cache[key] = cp
+    plan = cp.plan
+    bufs: list[Buffer] = [lb.buffer for lb in inputs]
+    for shape, dt in plan.buffers[len(inputs):]:
+        bufs.append(Buffer.empty(shape, dt, device))
+    t1 = time.perf_counter()
+    cp.run(bufs)
+    t2 = time.perf_counter()
+    GlobalCounters.realize_count += 1
+    if config.VALIDATE.value:
+        validate(targets, order, [bufs[o] for o in plan.outputs], plan)
+    for t, o in zip(targets, plan.outputs):
+        t.op, t.src, t.arg, t.buffer = "BUF", (), None, bufs[o]
+    if dbg >= 1:
+        print(f"realize: {len(plan.kernels)} kernel(s) in {(t2 - t1) * 1e3:.3f} ms, "
+              f"total {(t2 - t0) * 1e3:.3f} ms{'' if dbg < 2 else ' ' + str({k: round(v * 1e3, 2) for k, v in cp.seconds.items()})}")
+
+
+def log_kernel(k: Kernel, seconds: float) -> None:
+    gbs = k.nbytes / seconds / 1e9 if seconds > 0 else 0.0
+    gfl = k.flops / seconds / 1e9 if seconds > 0 else 0.0
+    print(f"  {k.name:<5} {seconds * 1e6:10.1f} us  {gbs:7.2f} GB/s  {gfl:7.2f} GFLOP/s  "
+          f"(predicted {k.predicted * 1e6:.1f} us)  {k.ast.render()[:100]}")
+
+
+# ------------------------------------------------------------------ validation against the reference
+
+def reference(targets: list[LazyBuffer], order: list[LazyBuffer]) -> list[np.ndarray]:
+    """Evaluate the lazy graph directly with the op table's NumPy references (no optimizer)."""
+    vals: dict[int, np.ndarray] = {}
+    for lb in order:
+        if lb.op == "BUF":
+            vals[id(lb)] = lb.buffer.data.reshape(lb.shape)
+        elif lb.op == "CONST":
+            vals[id(lb)] = np.full(lb.shape, lb.arg, dtype=lb.dtype.np)
+        elif lb.op in ("CONTIGUOUS",):
+            vals[id(lb)] = vals[id(lb.src[0])]
+        else:
+            vals[id(lb)] = OPS[lb.op].ref([vals[id(s)] for s in lb.src], lb.arg, lb.dtype)
+    return [vals[id(t)] for t in targets]
+
+
+class ValidationError(AssertionError):
+    pass
+
+
+def validate(targets: list[LazyBuffer], order: list[LazyBuffer], outs: list[Buffer], plan: KernelPlan) -> None:
+    refs = reference(targets, order)
+    for t, ref, out in zip(targets, refs, outs):
+        got = out.data.reshape(t.shape)
+        if t.dtype.is_float:
+            ok = np.allclose(got, ref, rtol=1e-4, atol=1e-5, equal_nan=True)
+        else:
+            ok = np.array_equal(got, ref)
+        if not ok:
+            bad = np.argwhere(~np.isclose(got, ref, rtol=1e-4, atol=1e-5, equal_nan=True)) if t.dtype.is_float \
+                else np.argwhere(got != ref)
+            raise ValidationError(f"plan result differs from the NumPy reference for a tensor of shape {t.shape} "
+                                  f"at {len(bad)} of {numel(t.shape)} elements (first {bad[:3].tolist()})\n"
+                                  + plan.describe())

@@ -1,0 +1,24 @@
+"""The exceptions eqgrad raises at its API. Each message names the op, what it expected and what it got."""
+from __future__ import annotations
+
+from .devices import DeviceError
+from .ops import OpError
+
+
+class EqgradError(Exception):
+    """Base class of eqgrad's API errors."""
+
+
+class ShapeError(EqgradError, ValueError):
+    """Shapes that do not fit the op (broadcasting, reshape sizes, matmul inner dimensions, ...)."""
+
+
+class DTypeError(EqgradError, TypeError):
+    """A dtype the op does not accept."""
+
+
+class AxisError(EqgradError, IndexError, ValueError):
+    """An axis or index out of range, or repeated."""
+
+
+__all__ = ["EqgradError", "ShapeError", "DTypeError", "AxisError", "DeviceError", "OpError"]

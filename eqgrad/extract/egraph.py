@@ -1,0 +1,164 @@
+"""The saturated e-graph as eqgrad's extractors see it.
+
+Read from egglog's serialized JSON (egraph-serialize format), or built directly from a lazy graph
+when saturation was skipped or failed (the unoptimized e-graph: one node per class, every non-leaf
+argument behind a ``Realize``). Analysis rows (``shape``, ``dtype``) are not choices; shapes and
+dtypes are recomputed here from the op table, so the extractor never depends on the analysis
+having saturated.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..dtype import DTYPES, DType
+from ..frontend.lazy import LazyBuffer
+from ..ops import EGG_TO_OP, OPS, OpDef, Shape
+
+
+@dataclass(frozen=True)
+class ENode:
+    op: str                      # op-table name, e.g. "ADD"
+    children: tuple[int, ...]    # e-class ids of the tensor arguments
+    arg: Any                     # attribute in the frontend's representation (see ops.py)
+
+    @property
+    def d(self) -> OpDef:
+        return OPS[self.op]
+
+
+@dataclass
+class EGraph:
+    classes: list[list[ENode]] = field(default_factory=list)
+    shapes: list[Shape | None] = field(default_factory=list)
+    dtypes: list[DType | None] = field(default_factory=list)
+    roots: list[int] = field(default_factory=list)
+
+    def add_class(self, nodes: list[ENode]) -> int:
+        self.classes.append(nodes)
+        self.shapes.append(None)
+        self.dtypes.append(None)
+        return len(self.classes) - 1
+
+    @property
+    def n_nodes(self) -> int:
+        return sum(len(c) for c in self.classes)
+
+    def infer(self) -> None:
+        """Shapes and dtypes of every class from the op table (fixpoint over nodes)."""
+        changed = True
+        while changed:
+            changed = False
+            for c, nodes in enumerate(self.classes):
+                if self.shapes[c] is not None:
+                    continue
+                for n in nodes:
+                    r = self.node_type(n)
+                    if r is not None:
+                        self.shapes[c], self.dtypes[c] = r
+                        changed = True
+                        break
+        missing = [c for c, s in enumerate(self.shapes) if s is None]
+        if missing:
+            raise RuntimeError(f"e-graph: no shape for classes {missing[:10]}")
+
+    def node_type(self, n: ENode) -> tuple[Shape, DType] | None:
+        if n.op == "BUF":
+            return n.arg[1], n.arg[2]
+        if n.op == "CONST":
+            return n.arg[2], n.arg[1]
+        if any(self.shapes[k] is None for k in n.children):
+            return None
+        d = n.d
+        shape = d.shape_rule([self.shapes[k] for k in n.children], n.arg)
+        return tuple(shape), d.dtype_rule([self.dtypes[k] for k in n.children], n.arg)
+
+
+def _decode_arg(d: OpDef, prims: list[Any]) -> Any:
+    if d.name == "BUF":
+        return (int(prims[0]), tuple(prims[1]), DTYPES[prims[2]])
+    if d.name == "CONST":
+        return (float(prims[0]), DTYPES[prims[1]], tuple(prims[2]))
+    if d.name == "CAST":
+        return DTYPES[prims[0]]
+    if d.name in ("PAD", "SHRINK"):
+        return (tuple(prims[0]), tuple(prims[1]))
+    if d.attrs == ("IVec",):
+        return tuple(prims[0])
+    return None
+
+
+def _prim(nodes: dict, nid: str) -> Any:
+    n = nodes[nid]
+    op = n["op"]
+    if op in ("vec-of", "vec-empty"):
+        return [int(nodes[c]["op"]) for c in n["children"]]
+    if op.startswith('"'):
+        return json.loads(op)
+    if op in ("NaN", "inf", "-inf"):
+        return float(op.lower())
+    return float(op) if any(ch in op for ch in ".eE") else int(op)
+
+
+def from_json(js: str, root_lets: list[str]) -> EGraph:
+    data = json.loads(js)
+    nodes = data["nodes"]
+    class_of: dict[str, int] = {}
+    g = EGraph()
+    t_classes = [cid for cid, cd in data["class_data"].items() if cd.get("type") == "T"]
+    for cid in t_classes:
+        class_of[cid] = g.add_class([])
+    for nid, n in nodes.items():
+        d = EGG_TO_OP.get(n["op"])
+        if d is None or n["eclass"] not in class_of or n.get("subsumed"):
+            continue
+        kids = [c for c in n["children"]]
+        tensor_kids = tuple(class_of[nodes[c]["eclass"]] for c in kids[:d.arity])
+        prims = [_prim(nodes, c) for c in kids[d.arity:]]
+        g.classes[class_of[n["eclass"]]].append(ENode(d.name, tensor_kids, _decode_arg(d, prims)))
+    let_class: dict[str, int] = {}
+    for cid, cd in data["class_data"].items():
+        for name in (cd.get("let") or "").split(","):
+            if name.strip():
+                let_class[name.strip()] = class_of[cid]
+    g.roots = [let_class[r] for r in root_lets]
+    # dedupe nodes (the same node can be listed under several table rows)
+    g.classes = [list(dict.fromkeys(c)) for c in g.classes]
+    g.infer()
+    return g
+
+
+def from_lazy(targets: list[LazyBuffer], order: list[LazyBuffer], inputs: list[LazyBuffer]) -> EGraph:
+    """The unsaturated e-graph of a lazy graph, exactly as ``rules.ir.emit_program`` inserts it."""
+    g = EGraph()
+    cls: dict[int, int] = {}
+    consts: dict[tuple, int] = {}
+    pos = {id(lb): i for i, lb in enumerate(inputs)}
+
+    def leaf(lb: LazyBuffer) -> int:
+        if lb.op == "CONST":
+            key = (float(lb.arg), lb.dtype.name, lb.shape)
+            if key not in consts:
+                consts[key] = g.add_class([ENode("CONST", (), (float(lb.arg), lb.dtype, lb.shape))])
+            return consts[key]
+        if id(lb) not in cls:
+            cls[id(lb)] = g.add_class([ENode("BUF", (), (pos[id(lb)], lb.shape, lb.dtype))])
+        return cls[id(lb)]
+
+    realize: dict[int, int] = {}
+    for lb in order:
+        if lb.op in ("BUF", "CONST"):
+            continue
+        kids = []
+        for s in lb.src:
+            if s.op in ("BUF", "CONST"):
+                kids.append(leaf(s))
+            else:
+                if cls[id(s)] not in realize:
+                    realize[cls[id(s)]] = g.add_class([ENode("REALIZE", (cls[id(s)],), None)])
+                kids.append(realize[cls[id(s)]])
+        cls[id(lb)] = g.add_class([ENode(lb.op, tuple(kids), lb.arg)])
+    g.roots = [cls[id(t)] if t.op not in ("BUF", "CONST") else leaf(t) for t in targets]
+    g.infer()
+    return g

@@ -1,0 +1,868 @@
+"""The Tensor: a lazy, PyTorch-like array. Nothing computes until ``realize()``/``numpy()``/``item()``.
+
+Every method is composed from the primitive ops of the op table (``LazyBuffer.alu/reduce/movement``).
+User mistakes (shapes, dtypes, axes, devices) raise here, at the call, with a message naming the op,
+what it expected and what it got.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from .. import dtype as dt
+from ..devices import Buffer, canonical_device
+from ..dtype import DType, bool_, float32, int32
+from ..errors import AxisError, DTypeError, ShapeError
+from ..ops import MAX_RANK
+from .lazy import LazyBuffer
+
+Scalar = int | float | bool
+LOG2_E = 1.0 / math.log(2.0)
+LN_2 = math.log(2.0)
+
+_rng = np.random.default_rng(0)
+
+
+def manual_seed(seed: int) -> None:
+    """Seed the generator behind ``Tensor.rand``/``randn``."""
+    global _rng
+    _rng = np.random.default_rng(seed)
+
+
+def _shape_arg(shape: tuple) -> tuple[int, ...]:
+    """Accept f(2, 3) and f((2, 3))."""
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+        shape = tuple(shape[0])
+    out = []
+    for s in shape:
+        if not isinstance(s, (int, np.integer)) or isinstance(s, bool):
+            raise ShapeError(f"shape entries must be ints, got {shape!r}")
+        out.append(int(s))
+    return tuple(out)
+
+
+class Tensor:
+    __slots__ = ("lazydata", "__weakref__")
+    __array_priority__ = 1000     # numpy_array + tensor -> Tensor.__radd__
+
+    def __init__(self, data: Any, dtype: Any = None, device: str | None = None):
+        device = canonical_device(device)
+        if isinstance(data, LazyBuffer):
+            self.lazydata = data
+            return
+        if isinstance(data, Tensor):
+            data = data.numpy()
+        want = dt.to_dtype(dtype) if dtype is not None else None
+        if isinstance(data, (bool, int, float, np.bool_, np.integer, np.floating)) and not isinstance(data, np.ndarray):
+            d = want or dt.scalar_dtype(data)
+            self.lazydata = LazyBuffer.const(data, (), d, device)
+            return
+        if isinstance(data, (list, tuple)):
+            arr = np.array(data)
+            if arr.dtype == object:
+                raise ShapeError(f"Tensor(): nested lists must be rectangular, got {data!r:.80}")
+            if arr.size == 0 and want is None:
+                arr = arr.astype(np.float32)
+        elif isinstance(data, np.ndarray):
+            arr = data
+        else:
+            raise DTypeError(f"Tensor(): expected a number, list, tuple, NumPy array or Tensor, got {type(data).__name__}")
+        if arr.dtype.kind not in "biuf":
+            raise DTypeError(f"Tensor(): unsupported NumPy dtype {arr.dtype}; expected bool, integer or float")
+        d = want or dt.to_dtype(arr.dtype)
+        if arr.ndim > MAX_RANK:
+            raise ShapeError(f"Tensor(): at most {MAX_RANK} dimensions, got shape {arr.shape}")
+        self.lazydata = LazyBuffer.from_buffer(Buffer.from_numpy(arr.astype(d.np, copy=False), device))
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.lazydata.shape
+
+    @property
+    def dtype(self) -> DType:
+        return self.lazydata.dtype
+
+    @property
+    def device(self) -> str:
+        return self.lazydata.device
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    def size(self, dim: int | None = None) -> int | tuple[int, ...]:
+        return self.shape if dim is None else self.shape[self._axis(dim, "size")]
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError("len() of a 0-d tensor")
+        return self.shape[0]
+
+    def __repr__(self) -> str:
+        state = "realized" if self.lazydata.realized else f"lazy {self.lazydata.op}"
+        return f"<Tensor shape={self.shape} dtype={self.dtype.name} device={self.device} {state}>"
+
+    # ------------------------------------------------------------------ realization
+    def realize(self) -> "Tensor":
+        from ..engine import realize
+        realize([self.lazydata])
+        return self
+
+    def numpy(self) -> np.ndarray:
+        self.realize()
+        return self.lazydata.buffer.data.reshape(self.shape).copy()
+
+    def item(self) -> Scalar:
+        if self.numel() != 1:
+            raise ShapeError(f"item(): only a tensor with one element can be converted, got shape {self.shape}")
+        return self.numpy().reshape(()).item()
+
+    def tolist(self) -> Any:
+        return self.numpy().tolist()
+
+    def to(self, device: str) -> "Tensor":
+        device = canonical_device(device)
+        if device == self.device:
+            return self
+        return Tensor(self.numpy(), device=device)
+
+    def contiguous(self) -> "Tensor":
+        """Force a kernel boundary: this value is materialized in its own buffer."""
+        return Tensor(LazyBuffer("CONTIGUOUS", (self.lazydata,), None, self.shape, self.dtype, self.device))
+
+    def detach(self) -> "Tensor":
+        return Tensor(self.lazydata)
+
+    # ------------------------------------------------------------------ creation
+    @staticmethod
+    def full(shape: Sequence[int] | int, fill_value: Scalar, dtype: Any = None, device: str | None = None) -> "Tensor":
+        shape = _shape_arg((shape,) if isinstance(shape, int) else tuple(shape))
+        if any(s < 0 for s in shape):
+            raise ShapeError(f"full(): negative dimension in shape {shape}")
+        d = dt.to_dtype(dtype) if dtype is not None else dt.scalar_dtype(fill_value)
+        return Tensor(LazyBuffer.const(fill_value, shape, d, canonical_device(device)))
+
+    @staticmethod
+    def zeros(*shape: Any, dtype: Any = float32, device: str | None = None) -> "Tensor":
+        return Tensor.full(_shape_arg(shape), 0, dtype, device)
+
+    @staticmethod
+    def ones(*shape: Any, dtype: Any = float32, device: str | None = None) -> "Tensor":
+        return Tensor.full(_shape_arg(shape), 1, dtype, device)
+
+    def zeros_like(self) -> "Tensor":
+        return Tensor.full(self.shape, 0, self.dtype, self.device)
+
+    def ones_like(self) -> "Tensor":
+        return Tensor.full(self.shape, 1, self.dtype, self.device)
+
+    def full_like(self, v: Scalar) -> "Tensor":
+        return Tensor.full(self.shape, v, self.dtype, self.device)
+
+    @staticmethod
+    def arange(start: Scalar, stop: Scalar | None = None, step: Scalar = 1, dtype: Any = None,
+               device: str | None = None) -> "Tensor":
+        if stop is None:
+            start, stop = 0, start
+        if step == 0:
+            raise ValueError("arange(): step must not be zero")
+        d = dt.to_dtype(dtype) if dtype is not None else \
+            (float32 if any(isinstance(v, float) for v in (start, stop, step)) else int32)
+        return Tensor(np.arange(start, stop, step).astype(d.np), device=device)
+
+    @staticmethod
+    def eye(n: int, m: int | None = None, dtype: Any = float32, device: str | None = None) -> "Tensor":
+        m = n if m is None else m
+        if n < 0 or m < 0:
+            raise ShapeError(f"eye(): sizes must be non-negative, got {n}, {m}")
+        i = Tensor.arange(n, device=device).reshape(n, 1)
+        j = Tensor.arange(m, device=device).reshape(1, m)
+        return (i == j).cast(dtype)
+
+    @staticmethod
+    def rand(*shape: Any, seed: int | None = None, dtype: Any = float32, device: str | None = None) -> "Tensor":
+        """Uniform [0, 1). ``seed`` gives a reproducible draw; otherwise the global generator
+        (``eqgrad.manual_seed``) is used."""
+        g = np.random.default_rng(seed) if seed is not None else _rng
+        return Tensor(g.random(_shape_arg(shape), dtype=np.float32), dtype=dtype, device=device)
+
+    @staticmethod
+    def randn(*shape: Any, seed: int | None = None, dtype: Any = float32, device: str | None = None) -> "Tensor":
+        """Standard normal, reproducible as ``rand``."""
+        g = np.random.default_rng(seed) if seed is not None else _rng
+        return Tensor(g.standard_normal(_shape_arg(shape), dtype=np.float32), dtype=dtype, device=device)
+
+    # ------------------------------------------------------------------ helpers
+    def _axis(self, axis: int, op: str, ndim: int | None = None) -> int:
+        n = self.ndim if ndim is None else ndim
+        if not isinstance(axis, (int, np.integer)) or isinstance(axis, bool):
+            raise AxisError(f"{op}(): axis must be an int, got {axis!r}")
+        if not -max(n, 1) <= axis < max(n, 1):
+            raise AxisError(f"{op}(): axis {axis} is out of range for a tensor of {n} dimension(s) (shape {self.shape})")
+        return int(axis) % max(n, 1)
+
+    def _axes(self, axis: int | Sequence[int] | None, op: str) -> tuple[int, ...]:
+        if axis is None:
+            return tuple(range(self.ndim))
+        axes = [axis] if isinstance(axis, (int, np.integer)) else list(axis)
+        out = tuple(self._axis(a, op) for a in axes) if self.ndim else ()
+        if len(set(out)) != len(out):
+            raise AxisError(f"{op}(): repeated axis in {tuple(axes)}")
+        return out
+
+    def _const(self, v: Scalar, d: DType | None = None) -> "Tensor":
+        return Tensor(self.lazydata.const_like(v, d or self.dtype))
+
+    def cast(self, dtype: Any) -> "Tensor":
+        d = dt.to_dtype(dtype)
+        return Tensor(self.lazydata.alu("CAST", arg=d))
+
+    def float(self) -> "Tensor":
+        return self.cast(float32)
+
+    def int(self) -> "Tensor":
+        return self.cast(int32)
+
+    def bool(self) -> "Tensor":
+        return self.cast(bool_)
+
+    def _operands(self, other: Any, op: str, reverse: bool = False) -> tuple["Tensor", "Tensor"]:
+        """Promote dtypes (NumPy rules, weak Python scalars) and broadcast shapes."""
+        if isinstance(other, Tensor):
+            if other.device != self.device:
+                raise ShapeError(f"{op}: tensors are on different devices ({self.device} and {other.device}); "
+                                 "move one with .to(device)")
+            d = dt.promote(self.dtype, other.dtype)
+            a, b = self.cast(d), other.cast(d)
+        elif isinstance(other, (bool, int, float, np.bool_, np.integer, np.floating)):
+            d = dt.result_with_scalar(self.dtype, other)
+            if isinstance(other, float) and not math.isfinite(other) and d is not float32:
+                raise DTypeError(f"{op}: cannot use non-finite {other} with a {self.dtype.name} tensor")
+            a = self.cast(d)
+            b = Tensor(LazyBuffer.const(other, self.shape, d, self.device))
+        elif isinstance(other, (list, np.ndarray)):
+            return self._operands(Tensor(other, device=self.device), op, reverse)
+        else:
+            raise DTypeError(f"{op}: unsupported operand type {type(other).__name__}")
+        a, b = _broadcast_pair(a, b, op)
+        return (b, a) if reverse else (a, b)
+
+    def _alu(self, op: str, *srcs: "Tensor") -> "Tensor":
+        return Tensor(self.lazydata.alu(op, *[s.lazydata for s in srcs]))
+
+    # ------------------------------------------------------------------ elementwise
+    def add(self, other: Any, reverse: bool = False) -> "Tensor":
+        a, b = self._operands(other, "add", reverse)
+        return a._alu("ADD", b)
+
+    def mul(self, other: Any, reverse: bool = False) -> "Tensor":
+        a, b = self._operands(other, "mul", reverse)
+        return a._alu("MUL", b)
+
+    def sub(self, other: Any, reverse: bool = False) -> "Tensor":
+        a, b = self._operands(other, "sub", reverse)
+        if a.dtype is bool_:
+            raise DTypeError("sub: subtracting bool tensors is not supported (as in NumPy); use ^ or logical ops")
+        return a._alu("ADD", -b)
+
+    def div(self, other: Any, reverse: bool = False) -> "Tensor":
+        """True division; the result is float32 for any input dtype."""
+        a, b = self._operands(other, "div", reverse)
+        a, b = a.float(), b.float()
+        return a._alu("MUL", b.reciprocal())
+
+    def floordiv(self, other: Any, reverse: bool = False) -> "Tensor":
+        a, b = self._operands(other, "floordiv", reverse)
+        if a.dtype is bool_:
+            a, b = a.int(), b.int()
+        if a.dtype.is_float:
+            return (a / b).floor()
+        q = a._alu("IDIV", b)
+        r = a._alu("MOD", b)
+        # C truncation -> floor: subtract one when the remainder is nonzero and the signs differ
+        adjust = (r != 0) & ((r < 0) ^ (b < 0))
+        return q - adjust.int()
+
+    def mod(self, other: Any, reverse: bool = False) -> "Tensor":
+        a, b = self._operands(other, "mod", reverse)
+        if a.dtype is bool_:
+            a, b = a.int(), b.int()
+        if a.dtype.is_float:
+            return a - (a / b).floor() * b
+        r = a._alu("MOD", b)
+        adjust = (r != 0) & ((r < 0) ^ (b < 0))
+        return r + adjust.where(b, 0)
+
+    def pow(self, other: Any, reverse: bool = False) -> "Tensor":
+        if not reverse and isinstance(other, (int, np.integer)) and not isinstance(other, bool) and abs(other) <= 4:
+            # NOTE: small integer powers by repeated multiplication: exact, and right for negative bases
+            if other == 0:
+                return self.ones_like() if self.dtype is not bool_ else self.int().ones_like()
+            base = self if self.dtype is not bool_ else self.int()
+            out = base
+            for _ in range(abs(other) - 1):
+                out = out * base
+            return out if other > 0 else out.reciprocal()
+        a, b = self._operands(other, "pow", reverse)
+        if a.dtype is not float32:
+            a, b = a.float(), b.float()
+        mag = (b * a.abs().log2()).exp2()
+        # negative base: defined for integral exponents, with the sign of (-1)**b; NaN otherwise
+        b_int = b.floor() == b
+        b_odd = b_int & ((b.abs() % 2) == 1)
+        neg = a < 0
+        out = neg.where(b_int.where(b_odd.where(-mag, mag), float("nan")), mag)
+        return (b == 0).where(1.0, out)
+
+    def neg(self) -> "Tensor":
+        if self.dtype is bool_:
+            raise DTypeError("neg: negating a bool tensor is not supported (as in NumPy); use ~ (logical not)")
+        return self._alu("NEG")
+
+    def logical_not(self) -> "Tensor":
+        return self.bool()._alu("NEG")
+
+    def reciprocal(self) -> "Tensor":
+        return self.float()._alu("RECIP")
+
+    def maximum(self, other: Any) -> "Tensor":
+        a, b = self._operands(other, "maximum")
+        return a._alu("MAX", b)
+
+    def minimum(self, other: Any) -> "Tensor":
+        a, b = self._operands(other, "minimum")
+        if a.dtype is bool_:
+            return a._alu("AND", b)
+        if a.dtype is int32:       # ~ reverses the int order exactly (no overflow, unlike negation)
+            return ~((~a)._alu("MAX", ~b))
+        return -((-a)._alu("MAX", -b))
+
+    def where(self, x: Any, y: Any) -> "Tensor":
+        """``cond.where(x, y)``: x where cond is true, else y (NumPy's ``where(cond, x, y)``)."""
+        cond = self.bool()
+        if isinstance(x, Tensor):
+            x, y = x._operands(y, "where")
+        elif isinstance(y, Tensor):
+            y, x = y._operands(x, "where")
+        else:
+            d = dt.promote(dt.scalar_dtype(x), dt.scalar_dtype(y))
+            x, y = Tensor.full(cond.shape, x, d, cond.device), Tensor.full(cond.shape, y, d, cond.device)
+        shape = _broadcast_shape(_broadcast_shape(cond.shape, x.shape, "where"), y.shape, "where")
+        cond, x, y = cond._expand_to(shape), x._expand_to(shape), y._expand_to(shape)
+        return Tensor(cond.lazydata.alu("WHERE", x.lazydata, y.lazydata))
+
+    def clip(self, min_: Any = None, max_: Any = None) -> "Tensor":
+        out = self
+        if min_ is not None:
+            out = out.maximum(min_)
+        if max_ is not None:
+            out = out.minimum(max_)
+        return out
+
+    clamp = clip
+
+    def _float_unary(self, name: str) -> "Tensor":
+        return self if self.dtype is float32 else self.float()
+
+    def exp2(self) -> "Tensor":
+        return self._float_unary("exp2")._alu("EXP2")
+
+    def log2(self) -> "Tensor":
+        return self._float_unary("log2")._alu("LOG2")
+
+    def exp(self) -> "Tensor":
+        return (self._float_unary("exp") * LOG2_E).exp2()
+
+    def log(self) -> "Tensor":
+        return self.log2() * LN_2
+
+    def sqrt(self) -> "Tensor":
+        return self._float_unary("sqrt")._alu("SQRT")
+
+    def rsqrt(self) -> "Tensor":
+        return self.sqrt().reciprocal()
+
+    def sin(self) -> "Tensor":
+        return self._float_unary("sin")._alu("SIN")
+
+    def cos(self) -> "Tensor":
+        return (math.pi / 2 - self._float_unary("cos")).sin()
+
+    def tan(self) -> "Tensor":
+        return self.sin() / self.cos()
+
+    def abs(self) -> "Tensor":
+        if self.dtype is bool_:
+            return self
+        return (self < 0).where(-self, self)
+
+    def sign(self) -> "Tensor":
+        return (self > 0).where(1, (self < 0).where(-1, 0)).cast(self.dtype)
+
+    def trunc(self) -> "Tensor":
+        return self._alu("TRUNC") if self.dtype.is_float else self
+
+    def floor(self) -> "Tensor":
+        if not self.dtype.is_float:
+            return self
+        t = self.trunc()
+        return (self < t).where(t - 1, t)
+
+    def ceil(self) -> "Tensor":
+        if not self.dtype.is_float:
+            return self
+        t = self.trunc()
+        return (self > t).where(t + 1, t)
+
+    def relu(self) -> "Tensor":
+        # NOTE: written as a select, not maximum(x, 0): the gradient at 0 is then 0, as in PyTorch
+        return (self > 0).where(self, 0)
+
+    def sigmoid(self) -> "Tensor":
+        return (1 + (-self.float()).exp()).reciprocal()
+
+    def tanh(self) -> "Tensor":
+        return 2.0 * (2.0 * self.float()).sigmoid() - 1.0
+
+    def square(self) -> "Tensor":
+        return self * self
+
+    # comparisons (NaN compares false except !=, as in NumPy)
+    def __lt__(self, other: Any) -> "Tensor":
+        a, b = self._operands(other, "lt")
+        return a._alu("CMPLT", b)
+
+    def __gt__(self, other: Any) -> "Tensor":
+        a, b = self._operands(other, "gt")
+        return b._alu("CMPLT", a)
+
+    def __le__(self, other: Any) -> "Tensor":
+        a, b = self._operands(other, "le")
+        return a._alu("CMPLT", b) | a._alu("CMPEQ", b)
+
+    def __ge__(self, other: Any) -> "Tensor":
+        a, b = self._operands(other, "ge")
+        return b._alu("CMPLT", a) | a._alu("CMPEQ", b)
+
+    def __eq__(self, other: Any) -> "Tensor":  # type: ignore[override]
+        a, b = self._operands(other, "eq")
+        return a._alu("CMPEQ", b)
+
+    def __ne__(self, other: Any) -> "Tensor":  # type: ignore[override]
+        return (self == other).logical_not()
+
+    __hash__ = object.__hash__
+
+    def _bitwise(self, other: Any, op: str, reverse: bool = False) -> "Tensor":
+        a, b = self._operands(other, op.lower(), reverse)
+        if a.dtype.is_float:
+            raise DTypeError(f"{op.lower()}: bitwise ops need int32 or bool tensors, got {a.dtype.name}")
+        return a._alu(op, b)
+
+    def __and__(self, o: Any) -> "Tensor": return self._bitwise(o, "AND")
+    def __or__(self, o: Any) -> "Tensor": return self._bitwise(o, "OR")
+    def __xor__(self, o: Any) -> "Tensor": return self._bitwise(o, "XOR")
+    def __rand__(self, o: Any) -> "Tensor": return self._bitwise(o, "AND", True)
+    def __ror__(self, o: Any) -> "Tensor": return self._bitwise(o, "OR", True)
+    def __rxor__(self, o: Any) -> "Tensor": return self._bitwise(o, "XOR", True)
+
+    def __invert__(self) -> "Tensor":
+        if self.dtype is bool_:
+            return self.logical_not()
+        if self.dtype is int32:
+            return self._alu("XOR", self._const(-1))
+        raise DTypeError(f"invert (~): needs an int32 or bool tensor, got {self.dtype.name}")
+
+    def __add__(self, o: Any) -> "Tensor": return self.add(o)
+    def __radd__(self, o: Any) -> "Tensor": return self.add(o, True)
+    def __sub__(self, o: Any) -> "Tensor": return self.sub(o)
+    def __rsub__(self, o: Any) -> "Tensor": return self.sub(o, True)
+    def __mul__(self, o: Any) -> "Tensor": return self.mul(o)
+    def __rmul__(self, o: Any) -> "Tensor": return self.mul(o, True)
+    def __truediv__(self, o: Any) -> "Tensor": return self.div(o)
+    def __rtruediv__(self, o: Any) -> "Tensor": return self.div(o, True)
+    def __floordiv__(self, o: Any) -> "Tensor": return self.floordiv(o)
+    def __rfloordiv__(self, o: Any) -> "Tensor": return self.floordiv(o, True)
+    def __mod__(self, o: Any) -> "Tensor": return self.mod(o)
+    def __rmod__(self, o: Any) -> "Tensor": return self.mod(o, True)
+    def __pow__(self, o: Any) -> "Tensor": return self.pow(o)
+    def __rpow__(self, o: Any) -> "Tensor": return self.pow(o, True)
+    def __neg__(self) -> "Tensor": return self.neg()
+    def __pos__(self) -> "Tensor": return self
+    def __abs__(self) -> "Tensor": return self.abs()
+    def __matmul__(self, o: "Tensor") -> "Tensor": return self.matmul(o)
+    def __rmatmul__(self, o: Any) -> "Tensor": return Tensor(o, device=self.device).matmul(self)
+
+    def __bool__(self) -> bool:
+        if self.numel() != 1:
+            raise ValueError(f"the truth value of a tensor with {self.numel()} elements is ambiguous; "
+                             "use .any() or .all()")
+        return bool(self.item())
+
+    # ------------------------------------------------------------------ reductions
+    def _reduce(self, op: str, axis: Any, keepdim: bool, name: str) -> "Tensor":
+        axes = self._axes(axis, name)
+        out = Tensor(self.lazydata.reduce(op, axes))
+        if keepdim:
+            return out
+        return out.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes))
+
+    def sum(self, axis: Any = None, keepdim: bool = False, dtype: Any = None) -> "Tensor":
+        x = self if self.dtype is not bool_ else self.int()
+        if dtype is not None:
+            x = x.cast(dtype)
+        return x._reduce("RSUM", axis, keepdim, "sum")
+
+    def max(self, axis: Any = None, keepdim: bool = False) -> "Tensor":
+        self._check_nonempty_reduce(axis, "max")
+        return self._reduce("RMAX", axis, keepdim, "max")
+
+    def min(self, axis: Any = None, keepdim: bool = False) -> "Tensor":
+        self._check_nonempty_reduce(axis, "min")
+        if self.dtype is bool_:
+            return self.logical_not().max(axis, keepdim).logical_not()
+        if self.dtype is int32:
+            return ~((~self).max(axis, keepdim))
+        return -((-self).max(axis, keepdim))
+
+    def _check_nonempty_reduce(self, axis: Any, name: str) -> None:
+        axes = self._axes(axis, name)
+        if any(self.shape[a] == 0 for a in axes):
+            raise ShapeError(f"{name}(): zero-size reduction over axes {axes} of shape {self.shape} has no identity")
+
+    def any(self, axis: Any = None, keepdim: bool = False) -> "Tensor":
+        return self.bool()._reduce("RSUM", axis, keepdim, "any")
+
+    def all(self, axis: Any = None, keepdim: bool = False) -> "Tensor":
+        return self.logical_not().any(axis, keepdim).logical_not()
+
+    def mean(self, axis: Any = None, keepdim: bool = False) -> "Tensor":
+        axes = self._axes(axis, "mean")
+        n = math.prod(self.shape[a] for a in axes)
+        return self.float().sum(axis, keepdim) * (1.0 / n if n else float("nan"))
+
+    def var(self, axis: Any = None, keepdim: bool = False, correction: int = 1) -> "Tensor":
+        """Variance with ``correction`` (1: unbiased, as PyTorch's default; 0: NumPy's default)."""
+        axes = self._axes(axis, "var")
+        n = math.prod(self.shape[a] for a in axes)
+        x = self.float()
+        d = x - x.mean(axes, keepdim=True)
+        return (d * d).sum(axes, keepdim) * (1.0 / max(n - correction, 0) if n - correction > 0 else float("nan"))
+
+    def std(self, axis: Any = None, keepdim: bool = False, correction: int = 1) -> "Tensor":
+        return self.var(axis, keepdim, correction).sqrt()
+
+    def argmax(self, axis: int | None = None, keepdim: bool = False) -> "Tensor":
+        """Index of the first maximum (int32), as NumPy."""
+        if axis is None:
+            return self.flatten().argmax(0)
+        ax = self._axis(axis, "argmax")
+        n = self.shape[ax]
+        if n == 0:
+            raise ShapeError(f"argmax(): axis {ax} of shape {self.shape} is empty")
+        is_max = self == self.max(ax, keepdim=True)
+        shape = [1] * self.ndim
+        shape[ax] = n
+        rev = Tensor.arange(n, 0, -1, device=self.device).reshape(shape)   # n, n-1, ..., 1
+        return (n - (is_max.where(rev, 0)).max(ax, keepdim)).cast(int32)
+
+    def argmin(self, axis: int | None = None, keepdim: bool = False) -> "Tensor":
+        return (-self if self.dtype is not bool_ else self.logical_not()).argmax(axis, keepdim) \
+            if self.dtype is not int32 else (~self).argmax(axis, keepdim)
+
+    def softmax(self, axis: int = -1) -> "Tensor":
+        x = self.float()
+        e = (x - x.max(axis, keepdim=True)).exp()
+        return e / e.sum(axis, keepdim=True)
+
+    def log_softmax(self, axis: int = -1) -> "Tensor":
+        x = self.float()
+        m = x - x.max(axis, keepdim=True)
+        return m - m.exp().sum(axis, keepdim=True).log()
+
+    def logsumexp(self, axis: int = -1, keepdim: bool = False) -> "Tensor":
+        m = self.float().max(axis, keepdim=True)
+        out = (self - m).exp().sum(axis, keepdim=True).log() + m
+        return out if keepdim else out.squeeze(self._axis(axis, "logsumexp"))
+
+    # ------------------------------------------------------------------ movement
+    def reshape(self, *shape: Any) -> "Tensor":
+        shape = _shape_arg(shape)
+        if sum(1 for s in shape if s == -1) > 1:
+            raise ShapeError(f"reshape(): only one dimension can be -1, got {shape}")
+        if any(s < -1 for s in shape):
+            raise ShapeError(f"reshape(): invalid size in {shape}")
+        if -1 in shape:
+            known = math.prod(s for s in shape if s != -1)
+            if known == 0 or self.numel() % known:
+                raise ShapeError(f"reshape(): cannot reshape {self.shape} ({self.numel()} elements) into {shape}")
+            shape = tuple(self.numel() // known if s == -1 else s for s in shape)
+        if math.prod(shape) != self.numel():
+            raise ShapeError(f"reshape(): cannot reshape {self.shape} ({self.numel()} elements) into {shape} "
+                             f"({math.prod(shape)} elements)")
+        return Tensor(self.lazydata.movement("RESHAPE", shape))
+
+    view = reshape
+
+    def permute(self, *order: Any) -> "Tensor":
+        order = _shape_arg(order)
+        if sorted(o % max(self.ndim, 1) if -self.ndim <= o < self.ndim else -99 for o in order) != list(range(self.ndim)):
+            raise AxisError(f"permute(): {order} is not a permutation of the {self.ndim} axes of shape {self.shape}")
+        order = tuple(o % self.ndim for o in order)
+        return Tensor(self.lazydata.movement("PERMUTE", order))
+
+    def transpose(self, dim0: int = -2, dim1: int = -1) -> "Tensor":
+        if self.ndim < 2 and (dim0, dim1) == (-2, -1):
+            return self
+        a, b = self._axis(dim0, "transpose"), self._axis(dim1, "transpose")
+        order = list(range(self.ndim))
+        order[a], order[b] = order[b], order[a]
+        return self.permute(order)
+
+    @property
+    def T(self) -> "Tensor":
+        return self.permute(tuple(reversed(range(self.ndim))))
+
+    def expand(self, *shape: Any) -> "Tensor":
+        shape = _shape_arg(shape)
+        if len(shape) < self.ndim:
+            raise ShapeError(f"expand(): target {shape} has fewer dimensions than {self.shape}")
+        src = (1,) * (len(shape) - self.ndim) + self.shape
+        new = tuple(s if t == -1 else t for s, t in zip(src, shape))
+        for s, t in zip(src, new):
+            if s != t and s != 1:
+                raise ShapeError(f"expand(): cannot expand {self.shape} to {shape}: only size-1 axes can grow")
+        return self.reshape(src)._expand_to(new)
+
+    def _expand_to(self, shape: tuple[int, ...]) -> "Tensor":
+        x = self
+        if len(shape) > x.ndim:
+            x = x.reshape((1,) * (len(shape) - x.ndim) + x.shape)
+        return Tensor(x.lazydata.movement("EXPAND", tuple(shape)))
+
+    def pad(self, padding: Sequence[Any], value: Scalar = 0) -> "Tensor":
+        """Pad per axis with ``((before, after), ...)`` (one pair or None per axis, as NumPy).
+        Negative amounts crop."""
+        if len(padding) != self.ndim:
+            raise ShapeError(f"pad(): expected one (before, after) pair per axis ({self.ndim}), got {len(padding)}")
+        pairs = [(0, 0) if p is None else (int(p[0]), int(p[1])) for p in padding]
+        crop = tuple((max(0, -b), s - max(0, -a)) for (b, a), s in zip(pairs, self.shape))
+        if any(e < b for b, e in crop):
+            raise ShapeError(f"pad(): negative padding {pairs} crops more than shape {self.shape}")
+        x = self.shrink(crop)
+        pos = tuple(max(0, b) for b, _ in pairs), tuple(max(0, a) for _, a in pairs)
+        if not any(pos[0]) and not any(pos[1]):
+            return x
+        out = Tensor(x.lazydata.movement("PAD", pos))
+        if value == 0:
+            return out
+        mask = Tensor(x.ones_like().bool().lazydata.movement("PAD", pos))
+        return mask.where(out, value)
+
+    def shrink(self, arg: Sequence[Any]) -> "Tensor":
+        """Keep ``[start, end)`` per axis (None keeps the whole axis)."""
+        if len(arg) != self.ndim:
+            raise ShapeError(f"shrink(): expected one (start, end) pair per axis ({self.ndim}), got {len(arg)}")
+        pairs = tuple((0, s) if p is None else (int(p[0]), int(p[1])) for p, s in zip(arg, self.shape))
+        for (b, e), s in zip(pairs, self.shape):
+            if not 0 <= b <= e <= s:
+                raise ShapeError(f"shrink(): range [{b}, {e}) is not inside an axis of size {s} (shape {self.shape})")
+        if all(p == (0, s) for p, s in zip(pairs, self.shape)):
+            return self
+        return Tensor(self.lazydata.movement("SHRINK", (tuple(b for b, _ in pairs), tuple(e for _, e in pairs))))
+
+    def flip(self, axis: Any = None) -> "Tensor":
+        axes = tuple(sorted(self._axes(axis, "flip")))
+        axes = tuple(a for a in axes if self.shape[a] > 1)
+        return Tensor(self.lazydata.movement("FLIP", axes))
+
+    def squeeze(self, dim: int | None = None) -> "Tensor":
+        if dim is None:
+            return self.reshape(tuple(s for s in self.shape if s != 1))
+        d = self._axis(dim, "squeeze")
+        if self.ndim == 0 or self.shape[d] != 1:
+            return self
+        return self.reshape(self.shape[:d] + self.shape[d + 1:])
+
+    def unsqueeze(self, dim: int) -> "Tensor":
+        d = self._axis(dim, "unsqueeze", self.ndim + 1)
+        return self.reshape(self.shape[:d] + (1,) + self.shape[d:])
+
+    def flatten(self, start_dim: int = 0, end_dim: int = -1) -> "Tensor":
+        if self.ndim == 0:
+            return self.reshape(1)
+        s, e = self._axis(start_dim, "flatten"), self._axis(end_dim, "flatten")
+        if e < s:
+            raise AxisError(f"flatten(): start_dim {start_dim} comes after end_dim {end_dim}")
+        return self.reshape(self.shape[:s] + (math.prod(self.shape[s:e + 1]),) + self.shape[e + 1:])
+
+    def cat(self, *others: "Tensor", dim: int = 0) -> "Tensor":
+        ts = [self, *others]
+        d = self._axis(dim, "cat")
+        for t in ts[1:]:
+            if not isinstance(t, Tensor):
+                raise DTypeError(f"cat(): expected Tensors, got {type(t).__name__}")
+            if t.ndim != self.ndim or any(a != b for i, (a, b) in enumerate(zip(t.shape, self.shape)) if i != d):
+                raise ShapeError(f"cat(): shapes {self.shape} and {t.shape} differ outside dim {d}")
+        dtype = ts[0].dtype
+        for t in ts[1:]:
+            dtype = dt.promote(dtype, t.dtype)
+        total = sum(t.shape[d] for t in ts)
+        out, off = None, 0
+        for t in ts:
+            pad = [(0, 0)] * self.ndim
+            pad[d] = (off, total - off - t.shape[d])
+            off += t.shape[d]
+            p = t.cast(dtype).pad(pad)
+            out = p if out is None else (out | p if dtype is bool_ else out + p)
+        return out
+
+    @staticmethod
+    def stack(tensors: Sequence["Tensor"], dim: int = 0) -> "Tensor":
+        ts = list(tensors)
+        if not ts:
+            raise ShapeError("stack(): expected at least one tensor")
+        for t in ts[1:]:
+            if t.shape != ts[0].shape:
+                raise ShapeError(f"stack(): all tensors need one shape, got {ts[0].shape} and {t.shape}")
+        d = ts[0]._axis(dim, "stack", ts[0].ndim + 1)
+        return ts[0].unsqueeze(d).cat(*[t.unsqueeze(d) for t in ts[1:]], dim=d)
+
+    def __getitem__(self, idx: Any) -> "Tensor":
+        return _getitem(self, idx)
+
+    # ------------------------------------------------------------------ linear algebra
+    def matmul(self, other: "Tensor") -> "Tensor":
+        """Matrix product with NumPy's rules for 1-D operands and batch broadcasting.
+        Composed from reshape/expand/mul/sum (as tinygrad does); the optimizer fuses it to one kernel."""
+        if not isinstance(other, Tensor):
+            other = Tensor(other, device=self.device)
+        if self.ndim == 0 or other.ndim == 0:
+            raise ShapeError(f"matmul: both operands need at least 1 dimension, got {self.shape} and {other.shape}")
+        a, b = self, other
+        k1 = a.shape[-1]
+        k2 = b.shape[-2] if b.ndim > 1 else b.shape[0]
+        if k1 != k2:
+            raise ShapeError(f"matmul: inner dimensions differ: {a.shape} @ {b.shape} ({k1} != {k2})")
+        a2 = a.reshape(1, k1) if a.ndim == 1 else a
+        b2 = b.reshape(k2, 1) if b.ndim == 1 else b
+        # (..., n, k) x (..., k, m) -> (..., n, 1, k) * (..., 1, m, k) -> sum over k
+        x = a2.reshape(a2.shape[:-1] + (1, k1))
+        y = b2.transpose(-1, -2).reshape(b2.shape[:-2] + (1, b2.shape[-1], k2))
+        out = (x * y).sum(-1)
+        if a.ndim == 1:
+            out = out.squeeze(-2)
+        if b.ndim == 1:
+            out = out.squeeze(-1)
+        return out
+
+    dot = matmul
+
+    def linear(self, weight: "Tensor", bias: "Tensor | None" = None) -> "Tensor":
+        out = self @ weight
+        return out + bias if bias is not None else out
+
+
+# ------------------------------------------------------------------ broadcasting
+
+def _broadcast_shape(a: tuple[int, ...], b: tuple[int, ...], op: str) -> tuple[int, ...]:
+    n = max(len(a), len(b))
+    pa, pb = (1,) * (n - len(a)) + a, (1,) * (n - len(b)) + b
+    out = []
+    for i, (x, y) in enumerate(zip(pa, pb)):
+        if x != y and x != 1 and y != 1:
+            raise ShapeError(f"{op}: shapes {a} and {b} do not broadcast: axis {i - n} has sizes {x} and {y} "
+                             "(sizes must match or one must be 1)")
+        out.append(y if x == 1 else x)
+    return tuple(out)
+
+
+def _broadcast_pair(a: Tensor, b: Tensor, op: str) -> tuple[Tensor, Tensor]:
+    if a.shape == b.shape:
+        return a, b
+    shape = _broadcast_shape(a.shape, b.shape, op)
+    return a._expand_to(shape), b._expand_to(shape)
+
+
+# ------------------------------------------------------------------ indexing
+
+def _getitem(t: Tensor, idx: Any) -> Tensor:
+    if not isinstance(idx, tuple):
+        idx = (idx,)
+    if any(isinstance(i, (Tensor, list, np.ndarray)) for i in idx):
+        raise NotImplementedError("indexing with tensors/lists (advanced indexing) is not supported yet; "
+                                  "use ints, slices, None and ...")
+    n_ell = sum(1 for i in idx if i is Ellipsis)
+    if n_ell > 1:
+        raise AxisError("an index can only have a single ellipsis ('...')")
+    n_real = sum(1 for i in idx if i is not None and i is not Ellipsis)
+    if n_real > t.ndim:
+        raise AxisError(f"too many indices for a tensor of shape {t.shape}: {n_real} given")
+    if n_ell:
+        k = idx.index(Ellipsis)
+        idx = idx[:k] + (slice(None),) * (t.ndim - n_real) + idx[k + 1:]
+    else:
+        idx = idx + (slice(None),) * (t.ndim - n_real)
+    x = t
+    out_shape: list[int] = []
+    shrink: list[tuple[int, int]] = []
+    flips: list[int] = []
+    steps: list[int] = []
+    axis = 0
+    for i in idx:
+        if i is None:
+            continue
+        size = t.shape[axis]
+        if isinstance(i, (int, np.integer)) and not isinstance(i, bool):
+            j = int(i)
+            if not -size <= j < size:
+                raise AxisError(f"index {j} is out of bounds for axis {axis} with size {size}")
+            j %= size
+            shrink.append((j, j + 1))
+            steps.append(1)
+        elif isinstance(i, slice):
+            start, stop, step = i.indices(size)
+            if step > 0:
+                n = max(0, (stop - start + step - 1) // step)
+                shrink.append((start, start + max(0, (n - 1) * step + 1) if n else start))
+            else:
+                n = max(0, (start - stop - step - 1) // -step)
+                lo = start - (n - 1) * -step if n else start
+                shrink.append((lo, start + 1) if n else (0, 0))
+                flips.append(axis)
+            steps.append(abs(step))
+        else:
+            raise AxisError(f"unsupported index {i!r} (expected int, slice, None or ...)")
+        axis += 1
+    x = x.shrink(shrink)
+    if flips:
+        x = x.flip(flips)
+    if any(s > 1 for s in steps):
+        # strided slices: pad each axis to a multiple of its step, split it, keep the first of each group
+        pad, split, keep = [], [], []
+        for s, st in zip(x.shape, steps):
+            n = (s + st - 1) // st
+            pad.append((0, n * st - s))
+            split += [n, st]
+            keep += [(0, n), (0, 1)]
+        x = x.pad(pad).reshape(split).shrink(keep).reshape(tuple(split[0::2]))
+    # final shape: drop int-indexed axes, insert None axes
+    axis = 0
+    for i in idx:
+        if i is None:
+            out_shape.append(1)
+            continue
+        if isinstance(i, slice):
+            out_shape.append(x.shape[axis])
+        axis += 1
+    return x.reshape(tuple(out_shape))
+
+
+def _is_tensor_list(xs: Iterable[Any]) -> bool:
+    return all(isinstance(x, Tensor) for x in xs)

@@ -1,0 +1,245 @@
+"""Kernel (a body of KNodes) -> loop IR, as a flat list of named passes.
+
+``lower_kernel`` runs, in order:
+1. ``output_loops``: one loop per output axis (size-1 axes get index 0).
+2. ``render``: the body is evaluated per output element by a recursive index function. Movement
+   ops transform the symbolic index (``symbolic.Lin``) instead of moving data -- reshape through
+   linearize/delinearize with bound-aware simplification, permute by reordering, expand by zeroing,
+   shrink by offsetting, flip by mirroring, pad by offsetting plus a validity mask that clamps the
+   load and selects 0. A reduction opens its own loops at the point of use with an accumulator.
+   Values are memoized per (node, index, mask) within the loop scope that computed them.
+3. ``store``: the output element at its contiguous index.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from ..dtype import DType, bool_
+from ..extract.plan import Kernel, KernelPlan, KNode
+from ..ops import reduce_identity
+from .loopir import INDEX, LInst, LoopKernel
+from .symbolic import Div, Lin, Mod, Var
+
+
+def strides_of(shape: tuple[int, ...]) -> tuple[int, ...]:
+    st, acc = [], 1
+    for s in reversed(shape):
+        st.append(acc if s != 1 else 0)
+        acc *= s
+    return tuple(reversed(st))
+
+
+class Lowerer:
+    def __init__(self, kernel: Kernel, plan: KernelPlan):
+        self.kernel = kernel
+        self.param_of: dict[int, int] = {kernel.out: 0}
+        self.params: list[tuple[str, DType, bool]] = [(f"b{kernel.out}", plan.buffers[kernel.out][1], True)]
+        for b in kernel.inputs:
+            self.param_of[b] = len(self.params)
+            self.params.append((f"b{b}", plan.buffers[b][1], False))
+        self.insts: list[LInst] = []
+        self.scopes: list[dict[Any, int]] = [{}]
+        self.vars: dict[str, int] = {}
+        self.n_ranges = 0
+
+    # ------------------------------------------------------------------ emission with scoped CSE
+    def emit(self, op: str, dtype: Any, src: tuple[int, ...] = (), arg: Any = None, cse: bool = True) -> int:
+        key = ("i", op, dtype, src, arg)
+        if cse:
+            for sc in reversed(self.scopes):
+                if key in sc:
+                    return sc[key]
+        self.insts.append(LInst(op, dtype, src, arg))
+        i = len(self.insts) - 1
+        if cse:
+            self.scopes[-1][key] = i
+        return i
+
+    def const(self, v: Any, dtype: Any) -> int:
+        return self.emit("CONST", dtype, (), v)
+
+    def open_range(self, extent: int) -> Lin:
+        name = f"r{self.n_ranges}"
+        self.n_ranges += 1
+        rid = self.emit("RANGE", INDEX, (), extent, cse=False)
+        self.vars[name] = rid
+        self.scopes.append({})
+        return Lin.var(name, extent)
+
+    def close_range(self, lin: Lin) -> None:
+        name = lin.terms[0][0].name
+        self.scopes.pop()
+        self.emit("ENDRANGE", None, (self.vars[name],), cse=False)
+
+    # ------------------------------------------------------------------ index expressions
+    def index(self, x: Lin) -> int:
+        acc: int | None = None
+        for atom, c in x.terms:
+            if isinstance(atom, Var):
+                a = self.vars[atom.name]
+            elif isinstance(atom, Div):
+                a = self.emit("IDIV", INDEX, (self.index(atom.x), self.const(atom.d, INDEX)))
+            else:
+                assert isinstance(atom, Mod)
+                a = self.emit("MOD", INDEX, (self.index(atom.x), self.const(atom.d, INDEX)))
+            if c != 1:
+                a = self.emit("MUL", INDEX, (a, self.const(c, INDEX)))
+            acc = a if acc is None else self.emit("ADD", INDEX, (acc, a))
+        if acc is None:
+            return self.const(x.const, INDEX)
+        if x.const:
+            acc = self.emit("ADD", INDEX, (acc, self.const(x.const, INDEX)))
+        return acc
+
+    def in_range(self, x: Lin, n: int) -> int | None:
+        """Bool instruction for 0 <= x < n, or None when the bounds prove it."""
+        lo, hi = x.bounds
+        conds = []
+        if lo < 0:
+            conds.append(self.emit("CMPLT", bool_, (self.const(-1, INDEX), self.index(x))))
+        if hi >= n:
+            conds.append(self.emit("CMPLT", bool_, (self.index(x), self.const(n, INDEX))))
+        return self.and_(conds)
+
+    def and_(self, conds: list[int | None]) -> int | None:
+        out = None
+        for c in conds:
+            if c is None:
+                continue
+            out = c if out is None else self.emit("AND", bool_, (out, c))
+        return out
+
+    # ------------------------------------------------------------------ the recursive index function
+    def render(self, n: KNode, idx: tuple[Lin, ...], valid: int | None) -> int:
+        key = ("n", id(n), idx, valid)
+        for sc in reversed(self.scopes):
+            if key in sc:
+                return sc[key]
+        v = self._render(n, idx, valid)
+        self.scopes[-1][key] = v
+        return v
+
+    def _render(self, n: KNode, idx: tuple[Lin, ...], valid: int | None) -> int:
+        op = n.op
+        if op == "CONST":
+            return self.const(n.arg, n.dtype)
+        if op == "BUF":
+            flat = Lin.num(0)
+            for i, st in zip(idx, strides_of(n.shape)):
+                flat = flat + i * st
+            fi = self.index(flat)
+            if valid is not None:
+                fi = self.emit("WHERE", INDEX, (valid, fi, self.const(0, INDEX)))
+            return self.emit("LOAD", n.dtype, (self.param_of[n.arg], fi))
+        if op in ("RSUM", "RMAX"):
+            return self._reduce(n, idx, valid)
+        if op == "PAD":
+            before, _after = n.arg
+            src = n.src[0]
+            cidx = tuple(i - b for i, b in zip(idx, before))
+            mask = self.and_([self.in_range(ci, s) for ci, s in zip(cidx, src.shape)])
+            inner = self.render(src, cidx, self.and_([valid, mask]))
+            if mask is None:
+                return inner
+            return self.emit("WHERE", n.dtype, (mask, inner, self.const(_zero(n.dtype), n.dtype)))
+        if op in ("RESHAPE", "PERMUTE", "EXPAND", "SHRINK", "FLIP"):
+            return self.render(n.src[0], self.move_index(n, idx), valid)
+        srcs = tuple(self.render(s, idx, valid) for s in n.src)
+        return self.emit(op, n.arg if op == "CAST" else n.dtype, srcs, None)
+
+    def move_index(self, n: KNode, idx: tuple[Lin, ...]) -> tuple[Lin, ...]:
+        src = n.src[0]
+        if n.op == "RESHAPE":
+            flat = Lin.num(0)
+            for i, st in zip(idx, _full_strides(n.shape)):
+                flat = flat + i * st
+            out = []
+            for s, st in zip(src.shape, _full_strides(src.shape)):
+                out.append(Lin.num(0) if s == 1 else (flat // st) % s)
+            return tuple(out)
+        if n.op == "PERMUTE":
+            out: list[Lin] = [Lin.num(0)] * len(idx)
+            for i, p in enumerate(n.arg):
+                out[p] = idx[i]
+            return tuple(out)
+        if n.op == "EXPAND":
+            return tuple(Lin.num(0) if s == 1 else i for i, s in zip(idx, src.shape))
+        if n.op == "SHRINK":
+            return tuple(i + b for i, b in zip(idx, n.arg[0]))
+        if n.op == "FLIP":
+            return tuple(Lin.num(s - 1) - i if d in n.arg else i for d, (i, s) in enumerate(zip(idx, n.shape)))
+        raise NotImplementedError(n.op)
+
+    def _reduce(self, n: KNode, idx: tuple[Lin, ...], valid: int | None) -> int:
+        src = n.src[0]
+        acc = self.emit("DEFACC", n.dtype, (), reduce_identity(n.op, n.dtype), cse=False)
+        loops = []
+        cidx = list(idx)
+        for d in n.arg:
+            if src.shape[d] == 1:
+                cidx[d] = Lin.num(0)
+            elif src.shape[d] == 0:
+                cidx[d] = Lin.num(0)
+                loops.append(None)
+            else:
+                r = self.open_range(src.shape[d])
+                loops.append(r)
+                cidx[d] = r
+        if all(l is not None for l in loops):    # an empty axis means the identity
+            v = self.render(src, tuple(cidx), valid)
+            self.emit("ACCUM", None, (acc, v), "ADD" if n.op == "RSUM" else "MAX", cse=False)
+        for r in reversed([l for l in loops if l is not None]):
+            self.close_range(r)
+        return self.emit("ACCREAD", n.dtype, (acc,), cse=False)
+
+    # ------------------------------------------------------------------ passes
+    def lower(self) -> LoopKernel:
+        root = self.kernel.ast
+        out_idx = []
+        loops = []
+        for s in root.shape:
+            if s <= 1:
+                out_idx.append(Lin.num(0))
+            else:
+                r = self.open_range(s)
+                loops.append(r)
+                out_idx.append(r)
+        if 0 not in root.shape:
+            v = self.render(root, tuple(out_idx), None)
+            flat = Lin.num(0)
+            for i, st in zip(out_idx, strides_of(root.shape)):
+                flat = flat + i * st
+            self.emit("STORE", None, (0, self.index(flat), v), cse=False)   # src[0]: parameter 0
+        for r in reversed(loops):
+            self.close_range(r)
+        return LoopKernel(self.kernel.name, self.params, self._params_first())
+
+    def _params_first(self) -> list[LInst]:
+        """Prefix PARAM instructions and renumber: loads/stores refer to parameters by number."""
+        shift = len(self.params)
+        head = [LInst("PARAM", d, (), i) for i, (_, d, _) in enumerate(self.params)]
+        out = []
+        for x in self.insts:
+            if x.op == "LOAD":
+                out.append(LInst("LOAD", x.dtype, (x.src[0], x.src[1] + shift), None))
+            elif x.op == "STORE":
+                out.append(LInst("STORE", None, (0, x.src[1] + shift, x.src[2] + shift), None))
+            else:
+                out.append(LInst(x.op, x.dtype, tuple(s + shift for s in x.src), x.arg))
+        return head + out
+
+
+def _full_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    st, acc = [], 1
+    for s in reversed(shape):
+        st.append(acc)
+        acc *= s
+    return tuple(reversed(st))
+
+
+def _zero(dt: DType) -> Any:
+    return False if dt is bool_ else (0.0 if dt.is_float else 0)
+
+
+def lower_kernel(kernel: Kernel, plan: KernelPlan) -> LoopKernel:
+    return Lowerer(kernel, plan).lower()

@@ -1,0 +1,172 @@
+"""Symbolic integer index expressions with bounds, in a canonical linear form.
+
+An expression is a :class:`Lin`: ``const + sum(coef * atom)``, where an atom is a loop variable
+(:class:`Var`) or a floor division / modulo of a linear expression by a positive constant
+(:class:`Div`, :class:`Mod`). Every expression knows its [lo, hi] bounds, and division and modulo
+simplify with them -- e.g. ``(4*i + j) // 4 -> i`` and ``(4*i + j) % 4 -> j`` when ``0 <= j < 4``,
+which is what folding ``reshape`` chains into index expressions needs.
+
+Semantics are floor division and modulo. Renderers may emit truncating ops: indices are only
+negative in masked-out (padded) positions, whose loads are clamped and whose values are discarded.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Union
+
+
+@dataclass(frozen=True)
+class Var:
+    name: str
+    lo: int
+    hi: int          # inclusive
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+@dataclass(frozen=True)
+class Div:
+    x: "Lin"
+    d: int
+
+    @property
+    def bounds(self) -> tuple[int, int]:
+        lo, hi = self.x.bounds
+        return lo // self.d, hi // self.d
+
+    def __repr__(self) -> str:
+        return f"({self.x}//{self.d})"
+
+
+@dataclass(frozen=True)
+class Mod:
+    x: "Lin"
+    d: int
+
+    @property
+    def bounds(self) -> tuple[int, int]:
+        lo, hi = self.x.bounds
+        if lo >= 0 and hi < self.d:
+            return lo, hi
+        return 0, self.d - 1
+
+    def __repr__(self) -> str:
+        return f"({self.x}%{self.d})"
+
+
+Atom = Union[Var, Div, Mod]
+
+
+def _atom_bounds(a: Atom) -> tuple[int, int]:
+    return (a.lo, a.hi) if isinstance(a, Var) else a.bounds
+
+
+@dataclass(frozen=True)
+class Lin:
+    terms: tuple[tuple[Atom, int], ...]     # sorted by repr, no zero coefficients
+    const: int = 0
+
+    # -------------------------------------------------------------- construction
+    @staticmethod
+    def num(v: int) -> "Lin":
+        return Lin((), int(v))
+
+    @staticmethod
+    def var(name: str, extent: int) -> "Lin":
+        if extent <= 1:
+            return Lin.num(0)
+        return Lin(((Var(name, 0, extent - 1), 1),), 0)
+
+    @staticmethod
+    def _make(terms: dict, const: int) -> "Lin":
+        items = tuple(sorted(((a, c) for a, c in terms.items() if c != 0), key=lambda t: repr(t[0])))
+        return Lin(items, const)
+
+    # -------------------------------------------------------------- queries
+    @property
+    def is_const(self) -> bool:
+        return not self.terms
+
+    @property
+    def bounds(self) -> tuple[int, int]:
+        lo = hi = self.const
+        for a, c in self.terms:
+            alo, ahi = _atom_bounds(a)
+            lo += min(c * alo, c * ahi)
+            hi += max(c * alo, c * ahi)
+        return lo, hi
+
+    def __repr__(self) -> str:
+        parts = [(f"{a}" if c == 1 else f"{c}*{a}") for a, c in self.terms]
+        if self.const or not parts:
+            parts.append(str(self.const))
+        return " + ".join(parts)
+
+    # -------------------------------------------------------------- arithmetic
+    def __add__(self, o: "Lin | int") -> "Lin":
+        o = o if isinstance(o, Lin) else Lin.num(o)
+        terms = dict(self.terms)
+        for a, c in o.terms:
+            terms[a] = terms.get(a, 0) + c
+        return Lin._make(terms, self.const + o.const)
+
+    def __sub__(self, o: "Lin | int") -> "Lin":
+        return self + (o * -1 if isinstance(o, Lin) else -o)
+
+    def __mul__(self, k: int) -> "Lin":
+        if k == 0:
+            return Lin.num(0)
+        return Lin(tuple((a, c * k) for a, c in self.terms), self.const * k)
+
+    def __floordiv__(self, d: int) -> "Lin":
+        assert d > 0
+        if d == 1:
+            return self
+        lo, hi = self.bounds
+        if lo // d == hi // d:
+            return Lin.num(lo // d)
+        # pull out terms whose coefficient is a multiple of d
+        quot: dict = {}
+        rest: dict = {}
+        for a, c in self.terms:
+            if c % d == 0:
+                quot[a] = c // d
+            else:
+                rest[a] = c
+        q_const, r_const = divmod(self.const, d)
+        r = Lin._make(rest, r_const)
+        rlo, rhi = r.bounds
+        if rlo // d == rhi // d:
+            return Lin._make(quot, q_const + rlo // d)
+        # (x % (d*m)) // d with a Mod atom: leave as is
+        q = Lin._make(quot, q_const)
+        return q + Lin(((Div(r, d), 1),), 0)
+
+    def __mod__(self, d: int) -> "Lin":
+        assert d > 0
+        if d == 1:
+            return Lin.num(0)
+        rest = {a: c % d for a, c in self.terms if c % d != 0}
+        r = Lin._make(rest, self.const % d)
+        lo, hi = r.bounds
+        if lo >= 0 and hi < d:
+            return r
+        if lo // d == hi // d:
+            return r - (lo // d) * d
+        # (x % (d*m)) % d = x % d
+        if len(r.terms) == 1 and r.const == 0 and r.terms[0][1] == 1 and isinstance(r.terms[0][0], Mod) \
+                and r.terms[0][0].d % d == 0:
+            return r.terms[0][0].x % d
+        return Lin(((Mod(r, d), 1),), 0)
+
+
+def substitute_free(x: Lin) -> set[str]:
+    """Names of the loop variables an expression depends on."""
+    out: set[str] = set()
+    for a, _ in x.terms:
+        if isinstance(a, Var):
+            out.add(a.name)
+        else:
+            out |= substitute_free(a.x)
+    return out

@@ -1,0 +1,265 @@
+"""The op table: every primitive op of eqgrad, defined once.
+
+Each :class:`OpDef` carries the op's arity, its egglog constructor (name and the sorts of its
+non-tensor arguments), its shape rule, dtype rule, NumPy reference semantics, cost weight and
+flags. The egglog declarations (``eqgrad.rules.ir``), the fusion/analysis rule families, the NumPy
+reference device, the LLVM renderer's op map and the op tests are all driven from this table;
+``tests/test_optable.py`` fails when an op lacks one of its pieces.
+
+Conventions
+- Shapes are tuples of ints. Reductions keep reduced axes as size 1.
+- In egglog every constructor takes its tensor arguments first, then its attributes.
+- Integer ``IDIV``/``MOD`` truncate toward zero (C semantics); division by zero gives 0.
+  The frontend composes NumPy's floor division from them.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from .dtype import DType, bool_, float32, int32
+
+Shape = tuple[int, ...]
+MAX_RANK = 8          # egglog analysis rules are generated per rank up to this
+
+
+class OpError(ValueError):
+    """Raised for invalid arguments to a primitive op (shape, dtype, axis)."""
+
+
+@dataclass(frozen=True)
+class OpDef:
+    name: str                         # e.g. "ADD"
+    egg: str                          # egglog constructor, e.g. "Add"
+    kind: str                         # leaf | unary | binary | ternary | reduce | movement | boundary
+    arity: int                        # number of tensor sources
+    attrs: tuple[str, ...] = ()       # egglog sorts of the attributes, in order
+    flops: int = 0                    # cost weight per evaluated element
+    dtypes: str = "fib"               # accepted input kinds: f(loat) i(nt) b(ool)
+    doc: str = ""
+    shape_rule: Callable[..., Shape] = field(default=None, repr=False)   # (src_shapes, arg) -> shape
+    dtype_rule: Callable[..., DType] = field(default=None, repr=False)   # (src_dtypes, arg) -> dtype
+    ref: Callable[..., np.ndarray] = field(default=None, repr=False)     # (src arrays, arg, out dtype)
+
+
+# ------------------------------------------------------------------ shape rules
+
+def _same_shape(srcs: list[Shape], arg: Any) -> Shape:
+    return srcs[0]
+
+
+def _reduce_shape(srcs: list[Shape], axes: tuple[int, ...]) -> Shape:
+    return tuple(1 if i in axes else s for i, s in enumerate(srcs[0]))
+
+
+def _reshape_shape(srcs: list[Shape], new: Shape) -> Shape:
+    return tuple(new)
+
+
+def _permute_shape(srcs: list[Shape], perm: tuple[int, ...]) -> Shape:
+    return tuple(srcs[0][p] for p in perm)
+
+
+def _pad_shape(srcs: list[Shape], arg: tuple[tuple[int, ...], tuple[int, ...]]) -> Shape:
+    before, after = arg
+    return tuple(b + s + a for s, b, a in zip(srcs[0], before, after))
+
+
+def _shrink_shape(srcs: list[Shape], arg: tuple[tuple[int, ...], tuple[int, ...]]) -> Shape:
+    starts, ends = arg
+    return tuple(e - b for b, e in zip(starts, ends))
+
+
+def _leaf_shape(srcs: list[Shape], arg: Any) -> Shape:
+    raise OpError("leaf shapes are given, not computed")
+
+
+# ------------------------------------------------------------------ dtype rules
+
+def _same_dtype(srcs: list[DType], arg: Any) -> DType:
+    return srcs[0]
+
+
+def _bool_dtype(srcs: list[DType], arg: Any) -> DType:
+    return bool_
+
+
+def _where_dtype(srcs: list[DType], arg: Any) -> DType:
+    return srcs[1]
+
+
+def _cast_dtype(srcs: list[DType], arg: DType) -> DType:
+    return arg
+
+
+# ------------------------------------------------------------------ NumPy references
+# Each takes the source arrays (already of the op's input dtype), the attribute and the output
+# dtype, and returns an array of exactly the output shape and dtype.
+
+def _np(f: Callable[..., np.ndarray]) -> Callable[..., np.ndarray]:
+    def run(srcs: list[np.ndarray], arg: Any, out: DType) -> np.ndarray:
+        with np.errstate(all="ignore"):
+            return np.asarray(f(*srcs) if arg is None else f(*srcs, arg)).astype(out.np, copy=False)
+    return run
+
+
+def _int_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Truncating integer division; x / 0 = 0."""
+    bz = b == 0
+    q = np.trunc(a.astype(np.float64) / np.where(bz, 1, b)).astype(np.int64)
+    return np.where(bz, 0, q).astype(a.dtype)
+
+
+def _int_mod(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """C remainder (sign of the dividend); x % 0 = 0."""
+    bz = b == 0
+    r = np.fmod(a, np.where(bz, 1, b))
+    return np.where(bz, 0, r).astype(a.dtype)
+
+
+def _maximum(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    if a.dtype == np.bool_:
+        return a | b
+    return np.maximum(a, b)
+
+
+def _add(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return (a | b) if a.dtype == np.bool_ else a + b
+
+
+def _mul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return (a & b) if a.dtype == np.bool_ else a * b
+
+
+def _neg(a: np.ndarray) -> np.ndarray:
+    return np.logical_not(a) if a.dtype == np.bool_ else np.negative(a)
+
+
+def _cast(a: np.ndarray, dt: DType) -> np.ndarray:
+    if dt is int32 and a.dtype.kind == "f":
+        # saturating float -> int32 conversion with NaN -> 0 (LLVM's fptosi.sat), see docs/semantics.md
+        a = np.nan_to_num(np.trunc(a.astype(np.float64)), nan=0.0, posinf=2**31 - 1, neginf=-2**31)
+        return np.clip(a, -2**31, 2**31 - 1).astype(np.int32)
+    return a.astype(dt.np)
+
+
+def _reduce_sum(a: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
+    if a.dtype == np.bool_:
+        return np.any(a, axis=axes, keepdims=True)
+    return np.sum(a, axis=axes, keepdims=True, dtype=a.dtype)
+
+
+def _reduce_max(a: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
+    if a.size == 0:
+        return np.full(_reduce_shape([a.shape], axes), _max_identity(a.dtype), dtype=a.dtype)
+    return np.max(a, axis=axes, keepdims=True)
+
+
+def _max_identity(npdt: np.dtype) -> Any:
+    if npdt == np.bool_:
+        return False
+    if npdt.kind == "i":
+        return np.iinfo(npdt).min
+    return -np.inf
+
+
+def _pad(a: np.ndarray, arg: tuple[tuple[int, ...], tuple[int, ...]]) -> np.ndarray:
+    return np.pad(a, list(zip(*arg)))
+
+
+def _shrink(a: np.ndarray, arg: tuple[tuple[int, ...], tuple[int, ...]]) -> np.ndarray:
+    return a[tuple(slice(b, e) for b, e in zip(*arg))]
+
+
+def _flip(a: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
+    return np.flip(a, axes) if axes else a
+
+
+def _where(c: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return np.where(c, a, b)
+
+
+# ------------------------------------------------------------------ the table
+
+def _op(name: str, egg: str, kind: str, arity: int, shape_rule: Callable, dtype_rule: Callable,
+        ref: Callable | None, attrs: tuple[str, ...] = (), flops: int = 0, dtypes: str = "fib",
+        doc: str = "") -> OpDef:
+    return OpDef(name, egg, kind, arity, attrs, flops, dtypes, doc, shape_rule, dtype_rule, ref)
+
+
+_U, _B = "unary", "binary"
+OPS: dict[str, OpDef] = {o.name: o for o in [
+    # leaves -- BUF's attribute is the input position of a realized buffer; CONST is a scalar with a shape
+    _op("BUF", "Buf", "leaf", 0, _leaf_shape, _same_dtype, None, ("i64", "IVec", "String"),
+        doc="a realized buffer (input position, shape, dtype)"),
+    _op("CONST", "Const", "leaf", 0, _leaf_shape, _same_dtype, None, ("f64", "String", "IVec"),
+        doc="a scalar broadcast to a shape (value, dtype, shape)"),
+    # unary
+    _op("NEG", "Neg", _U, 1, _same_shape, _same_dtype, _np(_neg), flops=1, doc="-x (logical not for bool)"),
+    _op("EXP2", "Exp2", _U, 1, _same_shape, _same_dtype, _np(np.exp2), flops=20, dtypes="f"),
+    _op("LOG2", "Log2", _U, 1, _same_shape, _same_dtype, _np(np.log2), flops=20, dtypes="f"),
+    _op("SIN", "Sin", _U, 1, _same_shape, _same_dtype, _np(np.sin), flops=20, dtypes="f"),
+    _op("SQRT", "Sqrt", _U, 1, _same_shape, _same_dtype, _np(np.sqrt), flops=4, dtypes="f"),
+    _op("RECIP", "Recip", _U, 1, _same_shape, _same_dtype, _np(np.reciprocal), flops=4, dtypes="f"),
+    _op("TRUNC", "Trunc", _U, 1, _same_shape, _same_dtype, _np(np.trunc), flops=1, dtypes="f"),
+    _op("CAST", "Cast", _U, 1, _same_shape, _cast_dtype, _np(_cast), ("String",), flops=1),
+    # binary (both sources have the same shape and dtype; the frontend broadcasts and promotes)
+    _op("ADD", "Add", _B, 2, _same_shape, _same_dtype, _np(_add), flops=1),
+    _op("MUL", "Mul", _B, 2, _same_shape, _same_dtype, _np(_mul), flops=1),
+    _op("MAX", "Max", _B, 2, _same_shape, _same_dtype, _np(_maximum), flops=1, doc="NaN-propagating"),
+    _op("CMPLT", "CmpLt", _B, 2, _same_shape, _bool_dtype, _np(np.less), flops=1),
+    _op("CMPEQ", "CmpEq", _B, 2, _same_shape, _bool_dtype, _np(np.equal), flops=1),
+    _op("IDIV", "IDiv", _B, 2, _same_shape, _same_dtype, _np(_int_div), flops=8, dtypes="i"),
+    _op("MOD", "Mod", _B, 2, _same_shape, _same_dtype, _np(_int_mod), flops=8, dtypes="i"),
+    _op("AND", "And", _B, 2, _same_shape, _same_dtype, _np(np.bitwise_and), flops=1, dtypes="ib"),
+    _op("OR", "Or", _B, 2, _same_shape, _same_dtype, _np(np.bitwise_or), flops=1, dtypes="ib"),
+    _op("XOR", "Xor", _B, 2, _same_shape, _same_dtype, _np(np.bitwise_xor), flops=1, dtypes="ib"),
+    # ternary
+    _op("WHERE", "Where", "ternary", 3, lambda s, a: s[1], _where_dtype, _np(_where), flops=1),
+    # reductions over a sorted tuple of axes, keeping them as size 1
+    _op("RSUM", "Sum", "reduce", 1, _reduce_shape, _same_dtype, _np(_reduce_sum), ("IVec",), flops=1),
+    _op("RMAX", "RMax", "reduce", 1, _reduce_shape, _same_dtype, _np(_reduce_max), ("IVec",), flops=1),
+    # movement: never copy data by themselves
+    _op("RESHAPE", "Reshape", "movement", 1, _reshape_shape, _same_dtype,
+        _np(lambda a, s: a.reshape(s)), ("IVec",)),
+    _op("PERMUTE", "Permute", "movement", 1, _permute_shape, _same_dtype,
+        _np(lambda a, p: a.transpose(p)), ("IVec",)),
+    _op("EXPAND", "Expand", "movement", 1, _reshape_shape, _same_dtype,
+        _np(lambda a, s: np.broadcast_to(a, s)), ("IVec",)),
+    _op("PAD", "Pad", "movement", 1, _pad_shape, _same_dtype, _np(_pad), ("IVec", "IVec"),
+        doc="zero padding (before, after) per axis"),
+    _op("SHRINK", "Shrink", "movement", 1, _shrink_shape, _same_dtype, _np(_shrink), ("IVec", "IVec"),
+        doc="slice [start, end) per axis"),
+    _op("FLIP", "Flip", "movement", 1, _same_shape, _same_dtype, _np(_flip), ("IVec",)),
+    # boundaries: a kernel writes its value to a buffer
+    _op("REALIZE", "Realize", "boundary", 1, _same_shape, _same_dtype, _np(lambda a: a),
+        doc="kernel boundary inserted by the compiler; fusion rules remove it"),
+    _op("CONTIGUOUS", "Contiguous", "boundary", 1, _same_shape, _same_dtype, _np(lambda a: a),
+        doc="kernel boundary forced by the user; never fused away"),
+]}
+
+EGG_TO_OP: dict[str, OpDef] = {o.egg: o for o in OPS.values()}
+ALU_OPS = tuple(n for n, o in OPS.items() if o.kind in ("unary", "binary", "ternary"))
+REDUCE_OPS = ("RSUM", "RMAX")
+MOVEMENT_OPS = tuple(n for n, o in OPS.items() if o.kind == "movement")
+
+
+def numel(shape: Shape) -> int:
+    return math.prod(shape)
+
+
+def reduce_identity(op: str, dt: DType) -> float | int | bool:
+    if op == "RSUM":
+        return False if dt is bool_ else (0 if dt is int32 else 0.0)
+    return _max_identity(np.dtype(dt.np))
+
+
+def check_dtypes(op: OpDef, dtypes: list[DType]) -> None:
+    kinds = {"f": float32, "i": int32, "b": bool_}
+    allowed = [kinds[k] for k in op.dtypes]
+    for d in dtypes:
+        if d not in allowed:
+            raise OpError(f"{op.name.lower()} expects {' or '.join(a.name for a in allowed)} input, got {d.name}")
