@@ -92,6 +92,7 @@ def _compile(targets: list[LazyBuffer], order: list[LazyBuffer], device: str) ->
         GlobalCounters.saturations += 1
         if js is not None:
             g = from_json(js, prog.roots)
+            report.eclasses = len(g.classes)
         if report.stop_reason != "completed":
             warnings.warn(f"eqgrad: saturation stopped early ({report.stop_reason}: {report.detail}); "
                           f"{'using the e-graph of the last finished phase' if g is not None else 'running the unoptimized plan'}",

@@ -60,9 +60,9 @@ class GreedyExtractor:
                         continue
                     if n.op == "REALIZE":
                         v = cost[n.children[0]]
-                        # a Realize must not be chosen for its own class (a cycle), and must stay
-                        # strictly more expensive than its inner class
-                        v = v + 0.5 if n.children[0] != c else INF
+                        # transparent: fused and unfused variants tie, and the tie goes to the
+                        # unfused one (below); never a Realize of its own class (a cycle)
+                        v = v if n.children[0] != c else INF
                     else:
                         w = OPS[n.op].flops
                         v = w * numel(g.shapes[c]) + 1 + sum(cost[k] for k in n.children)
