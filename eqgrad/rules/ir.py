@@ -159,13 +159,16 @@ def emit_program(targets: list[LazyBuffer], order: list[LazyBuffer]) -> EmittedP
         args = []
         for s in lb.src:
             args.append(leaf(s) if s.op in ("BUF", "CONST") else f"(Realize {names[id(s)]})")
-        name = f"$v{len(lines)}"
+        name = f"$v{len(names)}"
         lines.append(f"(let {name} ({o.egg} {' '.join(args + fmt_attrs(o, lb.arg))}))")
+        # the frontend already knows every shape and dtype: stating them saves the analysis
+        # one iteration per level of the graph (rules still derive them for rewritten terms)
+        lines.append(f'(set (shape {name}) {fmt_vec(lb.shape)}) (set (dtype {name}) "{lb.dtype.name}")')
         names[id(lb)] = name
     roots = []
     for t in targets:
         if t.op in ("BUF", "CONST"):      # a leaf target still gets a class of its own
-            name = f"$v{len(lines)}"
+            name = f"$r{len(roots)}"
             lines.append(f"(let {name} {leaf(t)})")
             names[id(t)] = name
         roots.append(names[id(t)])

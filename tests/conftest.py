@@ -1,0 +1,72 @@
+"""Shared fixtures and helpers of the Tensor-API tests (test_ops.py, test_errors.py)."""
+from __future__ import annotations
+
+import warnings
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import pytest
+
+import eqgrad
+from eqgrad import Tensor
+
+DEVICES = ["LLVM", "NUMPY"]
+
+# the eqgrad dtype a NumPy result of each kind corresponds to (NumPy may widen to float64/int64)
+KIND_TO_DTYPE = {"f": eqgrad.float32, "i": eqgrad.int32, "u": eqgrad.int32, "b": eqgrad.bool_}
+
+
+@pytest.fixture(params=DEVICES)
+def device(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+def data(shape: Sequence[int], dtype: Any = np.float32, seed: int = 0, low: float = -3.0,
+         high: float = 3.0) -> np.ndarray:
+    """A reproducible NumPy test array: uniform floats in [low, high), ints in [low, high], or bools."""
+    rng = np.random.default_rng(seed)
+    shape = tuple(shape)
+    if dtype is bool or dtype is np.bool_:
+        return rng.random(shape) < 0.5
+    if np.dtype(dtype).kind in "iu":
+        return rng.integers(int(low), int(high), size=shape, endpoint=True).astype(dtype)
+    return rng.uniform(low, high, size=shape).astype(dtype)
+
+
+def compare(out: Tensor, expected: Any, device: str | None = None, dtype: eqgrad.DType | None = None,
+            rtol: float = 1e-5, atol: float = 1e-6) -> None:
+    """Compare a realized eqgrad result with a NumPy result: shape, dtype, device and values.
+
+    ``dtype`` is the eqgrad dtype the API promises; by default it is the one matching the kind of
+    the NumPy result (float -> float32, int -> int32, bool -> bool)."""
+    expected = np.asarray(expected)
+    assert isinstance(out, Tensor), f"expected a Tensor, got {type(out).__name__}"
+    want_dtype = dtype if dtype is not None else KIND_TO_DTYPE[expected.dtype.kind]
+    assert out.shape == expected.shape, f"shape {out.shape}, expected {expected.shape}"
+    assert out.dtype == want_dtype, f"dtype {out.dtype}, expected {want_dtype}"
+    if device is not None:
+        assert out.device == device, f"device {out.device}, expected {device}"
+    got = out.numpy()
+    assert got.shape == expected.shape, f"numpy() shape {got.shape}, expected {expected.shape}"
+    assert got.dtype == want_dtype.np, f"numpy() dtype {got.dtype}, expected {np.dtype(want_dtype.np)}"
+    if expected.dtype.kind == "b" or want_dtype is eqgrad.bool_:
+        np.testing.assert_array_equal(got, expected.astype(np.bool_))
+    elif expected.dtype.kind in "iu" and want_dtype is eqgrad.int32:
+        np.testing.assert_array_equal(got, expected.astype(np.int64))
+    else:
+        np.testing.assert_allclose(got.astype(np.float64), expected.astype(np.float64),
+                                   rtol=rtol, atol=atol, equal_nan=True)
+
+
+def check(fn_eqgrad: Callable[..., Tensor], fn_numpy: Callable[..., Any], inputs: Sequence[np.ndarray],
+          device: str, rtol: float = 1e-5, atol: float = 1e-6, dtype: eqgrad.DType | None = None) -> None:
+    """Build Tensors from the NumPy ``inputs`` on ``device``, run both functions and compare.
+
+    ``fn_numpy`` gets the original arrays, so non-contiguous inputs stay non-contiguous there."""
+    tensors = [Tensor(x, device=device) for x in inputs]
+    for t, x in zip(tensors, inputs):
+        assert t.shape == x.shape and t.dtype == KIND_TO_DTYPE[x.dtype.kind]
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)        # e.g. NumPy's "Degrees of freedom <= 0"
+        expected = fn_numpy(*inputs)
+    compare(fn_eqgrad(*tensors), expected, device, dtype, rtol, atol)

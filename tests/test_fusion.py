@@ -1,0 +1,120 @@
+"""Fusion is tested by counting kernels, and by checking that movement is read in place."""
+import numpy as np
+import pytest
+
+import eqgrad
+from eqgrad import GlobalCounters, Tensor
+from eqgrad import engine
+
+rng = np.random.default_rng(0)
+
+
+def _t(*shape):
+    return Tensor(rng.standard_normal(shape).astype(np.float32))
+
+
+def kernels(out: Tensor) -> int:
+    GlobalCounters.reset()
+    out.realize()
+    return GlobalCounters.kernel_count
+
+
+def test_elementwise_chain_is_one_kernel():
+    a, b = _t(16, 16), _t(16, 16)
+    out = (a + b + 1) * 2
+    assert kernels(out) == 1
+    np.testing.assert_allclose(out.numpy(), (a.numpy() + b.numpy() + 1) * 2, rtol=1e-6)
+
+
+def test_row_sum_is_one_kernel():
+    a = _t(8, 32)
+    out = a.sum(1)
+    assert kernels(out) == 1
+    np.testing.assert_allclose(out.numpy(), a.numpy().sum(1), rtol=1e-5)
+
+
+@pytest.mark.parametrize("shape", [(64, 128), (512, 1000)])
+def test_softmax_at_most_three_kernels(shape):
+    a = _t(*shape)
+    out = a.softmax(-1)
+    assert kernels(out) <= 3
+    x = a.numpy()
+    e = np.exp(x - x.max(-1, keepdims=True))
+    np.testing.assert_allclose(out.numpy(), e / e.sum(-1, keepdims=True), rtol=1e-5, atol=1e-7)
+
+
+def test_moved_inputs_are_read_in_place():
+    """A permuted, expanded and padded input is read through its index expression: no copy kernel."""
+    a, b = _t(6, 8), _t(6)
+    out = a.permute(1, 0).pad(((1, 1), (0, 0))) + b.reshape(1, 6).expand(10, 6)
+    assert kernels(out) == 1
+    plan = engine.last_compiled.plan
+    (k,) = plan.kernels
+    assert set(k.inputs) == {0, 1}          # reads the two realized inputs directly
+    ref = np.pad(a.numpy().T, ((1, 1), (0, 0))) + b.numpy().reshape(1, 6)
+    np.testing.assert_allclose(out.numpy(), ref, rtol=1e-6)
+
+
+def test_matmul_is_one_kernel():
+    a, b = _t(32, 16), _t(16, 8)
+    out = a @ b
+    assert kernels(out) == 1
+    np.testing.assert_allclose(out.numpy(), a.numpy() @ b.numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_reduction_is_not_recomputed_under_broadcast():
+    """x - x.max() must not inline the max into the elementwise kernel (illegal recompute)."""
+    a = _t(32, 64)
+    out = a - a.max(-1, keepdim=True)
+    assert kernels(out) == 2
+    for k in engine.last_compiled.plan.kernels:
+        walk = k.ast.walk()
+        for n in walk:
+            if n.op in ("RMAX", "RSUM"):
+                assert k.ast.op in ("RMAX", "RSUM") or k.ast.shape == n.shape
+
+
+def test_plan_is_cached_by_structure():
+    a, b = _t(8, 8), _t(8, 8)
+    (a * b + 3).realize()
+    before = GlobalCounters.plans_compiled
+    c, d = _t(8, 8), _t(8, 8)              # new buffers, same structure
+    out = c * d + 3
+    out.realize()
+    assert GlobalCounters.plans_compiled == before
+    np.testing.assert_allclose(out.numpy(), c.numpy() * d.numpy() + 3, rtol=1e-6)
+
+
+def test_contiguous_forces_a_boundary():
+    a = _t(8, 8)
+    out = ((a + 1).contiguous() * 2)
+    assert kernels(out) == 2
+    np.testing.assert_allclose(out.numpy(), (a.numpy() + 1) * 2, rtol=1e-6)
+
+
+def test_two_outputs_share_work():
+    a = _t(16, 16)
+    y = a + 1
+    z = y * 2
+    GlobalCounters.reset()
+    engine.realize([y.lazydata, z.lazydata])
+    assert GlobalCounters.kernel_count <= 2
+    np.testing.assert_allclose(z.numpy(), (a.numpy() + 1) * 2, rtol=1e-6)
+    np.testing.assert_allclose(y.numpy(), a.numpy() + 1, rtol=1e-6)
+
+
+def test_constants_are_never_materialized():
+    out = Tensor.full((4, 4), 3.0) * _t(4, 4)
+    assert kernels(out) == 1
+    assert engine.last_compiled.plan.n_inputs == 1
+
+
+def test_unoptimized_mode_gives_same_numbers():
+    a = _t(8, 16)
+    with eqgrad.Context(OPT=0):
+        out = a.softmax(-1)
+        n = kernels(out)
+    assert n > 3              # one kernel per op: nothing fused
+    x = a.numpy()
+    e = np.exp(x - x.max(-1, keepdims=True))
+    np.testing.assert_allclose(out.numpy(), e / e.sum(-1, keepdims=True), rtol=1e-5)

@@ -1,0 +1,155 @@
+"""Saturation always stops, says why, and the answer stays right."""
+import warnings
+
+import numpy as np
+import pytest
+
+import eqgrad
+from eqgrad import EqgradWarning, Tensor
+from eqgrad import engine
+from eqgrad.rules.saturate import Saturator, read_schedule, RULEBOOK_DIR
+
+
+def blowup_program(x: Tensor, depth: int = 120) -> Tensor:
+    """Deep chain with many constants and movement: every permute is pushed through the chain."""
+    y = x
+    for i in range(depth):
+        y = (y * (1.0 + i / depth) + 0.5).permute(1, 0) if i % 3 == 0 else y * 1.0 + 0.0 - (i % 5)
+    return y
+
+
+def reference(x: np.ndarray, depth: int = 120) -> np.ndarray:
+    y = x.astype(np.float32)
+    for i in range(depth):
+        if i % 3 == 0:
+            y = (y * np.float32(1.0 + i / depth) + np.float32(0.5)).T
+        else:
+            y = y * np.float32(1.0) + np.float32(0.0) - np.float32(i % 5)
+    return y
+
+
+@pytest.fixture
+def x():
+    return np.random.default_rng(0).standard_normal((6, 6)).astype(np.float32)
+
+
+def test_schedule_has_phases():
+    names = [n for n, _ in read_schedule(RULEBOOK_DIR / "schedule.egg")]
+    assert names[:4] == ["analysis", "movement", "algebra", "fusion"]
+
+
+def test_blowup_completes_and_is_correct(x):
+    out = blowup_program(Tensor(x))
+    np.testing.assert_allclose(out.numpy(), reference(x), rtol=1e-4, atol=1e-3)
+    rep = engine.last_compiled.report
+    assert rep.stop_reason == "completed"
+    assert max(p.enodes for p in rep.phases) > rep.enodes_before       # rules really fired
+    assert rep.matches.get("mul-one", 0) > 0 and rep.matches.get("add-zero", 0) > 0
+
+
+def test_node_limit_stops_with_warning_and_correct_result(x):
+    # the program starts near 780 e-nodes and fusion grows it past 1000
+    with eqgrad.Context(EGRAPH_NODES=1000), pytest.warns(EqgradWarning, match="node limit"):
+        out = blowup_program(Tensor(x), depth=121)
+        got = out.numpy()
+    np.testing.assert_allclose(got, reference(x, 121), rtol=1e-4, atol=1e-3)
+    rep = engine.last_compiled.report
+    assert rep.stop_reason == "node limit" and "EQGRAD_EGRAPH_NODES" in rep.detail
+
+
+def test_timeout_falls_back_to_unoptimized_plan(x):
+    sat = Saturator()
+    try:
+        sat.run("(let $v0 (Const 1.0 \"float32\" (vec-empty)))\n", timeout=30)   # warm the worker
+        js, rep = sat.run(blowup_program_text(), timeout=1e-4)
+        assert js is None and rep.stop_reason == "timeout"
+        assert "EQGRAD_SATURATION_TIMEOUT" in rep.detail
+        # the saturator restarts its worker on the next call
+        js2, rep2 = sat.run("(let $v0 (Const 1.0 \"float32\" (vec-empty)))\n", timeout=30)
+        assert js2 is not None and rep2.stop_reason == "completed"
+    finally:
+        sat.close()
+
+
+def blowup_program_text() -> str:
+    from eqgrad.frontend.lazy import toposort
+    from eqgrad.rules.ir import emit_program
+    t = blowup_program(Tensor(np.ones((6, 6), np.float32)), depth=200)
+    return emit_program([t.lazydata], toposort([t.lazydata])).text
+
+
+def test_timeout_in_realize_warns_and_is_correct(x):
+    engine.clear_cache()
+    with eqgrad.Context(SATURATION_TIMEOUT=1e-4), pytest.warns(EqgradWarning, match="timeout"):
+        got = blowup_program(Tensor(x), depth=122).numpy()
+    np.testing.assert_allclose(got, reference(x, 122), rtol=1e-4, atol=1e-3)
+
+
+def test_memory_limit_kills_worker_and_falls_back(x):
+    from eqgrad.rules import saturate
+    saturate.reset_saturator()
+    try:
+        with eqgrad.Context(EGRAPH_MEMORY="64M"), pytest.warns(EqgradWarning, match="worker died"):
+            got = blowup_program(Tensor(x), depth=123).numpy()
+        np.testing.assert_allclose(got, reference(x, 123), rtol=1e-4, atol=1e-3)
+    finally:
+        saturate.reset_saturator()
+
+
+AC_RULES = """
+(ruleset ac)
+(rewrite (Add a b) (Add b a) :ruleset ac :name "comm-add")
+(rewrite (Add a (Add b c)) (Add (Add a b) c) :ruleset ac :name "assoc-add")
+(rewrite (Add (Add a b) c) (Add a (Add b c)) :ruleset ac :name "assoc-add-r")
+(rewrite (Mul a b) (Mul b a) :ruleset ac :name "comm-mul")
+(rewrite (Mul a (Add b c)) (Add (Mul a b) (Mul a c)) :ruleset ac :name "distribute")
+"""
+
+
+def test_free_ac_rules_blow_up_and_are_stopped(tmp_path):
+    """Free commutativity/associativity explodes; the node limit and the timeout both stop it."""
+    (tmp_path / "ac.egg").write_text(AC_RULES)
+    (tmp_path / "schedule.egg").write_text(
+        ";; phase analysis\n(run-schedule (saturate analysis))\n"
+        ";; phase fusion\n(run-schedule (saturate (seq (run fusion) (saturate analysis))))\n"
+        + "".join(f";; phase ac{i}\n(run-schedule (run ac) (saturate analysis))\n" for i in range(12)))
+    x = Tensor(np.ones((4, 4), np.float32))
+    y = x
+    for i in range(30):                                  # a deep chain with many constants
+        y = (y + float(i)) * (x + float(i % 7))
+    from eqgrad.frontend.lazy import toposort
+    from eqgrad.rules.ir import emit_program
+    text = emit_program([y.lazydata], toposort([y.lazydata])).text
+    sat = Saturator(rulebooks=[RULEBOOK_DIR / "fusion.egg", tmp_path / "ac.egg"], schedule=tmp_path / "schedule.egg")
+    try:
+        js, rep = sat.run(text, timeout=60, node_limit=20_000)
+        assert rep.stop_reason == "node limit" and js is not None, rep
+        assert rep.phases[-1].enodes > 20_000 and len(rep.phases) < 14
+        js, rep = sat.run(text, timeout=0.5, node_limit=10**9)
+        assert rep.stop_reason == "timeout" and js is None
+    finally:
+        sat.close()
+
+
+def test_bad_rulebook_reports_file_and_line(tmp_path):
+    bad = tmp_path / "bad.egg"
+    bad.write_text("(ruleset fusion2)\n(rewrite (Addd a b) (Add b a) :ruleset fusion2)\n")
+    sat = Saturator(rulebooks=[RULEBOOK_DIR / "movement.egg", bad])
+    try:
+        js, rep = sat.run("(let $v0 (Const 1.0 \"float32\" (vec-empty)))\n", timeout=30)
+    finally:
+        sat.close()
+    assert js is None and rep.stop_reason == "error"
+    assert "bad.egg" in rep.detail and "Addd" in rep.detail
+
+
+def test_report_is_printable(x):
+    (Tensor(x) * 2 + 1).realize()
+    text = str(engine.last_compiled.report)
+    assert "phase analysis" in text and "e-nodes" in text
+
+
+def test_no_warning_on_normal_programs(x):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", EqgradWarning)
+        (Tensor(x).exp().sum(0) / 3).realize()
