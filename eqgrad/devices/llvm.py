@@ -108,9 +108,9 @@ def _alu(c: _Ctx, op: str, k: str, ty: str, a: list[str], index: bool = False) -
     if op == "RECIP":
         return c(f"fdiv float 1.0, {a[0]}")
     if op == "ADD":
-        return c(f"fadd float {a[0]}, {a[1]}") if f else c(f"or i1 {a[0]}, {a[1]}") if b else c(f"add {ty} {a[0]}, {a[1]}")
+        return c(f"fadd contract float {a[0]}, {a[1]}") if f else c(f"or i1 {a[0]}, {a[1]}") if b else c(f"add {ty} {a[0]}, {a[1]}")
     if op == "MUL":
-        return c(f"fmul float {a[0]}, {a[1]}") if f else c(f"and i1 {a[0]}, {a[1]}") if b else c(f"mul {ty} {a[0]}, {a[1]}")
+        return c(f"fmul contract float {a[0]}, {a[1]}") if f else c(f"and i1 {a[0]}, {a[1]}") if b else c(f"mul {ty} {a[0]}, {a[1]}")
     if op == "MAX":
         return _max(c, k, ty, a[0], a[1])
     if op == "CMPLT":
@@ -173,7 +173,7 @@ def render_llvm(k: LoopKernel) -> str:
             ty = LT[kd]
             cur = c(f"load {ty}, ptr {val[acc]}")
             if x.arg == "ADD":
-                new = c(f"fadd reassoc nsz float {cur}, {val[v]}") if kd == "float32" else \
+                new = c(f"fadd reassoc nsz contract float {cur}, {val[v]}") if kd == "float32" else \
                     c(f"or i1 {cur}, {val[v]}") if kd == "bool" else c(f"add {ty} {cur}, {val[v]}")
             else:
                 new = _max(c, kd, ty, cur, val[v])
@@ -204,7 +204,15 @@ def render_llvm(k: LoopKernel) -> str:
     body = "\n".join(c.lines)
     return (f"; kernel {k.name}\n" + "\n".join(sorted(c.decls)) + "\n\n"
             f"define void @{k.name}({args}) nounwind {{\nentry:\n" + "\n".join(allocas) + "\n"
-            f"{body}\n  ret void\n}}\n\n!0 = distinct !{{!0, !1}}\n!1 = !{{!\"llvm.loop.mustprogress\"}}\n")
+            f"{body}\n  ret void\n}}\n\n" + _LOOP_MD[k.loop_vectorize])
+
+
+# loop metadata: with explicit lanes the loop vectorizer must stay off (it would vectorize the
+# reduce loop with gathers); the SLP vectorizer packs the lanes instead
+_LOOP_MD = {
+    True: '!0 = distinct !{!0, !1}\n!1 = !{!"llvm.loop.mustprogress"}\n',
+    False: '!0 = distinct !{!0, !1, !2}\n!1 = !{!"llvm.loop.mustprogress"}\n!2 = !{!"llvm.loop.vectorize.width", i32 1}\n',
+}
 
 
 # ------------------------------------------------------------------ compiler and runtime

@@ -43,6 +43,7 @@ class LoopKernel:
     name: str
     params: list[tuple[str, DType, bool]]     # (name, element dtype, written)
     insts: list[LInst]
+    loop_vectorize: bool = True     # False when lanes are already explicit (SLP packs them instead)
 
     def __str__(self) -> str:
         lines = [f"kernel {self.name}({', '.join(f'{n}: {d.name}*' for n, d, _ in self.params)})"]

@@ -171,48 +171,113 @@ class Lowerer:
         raise NotImplementedError(n.op)
 
     def _reduce(self, n: KNode, idx: tuple[Lin, ...], valid: int | None) -> int:
+        return self._reduce_lanes(n, (idx,), (valid,))[0]
+
+    # ------------------------------------------------------------------ lanes (upcast)
+    # A kernel whose output axes are upcast renders several output elements ("lanes") at once.
+    # Subtrees without reductions are rendered lane by lane (CSE shares what the lanes have in
+    # common); a reduction renders ONE loop nest with one accumulator per lane, so e.g. a matmul
+    # tile keeps its lanes' partial sums in registers and LLVM's SLP vectorizer packs them.
+    def render_lanes(self, n: KNode, idxs: tuple, valids: tuple) -> tuple[int, ...]:
+        if not self.has_reduce[id(n)]:
+            return tuple(self.render(n, i, v) for i, v in zip(idxs, valids))
+        key = ("l", id(n), idxs, valids)
+        for sc in reversed(self.scopes):
+            if key in sc:
+                return sc[key]
+        out = self._render_lanes(n, idxs, valids)
+        self.scopes[-1][key] = out
+        return out
+
+    def _render_lanes(self, n: KNode, idxs: tuple, valids: tuple) -> tuple[int, ...]:
+        op = n.op
+        if op in ("RSUM", "RMAX"):
+            return self._reduce_lanes(n, idxs, valids)
+        if op == "PAD":
+            return tuple(self._render(n, i, v) for i, v in zip(idxs, valids))
+        if op in ("RESHAPE", "PERMUTE", "EXPAND", "SHRINK", "FLIP"):
+            return self.render_lanes(n.src[0], tuple(self.move_index(n, i) for i in idxs), valids)
+        srcs = [self.render_lanes(s, idxs, valids) for s in n.src]
+        dt = n.arg if op == "CAST" else n.dtype
+        return tuple(self.emit(op, dt, tuple(sv[lane] for sv in srcs), None) for lane in range(len(idxs)))
+
+    def _reduce_lanes(self, n: KNode, idxs: tuple, valids: tuple) -> tuple[int, ...]:
         src = n.src[0]
-        acc = self.emit("DEFACC", n.dtype, (), reduce_identity(n.op, n.dtype), cse=False)
-        loops = []
-        cidx = list(idx)
+        accs = [self.emit("DEFACC", n.dtype, (), reduce_identity(n.op, n.dtype), cse=False) for _ in idxs]
+        loops, sub = [], {}
         for d in n.arg:
-            if src.shape[d] == 1:
-                cidx[d] = Lin.num(0)
-            elif src.shape[d] == 0:
-                cidx[d] = Lin.num(0)
-                loops.append(None)
+            if src.shape[d] <= 1:
+                sub[d] = Lin.num(0)
+                if src.shape[d] == 0:
+                    loops.append(None)
             else:
                 r = self.open_range(src.shape[d])
                 loops.append(r)
-                cidx[d] = r
-        if all(l is not None for l in loops):    # an empty axis means the identity
-            v = self.render(src, tuple(cidx), valid)
-            self.emit("ACCUM", None, (acc, v), "ADD" if n.op == "RSUM" else "MAX", cse=False)
-        for r in reversed([l for l in loops if l is not None]):
+                sub[d] = r
+        if all(lp is not None for lp in loops):    # an empty axis means the identity
+            cidxs = tuple(tuple(sub.get(d, i) for d, i in enumerate(idx)) for idx in idxs)
+            vals = self.render_lanes(src, cidxs, valids)
+            for acc, v in zip(accs, vals):
+                self.emit("ACCUM", None, (acc, v), "ADD" if n.op == "RSUM" else "MAX", cse=False)
+        for r in reversed([lp for lp in loops if lp is not None]):
             self.close_range(r)
-        return self.emit("ACCREAD", n.dtype, (acc,), cse=False)
+        return tuple(self.emit("ACCREAD", n.dtype, (acc,), cse=False) for acc in accs)
+
+    def choose_upcast(self) -> dict[int, int]:
+        """Output axes to split into register lanes: {axis: lanes}. Only for kernels with a
+        reduction whose output's last axis is not reduced (matmul, column sums): their lanes read
+        contiguous memory. Other kernels vectorize their innermost loop without help."""
+        root = self.kernel.ast
+        shape = root.shape
+        if not self.has_reduce[id(root)] or not shape or shape[-1] <= 1:
+            return {}
+        body = len(root.walk())
+        up: dict[int, int] = {}
+        last = len(shape) - 1
+        w1 = next((w for w in (16, 8, 4) if shape[last] % w == 0 and body * w <= 4096), 1)
+        if w1 > 1:
+            up[last] = w1
+            prev = next((d for d in range(last - 1, -1, -1) if shape[d] > 1), None)
+            if prev is not None:
+                w0 = next((w for w in (4, 2) if shape[prev] % w == 0 and body * w * w1 <= 4096), 1)
+                if w0 > 1:
+                    up[prev] = w0
+        return up
 
     # ------------------------------------------------------------------ passes
     def lower(self) -> LoopKernel:
         root = self.kernel.ast
-        out_idx = []
-        loops = []
-        for s in root.shape:
+        self.has_reduce: dict[int, bool] = {}
+        for n in root.walk():
+            self.has_reduce[id(n)] = n.op in ("RSUM", "RMAX") or any(self.has_reduce[id(x)] for x in n.src)
+        up = self.choose_upcast()
+        loops, out_idx, lane_axes = [], [None] * len(root.shape), []
+        for d in range(len(root.shape)):
+            s, w = root.shape[d], up.get(d, 1)
             if s <= 1:
-                out_idx.append(Lin.num(0))
+                out_idx[d] = Lin.num(0)
+            elif s // w == 1:
+                out_idx[d] = Lin.num(0)
+                lane_axes.append(d)
             else:
-                r = self.open_range(s)
+                r = self.open_range(s // w)
                 loops.append(r)
-                out_idx.append(r)
+                out_idx[d] = r * w
+                if w > 1:
+                    lane_axes.append(d)
         if 0 not in root.shape:
-            v = self.render(root, tuple(out_idx), None)
-            flat = Lin.num(0)
-            for i, st in zip(out_idx, strides_of(root.shape)):
-                flat = flat + i * st
-            self.emit("STORE", None, (0, self.index(flat), v), cse=False)   # src[0]: parameter 0
+            lanes = [tuple(out_idx)]
+            for d in lane_axes:      # lanes: every combination of offsets on the upcast axes
+                lanes = [l[:d] + (l[d] + u,) + l[d + 1:] for l in lanes for u in range(up.get(d, root.shape[d]))]
+            vals = self.render_lanes(root, tuple(lanes), (None,) * len(lanes))
+            for idx, v in zip(lanes, vals):
+                flat = Lin.num(0)
+                for i, st in zip(idx, strides_of(root.shape)):
+                    flat = flat + i * st
+                self.emit("STORE", None, (0, self.index(flat), v), cse=False)   # src[0]: parameter 0
         for r in reversed(loops):
             self.close_range(r)
-        return LoopKernel(self.kernel.name, self.params, self._params_first())
+        return LoopKernel(self.kernel.name, self.params, self._params_first(), loop_vectorize=not up)
 
     def _params_first(self) -> list[LInst]:
         """Prefix PARAM instructions and renumber: loads/stores refer to parameters by number."""
