@@ -58,6 +58,83 @@ def _intrinsic(c: _Ctx, name: str, ty: str, *args: str) -> str:
     return c(f"call {ty} @{name}({', '.join(f'{ty} {a}' for a in args)})")
 
 
+# ------------------------------------------------------------------ vectorizable exp2 / log2
+# libm's exp2f/log2f are scalar calls that stop LLVM from vectorizing a loop; these are straight-line
+# IR that vectorizes. Error bounds (tests/test_transcendental.py checks them against NumPy):
+#   exp2: relative error < 4e-7 for x in [-126, 128]; 0 below -127 (NumPy gives subnormals there,
+#         absolute error < 1.2e-38); inf above 128; NaN -> NaN.
+#   log2: absolute error < 4e-7 for every finite x > 0, subnormals included; 0 -> -inf,
+#         x < 0 -> NaN, inf -> inf, NaN -> NaN.
+_EXP2_POLY = (1.0, 0.6931470036506653, 0.2402298003435135, 0.05548352375626564,
+              0.009678472764790058, 0.0012443081941455603, 0.00021690608991775662)   # 2**f on [0, 1)
+
+
+def _f(v: float) -> str:
+    return _const(v, "float32")
+
+
+def _horner(c: _Ctx, x: str, coeffs: tuple[float, ...]) -> str:
+    acc = _f(coeffs[-1])
+    for k in reversed(coeffs[:-1]):
+        prod = c(f"fmul contract float {acc}, {x}")
+        acc = c(f"fadd contract float {prod}, {_f(k)}")
+    return acc
+
+
+def _exp2(c: _Ctx, x: str) -> str:
+    gt = c(f"fcmp ogt float {x}, 128.0")
+    hi = c(f"select i1 {gt}, float 128.0, float {x}")
+    lt = c(f"fcmp olt float {hi}, -127.0")
+    xc = c(f"select i1 {lt}, float -127.0, float {hi}")
+    c.decls.add("declare float @llvm.floor.f32(float)")
+    fl = c(f"call float @llvm.floor.f32(float {xc})")
+    frac = c(f"fsub float {xc}, {fl}")
+    p = _horner(c, frac, _EXP2_POLY)
+    nan = c(f"fcmp uno float {x}, 0.0")
+    safe = c(f"select i1 {nan}, float 0.0, float {fl}")
+    e = c(f"fptosi float {safe} to i32")
+    biased = c(f"add i32 {e}, 127")
+    bits = c(f"shl i32 {biased}, 23")
+    scale = c(f"bitcast i32 {bits} to float")
+    r = c(f"fmul float {p}, {scale}")
+    return c(f"select i1 {nan}, float {x}, float {r}")
+
+
+def _log2(c: _Ctx, x: str) -> str:
+    # x = m * 2**e with m in [sqrt(1/2), sqrt(2)); log2(m) = 2/ln2 * atanh(s), s = (m-1)/(m+1)
+    sub = c(f"fcmp olt float {x}, 0x3810000000000000")                # below 2**-126: rescale
+    scaled = c(f"fmul float {x}, 0x4160000000000000")                 # * 2**23
+    xs = c(f"select i1 {sub}, float {scaled}, float {x}")
+    bits = c(f"bitcast float {xs} to i32")
+    ebits = c(f"lshr i32 {bits}, 23")
+    e = c(f"sub i32 {ebits}, 127")
+    mbits = c(f"and i32 {bits}, 8388607")
+    mbits = c(f"or i32 {mbits}, 1065353216")
+    m = c(f"bitcast i32 {mbits} to float")
+    big = c(f"fcmp ogt float {m}, 0x3FF6A09E60000000")               # sqrt(2)
+    half = c(f"fmul float {m}, 0.5")
+    m2 = c(f"select i1 {big}, float {half}, float {m}")
+    inc = c(f"zext i1 {big} to i32")
+    e2 = c(f"add i32 {e}, {inc}")
+    ef0 = c(f"sitofp i32 {e2} to float")
+    corr = c(f"select i1 {sub}, float 23.0, float 0.0")
+    ef = c(f"fsub float {ef0}, {corr}")
+    num = c(f"fsub float {m2}, 1.0")
+    den = c(f"fadd float {m2}, 1.0")
+    s_ = c(f"fdiv float {num}, {den}")
+    s2 = c(f"fmul float {s_}, {s_}")
+    k = 2.0 / np.log(2.0)          # 2/ln2 * (s + s^3/3 + s^5/5 + s^7/7 + s^9/9)
+    poly = _horner(c, s2, tuple(k / (2 * i + 1) for i in range(5)))
+    ps = c(f"fmul float {poly}, {s_}")
+    r = c(f"fadd float {ef}, {ps}")
+    zero = c(f"fcmp oeq float {x}, 0.0")
+    r = c(f"select i1 {zero}, float 0xFFF0000000000000, float {r}")
+    inf = c(f"fcmp oeq float {x}, 0x7FF0000000000000")
+    r = c(f"select i1 {inf}, float {x}, float {r}")
+    neg = c(f"fcmp ult float {x}, 0.0")                                # also true for NaN
+    return c(f"select i1 {neg}, float 0x7FF8000000000000, float {r}")
+
+
 def _max(c: _Ctx, k: str, ty: str, a: str, b: str) -> str:
     if k == "float32":     # NaN-propagating: a if (a > b or a is NaN) else b
         gt = c(f"fcmp ogt float {a}, {b}")
@@ -103,7 +180,11 @@ def _alu(c: _Ctx, op: str, k: str, ty: str, a: list[str], index: bool = False) -
     f, b = k == "float32", k == "bool"
     if op == "NEG":
         return c(f"fneg float {a[0]}") if f else c(f"xor i1 {a[0]}, true") if b else c(f"sub {ty} 0, {a[0]}")
-    if op in ("EXP2", "LOG2", "SIN", "SQRT", "TRUNC"):
+    if op == "EXP2":
+        return _exp2(c, a[0])
+    if op == "LOG2":
+        return _log2(c, a[0])
+    if op in ("SIN", "SQRT", "TRUNC"):
         return _intrinsic(c, f"llvm.{op.lower()}.f32", "float", a[0])
     if op == "RECIP":
         return c(f"fdiv float 1.0, {a[0]}")
