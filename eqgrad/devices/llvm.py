@@ -136,10 +136,9 @@ def _log2(c: _Ctx, x: str) -> str:
 
 
 def _max(c: _Ctx, k: str, ty: str, a: str, b: str) -> str:
-    if k == "float32":     # NaN-propagating: a if (a > b or a is NaN) else b
-        gt = c(f"fcmp ogt float {a}, {b}")
-        nan = c(f"fcmp uno float {a}, {a}")
-        return c(f"select i1 {c(f'or i1 {gt}, {nan}')}, float {a}, float {b}")
+    if k == "float32":     # NaN-propagating, like NumPy's maximum (and vectorizable as a reduction)
+        c.decls.add("declare float @llvm.maximum.f32(float, float)")
+        return c(f"call float @llvm.maximum.f32(float {a}, float {b})")
     if k == "bool":
         return c(f"or i1 {a}, {b}")
     return c(f"select i1 {c(f'icmp sgt {ty} {a}, {b}')}, {ty} {a}, {ty} {b}")
