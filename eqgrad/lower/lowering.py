@@ -231,9 +231,11 @@ class Lowerer:
         shape = root.shape
         if not self.has_reduce[id(root)] or not shape or shape[-1] <= 1:
             return {}
+        last = len(shape) - 1
+        if not self._contiguous_under_reduce(root, last):
+            return {}
         body = len(root.walk())
         up: dict[int, int] = {}
-        last = len(shape) - 1
         w1 = next((w for w in (16, 8, 4) if shape[last] % w == 0 and body * w <= 4096), 1)
         if w1 > 1:
             up[last] = w1
@@ -243,6 +245,37 @@ class Lowerer:
                 if w0 > 1:
                     up[prev] = w0
         return up
+
+    def _contiguous_under_reduce(self, root: KNode, axis: int) -> bool:
+        """Does some buffer read inside a reduction step by exactly 1 along output ``axis``?
+        (A dry run of the index function, with symbolic output and reduce variables.)"""
+        out = tuple(Lin.var(f"o{d}", s) for d, s in enumerate(root.shape))
+        target = f"o{axis}"
+        stack: list[tuple[KNode, tuple[Lin, ...], bool]] = [(root, out, False)]
+        seen: set = set()
+        while stack:
+            n, idx, under = stack.pop()
+            if (id(n), idx) in seen:
+                continue
+            seen.add((id(n), idx))
+            if n.op == "BUF" and under:
+                flat = Lin.num(0)
+                for i, st in zip(idx, strides_of(n.shape)):
+                    flat = flat + i * st
+                if any(isinstance(a, Var) and a.name == target and c == 1 for a, c in flat.terms):
+                    return True
+            elif n.op in ("RSUM", "RMAX"):
+                src = n.src[0]
+                cidx = tuple(Lin.var(f"r{id(n)}_{d}", src.shape[d]) if d in n.arg else i
+                             for d, i in enumerate(idx))
+                stack.append((src, cidx, True))
+            elif n.op == "PAD":
+                stack.append((n.src[0], tuple(i - b for i, b in zip(idx, n.arg[0])), under))
+            elif n.op in ("RESHAPE", "PERMUTE", "EXPAND", "SHRINK", "FLIP"):
+                stack.append((n.src[0], self.move_index(n, idx), under))
+            else:
+                stack.extend((x, idx, under) for x in n.src)
+        return False
 
     # ------------------------------------------------------------------ passes
     def lower(self) -> LoopKernel:

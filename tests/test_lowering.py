@@ -1,0 +1,83 @@
+"""Lowering: symbolic index simplification, loop IR shape, and device agreement with the reference."""
+import numpy as np
+import pytest
+
+import eqgrad
+from eqgrad import Tensor, engine
+from eqgrad.extract.plan import check_plan
+from eqgrad.lower.lowering import lower_kernel
+from eqgrad.lower.symbolic import Lin
+
+
+def test_div_mod_of_split_index():
+    i, j = Lin.var("i", 8), Lin.var("j", 4)
+    x = i * 4 + j
+    assert x // 4 == i
+    assert x % 4 == j
+    assert (x * 3) // 12 == i
+    assert (i * 6 + 5) // 2 == i * 3 + 2
+
+
+def test_bounds_fold_constants():
+    j = Lin.var("j", 4)
+    assert (j // 4).is_const and (j // 4).const == 0
+    assert j % 8 == j
+    assert (j + 8) % 4 == j
+    assert Lin.var("k", 1).is_const
+
+
+def test_reshape_round_trip_needs_no_division():
+    a = Tensor(np.arange(24, dtype=np.float32).reshape(4, 6))
+    out = a.reshape(2, 2, 6).reshape(4, 6) + 1
+    out.realize()
+    lk = lower_kernel(engine.last_compiled.plan.kernels[0], engine.last_compiled.plan)
+    assert not [x for x in lk.insts if x.op in ("IDIV", "MOD")]
+    np.testing.assert_array_equal(out.numpy(), np.arange(24, dtype=np.float32).reshape(4, 6) + 1)
+
+
+def test_reduction_lowers_to_nested_loop_with_accumulator():
+    a = Tensor(np.ones((8, 32), np.float32))
+    a.sum(1).realize()
+    plan = engine.last_compiled.plan
+    lk = lower_kernel(plan.kernels[0], plan)
+    ops = [x.op for x in lk.insts]
+    assert ops.count("RANGE") == 2 and ops.count("DEFACC") == 1 and ops.count("ACCUM") == 1
+    assert ops.index("DEFACC") < ops.index("ACCUM")
+
+
+def test_matmul_kernel_uses_register_lanes():
+    a, b = Tensor(np.ones((16, 32), np.float32)), Tensor(np.ones((32, 64), np.float32))
+    (a @ b).realize()
+    plan = engine.last_compiled.plan
+    lk = lower_kernel(plan.kernels[0], plan)
+    assert sum(1 for x in lk.insts if x.op == "DEFACC") == 64      # 4 rows x 16 columns
+    assert not lk.loop_vectorize
+
+
+@pytest.mark.parametrize("shape", [(5, 7), (16, 1), (3, 48)])
+def test_upcast_keeps_remainders_right(shape):
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((shape[0], 9)).astype(np.float32)
+    b = rng.standard_normal((9, shape[1])).astype(np.float32)
+    np.testing.assert_allclose((Tensor(a) @ Tensor(b)).numpy(), a @ b, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(Tensor(b).sum(0).numpy(), b.sum(0), rtol=1e-5, atol=1e-5)
+
+
+def test_padded_loads_are_masked():
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    out = Tensor(x).pad(((2, 1), (1, 3))).exp2().sum(1)     # exp2 of the padded zeros is 1
+    ref = np.exp2(np.pad(x, ((2, 1), (1, 3)))).sum(1)
+    np.testing.assert_allclose(out.numpy(), ref, rtol=1e-6)
+
+
+def test_plans_pass_structural_checks():
+    a = Tensor(np.ones((4, 8), np.float32))
+    (a.softmax(-1) @ a.T).realize()
+    check_plan(engine.last_compiled.plan)
+
+
+def test_llvm_ir_is_printed_at_debug_4(capsys):
+    with eqgrad.Context(DEBUG=4):
+        (Tensor(np.ones((3, 3), np.float32)) * 7 - 2).realize()
+    out = capsys.readouterr().out
+    assert "define void @eqk(" in out and "--- LLVM IR" in out
