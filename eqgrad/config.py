@@ -51,6 +51,15 @@ class Flag:
                              f"got {raw!r} ({e})") from None
 
 
+    def checked(self, v: Any) -> Any:
+        """Parse and validate a value given in code (Context) like one from the environment."""
+        try:
+            return self.parse(str(v)) if isinstance(v, str) or self.parse is _device else \
+                self.parse(v) if self.parse in (int, float) else self.parse(str(v))
+        except (ValueError, TypeError) as e:
+            raise ValueError(f"flag {self.name}: expected {self.doc.split(':')[0]}, got {v!r} ({e})") from None
+
+
 FLAGS: dict[str, Flag] = {}
 _overrides: dict[str, Any] = {}
 
@@ -80,7 +89,7 @@ def Context(**flags: Any) -> Iterator[None]:
             name = k if k in FLAGS else f"EQGRAD_{k}"
             if name not in FLAGS:
                 raise ValueError(f"unknown flag {k!r}; known flags: {sorted(FLAGS)}")
-            _overrides[name] = FLAGS[name].parse(str(v)) if isinstance(v, str) else v
+            _overrides[name] = FLAGS[name].checked(v)
         yield
     finally:
         _overrides.clear()

@@ -48,7 +48,7 @@ class CompiledPlan:
 
 
 _plan_cache: dict[Any, CompiledPlan] = {}
-last_compiled: CompiledPlan | None = None      # the most recently compiled plan (for tools and tests)
+last_plan: CompiledPlan | None = None      # the plan of the most recent realize (for tools and tests)
 
 
 def clear_cache() -> None:
@@ -149,9 +149,10 @@ def _realize_on(device: str, targets: list[LazyBuffer]) -> None:
     cp = _plan_cache.get(key)
     inputs = _inputs_in_order(order, targets)
     if cp is None:
-        global last_compiled
         cp, _ = _compile(targets, order, device)
-        _plan_cache[key] = last_compiled = cp
+        _plan_cache[key] = cp
+    global last_plan
+    last_plan = cp
     plan = cp.plan
     bufs: list[Buffer] = [lb.buffer for lb in inputs]
     for shape, dt in plan.buffers[len(inputs):]:

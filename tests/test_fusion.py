@@ -48,7 +48,7 @@ def test_moved_inputs_are_read_in_place():
     a, b = _t(6, 8), _t(6)
     out = a.permute(1, 0).pad(((1, 1), (0, 0))) + b.reshape(1, 6).expand(10, 6)
     assert kernels(out) == 1
-    plan = engine.last_compiled.plan
+    plan = engine.last_plan.plan
     (k,) = plan.kernels
     assert set(k.inputs) == {0, 1}          # reads the two realized inputs directly
     ref = np.pad(a.numpy().T, ((1, 1), (0, 0))) + b.numpy().reshape(1, 6)
@@ -67,7 +67,7 @@ def test_reduction_is_not_recomputed_under_broadcast():
     a = _t(32, 64)
     out = a - a.max(-1, keepdim=True)
     assert kernels(out) == 2
-    for k in engine.last_compiled.plan.kernels:
+    for k in engine.last_plan.plan.kernels:
         walk = k.ast.walk()
         for n in walk:
             if n.op in ("RMAX", "RSUM"):
@@ -106,7 +106,7 @@ def test_two_outputs_share_work():
 def test_constants_are_never_materialized():
     out = Tensor.full((4, 4), 3.0) * _t(4, 4)
     assert kernels(out) == 1
-    assert engine.last_compiled.plan.n_inputs == 1
+    assert engine.last_plan.plan.n_inputs == 1
 
 
 def test_unoptimized_mode_gives_same_numbers():

@@ -30,7 +30,7 @@ def test_reshape_round_trip_needs_no_division():
     a = Tensor(np.arange(24, dtype=np.float32).reshape(4, 6))
     out = a.reshape(2, 2, 6).reshape(4, 6) + 1
     out.realize()
-    lk = lower_kernel(engine.last_compiled.plan.kernels[0], engine.last_compiled.plan)
+    lk = lower_kernel(engine.last_plan.plan.kernels[0], engine.last_plan.plan)
     assert not [x for x in lk.insts if x.op in ("IDIV", "MOD")]
     np.testing.assert_array_equal(out.numpy(), np.arange(24, dtype=np.float32).reshape(4, 6) + 1)
 
@@ -38,7 +38,7 @@ def test_reshape_round_trip_needs_no_division():
 def test_reduction_lowers_to_nested_loop_with_accumulator():
     a = Tensor(np.ones((8, 32), np.float32))
     a.sum(1).realize()
-    plan = engine.last_compiled.plan
+    plan = engine.last_plan.plan
     lk = lower_kernel(plan.kernels[0], plan)
     ops = [x.op for x in lk.insts]
     assert ops.count("RANGE") == 2 and ops.count("DEFACC") == 1 and ops.count("ACCUM") == 1
@@ -48,7 +48,7 @@ def test_reduction_lowers_to_nested_loop_with_accumulator():
 def test_matmul_kernel_uses_register_lanes():
     a, b = Tensor(np.ones((16, 32), np.float32)), Tensor(np.ones((32, 64), np.float32))
     (a @ b).realize()
-    plan = engine.last_compiled.plan
+    plan = engine.last_plan.plan
     lk = lower_kernel(plan.kernels[0], plan)
     assert sum(1 for x in lk.insts if x.op == "DEFACC") == 64      # 4 rows x 16 columns
     assert not lk.loop_vectorize
@@ -73,7 +73,7 @@ def test_padded_loads_are_masked():
 def test_plans_pass_structural_checks():
     a = Tensor(np.ones((4, 8), np.float32))
     (a.softmax(-1) @ a.T).realize()
-    check_plan(engine.last_compiled.plan)
+    check_plan(engine.last_plan.plan)
 
 
 def test_llvm_ir_is_printed_at_debug_4(capsys):

@@ -31,9 +31,9 @@ class Buffer:
     def from_numpy(a: np.ndarray, device: str) -> "Buffer":
         from ..dtype import to_dtype
         dt = to_dtype(a.dtype)
-        arr = np.ascontiguousarray(a, dtype=dt.np)
-        if arr is a:
-            arr = arr.copy()      # the tensor owns its memory; later writes to `a` must not leak in
+        # always a copy: the tensor owns its memory, later writes to `a` must not leak in
+        # (np.array keeps 0-d arrays 0-d; np.ascontiguousarray would make them 1-d)
+        arr = np.array(a, dtype=dt.np, order="C", copy=True)
         return Buffer(device, tuple(arr.shape), dt, arr)
 
     @staticmethod

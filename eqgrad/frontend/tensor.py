@@ -14,7 +14,7 @@ import numpy as np
 from .. import dtype as dt
 from ..devices import Buffer, canonical_device
 from ..dtype import DType, bool_, float32, int32
-from ..errors import AxisError, DTypeError, ShapeError
+from ..errors import AxisError, DeviceError, DTypeError, ShapeError
 from ..ops import MAX_RANK
 from .lazy import LazyBuffer
 
@@ -60,7 +60,10 @@ class Tensor:
             self.lazydata = LazyBuffer.const(data, (), d, device)
             return
         if isinstance(data, (list, tuple)):
-            arr = np.array(data)
+            try:
+                arr = np.array(data)
+            except ValueError:
+                raise ShapeError(f"Tensor(): nested lists must be rectangular, got {data!r:.80}") from None
             if arr.dtype == object:
                 raise ShapeError(f"Tensor(): nested lists must be rectangular, got {data!r:.80}")
             if arr.size == 0 and want is None:
@@ -203,15 +206,20 @@ class Tensor:
         n = self.ndim if ndim is None else ndim
         if not isinstance(axis, (int, np.integer)) or isinstance(axis, bool):
             raise AxisError(f"{op}(): axis must be an int, got {axis!r}")
-        if not -max(n, 1) <= axis < max(n, 1):
+        if not -n <= axis < n:
             raise AxisError(f"{op}(): axis {axis} is out of range for a tensor of {n} dimension(s) (shape {self.shape})")
-        return int(axis) % max(n, 1)
+        return int(axis) % n
 
     def _axes(self, axis: int | Sequence[int] | None, op: str) -> tuple[int, ...]:
         if axis is None:
             return tuple(range(self.ndim))
-        axes = [axis] if isinstance(axis, (int, np.integer)) else list(axis)
-        out = tuple(self._axis(a, op) for a in axes) if self.ndim else ()
+        if isinstance(axis, (int, np.integer)) and not isinstance(axis, bool):
+            axes = [axis]
+        elif isinstance(axis, (tuple, list)):
+            axes = list(axis)
+        else:
+            raise AxisError(f"{op}(): axis must be an int or a tuple of ints, got {axis!r}")
+        out = tuple(self._axis(a, op) for a in axes)
         if len(set(out)) != len(out):
             raise AxisError(f"{op}(): repeated axis in {tuple(axes)}")
         return out
@@ -236,8 +244,8 @@ class Tensor:
         """Promote dtypes (NumPy rules, weak Python scalars) and broadcast shapes."""
         if isinstance(other, Tensor):
             if other.device != self.device:
-                raise ShapeError(f"{op}: tensors are on different devices ({self.device} and {other.device}); "
-                                 "move one with .to(device)")
+                raise DeviceError(f"{op}: tensors are on different devices ({self.device} and {other.device}); "
+                                  "move one with .to(device)")
             d = dt.promote(self.dtype, other.dtype)
             a, b = self.cast(d), other.cast(d)
         elif isinstance(other, (bool, int, float, np.bool_, np.integer, np.floating)):
@@ -300,6 +308,11 @@ class Tensor:
         return r + adjust.where(b, 0)
 
     def pow(self, other: Any, reverse: bool = False) -> "Tensor":
+        if not reverse and self.dtype is not float32 and isinstance(other, (int, np.integer)) \
+                and not isinstance(other, bool):
+            if other < 0:
+                raise ValueError(f"pow: integers to negative integer powers are not allowed (got {other})")
+            return self._int_pow(Tensor.full(self.shape, int(other), int32, self.device))
         if not reverse and isinstance(other, (int, np.integer)) and not isinstance(other, bool) and abs(other) <= 4:
             # NOTE: small integer powers by repeated multiplication: exact, and right for negative bases
             if other == 0:
@@ -311,6 +324,8 @@ class Tensor:
             return out if other > 0 else out.reciprocal()
         a, b = self._operands(other, "pow", reverse)
         if a.dtype is not float32:
+            if a.dtype is int32:
+                return a._int_pow(b)
             a, b = a.float(), b.float()
         mag = (b * a.abs().log2()).exp2()
         # negative base: defined for integral exponents, with the sign of (-1)**b; NaN otherwise
@@ -319,6 +334,20 @@ class Tensor:
         neg = a < 0
         out = neg.where(b_int.where(b_odd.where(-mag, mag), float("nan")), mag)
         return (b == 0).where(1.0, out)
+
+    def _int_pow(self, e: "Tensor") -> "Tensor":
+        """int32 ** int32 by binary exponentiation (wraps around like NumPy); a negative exponent
+        gives 0 except for bases 1 and -1 (NumPy raises for those, elementwise raising is not lazy)."""
+        base, out = self, self.ones_like()
+        e = e.maximum(-1)
+        bits = (e < 0).where(0, e)
+        for bit in range(31):
+            out = ((bits & (1 << bit)) != 0).where(out * base, out)
+            if bit < 30:
+                base = base * base
+        neg = e < 0
+        inv = (self == 1).where(1, (self == -1).where(1 - 2 * (e.abs() % 2), 0))
+        return neg.where(inv, out)
 
     def neg(self) -> "Tensor":
         if self.dtype is bool_:
@@ -428,7 +457,14 @@ class Tensor:
         return (1 + (-self.float()).exp()).reciprocal()
 
     def tanh(self) -> "Tensor":
-        return 2.0 * (2.0 * self.float()).sigmoid() - 1.0
+        # NOTE: (1 - e) / (1 + e) with e = exp(-2|x|) cancels near 0, so small |x| uses the series
+        x = self.float()
+        ax = x.abs()
+        e = (ax * -2.0).exp()
+        big = ((1.0 - e) / (1.0 + e)) * (x < 0).where(-1.0, 1.0)
+        x2 = x * x
+        small = x * (1.0 + x2 * (-1 / 3 + x2 * (2 / 15 + x2 * (-17 / 315 + x2 * (62 / 2835)))))
+        return (ax < 0.25).where(small, big)
 
     def square(self) -> "Tensor":
         return self * self
@@ -556,37 +592,44 @@ class Tensor:
         return (d * d).sum(axes, keepdim) * (1.0 / max(n - correction, 0) if n - correction > 0 else float("nan"))
 
     def std(self, axis: Any = None, keepdim: bool = False, correction: int = 1) -> "Tensor":
+        self._axes(axis, "std")
         return self.var(axis, keepdim, correction).sqrt()
 
     def argmax(self, axis: int | None = None, keepdim: bool = False) -> "Tensor":
         """Index of the first maximum (int32), as NumPy."""
         if axis is None:
-            return self.flatten().argmax(0)
+            out = self.flatten().argmax(0)
+            return out.reshape((1,) * self.ndim) if keepdim else out
         ax = self._axis(axis, "argmax")
         n = self.shape[ax]
         if n == 0:
             raise ShapeError(f"argmax(): axis {ax} of shape {self.shape} is empty")
-        is_max = self == self.max(ax, keepdim=True)
+        is_max = (self == self.max(ax, keepdim=True)) | (self != self)      # NaN: the first NaN wins
         shape = [1] * self.ndim
         shape[ax] = n
         rev = Tensor.arange(n, 0, -1, device=self.device).reshape(shape)   # n, n-1, ..., 1
         return (n - (is_max.where(rev, 0)).max(ax, keepdim)).cast(int32)
 
     def argmin(self, axis: int | None = None, keepdim: bool = False) -> "Tensor":
+        if axis is not None:
+            self._axis(axis, "argmin")
         return (-self if self.dtype is not bool_ else self.logical_not()).argmax(axis, keepdim) \
             if self.dtype is not int32 else (~self).argmax(axis, keepdim)
 
     def softmax(self, axis: int = -1) -> "Tensor":
+        self._axis(axis, "softmax")
         x = self.float()
         e = (x - x.max(axis, keepdim=True)).exp()
         return e / e.sum(axis, keepdim=True)
 
     def log_softmax(self, axis: int = -1) -> "Tensor":
+        self._axis(axis, "log_softmax")
         x = self.float()
         m = x - x.max(axis, keepdim=True)
         return m - m.exp().sum(axis, keepdim=True).log()
 
     def logsumexp(self, axis: int = -1, keepdim: bool = False) -> "Tensor":
+        self._axis(axis, "logsumexp")
         m = self.float().max(axis, keepdim=True)
         out = (self - m).exp().sum(axis, keepdim=True).log() + m
         return out if keepdim else out.squeeze(self._axis(axis, "logsumexp"))
@@ -603,6 +646,8 @@ class Tensor:
             if known == 0 or self.numel() % known:
                 raise ShapeError(f"reshape(): cannot reshape {self.shape} ({self.numel()} elements) into {shape}")
             shape = tuple(self.numel() // known if s == -1 else s for s in shape)
+        if len(shape) > MAX_RANK:
+            raise ShapeError(f"reshape(): tensors have at most {MAX_RANK} dimensions, got shape {shape}")
         if math.prod(shape) != self.numel():
             raise ShapeError(f"reshape(): cannot reshape {self.shape} ({self.numel()} elements) into {shape} "
                              f"({math.prod(shape)} elements)")
@@ -631,6 +676,8 @@ class Tensor:
 
     def expand(self, *shape: Any) -> "Tensor":
         shape = _shape_arg(shape)
+        if len(shape) > MAX_RANK:
+            raise ShapeError(f"expand(): tensors have at most {MAX_RANK} dimensions, got shape {shape}")
         if len(shape) < self.ndim:
             raise ShapeError(f"expand(): target {shape} has fewer dimensions than {self.shape}")
         src = (1,) * (len(shape) - self.ndim) + self.shape
@@ -752,6 +799,11 @@ class Tensor:
             raise ShapeError(f"matmul: inner dimensions differ: {a.shape} @ {b.shape} ({k1} != {k2})")
         a2 = a.reshape(1, k1) if a.ndim == 1 else a
         b2 = b.reshape(k2, 1) if b.ndim == 1 else b
+        try:
+            _broadcast_shape(a2.shape[:-2], b2.shape[:-2], "matmul")
+        except ShapeError:
+            raise ShapeError(f"matmul: batch dimensions of {a.shape} @ {b.shape} do not broadcast "
+                             f"({a2.shape[:-2]} and {b2.shape[:-2]})") from None
         # (..., n, k) x (..., k, m) -> (..., n, 1, k) * (..., 1, m, k) -> sum over k
         x = a2.reshape(a2.shape[:-1] + (1, k1))
         y = b2.transpose(-1, -2).reshape(b2.shape[:-2] + (1, b2.shape[-1], k2))

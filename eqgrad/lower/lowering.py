@@ -149,6 +149,8 @@ class Lowerer:
 
     def move_index(self, n: KNode, idx: tuple[Lin, ...]) -> tuple[Lin, ...]:
         src = n.src[0]
+        if 0 in src.shape:      # nothing is ever read from an empty tensor
+            return tuple(Lin.num(0) for _ in src.shape)
         if n.op == "RESHAPE":
             flat = Lin.num(0)
             for i, st in zip(idx, _full_strides(n.shape)):

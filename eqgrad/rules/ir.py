@@ -146,7 +146,9 @@ def emit_program(targets: list[LazyBuffer], order: list[LazyBuffer]) -> EmittedP
 
     def leaf(lb: LazyBuffer) -> str:
         if lb.op == "CONST":
-            return f'(Const {fmt_f64(float(lb.arg))} "{lb.dtype.name}" {fmt_vec(lb.shape)})'
+            const = f'(Const {fmt_f64(abs(float(lb.arg)) if lb.arg == 0 else float(lb.arg))} "{lb.dtype.name}" {fmt_vec(lb.shape)})'
+            # egglog's f64 equates -0.0 with 0.0, so negative zero is inserted as Neg(0.0)
+            return f"(Neg {const})" if lb.arg == 0 and math.copysign(1.0, float(lb.arg)) < 0 else const
         if id(lb) not in names:
             names[id(lb)] = f"(Buf {len(inputs)} {fmt_vec(lb.shape)} \"{lb.dtype.name}\")"
             inputs.append(lb)
