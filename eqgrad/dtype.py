@@ -99,4 +99,5 @@ def cast_scalar(v: float | int | bool, dt: DType) -> float | int | bool:
         if isinstance(v, float):
             v = int(v) if np.isfinite(v) else 0
         return int(np.array(int(v) & 0xFFFFFFFF, dtype=np.uint32).astype(np.int32))
-    return float(np.float32(v))
+    with np.errstate(over="ignore"):
+        return float(np.float32(v))

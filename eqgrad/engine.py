@@ -20,6 +20,7 @@ from .extract.plan import Kernel, KernelPlan, build_plan
 from .frontend.lazy import LazyBuffer, toposort
 from .ops import OPS, numel
 from .rules.ir import emit_program
+from .rules.rulebook import RuleConfig, active_config
 from .rules.saturate import SaturationReport, default_saturator
 
 
@@ -79,7 +80,8 @@ def structure_key(order: list[LazyBuffer], targets: list[LazyBuffer], device: st
     return tuple(items)
 
 
-def _compile(targets: list[LazyBuffer], order: list[LazyBuffer], device: str) -> tuple[CompiledPlan, list[LazyBuffer]]:
+def _compile(targets: list[LazyBuffer], order: list[LazyBuffer], device: str,
+             rules: RuleConfig) -> tuple[CompiledPlan, list[LazyBuffer]]:
     dev = get_device(device)
     dbg = config.DEBUG.value
     t0 = time.perf_counter()
@@ -89,7 +91,7 @@ def _compile(targets: list[LazyBuffer], order: list[LazyBuffer], device: str) ->
     specs = [(lb.shape, lb.dtype) for lb in prog.inputs]
     g: EGraph | None = None
     if config.OPT.value:
-        js, report = default_saturator().run(prog.text)
+        js, report = default_saturator().run(prog.text, rules=rules)
         GlobalCounters.saturations += 1
         if js is not None:
             g = from_json(js, prog.roots)
@@ -145,11 +147,12 @@ def _realize_on(device: str, targets: list[LazyBuffer]) -> None:
     dbg = config.DEBUG.value
     t0 = time.perf_counter()
     order = toposort(targets)
-    key = structure_key(order, targets, device)
+    rules = active_config()
+    key = (rules.key, structure_key(order, targets, device))
     cp = _plan_cache.get(key)
     inputs = _inputs_in_order(order, targets)
     if cp is None:
-        cp, _ = _compile(targets, order, device)
+        cp, _ = _compile(targets, order, device, rules)
         _plan_cache[key] = cp
     global last_plan
     last_plan = cp

@@ -25,7 +25,6 @@ from .. import config
 from .ir import declarations, generated_rulebooks
 
 RULEBOOK_DIR = Path(__file__).resolve().parents[2] / "rulebooks"
-BUILTIN_RULEBOOKS = ("movement.egg", "algebra.egg", "fusion.egg")
 SCHEDULE = "schedule.egg"
 
 
@@ -36,6 +35,7 @@ class PhaseReport:
     iterations: int
     enodes: int
     matches: dict[str, int] = field(default_factory=dict)
+    rule_seconds: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -54,10 +54,20 @@ class SaturationReport:
 
     @property
     def matches(self) -> dict[str, int]:
+        """Matches per rule name, over all phases."""
         out: dict[str, int] = {}
         for p in self.phases:
             for k, v in p.matches.items():
                 out[k] = out.get(k, 0) + v
+        return out
+
+    @property
+    def rule_seconds(self) -> dict[str, float]:
+        """Search-and-apply time per rule name, over all phases."""
+        out: dict[str, float] = {}
+        for p in self.phases:
+            for k, v in p.rule_seconds.items():
+                out[k] = out.get(k, 0.0) + v
         return out
 
     def __str__(self) -> str:
@@ -107,11 +117,42 @@ def _worker_entry() -> None:
     """Entry point of the worker process (started by :class:`Saturator` with two pipe fds)."""
     conn_in = Connection(int(sys.argv[1]), writable=False)
     conn_out = Connection(int(sys.argv[2]), readable=False)
-    rulebooks, schedule, mem_limit = conn_in.recv()
-    _worker_main(conn_in, conn_out, rulebooks, schedule, mem_limit)
+    mem_limit = conn_in.recv()
+    _worker_main(conn_in, conn_out, mem_limit)
 
 
-def _worker_main(conn_in, conn, rulebooks: list[str], schedule: str, mem_limit: int) -> None:
+def _load(eg, bindings, span, paths: list[str]) -> None:
+    for path in paths:
+        eg.run_program(bindings.Include(span, path))
+
+
+def _run_phases(eg, bindings, phases: list[tuple[str, str]], node_limit: int) -> tuple[list[dict], str]:
+    reports, stop = [], "completed"
+    for name, text in phases:
+        p0 = time.perf_counter()
+        outs = eg.run_program(*eg.parse_program(text))
+        matches: dict[str, int] = {}
+        seconds: dict[str, float] = {}
+        iters = 0
+        for o in outs:
+            rep = getattr(o, "report", None)
+            if rep is None:
+                continue
+            iters += len(rep.iterations)
+            for k, v in rep.num_matches_per_rule.items():
+                matches[_rule_name(k)] = matches.get(_rule_name(k), 0) + v
+            for k, v in rep.search_and_apply_time_per_rule.items():
+                seconds[_rule_name(k)] = seconds.get(_rule_name(k), 0.0) + v.total_seconds()
+        size = _size(eg, bindings)
+        reports.append(dict(name=name, seconds=time.perf_counter() - p0, iterations=iters,
+                            enodes=size, matches=matches, rule_seconds=seconds))
+        if size > node_limit:
+            stop = "node limit"
+            break
+    return reports, stop
+
+
+def _worker_main(conn_in, conn, mem_limit: int) -> None:
     if mem_limit > 0:
         import resource
         resource.setrlimit(resource.RLIMIT_AS, (mem_limit, mem_limit))
@@ -119,7 +160,6 @@ def _worker_main(conn_in, conn, rulebooks: list[str], schedule: str, mem_limit: 
     tmp = Path(tempfile.mkdtemp(prefix="eqgrad-egg-"))
     gen = tmp / "generated.egg"
     gen.write_text(declarations() + generated_rulebooks())
-    phases = read_schedule(Path(schedule))
     span = bindings.RustSpan("", 0, 0)
     while True:
         try:
@@ -128,35 +168,20 @@ def _worker_main(conn_in, conn, rulebooks: list[str], schedule: str, mem_limit: 
             return
         if req is None:
             return
-        program, node_limit = req
         t0 = time.perf_counter()
         try:
             eg = bindings.EGraph()
-            for path in [str(gen), *rulebooks]:
-                eg.run_program(bindings.Include(span, path))
+            if req[0] == "validate":          # load rulebooks next to the IR; report the first error
+                _load(eg, bindings, span, [str(gen), *req[1]])
+                conn.send(dict(ok=True, seconds=time.perf_counter() - t0))
+                continue
+            _, program, node_limit, rulebooks, phases = req
+            _load(eg, bindings, span, [str(gen), *rulebooks])
             prog = tmp / "program.egg"
             prog.write_text(program)
             eg.run_program(bindings.Include(span, str(prog)))
             before = _size(eg, bindings)
-            reports, stop = [], "completed"
-            for name, text in phases:
-                p0 = time.perf_counter()
-                outs = eg.run_program(*eg.parse_program(text))
-                matches: dict[str, int] = {}
-                iters = 0
-                for o in outs:
-                    rep = getattr(o, "report", None)
-                    if rep is None:
-                        continue
-                    iters += len(rep.iterations)
-                    for k, v in rep.num_matches_per_rule.items():
-                        matches[_rule_name(k)] = matches.get(_rule_name(k), 0) + v
-                size = _size(eg, bindings)
-                reports.append(dict(name=name, seconds=time.perf_counter() - p0, iterations=iters,
-                                    enodes=size, matches=matches))
-                if size > node_limit:
-                    stop = "node limit"
-                    break
+            reports, stop = _run_phases(eg, bindings, phases, node_limit)
             js = eg.serialize([]).to_json()
             conn.send(dict(ok=True, json=js, stop=stop, phases=reports, before=before,
                            seconds=time.perf_counter() - t0))
@@ -172,8 +197,13 @@ class Saturator:
     """Owns one worker process; ``run`` is synchronous and always returns within the timeout."""
 
     def __init__(self, rulebooks: list[Path] | None = None, schedule: Path | None = None):
-        self.rulebooks = [str(p) for p in (rulebooks or [RULEBOOK_DIR / r for r in BUILTIN_RULEBOOKS])]
-        self.schedule = str(schedule or RULEBOOK_DIR / SCHEDULE)
+        """By default each run uses the active rule configuration (``rulebook.active_config``);
+        ``rulebooks``/``schedule`` pin a fixed one instead (tests, the soundness checker)."""
+        self.fixed = None
+        if rulebooks is not None or schedule is not None:
+            from .rulebook import BUILTIN_RULEBOOKS as B, RuleConfig
+            self.fixed = RuleConfig(tuple(str(p) for p in (rulebooks or [RULEBOOK_DIR / r for r in B])),
+                                    str(schedule or RULEBOOK_DIR / SCHEDULE))
         self._proc: subprocess.Popen | None = None
         self._conn: Connection | None = None
         self._send: Connection | None = None
@@ -193,7 +223,7 @@ class Saturator:
         os.close(w2)
         self._send = Connection(w1, readable=False)
         self._conn = Connection(r2, writable=False)
-        self._send.send((self.rulebooks, self.schedule, config.EGRAPH_MEMORY.value))
+        self._send.send(config.EGRAPH_MEMORY.value)
 
     def close(self) -> None:
         if self._proc is not None:
@@ -216,37 +246,61 @@ class Saturator:
                 c.close()
         self._proc = self._conn = self._send = None
 
-    def run(self, program: str, timeout: float | None = None, node_limit: int | None = None
-            ) -> tuple[str | None, SaturationReport]:
-        timeout = config.SATURATION_TIMEOUT.value if timeout is None else timeout
-        node_limit = config.EGRAPH_NODES.value if node_limit is None else node_limit
+    def _request(self, req: tuple, timeout: float) -> dict | SaturationReport:
         t0 = time.perf_counter()
         fresh = self._proc is None or self._proc.poll() is not None
         if fresh:
             self._start()
         try:
-            self._send.send((program, node_limit))
+            self._send.send(req)
             # a fresh worker first imports egglog: that start-up is not the program's fault
-            ready = self._conn.poll(timeout + (10.0 if fresh else 0.0))
-            if not ready:
+            if not self._conn.poll(timeout + (10.0 if fresh else 0.0)):
                 self._kill()
-                return None, SaturationReport("timeout", seconds=time.perf_counter() - t0,
-                                              detail=f"wall-clock limit {timeout:g}s (EQGRAD_SATURATION_TIMEOUT)")
-            res = self._conn.recv()
+                return SaturationReport("timeout", seconds=time.perf_counter() - t0,
+                                        detail=f"wall-clock limit {timeout:g}s (EQGRAD_SATURATION_TIMEOUT)")
+            return self._conn.recv()
         except (EOFError, OSError, BrokenPipeError) as e:
             code = self._proc.poll() if self._proc is not None else None
             self._kill()
-            return None, SaturationReport("worker died", seconds=time.perf_counter() - t0,
-                                          detail=f"exit code {code}; memory limit "
-                                                 f"{config.EGRAPH_MEMORY.value >> 20} MiB (EQGRAD_EGRAPH_MEMORY)? {e!r}")
+            return SaturationReport("worker died", seconds=time.perf_counter() - t0,
+                                    detail=f"exit code {code}; memory limit "
+                                           f"{config.EGRAPH_MEMORY.value >> 20} MiB (EQGRAD_EGRAPH_MEMORY)? {e!r}")
+
+    def validate(self, rulebooks: list[str]) -> str | None:
+        """Load rulebooks into a fresh e-graph next to the IR; the egglog error (with file:line) or None."""
+        res = self._request(("validate", list(rulebooks)), 60.0)
+        if isinstance(res, SaturationReport):
+            return f"validating rulebooks failed: {res.stop_reason} ({res.detail})"
+        return None if res["ok"] else res["error"]
+
+    def run(self, program: str, timeout: float | None = None, node_limit: int | None = None,
+            rules=None) -> tuple[str | None, SaturationReport]:
+        from .rulebook import active_config
+        timeout = config.SATURATION_TIMEOUT.value if timeout is None else timeout
+        node_limit = config.EGRAPH_NODES.value if node_limit is None else node_limit
+        cfg = rules or self.fixed or active_config()
+        phases = schedule_phases(cfg)
+        t0 = time.perf_counter()
+        res = self._request(("run", program, node_limit, list(cfg.rulebooks), phases), timeout)
+        if isinstance(res, SaturationReport):
+            return None, res
         if not res["ok"]:
             return None, SaturationReport("error", seconds=res["seconds"], detail=res["error"])
-        phases = [PhaseReport(**p) for p in res["phases"]]
-        rep = SaturationReport(res["stop"], phases, res["before"], phases[-1].enodes if phases else res["before"],
+        phases_r = [PhaseReport(**p) for p in res["phases"]]
+        rep = SaturationReport(res["stop"], phases_r, res["before"], phases_r[-1].enodes if phases_r else res["before"],
                                seconds=time.perf_counter() - t0)
         if rep.stop_reason == "node limit":
-            rep.detail = f"{rep.enodes} > {node_limit} e-nodes after phase {phases[-1].name} (EQGRAD_EGRAPH_NODES)"
+            rep.detail = f"{rep.enodes} > {node_limit} e-nodes after phase {phases_r[-1].name} (EQGRAD_EGRAPH_NODES)"
         return res["json"], rep
+
+
+def schedule_phases(cfg) -> list[tuple[str, str]]:
+    """The schedule's phases, with the extra commands of user rulebooks appended to their phase."""
+    out = []
+    for name, text in read_schedule(Path(cfg.schedule)):
+        extra = [cmd for ph, cmd in cfg.extra if ph == name]
+        out.append((name, "\n".join([text, *extra])))
+    return out
 
 
 _default: Saturator | None = None
