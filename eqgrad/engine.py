@@ -22,6 +22,7 @@ from .ops import OPS, numel
 from .rules.ir import emit_program
 from .rules.rulebook import RuleConfig, active_config
 from .rules.saturate import SaturationReport, default_saturator
+from .rules.stats import record
 
 
 class EqgradWarning(UserWarning):
@@ -93,6 +94,7 @@ def _compile(targets: list[LazyBuffer], order: list[LazyBuffer], device: str,
     if config.OPT.value:
         js, report = default_saturator().run(prog.text, rules=rules)
         GlobalCounters.saturations += 1
+        record(report)
         if js is not None:
             g = from_json(js, prog.roots)
             report.eclasses = len(g.classes)
@@ -165,7 +167,7 @@ def _realize_on(device: str, targets: list[LazyBuffer]) -> None:
     t2 = time.perf_counter()
     GlobalCounters.realize_count += 1
     if config.VALIDATE.value:
-        validate(targets, order, [bufs[o] for o in plan.outputs], plan)
+        validate(targets, order, [bufs[o] for o in plan.outputs], cp, rules)
     for t, o in zip(targets, plan.outputs):
         t.op, t.src, t.arg, t.buffer = "BUF", (), None, bufs[o]
     if dbg >= 1:
@@ -201,17 +203,57 @@ class ValidationError(AssertionError):
     pass
 
 
-def validate(targets: list[LazyBuffer], order: list[LazyBuffer], outs: list[Buffer], plan: KernelPlan) -> None:
-    refs = reference(targets, order)
-    for t, ref, out in zip(targets, refs, outs):
-        got = out.data.reshape(t.shape)
+def _matches(targets: list[LazyBuffer], refs: list[np.ndarray], outs: list[np.ndarray]) -> list[str]:
+    """Descriptions of the outputs that differ from the reference (empty when all agree)."""
+    bad = []
+    for t, ref, got in zip(targets, refs, outs):
+        got = got.reshape(t.shape)
         if t.dtype.is_float:
-            ok = np.allclose(got, ref, rtol=1e-4, atol=1e-5, equal_nan=True)
+            close = np.isclose(got, ref, rtol=1e-4, atol=1e-5, equal_nan=True)
         else:
-            ok = np.array_equal(got, ref)
-        if not ok:
-            bad = np.argwhere(~np.isclose(got, ref, rtol=1e-4, atol=1e-5, equal_nan=True)) if t.dtype.is_float \
-                else np.argwhere(got != ref)
-            raise ValidationError(f"plan result differs from the NumPy reference for a tensor of shape {t.shape} "
-                                  f"at {len(bad)} of {numel(t.shape)} elements (first {bad[:3].tolist()})\n"
-                                  + plan.describe())
+            close = got == ref
+        if not close.all():
+            idx = np.argwhere(~close)
+            bad.append(f"tensor of shape {t.shape}: {len(idx)} of {numel(t.shape)} elements differ "
+                       f"(first at {idx[0].tolist()}: got {got[tuple(idx[0])]}, expected {ref[tuple(idx[0])]})")
+    return bad
+
+
+def validate(targets: list[LazyBuffer], order: list[LazyBuffer], outs: list[Buffer], cp: CompiledPlan,
+             rules: RuleConfig) -> None:
+    refs = reference(targets, order)
+    bad = _matches(targets, refs, [o.data for o in outs])
+    if not bad:
+        return
+    fired = sorted(k for k, v in cp.report.matches.items() if v and not k.startswith("shape-"))
+    culprits = blame_rules(targets, order, refs, rules, fired)
+    raise ValidationError("the plan's result differs from the NumPy reference:\n  " + "\n  ".join(bad)
+                          + f"\nrules that fired: {', '.join(fired) or '-'}"
+                          + f"\nrules whose removal alone fixes it: {', '.join(culprits) or 'none found'}\n"
+                          + cp.plan.describe())
+
+
+def blame_rules(targets: list[LazyBuffer], order: list[LazyBuffer], refs: list[np.ndarray],
+                rules: RuleConfig, fired: list[str]) -> list[str]:
+    """Re-plan the program without each fired rule in turn; the rules whose removal alone makes the
+    NumPy device agree with the reference (named with file:line). Only runs on a failed validation."""
+    from .devices.numpy_device import NumpyDevice
+    from .rules.rulebook import without_rule
+    prog = emit_program(targets, order)
+    specs = [(lb.shape, lb.dtype) for lb in prog.inputs]
+    out = []
+    for name in fired:
+        cfg, where = without_rule(rules, name)
+        if cfg is None:
+            continue
+        js, rep = default_saturator().run(prog.text, rules=cfg)
+        if js is None:
+            continue
+        g = from_json(js, prog.roots)
+        choice, ev = GreedyExtractor(g, get_device("NUMPY").params).extract(specs)
+        plan = build_plan(g, choice, specs, ev.kernels)
+        bufs = [lb.buffer for lb in prog.inputs] + [Buffer.empty(s, d, "NUMPY") for s, d in plan.buffers[len(specs):]]
+        NumpyDevice().prepare(plan)(bufs)
+        if not _matches(targets, refs, [bufs[o].data for o in plan.outputs]):
+            out.append(f"{name} ({where})")
+    return out

@@ -1,7 +1,6 @@
 """The exceptions eqgrad raises at its API. Each message names the op, what it expected and what it got."""
 from __future__ import annotations
 
-from .devices import DeviceError
 from .ops import OpError
 
 
@@ -19,6 +18,10 @@ class DTypeError(EqgradError, TypeError):
 
 class AxisError(EqgradError, IndexError, ValueError):
     """An axis or index out of range, or repeated."""
+
+
+class DeviceError(EqgradError, RuntimeError):
+    """A device is unknown or unavailable, or tensors are on different devices."""
 
 
 __all__ = ["EqgradError", "ShapeError", "DTypeError", "AxisError", "DeviceError", "OpError"]

@@ -167,7 +167,7 @@ def _max_identity(npdt: np.dtype) -> Any:
 
 
 def _pad(a: np.ndarray, arg: tuple[tuple[int, ...], tuple[int, ...]]) -> np.ndarray:
-    return np.pad(a, list(zip(*arg)))
+    return np.pad(a, list(zip(*arg))) if a.ndim else a
 
 
 def _shrink(a: np.ndarray, arg: tuple[tuple[int, ...], tuple[int, ...]]) -> np.ndarray:

@@ -45,6 +45,11 @@ def np_relu(x):
     return np.where(x > 0, x, 0).astype(x.dtype)
 
 
+def np_softmax_last(x):
+    e = np.exp(x - x.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
 # ---------------------------------------------------------------------------- creation
 
 @pytest.mark.parametrize("value, np_dtype, dtype", [
@@ -93,28 +98,32 @@ def test_tensor_copies_its_input(device):
     compare(Tensor(t, device=device), np.array([1.0, 2.0, 3.0]), device)
 
 
-@pytest.mark.parametrize("make, expected, dtype", [
-    (lambda d: Tensor.zeros(2, 3, device=d), np.zeros((2, 3)), F32),
-    (lambda d: Tensor.zeros((2, 3), device=d), np.zeros((2, 3)), F32),
-    (lambda d: Tensor.zeros(0, 3, device=d), np.zeros((0, 3)), F32),
-    (lambda d: Tensor.ones(4, dtype=I32, device=d), np.ones(4, dtype=np.int32), I32),
-    (lambda d: Tensor.ones((), device=d), np.ones(()), F32),
-    (lambda d: Tensor.full((2, 2), 7, device=d), np.full((2, 2), 7), I32),
-    (lambda d: Tensor.full(3, 1.5, device=d), np.full(3, 1.5), F32),
-    (lambda d: Tensor.full((), True, device=d), np.array(True), BOOL),
-    (lambda d: Tensor.full((2, 1), -inf, device=d), np.full((2, 1), -inf), F32),
-    (lambda d: Tensor.arange(5, device=d), np.arange(5), I32),
-    (lambda d: Tensor.arange(2, 10, 3, device=d), np.arange(2, 10, 3), I32),
-    (lambda d: Tensor.arange(5, 0, -2, device=d), np.arange(5, 0, -2), I32),
-    (lambda d: Tensor.arange(0, 1, 0.25, device=d), np.arange(0, 1, 0.25), F32),
-    (lambda d: Tensor.arange(0, device=d), np.arange(0), I32),
-    (lambda d: Tensor.arange(4, dtype=F32, device=d), np.arange(4.0), F32),
-    (lambda d: Tensor.eye(3, device=d), np.eye(3), F32),
-    (lambda d: Tensor.eye(2, 4, device=d), np.eye(2, 4), F32),
-    (lambda d: Tensor.eye(3, dtype=I32, device=d), np.eye(3, dtype=np.int32), I32),
-    (lambda d: Tensor.eye(1, device=d), np.eye(1), F32),
-], ids=lambda v: "" if callable(v) or isinstance(v, np.ndarray) else str(v))
-def test_creation_functions(device, make, expected, dtype):
+CREATION = {
+    "zeros": (lambda d: Tensor.zeros(2, 3, device=d), np.zeros((2, 3)), F32),
+    "zeros_tuple": (lambda d: Tensor.zeros((2, 3), device=d), np.zeros((2, 3)), F32),
+    "zeros_empty": (lambda d: Tensor.zeros(0, 3, device=d), np.zeros((0, 3)), F32),
+    "ones_int": (lambda d: Tensor.ones(4, dtype=I32, device=d), np.ones(4, dtype=np.int32), I32),
+    "ones_0d": (lambda d: Tensor.ones((), device=d), np.ones(()), F32),
+    "full_int": (lambda d: Tensor.full((2, 2), 7, device=d), np.full((2, 2), 7), I32),
+    "full_float": (lambda d: Tensor.full(3, 1.5, device=d), np.full(3, 1.5), F32),
+    "full_bool_0d": (lambda d: Tensor.full((), True, device=d), np.array(True), BOOL),
+    "full_neg_inf": (lambda d: Tensor.full((2, 1), -inf, device=d), np.full((2, 1), -inf), F32),
+    "arange": (lambda d: Tensor.arange(5, device=d), np.arange(5), I32),
+    "arange_step": (lambda d: Tensor.arange(2, 10, 3, device=d), np.arange(2, 10, 3), I32),
+    "arange_neg_step": (lambda d: Tensor.arange(5, 0, -2, device=d), np.arange(5, 0, -2), I32),
+    "arange_float": (lambda d: Tensor.arange(0, 1, 0.25, device=d), np.arange(0, 1, 0.25), F32),
+    "arange_empty": (lambda d: Tensor.arange(0, device=d), np.arange(0), I32),
+    "arange_dtype": (lambda d: Tensor.arange(4, dtype=F32, device=d), np.arange(4.0), F32),
+    "eye": (lambda d: Tensor.eye(3, device=d), np.eye(3), F32),
+    "eye_rect": (lambda d: Tensor.eye(2, 4, device=d), np.eye(2, 4), F32),
+    "eye_int": (lambda d: Tensor.eye(3, dtype=I32, device=d), np.eye(3, dtype=np.int32), I32),
+    "eye_1": (lambda d: Tensor.eye(1, device=d), np.eye(1), F32),
+}
+
+
+@pytest.mark.parametrize("case", list(CREATION))
+def test_creation_functions(device, case):
+    make, expected, dtype = CREATION[case]
     compare(make(device), expected, device, dtype)
 
 
@@ -192,27 +201,29 @@ def test_item_tolist_to(device):
 
 # ---------------------------------------------------------------------------- dtype promotion
 
-@pytest.mark.parametrize("fn, inputs, dtype", [
-    (lambda a: a + 1.5, [np.array([1, -2, 3], np.int32)], F32),          # int32 + weak float -> float32
-    (lambda a: a + 2, [np.array([1.5, -2.5], np.float32)], F32),          # float32 + weak int -> float32
-    (lambda a: a + 1, [np.array([True, False])], I32),                    # bool + weak int -> int32
-    (lambda a: a * 2.0, [np.array([True, False])], F32),                  # bool * weak float -> float32
-    (lambda a: a + True, [np.array([1, 2], np.int32)], I32),              # int + weak bool -> int32
-    (lambda a: a * 3, [np.array([1, -2], np.int32)], I32),
-    (lambda a: 2 - a, [np.array([1, -2], np.int32)], I32),
-    (lambda a: 0.5 - a, [np.array([1, -2], np.int32)], F32),
-    (lambda a, b: a / b, [np.array([7, -7, 1], np.int32), np.array([2, 2, 3], np.int32)], F32),
-    (lambda a: a / 2, [np.array([7, -7, 1], np.int32)], F32),
-    (lambda a: 1 / a, [np.array([2, -4], np.int32)], F32),
-    (lambda a: a / 2, [np.array([True, False])], F32),
-    (lambda a, b: a + b, [np.array([1, 2], np.int32), np.array([0.5, 0.25], np.float32)], F32),
-    (lambda a, b: a * b, [np.array([True, False]), np.array([3, 4], np.int32)], I32),
-    (lambda a, b: a + b, [np.array([True, False, False]), np.array([True, True, False])], BOOL),
-    (lambda a, b: a * b, [np.array([True, False, True]), np.array([True, True, False])], BOOL),
-    (lambda a, b: a - b, [np.array([True, False]), np.array([1.5, 2.5], np.float32)], F32),
-    (lambda a: a < 1.5, [np.array([1, 2], np.int32)], BOOL),
-], ids=lambda v: "" if callable(v) else None)
-def test_promotion(device, fn, inputs, dtype):
+PROMOTION = {   # name: (fn, inputs, result dtype)
+    "int+float": (lambda a: a + 1.5, [np.array([1, -2, 3], np.int32)], F32),
+    "float+int": (lambda a: a + 2, [np.array([1.5, -2.5], np.float32)], F32),
+    "bool+int": (lambda a: a + 1, [np.array([True, False])], I32),
+    "bool*float": (lambda a: a * 2.0, [np.array([True, False])], F32),
+    "int+bool": (lambda a: a + True, [np.array([1, 2], np.int32)], I32),
+    "int_rsub": (lambda a: 2 - a, [np.array([1, -2], np.int32)], I32),
+    "float_rsub_int": (lambda a: 0.5 - a, [np.array([1, -2], np.int32)], F32),
+    "int/int": (lambda a, b: a / b, [np.array([7, -7, 1], np.int32), np.array([2, 2, 3], np.int32)], F32),
+    "int/scalar": (lambda a: a / 2, [np.array([7, -7, 1], np.int32)], F32),
+    "scalar/int": (lambda a: 1 / a, [np.array([2, -4], np.int32)], F32),
+    "int+float_tensor": (lambda a, b: a + b, [np.array([1, 2], np.int32), np.array([0.5, 0.25], np.float32)], F32),
+    "bool*int_tensor": (lambda a, b: a * b, [np.array([True, False]), np.array([3, 4], np.int32)], I32),
+    "bool+bool": (lambda a, b: a + b, [np.array([True, False, False]), np.array([True, True, False])], BOOL),
+    "bool*bool": (lambda a, b: a * b, [np.array([True, False, True]), np.array([True, True, False])], BOOL),
+    "bool-float": (lambda a, b: a - b, [np.array([True, False]), np.array([1.5, 2.5], np.float32)], F32),
+    "int<float": (lambda a: a < 1.5, [np.array([1, 2], np.int32)], BOOL),
+}
+
+
+@pytest.mark.parametrize("case", list(PROMOTION))
+def test_promotion(device, case):
+    fn, inputs, dtype = PROMOTION[case]
     check(fn, fn, inputs, device, dtype=dtype)
 
 
@@ -224,9 +235,18 @@ def test_promotion(device, fn, inputs, dtype):
     (lambda a: a.cast("int32"), np.array([True, False]), I32),
     (lambda a: a.bool(), np.array([0, 3, -1], np.int32), BOOL),
     (lambda a: a.cast(np.float32), np.array([2**24 + 1, -7], np.int32), F32),
-], ids=lambda v: "" if callable(v) or isinstance(v, np.ndarray) else None)
+], ids=["int->float", "float->int", "float->bool", "bool->float", "bool->int", "int->bool", "int->float_rounding"])
 def test_cast(device, fn, x, dtype):
     check(fn, lambda a: a.astype(dtype.np), [x], device, dtype=dtype, rtol=0, atol=0)
+
+
+def test_cast_special_values(device):
+    """NaN is truthy (as in NumPy); float -> int32 saturates and maps NaN to 0 (docs/semantics.md)."""
+    x = np.array([nan, inf, -inf, -0.0, 0.0, 3e9, -3e9, 2.9, -2.9, 2147483520.0], dtype=np.float32)
+    check(lambda t: t.bool(), lambda a: a.astype(np.bool_), [x], device)
+    check(lambda t: (t != 0), lambda a: a != 0, [x], device)
+    check(lambda t: t.int(), lambda a: np.array([0, 2**31 - 1, -2**31, 0, 0, 2**31 - 1, -2**31, 2, -2, 2147483520]),
+          [x], device, dtype=I32)
 
 
 def test_numpy_operands(device):
@@ -262,31 +282,41 @@ UNARY = {
 }
 
 
-@pytest.mark.parametrize("shape", list(UNARY_SHAPES))
-@pytest.mark.parametrize("op", list(UNARY))
+# every op on a 2-d tensor; shape handling is shared by all elementwise ops, so the rarer shapes
+# (0-d, size-1 and size-0 axes, non-contiguous NumPy inputs) go to a few ops
+EXACT_UNARY = ("neg", "abs", "relu", "square", "floor", "ceil", "trunc", "sign")
+UNARY_CASES = [(op, "3x4") for op in UNARY] + \
+    [(op, "0d") for op in ("neg", "exp", "sqrt", "tanh")] + \
+    [(op, shape) for op in ("neg", "exp", "sqrt", "relu", "sigmoid") for shape in ("1x3x1", "0x3")] + [("neg", "1")] + \
+    [(op, shape) for op in ("neg", "exp") for shape in ("T", "strided")]
+
+
+@pytest.mark.parametrize("op, shape", UNARY_CASES)
 def test_unary(device, op, shape):
     fn, ref, domain = UNARY[op]
     x = UNARY_SHAPES[shape]
     x = domain(x) if domain else x
-    check(fn, ref, [x], device, rtol=2e-6 if op in ("neg", "abs", "relu", "square") else 1e-5)
+    if op in EXACT_UNARY:
+        check(fn, ref, [x], device, rtol=0, atol=0)
+    else:
+        check(fn, ref, [x], device)
 
 
-@pytest.mark.parametrize("op", ["neg", "abs", "square", "relu", "sign", "floor", "exp", "sqrt", "sin", "sigmoid"])
+@pytest.mark.parametrize("op", ["neg", "abs", "relu", "sign", "exp", "sqrt"])
 def test_unary_int(device, op):
-    """int32 inputs: neg/abs/square/relu/sign/floor keep int32, transcendental ops give float32."""
+    """int32 inputs: neg/abs/relu/sign keep int32, transcendental ops give float32."""
     fn, ref, _ = UNARY[op]
     x = np.array([[-3, 0, 2], [5, -1, 4]], dtype=np.int32)
     if op == "sqrt":
         x = np.abs(x)
-    expected_dtype = I32 if op in ("neg", "abs", "square", "relu", "sign", "floor") else F32
-    check(fn, lambda a: ref(a), [x], device, dtype=expected_dtype)
+    expected_dtype = I32 if op in ("neg", "abs", "relu", "sign") else F32
+    check(fn, ref, [x], device, dtype=expected_dtype)
 
 
 SPECIAL = np.array([0.0, -0.0, 1.0, -1.0, inf, -inf, nan, 1e-30, 80.0, -80.0], dtype=np.float32)
 
 
-@pytest.mark.parametrize("op", ["neg", "abs", "exp", "log", "exp2", "log2", "sqrt", "relu", "sigmoid", "tanh",
-                                "floor", "ceil", "reciprocal"])
+@pytest.mark.parametrize("op", ["exp", "log", "exp2", "log2", "sqrt", "sigmoid", "tanh", "floor", "reciprocal"])
 def test_unary_special_values(device, op):
     """inf/NaN/zero inputs give NumPy's inf/NaN/zero results."""
     fn, ref, _ = UNARY[op]
@@ -310,7 +340,7 @@ BINARY = {
     "ne": (lambda a, b: a != b, np.not_equal),
 }
 
-# shape pairs: equal, trailing broadcast, both-sided broadcast, 0-d, size-0, non-contiguous
+# shape pairs: equal, trailing broadcast, both-sided broadcast, 0-d with 2-d, size-0 axis
 BIN_SHAPES = {
     "same": ((3, 4), (3, 4)),
     "row": ((3, 4), (4,)),
@@ -328,14 +358,20 @@ def _bin_inputs(shape_id: str, dtype) -> list[np.ndarray]:
     return [a, b]
 
 
-@pytest.mark.parametrize("shape", list(BIN_SHAPES))
-@pytest.mark.parametrize("op", list(BINARY))
+# (broadcasting is shared by all binary ops, so the broadcast shapes go to a few ops)
+BINARY_CASES = [(op, "same") for op in BINARY] + \
+    [(op, shape) for op in ("add", "lt") for shape in ("row", "both", "scalar", "empty")] + \
+    [(op, shape) for op in ("div", "maximum") for shape in ("row", "both")] + \
+    [("sub", "row"), ("eq", "both"), ("minimum", "scalar"), ("ge", "row")]
+
+
+@pytest.mark.parametrize("op, shape", BINARY_CASES)
 def test_binary_float(device, op, shape):
     fn, ref = BINARY[op]
     check(fn, ref, _bin_inputs(shape, np.float32), device)
 
 
-@pytest.mark.parametrize("op", list(BINARY))
+@pytest.mark.parametrize("op", [op for op in BINARY if op not in ("le", "gt", "ne")])
 def test_binary_int(device, op):
     fn, ref = BINARY[op]
     a = np.array([[-3, 0, 2, 7], [5, -1, 4, -6], [2, 2, -2, 1]], dtype=np.int32)
@@ -343,7 +379,7 @@ def test_binary_int(device, op):
     check(fn, ref, [a, b], device)
 
 
-@pytest.mark.parametrize("op", ["add", "mul", "maximum", "minimum", "lt", "le", "gt", "ge", "eq", "ne"])
+@pytest.mark.parametrize("op", ["add", "mul", "maximum", "minimum", "lt", "ge", "ne"])
 def test_binary_bool(device, op):
     fn, ref = BINARY[op]
     a = np.array([[True, False], [True, False]])
@@ -351,7 +387,7 @@ def test_binary_bool(device, op):
     check(fn, ref, [a, b], device)
 
 
-@pytest.mark.parametrize("op", ["add", "sub", "mul", "div", "maximum", "lt", "eq", "ne"])
+@pytest.mark.parametrize("op", ["add", "sub", "div", "maximum", "lt"])
 def test_binary_mixed_dtypes(device, op):
     fn, ref = BINARY[op]
     a = np.array([[1, -2, 3]], dtype=np.int32)
@@ -360,7 +396,7 @@ def test_binary_mixed_dtypes(device, op):
     check(lambda x, y: fn(y, x), lambda x, y: ref(y, x), [a, b], device)
 
 
-@pytest.mark.parametrize("op", ["add", "sub", "mul", "div", "maximum", "minimum", "lt", "ge", "eq", "ne"])
+@pytest.mark.parametrize("op", ["add", "sub", "div", "maximum", "minimum", "ge"])
 def test_binary_scalar_operand(device, op):
     fn, ref = BINARY[op]
     check(lambda a: fn(a, 1.5), lambda a: ref(a, np.float32(1.5)), [X34], device)
@@ -420,7 +456,8 @@ def test_floordiv_mod(device, op, kind):
     check(fn, fn, [a, b], device)
     check(lambda x: fn(x, 3), lambda x: fn(x, a.dtype.type(3)), [a], device)       # tensor op scalar
     check(lambda x: fn(-3, x), lambda x: fn(a.dtype.type(-3), x), [b], device)     # scalar op tensor
-    check(fn, fn, [a.reshape(2, 5), b[:5]], device)                                 # broadcasting
+    if kind == "int":
+        check(fn, fn, [a.reshape(2, 5), b[:5]], device)                             # broadcasting
 
 
 def test_floordiv_mod_mixed_and_bool(device):
@@ -431,17 +468,17 @@ def test_floordiv_mod_mixed_and_bool(device):
     check(lambda a, b: a % b, np.remainder, [t, f], device, dtype=I32)
 
 
-def test_int_division_by_zero(device):
-    """NumPy defines integer x // 0 and x % 0 as 0."""
-    a = np.array([5, -5, 0], dtype=np.int32)
-    b = np.zeros(3, dtype=np.int32)
+def test_int_division_by_zero_and_overflow(device):
+    """NumPy defines integer x // 0 and x % 0 as 0, and INT_MIN // -1 wraps to INT_MIN."""
+    a = np.array([5, -5, 0, -2**31, -2**31, 2**31 - 1], dtype=np.int32)
+    b = np.array([0, 0, 0, -1, 1, -1], dtype=np.int32)
     check(lambda x, y: x // y, np.floor_divide, [a, b], device)
     check(lambda x, y: x % y, np.remainder, [a, b], device)
 
 
 # ---------------------------------------------------------------------------- pow
 
-@pytest.mark.parametrize("case", ["sq", "cube", "zero", "neg1", "neg2", "half", "float_exp", "tensor_exp",
+@pytest.mark.parametrize("case", ["sq", "cube", "zero", "neg2", "half", "float_exp", "tensor_exp",
                                   "rpow", "neg_base_int_exp", "neg_base_frac_exp", "zero_zero", "big_int_exp"])
 def test_pow(device, case):
     x = X34
@@ -451,8 +488,6 @@ def test_pow(device, case):
         check(lambda a: a ** 3, lambda a: a ** 3, [x], device)
     elif case == "zero":
         check(lambda a: a ** 0, lambda a: a ** 0, [x], device)
-    elif case == "neg1":
-        check(lambda a: a ** -1, lambda a: a ** -1.0, [pos(x)], device)
     elif case == "neg2":
         check(lambda a: a ** -2, lambda a: a ** -2.0, [pos(x)], device)
     elif case == "half":
@@ -482,7 +517,7 @@ def test_pow_int(device):
     a = np.array([[-3, 0, 2], [5, -1, 4]], dtype=np.int32)
     check(lambda x: x ** 2, lambda x: x ** 2, [a], device, dtype=I32)
     check(lambda x: x ** 3, lambda x: x ** 3, [a], device, dtype=I32)
-    check(lambda x: x ** 0.5, lambda x: np.abs(x) ** 0.5, [np.abs(a)], device, dtype=F32)
+    check(lambda x: x ** 0.5, lambda x: x ** 0.5, [np.abs(a)], device, dtype=F32)
     # int32 ** int32 stays int32 in NumPy, whatever the exponent
     e = np.array([3, 0, 5], dtype=np.int32)
     check(lambda x, y: x ** y, np.power, [a, e], device, dtype=I32)
@@ -544,8 +579,10 @@ def test_bitwise(device, op):
     check(fn, fn, [ia, ib], device)
     ba, bb = np.array([True, True, False, False]), np.array([True, False, True, False])
     check(fn, fn, [ba, bb], device)
-    check(lambda a: fn(a, 3), lambda a: fn(a, np.int32(3)), [ia], device)
-    check(lambda a: fn(True, a), lambda a: fn(np.True_, a), [ba], device)
+    if op == "and":
+        check(lambda a: fn(a, 3), lambda a: fn(a, np.int32(3)), [ia], device)
+    else:
+        check(lambda a: fn(True, a), lambda a: fn(np.True_, a), [ba], device)
 
 
 def test_invert_logical_not(device):
@@ -556,7 +593,7 @@ def test_invert_logical_not(device):
 
 # ---------------------------------------------------------------------------- reductions
 
-AXES = [None, 0, -1, 1, (0, 2), (-1, 0), ()]
+AXES = [None, 0, -1, (-1, 0), ()]
 REDUCE = {
     "sum": (lambda t, ax, k: t.sum(ax, keepdim=k), lambda a, ax, k: np.sum(a, axis=ax, keepdims=k)),
     "max": (lambda t, ax, k: t.max(ax, keepdim=k), lambda a, ax, k: np.max(a, axis=ax, keepdims=k)),
@@ -567,15 +604,20 @@ REDUCE = {
 }
 
 
-@pytest.mark.parametrize("keepdim", [False, True])
-@pytest.mark.parametrize("axis", AXES, ids=str)
-@pytest.mark.parametrize("op", list(REDUCE))
+# (axis handling is shared by all reductions: the full grid for sum and max, a few axes for the rest)
+REDUCE_CASES = [("sum", axis, False) for axis in AXES] + [("max", axis, False) for axis in (None, 0, (-1, 0))] + \
+    [("sum", axis, True) for axis in (None, 1, (0, 2))] + [("max", 1, True)] + \
+    [(op, axis, False) for op in ("min", "mean", "var", "std") for axis in (None, -1, (-1, 0))] + \
+    [(op, (0, 2), True) for op in ("min", "mean", "var", "std")] + [("min", (), False), ("mean", 1, True)]
+
+
+@pytest.mark.parametrize("op, axis, keepdim", REDUCE_CASES, ids=str)
 def test_reduce(device, op, axis, keepdim):
     fn, ref = REDUCE[op]
     check(lambda t: fn(t, axis, keepdim), lambda a: ref(a, axis, keepdim), [X234], device)
 
 
-@pytest.mark.parametrize("op", ["sum", "max", "min", "mean"])
+@pytest.mark.parametrize("op", ["sum", "min", "mean"])
 def test_reduce_int_bool(device, op):
     fn, ref = REDUCE[op]
     ia = np.array([[3, -7, 2], [-1, 8, 0]], dtype=np.int32)
@@ -600,8 +642,11 @@ def test_reduce_shapes(device, op):
     if op not in ("var", "std"):
         check(lambda t: fn(t, None, False), lambda a: ref(a, None, False), [X0], device)
         check(lambda t: fn(t, (0, 2), True), lambda a: ref(a, (0, 2), True), [X131], device)
-    check(lambda t: fn(t, 0, False), lambda a: ref(a, 0, False), [X43T], device)
-    check(lambda t: fn(t, -1, True), lambda a: ref(a, -1, True), [X36S], device)
+    else:
+        check(lambda t: fn(t, 1, True), lambda a: ref(a, 1, True), [X131], device)
+    if op in ("sum", "var"):
+        check(lambda t: fn(t, 0, False), lambda a: ref(a, 0, False), [X43T], device)
+        check(lambda t: fn(t, -1, True), lambda a: ref(a, -1, True), [X36S], device)
 
 
 def test_reduce_degenerate(device):
@@ -628,8 +673,8 @@ def test_reduce_nan_inf(device):
     check(lambda t: t.mean(1), lambda x: np.mean(x, 1), [a], device)
 
 
-@pytest.mark.parametrize("keepdim", [False, True])
-@pytest.mark.parametrize("axis", [None, 0, 1, -1, 2])
+@pytest.mark.parametrize("axis, keepdim", [(None, False), (0, False), (-1, False), (2, False), (None, True),
+                                           (1, True)])
 def test_argmax(device, axis, keepdim):
     x = X234.copy()
     x[0, 0, 1] = x[0, 0, 3] = x[0, 0].max() + 1        # ties: the first index wins
@@ -668,13 +713,10 @@ def test_any_all(device):
 # ---------------------------------------------------------------------------- movement
 
 MOVEMENT = {
-    "reshape": (lambda t: t.reshape(4, 6), lambda a: a.reshape(4, 6)),
+    "reshape": (lambda t: t.view(4, 6), lambda a: a.reshape(4, 6)),
     "reshape_-1": (lambda t: t.reshape(-1, 3), lambda a: a.reshape(-1, 3)),
-    "reshape_tuple": (lambda t: t.reshape((2, -1)), lambda a: a.reshape((2, -1))),
-    "view_flat": (lambda t: t.view(-1), lambda a: a.reshape(-1)),
     "reshape_1s": (lambda t: t.reshape(1, 2, 1, 12, 1), lambda a: a.reshape(1, 2, 1, 12, 1)),
-    "permute": (lambda t: t.permute(2, 0, 1), lambda a: a.transpose(2, 0, 1)),
-    "permute_neg": (lambda t: t.permute((-1, -3, -2)), lambda a: a.transpose(2, 0, 1)),
+    "permute": (lambda t: t.permute((2, -3, -2)), lambda a: a.transpose(2, 0, 1)),
     "transpose": (lambda t: t.transpose(), lambda a: a.swapaxes(-2, -1)),
     "transpose_0_2": (lambda t: t.transpose(0, 2), lambda a: a.swapaxes(0, 2)),
     "T": (lambda t: t.T, lambda a: a.T),
@@ -683,21 +725,19 @@ MOVEMENT = {
     "pad": (lambda t: t.pad(((1, 0), None, (2, 3))), lambda a: np.pad(a, ((1, 0), (0, 0), (2, 3)))),
     "pad_value": (lambda t: t.pad(((0, 1), (1, 1), (0, 0)), value=-2.5),
                   lambda a: np.pad(a, ((0, 1), (1, 1), (0, 0)), constant_values=-2.5)),
-    "pad_crop": (lambda t: t.pad(((0, 0), (-1, 2), (1, -2))), lambda a: np.pad(a[:, 1:, :-2], ((0, 0), (0, 2), (1, 0)))),
+    "pad_crop": (lambda t: t.pad(((0, 0), (-1, 2), (1, -2))),
+                 lambda a: np.pad(a[:, 1:, :-2], ((0, 0), (0, 2), (1, 0)))),
     "shrink": (lambda t: t.shrink(((1, 2), None, (1, 3))), lambda a: a[1:2, :, 1:3]),
-    "shrink_empty": (lambda t: t.shrink(((0, 2), (1, 1), None)), lambda a: a[:, 1:1]),
     "flip_all": (lambda t: t.flip(), lambda a: np.flip(a)),
     "flip_axis": (lambda t: t.flip(-1), lambda a: np.flip(a, -1)),
     "flip_axes": (lambda t: t.flip((0, 1)), lambda a: np.flip(a, (0, 1))),
     "squeeze_none": (lambda t: t[:, :1, None].squeeze(), lambda a: a[:, :1, None].squeeze()),
     "squeeze_dim": (lambda t: t[:, :1].squeeze(1), lambda a: a[:, :1].squeeze(1)),
     "squeeze_non1": (lambda t: t.squeeze(0), lambda a: a),              # as PyTorch: a no-op
-    "unsqueeze0": (lambda t: t.unsqueeze(0), lambda a: a[None]),
     "unsqueeze_neg": (lambda t: t.unsqueeze(-1), lambda a: a[..., None]),
-    "unsqueeze_mid": (lambda t: t.unsqueeze(2), lambda a: np.expand_dims(a, 2)),
     "flatten": (lambda t: t.flatten(), lambda a: a.reshape(-1)),
     "flatten_1": (lambda t: t.flatten(1), lambda a: a.reshape(2, -1)),
-    "flatten_0_1": (lambda t: t.flatten(0, 1), lambda a: a.reshape(6, 4)),
+    "flatten_0_1": (lambda t: t.flatten(0, -2), lambda a: a.reshape(6, 4)),
 }
 
 
@@ -707,7 +747,7 @@ def test_movement(device, op):
     check(fn, ref, [X234], device, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("op", ["reshape_-1", "permute", "T", "flip_all", "pad", "flatten", "unsqueeze0"])
+@pytest.mark.parametrize("op", ["permute", "flip_all", "pad"])
 def test_movement_int_bool(device, op):
     fn, ref = MOVEMENT[op]
     check(fn, ref, [data((2, 3, 4), np.int32, seed=51)], device)
@@ -717,11 +757,9 @@ def test_movement_int_bool(device, op):
 def test_movement_small_shapes(device):
     check(lambda t: t.reshape(1, 1), lambda a: a.reshape(1, 1), [X0], device)
     check(lambda t: t.reshape(()), lambda a: a.reshape(()), [X1], device)
-    check(lambda t: t.reshape(-1), lambda a: a.reshape(-1), [X0], device)
     check(lambda t: t.flatten(), lambda a: a.reshape(1), [X0], device)
     check(lambda t: t.unsqueeze(0), lambda a: a[None], [X0], device)
     check(lambda t: t.squeeze(), lambda a: a.squeeze(), [X131], device)
-    check(lambda t: t.T, lambda a: a.T, [X0], device)
     check(lambda t: t.flip(), lambda a: np.flip(a), [X0], device)
     check(lambda t: t.expand(2, 3), lambda a: np.broadcast_to(a, (2, 3)), [X0], device)
     check(lambda t: t.reshape(3, 0), lambda a: a.reshape(3, 0), [X03], device)
@@ -773,24 +811,16 @@ X456 = data((4, 5, 6), seed=81)
 INDICES = {
     "basic": (slice(1, 3), slice(None, None, 2), None, -1),      # t[1:3, ::2, None, -1]
     "ellipsis_rev": (Ellipsis, slice(None, None, -1)),
-    "last": (-1,),
-    "int": (2,),
     "scalar": (1, 2, 3),
     "neg_scalar": (-1, -5, -6),
     "step2": (slice(None, None, 2),),
-    "step3": (slice(None), slice(1, None, 3)),
     "step3_off": (slice(None), slice(None), slice(1, 6, 3)),
-    "neg_step": (slice(None, None, -2),),
     "neg_step3": (slice(None), slice(None), slice(None, None, -3)),
     "neg_range": (slice(3, 0, -2), slice(-1, -4, -1)),
     "steps_all": (slice(None, None, 3), slice(None, None, -2), slice(5, None, -4)),
     "none_front": (None,),
-    "none_mid": (slice(None), None, 0),
     "ellipsis_mid": (0, Ellipsis, 1),
-    "ellipsis_none": (Ellipsis, None),
-    "ellipsis_only": (Ellipsis,),
     "empty_slice": (slice(3, 1),),
-    "empty_slice_neg": (slice(1, 3, -1),),
     "out_of_range_slice": (slice(-100, 100), slice(2, 99)),
     "int_and_neg_step": (slice(None), 4, slice(None, None, -1)),
 }
@@ -805,10 +835,7 @@ def test_getitem(device, idx):
 def test_getitem_small_and_views(device):
     check(lambda t: t[()], lambda a: a[()], [X0], device)
     check(lambda t: t[None], lambda a: a[None], [X0], device)
-    check(lambda t: t[...], lambda a: a[...], [X0], device)
     check(lambda t: t[0], lambda a: a[0], [X1], device)
-    check(lambda t: t[-1], lambda a: a[-1], [X1], device)
-    check(lambda t: t[:, 1:], lambda a: a[:, 1:], [X03], device)
     check(lambda t: t[1:, ::-1], lambda a: a[1:, ::-1], [X43T], device)     # non-contiguous NumPy input
     check(lambda t: t[::2][1], lambda a: a[::2][1], [X456], device)         # index of a view
     check(lambda t: t.T[::-1, 1:3], lambda a: a.T[::-1, 1:3], [X34], device)
@@ -829,9 +856,7 @@ def test_getitem_small_and_views(device):
     ((2, 3, 4), (4, 5)),
     ((2, 3, 4), (2, 4, 5)),
     ((2, 1, 3, 4), (5, 4, 2)),
-    ((1, 1), (1, 1)),
     ((4,), (2, 4, 3)),
-    ((2, 3, 4), (4,)),
     ((3, 0), (0, 2)),
     ((0, 4), (4, 2)),
 ], ids=str)
@@ -859,21 +884,21 @@ def test_matmul_more(device):
 
 @pytest.mark.parametrize("axis", [-1, 0, 1])
 def test_softmax(device, axis):
-    def np_softmax(x):
+    def ref_softmax(x):
         e = np.exp(x - x.max(axis, keepdims=True))
         return e / e.sum(axis, keepdims=True)
 
-    def np_log_softmax(x):
+    def ref_log_softmax(x):
         m = x - x.max(axis, keepdims=True)
         return m - np.log(np.exp(m).sum(axis, keepdims=True))
 
-    check(lambda t: t.softmax(axis), np_softmax, [X234], device)
-    check(lambda t: t.log_softmax(axis), np_log_softmax, [X234], device)
+    check(lambda t: t.softmax(axis), ref_softmax, [X234], device)
+    check(lambda t: t.log_softmax(axis), ref_log_softmax, [X234], device)
 
 
 def test_softmax_edge_cases(device):
     big = (X34 * 100 + 1000).astype(np.float32)             # would overflow without max subtraction
-    sm = lambda x: np.exp(x - x.max(-1, keepdims=True)) / np.exp(x - x.max(-1, keepdims=True)).sum(-1, keepdims=True)
+    sm = np_softmax_last
     check(lambda t: t.softmax(), sm, [big], device)
     check(lambda t: t.log_softmax(), lambda x: np.log(sm(x.astype(np.float64))), [big], device, atol=1e-4)
     masked = np.array([[-inf, 0.0, 1.0], [2.0, -inf, -inf]], dtype=np.float32)
@@ -887,7 +912,6 @@ def test_softmax_edge_cases(device):
 # ---------------------------------------------------------------------------- chains (fused programs)
 
 CHAINS = {
-    "view_then_add": (lambda a, b: a.T + 1, lambda a, b: a.T + 1),
     "strided_view_math": (lambda a, b: a[::2].exp() * 2, lambda a, b: np.exp(a[::2]) * 2),
     "sum_of_expr": (lambda a, b: (a * b + 1).sum(), lambda a, b: (a * b + 1).sum()),
     "max_of_expr": (lambda a, b: (a - b).abs().max(axis=1), lambda a, b: np.abs(a - b).max(1)),
@@ -896,24 +920,20 @@ CHAINS = {
                   lambda a, b: (a - a.mean(1, keepdims=True)) / (a.std(1, ddof=1, keepdims=True) + 1e-5)),
     "transpose_sum": (lambda a, b: ((a.T + 1) * 2).sum(0), lambda a, b: ((a.T + 1) * 2).sum(0)),
     "reshape_of_expr": (lambda a, b: (a + b).reshape(4, 3).sum(1), lambda a, b: (a + b).reshape(4, 3).sum(1)),
-    "expand_permute": (lambda a, b: a[:, :1].expand(3, 4).T * b.T, lambda a, b: np.broadcast_to(a[:, :1], (3, 4)).T * b.T),
+    "expand_permute": (lambda a, b: a[:, :1].expand(3, 4).T * b.T,
+                       lambda a, b: np.broadcast_to(a[:, :1], (3, 4)).T * b.T),
     "pad_reduce": (lambda a, b: a.pad(((1, 1), (0, 2))).sum(1), lambda a, b: np.pad(a, ((1, 1), (0, 2))).sum(1)),
     "flip_of_reduce": (lambda a, b: a.sum(0).flip(), lambda a, b: a.sum(0)[::-1]),
     "shared_subexpr": (lambda a, b: a.exp() + a.exp().sum(), lambda a, b: np.exp(a) + np.exp(a).sum()),
     "relu_linear": (lambda a, b: (a @ b.T + 1).relu().sum(-1), lambda a, b: np.maximum(a @ b.T + 1, 0).sum(-1)),
-    "where_chain": (lambda a, b: (a > b).where(a * 2, b.sin()).max(), lambda a, b: np.where(a > b, a * 2, np.sin(b)).max()),
+    "where_chain": (lambda a, b: (a > b).where(a * 2, b.sin()).max(),
+                    lambda a, b: np.where(a > b, a * 2, np.sin(b)).max()),
     "contiguous": (lambda a, b: a.T.contiguous() + b.T, lambda a, b: a.T + b.T),
     "cat_then_reduce": (lambda a, b: a.cat(b, dim=1).sum(0), lambda a, b: np.concatenate([a, b], 1).sum(0)),
     "slice_of_elementwise": (lambda a, b: (a * b)[1:, ::-2], lambda a, b: (a * b)[1:, ::-2]),
-    "double_reduce": (lambda a, b: a.sum(1).max(), lambda a, b: a.sum(1).max()),
-    "softmax_matmul": (lambda a, b: (a @ b.T).softmax() @ b, lambda a, b: _np_softmax(a @ b.T) @ b),
+    "softmax_matmul": (lambda a, b: (a @ b.T).softmax() @ b, lambda a, b: np_softmax_last(a @ b.T) @ b),
     "argmax_of_expr": (lambda a, b: (a * b).argmax(1), lambda a, b: (a * b).argmax(1)),
 }
-
-
-def _np_softmax(x):
-    e = np.exp(x - x.max(-1, keepdims=True))
-    return e / e.sum(-1, keepdims=True)
 
 
 @pytest.mark.parametrize("chain", list(CHAINS))
@@ -921,6 +941,117 @@ def test_chain(device, chain):
     fn, ref = CHAINS[chain]
     check(fn, ref, [X34, data((3, 4), seed=101)], device, rtol=1e-5, atol=1e-5)
 
+
+X234B = data((2, 3, 4), seed=102)
+XI46 = data((4, 6), np.int32, seed=103, low=-5, high=5)
+
+# views of views: reshapes of non-contiguous views cannot be folded into one stride pattern
+VIEW_CHAINS = {
+    "permute_reshape": (lambda b: b.permute(2, 0, 1).reshape(4, 6), lambda b: b.transpose(2, 0, 1).reshape(4, 6)),
+    "T_flatten": (lambda b: b.T.flatten(), lambda b: b.T.reshape(-1)),
+    "T_reshape_slice": (lambda b: b.T.reshape(3, 8)[::2, 1::3], lambda b: b.T.reshape(3, 8)[::2, 1::3]),
+    "expand_reshape": (lambda b: b[:, None].expand(2, 3, 3, 4).reshape(6, 3, 4),
+                       lambda b: np.broadcast_to(b[:, None], (2, 3, 3, 4)).reshape(6, 3, 4)),
+    "pad_reshape": (lambda b: b.pad(((0, 0), (1, 1), (0, 2))).reshape(-1, 6),
+                    lambda b: np.pad(b, ((0, 0), (1, 1), (0, 2))).reshape(-1, 6)),
+    "flip_reshape": (lambda b: b.flip(2).reshape(4, 6), lambda b: b[..., ::-1].reshape(4, 6)),
+    "slice_reshape_T": (lambda b: b[:, 1:, 1:3].reshape(2, 4).T, lambda b: b[:, 1:, 1:3].reshape(2, 4).T),
+    "permute_permute": (lambda b: b.permute(1, 2, 0).permute(2, 0, 1).permute(0, 2, 1),
+                        lambda b: b.transpose(1, 2, 0).transpose(2, 0, 1).transpose(0, 2, 1)),
+    "flip_flip": (lambda b: b.flip(0).flip(0) * 2, lambda b: b * 2),
+    "reshape_T_sum": (lambda b: b.reshape(6, 4).T.sum(1), lambda b: b.reshape(6, 4).T.sum(1)),
+    "strided_of_padded": (lambda b: b.pad(((1, 1), (0, 0), (2, 0)))[::3, ::2, ::-3],
+                          lambda b: np.pad(b, ((1, 1), (0, 0), (2, 0)))[::3, ::2, ::-3]),
+    "pad_exp": (lambda b: b.pad(((1, 0), (0, 0), (0, 1))).exp(), lambda b: np.exp(np.pad(b, ((1, 0), (0, 0), (0, 1))))),
+    "pad_eq_zero": (lambda b: b.pad(((1, 0), (0, 0), (0, 1))) == 0, lambda b: np.pad(b, ((1, 0), (0, 0), (0, 1))) == 0),
+    "expand_sum": (lambda b: b[:, :1].expand(2, 5, 4).sum(1), lambda b: np.broadcast_to(b[:, :1], (2, 5, 4)).sum(1)),
+    "expand_sum_all": (lambda b: b[:1, :1, :1].expand(2, 3, 4).sum(),
+                       lambda b: np.broadcast_to(b[:1, :1, :1], (2, 3, 4)).sum()),
+}
+
+
+@pytest.mark.parametrize("chain", list(VIEW_CHAINS))
+def test_view_chain(device, chain):
+    fn, ref = VIEW_CHAINS[chain]
+    check(fn, ref, [X234B], device)
+
+
+def test_view_chain_int(device):
+    check(lambda a: a[:, :1].expand(4, 6).sum(1), lambda a: np.broadcast_to(a[:, :1], (4, 6)).sum(1), [XI46], device)
+    check(lambda a: a.T.reshape(3, 8)[::-1], lambda a: a.T.reshape(3, 8)[::-1], [XI46], device)
+
+
+# ---------------------------------------------------------------------------- compiler corner cases
+
+@pytest.mark.parametrize("case", ["matmul", "sum0", "sum1", "max_T", "softmax", "elementwise"])
+def test_larger_odd_sizes(device, case):
+    """Sizes that are not multiples of any vector width or tile."""
+    a, b = data((33, 65), seed=111), data((65, 17), seed=112)
+    if case == "matmul":
+        check(lambda x, y: x @ y, np.matmul, [a, b], device, rtol=1e-4, atol=1e-4)
+    elif case == "sum0":
+        check(lambda x: x.sum(0), lambda x: x.sum(0), [a], device, rtol=1e-4, atol=1e-4)
+    elif case == "sum1":
+        check(lambda x: x.sum(1), lambda x: x.sum(1), [a], device, rtol=1e-4, atol=1e-4)
+    elif case == "max_T":
+        check(lambda x: x.T.max(0), lambda x: x.T.max(0), [a], device)
+    elif case == "softmax":
+        check(lambda x: x.softmax(0), lambda x: np_softmax_last(x.T).T, [a], device)
+    elif case == "elementwise":
+        check(lambda x, y: (x[:17, :17] * y[:17].T + 1).relu(), lambda x, y: np.maximum(x[:17, :17] * y[:17].T + 1, 0),
+              [a, b], device)
+
+
+def test_int_wraparound(device):
+    """int32 arithmetic wraps around, as NumPy's int32."""
+    a = np.array([2**31 - 1, -2**31, 123456789, -5], dtype=np.int32)
+    check(lambda x: x + 1, lambda x: x + np.int32(1), [a], device)
+    check(lambda x: x - 2, lambda x: x - np.int32(2), [a], device)
+    check(lambda x: x * 1000, lambda x: x * np.int32(1000), [a], device)
+    check(lambda x: -x, np.negative, [a], device)
+    check(lambda x: x.sum(), lambda x: x.sum(dtype=np.int32), [np.full(1000, 3_000_000, np.int32)], device)
+
+
+def test_compiler_keeps_ieee_semantics(device):
+    """Rewrites must be exact for every float input: NaN, inf and signed zeros included."""
+    s = np.array([nan, inf, -inf, 0.0, -0.0, 1.0], dtype=np.float32)
+    check(lambda x: x * 0, lambda x: x * np.float32(0), [s], device, atol=0)
+    check(lambda x: x - x, lambda x: x - x, [s], device, atol=0)
+    check(lambda x: x / x, lambda x: x / x, [s], device, atol=0)
+    check(lambda x: x == x, lambda x: x == x, [s], device)
+    check(lambda x: x * 1 + 0 - 0, lambda x: x * np.float32(1) + np.float32(0) - np.float32(0), [s], device, atol=0)
+    check(lambda x: x.maximum(x), lambda x: np.maximum(x, x), [s], device, atol=0)
+    check(lambda x: (x > 0).where(x, x), lambda x: x, [s], device, atol=0)
+
+
+@pytest.mark.parametrize("expr", ["x+0", "0+x", "x-0", "neg_neg", "x*1"])
+def test_compiler_keeps_signed_zero(device, expr):
+    """The sign of zero is visible through division: -0.0 + 0.0 is +0.0, -0.0 - 0.0 is -0.0."""
+    s = np.array([nan, inf, -inf, 0.0, -0.0, 1.0], dtype=np.float32)
+    fn, ref = {
+        "x+0": (lambda x: 1 / (x + 0), lambda x: 1 / (x + np.float32(0))),
+        "0+x": (lambda x: 1 / (0 + x), lambda x: 1 / (np.float32(0) + x)),
+        "x-0": (lambda x: 1 / (x - 0), lambda x: 1 / (x - np.float32(0))),
+        "neg_neg": (lambda x: 1 / -(-x), lambda x: 1 / x),
+        "x*1": (lambda x: 1 / (x * 1), lambda x: 1 / x),
+    }[expr]
+    check(fn, ref, [s], device, atol=0)
+
+
+def test_compiler_float32_rounding(device):
+    """Every intermediate is a float32: no folding in higher precision."""
+    x = np.array([1.0, 2.0, 3.0], dtype=np.float32)
+    check(lambda t: (t + 1e8) - 1e8, lambda t: (t + np.float32(1e8)) - np.float32(1e8), [x], device, atol=0)
+    with eqgrad.Context(DEVICE=device):
+        big = Tensor.full((3,), 1e8)
+        compare((big + 1) - 1e8, np.zeros(3), device, F32, atol=0)          # 1e8 + 1 rounds back to 1e8
+        huge = Tensor.full((2,), 1e30)
+        compare(huge * 1e30 * 1e-30, np.full(2, inf), device, F32)         # 1e60 overflows float32
+        third = Tensor.full((2,), 0.1) + 0.2
+        compare(third, np.full(2, np.float32(0.1) + np.float32(0.2)), device, F32, rtol=0, atol=0)
+
+
+# ---------------------------------------------------------------------------- laziness and caching
 
 def test_lazy_reuse(device):
     """A realized intermediate feeds later programs; realizing twice gives the same numbers."""

@@ -12,12 +12,9 @@ from typing import Any, Callable
 import numpy as np
 
 from ..dtype import DType
+from ..errors import DeviceError
 from ..extract.cost import DEFAULT_PARAMS, DeviceParams
 from ..ops import Shape
-
-
-class DeviceError(RuntimeError):
-    """A device is unknown or unavailable."""
 
 
 @dataclass(eq=False)

@@ -330,7 +330,6 @@ def _close_float(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def check_rule(rule: Rule, n: int = 48, seed: int = 0, saturator=None) -> CheckResult:
-    from ..extract.egraph import from_json
     from .saturate import Saturator
     if rule.rhs is None:
         return CheckResult(rule, "skipped", note="sets analysis facts only (checked by no-merge)")
@@ -367,11 +366,37 @@ def check_rule(rule: Rule, n: int = 48, seed: int = 0, saturator=None) -> CheckR
             continue
     if not insts:
         return CheckResult(rule, "untested", note="could not build any instance of the left side")
-    # emit all instances; every instance node gets a let, every buffer an input position
+    sat = saturator or Saturator()
+    failures, fired, err = _run(rule, [i for i, _ in insts], sat)
+    if err and "Illegal merge" in err:
+        # the rule gave a class two shapes or dtypes: find the instances that do it, one by one
+        failures, fired = [], 0
+        for inst, _ in insts:
+            f1, m1, e1 = _run(rule, [inst], sat)
+            failures += f1
+            fired += m1
+            if e1 and "Illegal merge" in e1:
+                failures.append(Counterexample(inst.text(_leaf_names(inst)), _inputs(inst), inst.value,
+                                               "(a value of another shape or dtype)", "an Illegal merge of shape/dtype",
+                                               sum(x.value.size for x in _postorder(inst))))
+    elif err:
+        return CheckResult(rule, "untested", len(insts), note=f"egglog stopped: {err[:300]}")
+    if failures:
+        best = min(failures, key=lambda f: f.size)
+        return CheckResult(rule, "unsound", len(insts), fired, best)
+    if fired == 0:
+        return CheckResult(rule, "untested", len(insts), 0, note="no instance satisfied the rule's guards")
+    return CheckResult(rule, "sound", len(insts), fired)
+
+
+def _run(rule: Rule, insts: list[Inst], sat) -> tuple[list[Counterexample], int, str | None]:
+    """Insert instances, run the rule alone, and compare the values of every class's nodes."""
+    from ..extract.egraph import from_json
+    from .rulebook import RuleConfig
     lines: list[str] = []
     names: dict[int, str] = {}
     leaves_by_pos: list[Inst] = []
-    for k, (inst, _b) in enumerate(insts):
+    for k, inst in enumerate(insts):
         for j, node in enumerate(_postorder(inst)):
             if id(node) in names:
                 continue
@@ -389,27 +414,29 @@ def check_rule(rule: Rule, n: int = 48, seed: int = 0, saturator=None) -> CheckR
         sched = Path(tmp) / "schedule.egg"
         sched.write_text(";; phase analysis\n(run-schedule (saturate analysis))\n"
                          ";; phase check\n(run-schedule (repeat 2 (seq (run check) (saturate analysis))))\n")
-        sat = saturator or Saturator()
-        from .rulebook import RuleConfig
         js, rep = sat.run("\n".join(lines) + "\n", timeout=120, node_limit=10**7,
                           rules=RuleConfig((str(rb),), str(sched)))
     if js is None:
-        return CheckResult(rule, "unsound" if "Illegal merge" in rep.detail else "untested", len(insts),
-                           note=f"egglog stopped: {rep.stop_reason}: {rep.detail[:300]}")
+        return [], 0, f"{rep.stop_reason}: {rep.detail}"
     fired = rep.matches.get(rule.name, 0)
     let_names = list(names.values())
     g = from_json(js, let_names)
     let_class = dict(zip(let_names, g.roots))
-    by_name = {names[id(node)]: node for inst, _ in insts for node in _postorder(inst)}
+    by_name = {names[id(node)]: node for inst in insts for node in _postorder(inst)}
     # class values from the instances; two different values in one class is already a counterexample
     value: dict[int, np.ndarray] = {}
     origin: dict[int, Inst] = {}
     failures: list[Counterexample] = []
+    members: dict[int, list[Inst]] = {}
     for name, node in by_name.items():
         c = let_class[name]
+        members.setdefault(c, []).append(node)
         if c in value:
             if value[c].shape == node.value.shape and not _close(node.value, value[c], node.dtype).all():
-                failures.append(_cx(origin[c], value[c], node.value, "a class merge", leaves_by_pos))
+                # two instance terms ended in one class: show the larger one (the rule's left side)
+                big, small = sorted([origin[c], node], key=lambda x: -len(_postorder(x)))
+                failures.append(_cx(big, big.value, small.value, f"merged with {small.text(_leaf_names(big))}",
+                                    leaves_by_pos))
         else:
             value[c], origin[c] = node.value, node
     # evaluate rule-created classes, then every node of every class
@@ -433,13 +460,18 @@ def check_rule(rule: Rule, n: int = 48, seed: int = 0, saturator=None) -> CheckR
             if v is None or v.shape != value[c].shape:
                 continue
             if not _close(v, value[c], g.dtypes[c]).all():
-                failures.append(_cx(origin[c], value[c], v, _node_text(nd), leaves_by_pos))
-    if failures:
-        best = min(failures, key=lambda f: f.size)
-        return CheckResult(rule, "unsound", len(insts), fired, best)
-    if fired == 0:
-        return CheckResult(rule, "untested", len(insts), 0, note="no instance satisfied the rule's guards")
-    return CheckResult(rule, "sound", len(insts), fired)
+                big = max(members[c], key=lambda x: len(_postorder(x)))     # the rule's left side
+                failures.append(_cx(big, value[c], v, _node_text(nd), leaves_by_pos))
+    return failures, fired, None
+
+
+def _leaf_names(inst: Inst) -> dict[int, str]:
+    return {id(x): f"b{i}" for i, x in enumerate(y for y in _postorder(inst) if y.op == "BUF")}
+
+
+def _inputs(inst: Inst) -> dict[str, Any]:
+    names = _leaf_names(inst)
+    return {f"{names[id(x)]}: {x.dtype.name}{list(x.shape)}": x.value for x in _postorder(inst) if x.op == "BUF"}
 
 
 def _rank_hint(guards: list[SExpr]) -> int | None:

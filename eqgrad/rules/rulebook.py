@@ -173,7 +173,7 @@ class RuleConfig:
     key: str = ""                                   # content hash: part of the plan cache key
 
 
-_user: list[tuple[Rulebook, str]] = []
+_user: list[tuple[Rulebook, str, int]] = []
 _schedule: Path | None = None
 
 
@@ -182,7 +182,11 @@ def _builtin_paths() -> list[Path]:
 
 
 def phase_commands(rulesets: list[str], iterations: int = 4) -> str:
-    runs = " ".join(f"(run {r})" for r in rulesets)
+    """Commands that run a user rulebook's rulesets inside a phase: bounded repeats, each run
+    stopping early once the e-graph reaches the node limit (checked between iterations)."""
+    from .. import config
+    limit = config.EGRAPH_NODES.value
+    runs = " ".join(f"(run {r} :until (>= (get-size!) {limit}))" for r in rulesets)
     return f"(run-schedule (repeat {iterations} (seq {runs} (saturate analysis))))"
 
 
@@ -195,7 +199,7 @@ def _env_rulebooks() -> list[tuple[Rulebook, str]]:
         files = sorted(p.glob("*.egg")) if p.is_dir() else [p]
         if not files:
             raise RulebookError(f"EQGRAD_RULEBOOKS: {path!r} is neither a .egg file nor a directory with .egg files")
-        out += [(load_rulebook(f), phase or DEFAULT_PHASE) for f in files]
+        out += [(load_rulebook(f), phase or DEFAULT_PHASE, 4) for f in files]
     return out
 
 
@@ -204,8 +208,10 @@ _config_memo: dict[tuple, RuleConfig] = {}
 
 def active_config() -> RuleConfig:
     """The active configuration (memoized on the API state and the environment variables)."""
-    state = (tuple((str(rb.path), rb.digest, ph) for rb, ph in _user), str(_schedule),
-             os.environ.get("EQGRAD_RULEBOOKS", ""), os.environ.get("EQGRAD_SCHEDULE", ""))
+    from .. import config
+    state = (tuple((str(rb.path), rb.digest, ph, it) for rb, ph, it in _user), str(_schedule),
+             os.environ.get("EQGRAD_RULEBOOKS", ""), os.environ.get("EQGRAD_SCHEDULE", ""),
+             config.EGRAPH_NODES.value)
     if state not in _config_memo:
         _config_memo.clear()
         _config_memo[state] = _make_config()
@@ -218,11 +224,11 @@ def _make_config() -> RuleConfig:
     user = _env_rulebooks() + _user
     phases = {n for n, _ in read_schedule(sched)}
     extra = []
-    for rb, phase in user:
+    for rb, phase, iterations in user:
         if phase not in phases:
             raise RulebookError(f"{rb.path}: phase {phase!r} is not in the schedule {sched} (phases: {sorted(phases)})")
-        extra.append((phase, phase_commands(rb.rulesets)))
-    paths = [str(p) for p in _builtin_paths()] + [str(rb.path) for rb, _ in user]
+        extra.append((phase, phase_commands(rb.rulesets, iterations)))
+    paths = [str(p) for p in _builtin_paths()] + [str(rb.path) for rb, _, _ in user]
     h = hashlib.sha256()
     for p in paths + [str(sched)]:
         h.update(Path(p).read_bytes())
@@ -231,13 +237,13 @@ def _make_config() -> RuleConfig:
     return RuleConfig(tuple(paths), str(sched), tuple(extra), h.hexdigest()[:16])
 
 
-def use(path: str | Path, phase: str = DEFAULT_PHASE) -> Rulebook:
-    """Activate a user rulebook: validated now (file:line errors), run in ``phase`` from the next
-    realize on. Programs already planned keep their plans until their structure is seen with the
-    new rules (the plan cache is keyed by the active rules)."""
+def use(path: str | Path, phase: str = DEFAULT_PHASE, iterations: int = 4) -> Rulebook:
+    """Activate a user rulebook: validated now (file:line errors); its rulesets run for
+    ``iterations`` rounds at the end of ``phase`` from the next realize on. The plan cache is keyed
+    by the active rules, so every program is planned again under the new rules."""
     rb = load_rulebook(path)
     validate([rb])
-    _user.append((rb, phase))
+    _user.append((rb, phase, iterations))
     try:
         active_config()
     except RulebookError:
@@ -249,14 +255,14 @@ def use(path: str | Path, phase: str = DEFAULT_PHASE) -> Rulebook:
 def unuse(path: str | Path) -> None:
     p = Path(path).resolve()
     before = len(_user)
-    _user[:] = [(rb, ph) for rb, ph in _user if rb.path != p]
+    _user[:] = [u for u in _user if u[0].path != p]
     if len(_user) == before:
-        raise ValueError(f"rulebook {path} is not in use (active: {[str(rb.path) for rb, _ in _user]})")
+        raise ValueError(f"rulebook {path} is not in use (active: {[str(u[0].path) for u in _user]})")
 
 
 @contextlib.contextmanager
-def using(path: str | Path, phase: str = DEFAULT_PHASE) -> Iterator[Rulebook]:
-    rb = use(path, phase)
+def using(path: str | Path, phase: str = DEFAULT_PHASE, iterations: int = 4) -> Iterator[Rulebook]:
+    rb = use(path, phase, iterations)
     try:
         yield rb
     finally:
@@ -301,3 +307,26 @@ def validate(rulebooks: list[Rulebook]) -> None:
     err = default_saturator().validate([str(p) for p in _builtin_paths()] + [str(rb.path) for rb in rulebooks])
     if err:
         raise RulebookError(err)
+
+
+def without_rule(cfg: RuleConfig, name: str) -> tuple[RuleConfig | None, str]:
+    """``cfg`` with rule ``name`` removed (a temporary copy of its rulebook), and where it was."""
+    import tempfile
+    for i, path in enumerate(cfg.rulebooks):
+        text = Path(path).read_text()
+        forms = parse(text, path)
+        keep = []
+        where = ""
+        for f in forms:
+            kw = keyword_args(f, 3) if f.head != "ruleset" else {}
+            if isinstance(kw.get(":name"), Str) and kw[":name"].value == name:
+                where = f"{path}:{f.line}"
+                continue
+            keep.append(to_text(f))
+        if where:
+            tmp = Path(tempfile.mkdtemp(prefix="eqgrad-blame-")) / Path(path).name
+            tmp.write_text("\n".join(keep) + "\n")
+            books = list(cfg.rulebooks)
+            books[i] = str(tmp)
+            return RuleConfig(tuple(books), cfg.schedule, cfg.extra, cfg.key + "-" + name), where
+    return None, ""
