@@ -12,6 +12,15 @@ from eqgrad import Tensor
 
 DEVICES = ["LLVM", "NUMPY"]
 
+
+@pytest.fixture(autouse=True, scope="session")
+def validate_every_plan():
+    """Plan validation is on in the whole suite: every realize is re-run with the NumPy references
+    on its actual inputs, and an unsound rule that slipped through fails the test where it bites
+    (with the names of the rules whose removal fixes it)."""
+    with eqgrad.Context(VALIDATE=1):
+        yield
+
 # the eqgrad dtype a NumPy result of each kind corresponds to (NumPy may widen to float64/int64)
 KIND_TO_DTYPE = {"f": eqgrad.float32, "i": eqgrad.int32, "u": eqgrad.int32, "b": eqgrad.bool_}
 
