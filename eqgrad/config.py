@@ -76,6 +76,18 @@ EGRAPH_NODES = Flag("EQGRAD_EGRAPH_NODES", 200_000, int,
                     "last phase's e-graph is extracted")
 EGRAPH_MEMORY = Flag("EQGRAD_EGRAPH_MEMORY", 4 << 30, _bytes,
                      "bytes (e.g. 4G, 512M): address-space limit of the egglog worker process")
+def _extractor(s: str) -> str:
+    s = s.strip().lower()
+    if s not in ("greedy", "improve", "ilp", "measured"):
+        raise ValueError(f"expected greedy, improve, ilp or measured, got {s!r}")
+    return s
+
+
+EXTRACTOR = Flag("EQGRAD_EXTRACTOR", "greedy", _extractor,
+                 "greedy, improve, ilp or measured: how plans are chosen (docs/extraction.md)")
+ILP_TIME = Flag("EQGRAD_ILP_TIME", 10.0, float, "seconds (float): time limit of the ILP extractor")
+ILP_MAX_CLASSES = Flag("EQGRAD_ILP_MAX_CLASSES", 300, int,
+                       "an integer: above this many e-classes the ILP extractor falls back to greedy")
 VALIDATE = Flag("EQGRAD_VALIDATE", 0, int, "0 or 1: re-run every realize on the NumPy reference "
                 "device and raise if the numbers differ")
 

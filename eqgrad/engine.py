@@ -5,6 +5,7 @@ realized inputs are wired -- not buffer contents), so a program saturates once p
 """
 from __future__ import annotations
 
+import hashlib
 import time
 import warnings
 from dataclasses import dataclass
@@ -15,7 +16,7 @@ import numpy as np
 from . import config
 from .devices import Buffer, get_device
 from .extract.egraph import EGraph, from_json, from_lazy
-from .extract.greedy import GreedyExtractor
+from .extract import make_extractor, settings_key
 from .extract.plan import Kernel, KernelPlan, build_plan
 from .frontend.lazy import LazyBuffer, toposort
 from .ops import OPS, numel
@@ -47,6 +48,7 @@ class CompiledPlan:
     report: SaturationReport
     egraph: EGraph
     seconds: dict[str, float]
+    result: Any = None            # the extractor's Result (choice, evaluation, alternatives, info)
 
 
 _plan_cache: dict[Any, CompiledPlan] = {}
@@ -107,17 +109,38 @@ def _compile(targets: list[LazyBuffer], order: list[LazyBuffer], device: str,
     if g is None:
         g = from_lazy(targets, order, prog.inputs)
     t1 = time.perf_counter()
-    choice, ev = GreedyExtractor(g, dev.params).extract(specs)
+    name = config.EXTRACTOR.value
+    measure = (lambda choice: _measure(g, choice, specs, device)) if name == "measured" else None
+    cache_key = hashlib.sha256(repr((structure_key(order, targets, device), rules.key)).encode()).hexdigest()[:24]
+    result = make_extractor(name, g, device, specs, measure=measure, cache_key=cache_key).extract()
+    choice, ev = result.choice, result.evaluation
     plan = build_plan(g, choice, specs, ev.kernels)
     t2 = time.perf_counter()
     run = dev.prepare(plan)
     t3 = time.perf_counter()
     GlobalCounters.plans_compiled += 1
-    cp = CompiledPlan(plan, run, report, g, dict(saturate=t1 - t0, extract=t2 - t1, compile=t3 - t2))
+    cp = CompiledPlan(plan, run, report, g, dict(saturate=t1 - t0, extract=t2 - t1, compile=t3 - t2), result)
     if dbg >= 3:
         print(report)
         print(plan.describe())
     return cp, prog.inputs
+
+
+def _measure(g: EGraph, choice: Any, specs: list, device: str, reps: int = 3) -> float:
+    """Median time of one candidate plan on the device, on random inputs of the right shapes."""
+    specs_plan = build_plan(g, choice, specs)
+    run = get_device(device).prepare(specs_plan)
+    rng = np.random.default_rng(0)
+    bufs = [Buffer.from_numpy(rng.standard_normal(s).astype(d.np) if d.is_float else np.ones(s, d.np), device)
+            for s, d in specs]
+    bufs += [Buffer.empty(s, d, device) for s, d in specs_plan.buffers[len(specs):]]
+    run(bufs)
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        run(bufs)
+        ts.append(time.perf_counter() - t0)
+    return float(np.median(ts))
 
 
 def _inputs_in_order(order: list[LazyBuffer], targets: list[LazyBuffer]) -> list[LazyBuffer]:
@@ -150,7 +173,7 @@ def _realize_on(device: str, targets: list[LazyBuffer]) -> None:
     t0 = time.perf_counter()
     order = toposort(targets)
     rules = active_config()
-    key = (rules.key, structure_key(order, targets, device))
+    key = (rules.key, settings_key(device), structure_key(order, targets, device))
     cp = _plan_cache.get(key)
     inputs = _inputs_in_order(order, targets)
     if cp is None:
@@ -250,8 +273,8 @@ def blame_rules(targets: list[LazyBuffer], order: list[LazyBuffer], refs: list[n
         if js is None:
             continue
         g = from_json(js, prog.roots)
-        choice, ev = GreedyExtractor(g, get_device("NUMPY").params).extract(specs)
-        plan = build_plan(g, choice, specs, ev.kernels)
+        res = make_extractor("greedy", g, "NUMPY", specs).extract()
+        plan = build_plan(g, res.choice, specs, res.evaluation.kernels)
         bufs = [lb.buffer for lb in prog.inputs] + [Buffer.empty(s, d, "NUMPY") for s, d in plan.buffers[len(specs):]]
         NumpyDevice().prepare(plan)(bufs)
         if not _matches(targets, refs, [bufs[o].data for o in plan.outputs]):

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from eqgrad import Tensor
-from eqgrad.extract.cost import DeviceParams
+from eqgrad.extract.cost import CostModel, DeviceParams
 from eqgrad.extract.egraph import from_json, from_lazy
 from eqgrad.extract.greedy import GreedyExtractor
 from eqgrad.extract.plan import build_plan, check_plan
@@ -35,8 +35,8 @@ def run_plan(g, choice, prog, ev=None):
 def test_every_kernel_of_the_chosen_plan_is_legal():
     x = Tensor(np.random.default_rng(0).standard_normal((64, 128)).astype(np.float32), device="NUMPY")
     g, prog = saturated(x.softmax(-1))
-    ex = GreedyExtractor(g, DeviceParams())
-    choice, ev = ex.extract([(lb.shape, lb.dtype) for lb in prog.inputs])
+    res = GreedyExtractor(g, CostModel(DeviceParams()), [(lb.shape, lb.dtype) for lb in prog.inputs]).extract()
+    choice, ev = res.choice, res.evaluation
     assert ev.legal and all(k.legal for k in ev.kernels.values())
     plan, (out,) = run_plan(g, choice, prog, ev)
     assert len(plan.kernels) == 3
@@ -57,7 +57,8 @@ def test_materialize_or_recompute_follows_the_cost_model():
     counts = {}
     for name, params in {"cheap-flops": DeviceParams(launch=3e-6, bandwidth=2e12, peak=5e13),
                          "dear-flops": DeviceParams(launch=3e-6, bandwidth=2e12, peak=5e10)}.items():
-        choice, ev = GreedyExtractor(g, params).extract(specs)
+        res = GreedyExtractor(g, CostModel(params), specs).extract()
+        choice, ev = res.choice, res.evaluation
         plan, outs = run_plan(g, choice, prog, ev)
         counts[name] = len(plan.kernels)
         ta = np.exp2(a.numpy() * b.numpy())
@@ -70,7 +71,7 @@ def test_launch_overhead_drives_fusion():
     x = Tensor(np.ones((32, 32), np.float32), device="NUMPY")
     g, prog = saturated(((x + 1) * 2 - 3).exp2())
     specs = [(lb.shape, lb.dtype) for lb in prog.inputs]
-    choice, _ = GreedyExtractor(g, DeviceParams(launch=1e-3)).extract(specs)
+    choice = GreedyExtractor(g, CostModel(DeviceParams(launch=1e-3)), specs).extract().choice
     plan, _ = run_plan(g, choice, prog)
     assert len(plan.kernels) == 1
 
@@ -82,7 +83,8 @@ def test_unsaturated_graph_gives_the_unfused_plan():
     order = toposort(lbs)
     prog = emit_program(lbs, order)
     g = from_lazy(lbs, order, prog.inputs)
-    choice, ev = GreedyExtractor(g, DeviceParams(), max_passes=0).extract([(lb.shape, lb.dtype) for lb in prog.inputs])
+    choice = GreedyExtractor(g, CostModel(DeviceParams()), [(lb.shape, lb.dtype) for lb in prog.inputs],
+                             max_passes=0).extract().choice
     plan, (out,) = run_plan(g, choice, prog)
     assert len(plan.kernels) == 3                      # add | permute (a copy) | mul
     np.testing.assert_array_equal(out.reshape(4, 3), ((x.numpy() + 1).T * 2))
@@ -100,7 +102,8 @@ def test_random_programs_extract_to_valid_plans(seed):
         y = ops[rng.integers(len(ops))](y)
     g, prog = saturated(y)
     specs = [(lb.shape, lb.dtype) for lb in prog.inputs]
-    choice, ev = GreedyExtractor(g, DeviceParams()).extract(specs)
+    res = GreedyExtractor(g, CostModel(DeviceParams()), specs).extract()
+    choice, ev = res.choice, res.evaluation
     assert ev.legal
     plan, (out,) = run_plan(g, choice, prog, ev)
     from eqgrad.engine import reference

@@ -15,13 +15,28 @@
   has output elements (i.e. recomputed under a broadcast) is illegal, as is a ``Contiguous`` that
   is not its kernel's output, or a body larger than ``max_nodes``.
 
-Worked example (defaults below: 5 us launch, 20 GB/s, 50 GFLOP/s). ``(a+b+1)*2`` on 1M float32:
-unfused, 3 kernels each reading/writing ~8 MB: 3 * (5 us + 8e6/20e9 s) = 3 * 405 us = 1.2 ms;
-fused, one kernel reading 8 MB and writing 4 MB: 5 us + 12e6/20e9 s = 605 us -> fused wins.
+Worked example (LLVM defaults below: 5 us launch, 20 GB/s, 50 GFLOP/s). ``(a+b+1)*2`` on 1M
+float32: unfused, 3 kernels each reading/writing ~8 MB: 3 * (5 us + 8e6/20e9 s) = 3 * 405 us =
+1.2 ms; fused, one kernel reading 8 MB and writing 4 MB: 5 us + 12e6/20e9 s = 605 us -> fused wins.
+
+Parameters are per device. ``python -m eqgrad tune calibrate`` measures them on this machine
+(launch overhead with a one-element kernel, bandwidth with a large copy-like kernel, peak with a
+matmul and an FMA chain) and stores them in ``~/.cache/eqgrad/calibration.json`` (or
+``$EQGRAD_CACHE_DIR``), keyed by device and machine; :func:`params_for` prefers them to the
+defaults. Users can replace the whole function: ``eqgrad.extract.using(cost_fn=my_fn)`` where
+``my_fn(stats: KernelStats, params: DeviceParams) -> seconds``.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+import os
+import platform
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Callable
+
+CALIBRATION_VERSION = 1
 
 
 @dataclass(frozen=True)
@@ -30,12 +45,23 @@ class DeviceParams:
     bandwidth: float = 20e9       # bytes per second (one core streaming)
     peak: float = 50e9            # flops per second
     max_nodes: int = 160          # largest kernel body (nodes) the extractor will form
+    source: str = "default"       # "default" or "calibrated <date>"
 
 
 DEFAULT_PARAMS: dict[str, DeviceParams] = {
     "LLVM": DeviceParams(),
     "NUMPY": DeviceParams(launch=20e-6, bandwidth=5e9, peak=2e9),
+    "OPENCL": DeviceParams(launch=30e-6, bandwidth=15e9, peak=50e9),
+    "CUDA": DeviceParams(launch=5e-6, bandwidth=3e12, peak=5e13),
 }
+
+
+@dataclass(frozen=True)
+class KernelStats:
+    """What the cost function sees of one kernel."""
+    nbytes: float
+    flops: float
+    nodes: int
 
 
 @dataclass
@@ -46,7 +72,134 @@ class KernelCost:
     nodes: int
     legal: bool
     why: str = ""
+    fused: tuple[str, ...] = ()       # the ops of the kernel body, for explain()
 
 
 def kernel_time(p: DeviceParams, nbytes: float, flops: float) -> float:
     return p.launch + max(nbytes / p.bandwidth, flops / p.peak)
+
+
+def default_cost(s: KernelStats, p: DeviceParams) -> float:
+    return kernel_time(p, s.nbytes, s.flops)
+
+
+CostFn = Callable[[KernelStats, DeviceParams], float]
+
+
+@dataclass(frozen=True)
+class CostModel:
+    params: DeviceParams
+    fn: CostFn = default_cost
+
+    def seconds(self, nbytes: float, flops: float, nodes: int) -> float:
+        return self.fn(KernelStats(nbytes, flops, nodes), self.params)
+
+
+# ------------------------------------------------------------------ calibration storage
+
+def cache_dir() -> Path:
+    d = Path(os.environ.get("EQGRAD_CACHE_DIR") or Path.home() / ".cache" / "eqgrad")
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def machine_id() -> str:
+    cpu = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{platform.node()}|{platform.machine()}|{cpu}|{os.cpu_count()}"
+
+
+def _calibration_file() -> Path:
+    return cache_dir() / "calibration.json"
+
+
+def load_calibrations() -> dict:
+    try:
+        data = json.loads(_calibration_file().read_text())
+        if data.get("version") != CALIBRATION_VERSION:
+            return {}
+        return data.get("entries", {})
+    except (OSError, ValueError):
+        return {}           # missing or corrupt: ignore (it is rebuilt by the next calibration)
+
+
+def save_calibration(device: str, params: DeviceParams) -> Path:
+    entries = load_calibrations()
+    entries[f"{device}|{machine_id()}"] = asdict(params)
+    path = _calibration_file()
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"version": CALIBRATION_VERSION, "entries": entries}, indent=1))
+    os.replace(tmp, path)      # atomic
+    return path
+
+
+def params_for(device: str) -> DeviceParams:
+    """Calibrated parameters for this device and machine if present, else the defaults."""
+    e = load_calibrations().get(f"{device}|{machine_id()}")
+    base = DEFAULT_PARAMS.get(device, DeviceParams())
+    if not e:
+        return base
+    try:
+        return replace(base, launch=float(e["launch"]), bandwidth=float(e["bandwidth"]), peak=float(e["peak"]),
+                       source=str(e.get("source", "calibrated")))
+    except (KeyError, TypeError, ValueError):
+        return base
+
+
+def calibrate(device: str = "LLVM", reps: int = 7, progress: Callable[[str], None] | None = None) -> DeviceParams:
+    """Measure launch overhead, bandwidth and peak FLOP/s of ``device`` with small eqgrad kernels."""
+    import numpy as np
+    from .. import engine
+    from ..frontend.tensor import Tensor
+
+    def timed(make: Callable[[], Tensor]) -> tuple[float, object]:
+        make().realize()                          # compile once
+        cp = engine.last_plan
+        ins = [lb.buffer for lb in engine._inputs_in_order(*_graph(make()))]
+        from ..devices import Buffer
+        bufs = ins + [Buffer.empty(s, d, device) for s, d in cp.plan.buffers[len(ins):]]
+        ts = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            cp.run(bufs)
+            ts.append(time.perf_counter() - t0)
+        return float(np.median(ts)), cp
+
+    def _graph(t: Tensor):
+        from ..frontend.lazy import toposort
+        return toposort([t.lazydata]), [t.lazydata]
+
+    rng = np.random.default_rng(0)
+    tiny = Tensor(np.ones((1,), np.float32), device=device)
+    launch, _ = timed(lambda: tiny + 1)
+    if progress:
+        progress(f"launch overhead {launch * 1e6:.1f} us")
+    n = 1 << 24
+    big = Tensor(rng.random(n, dtype=np.float32), device=device)
+    t_copy, _ = timed(lambda: big + 1)
+    bandwidth = 8 * n / max(t_copy - launch, 1e-9)
+    if progress:
+        progress(f"bandwidth {bandwidth / 1e9:.1f} GB/s")
+    m = 512
+    a = Tensor(rng.random((m, m), dtype=np.float32), device=device)
+    t_mm, _ = timed(lambda: a @ a)
+    small = Tensor(rng.random(1 << 18, dtype=np.float32), device=device)
+
+    def fma_chain() -> Tensor:
+        y = small
+        for _ in range(64):
+            y = y * 0.999 + 0.001
+        return y
+    t_fma, _ = timed(fma_chain)
+    peak = max(2 * m ** 3 / max(t_mm - launch, 1e-9), 128 * (1 << 18) / max(t_fma - launch, 1e-9))
+    if progress:
+        progress(f"peak {peak / 1e9:.1f} GFLOP/s")
+    params = replace(DEFAULT_PARAMS.get(device, DeviceParams()), launch=launch, bandwidth=bandwidth, peak=peak,
+                     source=f"calibrated {time.strftime('%Y-%m-%d %H:%M')}")
+    return params

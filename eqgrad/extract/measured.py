@@ -1,0 +1,81 @@
+"""The measured extractor: time the best few candidate plans on the device, keep the fastest.
+
+Candidates are the distinct legal plans the local search (greedy + flips + toggles) costed, best
+predicted first. Each of the top ``k`` is compiled and run on random inputs of the right shapes
+(median of a few runs). The winner is cached on disk by graph structure, active rules and device
+(``~/.cache/eqgrad/measured.json``, written atomically, versioned; a corrupt or stale entry is
+ignored and measured again), like tinygrad's BEAM cache.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from typing import Callable
+
+from .cost import CostModel, cache_dir
+from .egraph import EGraph
+from .evaluate import Choice
+from .greedy import ImproveExtractor, Result
+
+CACHE_VERSION = 1
+
+
+def choice_signature(g: EGraph, choice: Choice, reachable: set[int]) -> str:
+    h = hashlib.sha256()
+    for c in sorted(reachable):
+        h.update(f"{c}:{g.classes[c].index(choice[c])};".encode())
+    return h.hexdigest()[:20]
+
+
+def _load() -> dict:
+    try:
+        data = json.loads((cache_dir() / "measured.json").read_text())
+        return data.get("entries", {}) if data.get("version") == CACHE_VERSION else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _save(key: str, entry: dict) -> None:
+    entries = _load()
+    entries[key] = entry
+    path = cache_dir() / "measured.json"
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"version": CACHE_VERSION, "entries": entries}))
+    os.replace(tmp, path)
+
+
+class MeasuredExtractor(ImproveExtractor):
+    name = "measured"
+
+    def __init__(self, g: EGraph, cost: CostModel, inputs: list[tuple], measure: Callable[[Choice], float] | None = None,
+                 k: int = 4, cache_key: str | None = None, progress: Callable[[int, int], None] | None = None):
+        super().__init__(g, cost, inputs, keep_candidates=max(k, 1))
+        self.measure, self.k, self.cache_key, self.progress = measure, k, cache_key, progress
+
+    def extract(self) -> Result:
+        res = super().extract()
+        res.extractor = self.name
+        if self.measure is None:
+            res.info.update(measured="no device to measure on: kept the predicted best")
+            return res
+        cands = res.candidates[: self.k] or [(res.evaluation.total, res.choice)]
+        sigs = [choice_signature(self.g, c, self.ev.reachable(c)) for _, c in cands]
+        if self.cache_key:
+            hit = _load().get(self.cache_key)
+            if hit and hit.get("signature") in sigs:
+                choice = cands[sigs.index(hit["signature"])][1]
+                res.info.update(measured="cache hit", seconds=hit.get("seconds"))
+                return Result(choice, self.ev.evaluate(choice), self.name, res.alternatives, cands, res.info)
+        times = []
+        for i, (_, choice) in enumerate(cands):
+            times.append(self.measure(choice))
+            if self.progress:
+                self.progress(i + 1, len(cands))
+        best = min(range(len(cands)), key=lambda i: times[i])
+        choice = cands[best][1]
+        res.info.update(measured=[(round(p * 1e6, 1), round(t * 1e6, 1)) for (p, _), t in zip(cands, times)],
+                        picked=best)
+        if self.cache_key:
+            _save(self.cache_key, dict(signature=sigs[best], seconds=times[best]))
+        return Result(choice, self.ev.evaluate(choice), self.name, res.alternatives, cands, res.info)
