@@ -1,4 +1,5 @@
-"""Command line: ``python -m eqgrad rules check [FILES]`` and ``python -m eqgrad rules stats``."""
+"""Command line: ``python -m eqgrad rules check [FILES]``, ``rules stats``, ``tune calibrate``,
+``tune experiment``."""
 from __future__ import annotations
 
 import argparse
@@ -43,6 +44,40 @@ def _rules_stats(args: argparse.Namespace) -> int:
     return 0
 
 
+def _tune_calibrate(args: argparse.Namespace) -> int:
+    from .extract.cost import calibrate, save_calibration
+    params = calibrate(args.device, progress=lambda msg: print(f"  {msg}", flush=True))
+    print(f"{args.device}: launch {params.launch * 1e6:.1f} us, bandwidth {params.bandwidth / 1e9:.1f} GB/s, "
+          f"peak {params.peak / 1e9:.1f} GFLOP/s")
+    if not args.dry_run:
+        print(f"saved to {save_calibration(args.device, params)}")
+    return 0
+
+
+def _tune_experiment(args: argparse.Namespace) -> int:
+    import json
+    from dataclasses import replace
+    from .extract.cost import params_for
+    from .extract.experiments import default_programs, format_table, plot, rows_to_json, run_experiment
+    progs = default_programs()
+    if args.programs:
+        progs = {k: v for k, v in progs.items() if k in args.programs.split(",")}
+    base = params_for(args.device)
+    settings = {"default": None}
+    if args.sweep:
+        settings.update({"launch x10": replace(base, launch=base.launch * 10),
+                         "flops/10": replace(base, peak=base.peak / 10)})
+    rows = run_experiment(progs, tuple(args.extractors.split(",")), settings, args.device, args.reps,
+                          progress=not args.no_progress)
+    print(format_table(rows))
+    if args.plot:
+        print(f"plot: {plot(rows, args.plot)}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows_to_json(rows), f, indent=1)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m eqgrad", description="eqgrad tools")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -60,6 +95,21 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--no-examples", action="store_true")
     s.add_argument("-v", "--verbose", action="store_true")
     s.set_defaults(fn=_rules_stats)
+    tune = sub.add_parser("tune", help="cost model and extraction tools").add_subparsers(dest="tcmd", required=True)
+    cal = tune.add_parser("calibrate", help="measure launch overhead, bandwidth and peak FLOP/s of a device")
+    cal.add_argument("--device", default="LLVM")
+    cal.add_argument("--dry-run", action="store_true", help="measure and print, do not save")
+    cal.set_defaults(fn=_tune_calibrate)
+    ex = tune.add_parser("experiment", help="plan programs with several extractors; predicted vs measured")
+    ex.add_argument("--programs", default="", help="comma-separated: softmax,layernorm,attention,mlp_step")
+    ex.add_argument("--extractors", default="greedy,improve,ilp,measured")
+    ex.add_argument("--device", default="LLVM")
+    ex.add_argument("--reps", type=int, default=5)
+    ex.add_argument("--sweep", action="store_true", help="also run with 10x launch overhead and 1/10 peak")
+    ex.add_argument("--plot", default="", help="save a predicted-vs-measured plot (PNG) here")
+    ex.add_argument("--json", default="")
+    ex.add_argument("--no-progress", action="store_true")
+    ex.set_defaults(fn=_tune_experiment)
     args = p.parse_args(argv)
     return args.fn(args)
 

@@ -20,11 +20,16 @@ def _bytes(s: str) -> int:
     return int(s)
 
 
+DEVICE_NAMES = ("LLVM", "NUMPY", "OPENCL", "CUDA")       # eqgrad/devices/__init__.py: DEVICES
+DEVICE_ALIASES = {"CPU": "LLVM", "CL": "OPENCL"}
+
+
 def _device(s: str) -> str:
     s = s.strip().upper()
-    if s not in ("LLVM", "NUMPY", "CPU"):
-        raise ValueError(f"expected LLVM or NUMPY, got {s!r}")
-    return "LLVM" if s == "CPU" else s
+    s = DEVICE_ALIASES.get(s, s)
+    if s not in DEVICE_NAMES:
+        raise ValueError(f"expected LLVM, NUMPY, OPENCL or CUDA, got {s!r}")
+    return s
 
 
 @dataclass
@@ -64,8 +69,10 @@ FLAGS: dict[str, Flag] = {}
 _overrides: dict[str, Any] = {}
 
 DEBUG = Flag("DEBUG", 0, int, "an integer 0-6: 1 kernel count and time per realize, 2 per-kernel time, "
-             "3 saturation report and chosen plan, 4 generated LLVM IR, 5 loop IR, 6 the egglog program")
-DEVICE = Flag("EQGRAD_DEVICE", "LLVM", _device, "LLVM or NUMPY: the default device for new tensors")
+             "3 saturation report and chosen plan, 4 generated kernel source (LLVM IR, OpenCL C, CUDA C), 5 loop IR, "
+             "6 the egglog program")
+DEVICE = Flag("EQGRAD_DEVICE", "LLVM", _device, "LLVM, NUMPY, OPENCL or CUDA: the default device for new "
+              "tensors (aliases: CPU for LLVM, CL for OPENCL)")
 OPT = Flag("EQGRAD_OPT", 1, int, "0 or 1: 0 skips equality saturation and runs the unoptimized plan "
            "(one kernel per op; for debugging)")
 SATURATION_TIMEOUT = Flag("EQGRAD_SATURATION_TIMEOUT", 20.0, float,

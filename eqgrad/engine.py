@@ -168,6 +168,26 @@ def realize(lbs: list[LazyBuffer]) -> None:
         _realize_on(device, ts)
 
 
+def plan_for(lbs: list[LazyBuffer]) -> tuple[CompiledPlan, str]:
+    """The compiled plan that realize() would run for these lazy buffers (compiled and cached if
+    needed, not run). For explain() and tools."""
+    targets = list({id(lb): lb for lb in lbs if not lb.realized}.values())
+    if not targets:
+        raise ValueError("explain: the tensors are already realized; there is no plan left to explain")
+    devices = {t.device for t in targets}
+    if len(devices) != 1:
+        raise ValueError(f"explain: tensors on several devices {sorted(devices)}; explain one device at a time")
+    device = devices.pop()
+    order = toposort(targets)
+    rules = active_config()
+    key = (rules.key, settings_key(device), structure_key(order, targets, device))
+    cp = _plan_cache.get(key)
+    if cp is None:
+        cp, _ = _compile(targets, order, device, rules)
+        _plan_cache[key] = cp
+    return cp, device
+
+
 def _realize_on(device: str, targets: list[LazyBuffer]) -> None:
     dbg = config.DEBUG.value
     t0 = time.perf_counter()
@@ -212,7 +232,7 @@ def reference(targets: list[LazyBuffer], order: list[LazyBuffer]) -> list[np.nda
     vals: dict[int, np.ndarray] = {}
     for lb in order:
         if lb.op == "BUF":
-            vals[id(lb)] = lb.buffer.data.reshape(lb.shape)
+            vals[id(lb)] = lb.buffer.numpy().reshape(lb.shape)
         elif lb.op == "CONST":
             vals[id(lb)] = np.full(lb.shape, lb.arg, dtype=lb.dtype.np)
         elif lb.op in ("CONTIGUOUS",):
@@ -245,7 +265,7 @@ def _matches(targets: list[LazyBuffer], refs: list[np.ndarray], outs: list[np.nd
 def validate(targets: list[LazyBuffer], order: list[LazyBuffer], outs: list[Buffer], cp: CompiledPlan,
              rules: RuleConfig) -> None:
     refs = reference(targets, order)
-    bad = _matches(targets, refs, [o.data for o in outs])
+    bad = _matches(targets, refs, [o.numpy() for o in outs])
     if not bad:
         return
     fired = sorted(k for k, v in cp.report.matches.items() if v and not k.startswith("shape-"))
@@ -275,7 +295,7 @@ def blame_rules(targets: list[LazyBuffer], order: list[LazyBuffer], refs: list[n
         g = from_json(js, prog.roots)
         res = make_extractor("greedy", g, "NUMPY", specs).extract()
         plan = build_plan(g, res.choice, specs, res.evaluation.kernels)
-        bufs = [lb.buffer for lb in prog.inputs] + [Buffer.empty(s, d, "NUMPY") for s, d in plan.buffers[len(specs):]]
+        bufs = [lb.buffer.to("NUMPY") for lb in prog.inputs] + [Buffer.empty(s, d, "NUMPY") for s, d in plan.buffers[len(specs):]]
         NumpyDevice().prepare(plan)(bufs)
         if not _matches(targets, refs, [bufs[o].data for o in plan.outputs]):
             out.append(f"{name} ({where})")

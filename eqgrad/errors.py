@@ -24,4 +24,8 @@ class DeviceError(EqgradError, RuntimeError):
     """A device is unknown or unavailable, or tensors are on different devices."""
 
 
-__all__ = ["EqgradError", "ShapeError", "DTypeError", "AxisError", "DeviceError", "OpError"]
+class AutogradError(EqgradError, RuntimeError):
+    """backward() on a tensor that does not require a gradient, a gradient of the wrong shape, ..."""
+
+
+__all__ = ["EqgradError", "ShapeError", "DTypeError", "AxisError", "DeviceError", "AutogradError", "OpError"]

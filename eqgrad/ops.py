@@ -1,9 +1,10 @@
 """The op table: every primitive op of eqgrad, defined once.
 
 Each :class:`OpDef` carries the op's arity, its egglog constructor (name and the sorts of its
-non-tensor arguments), its shape rule, dtype rule, NumPy reference semantics, cost weight and
-flags. The egglog declarations (``eqgrad.rules.ir``), the fusion/analysis rule families, the NumPy
-reference device, the LLVM renderer's op map and the op tests are all driven from this table;
+non-tensor arguments), its shape rule, dtype rule, NumPy reference semantics, gradient, cost
+weight and flags. The egglog declarations (``eqgrad.rules.ir``), the fusion/analysis rule
+families, the NumPy reference device, the LLVM renderer's op map, autograd
+(``eqgrad.frontend.autograd``) and the op tests are all driven from this table;
 ``tests/test_optable.py`` fails when an op lacks one of its pieces.
 
 Conventions
@@ -43,6 +44,7 @@ class OpDef:
     shape_rule: Callable[..., Shape] = field(default=None, repr=False)   # (src_shapes, arg) -> shape
     dtype_rule: Callable[..., DType] = field(default=None, repr=False)   # (src_dtypes, arg) -> dtype
     ref: Callable[..., np.ndarray] = field(default=None, repr=False)     # (src arrays, arg, out dtype)
+    grad: "Callable[..., tuple] | NoGrad" = field(default=None, repr=False)  # see "Gradients" below
 
 
 # ------------------------------------------------------------------ shape rules
@@ -182,63 +184,180 @@ def _where(c: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.where(c, a, b)
 
 
+# ------------------------------------------------------------------ gradients
+# Reverse-mode rules, one per differentiable primitive: ``grad(g, out, srcs, arg)`` gets the
+# gradient ``g`` of the output (same shape as ``out``), the output ``out`` and the sources ``srcs``
+# (all LazyBuffers, so the rules build lazy graphs of primitives) and the op's attribute; it
+# returns one gradient per source (``None``: no gradient flows to that source). Every composite
+# op of the frontend gets its gradient from these. An op without a gradient says so with
+# :class:`NoGrad` and a reason; ``tests/test_optable.py`` fails for an op that has neither.
+
+
+@dataclass(frozen=True)
+class NoGrad:
+    """Marks an op as not differentiable; no gradient flows through it to its sources."""
+    reason: str
+
+
+LN_2 = math.log(2.0)
+
+
+def _g_neg(g, out, s, arg):
+    return (g.alu("NEG"),)
+
+
+def _g_exp2(g, out, s, arg):            # d 2^x = 2^x ln 2
+    return (g.alu("MUL", out).alu("MUL", g.const_like(LN_2)),)
+
+
+def _g_log2(g, out, s, arg):            # d log2 x = 1 / (x ln 2)
+    return (g.alu("MUL", s[0].alu("RECIP")).alu("MUL", g.const_like(1.0 / LN_2)),)
+
+
+def _g_sin(g, out, s, arg):             # d sin x = cos x = sin(pi/2 - x), as Tensor.cos
+    x = s[0]
+    return (g.alu("MUL", x.const_like(math.pi / 2).alu("ADD", x.alu("NEG")).alu("SIN")),)
+
+
+def _g_sqrt(g, out, s, arg):            # d sqrt x = 1 / (2 sqrt x)
+    return (g.alu("MUL", out.alu("RECIP")).alu("MUL", g.const_like(0.5)),)
+
+
+def _g_recip(g, out, s, arg):           # d 1/x = -1/x^2
+    return (g.alu("MUL", out.alu("MUL", out)).alu("NEG"),)
+
+
+def _g_cast(g, out, s, arg):
+    return (g.alu("CAST", arg=s[0].dtype) if s[0].dtype.is_float else None,)
+
+
+def _g_add(g, out, s, arg):
+    return (g, g)
+
+
+def _g_mul(g, out, s, arg):
+    return (g.alu("MUL", s[1]), g.alu("MUL", s[0]))
+
+
+def _g_max(g, out, s, arg):
+    # NOTE: ties split the gradient evenly between both sources, as torch.maximum does
+    a, b = s
+    zero, half = g.const_like(0.0), g.alu("MUL", g.const_like(0.5))
+    tie = a.alu("CMPEQ", b).alu("WHERE", half, zero)
+    return (b.alu("CMPLT", a).alu("WHERE", g, tie), a.alu("CMPLT", b).alu("WHERE", g, tie))
+
+
+def _g_where(g, out, s, arg):
+    zero = g.const_like(0.0)
+    return (None, s[0].alu("WHERE", g, zero), s[0].alu("WHERE", zero, g))
+
+
+def _g_sum(g, out, s, arg):
+    return (g.movement("EXPAND", s[0].shape),)
+
+
+def _g_rmax(g, out, s, arg):
+    # NOTE: ties share the gradient evenly (as torch.amax); the mask is where x equals the max
+    x = s[0]
+    mask = x.alu("CMPEQ", out.movement("EXPAND", x.shape)).alu("CAST", arg=x.dtype)
+    share = g.alu("MUL", mask.reduce("RSUM", arg).alu("RECIP"))
+    return (mask.alu("MUL", share.movement("EXPAND", x.shape)),)
+
+
+def _g_reshape(g, out, s, arg):
+    return (g.movement("RESHAPE", s[0].shape),)
+
+
+def _g_permute(g, out, s, arg):
+    return (g.movement("PERMUTE", tuple(int(i) for i in np.argsort(arg))),)
+
+
+def _g_expand(g, out, s, arg):
+    axes = tuple(i for i, (a, b) in enumerate(zip(s[0].shape, out.shape)) if a != b)
+    return (g.reduce("RSUM", axes),)
+
+
+def _g_pad(g, out, s, arg):
+    before, _ = arg
+    return (g.movement("SHRINK", (tuple(before), tuple(b + n for b, n in zip(before, s[0].shape)))),)
+
+
+def _g_shrink(g, out, s, arg):
+    starts, ends = arg
+    return (g.movement("PAD", (tuple(starts), tuple(n - e for n, e in zip(s[0].shape, ends)))),)
+
+
+def _g_flip(g, out, s, arg):
+    return (g.movement("FLIP", arg),)
+
+
+def _g_identity(g, out, s, arg):
+    return (g,)
+
+
+_LEAF = NoGrad("a leaf: gradients are accumulated into the tensor that owns it")
+_BOOL_OUT = NoGrad("boolean output: piecewise constant")
+_INT_ONLY = NoGrad("integer and bool inputs only")
+_PIECEWISE = NoGrad("piecewise constant: the gradient is zero almost everywhere (as torch.trunc)")
+
+
 # ------------------------------------------------------------------ the table
 
 def _op(name: str, egg: str, kind: str, arity: int, shape_rule: Callable, dtype_rule: Callable,
         ref: Callable | None, attrs: tuple[str, ...] = (), flops: int = 0, dtypes: str = "fib",
-        doc: str = "") -> OpDef:
-    return OpDef(name, egg, kind, arity, attrs, flops, dtypes, doc, shape_rule, dtype_rule, ref)
+        doc: str = "", grad: "Callable[..., tuple] | NoGrad | None" = None) -> OpDef:
+    return OpDef(name, egg, kind, arity, attrs, flops, dtypes, doc, shape_rule, dtype_rule, ref, grad)
 
 
 _U, _B = "unary", "binary"
 OPS: dict[str, OpDef] = {o.name: o for o in [
     # leaves -- BUF's attribute is the input position of a realized buffer; CONST is a scalar with a shape
     _op("BUF", "Buf", "leaf", 0, _leaf_shape, _same_dtype, None, ("i64", "IVec", "String"),
-        doc="a realized buffer (input position, shape, dtype)"),
+        doc="a realized buffer (input position, shape, dtype)", grad=_LEAF),
     _op("CONST", "Const", "leaf", 0, _leaf_shape, _same_dtype, None, ("f64", "String", "IVec"),
-        doc="a scalar broadcast to a shape (value, dtype, shape)"),
+        doc="a scalar broadcast to a shape (value, dtype, shape)", grad=_LEAF),
     # unary
-    _op("NEG", "Neg", _U, 1, _same_shape, _same_dtype, _np(_neg), flops=1, doc="-x (logical not for bool)"),
-    _op("EXP2", "Exp2", _U, 1, _same_shape, _same_dtype, _np(np.exp2), flops=20, dtypes="f"),
-    _op("LOG2", "Log2", _U, 1, _same_shape, _same_dtype, _np(np.log2), flops=20, dtypes="f"),
-    _op("SIN", "Sin", _U, 1, _same_shape, _same_dtype, _np(np.sin), flops=20, dtypes="f"),
-    _op("SQRT", "Sqrt", _U, 1, _same_shape, _same_dtype, _np(np.sqrt), flops=4, dtypes="f"),
-    _op("RECIP", "Recip", _U, 1, _same_shape, _same_dtype, _np(np.reciprocal), flops=4, dtypes="f"),
-    _op("TRUNC", "Trunc", _U, 1, _same_shape, _same_dtype, _np(np.trunc), flops=1, dtypes="f"),
-    _op("CAST", "Cast", _U, 1, _same_shape, _cast_dtype, _np(_cast), ("String",), flops=1),
+    _op("NEG", "Neg", _U, 1, _same_shape, _same_dtype, _np(_neg), flops=1, doc="-x (logical not for bool)", grad=_g_neg),
+    _op("EXP2", "Exp2", _U, 1, _same_shape, _same_dtype, _np(np.exp2), flops=20, dtypes="f", grad=_g_exp2),
+    _op("LOG2", "Log2", _U, 1, _same_shape, _same_dtype, _np(np.log2), flops=20, dtypes="f", grad=_g_log2),
+    _op("SIN", "Sin", _U, 1, _same_shape, _same_dtype, _np(np.sin), flops=20, dtypes="f", grad=_g_sin),
+    _op("SQRT", "Sqrt", _U, 1, _same_shape, _same_dtype, _np(np.sqrt), flops=4, dtypes="f", grad=_g_sqrt),
+    _op("RECIP", "Recip", _U, 1, _same_shape, _same_dtype, _np(np.reciprocal), flops=4, dtypes="f", grad=_g_recip),
+    _op("TRUNC", "Trunc", _U, 1, _same_shape, _same_dtype, _np(np.trunc), flops=1, dtypes="f", grad=_PIECEWISE),
+    _op("CAST", "Cast", _U, 1, _same_shape, _cast_dtype, _np(_cast), ("String",), flops=1, grad=_g_cast),
     # binary (both sources have the same shape and dtype; the frontend broadcasts and promotes)
-    _op("ADD", "Add", _B, 2, _same_shape, _same_dtype, _np(_add), flops=1),
-    _op("MUL", "Mul", _B, 2, _same_shape, _same_dtype, _np(_mul), flops=1),
-    _op("MAX", "Max", _B, 2, _same_shape, _same_dtype, _np(_maximum), flops=1, doc="NaN-propagating"),
-    _op("CMPLT", "CmpLt", _B, 2, _same_shape, _bool_dtype, _np(np.less), flops=1),
-    _op("CMPEQ", "CmpEq", _B, 2, _same_shape, _bool_dtype, _np(np.equal), flops=1),
-    _op("IDIV", "IDiv", _B, 2, _same_shape, _same_dtype, _np(_int_div), flops=8, dtypes="i"),
-    _op("MOD", "Mod", _B, 2, _same_shape, _same_dtype, _np(_int_mod), flops=8, dtypes="i"),
-    _op("AND", "And", _B, 2, _same_shape, _same_dtype, _np(np.bitwise_and), flops=1, dtypes="ib"),
-    _op("OR", "Or", _B, 2, _same_shape, _same_dtype, _np(np.bitwise_or), flops=1, dtypes="ib"),
-    _op("XOR", "Xor", _B, 2, _same_shape, _same_dtype, _np(np.bitwise_xor), flops=1, dtypes="ib"),
+    _op("ADD", "Add", _B, 2, _same_shape, _same_dtype, _np(_add), flops=1, grad=_g_add),
+    _op("MUL", "Mul", _B, 2, _same_shape, _same_dtype, _np(_mul), flops=1, grad=_g_mul),
+    _op("MAX", "Max", _B, 2, _same_shape, _same_dtype, _np(_maximum), flops=1, doc="NaN-propagating", grad=_g_max),
+    _op("CMPLT", "CmpLt", _B, 2, _same_shape, _bool_dtype, _np(np.less), flops=1, grad=_BOOL_OUT),
+    _op("CMPEQ", "CmpEq", _B, 2, _same_shape, _bool_dtype, _np(np.equal), flops=1, grad=_BOOL_OUT),
+    _op("IDIV", "IDiv", _B, 2, _same_shape, _same_dtype, _np(_int_div), flops=8, dtypes="i", grad=_INT_ONLY),
+    _op("MOD", "Mod", _B, 2, _same_shape, _same_dtype, _np(_int_mod), flops=8, dtypes="i", grad=_INT_ONLY),
+    _op("AND", "And", _B, 2, _same_shape, _same_dtype, _np(np.bitwise_and), flops=1, dtypes="ib", grad=_INT_ONLY),
+    _op("OR", "Or", _B, 2, _same_shape, _same_dtype, _np(np.bitwise_or), flops=1, dtypes="ib", grad=_INT_ONLY),
+    _op("XOR", "Xor", _B, 2, _same_shape, _same_dtype, _np(np.bitwise_xor), flops=1, dtypes="ib", grad=_INT_ONLY),
     # ternary
-    _op("WHERE", "Where", "ternary", 3, lambda s, a: s[1], _where_dtype, _np(_where), flops=1),
+    _op("WHERE", "Where", "ternary", 3, lambda s, a: s[1], _where_dtype, _np(_where), flops=1, grad=_g_where),
     # reductions over a sorted tuple of axes, keeping them as size 1
-    _op("RSUM", "Sum", "reduce", 1, _reduce_shape, _same_dtype, _np(_reduce_sum), ("IVec",), flops=1),
-    _op("RMAX", "RMax", "reduce", 1, _reduce_shape, _same_dtype, _np(_reduce_max), ("IVec",), flops=1),
+    _op("RSUM", "Sum", "reduce", 1, _reduce_shape, _same_dtype, _np(_reduce_sum), ("IVec",), flops=1, grad=_g_sum),
+    _op("RMAX", "RMax", "reduce", 1, _reduce_shape, _same_dtype, _np(_reduce_max), ("IVec",), flops=1, grad=_g_rmax),
     # movement: never copy data by themselves
     _op("RESHAPE", "Reshape", "movement", 1, _reshape_shape, _same_dtype,
-        _np(lambda a, s: a.reshape(s)), ("IVec",)),
+        _np(lambda a, s: a.reshape(s)), ("IVec",), grad=_g_reshape),
     _op("PERMUTE", "Permute", "movement", 1, _permute_shape, _same_dtype,
-        _np(lambda a, p: a.transpose(p)), ("IVec",)),
+        _np(lambda a, p: a.transpose(p)), ("IVec",), grad=_g_permute),
     _op("EXPAND", "Expand", "movement", 1, _reshape_shape, _same_dtype,
-        _np(lambda a, s: np.broadcast_to(a, s)), ("IVec",)),
+        _np(lambda a, s: np.broadcast_to(a, s)), ("IVec",), grad=_g_expand),
     _op("PAD", "Pad", "movement", 1, _pad_shape, _same_dtype, _np(_pad), ("IVec", "IVec"),
-        doc="zero padding (before, after) per axis"),
+        doc="zero padding (before, after) per axis", grad=_g_pad),
     _op("SHRINK", "Shrink", "movement", 1, _shrink_shape, _same_dtype, _np(_shrink), ("IVec", "IVec"),
-        doc="slice [start, end) per axis"),
-    _op("FLIP", "Flip", "movement", 1, _same_shape, _same_dtype, _np(_flip), ("IVec",)),
+        doc="slice [start, end) per axis", grad=_g_shrink),
+    _op("FLIP", "Flip", "movement", 1, _same_shape, _same_dtype, _np(_flip), ("IVec",), grad=_g_flip),
     # boundaries: a kernel writes its value to a buffer
     _op("REALIZE", "Realize", "boundary", 1, _same_shape, _same_dtype, _np(lambda a: a),
-        doc="kernel boundary inserted by the compiler; fusion rules remove it"),
+        doc="kernel boundary inserted by the compiler; fusion rules remove it", grad=_g_identity),
     _op("CONTIGUOUS", "Contiguous", "boundary", 1, _same_shape, _same_dtype, _np(lambda a: a),
-        doc="kernel boundary forced by the user; never fused away"),
+        doc="kernel boundary forced by the user; never fused away", grad=_g_identity),
 ]}
 
 EGG_TO_OP: dict[str, OpDef] = {o.egg: o for o in OPS.values()}

@@ -303,7 +303,7 @@ def test_mixed_devices():
 
 def test_bad_device_env(monkeypatch):
     monkeypatch.setenv("EQGRAD_DEVICE", "TPU")
-    with pytest.raises(ValueError, match=r"EQGRAD_DEVICE.*expected LLVM or NUMPY.*got 'TPU'"):
+    with pytest.raises(ValueError, match=r"EQGRAD_DEVICE.*expected LLVM, NUMPY, OPENCL or CUDA.*got 'TPU'"):
         Tensor([1.0])
     with pytest.raises(ValueError, match=r"EQGRAD_DEVICE.*got 'TPU'"):
         Tensor.zeros(2)
@@ -332,7 +332,7 @@ def test_bad_context_values():
         with eqgrad.Context(NOPE=1):
             pass
     # config.py promises that a malformed value names the flag, what it expects and what it got
-    with pytest.raises(ValueError, match=r"EQGRAD_DEVICE.*LLVM or NUMPY.*'TPU'"):
+    with pytest.raises(ValueError, match=r"EQGRAD_DEVICE.*LLVM, NUMPY, OPENCL or CUDA.*'TPU'"):
         with eqgrad.Context(DEVICE="TPU"):
             pass
     with pytest.raises(ValueError, match=r"DEBUG.*integer.*'loud'"):

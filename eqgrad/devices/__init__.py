@@ -1,11 +1,21 @@
-"""Devices: where buffers live and kernels run. One module per device, found by name.
+"""Devices: where buffers live and kernels run. One module per device, found by name (``DEVICES``).
 
-A device provides ``params`` (its cost-model parameters) and ``prepare(plan)``, which compiles a
-:class:`KernelPlan` into a callable that runs it on a list of buffers. Both CPU devices keep
-buffers in host memory as contiguous NumPy arrays, so copies between them are free.
+A device is one renderer plus one runtime (docs/devices.md). It provides:
+
+- ``params``: its cost-model parameters;
+- memory: ``alloc(shape, dtype)`` returns the device's handle for a new buffer (a NumPy array on the
+  host devices, a ``cl.Buffer`` on OPENCL, a device allocation on CUDA), ``copyin(raw, array)``
+  and ``copyout(raw, shape, dtype)`` move contents between it and the host;
+- ``prepare(plan)``: compiles a :class:`KernelPlan` into a callable that runs it on a list of
+  buffers (it may return before the kernels finish; ``synchronize()`` waits, and so does every
+  copy back to the host).
+
+The base class implements memory for host devices (LLVM, NUMPY): buffers are contiguous NumPy
+arrays, reachable without a copy through ``Buffer.data`` and ``Buffer.ptr``.
 """
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -14,7 +24,15 @@ import numpy as np
 from ..dtype import DType
 from ..errors import DeviceError
 from ..extract.cost import DEFAULT_PARAMS, DeviceParams
-from ..ops import Shape
+from ..ops import Shape, numel
+
+# device name -> "module:class" inside this package (names and aliases: eqgrad/config.py)
+DEVICES = {
+    "LLVM": "cpu:LLVMDevice",
+    "NUMPY": "numpy_device:NumpyDevice",
+    "OPENCL": "opencl:OpenCLDevice",
+    "CUDA": "cuda:CUDADevice",
+}
 
 
 @dataclass(eq=False)
@@ -22,20 +40,42 @@ class Buffer:
     device: str
     shape: Shape
     dtype: DType
-    data: np.ndarray         # contiguous, of exactly ``shape`` and ``dtype``
-
-    @staticmethod
-    def from_numpy(a: np.ndarray, device: str) -> "Buffer":
-        from ..dtype import to_dtype
-        dt = to_dtype(a.dtype)
-        # always a copy: the tensor owns its memory, later writes to `a` must not leak in
-        # (np.array keeps 0-d arrays 0-d; np.ascontiguousarray would make them 1-d)
-        arr = np.array(a, dtype=dt.np, order="C", copy=True)
-        return Buffer(device, tuple(arr.shape), dt, arr)
+    raw: Any             # the device's handle (a contiguous NumPy array of ``shape`` on host devices)
 
     @staticmethod
     def empty(shape: Shape, dtype: DType, device: str) -> "Buffer":
-        return Buffer(device, tuple(shape), dtype, np.empty(shape, dtype=dtype.np))
+        return Buffer(device, tuple(shape), dtype, get_device(device).alloc(tuple(shape), dtype))
+
+    @staticmethod
+    def from_numpy(a: np.ndarray, device: str) -> "Buffer":
+        """A new buffer holding a copy of ``a`` (later writes to ``a`` do not leak in)."""
+        from ..dtype import to_dtype
+        buf = Buffer.empty(a.shape, to_dtype(a.dtype), device)
+        buf.copyin(a)
+        return buf
+
+    @property
+    def nbytes(self) -> int:
+        return numel(self.shape) * self.dtype.itemsize
+
+    def copyin(self, a: np.ndarray) -> None:
+        """Overwrite the contents with ``a`` (same shape; converted to the buffer's dtype)."""
+        get_device(self.device).copyin(self.raw, np.ascontiguousarray(a, dtype=self.dtype.np).reshape(self.shape))
+
+    def numpy(self) -> np.ndarray:
+        """The contents as a new host array of ``shape`` (waits for pending kernels that write it)."""
+        return get_device(self.device).copyout(self.raw, self.shape, self.dtype)
+
+    def to(self, device: str) -> "Buffer":
+        """This buffer on ``device``: itself when already there, else a copy (through the host)."""
+        return self if device == self.device else Buffer.from_numpy(self.numpy(), device)
+
+    @property
+    def data(self) -> np.ndarray:
+        """The host array itself (no copy); only for buffers of host devices."""
+        if not isinstance(self.raw, np.ndarray):
+            raise DeviceError(f"a buffer on {self.device} lives in device memory; copy it with .numpy()")
+        return self.raw
 
     @property
     def ptr(self) -> int:
@@ -52,33 +92,46 @@ class Device:
     def prepare(self, plan: Any) -> Callable[[list[Buffer]], None]:
         raise NotImplementedError
 
+    # ------------------------------------------------------------------ memory (host devices)
+    def alloc(self, shape: Shape, dtype: DType) -> Any:
+        return np.empty(shape, dtype=dtype.np)
+
+    def copyin(self, raw: Any, a: np.ndarray) -> None:
+        np.copyto(raw, a)
+
+    def copyout(self, raw: Any, shape: Shape, dtype: DType) -> np.ndarray:
+        return raw.copy()
+
+    def synchronize(self) -> None:
+        """Wait until every kernel launched so far has finished."""
+
 
 _devices: dict[str, Device] = {}
 
 
+def _unknown(name: str) -> DeviceError:
+    return DeviceError(f"unknown device {name!r}: expected one of {', '.join(DEVICES)}")
+
+
 def get_device(name: str) -> Device:
-    name = name.upper()
-    if name == "CPU":
-        name = "LLVM"
+    """The device object (created on first use). Raises DeviceError naming what is missing when
+    the device cannot run here (no driver, no package)."""
+    from ..config import DEVICE_ALIASES
+    name = DEVICE_ALIASES.get(name.upper(), name.upper())
     if name not in _devices:
-        if name == "LLVM":
-            from .cpu import LLVMDevice
-            _devices[name] = LLVMDevice()
-        elif name == "NUMPY":
-            from .numpy_device import NumpyDevice
-            _devices[name] = NumpyDevice()
-        else:
-            raise DeviceError(f"unknown device {name!r}: expected one of LLVM, NUMPY "
-                              "(OPENCL and CUDA are not built yet)")
+        if name not in DEVICES:
+            raise _unknown(name)
+        module, cls = DEVICES[name].split(":")
+        _devices[name] = getattr(importlib.import_module(f".{module}", __name__), cls)()
     return _devices[name]
 
 
 def canonical_device(name: str | None) -> str:
+    """The canonical name of a device given by the user (or EQGRAD_DEVICE when None); raises
+    DeviceError at once if it is unknown or cannot run here."""
     from .. import config
     name = (name or config.DEVICE.value).upper()
-    if name == "CPU":
-        name = "LLVM"
-    if name not in ("LLVM", "NUMPY"):
-        raise DeviceError(f"unknown device {name!r}: expected one of LLVM, NUMPY "
-                          "(OPENCL and CUDA are not built yet)")
-    return name
+    name = config.DEVICE_ALIASES.get(name, name)
+    if name not in DEVICES:
+        raise _unknown(name)
+    return get_device(name).name

@@ -119,7 +119,7 @@ class Tensor:
 
     def numpy(self) -> np.ndarray:
         self.realize()
-        return self.lazydata.buffer.data.reshape(self.shape).copy()
+        return self.lazydata.buffer.numpy().reshape(self.shape)
 
     def item(self) -> Scalar:
         if self.numel() != 1:
@@ -133,7 +133,8 @@ class Tensor:
         device = canonical_device(device)
         if device == self.device:
             return self
-        return Tensor(self.numpy(), device=device)
+        self.realize()
+        return Tensor(LazyBuffer.from_buffer(self.lazydata.buffer.to(device)))
 
     def contiguous(self) -> "Tensor":
         """Force a kernel boundary: this value is materialized in its own buffer."""

@@ -19,6 +19,11 @@ ALU ops               the op table's unary/binary/ternary ops; dtype of the resu
 
 Every value used inside a loop is defined before it or inside it; no value defined inside a loop
 is used after it except through ``ACCREAD``.
+
+The first ``parallel`` instructions after the ``PARAM``s are ``RANGE``s over output axes that
+enclose the whole body (their ``ENDRANGE``s are the last instructions). Their iterations are
+independent -- each writes its own output elements -- so a device may run them in any order or
+at once (GPU work-items, CPU threads); every other loop runs in order.
 """
 from __future__ import annotations
 
@@ -44,6 +49,14 @@ class LoopKernel:
     params: list[tuple[str, DType, bool]]     # (name, element dtype, written)
     insts: list[LInst]
     loop_vectorize: bool = True     # False when lanes are already explicit (SLP packs them instead)
+    parallel: int = 0               # leading RANGEs whose iterations are independent (see above)
+
+    def parallel_ranges(self) -> list[int]:
+        """Instruction ids of the leading independent RANGEs, outermost first."""
+        start = len(self.params)
+        out = list(range(start, start + self.parallel))
+        assert all(self.insts[i].op == "RANGE" for i in out), "parallel loops must lead the body"
+        return out
 
     def __str__(self) -> str:
         lines = [f"kernel {self.name}({', '.join(f'{n}: {d.name}*' for n, d, _ in self.params)})"]

@@ -312,7 +312,8 @@ class Lowerer:
                 self.emit("STORE", None, (0, self.index(flat), v), cse=False)   # src[0]: parameter 0
         for r in reversed(loops):
             self.close_range(r)
-        return LoopKernel(self.kernel.name, self.params, self._params_first(), loop_vectorize=not up)
+        return LoopKernel(self.kernel.name, self.params, self._params_first(), loop_vectorize=not up,
+                          parallel=len(loops))
 
     def _params_first(self) -> list[LInst]:
         """Prefix PARAM instructions and renumber: loads/stores refer to parameters by number."""

@@ -1,0 +1,184 @@
+"""Experiments: run programs under several extractors and cost-model settings, measure every plan.
+
+``run_experiment`` plans each program with each (extractor, cost setting), times the plan on the
+device, and also times the best few *candidate* plans the local search costed, to report how well
+predicted time ranks measured time (Spearman's rank correlation per program and overall). Results
+come back as rows, print as a table (:func:`format_table`) and plot (:func:`plot`, matplotlib:
+predicted vs measured, one colour per program). ``python -m eqgrad tune experiment`` is the
+command-line form; progress bars use tqdm.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+import numpy as np
+
+from .cost import DeviceParams
+
+
+@dataclass
+class Row:
+    program: str
+    setting: str
+    extractor: str
+    kernels: int
+    predicted: float       # seconds
+    measured: float        # seconds (median)
+    candidate: bool = False
+
+
+def default_programs() -> dict[str, Callable[[], list]]:
+    from ..frontend.tensor import Tensor
+    rng = np.random.default_rng(0)
+
+    def t(*s):
+        return Tensor(rng.standard_normal(s).astype(np.float32))
+    x = t(1024, 1024)
+    q, k, v = t(8, 8, 256, 64), t(8, 8, 256, 64), t(8, 8, 256, 64)
+    w1, w2, xb = t(64, 128), t(128, 10), t(256, 64)
+
+    def layernorm():
+        m = x.mean(-1, keepdim=True)
+        return [(x - m) / ((x - m) * (x - m)).mean(-1, keepdim=True).add(1e-5).sqrt()]
+
+    def mlp_step():
+        """One SGD step of a 2-layer MLP (needs autograd); falls back to the forward pass."""
+        a, b = w1.detach(), w2.detach()
+        if hasattr(Tensor, "backward") and hasattr(Tensor, "requires_grad_"):
+            a.requires_grad_(True)
+            b.requires_grad_(True)
+            loss = ((xb @ a).relu() @ b).log_softmax(-1).mean()
+            loss.backward()
+            return [a - 0.1 * a.grad, b - 0.1 * b.grad]
+        return [((xb @ a).relu() @ b).log_softmax(-1)]
+
+    return {"softmax": lambda: [x.softmax(-1)], "layernorm": layernorm,
+            "attention": lambda: [((q @ k.transpose(-1, -2)) * 0.125).softmax(-1) @ v],
+            "mlp_step": mlp_step}
+
+
+def _time_plan(plan, device: str, reps: int) -> float:
+    from ..devices import Buffer, get_device
+    run = get_device(device).prepare(plan)
+    rng = np.random.default_rng(0)
+    bufs = [Buffer.from_numpy(rng.standard_normal(s).astype(d.np) if d.is_float else np.ones(s, d.np), device)
+            for s, d in plan.buffers[:plan.n_inputs]]
+    bufs += [Buffer.empty(s, d, device) for s, d in plan.buffers[plan.n_inputs:]]
+    run(bufs)
+    ts = []
+    import time
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        run(bufs)
+        ts.append(time.perf_counter() - t0)
+    return float(np.median(ts))
+
+
+def run_experiment(programs: dict[str, Callable[[], list]] | None = None,
+                   extractors: tuple[str, ...] = ("greedy", "improve", "ilp", "measured"),
+                   settings: dict[str, DeviceParams | None] | None = None, device: str = "LLVM",
+                   reps: int = 5, candidates: int = 6, progress: bool = True) -> list[Row]:
+    from .. import engine
+    from . import make_extractor, using
+    from .plan import build_plan
+    programs = programs or default_programs()
+    settings = settings or {"default": None}
+    jobs = [(p, s, e) for p in programs for s in settings for e in extractors]
+    bar = _bar(len(jobs) + len(programs) * len(settings), progress)
+    rows: list[Row] = []
+    for pname, fn in programs.items():
+        for sname, params in settings.items():
+            with using(params={device: params} if params else None):
+                for ex in extractors:
+                    with using(extractor=ex):
+                        outs = fn()
+                        cp, _ = engine.plan_for([o.lazydata for o in outs])
+                    rows.append(Row(pname, sname, ex, len(cp.plan.kernels), cp.plan.predicted,
+                                    _time_plan(cp.plan, device, reps)))
+                    bar.update(1)
+                # candidate plans of the local search, for the rank correlation
+                outs = fn()
+                cp, _ = engine.plan_for([o.lazydata for o in outs])
+                specs = [cp.plan.buffers[i] for i in range(cp.plan.n_inputs)]
+                res = make_extractor("improve", cp.egraph, device, specs)
+                res.keep = candidates
+                r = res.extract()
+                for total, choice in r.candidates:
+                    plan = build_plan(cp.egraph, choice, specs, res.ev.evaluate(choice).kernels)
+                    rows.append(Row(pname, sname, "candidate", len(plan.kernels), total,
+                                    _time_plan(plan, device, reps), candidate=True))
+                bar.update(1)
+    bar.close()
+    return rows
+
+
+def rank_correlation(rows: list[Row]) -> float:
+    from scipy.stats import spearmanr
+    if len(rows) < 3:
+        return float("nan")
+    rho = spearmanr([r.predicted for r in rows], [r.measured for r in rows]).statistic
+    return float(rho)
+
+
+def format_table(rows: list[Row]) -> str:
+    lines = [f"{'program':<10} {'setting':<9} {'extractor':<10} {'kernels':>7} {'predicted':>12} {'measured':>12}",
+             "-" * 66]
+    for r in rows:
+        if r.candidate:
+            continue
+        lines.append(f"{r.program:<10} {r.setting:<9} {r.extractor:<10} {r.kernels:>7} "
+                     f"{r.predicted * 1e6:>10.1f}us {r.measured * 1e6:>10.1f}us")
+    lines.append("")
+    lines.append("rank correlation (Spearman) of predicted vs measured over all plans tried:")
+    for p in dict.fromkeys(r.program for r in rows):
+        sub = [r for r in rows if r.program == p]
+        lines.append(f"  {p:<10} {rank_correlation(sub):+.2f}  ({len(sub)} plans)")
+    lines.append(f"  {'all':<10} {rank_correlation(rows):+.2f}  ({len(rows)} plans)")
+    return "\n".join(lines)
+
+
+def plot(rows: list[Row], path: str) -> str:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6, 5))
+    for i, p in enumerate(dict.fromkeys(r.program for r in rows)):
+        sub = [r for r in rows if r.program == p]
+        ax.scatter([r.predicted * 1e6 for r in sub], [r.measured * 1e6 for r in sub], label=p, s=18,
+                   marker="o" if i % 2 == 0 else "s")
+    lo = min(min(r.predicted, r.measured) for r in rows) * 1e6
+    hi = max(max(r.predicted, r.measured) for r in rows) * 1e6
+    ax.plot([lo, hi], [lo, hi], "k:", linewidth=0.8, label="measured = predicted")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("predicted (us)")
+    ax.set_ylabel("measured (us)")
+    ax.set_title(f"eqgrad plans: predicted vs measured (Spearman {rank_correlation(rows):+.2f})")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def rows_to_json(rows: list[Row]) -> list[dict]:
+    return [asdict(r) for r in rows]
+
+
+class _NoBar:
+    def update(self, n: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _bar(total: int, enabled: bool):
+    if not enabled:
+        return _NoBar()
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return _NoBar()
+    return tqdm(total=total, desc="plans", unit="plan")

@@ -1,0 +1,149 @@
+"""explain(): the chosen plan in words and pictures.
+
+``eqgrad.explain(t)`` plans the tensors' graph (without running it) and returns an
+:class:`Explanation`: each kernel with what it fuses, its bytes, FLOPs and predicted time; the best
+rejected alternatives (single moves away from the chosen plan) with their predicted cost and why
+they lost; the saturation report and the cost-model parameters. ``to_dot``/``to_svg`` draw the plan
+(one cluster per kernel) and ``egraph_dot`` the e-graph around a chosen class (every node of each
+class, the chosen ones filled), for people who would rather look than read. SVG needs Graphviz's
+``dot`` program (``apt-get install graphviz``); the ``.dot`` text is always written.
+"""
+from __future__ import annotations
+
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..dtype import DType
+
+
+@dataclass
+class Explanation:
+    compiled: Any            # engine.CompiledPlan
+    device: str
+
+    @property
+    def plan(self):
+        return self.compiled.plan
+
+    @property
+    def result(self):
+        return self.compiled.result
+
+    def kernels(self) -> list[dict]:
+        out = []
+        for k in self.plan.kernels:
+            ops = [n.op for n in k.ast.walk() if n.op not in ("BUF", "CONST")]
+            out.append(dict(name=k.name, out=k.out, shape=self.plan.buffers[k.out][0], ops=ops,
+                            bytes=k.nbytes, flops=k.flops, predicted=k.predicted, body=k.ast.render()))
+        return out
+
+    def __str__(self) -> str:
+        cp, res = self.compiled, self.result
+        from . import cost_model
+        p = cost_model(self.device).params
+        lines = [f"plan: {len(self.plan.kernels)} kernel(s), predicted {self.plan.predicted * 1e6:.1f} us on {self.device} "
+                 f"(extractor {res.extractor if res else '?'}; cost model {p.source}: launch {p.launch * 1e6:.1f} us, "
+                 f"{p.bandwidth / 1e9:.1f} GB/s, {p.peak / 1e9:.1f} GFLOP/s)",
+                 f"saturation: {cp.report.stop_reason}, {cp.report.enodes_before} -> {cp.report.enodes} e-nodes, "
+                 f"{cp.report.eclasses} e-classes"]
+        for k in self.kernels():
+            fused = " ".join(dict.fromkeys(k["ops"])) or "(copy)"
+            lines.append(f"  {k['name']}: b{k['out']}{list(k['shape'])}  fuses {len(k['ops'])} ops [{fused}]  "
+                         f"{k['bytes'] / 1e6:.3g} MB, {k['flops'] / 1e6:.3g} MFLOP, predicted {k['predicted'] * 1e6:.1f} us")
+            lines.append(f"      = {k['body'][:160]}{'...' if len(k['body']) > 160 else ''}")
+        if res and res.alternatives:
+            lines.append("best rejected alternatives:")
+            legal = [a for a in res.alternatives if a.legal][:4]
+            illegal = [a for a in res.alternatives if not a.legal][:3]
+            for a in legal + illegal:
+                delta = (a.total - res.evaluation.total) * 1e6
+                why = f"illegal: {a.why}" if not a.legal else f"predicted {delta:+.1f} us slower"
+                lines.append(f"  {a.move}: {a.kernels} kernel(s), {a.total * 1e6:.1f} us -- {why}")
+        if res and res.info:
+            info = {k: v for k, v in res.info.items() if k != "evaluations"}
+            if info:
+                lines.append(f"extractor info: {info}")
+        return "\n".join(lines)
+
+    # ------------------------------------------------------------------ pictures
+    def to_dot(self) -> str:
+        out = ["digraph plan {", "  rankdir=BT; node [fontname=Helvetica fontsize=10];"]
+        for i in range(self.plan.n_inputs):
+            shp, dt = self.plan.buffers[i]
+            out.append(f'  b{i} [shape=box style=filled fillcolor="#dddddd" label="input b{i}\\n{list(shp)} {dt.name}"];')
+        for k in self.plan.kernels:
+            out.append(f'  subgraph cluster_{k.name} {{ label="{k.name}: {k.predicted * 1e6:.1f} us"; color="#4477aa";')
+            ids: dict[int, str] = {}
+            for j, n in enumerate(k.ast.walk()):
+                nid = f"{k.name}_{j}"
+                ids[id(n)] = nid
+                if n.op == "BUF":
+                    continue
+                label = n.op if n.op != "CONST" else f"{n.arg}"
+                if n.arg is not None and n.op not in ("CONST",):
+                    label += f"\\n{n.arg.name if isinstance(n.arg, DType) else n.arg}"
+                out.append(f'    {nid} [label="{label}"];')
+            out.append("  }")
+            for n in k.ast.walk():
+                for s in n.src:
+                    src = f"b{s.arg}" if s.op == "BUF" else ids[id(s)]
+                    out.append(f"  {src} -> {ids[id(n)]};")
+            shp, dt = self.plan.buffers[k.out]
+            out.append(f'  b{k.out} [shape=box style=filled fillcolor="#ffeeaa" label="b{k.out}\\n{list(shp)} {dt.name}"];')
+            out.append(f"  {ids[id(k.ast)]} -> b{k.out};")
+        out.append("}")
+        return "\n".join(out)
+
+    def egraph_dot(self, around: int | None = None, radius: int = 2) -> str:
+        """The e-graph near class ``around`` (default: the first root): every node of each class,
+        the chosen node filled, edges to child classes."""
+        g = self.compiled.egraph
+        choice = self.result.choice if self.result else {}
+        start = g.roots[0] if around is None else around
+        keep, frontier = {start}, {start}
+        for _ in range(radius):
+            nxt = set()
+            for c in frontier:
+                for n in g.classes[c]:
+                    nxt.update(n.children)
+            nxt -= keep
+            keep |= nxt
+            frontier = nxt
+        out = ["digraph egraph {", "  compound=true; node [fontname=Helvetica fontsize=9];"]
+        for c in sorted(keep):
+            out.append(f'  subgraph cluster_c{c} {{ label="class {c} {list(g.shapes[c])}"; style=dashed;')
+            for i, n in enumerate(g.classes[c]):
+                fill = ' style=filled fillcolor="#aaddaa"' if choice.get(c) is n else ""
+                out.append(f'    c{c}n{i} [label="{n.op}"{fill}];')
+            out.append("  }")
+        for c in sorted(keep):
+            for i, n in enumerate(g.classes[c]):
+                for d in n.children:
+                    if d in keep:
+                        out.append(f'  c{c}n{i} -> c{d}n0 [lhead=cluster_c{d}];')
+        out.append("}")
+        return "\n".join(out)
+
+    def save(self, path: str | Path, what: str = "plan", **kw: Any) -> Path:
+        """Write ``path`` (.dot, or .svg when Graphviz's dot is installed; the .dot is written too)."""
+        path = Path(path)
+        dot = self.to_dot() if what == "plan" else self.egraph_dot(**kw)
+        dot_path = path.with_suffix(".dot")
+        dot_path.write_text(dot)
+        if path.suffix == ".svg":
+            exe = shutil.which("dot")
+            if exe is None:
+                raise RuntimeError(f"wrote {dot_path}; rendering SVG needs Graphviz's 'dot' (apt-get install graphviz)")
+            subprocess.run([exe, "-Tsvg", str(dot_path), "-o", str(path)], check=True, capture_output=True)
+            return path
+        return dot_path
+
+
+def explain(*tensors: Any) -> Explanation:
+    """Plan (without running) the graph of ``tensors`` and explain the plan."""
+    from ..engine import plan_for
+    cp, device = plan_for([t.lazydata for t in tensors])
+    return Explanation(cp, device)

@@ -1,0 +1,120 @@
+"""Reverse-mode autodiff over the primitive ops.
+
+Every primitive a Tensor method applies goes through ``Tensor._apply``; when one of its sources
+requires a gradient (and gradients are enabled), the result remembers a :class:`Ctx`: the op, its
+attribute, the source tensors and the LazyBuffers it was computed from. ``backward`` walks these
+records from the output back to the leaves and applies each primitive's gradient rule from the op
+table (``OpDef.grad`` in ``eqgrad/ops.py``), so every composite op gets its gradient for free.
+
+The records are kept apart from the lazy graph on purpose: ``realize`` turns LazyBuffers into
+buffers and forgets their sources, and a loss that was printed (realized) must still be
+differentiable. Gradients are lazy like everything else: ``backward`` builds graphs and runs
+nothing; an optimizer step realizes them together with the update, as one program.
+
+    >>> from eqgrad import Tensor
+    >>> x = Tensor([1.0, 2.0, 3.0], requires_grad=True)
+    >>> (x * x).sum().backward()
+    >>> x.grad.tolist()
+    [2.0, 4.0, 6.0]
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Iterator
+
+from ..errors import AutogradError
+from ..ops import OPS, NoGrad
+from .lazy import LazyBuffer
+
+if TYPE_CHECKING:
+    from .tensor import Tensor
+
+
+@dataclass(frozen=True, slots=True)
+class Ctx:
+    """How a tensor was computed: one primitive op application."""
+    op: str
+    arg: Any
+    parents: tuple["Tensor", ...]          # the source tensors (where gradients flow)
+    srcs: tuple[LazyBuffer, ...]           # their values at the time (a later assign re-points tensors)
+    out: LazyBuffer
+
+
+class _GradMode:
+    enabled = True
+
+
+def is_grad_enabled() -> bool:
+    return _GradMode.enabled
+
+
+@contextlib.contextmanager
+def set_grad_enabled(mode: bool) -> Iterator[None]:
+    old = _GradMode.enabled
+    _GradMode.enabled = bool(mode)
+    try:
+        yield
+    finally:
+        _GradMode.enabled = old
+
+
+def no_grad() -> contextlib.AbstractContextManager:
+    """Inside ``with eqgrad.no_grad():`` no op records how it was computed (evaluation, updates).
+
+        >>> import eqgrad
+        >>> w = eqgrad.Tensor([1.0], requires_grad=True)
+        >>> with eqgrad.no_grad():
+        ...     (w * 2).requires_grad
+        False
+    """
+    return set_grad_enabled(False)
+
+
+def enable_grad() -> contextlib.AbstractContextManager:
+    return set_grad_enabled(True)
+
+
+def _graph(root: "Tensor") -> list["Tensor"]:
+    """Tensors reachable from ``root`` through Ctx records that require a gradient, sources first."""
+    order: list[Tensor] = []
+    seen: set[int] = set()
+    stack: list[tuple[Tensor, bool]] = [(root, False)]
+    while stack:
+        t, done = stack.pop()
+        if done:
+            order.append(t)
+            continue
+        if id(t) in seen:
+            continue
+        seen.add(id(t))
+        stack.append((t, True))
+        if t._ctx is not None:
+            stack.extend((p, False) for p in t._ctx.parents if p.requires_grad and id(p) not in seen)
+    return order
+
+
+def backward(root: "Tensor", gradient: LazyBuffer) -> None:
+    """Accumulate d(root)/d(leaf) * gradient into ``.grad`` of every leaf that requires it."""
+    from .tensor import Tensor
+    grads: dict[int, LazyBuffer] = {id(root): gradient}
+    for t in reversed(_graph(root)):
+        g = grads.pop(id(t), None)
+        if g is None:
+            continue
+        ctx = t._ctx
+        if ctx is None:                                   # a leaf: accumulate
+            t.grad = Tensor(g) if t.grad is None else Tensor(t.grad.lazydata.alu("ADD", g))
+            continue
+        rule = OPS[ctx.op].grad
+        if isinstance(rule, NoGrad):
+            continue
+        src_grads = rule(g, ctx.out, ctx.srcs, ctx.arg)
+        for p, sg in zip(ctx.parents, src_grads):
+            if sg is None or not p.requires_grad:
+                continue
+            if sg.shape != p.shape:
+                raise AutogradError(f"internal: gradient of {ctx.op.lower()} has shape {sg.shape}, "
+                                    f"its source has {p.shape}")
+            prev = grads.get(id(p))
+            grads[id(p)] = sg if prev is None else prev.alu("ADD", sg)

@@ -1,0 +1,227 @@
+"""Extractors and cost models: agreement, optimality on crafted graphs, fuzzed validity, tuning."""
+import json
+
+import numpy as np
+import pytest
+
+import eqgrad
+from eqgrad import GlobalCounters, Tensor, engine
+from eqgrad.dtype import float32
+from eqgrad.extract import EXTRACTORS, make_extractor, using
+from eqgrad.extract.cost import CostModel, DeviceParams, calibrate, load_calibrations, params_for, save_calibration
+from eqgrad.extract.egraph import EGraph, ENode
+from eqgrad.extract.greedy import GreedyExtractor
+from eqgrad.extract.ilp import ILPExtractor
+from eqgrad.extract.plan import build_plan, check_plan
+
+rng = np.random.default_rng(0)
+
+
+def _t(*shape):
+    return Tensor(rng.standard_normal(shape).astype(np.float32))
+
+
+@pytest.mark.parametrize("extractor", sorted(EXTRACTORS))
+def test_every_extractor_gives_the_reference_numbers(extractor, tmp_path, monkeypatch):
+    monkeypatch.setenv("EQGRAD_CACHE_DIR", str(tmp_path))
+    x, w = _t(32, 48), _t(48, 16)
+    with using(extractor=extractor):
+        sm = x.softmax(-1).numpy()
+        ln = ((x - x.mean(-1, keepdim=True)) / (x.var(-1, keepdim=True) + 1e-5).sqrt()).numpy()
+        mm = ((x @ w).relu() * 2).sum(0).numpy()
+        assert engine.last_plan.result.extractor == extractor
+    xn, wn = x.numpy(), w.numpy()
+    e = np.exp(xn - xn.max(-1, keepdims=True))
+    np.testing.assert_allclose(sm, e / e.sum(-1, keepdims=True), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(ln, (xn - xn.mean(-1, keepdims=True)) / np.sqrt(xn.var(-1, ddof=1, keepdims=True) + 1e-5),
+                               rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(mm, (np.maximum(xn @ wn, 0) * 2).sum(0), rtol=1e-4, atol=1e-4)
+
+
+def crafted_shared_graph(n: int = 1 << 16) -> EGraph:
+    """Root S = exp2^5(x) is computed anyway; root X has two equivalent forms: X1 = S + 1 (reuses S's
+    buffer: cheap) and X2 = exp2^3(x * 1) (cheaper as a *tree*, since the tree cost of X1 counts S
+    again). Greedy's tree-cost choice takes X2; the ILP sees the sharing and takes X1."""
+    g = EGraph()
+    shape = (n,)
+    x = g.add_class([ENode("BUF", (), (0, shape, float32))])
+    s = x
+    for _ in range(5):
+        s = g.add_class([ENode("EXP2", (s,), None)])
+    rs = g.add_class([ENode("REALIZE", (s,), None)])
+    one = g.add_class([ENode("CONST", (), (1.0, float32, shape))])
+    m = g.add_class([ENode("MUL", (x, one), None)])
+    e1 = g.add_class([ENode("EXP2", (m,), None)])
+    e2 = g.add_class([ENode("EXP2", (e1,), None)])
+    root_x = g.add_class([ENode("ADD", (rs, one), None), ENode("EXP2", (e2,), None)])
+    g.roots = [s, root_x]
+    g.infer()
+    return g
+
+
+def test_ilp_beats_greedy_where_greedy_is_wrong():
+    g = crafted_shared_graph()
+    specs = [((1 << 16,), float32)]
+    cost = CostModel(DeviceParams())
+    greedy = GreedyExtractor(g, cost, specs).extract()
+    ilp = ILPExtractor(g, cost, specs).extract()
+    assert ilp.evaluation.legal and ilp.info["ilp"] == "optimal"
+    assert ilp.evaluation.total < greedy.evaluation.total * 0.9
+    assert ilp.choice[g.roots[1]].op == "ADD" and greedy.choice[g.roots[1]].op == "EXP2"
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_fuzzed_egraphs_give_valid_plans_from_every_extractor(seed, tmp_path, monkeypatch):
+    monkeypatch.setenv("EQGRAD_CACHE_DIR", str(tmp_path))
+    r = np.random.default_rng(seed)
+    x = Tensor(r.standard_normal((6, 8)).astype(np.float32))
+    ops = [lambda t: t + 1, lambda t: t * 2, lambda t: t.exp2(), lambda t: t - t.max(-1, keepdim=True),
+           lambda t: t.sum(-1, keepdim=True) * t, lambda t: (t @ t.T @ t) * 0.01, lambda t: t.flip(0),
+           lambda t: t.pad(((1, 0), (0, 0)))[1:], lambda t: (t > 0).where(t, t * 0.5), lambda t: t * 1.0 + 0.0]
+    y = x
+    for _ in range(7):
+        y = ops[r.integers(len(ops))](y)
+    cp, _ = engine.plan_for([y.lazydata])
+    g = cp.egraph
+    specs = [cp.plan.buffers[i] for i in range(cp.plan.n_inputs)]
+    from eqgrad.engine import reference
+    from eqgrad.frontend.lazy import toposort
+    (ref,) = reference([y.lazydata], toposort([y.lazydata]))
+    for name in EXTRACTORS:
+        res = make_extractor(name, g, "NUMPY", specs).extract()
+        ev = res.evaluation
+        assert ev.legal and res.choice.keys() >= set(range(len(g.classes))) - set()
+        used = _used(g, res.choice)
+        assert all(res.choice[c] in g.classes[c] for c in used)          # one node of its own class each
+        assert _acyclic(g, res.choice)
+        plan = build_plan(g, res.choice, specs, ev.kernels)
+        check_plan(plan)
+        from eqgrad.devices import Buffer
+        from eqgrad.devices.numpy_device import NumpyDevice
+        ins = [lb.buffer for lb in engine._inputs_in_order(toposort([y.lazydata]), [y.lazydata])]
+        bufs = ins + [Buffer.empty(s, d, "NUMPY") for s, d in plan.buffers[len(ins):]]
+        NumpyDevice().prepare(plan)(bufs)
+        np.testing.assert_allclose(bufs[plan.outputs[0]].data.reshape(ref.shape), ref, rtol=1e-4, atol=1e-4)
+
+
+def _used(g, choice):
+    out, stack = set(), list(g.roots)
+    while stack:
+        c = stack.pop()
+        if c not in out:
+            out.add(c)
+            stack.extend(choice[c].children)
+    return out
+
+
+def _acyclic(g, choice):
+    state = {}
+
+    def visit(c):
+        if state.get(c) == 1:
+            return False
+        if state.get(c) == 2:
+            return True
+        state[c] = 1
+        ok = all(visit(k) for k in choice[c].children)
+        state[c] = 2
+        return ok
+    return all(visit(r) for r in g.roots)
+
+
+def _kernels(make) -> int:
+    GlobalCounters.reset()
+    make().realize()
+    return GlobalCounters.kernel_count
+
+
+def test_fusion_decisions_move_with_the_cost_model():
+    a, b = _t(128, 256), _t(128, 256)
+
+    def prog():
+        t = (a * b).exp2()
+        return t.sum(0) + t.sum(1).sum()        # t feeds two reductions
+    base = DeviceParams(launch=3e-6, bandwidth=2e12, peak=5e13)
+    with using(params={"LLVM": base}):
+        recompute = _kernels(prog)
+    with using(params={"LLVM": DeviceParams(launch=3e-6, bandwidth=2e12, peak=5e10)}):
+        materialize = _kernels(prog)           # recomputation is expensive: t gets its own kernel
+    assert materialize == recompute + 1
+    x = _t(64, 64)
+    with using(params={"LLVM": DeviceParams(launch=1e-9, bandwidth=1e15, peak=1e8)}):
+        many = _kernels(lambda: (x.exp2() * 3).exp2() + x.exp2())     # launches free, flops dear
+    with using(params={"LLVM": DeviceParams(launch=1.0)}):
+        few = _kernels(lambda: (x.exp2() * 3).exp2() + x.exp2())      # launches dear
+    assert few == 1 and many >= few
+
+
+def test_user_cost_function():
+    x = _t(64, 64)
+    calls = []
+
+    def every_kernel_costs_a_second(stats, params):
+        calls.append(stats)
+        return 1.0 + stats.flops * 1e-12
+    with using(cost_fn=every_kernel_costs_a_second):
+        assert _kernels(lambda: ((x + 1) * 2 - 3).exp2()) == 1
+    assert calls and calls[0].nbytes > 0
+
+
+def test_explain_names_kernels_and_alternatives(tmp_path):
+    x = _t(64, 128)
+    e = eqgrad.explain(x.softmax(-1))
+    text = str(e)
+    assert "3 kernel(s)" in text and "k0" in text and "k2" in text
+    assert "RMAX" in text and "RSUM" in text and "EXP2" in text
+    assert "best rejected alternatives" in text and "materialize" in text and "illegal" in text
+    assert [k["name"] for k in e.kernels()] == ["k0", "k1", "k2"]
+    dot = e.save(tmp_path / "plan.dot")
+    assert "cluster_k0" in dot.read_text()
+    assert "class" in e.save(tmp_path / "eg.dot", what="egraph").read_text()
+    import shutil
+    if shutil.which("dot"):
+        assert e.save(tmp_path / "plan.svg").read_text().lstrip().startswith("<?xml")
+
+
+def test_measured_extractor_is_cached_on_disk(tmp_path, monkeypatch):
+    monkeypatch.setenv("EQGRAD_CACHE_DIR", str(tmp_path))
+    x = _t(64, 128)
+    with using(extractor="measured"):
+        x.softmax(-1).realize()
+        first = engine.last_plan.result.info
+        engine.clear_cache()
+        x.softmax(-1).realize()
+        second = engine.last_plan.result.info
+    assert isinstance(first["measured"], list) and len(first["measured"]) >= 1
+    assert second["measured"] == "cache hit"
+    (tmp_path / "measured.json").write_text("{not json")      # corrupt: ignored and rebuilt
+    engine.clear_cache()
+    with using(extractor="measured"):
+        x.softmax(-1).realize()
+    assert isinstance(engine.last_plan.result.info["measured"], list)
+
+
+def test_calibration_is_stored_and_used(tmp_path, monkeypatch):
+    monkeypatch.setenv("EQGRAD_CACHE_DIR", str(tmp_path))
+    assert params_for("LLVM").source == "default"
+    p = calibrate("LLVM", reps=3)
+    assert 0 < p.launch < 1e-3 and p.bandwidth > 1e8 and p.peak > 1e8
+    save_calibration("LLVM", p)
+    assert params_for("LLVM").source.startswith("calibrated")
+    assert json.loads((tmp_path / "calibration.json").read_text())["version"] == 1
+    (tmp_path / "calibration.json").write_text("garbage")
+    assert load_calibrations() == {} and params_for("LLVM").source == "default"
+
+
+def test_experiment_reports_predicted_and_measured(tmp_path):
+    from eqgrad.extract.experiments import format_table, plot, rank_correlation, run_experiment
+    x = _t(64, 64)
+    rows = run_experiment({"softmax": lambda: [x.softmax(-1)]}, ("greedy", "ilp"), reps=2, progress=False)
+    named = [r for r in rows if not r.candidate]
+    assert [r.extractor for r in named] == ["greedy", "ilp"] and all(r.measured > 0 for r in rows)
+    assert any(r.candidate for r in rows)
+    text = format_table(rows)
+    assert "rank correlation" in text and "softmax" in text
+    assert -1 <= rank_correlation(rows) <= 1
+    assert (tmp_path / "p.png").exists() is False and plot(rows, str(tmp_path / "p.png"))
+    assert (tmp_path / "p.png").stat().st_size > 1000
