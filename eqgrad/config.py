@@ -95,6 +95,8 @@ EXTRACTOR = Flag("EQGRAD_EXTRACTOR", "greedy", _extractor,
 ILP_TIME = Flag("EQGRAD_ILP_TIME", 10.0, float, "seconds (float): time limit of the ILP extractor")
 ILP_MAX_CLASSES = Flag("EQGRAD_ILP_MAX_CLASSES", 300, int,
                        "an integer: above this many e-classes the ILP extractor falls back to greedy")
+THREADS = Flag("EQGRAD_THREADS", os.cpu_count() or 1, int,
+               "an integer: CPU threads a large LLVM kernel is split across (1 disables threading)")
 VALIDATE = Flag("EQGRAD_VALIDATE", 0, int, "0 or 1: re-run every realize on the NumPy reference "
                 "device and raise if the numbers differ")
 

@@ -1,7 +1,16 @@
-"""The LLVM CPU device: plan -> loop IR per kernel -> LLVM IR -> machine code, run through ctypes."""
+"""The LLVM CPU device: plan -> loop IR per kernel -> LLVM IR -> machine code, run through ctypes.
+
+Threads: a kernel whose predicted time is above ``PARALLEL_MIN`` splits its outermost parallel
+loop (loop IR ``parallel``) into ``EQGRAD_THREADS`` contiguous chunks; one runs on the calling
+thread, the others on a small persistent pool. ctypes releases the GIL for the call, so the chunks
+really run at once; they write disjoint output elements. Small kernels run on one thread, where
+the ~10-20 us of handing work to a pool would cost more than it saves.
+"""
 from __future__ import annotations
 
+import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
 from .. import config
@@ -11,11 +20,20 @@ from . import Buffer, Device
 from .llvm import LLVMProgram, render_llvm
 
 
+PARALLEL_MIN = 60e-6      # predicted seconds above which a kernel is split across threads
+
+
 class LLVMDevice(Device):
     name = "LLVM"
 
     def __init__(self) -> None:
         self.programs: dict[str, LLVMProgram] = {}      # compiled once per distinct source
+        self._pool: ThreadPoolExecutor | None = None
+
+    def pool(self, threads: int) -> ThreadPoolExecutor:
+        if self._pool is None or self._pool._max_workers != threads - 1:
+            self._pool = ThreadPoolExecutor(max_workers=max(1, threads - 1), thread_name_prefix="eqgrad-cpu")
+        return self._pool
 
     def program(self, src: str, lk) -> LLVMProgram:
         if src not in self.programs:
@@ -34,12 +52,23 @@ class LLVMDevice(Device):
                 print(f"--- LLVM IR {k.name}\n{src}")
             steps.append((k, self.program(src, lk), (k.out, *k.inputs)))
 
+        threads = max(1, config.THREADS.value)
+
         def run(bufs: list[Buffer]) -> None:
             from ..engine import GlobalCounters, log_kernel
             dbg = config.DEBUG.value
             for k, prg, ids in steps:
                 t0 = time.perf_counter() if dbg >= 2 else 0.0
-                prg(*[bufs[i].ptr for i in ids])
+                ptrs = [bufs[i].ptr for i in ids]
+                n = prg.extent
+                if threads > 1 and n >= threads and k.predicted > PARALLEL_MIN:
+                    cuts = [n * t // threads for t in range(threads + 1)]
+                    futs = [self.pool(threads).submit(prg, *ptrs, lo=cuts[t], hi=cuts[t + 1]) for t in range(1, threads)]
+                    prg(*ptrs, lo=cuts[0], hi=cuts[1])
+                    for f in futs:
+                        f.result()
+                else:
+                    prg(*ptrs)
                 GlobalCounters.kernel_count += 1
                 if dbg >= 2:
                     log_kernel(k, time.perf_counter() - t0)

@@ -221,6 +221,10 @@ def render_llvm(k: LoopKernel) -> str:
     kinds: dict[int, str] = {}
     allocas: list[str] = []
     args = ", ".join(f"ptr noalias {'' if w else 'readonly '}%p{i}" for i, (_, _, w) in enumerate(k.params))
+    # every kernel takes [lo, hi) of its outermost parallel loop, so the runtime can split it
+    # across threads (a kernel without parallel loops ignores them)
+    args += ", i64 %lo, i64 %hi"
+    split = k.parallel_ranges()[0] if k.parallel else None
     open_loops: list[int] = []
     for i, x in enumerate(k.insts):
         kd = _name(x.dtype) if x.dtype is not None else None
@@ -232,8 +236,9 @@ def render_llvm(k: LoopKernel) -> str:
             kinds[i] = kd
         elif x.op == "RANGE":
             allocas.append(f"  %r{i}.p = alloca i64")
-            c.lines += [f"  store i64 0, ptr %r{i}.p", f"  br label %L{i}.cond", f"L{i}.cond:",
-                        f"  %r{i} = load i64, ptr %r{i}.p", f"  %r{i}.c = icmp slt i64 %r{i}, {x.arg}",
+            start, end = ("%lo", "%hi") if i == split else ("0", str(x.arg))
+            c.lines += [f"  store i64 {start}, ptr %r{i}.p", f"  br label %L{i}.cond", f"L{i}.cond:",
+                        f"  %r{i} = load i64, ptr %r{i}.p", f"  %r{i}.c = icmp slt i64 %r{i}, {end}",
                         f"  br i1 %r{i}.c, label %L{i}.body, label %L{i}.exit", f"L{i}.body:"]
             val[i], kinds[i] = f"%r{i}", INDEX
             open_loops.append(i)
@@ -351,10 +356,11 @@ class LLVMProgram:
     def __init__(self, k: LoopKernel, src: str):
         self.name, self.src = k.name, src
         addr = compiler().compile(src, k.name)
-        self.fn = ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * len(k.params)))(addr)
+        self.fn = ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * len(k.params)), ctypes.c_int64, ctypes.c_int64)(addr)
+        self.extent = k.insts[k.parallel_ranges()[0]].arg if k.parallel else 1
 
-    def __call__(self, *ptrs: int) -> None:
-        self.fn(*ptrs)
+    def __call__(self, *ptrs: int, lo: int = 0, hi: int | None = None) -> None:
+        self.fn(*ptrs, lo, self.extent if hi is None else hi)
 
 
 _ = (DType, bool_, float32, int32, LInst)
