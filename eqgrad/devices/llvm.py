@@ -303,7 +303,11 @@ _LOOP_MD = {
 # ------------------------------------------------------------------ compiler and runtime
 
 class LLVMCompiler:
-    """Compiles LLVM IR text for the host CPU at O3; one MCJIT engine per program (kept alive)."""
+    """Compiles LLVM IR text for the host CPU at O3 into ONE MCJIT engine (kept alive).
+
+    Every program is its own module, added to the engine, with its function renamed uniquely.
+    (An llvmlite engine takes ownership of the target machine it is created with, so engines must
+    never share one: two engines freeing one target machine corrupt the heap.)"""
 
     _lock = threading.Lock()
     _initialized = False
@@ -316,15 +320,21 @@ class LLVMCompiler:
                 llvm.initialize_native_target()
                 llvm.initialize_native_asmprinter()
                 LLVMCompiler._initialized = True
-        target = llvm.Target.from_default_triple()
-        self.tm = target.create_target_machine(opt=3, cpu=llvm.get_host_cpu_name(),
-                                               features=llvm.get_host_cpu_features().flatten(),
-                                               codemodel="jitdefault")
-        self.engines: list[Any] = []
+        self.tm = self._target_machine()                 # for the optimization pipeline
+        self.engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), self._target_machine())
+        self.count = 0
+
+    def _target_machine(self):
+        llvm = self.llvm
+        return llvm.Target.from_default_triple().create_target_machine(
+            opt=3, cpu=llvm.get_host_cpu_name(), features=llvm.get_host_cpu_features().flatten(),
+            codemodel="jitdefault")
 
     def compile(self, src: str, name: str) -> int:
         llvm = self.llvm
-        mod = llvm.parse_assembly(src)
+        self.count += 1
+        unique = f"{name}_{self.count}"
+        mod = llvm.parse_assembly(src.replace(f"@{name}(", f"@{unique}("))
         mod.verify()
         pto = llvm.create_pipeline_tuning_options(speed_level=3)
         pto.loop_vectorization = True
@@ -332,10 +342,9 @@ class LLVMCompiler:
         pto.loop_unrolling = True
         pb = llvm.create_pass_builder(self.tm, pto)
         pb.getModulePassManager().run(mod, pb)
-        engine = llvm.create_mcjit_compiler(mod, self.tm)
-        engine.finalize_object()
-        self.engines.append(engine)
-        return engine.get_function_address(name)
+        self.engine.add_module(mod)
+        self.engine.finalize_object()
+        return self.engine.get_function_address(unique)
 
     def assembly(self, src: str) -> str:
         mod = self.llvm.parse_assembly(src)

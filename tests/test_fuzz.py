@@ -1,0 +1,37 @@
+"""Random programs through the whole pipeline, compared with NumPy (short, seeded CI campaign).
+
+The long campaign is ``python -m eqgrad fuzz --examples 2000``. Every failure it ever finds is
+added below as a regression test (REGRESSIONS).
+"""
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+from eqgrad.fuzz import F, I, B, Program, check_program, program_strategy
+
+CI = settings(max_examples=40, deadline=None, derandomize=True, database=None,
+              suppress_health_check=list(HealthCheck))
+
+
+@pytest.mark.parametrize("device", ["LLVM", "NUMPY"])
+def test_random_programs_match_numpy(device):
+    @CI
+    @given(program_strategy())
+    def run(prog):
+        err = check_program(prog, device)
+        assert err is None, f"{err}\nprogram:\n{prog}"
+    run()
+
+
+# programs the fuzzer once found failing, kept as regression tests
+REGRESSIONS = [
+    Program([((2, 0), F)], [("sum", (0,), -1), ("pad", (1,), None)]),
+    Program([((), I), ((3,), I)], [("floordiv", (0, 1), None), ("neg", (2,), None)]),
+    Program([((2, 3), B), ((3,), F)], [("where", (0, 1, 1), None), ("max", (2,), 0)]),
+]
+
+
+@pytest.mark.parametrize("prog", REGRESSIONS, ids=lambda p: str(p).replace("\n", "; "))
+@pytest.mark.parametrize("device", ["LLVM", "NUMPY"])
+def test_fuzzer_regressions(prog, device):
+    assert check_program(prog, device) is None
