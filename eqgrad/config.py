@@ -97,6 +97,9 @@ ILP_MAX_CLASSES = Flag("EQGRAD_ILP_MAX_CLASSES", 300, int,
                        "an integer: above this many e-classes the ILP extractor falls back to greedy")
 THREADS = Flag("EQGRAD_THREADS", os.cpu_count() or 1, int,
                "an integer: CPU threads a large LLVM kernel is split across (1 disables threading)")
+BEAM = Flag("EQGRAD_BEAM", 0, int, "an integer k: try up to k register-lane settings per kernel on the "
+            "device and keep the fastest (cached on disk per kernel and machine; 0 = heuristics only)")
+BEAM_TIME = Flag("EQGRAD_BEAM_TIME", 10.0, float, "seconds (float): time limit of the kernel search per kernel")
 VALIDATE = Flag("EQGRAD_VALIDATE", 0, int, "0 or 1: re-run every realize on the NumPy reference "
                 "device and raise if the numbers differ")
 

@@ -50,7 +50,7 @@ def test_matmul_kernel_uses_register_lanes():
     (a @ b).realize()
     plan = engine.last_plan.plan
     lk = lower_kernel(plan.kernels[0], plan)
-    assert sum(1 for x in lk.insts if x.op == "DEFACC") == 64      # 4 rows x 16 columns
+    assert sum(1 for x in lk.insts if x.op == "DEFACC") == 128     # 8 rows x 16 columns
     assert not lk.loop_vectorize
 
 
@@ -81,3 +81,40 @@ def test_llvm_ir_is_printed_at_debug_4(capsys):
         (Tensor(np.ones((3, 3), np.float32)) * 7 - 2).realize()
     out = capsys.readouterr().out
     assert "define void @eqk(" in out and "--- LLVM IR" in out
+
+
+def test_kernel_search_keeps_results_and_caches(tmp_path, monkeypatch):
+    """EQGRAD_BEAM: candidates are timed, wrong ones discarded, the pick cached on disk; odd sizes
+    (primes) and non-contiguous inputs give the reference's numbers."""
+    monkeypatch.setenv("EQGRAD_CACHE_DIR", str(tmp_path))
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((37, 64)).astype(np.float32)
+    b = rng.standard_normal((48, 64)).astype(np.float32)[:, ::2]       # (48, 32) non-contiguous
+    with eqgrad.Context(BEAM=6, BEAM_TIME=5.0):
+        out = (Tensor(a[:, :48]) @ Tensor(b)).numpy()
+        np.testing.assert_allclose(out, a[:, :48] @ b, rtol=1e-4, atol=1e-4)
+        engine.clear_cache()
+        out2 = (Tensor(a[:, :48]) @ Tensor(b)).numpy()
+    np.testing.assert_allclose(out2, out, rtol=1e-5, atol=1e-5)
+    import json
+    entries = json.loads((tmp_path / "beam.json").read_text())["entries"]
+    assert len(entries) >= 1
+    (tmp_path / "beam.json").write_text("{corrupt")            # ignored and rebuilt
+    engine.clear_cache()
+    with eqgrad.Context(BEAM=2, BEAM_TIME=5.0):
+        np.testing.assert_allclose((Tensor(a[:, :48]) @ Tensor(b)).numpy(), out, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("n", [1, 7, 17, 31])
+def test_threaded_kernels_on_odd_sizes(n):
+    """Kernels split across threads give the reference's numbers on sizes that do not divide."""
+    import eqgrad.devices.cpu as cpu
+    rng = np.random.default_rng(n)
+    x = rng.standard_normal((n, 3 * n + 1)).astype(np.float32)
+    old = cpu.PARALLEL_MIN
+    cpu.PARALLEL_MIN = -1.0        # split every kernel
+    try:
+        got = (Tensor(x).exp2().sum(1) + Tensor(x.T.copy()).max(0)).numpy()
+    finally:
+        cpu.PARALLEL_MIN = old
+    np.testing.assert_allclose(got, np.exp2(x).sum(1) + x.max(1), rtol=1e-5, atol=1e-5)

@@ -40,35 +40,54 @@ class LLVMDevice(Device):
             self.programs[src] = LLVMProgram(lk, src)
         return self.programs[src]
 
+    def build(self, k, plan: KernelPlan, upcast=None) -> tuple[str, LLVMProgram, int]:
+        """Lower, render and compile one kernel; returns (source, program, extent of its split loop)."""
+        lk = lower_kernel(k, plan, upcast)
+        lk.name = "eqk"          # same body, same source: compiled once across plans
+        src = render_llvm(lk)
+        if config.DEBUG.value >= 5:
+            print(f"--- loop IR {k.name}\n{lk}")
+        if config.DEBUG.value >= 4:
+            print(f"--- LLVM IR {k.name}\n{src}")
+        # the split loop's extent is not in the source ([lo, hi) are arguments), so kernels that
+        # differ only in it share a program: the extent belongs to the step, not the program
+        n = lk.insts[lk.parallel_ranges()[0]].arg if lk.parallel else 1
+        return src, self.program(src, lk), n
+
+    def launch(self, k, prg: LLVMProgram, ptrs: list[int], n: int, threads: int) -> None:
+        if threads > 1 and n >= threads and k.predicted > PARALLEL_MIN:
+            cuts = [n * t // threads for t in range(threads + 1)]
+            futs = [self.pool(threads).submit(prg, *ptrs, lo=cuts[t], hi=cuts[t + 1]) for t in range(1, threads)]
+            prg(*ptrs, lo=cuts[0], hi=cuts[1])
+            for f in futs:
+                f.result()
+        else:
+            prg(*ptrs, lo=0, hi=n)
+
     def prepare(self, plan: KernelPlan) -> Callable[[list[Buffer]], None]:
+        threads = max(1, config.THREADS.value)
+        beam = config.BEAM.value
         steps = []
         for k in plan.kernels:
-            lk = lower_kernel(k, plan)
-            lk.name = "eqk"          # same body, same source: compiled once across plans
-            src = render_llvm(lk)
-            if config.DEBUG.value >= 5:
-                print(f"--- loop IR {k.name}\n{lk}")
-            if config.DEBUG.value >= 4:
-                print(f"--- LLVM IR {k.name}\n{src}")
-            steps.append((k, self.program(src, lk), (k.out, *k.inputs)))
+            upcast = None
+            if beam > 0:
+                from ..lower.search import search_upcast
 
-        threads = max(1, config.THREADS.value)
+                def build(up, k=k):
+                    src, prg, n = self.build(k, plan, up)
+                    return src, lambda bufs: self.launch(k, prg, [bufs[i].ptr for i in (k.out, *k.inputs)], n, threads)
+                upcast, tried = search_upcast(k, plan, beam, config.BEAM_TIME.value, build)
+                if config.DEBUG.value >= 2:
+                    print(f"  search {k.name}: picked {upcast or 'heuristic'} from {tried}")
+            _, prg, n = self.build(k, plan, upcast)
+            steps.append((k, prg, (k.out, *k.inputs), n))
 
         def run(bufs: list[Buffer]) -> None:
             from ..engine import GlobalCounters, log_kernel
             dbg = config.DEBUG.value
-            for k, prg, ids in steps:
+            for k, prg, ids, n in steps:
                 t0 = time.perf_counter() if dbg >= 2 else 0.0
-                ptrs = [bufs[i].ptr for i in ids]
-                n = prg.extent
-                if threads > 1 and n >= threads and k.predicted > PARALLEL_MIN:
-                    cuts = [n * t // threads for t in range(threads + 1)]
-                    futs = [self.pool(threads).submit(prg, *ptrs, lo=cuts[t], hi=cuts[t + 1]) for t in range(1, threads)]
-                    prg(*ptrs, lo=cuts[0], hi=cuts[1])
-                    for f in futs:
-                        f.result()
-                else:
-                    prg(*ptrs)
+                self.launch(k, prg, [bufs[i].ptr for i in ids], n, threads)
                 GlobalCounters.kernel_count += 1
                 if dbg >= 2:
                     log_kernel(k, time.perf_counter() - t0)

@@ -65,8 +65,10 @@ def _intrinsic(c: _Ctx, name: str, ty: str, *args: str) -> str:
 #         absolute error < 1.2e-38); inf above 128; NaN -> NaN.
 #   log2: absolute error < 4e-7 for every finite x > 0, subnormals included; 0 -> -inf,
 #         x < 0 -> NaN, inf -> inf, NaN -> NaN.
-_EXP2_POLY = (1.0, 0.6931470036506653, 0.2402298003435135, 0.05548352375626564,
-              0.009678472764790058, 0.0012443081941455603, 0.00021690608991775662)   # 2**f on [0, 1)
+EXP2_POLY = (1.0, 0.6931470036506653, 0.2402298003435135, 0.05548352375626564,
+             0.009678472764790058, 0.0012443081941455603, 0.00021690608991775662)   # 2**f on [0, 1)
+# log2(m) = 2/ln2 * (s + s^3/3 + s^5/5 + s^7/7 + s^9/9), s = (m-1)/(m+1): coefficients of s^2
+LOG2_POLY = tuple(2.0 / np.log(2.0) / (2 * i + 1) for i in range(5))
 
 
 def _f(v: float) -> str:
@@ -89,7 +91,7 @@ def _exp2(c: _Ctx, x: str) -> str:
     c.decls.add("declare float @llvm.floor.f32(float)")
     fl = c(f"call float @llvm.floor.f32(float {xc})")
     frac = c(f"fsub float {xc}, {fl}")
-    p = _horner(c, frac, _EXP2_POLY)
+    p = _horner(c, frac, EXP2_POLY)
     nan = c(f"fcmp uno float {x}, 0.0")
     safe = c(f"select i1 {nan}, float 0.0, float {fl}")
     e = c(f"fptosi float {safe} to i32")
@@ -123,8 +125,7 @@ def _log2(c: _Ctx, x: str) -> str:
     den = c(f"fadd float {m2}, 1.0")
     s_ = c(f"fdiv float {num}, {den}")
     s2 = c(f"fmul float {s_}, {s_}")
-    k = 2.0 / np.log(2.0)          # 2/ln2 * (s + s^3/3 + s^5/5 + s^7/7 + s^9/9)
-    poly = _horner(c, s2, tuple(k / (2 * i + 1) for i in range(5)))
+    poly = _horner(c, s2, LOG2_POLY)
     ps = c(f"fmul float {poly}, {s_}")
     r = c(f"fadd float {ef}, {ps}")
     zero = c(f"fcmp oeq float {x}, 0.0")
@@ -366,10 +367,10 @@ class LLVMProgram:
         self.name, self.src = k.name, src
         addr = compiler().compile(src, k.name)
         self.fn = ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * len(k.params)), ctypes.c_int64, ctypes.c_int64)(addr)
-        self.extent = k.insts[k.parallel_ranges()[0]].arg if k.parallel else 1
 
-    def __call__(self, *ptrs: int, lo: int = 0, hi: int | None = None) -> None:
-        self.fn(*ptrs, lo, self.extent if hi is None else hi)
+    def __call__(self, *ptrs: int, lo: int, hi: int) -> None:
+        """Run iterations [lo, hi) of the kernel's outermost parallel loop (ignored without one)."""
+        self.fn(*ptrs, lo, hi)
 
 
 _ = (DType, bool_, float32, int32, LInst)

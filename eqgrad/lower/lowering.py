@@ -30,8 +30,9 @@ def strides_of(shape: tuple[int, ...]) -> tuple[int, ...]:
 
 
 class Lowerer:
-    def __init__(self, kernel: Kernel, plan: KernelPlan):
+    def __init__(self, kernel: Kernel, plan: KernelPlan, upcast: tuple[int, int] | None = None):
         self.kernel = kernel
+        self.upcast = upcast          # (lanes on the last output axis, lanes on the one before); None: heuristic
         self.param_of: dict[int, int] = {kernel.out: 0}
         self.params: list[tuple[str, DType, bool]] = [(f"b{kernel.out}", plan.buffers[kernel.out][1], True)]
         for b in kernel.inputs:
@@ -238,12 +239,16 @@ class Lowerer:
             return {}
         body = len(root.walk())
         up: dict[int, int] = {}
-        w1 = next((w for w in (16, 8, 4) if shape[last] % w == 0 and body * w <= 4096), 1)
+        if self.upcast is not None:             # forced by the kernel search (or a user)
+            w1s, w0s = (self.upcast[0],), (self.upcast[1],)
+        else:
+            w1s, w0s = (16, 8, 4), (8, 4, 2)
+        w1 = next((w for w in w1s if w > 1 and shape[last] % w == 0 and body * w <= 8192), 1)
         if w1 > 1:
             up[last] = w1
             prev = next((d for d in range(last - 1, -1, -1) if shape[d] > 1), None)
             if prev is not None:
-                w0 = next((w for w in (4, 2) if shape[prev] % w == 0 and body * w * w1 <= 4096), 1)
+                w0 = next((w for w in w0s if w > 1 and shape[prev] % w == 0 and body * w * w1 <= 8192), 1)
                 if w0 > 1:
                     up[prev] = w0
         return up
@@ -342,5 +347,6 @@ def _zero(dt: DType) -> Any:
     return False if dt is bool_ else (0.0 if dt.is_float else 0)
 
 
-def lower_kernel(kernel: Kernel, plan: KernelPlan) -> LoopKernel:
-    return Lowerer(kernel, plan).lower()
+def lower_kernel(kernel: Kernel, plan: KernelPlan, upcast: tuple[int, int] | None = None) -> LoopKernel:
+    """``upcast`` forces the register lanes (last output axis, the axis before); None chooses them."""
+    return Lowerer(kernel, plan, upcast).lower()

@@ -1,0 +1,102 @@
+"""Kernel-level search: try register-lane (upcast) settings for a kernel on the device, keep the
+fastest, remember it on disk.
+
+With ``EQGRAD_BEAM=k`` the LLVM device lowers each kernel with the heuristic setting and up to
+``k`` alternatives from :data:`CANDIDATES`, compiles and times each (median of 3 runs on random
+inputs of the kernel's buffer shapes, threads as in a real run), checks that every candidate
+computes the same output as the heuristic one (a candidate that does not is discarded: the search
+never changes results), and keeps the fastest. Each kernel's search stops after
+``EQGRAD_BEAM_TIME`` seconds. The winner is cached by the kernel's source and the machine in
+``~/.cache/eqgrad/beam.json`` (versioned, written atomically, a corrupt file is ignored), so the
+search runs once per kernel and machine.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from typing import Callable
+
+import numpy as np
+
+from ..extract.cost import cache_dir, machine_id
+from ..extract.plan import Kernel, KernelPlan
+
+CACHE_VERSION = 1
+# most promising first (the search may stop at its time limit); (0, 0) is "no lanes"
+CANDIDATES: list[tuple[int, int]] = [(16, 4), (16, 8), (32, 4), (8, 8), (32, 2), (8, 4), (16, 2), (4, 4),
+                                     (32, 1), (16, 1), (8, 2), (8, 1), (4, 1), (0, 0)]
+
+
+def _load() -> dict:
+    try:
+        data = json.loads((cache_dir() / "beam.json").read_text())
+        return data.get("entries", {}) if data.get("version") == CACHE_VERSION else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _save(key: str, value: list[int] | None) -> None:
+    entries = _load()
+    entries[key] = value
+    path = cache_dir() / "beam.json"
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"version": CACHE_VERSION, "entries": entries}))
+    os.replace(tmp, path)
+
+
+def search_upcast(k: Kernel, plan: KernelPlan, width: int, time_limit: float,
+                  build: Callable[[tuple[int, int] | None], tuple[str, Callable[..., None]]],
+                  progress: Callable[[int, int], None] | None = None) -> tuple[tuple[int, int] | None, dict]:
+    """Best upcast for kernel ``k``. ``build(upcast)`` returns (source, run(bufs)) for a setting."""
+    from ..devices import Buffer
+    base_src, base_run = build(None)
+    key = hashlib.sha256((base_src + machine_id()).encode()).hexdigest()[:24]
+    cached = _load().get(key, "miss")
+    if cached != "miss":
+        return (tuple(cached) if cached else None), {"cache": "hit"}
+    rng = np.random.default_rng(0)
+    ids = [k.out, *k.inputs]
+    bufs: dict[int, Buffer] = {}
+    for b in ids:
+        shape, dt = plan.buffers[b]
+        arr = rng.standard_normal(shape).astype(dt.np) if dt.is_float else rng.integers(-3, 4, shape).astype(dt.np)
+        bufs[b] = Buffer.from_numpy(arr, "LLVM")
+
+    def timed(run: Callable, best: float = float("inf")) -> tuple[float, np.ndarray]:
+        t0 = time.perf_counter()
+        run(bufs)
+        first = time.perf_counter() - t0
+        if first > 4 * best:            # hopeless: do not spend three more runs on it
+            return first, bufs[k.out].data.copy()
+        ts = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            run(bufs)
+            ts.append(time.perf_counter() - t0)
+        return float(np.median(ts)), bufs[k.out].data.copy()
+
+    t0 = time.perf_counter()
+    best_t, ref = timed(base_run)
+    best, seen, tried = None, {base_src}, {"heuristic": best_t}
+    cands = CANDIDATES[:width]
+    for i, up in enumerate(cands):
+        if time.perf_counter() - t0 > time_limit:
+            break
+        src, run = build(up)
+        if src in seen:
+            continue
+        seen.add(src)
+        t, out = timed(run, best_t)
+        # float results may differ by summation order only (reassociated reductions)
+        scale = float(np.nanmax(np.abs(ref[np.isfinite(ref)]))) if out.dtype.kind == "f" and np.isfinite(ref).any() else 1.0
+        same = np.allclose(out, ref, rtol=1e-3, atol=1e-4 * max(1.0, scale), equal_nan=True) \
+            if out.dtype.kind == "f" else np.array_equal(out, ref)
+        tried[str(up)] = t if same else "wrong result: discarded"
+        if same and t < best_t * 0.97:
+            best, best_t = up, t
+        if progress:
+            progress(i + 1, len(cands))
+    _save(key, list(best) if best else None)
+    return best, tried
