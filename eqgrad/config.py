@@ -100,6 +100,8 @@ THREADS = Flag("EQGRAD_THREADS", os.cpu_count() or 1, int,
 BEAM = Flag("EQGRAD_BEAM", 0, int, "an integer k: try up to k register-lane settings per kernel on the "
             "device and keep the fastest (cached on disk per kernel and machine; 0 = heuristics only)")
 BEAM_TIME = Flag("EQGRAD_BEAM_TIME", 10.0, float, "seconds (float): time limit of the kernel search per kernel")
+PLAN_CACHE = Flag("EQGRAD_PLAN_CACHE", 512, int, "an integer: compiled plans kept in memory (least recently "
+                  "used are dropped; eqgrad.engine.clear_cache() empties it)")
 VALIDATE = Flag("EQGRAD_VALIDATE", 0, int, "0 or 1: re-run every realize on the NumPy reference "
                 "device and raise if the numbers differ")
 

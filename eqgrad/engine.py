@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from collections import OrderedDict
 import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -51,7 +52,26 @@ class CompiledPlan:
     result: Any = None            # the extractor's Result (choice, evaluation, alternatives, info)
 
 
-_plan_cache: dict[Any, CompiledPlan] = {}
+class PlanCache(OrderedDict):
+    """Compiled plans by graph structure, least recently used first; at most EQGRAD_PLAN_CACHE."""
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        cp = super().get(key, default)
+        if cp is not None:
+            self.move_to_end(key)
+        return cp
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        super().__setitem__(key, value)
+        self.move_to_end(key)
+        while len(self) > max(1, config.PLAN_CACHE.value):
+            self.popitem(last=False)
+
+
+_plan_cache: PlanCache = PlanCache()
+# JIT capture (eqgrad/jit.py): called after each plan runs with (plan, input LazyBuffers, targets,
+# buffers), before the targets turn into buffers
+capture_hooks: list[Callable[[CompiledPlan, list[LazyBuffer], list[LazyBuffer], list[Buffer]], None]] = []
 last_plan: CompiledPlan | None = None      # the plan of the most recent realize (for tools and tests)
 
 
@@ -211,6 +231,8 @@ def _realize_on(device: str, targets: list[LazyBuffer]) -> None:
     GlobalCounters.realize_count += 1
     if config.VALIDATE.value:
         validate(targets, order, [bufs[o] for o in plan.outputs], cp, rules)
+    for hook in capture_hooks:
+        hook(cp, inputs, targets, bufs)
     for t, o in zip(targets, plan.outputs):
         t.op, t.src, t.arg, t.buffer = "BUF", (), None, bufs[o]
     if dbg >= 1:

@@ -20,6 +20,10 @@ class AxisError(EqgradError, IndexError, ValueError):
     """An axis or index out of range, or repeated."""
 
 
+class CompileError(EqgradError, RuntimeError):
+    """A kernel failed to compile; the message names the kernel, the device and where its source was written."""
+
+
 class DeviceError(EqgradError, RuntimeError):
     """A device is unknown or unavailable, or tensors are on different devices."""
 
@@ -28,4 +32,8 @@ class AutogradError(EqgradError, RuntimeError):
     """backward() on a tensor that does not require a gradient, a gradient of the wrong shape, ..."""
 
 
-__all__ = ["EqgradError", "ShapeError", "DTypeError", "AxisError", "DeviceError", "AutogradError", "OpError"]
+class JitError(EqgradError, RuntimeError):
+    """A jitted function does something a replay could not repeat (e.g. reads a tensor into Python)."""
+
+
+__all__ = ["EqgradError", "ShapeError", "DTypeError", "AxisError", "DeviceError", "AutogradError", "JitError", "OpError"]

@@ -52,7 +52,18 @@ class LLVMDevice(Device):
         # the split loop's extent is not in the source ([lo, hi) are arguments), so kernels that
         # differ only in it share a program: the extent belongs to the step, not the program
         n = lk.insts[lk.parallel_ranges()[0]].arg if lk.parallel else 1
-        return src, self.program(src, lk), n
+        try:
+            prg = self.program(src, lk)
+        except Exception as e:
+            from ..errors import CompileError
+            from ..extract.cost import cache_dir
+            path = cache_dir() / "failed" / f"{k.name}-{abs(hash(src)) % 10**10}.ll"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(src)
+            raise CompileError(f"LLVM device: kernel {k.name} ({k.ast.render()[:80]}) failed to compile: "
+                               f"{str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}; "
+                               f"its LLVM IR was written to {path}") from e
+        return src, prg, n
 
     def launch(self, k, prg: LLVMProgram, ptrs: list[int], n: int, threads: int) -> None:
         if threads > 1 and n >= threads and k.predicted > PARALLEL_MIN:
