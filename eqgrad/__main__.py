@@ -78,6 +78,31 @@ def _tune_experiment(args: argparse.Namespace) -> int:
     return 0
 
 
+def _fuzz(args: argparse.Namespace) -> int:
+    from hypothesis import HealthCheck, given, settings
+    from .fuzz import check_program, program_strategy
+    failures: list[str] = []
+    count = 0
+
+    @settings(max_examples=args.examples, deadline=None, database=None, derandomize=args.seed is not None,
+              suppress_health_check=list(HealthCheck))
+    @given(program_strategy(max_steps=args.steps))
+    def run(prog) -> None:
+        nonlocal count
+        count += 1
+        for dev in args.device.split(","):
+            err = check_program(prog, dev)
+            assert err is None, f"[{dev}] {err}\n{prog}"
+    try:
+        run()
+    except AssertionError as e:          # hypothesis has shrunk it to a small program
+        failures.append(str(e))
+    print(f"{count} random programs on {args.device}: {'no failures' if not failures else 'FAILED'}")
+    for f in failures:
+        print(f)
+    return 1 if failures else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m eqgrad", description="eqgrad tools")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -110,6 +135,12 @@ def main(argv: list[str] | None = None) -> int:
     ex.add_argument("--json", default="")
     ex.add_argument("--no-progress", action="store_true")
     ex.set_defaults(fn=_tune_experiment)
+    fz = sub.add_parser("fuzz", help="random programs through the whole pipeline, compared with NumPy")
+    fz.add_argument("--examples", type=int, default=500)
+    fz.add_argument("--steps", type=int, default=8, help="most ops per program")
+    fz.add_argument("--device", default="LLVM,NUMPY", help="comma-separated devices")
+    fz.add_argument("--seed", type=int, default=None, help="derandomize (reproducible run)")
+    fz.set_defaults(fn=_fuzz)
     args = p.parse_args(argv)
     return args.fn(args)
 
