@@ -146,14 +146,14 @@ def _compile(targets: list[LazyBuffer], order: list[LazyBuffer], device: str,
     return cp, prog.inputs
 
 
-def _measure(g: EGraph, choice: Any, specs: list, device: str, reps: int = 3) -> float:
-    """Median time of one candidate plan on the device, on random inputs of the right shapes."""
-    specs_plan = build_plan(g, choice, specs)
-    run = get_device(device).prepare(specs_plan)
+def time_plan(plan: KernelPlan, device: str, reps: int = 3) -> float:
+    """Median seconds of one run of ``plan`` on ``device``, on random inputs of its input shapes
+    (after one warm-up run). Used by the measured extractor and the experiments."""
+    run = get_device(device).prepare(plan)
     rng = np.random.default_rng(0)
     bufs = [Buffer.from_numpy(rng.standard_normal(s).astype(d.np) if d.is_float else np.ones(s, d.np), device)
-            for s, d in specs]
-    bufs += [Buffer.empty(s, d, device) for s, d in specs_plan.buffers[len(specs):]]
+            for s, d in plan.buffers[:plan.n_inputs]]
+    bufs += [Buffer.empty(s, d, device) for s, d in plan.buffers[plan.n_inputs:]]
     run(bufs)
     ts = []
     for _ in range(reps):
@@ -161,6 +161,10 @@ def _measure(g: EGraph, choice: Any, specs: list, device: str, reps: int = 3) ->
         run(bufs)
         ts.append(time.perf_counter() - t0)
     return float(np.median(ts))
+
+
+def _measure(g: EGraph, choice: Any, specs: list, device: str) -> float:
+    return time_plan(build_plan(g, choice, specs), device)
 
 
 def _inputs_in_order(order: list[LazyBuffer], targets: list[LazyBuffer]) -> list[LazyBuffer]:

@@ -28,13 +28,14 @@ defaults. Users can replace the whole function: ``eqgrad.extract.using(cost_fn=m
 """
 from __future__ import annotations
 
-import json
 import os
 import platform
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable
+
+from ..cache import JsonCache, cache_dir  # noqa: F401  (cache_dir is part of this module's API)
 
 CALIBRATION_VERSION = 1
 
@@ -51,7 +52,7 @@ class DeviceParams:
 DEFAULT_PARAMS: dict[str, DeviceParams] = {
     "LLVM": DeviceParams(),
     "NUMPY": DeviceParams(launch=20e-6, bandwidth=5e9, peak=2e9),
-    "OPENCL": DeviceParams(launch=30e-6, bandwidth=15e9, peak=50e9),
+    "OPENCL": DeviceParams(launch=20e-6, bandwidth=25e9, peak=50e9),    # PoCL 3.1, 2 cores (calibrated)
     "CUDA": DeviceParams(launch=5e-6, bandwidth=3e12, peak=5e13),
 }
 
@@ -97,12 +98,6 @@ class CostModel:
 
 # ------------------------------------------------------------------ calibration storage
 
-def cache_dir() -> Path:
-    d = Path(os.environ.get("EQGRAD_CACHE_DIR") or Path.home() / ".cache" / "eqgrad")
-    d.mkdir(parents=True, exist_ok=True)
-    return d
-
-
 def machine_id() -> str:
     cpu = ""
     try:
@@ -115,28 +110,16 @@ def machine_id() -> str:
     return f"{platform.node()}|{platform.machine()}|{cpu}|{os.cpu_count()}"
 
 
-def _calibration_file() -> Path:
-    return cache_dir() / "calibration.json"
+CALIBRATIONS = JsonCache("calibration", CALIBRATION_VERSION)
 
 
 def load_calibrations() -> dict:
-    try:
-        data = json.loads(_calibration_file().read_text())
-        if data.get("version") != CALIBRATION_VERSION:
-            return {}
-        return data.get("entries", {})
-    except (OSError, ValueError):
-        return {}           # missing or corrupt: ignore (it is rebuilt by the next calibration)
+    """Every stored calibration (a missing or corrupt file gives none; the next calibration rebuilds it)."""
+    return CALIBRATIONS.load()
 
 
 def save_calibration(device: str, params: DeviceParams) -> Path:
-    entries = load_calibrations()
-    entries[f"{device}|{machine_id()}"] = asdict(params)
-    path = _calibration_file()
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"version": CALIBRATION_VERSION, "entries": entries}, indent=1))
-    os.replace(tmp, path)      # atomic
-    return path
+    return CALIBRATIONS.put(f"{device}|{machine_id()}", asdict(params))
 
 
 def params_for(device: str) -> DeviceParams:

@@ -59,20 +59,8 @@ def default_programs() -> dict[str, Callable[[], list]]:
 
 
 def _time_plan(plan, device: str, reps: int) -> float:
-    from ..devices import Buffer, get_device
-    run = get_device(device).prepare(plan)
-    rng = np.random.default_rng(0)
-    bufs = [Buffer.from_numpy(rng.standard_normal(s).astype(d.np) if d.is_float else np.ones(s, d.np), device)
-            for s, d in plan.buffers[:plan.n_inputs]]
-    bufs += [Buffer.empty(s, d, device) for s, d in plan.buffers[plan.n_inputs:]]
-    run(bufs)
-    ts = []
-    import time
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        run(bufs)
-        ts.append(time.perf_counter() - t0)
-    return float(np.median(ts))
+    from ..engine import time_plan
+    return time_plan(plan, device, reps)
 
 
 def run_experiment(programs: dict[str, Callable[[], list]] | None = None,

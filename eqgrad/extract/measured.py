@@ -9,11 +9,10 @@ ignored and measured again), like tinygrad's BEAM cache.
 from __future__ import annotations
 
 import hashlib
-import json
-import os
 from typing import Callable
 
-from .cost import CostModel, cache_dir
+from ..cache import JsonCache
+from .cost import CostModel
 from .egraph import EGraph
 from .evaluate import Choice
 from .greedy import ImproveExtractor, Result
@@ -28,21 +27,7 @@ def choice_signature(g: EGraph, choice: Choice, reachable: set[int]) -> str:
     return h.hexdigest()[:20]
 
 
-def _load() -> dict:
-    try:
-        data = json.loads((cache_dir() / "measured.json").read_text())
-        return data.get("entries", {}) if data.get("version") == CACHE_VERSION else {}
-    except (OSError, ValueError):
-        return {}
-
-
-def _save(key: str, entry: dict) -> None:
-    entries = _load()
-    entries[key] = entry
-    path = cache_dir() / "measured.json"
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"version": CACHE_VERSION, "entries": entries}))
-    os.replace(tmp, path)
+CACHE = JsonCache("measured", CACHE_VERSION)
 
 
 class MeasuredExtractor(ImproveExtractor):
@@ -62,7 +47,7 @@ class MeasuredExtractor(ImproveExtractor):
         cands = res.candidates[: self.k] or [(res.evaluation.total, res.choice)]
         sigs = [choice_signature(self.g, c, self.ev.reachable(c)) for _, c in cands]
         if self.cache_key:
-            hit = _load().get(self.cache_key)
+            hit = CACHE.get(self.cache_key)
             if hit and hit.get("signature") in sigs:
                 choice = cands[sigs.index(hit["signature"])][1]
                 res.info.update(measured="cache hit", seconds=hit.get("seconds"))
@@ -77,5 +62,5 @@ class MeasuredExtractor(ImproveExtractor):
         res.info.update(measured=[(round(p * 1e6, 1), round(t * 1e6, 1)) for (p, _), t in zip(cands, times)],
                         picked=best)
         if self.cache_key:
-            _save(self.cache_key, dict(signature=sigs[best], seconds=times[best]))
+            CACHE.put(self.cache_key, dict(signature=sigs[best], seconds=times[best]))
         return Result(choice, self.ev.evaluate(choice), self.name, res.alternatives, cands, res.info)

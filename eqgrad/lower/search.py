@@ -13,14 +13,13 @@ search runs once per kernel and machine.
 from __future__ import annotations
 
 import hashlib
-import json
-import os
 import time
 from typing import Callable
 
 import numpy as np
 
-from ..extract.cost import cache_dir, machine_id
+from ..cache import JsonCache
+from ..extract.cost import machine_id
 from ..extract.plan import Kernel, KernelPlan
 
 CACHE_VERSION = 1
@@ -29,21 +28,7 @@ CANDIDATES: list[tuple[int, int]] = [(16, 4), (16, 8), (32, 4), (8, 8), (32, 2),
                                      (32, 1), (16, 1), (8, 2), (8, 1), (4, 1), (0, 0)]
 
 
-def _load() -> dict:
-    try:
-        data = json.loads((cache_dir() / "beam.json").read_text())
-        return data.get("entries", {}) if data.get("version") == CACHE_VERSION else {}
-    except (OSError, ValueError):
-        return {}
-
-
-def _save(key: str, value: list[int] | None) -> None:
-    entries = _load()
-    entries[key] = value
-    path = cache_dir() / "beam.json"
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"version": CACHE_VERSION, "entries": entries}))
-    os.replace(tmp, path)
+CACHE = JsonCache("beam", CACHE_VERSION)
 
 
 def search_upcast(k: Kernel, plan: KernelPlan, width: int, time_limit: float,
@@ -53,7 +38,7 @@ def search_upcast(k: Kernel, plan: KernelPlan, width: int, time_limit: float,
     from ..devices import Buffer
     base_src, base_run = build(None)
     key = hashlib.sha256((base_src + machine_id()).encode()).hexdigest()[:24]
-    cached = _load().get(key, "miss")
+    cached = CACHE.get(key, "miss")
     if cached != "miss":
         return (tuple(cached) if cached else None), {"cache": "hit"}
     rng = np.random.default_rng(0)
@@ -98,5 +83,5 @@ def search_upcast(k: Kernel, plan: KernelPlan, width: int, time_limit: float,
             best, best_t = up, t
         if progress:
             progress(i + 1, len(cands))
-    _save(key, list(best) if best else None)
+    CACHE.put(key, list(best) if best else None)
     return best, tried
