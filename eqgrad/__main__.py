@@ -25,7 +25,7 @@ def _rules_check(args: argparse.Namespace) -> int:
 
     def show(res) -> None:
         counts[res.status] = counts.get(res.status, 0) + 1
-        if res.status != "sound" or args.verbose:
+        if res.status not in ("sound", "skipped") or args.verbose:
             print(res, flush=True)
 
     check_rules(rules, n=args.n, seed=args.seed, progress=show)
