@@ -1,11 +1,11 @@
-# make demo  -- set up (first time) and run the demo on the CPU (LLVM)
+# make demo  -- set up (first time) and run the demos on the CPU (LLVM): one layer, then training on digits
 # make test  -- set up (first time) and run the whole test suite
-# make bench -- compare eqgrad with NumPy, PyTorch and tinygrad (whichever are installed)
+# make bench -- compare eqgrad with NumPy, PyTorch and tinygrad (whichever are installed): core ops, a training step
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 
-.PHONY: demo test bench clean
+.PHONY: demo test bench clean opencl
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,12 +15,24 @@ $(VENV)/.installed: pyproject.toml
 
 demo: $(VENV)/.installed
 	$(PY) examples/demo.py
+	$(PY) examples/train_digits.py
 
-test: $(VENV)/.installed
+# PoCL, a CPU OpenCL, so the op tests also run on the OPENCL device. Installed with apt where apt
+# exists and we are root; elsewhere (or if apt fails) the OPENCL tests are skipped, not failed.
+OPENCL_PKGS := pocl-opencl-icd ocl-icd-libopencl1
+opencl:
+	@if dpkg -s $(OPENCL_PKGS) >/dev/null 2>&1; then :; \
+	elif command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(OPENCL_PKGS) >/dev/null) \
+	    || echo "make: could not install $(OPENCL_PKGS); the OPENCL tests will be skipped"; \
+	else echo "make: no apt-get or not root: PoCL not installed; the OPENCL tests will be skipped"; fi
+
+test: $(VENV)/.installed opencl
 	$(PY) -m pytest -n 2 -p no:cacheprovider tests
 
 bench: $(VENV)/.installed
 	$(PY) bench/bench_core.py
+	$(PY) bench/bench_train.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

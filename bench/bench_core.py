@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Core-op benchmark: eqgrad vs NumPy, PyTorch (eager, CPU) and tinygrad.
+"""Core-op benchmark: eqgrad (LLVM and OpenCL) vs NumPy, PyTorch (eager, CPU) and tinygrad.
 
 Workloads (full size / --quick size):
   elementwise  8-op chain log(exp((a*b + c)*0.5 - a) + |b|) on 16M (1M) float32
@@ -9,8 +9,8 @@ Workloads (full size / --quick size):
   matmul1024   1024x1024 @ 1024x1024 (256x256) float32
 
 Per workload and framework it reports the median wall time over --reps timed
-repetitions (after warm-up), the ratio to eqgrad's median (to NumPy's when
-eqgrad is unavailable), the first-call latency (includes compilation for the
+repetitions (after warm-up), the ratio to the first eqgrad column's median (to
+NumPy's when eqgrad is unavailable), the first-call latency (includes compilation for the
 lazy frameworks), kernels launched per run (eqgrad and tinygrad) and whether
 the result matches NumPy's.  Inputs are created and realized once, outside the
 timed region; for lazy frameworks every repetition rebuilds the lazy graph from
@@ -19,6 +19,7 @@ those inputs and forces it.
   python bench/bench_core.py                 # full run, 10 reps
   python bench/bench_core.py --quick         # CI smoke run (sizes /16, 3 reps)
   python bench/bench_core.py --only softmax,matmul512 --json bench/results/core.json
+  python bench/bench_core.py --eqgrad-devices LLVM,OPENCL --tinygrad-devices CL   # OpenCL side by side
 """
 from __future__ import annotations
 
@@ -194,12 +195,15 @@ class TinygradFW(LazyTensorFW):
 
 
 class EqgradFW(LazyTensorFW):
-  name = "eqgrad"
+  def __init__(self, device: str):
+    self.device, self.name = device, f"eqgrad[{device}]"
   def setup(self):
     try:
       import eqgrad
       self.Tensor = eqgrad.Tensor
     except Exception as e: raise Skip(f"eqgrad not usable: {type(e).__name__}: {e}")
+    try: self.dev = eqgrad.devices.get_device(self.device)   # realize() returns once the kernels are done
+    except eqgrad.DeviceError as e: raise Skip(f"eqgrad device {self.device} unusable: {str(e)[:160]}")
     self.eqgrad = eqgrad
     gc_ = getattr(eqgrad, "GlobalCounters", None)
     self.counters = gc_ if isinstance(getattr(gc_, "kernel_count", None), int) else None
@@ -207,11 +211,10 @@ class EqgradFW(LazyTensorFW):
   def info(self):
     d = {"version": getattr(self.eqgrad, "__version__", "dev"), "path": os.path.dirname(self.eqgrad.__file__),
          "kernel_count": "yes" if self.counters else "unavailable", "force": "realize()" if self.has_realize else "numpy()"}
-    try: d["device"] = str(self.Tensor(np.zeros(1, np.float32)).device)
-    except Exception: pass
+    d["device"] = repr(self.dev)
     return d
   def to_input(self, arr):
-    t = self.Tensor(arr)
+    t = self.Tensor(arr, device=self.device)
     if self.has_realize: t.realize()
     return t
   def force(self, out):
@@ -352,6 +355,8 @@ def main(argv=None) -> int:
   p.add_argument("--frameworks", default="eqgrad,numpy,torch,tinygrad",
                  help="comma-separated subset of eqgrad,numpy,torch,tinygrad (default: all)")
   p.add_argument("--tinygrad-devices", default="CPU,CL", help="tinygrad devices, one column each (default CPU,CL)")
+  p.add_argument("--eqgrad-devices", default="LLVM,OPENCL",
+                 help="eqgrad devices, one column each (default LLVM,OPENCL); the first is the baseline")
   p.add_argument("--no-eqgrad", action="store_true", help="skip the eqgrad column")
   p.add_argument("--json", default=None, metavar="PATH", help="write environment and results as JSON")
   args = p.parse_args(argv)
@@ -369,7 +374,7 @@ def main(argv=None) -> int:
   names = [s.strip() for s in args.frameworks.split(",") if s.strip()]
   candidates: list[Framework] = []
   for n in names:
-    if n == "eqgrad" and not args.no_eqgrad: candidates.append(EqgradFW())
+    if n == "eqgrad" and not args.no_eqgrad: candidates += [EqgradFW(d.strip().upper()) for d in args.eqgrad_devices.split(",") if d.strip()]
     elif n == "numpy": candidates.append(NumpyFW())
     elif n == "torch": candidates.append(TorchFW())
     elif n == "tinygrad": candidates += [TinygradFW(d.strip()) for d in args.tinygrad_devices.split(",") if d.strip()]
@@ -381,10 +386,10 @@ def main(argv=None) -> int:
       fw.setup()
       fws.append(fw)
     except Skip as e: skipped[fw.name] = str(e)
-  baseline = "eqgrad" if any(fw.name == "eqgrad" for fw in fws) else "numpy"
+  baseline = next((fw.name for fw in fws if isinstance(fw, EqgradFW)), "numpy")
 
   env = print_env(fws, skipped, args)
-  if baseline != "eqgrad": print("NOTE: eqgrad column unavailable; ratios are relative to numpy")
+  if baseline == "numpy": print("NOTE: eqgrad column unavailable; ratios are relative to numpy")
 
   results: list[Result] = []
   for w in workloads:

@@ -7,12 +7,20 @@
 from .config import Context
 from .dtype import bool_, float32, int32, DType
 from .engine import EqgradWarning, GlobalCounters
-from .errors import AxisError, DeviceError, DTypeError, EqgradError, ShapeError
+from .errors import AxisError, CompileError, DeviceError, DTypeError, EqgradError, ShapeError
 from .extract.explain import explain
 from .frontend.tensor import Tensor, manual_seed
+
+from .errors import AutogradError, JitError
+from .frontend.autograd import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
+from .frontend.tensor import realize
+from .frontend.jit import jit
+from . import nn, optim
 
 bool = bool_  # noqa: A001  (eqgrad.bool, as torch.bool)
 
 __all__ = ["Tensor", "Context", "explain", "GlobalCounters", "manual_seed", "DType", "float32", "int32", "bool_",
            "EqgradError", "ShapeError", "DTypeError", "AxisError", "DeviceError", "EqgradWarning"]
+__all__ += ["realize", "no_grad", "enable_grad", "set_grad_enabled", "is_grad_enabled", "jit", "nn", "optim",
+            "AutogradError", "JitError"]
 __version__ = "0.1.0"

@@ -257,9 +257,12 @@ def _g_sum(g, out, s, arg):
 
 
 def _g_rmax(g, out, s, arg):
-    # NOTE: ties share the gradient evenly (as torch.amax); the mask is where x equals the max
-    x = s[0]
-    mask = x.alu("CMPEQ", out.movement("EXPAND", x.shape)).alu("CAST", arg=x.dtype)
+    # NOTE: ties share the gradient evenly (as torch.amax); the mask is where x equals the max.
+    # x is materialized and its max taken again from that buffer: a kernel that recomputes x
+    # may round differently (FMA contraction, summation order) from the kernel that computed the
+    # forward max, and then no element would equal it (a zero count: inf gradients).
+    x = s[0].contiguous()
+    mask = x.alu("CMPEQ", x.reduce("RMAX", arg).movement("EXPAND", x.shape)).alu("CAST", arg=x.dtype)
     share = g.alu("MUL", mask.reduce("RSUM", arg).alu("RECIP"))
     return (mask.alu("MUL", share.movement("EXPAND", x.shape)),)
 

@@ -8,9 +8,21 @@ import numpy as np
 import pytest
 
 import eqgrad
+import eqgrad.devices
 from eqgrad import Tensor
 
-DEVICES = ["LLVM", "NUMPY"]
+
+def _available(name: str) -> bool:
+    try:
+        eqgrad.devices.get_device(name)
+        return True
+    except eqgrad.DeviceError:
+        return False
+
+
+# the op tests run on every device that can run here: OPENCL where pyopencl and a platform exist
+# (PoCL in CI, installed by `make test`), CUDA where pycuda and a GPU exist
+DEVICES = ["LLVM", "NUMPY"] + [d for d in ("OPENCL", "CUDA") if _available(d)]
 
 
 @pytest.fixture(autouse=True, scope="session")

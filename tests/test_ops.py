@@ -1,4 +1,5 @@
-"""Every Tensor op against NumPy, on both devices (LLVM and NUMPY).
+"""Every Tensor op against NumPy, on every device that can run here (conftest.DEVICES: LLVM, NUMPY,
+OPENCL where an OpenCL platform exists, CUDA where a GPU exists).
 
 Each distinct program costs a compile (~30-60 ms), so shapes and inputs are reused and the
 parameter grids are kept small; the cases are chosen to hit 0-d tensors, size-1 and size-0 axes,

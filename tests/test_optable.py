@@ -5,9 +5,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from eqgrad.devices.cstyle import ALU as C_ALU
 from eqgrad.devices.llvm import ALU as LLVM_ALU
 from eqgrad.dtype import bool_, float32, int32
-from eqgrad.ops import ALU_OPS, MOVEMENT_OPS, OPS, REDUCE_OPS
+from eqgrad.ops import ALU_OPS, MOVEMENT_OPS, OPS, REDUCE_OPS, NoGrad
 from eqgrad.rules.ir import declarations, generated_rulebooks
 
 RULEBOOKS = Path(__file__).resolve().parents[1] / "rulebooks"
@@ -24,10 +25,12 @@ def test_op_has_every_piece(name):
         assert f'"shape-{o.egg.lower()}' in generated_rulebooks(), "shape analysis rule"
     if name in ALU_OPS:
         assert name in LLVM_ALU, "LLVM renderer rule"
+        assert name in C_ALU, "C-style (OpenCL, CUDA) renderer rule"
 
 
 def test_renderer_has_no_extra_ops():
     assert set(LLVM_ALU) == set(ALU_OPS)
+    assert set(C_ALU) == set(ALU_OPS)
 
 
 def test_fusion_rulebook_covers_every_argument_position():
@@ -82,3 +85,15 @@ def test_integer_division_semantics():
     b = np.array([2, 2, -2, -2, 0, -1], np.int32)
     assert OPS["IDIV"].ref([a, b], None, int32).tolist() == [3, -3, -3, 3, 0, -2147483648]
     assert OPS["MOD"].ref([a, b], None, int32).tolist() == [1, -1, 1, -1, 0, 0]
+
+
+@pytest.mark.parametrize("name", sorted(OPS))
+def test_op_has_a_gradient_or_says_why_not(name):
+    """Every op defines its gradient once in the table, or is marked not differentiable with a reason."""
+    g = OPS[name].grad
+    assert g is not None, f"{name} has no gradient: give it a rule (ops.py, 'gradients') or NoGrad(reason)"
+    assert callable(g) or (isinstance(g, NoGrad) and g.reason), f"{name}: grad must be a rule or NoGrad(reason)"
+    if OPS[name].kind in ("unary", "binary", "ternary", "reduce", "movement", "boundary") and "f" in OPS[name].dtypes \
+            and OPS[name].dtype_rule([float32] * max(OPS[name].arity, 1), None if name != "CAST" else float32) is float32:
+        # an op that maps floats to floats is differentiable unless it says otherwise
+        assert callable(g) or name == "TRUNC", f"{name} maps float32 to float32 but has no gradient rule"

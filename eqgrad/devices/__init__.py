@@ -85,6 +85,9 @@ class Buffer:
 class Device:
     name = "?"
 
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name}>"
+
     @property
     def params(self) -> DeviceParams:
         return DEFAULT_PARAMS[self.name]

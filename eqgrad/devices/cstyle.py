@@ -10,27 +10,30 @@ The semantics mirror the LLVM renderer (``llvm.py``) exactly:
   index arithmetic (64-bit) divides by positive constants only and stays plain C;
 - float ``MAX`` propagates NaN (NumPy's ``maximum``; C's ``fmax`` would drop it);
 - float -> int32 casts saturate and map NaN to 0 (LLVM's ``fptosi.sat``); float -> bool is ``!= 0``;
-- float constants are exact hex literals; exp2/log2/sin/sqrt are the dialect's full-precision
-  library functions (never the ``native_``/``__`` fast variants), well inside the LLVM device's
-  documented error bounds (docs/semantics.md); division and sqrt are correctly rounded.
+- float constants are exact hex literals; division and sqrt are correctly rounded;
+- exp2/log2 are either the LLVM device's own straight-line polynomials (``poly_exp2_log2``: the same
+  numbers as LLVM, and vectorizable where a CPU OpenCL's library calls are not) or the dialect's
+  full-precision library functions (never the ``native_``/``__`` fast variants), which are inside the
+  same documented error bounds (docs/semantics.md); sin is always the library's.
 
 Every instruction becomes one typed local (``v12``), constants are written inline, loops are C
 ``for`` loops and accumulators are locals declared before their loops. The loop IR's ``parallel``
-leading output loops are not loops here: each work-item (thread) computes one iteration of them,
-found from its global linear id (the innermost loop varies fastest, so neighbouring work-items
-touch neighbouring memory); the runtime launches ``work_items(k)`` of them, rounded up to its
-group size, and the kernel returns early past the end.
+leading output loops are not loops here: work-items (threads) run their iterations, mapped as
+``launch`` decides (a grid over the innermost loops, or a work-group per output element for a long
+reduction); the runtime launches what ``launch`` returns, so the two always agree.
 """
 from __future__ import annotations
 
 import math
 import re
 import struct
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import numpy as np
 
 from ..lower.loopir import INDEX, LoopKernel
+from .llvm import EXP2_POLY, LOG2_POLY
 
 # ops the renderer implements (checked against the op table by tests/test_optable.py)
 ALU = ("NEG", "EXP2", "LOG2", "SIN", "SQRT", "RECIP", "TRUNC", "CAST", "ADD", "MUL", "MAX", "CMPLT", "CMPEQ",
@@ -39,6 +42,20 @@ ALU = ("NEG", "EXP2", "LOG2", "SIN", "SQRT", "RECIP", "TRUNC", "CAST", "ADD", "M
 
 def _kind(dt: Any) -> str:
     return dt if isinstance(dt, str) else dt.name
+
+
+@dataclass(frozen=True)
+class Launch:
+    mode: str                              # "grid" | "flat" | "group" (CStyleRenderer.launch)
+    global_size: tuple[int, int, int]      # work-items per dimension, a multiple of local_size
+    local_size: tuple[int, int, int]       # work-items per group
+
+
+def _pow2_at_most(n: int) -> int:
+    p = 1
+    while p * 2 <= n:
+        p *= 2
+    return p
 
 
 def work_items(k: LoopKernel) -> int:
@@ -53,11 +70,22 @@ class CStyleRenderer:
     restrict = "restrict"
     func_prefix = "static inline"          # helper functions
     global_id = "0"                        # the work-item's global linear id (an index expression)
+    global_ids = ("0", "0", "0")           # its global id in dimensions 0, 1, 2
+    max_grid = (2**31 - 1, 2**31 - 1, 2**31 - 1)    # most groups per dimension
+    group_id = "0"                         # the work-group's id and the work-item's id in it
+    local_id = "0"
+    local_prefix = ""                      # declares an array in work-group (local/shared) memory
+    barrier = ""                           # a work-group barrier on local memory
+    group_size = 64                        # work-items per group (at most; a power of two)
+    reduce_group = 0                       # work-items that share one reduction (0: never)
     index_type = "long"                    # 64-bit signed, like LLVM's i64 index
     index_suffix = "L"
     uint_type = "unsigned int"
     byte_type = "unsigned char"            # how a bool is stored in memory
-    math = {"EXP2": "exp2", "LOG2": "log2", "SIN": "sin", "SQRT": "sqrt", "TRUNC": "trunc", "FMAX": "fmax"}
+    math = {"EXP2": "exp2", "LOG2": "log2", "SIN": "sin", "SQRT": "sqrt", "TRUNC": "trunc", "FMAX": "fmax",
+            "FLOOR": "floor"}
+    poly_exp2_log2 = False                 # exp2/log2 as the LLVM device's polynomials (helpers below)
+    as_float, as_int = "as_float", "as_int"   # bit casts between float and int
     inf = "INFINITY"
     nan = "NAN"
     name = "C"
@@ -104,7 +132,49 @@ class CStyleRenderer:
             # saturating float -> int32 with NaN -> 0, like LLVM's fptosi.sat
             "f2i_sat": f"{p} int f2i_sat(float x) {{ return x != x ? 0 : x >= 0x1p+31f ? 2147483647 : "
                        f"x <= -0x1p+31f ? (-2147483647 - 1) : (int)x; }}",
+            "exp2_f32": self._exp2_helper(),
+            "log2_f32": self._log2_helper(),
         }
+
+    def _horner(self, x: str, coeffs: tuple[float, ...]) -> str:
+        acc = self.const(coeffs[-1], "float32")
+        for i, k in enumerate(reversed(coeffs[:-1])):
+            acc = f"{acc if i == 0 else f'({acc})'} * {x} + {self.const(k, 'float32')}"
+        return acc
+
+    def _exp2_helper(self) -> str:
+        # llvm.py's _exp2: 2**floor(x) by building the exponent bits, 2**frac(x) by a polynomial;
+        # clamped to [-127, 128] (0 below, inf above), NaN passes through
+        c = lambda v: self.const(v, "float32")
+        return (f"{self.func_prefix} float exp2_f32(float x) {{\n"
+                f"  float xc = x > {c(128.0)} ? {c(128.0)} : x;\n"
+                f"  xc = xc < {c(-127.0)} ? {c(-127.0)} : xc;\n"
+                f"  float fl = {self.math['FLOOR']}(xc);\n"
+                f"  float f = xc - fl;\n"
+                f"  float p = {self._horner('f', EXP2_POLY)};\n"
+                f"  int e = (int)(x != x ? 0.0f : fl);\n"
+                f"  float r = p * {self.as_float}((e + 127) << 23);\n"
+                f"  return x != x ? x : r;\n}}")
+
+    def _log2_helper(self) -> str:
+        # llvm.py's _log2: x = m * 2**e with m in [sqrt(1/2), sqrt(2)), log2(m) = 2/ln2 * atanh(s),
+        # s = (m-1)/(m+1); subnormals rescaled by 2**23 first
+        c = lambda v: self.const(v, "float32")
+        u = self.uint_type
+        return (f"{self.func_prefix} float log2_f32(float x) {{\n"
+                f"  bool sub = x < {c(2.0 ** -126)};\n"
+                f"  int bits = {self.as_int}(sub ? x * {c(2.0 ** 23)} : x);\n"
+                f"  int e = (int)(({u})bits >> 23) - 127;\n"
+                f"  float m = {self.as_float}((bits & 8388607) | 1065353216);\n"
+                f"  bool big = m > {c(1.4142135381698608)};\n"
+                f"  m = big ? m * 0.5f : m;\n"
+                f"  float ef = (float)(e + (int)big) - (sub ? {c(23.0)} : 0.0f);\n"
+                f"  float s = (m - 1.0f) / (m + 1.0f);\n"
+                f"  float s2 = s * s;\n"
+                f"  float r = ef + ({self._horner('s2', LOG2_POLY)}) * s;\n"
+                f"  r = x == 0.0f ? (-{self.inf}) : r;\n"
+                f"  r = x == {self.inf} ? x : r;\n"
+                f"  return (x < 0.0f || x != x) ? {self.nan} : r;\n}}")
 
     # ------------------------------------------------------------------ ALU
     def wrap(self, a: str, op: str, b: str) -> str:
@@ -116,6 +186,8 @@ class CStyleRenderer:
         f, b, i32 = k == "float32", k == "bool", k == "int32"
         if op == "NEG":
             return f"-{a[0]}" if f or k == INDEX else f"!{a[0]}" if b else self.wrap("0", "-", a[0])
+        if op in ("EXP2", "LOG2") and self.poly_exp2_log2:
+            return f"{self._helper(op.lower() + '_f32')}({a[0]})"
         if op in ("EXP2", "LOG2", "SIN", "SQRT", "TRUNC"):
             return f"{self.math[op]}({a[0]})"
         if op == "RECIP":
@@ -152,6 +224,75 @@ class CStyleRenderer:
             return f"{a} != 0"
         return f"({self.reg_type(dst)}){a}"
 
+    # ------------------------------------------------------------------ launch geometry
+    def group_reduce(self, k: LoopKernel) -> dict[int, list[tuple[int, str]]] | None:
+        """Where the kernel shape allows, reduce with a work-group: one group per output element,
+        whose ``reduce_group`` work-items split the outermost reduce loops (those directly inside
+        the parallel loops) between them and combine each accumulator those loops fill through
+        local memory; the rest of the body runs on every work-item and work-item 0 stores.
+        Returns {outermost reduce RANGE: [(accumulator, "ADD" | "MAX"), ...]}, or None when the
+        kernel keeps one work-item per output element (no reduction long enough to share, or many
+        accumulators, e.g. a matmul tile, which is better kept in one work-item's registers)."""
+        L = self.reduce_group
+        if not L:
+            return None
+        body = range(len(k.params) + k.parallel, len(k.insts) - k.parallel)
+        depth, cur, top, acc_depth = 0, -1, {}, {}
+        for i in body:
+            x = k.insts[i]
+            if x.op == "RANGE":
+                if depth == 0:
+                    cur, top[i] = i, []
+                depth += 1
+            elif x.op == "ENDRANGE":
+                depth -= 1
+            elif x.op == "DEFACC":
+                acc_depth[i] = depth
+            elif x.op == "ACCUM" and depth > 0 and acc_depth[x.src[0]] == 0 and (x.src[0], x.arg) not in top[cur]:
+                top[cur].append((x.src[0], x.arg))
+        n_accs = sum(len(a) for a in top.values())
+        if not top or n_accs > 4 or max(k.insts[r].arg for r in top) < 4 * L or work_items(k) * L >= 2**31:
+            return None
+        return top
+
+    def launch(self, k: LoopKernel) -> Launch:
+        """How to launch ``k`` (the runtime follows it; ``render`` writes the matching index code).
+
+        - "group": a long reduction (``group_reduce``), one work-group per output element;
+        - "grid": the innermost parallel loop is dimension 0, the next one dimension 1, the rest
+          are fused into dimension 2, so neighbouring work-items read neighbouring memory (a CPU
+          OpenCL vectorizes dimension 0 with plain vector loads; a GPU coalesces them); groups
+          span dimensions 0 and 1, rounded up (the kernel returns early past the end);
+        - "flat": one linear id, split by division -- only where the grid exceeds ``max_grid``."""
+        if self.group_reduce(k):
+            n = work_items(k)
+            return Launch("group", (n * self.reduce_group, 1, 1), (self.reduce_group, 1, 1))
+        ext = [k.insts[r].arg for r in k.parallel_ranges()][::-1] + [1, 1, 1]      # innermost first
+        e0, e1, e2 = ext[0], ext[1], math.prod(ext[2:])
+        l0 = _pow2_at_most(min(self.group_size, e0))
+        l1 = _pow2_at_most(min(self.group_size // l0, e1))
+        grid = (-(-e0 // l0), -(-e1 // l1), e2)
+        if any(g > m for g, m in zip(grid, self.max_grid)):
+            n = work_items(k)
+            l0 = _pow2_at_most(min(self.group_size, n))
+            return Launch("flat", (-(-n // l0) * l0, 1, 1), (l0, 1, 1))
+        return Launch("grid", (grid[0] * l0, grid[1] * l1, e2), (l0, l1, 1))
+
+    def _delinearize(self, par: list[int], k: LoopKernel, gid: str, put: Callable[[str], None],
+                     val: dict[int, str], kinds: dict[int, str]) -> None:
+        """Declare the loop variables of ``par`` (outermost first) from one linear id."""
+        decls, stride = [], 1
+        for r in reversed(par):                          # innermost varies fastest
+            e = k.insts[r].arg
+            q = gid if stride == 1 else f"{gid} / {self.const(stride, INDEX)}"
+            if r != par[0]:
+                q = f"{q} % {self.const(e, INDEX)}" if stride == 1 else f"({q}) % {self.const(e, INDEX)}"
+            decls.append((r, q))
+            stride *= e
+        for r, q in reversed(decls):
+            val[r], kinds[r] = f"r{r}", INDEX
+            put(f"{self.index_type} r{r} = {q};")
+
     # ------------------------------------------------------------------ the kernel
     def param(self, i: int, kind: str, written: bool) -> str:
         const = "" if written else "const "
@@ -163,6 +304,9 @@ class CStyleRenderer:
         kinds: dict[int, str] = {}
         lines: list[str] = []
         depth = 1
+        grouped = self.group_reduce(k)
+        L = self.reduce_group
+        idx_t = self.index_type
 
         def put(s: str) -> None:
             lines.append("  " * depth + s)
@@ -172,20 +316,48 @@ class CStyleRenderer:
             put(f"{self.reg_type(kind)} v{i} = {rhs};")
 
         par = k.parallel_ranges()
-        if par:
-            put(f"{self.index_type} gid = {self.global_id};")
+        geo = self.launch(k)
+        if grouped:
+            local_kinds = sorted({"float32" if _kind(k.insts[a].dtype) == "float32" else "int32"
+                                  for accs in grouped.values() for a, _ in accs})
+            for lk in local_kinds:
+                put(f"{self.local_prefix} {self.reg_type(lk)} red_{lk}[{L}];")
+            put(f"{idx_t} gid = {self.group_id};")
+            put(f"{idx_t} lid = {self.local_id};")
+            self._delinearize(par, k, "gid", put, val, kinds)
+        elif geo.mode == "flat":
+            put(f"{idx_t} gid = {self.global_id};")
             put(f"if (gid >= {self.const(work_items(k), INDEX)}) return;")
-            decls, stride = [], 1
-            for r in reversed(par):                          # innermost varies fastest
-                e = k.insts[r].arg
-                q = "gid" if stride == 1 else f"gid / {self.const(stride, INDEX)}"
-                if r != par[0]:
-                    q = f"{q} % {self.const(e, INDEX)}" if stride == 1 else f"({q}) % {self.const(e, INDEX)}"
-                decls.append((r, q))
-                stride *= e
-            for r, q in reversed(decls):
+            self._delinearize(par, k, "gid", put, val, kinds)
+        elif par:
+            inner = par[::-1][:2]                            # dimensions 0 and 1
+            for d, r in reversed(list(enumerate(inner))):
                 val[r], kinds[r] = f"r{r}", INDEX
-                put(f"{self.index_type} r{r} = {q};")
+                put(f"{idx_t} r{r} = {self.global_ids[d]};")
+            if len(par) > 2:
+                put(f"{idx_t} gid = {self.global_ids[2]};")
+                self._delinearize(par[:-2], k, "gid", put, val, kinds)
+            past = [f"r{r} >= {self.const(k.insts[r].arg, INDEX)}" for d, r in enumerate(inner)
+                    if geo.global_size[d] != k.insts[r].arg]
+            if past:
+                put(f"if ({' || '.join(past)}) return;")
+
+        def combine(acc: int, op: str) -> None:
+            """Every work-item's partial accumulator -> the group's, in every work-item (a tree)."""
+            kd = kinds[acc]
+            lk = "float32" if kd == "float32" else "int32"
+            arr, a = f"red_{lk}", val[acc]
+            put(f"{arr}[lid] = {a};")
+            put(self.barrier)
+            s = L // 2
+            while s:
+                both = [f"{arr}[lid]", f"{arr}[lid + {s}]"]
+                put(f"if (lid < {s}) {arr}[lid] = {self.alu(op, lk if kd != 'bool' else 'bool', both)};")
+                put(self.barrier)
+                s //= 2
+            put(f"{a} = {arr}[0]{' != 0' if kd == 'bool' else ''};")
+            put(self.barrier)                        # before the array is reused
+
         skip = set(par)
         n_par_end = len(par)
         for i, x in enumerate(k.insts):
@@ -197,7 +369,11 @@ class CStyleRenderer:
             elif x.op == "CONST":
                 val[i], kinds[i] = self.const(x.arg, kd), kd
             elif x.op == "RANGE":
-                put(f"for ({self.index_type} r{i} = 0; r{i} < {self.const(x.arg, INDEX)}; r{i}++) {{")
+                ext = self.const(x.arg, INDEX)
+                if grouped and i in grouped:             # this work-item's share of the iterations
+                    put(f"for ({idx_t} r{i} = lid; r{i} < {ext}; r{i} += {self.const(L, INDEX)}) {{")
+                else:
+                    put(f"for ({idx_t} r{i} = 0; r{i} < {ext}; r{i}++) {{")
                 val[i], kinds[i] = f"r{i}", INDEX
                 depth += 1
             elif x.op == "ENDRANGE":
@@ -206,6 +382,9 @@ class CStyleRenderer:
                     continue
                 depth -= 1
                 put("}")
+                if grouped and x.src[0] in grouped:
+                    for acc, op in grouped[x.src[0]]:
+                        combine(acc, op)
             elif x.op == "DEFACC":
                 val[i], kinds[i] = f"acc{i}", kd
                 put(f"{self.reg_type(kd)} acc{i} = {self.const(x.arg, kd)};")
@@ -223,7 +402,7 @@ class CStyleRenderer:
             elif x.op == "STORE":
                 p, idx, v = x.src
                 sv = f"({self.byte_type}){val[v]}" if kinds[v] == "bool" else val[v]
-                put(f"{val[p]}[{val[idx]}] = {sv};")
+                put(f"{'if (lid == 0) ' if grouped else ''}{val[p]}[{val[idx]}] = {sv};")
             elif x.op == "CAST":
                 src = kinds[x.src[0]]
                 if src == kd:
@@ -238,8 +417,4 @@ class CStyleRenderer:
         params = ", ".join(self.param(i, _kind(d), w) for i, (_, d, w) in enumerate(k.params))
         helpers = self.helpers()
         head = "".join(helpers[h] + "\n" for h in sorted(self.used))
-        return (f"{self.preamble()}{head}{self.kernel_prefix} {k.name}({params}) {{\n"
-                + "\n".join(lines) + "\n}\n")
-
-    def preamble(self) -> str:
-        return ""
+        return f"{head}{self.kernel_prefix} {k.name}({params}) {{\n" + "\n".join(lines) + "\n}\n"

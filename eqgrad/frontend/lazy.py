@@ -52,6 +52,10 @@ class LazyBuffer:
         return LazyBuffer.const(value, self.shape, dtype or self.dtype, self.device)
 
     # ------------------------------------------------------------------ ops
+    def contiguous(self) -> "LazyBuffer":
+        """A CONTIGUOUS boundary: the value is computed once, into a buffer of its own."""
+        return self if self.realized else LazyBuffer("CONTIGUOUS", (self,), None, self.shape, self.dtype, self.device)
+
     def alu(self, op: str, *others: "LazyBuffer", arg: Any = None) -> "LazyBuffer":
         srcs = (self, *others)
         d = OPS[op]

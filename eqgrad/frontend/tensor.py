@@ -1,6 +1,7 @@
 """The Tensor: a lazy, PyTorch-like array. Nothing computes until ``realize()``/``numpy()``/``item()``.
 
-Every method is composed from the primitive ops of the op table (``LazyBuffer.alu/reduce/movement``).
+Every method is composed from the primitive ops of the op table, applied through ``Tensor._apply``,
+which also records how a tensor was computed when a gradient is needed (``frontend/autograd.py``).
 User mistakes (shapes, dtypes, axes, devices) raise here, at the call, with a message naming the op,
 what it expected and what it got.
 """
@@ -14,8 +15,9 @@ import numpy as np
 from .. import dtype as dt
 from ..devices import Buffer, canonical_device
 from ..dtype import DType, bool_, float32, int32
-from ..errors import AxisError, DeviceError, DTypeError, ShapeError
-from ..ops import MAX_RANK
+from ..errors import AutogradError, AxisError, DeviceError, DTypeError, ShapeError
+from ..ops import MAX_RANK, OPS
+from . import autograd
 from .lazy import LazyBuffer
 
 Scalar = int | float | bool
@@ -23,6 +25,10 @@ LOG2_E = 1.0 / math.log(2.0)
 LN_2 = math.log(2.0)
 
 _rng = np.random.default_rng(0)
+
+# Recorders of a JIT capture in progress (eqgrad/jit.py): told about host random draws (redrawn on
+# replay) and host reads (which a replay could not repeat).
+_capture: list[Any] = []
 
 
 def manual_seed(seed: int) -> None:
@@ -44,21 +50,28 @@ def _shape_arg(shape: tuple) -> tuple[int, ...]:
 
 
 class Tensor:
-    __slots__ = ("lazydata", "__weakref__")
+    __slots__ = ("lazydata", "requires_grad", "grad", "_ctx", "_assign_dst", "__weakref__")
     __array_priority__ = 1000     # numpy_array + tensor -> Tensor.__radd__
 
-    def __init__(self, data: Any, dtype: Any = None, device: str | None = None):
-        device = canonical_device(device)
+    def __init__(self, data: Any, dtype: Any = None, device: str | None = None, requires_grad: bool = False):
+        self.requires_grad, self.grad = False, None
+        self._ctx: autograd.Ctx | None = None         # how this tensor was computed (autograd)
+        self._assign_dst: LazyBuffer | None = None    # the buffer a pending assign() writes into
         if isinstance(data, LazyBuffer):
             self.lazydata = data
+            if requires_grad:
+                self.requires_grad_()
             return
+        device = canonical_device(device)
         if isinstance(data, Tensor):
             data = data.numpy()
         want = dt.to_dtype(dtype) if dtype is not None else None
         if isinstance(data, (bool, int, float, np.bool_, np.integer, np.floating)) and not isinstance(data, np.ndarray):
             d = want or dt.scalar_dtype(data)
-            self.lazydata = LazyBuffer.const(data, (), d, device)
-            return
+            if not requires_grad:       # a parameter needs a buffer of its own (optimizers assign to it)
+                self.lazydata = LazyBuffer.const(data, (), d, device)
+                return
+            data = np.array(data, dtype=d.np)
         if isinstance(data, (list, tuple)):
             try:
                 arr = np.array(data)
@@ -78,6 +91,8 @@ class Tensor:
         if arr.ndim > MAX_RANK:
             raise ShapeError(f"Tensor(): at most {MAX_RANK} dimensions, got shape {arr.shape}")
         self.lazydata = LazyBuffer.from_buffer(Buffer.from_numpy(arr.astype(d.np, copy=False), device))
+        if requires_grad:
+            self.requires_grad_()
 
     # ------------------------------------------------------------------ properties
     @property
@@ -112,12 +127,14 @@ class Tensor:
         return f"<Tensor shape={self.shape} dtype={self.dtype.name} device={self.device} {state}>"
 
     # ------------------------------------------------------------------ realization
-    def realize(self) -> "Tensor":
-        from ..engine import realize
-        realize([self.lazydata])
+    def realize(self, *others: "Tensor") -> "Tensor":
+        """Compute this tensor (and ``others``, in the same program) and commit pending assigns."""
+        realize(self, *others)
         return self
 
     def numpy(self) -> np.ndarray:
+        for rec in _capture:
+            rec.host_read(self)
         self.realize()
         return self.lazydata.buffer.numpy().reshape(self.shape)
 
@@ -138,10 +155,112 @@ class Tensor:
 
     def contiguous(self) -> "Tensor":
         """Force a kernel boundary: this value is materialized in its own buffer."""
-        return Tensor(LazyBuffer("CONTIGUOUS", (self.lazydata,), None, self.shape, self.dtype, self.device))
+        return self._apply("CONTIGUOUS")
 
     def detach(self) -> "Tensor":
+        """The same value, cut from the autograd graph (shares the buffer, as torch's detach)."""
         return Tensor(self.lazydata)
+
+    def assign(self, value: Any) -> "Tensor":
+        """Write ``value`` into this tensor in place (broadcast and cast to its shape and dtype).
+
+        Lazy like everything else: the tensor reads as ``value`` at once, and the write happens when
+        it is realized (an optimizer step realizes all its parameters in one program). The new value
+        is computed into a fresh buffer, and the tensor's realized LazyBuffer is re-pointed to that
+        buffer, so everything that shares it (``detach()``, the JIT's bindings, graphs built before
+        and realized after) sees the new value -- the semantics of an in-place write. No gradient
+        flows through an assign (as torch's in-place updates under ``no_grad``). See docs/training.md.
+
+            >>> w = Tensor([1.0, 2.0])
+            >>> w.assign(w * 10).tolist()
+            [10.0, 20.0]
+        """
+        v = value if isinstance(value, Tensor) else Tensor(value, dtype=self.dtype, device=self.device)
+        if v.device != self.device:
+            raise DeviceError(f"assign: value is on {v.device}, the tensor on {self.device}")
+        if v.shape != self.shape:
+            try:
+                v = v._expand_to(_broadcast_shape(self.shape, v.shape, "assign"))
+            except ShapeError:
+                v = None
+            if v is None or v.shape != self.shape:
+                raise ShapeError(f"assign: a value of shape {value.shape if isinstance(value, Tensor) else np.shape(value)} "
+                                 f"does not broadcast to the tensor's shape {self.shape}")
+        if v.dtype != self.dtype:
+            v = v.cast(self.dtype)
+        if self._assign_dst is None and self.lazydata.realized:
+            self._assign_dst = self.lazydata
+        self.lazydata, self._ctx = v.lazydata, None
+        return self
+
+    def _commit_assign(self) -> None:
+        """After realize: re-point the assigned LazyBuffer to the buffer of the new value."""
+        dst, src = self._assign_dst, self.lazydata
+        self._assign_dst = None
+        if dst is src:
+            return
+        dst.buffer = src.buffer
+        self.lazydata = dst
+        for rec in _capture:
+            rec.commit(dst, src)
+
+    # ------------------------------------------------------------------ autograd
+    def requires_grad_(self, requires_grad: bool = True) -> "Tensor":
+        """Mark a tensor as a leaf whose gradient ``backward`` accumulates into ``.grad``."""
+        if requires_grad and not self.dtype.is_float:
+            raise DTypeError(f"requires_grad: only float32 tensors can require a gradient, got {self.dtype.name}")
+        self.requires_grad = bool(requires_grad)
+        return self
+
+    @property
+    def is_leaf(self) -> bool:
+        return self._ctx is None
+
+    def backward(self, gradient: Any = None) -> None:
+        """Accumulate the gradient of this tensor into ``.grad`` of every leaf that requires one.
+
+        Without ``gradient`` the tensor must have one element (a loss); otherwise ``gradient`` has
+        this tensor's shape (the vector of a vector-Jacobian product). Nothing is computed here:
+        the gradients are lazy tensors, realized by an optimizer step or ``.numpy()``.
+
+            >>> x = Tensor([[1.0, 2.0], [3.0, 4.0]], requires_grad=True)
+            >>> (x.sum(axis=1) * Tensor([1.0, -1.0])).sum().backward()
+            >>> x.grad.tolist()
+            [[1.0, 1.0], [-1.0, -1.0]]
+        """
+        if not self.requires_grad:
+            raise AutogradError("backward(): this tensor does not require a gradient: no input of the "
+                                "ops that computed it has requires_grad=True (or it was computed under no_grad)")
+        if gradient is None:
+            if self.numel() != 1:
+                raise ShapeError(f"backward(): a gradient can be created implicitly only for a tensor with one "
+                                 f"element, got shape {self.shape}; pass gradient=")
+            g = LazyBuffer.const(1.0, self.shape, float32, self.device)
+        else:
+            gt = gradient if isinstance(gradient, Tensor) else Tensor(gradient, dtype=float32, device=self.device)
+            if gt.shape != self.shape:
+                raise ShapeError(f"backward(): gradient shape {gt.shape} != tensor shape {self.shape}")
+            g = gt.float().lazydata
+        autograd.backward(self, g)
+
+    def _apply(self, op: str, *srcs: "Tensor", arg: Any = None) -> "Tensor":
+        """Apply one primitive op (the only way Tensor methods build graphs) and record it for autograd."""
+        kind = OPS[op].kind
+        lb = self.lazydata
+        if kind == "movement":
+            out = lb.movement(op, arg)
+        elif kind == "reduce":
+            out = lb.reduce(op, arg)
+        elif kind == "boundary":
+            out = LazyBuffer(op, (lb,), None, lb.shape, lb.dtype, lb.device)
+        else:
+            out = lb.alu(op, *[s.lazydata for s in srcs], arg=arg)
+        t = Tensor(out)
+        if autograd._GradMode.enabled and out.dtype.is_float and \
+                (self.requires_grad or any(s.requires_grad for s in srcs)):
+            t.requires_grad = True
+            t._ctx = autograd.Ctx(op, arg, (self, *srcs), (lb, *[s.lazydata for s in srcs]), out)
+        return t
 
     # ------------------------------------------------------------------ creation
     @staticmethod
@@ -193,14 +312,18 @@ class Tensor:
     def rand(*shape: Any, seed: int | None = None, dtype: Any = float32, device: str | None = None) -> "Tensor":
         """Uniform [0, 1). ``seed`` gives a reproducible draw; otherwise the global generator
         (``eqgrad.manual_seed``) is used."""
-        g = np.random.default_rng(seed) if seed is not None else _rng
-        return Tensor(g.random(_shape_arg(shape), dtype=np.float32), dtype=dtype, device=device)
+        shape = _shape_arg(shape)
+        if seed is not None:
+            return Tensor(np.random.default_rng(seed).random(shape, dtype=np.float32), dtype=dtype, device=device)
+        return _host_random(lambda: _rng.random(shape, dtype=np.float32), dtype, device)
 
     @staticmethod
     def randn(*shape: Any, seed: int | None = None, dtype: Any = float32, device: str | None = None) -> "Tensor":
         """Standard normal, reproducible as ``rand``."""
-        g = np.random.default_rng(seed) if seed is not None else _rng
-        return Tensor(g.standard_normal(_shape_arg(shape), dtype=np.float32), dtype=dtype, device=device)
+        shape = _shape_arg(shape)
+        if seed is not None:
+            return Tensor(np.random.default_rng(seed).standard_normal(shape, dtype=np.float32), dtype=dtype, device=device)
+        return _host_random(lambda: _rng.standard_normal(shape, dtype=np.float32), dtype, device)
 
     # ------------------------------------------------------------------ helpers
     def _axis(self, axis: int, op: str, ndim: int | None = None) -> int:
@@ -230,7 +353,7 @@ class Tensor:
 
     def cast(self, dtype: Any) -> "Tensor":
         d = dt.to_dtype(dtype)
-        return Tensor(self.lazydata.alu("CAST", arg=d))
+        return self if d == self.dtype else self._apply("CAST", arg=d)
 
     def float(self) -> "Tensor":
         return self.cast(float32)
@@ -263,7 +386,7 @@ class Tensor:
         return (b, a) if reverse else (a, b)
 
     def _alu(self, op: str, *srcs: "Tensor") -> "Tensor":
-        return Tensor(self.lazydata.alu(op, *[s.lazydata for s in srcs]))
+        return self._apply(op, *srcs)
 
     # ------------------------------------------------------------------ elementwise
     def add(self, other: Any, reverse: bool = False) -> "Tensor":
@@ -385,7 +508,7 @@ class Tensor:
             x, y = Tensor.full(cond.shape, x, d, cond.device), Tensor.full(cond.shape, y, d, cond.device)
         shape = _broadcast_shape(_broadcast_shape(cond.shape, x.shape, "where"), y.shape, "where")
         cond, x, y = cond._expand_to(shape), x._expand_to(shape), y._expand_to(shape)
-        return Tensor(cond.lazydata.alu("WHERE", x.lazydata, y.lazydata))
+        return cond._apply("WHERE", x, y)
 
     def clip(self, min_: Any = None, max_: Any = None) -> "Tensor":
         out = self
@@ -470,6 +593,119 @@ class Tensor:
     def square(self) -> "Tensor":
         return self * self
 
+    # activations (composites; their gradients come from the primitives')
+    def leaky_relu(self, negative_slope: float = 0.01) -> "Tensor":
+        """``x`` where ``x > 0``, else ``negative_slope * x``.
+
+            >>> Tensor([-2.0, 3.0]).leaky_relu(0.5).tolist()
+            [-1.0, 3.0]
+        """
+        return (self > 0).where(self, self * negative_slope)
+
+    def elu(self, alpha: float = 1.0) -> "Tensor":
+        """``x`` where ``x > 0``, else ``alpha * (exp(x) - 1)``.
+
+            >>> round(Tensor([-1.0]).elu().item(), 4)
+            -0.6321
+        """
+        # NOTE: exp of min(x, 0): exp(x) of a large x is inf, and inf times the zero gradient of
+        # the branch that where() drops would be NaN
+        return (self > 0).where(self, (self.minimum(0).exp() - 1) * alpha)
+
+    def silu(self) -> "Tensor":
+        """``x * sigmoid(x)`` (swish).
+
+            >>> round(Tensor([1.0]).silu().item(), 4)
+            0.7311
+        """
+        return self * self.sigmoid()
+
+    swish = silu
+
+    def erf(self) -> "Tensor":
+        """The error function (Abramowitz & Stegun 7.1.26, absolute error below 1.5e-7).
+
+            >>> round(Tensor([0.5]).erf().item(), 5)
+            0.5205
+        """
+        x = self.float()
+        t = 1.0 / (1.0 + 0.3275911 * x.abs())
+        poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
+        y = 1.0 - poly * (-(x * x)).exp()
+        return (x < 0).where(-y, y)
+
+    def gelu(self, approximate: str = "none") -> "Tensor":
+        """``x * Phi(x)``: exact (with ``erf``) by default, or the tanh approximation
+        (``approximate="tanh"``), as torch.nn.functional.gelu.
+
+            >>> round(Tensor([1.0]).gelu().item(), 4)
+            0.8413
+        """
+        if approximate == "tanh":
+            return 0.5 * self * (1.0 + (math.sqrt(2.0 / math.pi) * (self + 0.044715 * self * self * self)).tanh())
+        if approximate != "none":
+            raise ValueError(f"gelu(): approximate must be 'none' or 'tanh', got {approximate!r}")
+        return 0.5 * self * (1.0 + (self * (1.0 / math.sqrt(2.0))).erf())
+
+    def softplus(self, beta: float = 1.0, threshold: float = 20.0) -> "Tensor":
+        """``log(1 + exp(beta * x)) / beta``, and ``x`` where ``beta * x > threshold`` (as torch).
+
+            >>> round(Tensor([0.0]).softplus().item(), 4)
+            0.6931
+        """
+        bx = self.float() * beta
+        # NOTE: exp of min(bx, threshold) keeps the dropped branch finite (see elu)
+        return (bx > threshold).where(self, (1.0 + bx.minimum(threshold).exp()).log() * (1.0 / beta))
+
+    def logsigmoid(self) -> "Tensor":
+        """``log(sigmoid(x)) = -softplus(-x)``.
+
+            >>> round(Tensor([0.0]).logsigmoid().item(), 4)
+            -0.6931
+        """
+        return -(-self).softplus()
+
+    def mish(self) -> "Tensor":
+        """``x * tanh(softplus(x))``.
+
+            >>> round(Tensor([1.0]).mish().item(), 4)
+            0.8651
+        """
+        return self * self.softplus().tanh()
+
+    def hardtanh(self, min_val: float = -1.0, max_val: float = 1.0) -> "Tensor":
+        """``x`` clipped to ``[min_val, max_val]``; the gradient is 1 strictly inside, 0 outside.
+
+            >>> Tensor([-2.0, 0.5, 2.0]).hardtanh().tolist()
+            [-1.0, 0.5, 1.0]
+        """
+        # NOTE: selects, not clip(): maximum/minimum split the gradient at the bounds
+        return (self < min_val).where(min_val, (self > max_val).where(max_val, self))
+
+    def relu6(self) -> "Tensor":
+        """``min(max(x, 0), 6)``.
+
+            >>> Tensor([-1.0, 3.0, 7.0]).relu6().tolist()
+            [0.0, 3.0, 6.0]
+        """
+        return self.hardtanh(0.0, 6.0)
+
+    def hardsigmoid(self) -> "Tensor":
+        """``relu6(x + 3) / 6``.
+
+            >>> Tensor([-4.0, 0.0, 4.0]).hardsigmoid().tolist()
+            [0.0, 0.5, 1.0]
+        """
+        return (self + 3.0).relu6() * (1.0 / 6.0)
+
+    def hardswish(self) -> "Tensor":
+        """``x * relu6(x + 3) / 6``.
+
+            >>> Tensor([-4.0, 1.0, 4.0]).hardswish().tolist()
+            [-0.0, 0.6666666865348816, 4.0]
+        """
+        return self * self.hardsigmoid()
+
     # comparisons (NaN compares false except !=, as in NumPy)
     def __lt__(self, other: Any) -> "Tensor":
         a, b = self._operands(other, "lt")
@@ -545,7 +781,7 @@ class Tensor:
     # ------------------------------------------------------------------ reductions
     def _reduce(self, op: str, axis: Any, keepdim: bool, name: str) -> "Tensor":
         axes = self._axes(axis, name)
-        out = Tensor(self.lazydata.reduce(op, axes))
+        out = self._apply(op, arg=axes)
         if keepdim:
             return out
         return out.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes))
@@ -620,18 +856,20 @@ class Tensor:
     def softmax(self, axis: int = -1) -> "Tensor":
         self._axis(axis, "softmax")
         x = self.float()
-        e = (x - x.max(axis, keepdim=True)).exp()
+        # NOTE: the max is detached: softmax does not change under a shift, so the gradient through
+        # the max is zero in exact arithmetic -- detaching it saves computing that zero
+        e = (x - x.max(axis, keepdim=True).detach()).exp()
         return e / e.sum(axis, keepdim=True)
 
     def log_softmax(self, axis: int = -1) -> "Tensor":
         self._axis(axis, "log_softmax")
         x = self.float()
-        m = x - x.max(axis, keepdim=True)
+        m = x - x.max(axis, keepdim=True).detach()       # NOTE: detached, as in softmax
         return m - m.exp().sum(axis, keepdim=True).log()
 
     def logsumexp(self, axis: int = -1, keepdim: bool = False) -> "Tensor":
         self._axis(axis, "logsumexp")
-        m = self.float().max(axis, keepdim=True)
+        m = self.float().max(axis, keepdim=True).detach()   # NOTE: detached, as in softmax
         out = (self - m).exp().sum(axis, keepdim=True).log() + m
         return out if keepdim else out.squeeze(self._axis(axis, "logsumexp"))
 
@@ -652,7 +890,7 @@ class Tensor:
         if math.prod(shape) != self.numel():
             raise ShapeError(f"reshape(): cannot reshape {self.shape} ({self.numel()} elements) into {shape} "
                              f"({math.prod(shape)} elements)")
-        return Tensor(self.lazydata.movement("RESHAPE", shape))
+        return self._apply("RESHAPE", arg=shape)
 
     view = reshape
 
@@ -661,7 +899,7 @@ class Tensor:
         if sorted(o % max(self.ndim, 1) if -self.ndim <= o < self.ndim else -99 for o in order) != list(range(self.ndim)):
             raise AxisError(f"permute(): {order} is not a permutation of the {self.ndim} axes of shape {self.shape}")
         order = tuple(o % self.ndim for o in order)
-        return Tensor(self.lazydata.movement("PERMUTE", order))
+        return self._apply("PERMUTE", arg=order)
 
     def transpose(self, dim0: int = -2, dim1: int = -1) -> "Tensor":
         if self.ndim < 2 and (dim0, dim1) == (-2, -1):
@@ -692,7 +930,7 @@ class Tensor:
         x = self
         if len(shape) > x.ndim:
             x = x.reshape((1,) * (len(shape) - x.ndim) + x.shape)
-        return Tensor(x.lazydata.movement("EXPAND", tuple(shape)))
+        return x._apply("EXPAND", arg=tuple(shape))
 
     def pad(self, padding: Sequence[Any], value: Scalar = 0) -> "Tensor":
         """Pad per axis with ``((before, after), ...)`` (one pair or None per axis, as NumPy).
@@ -707,7 +945,7 @@ class Tensor:
         pos = tuple(max(0, b) for b, _ in pairs), tuple(max(0, a) for _, a in pairs)
         if not any(pos[0]) and not any(pos[1]):
             return x
-        out = Tensor(x.lazydata.movement("PAD", pos))
+        out = x._apply("PAD", arg=pos)
         if value == 0:
             return out
         mask = Tensor(x.ones_like().bool().lazydata.movement("PAD", pos))
@@ -723,12 +961,12 @@ class Tensor:
                 raise ShapeError(f"shrink(): range [{b}, {e}) is not inside an axis of size {s} (shape {self.shape})")
         if all(p == (0, s) for p, s in zip(pairs, self.shape)):
             return self
-        return Tensor(self.lazydata.movement("SHRINK", (tuple(b for b, _ in pairs), tuple(e for _, e in pairs))))
+        return self._apply("SHRINK", arg=(tuple(b for b, _ in pairs), tuple(e for _, e in pairs)))
 
     def flip(self, axis: Any = None) -> "Tensor":
         axes = tuple(sorted(self._axes(axis, "flip")))
         axes = tuple(a for a in axes if self.shape[a] > 1)
-        return Tensor(self.lazydata.movement("FLIP", axes))
+        return self._apply("FLIP", arg=axes)
 
     def squeeze(self, dim: int | None = None) -> "Tensor":
         if dim is None:
@@ -820,6 +1058,34 @@ class Tensor:
     def linear(self, weight: "Tensor", bias: "Tensor | None" = None) -> "Tensor":
         out = self @ weight
         return out + bias if bias is not None else out
+
+
+def _host_random(draw: Any, dtype: Any, device: str | None) -> Tensor:
+    """A tensor of random numbers drawn on the host from the global generator; a JIT capture
+    records the draw so that every replay draws anew."""
+    t = Tensor(draw(), dtype=dtype, device=device)
+    for rec in _capture:
+        rec.random(t.lazydata, lambda: Tensor(draw(), dtype=dtype, device=device).lazydata.buffer)
+    return t
+
+
+def realize(*tensors: Tensor) -> None:
+    """Compute several tensors in one program, then commit their pending ``assign``s.
+
+        >>> a = Tensor([1.0, 2.0])
+        >>> b, c = a + 1, a * 2
+        >>> realize(b, c)           # one plan computes both
+        >>> b.tolist(), c.tolist()
+        ([2.0, 3.0], [2.0, 4.0])
+    """
+    from ..engine import realize as realize_lazy
+    for t in tensors:
+        if not isinstance(t, Tensor):
+            raise DTypeError(f"realize(): expected Tensors, got {type(t).__name__}")
+    realize_lazy([t.lazydata for t in tensors])
+    for t in tensors:
+        if t._assign_dst is not None:
+            t._commit_assign()
 
 
 # ------------------------------------------------------------------ broadcasting

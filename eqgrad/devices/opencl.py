@@ -1,0 +1,146 @@
+"""The OpenCL device: loop IR -> OpenCL C (``cstyle``) -> pyopencl program -> launches on a queue.
+
+Runs on any OpenCL 1.2+ platform; in CI that is PoCL, a CPU OpenCL
+(``apt-get install pocl-opencl-icd ocl-icd-libopencl1``). The device prefers a GPU when several
+exist; ``PYOPENCL_CTX`` (pyopencl's own variable, e.g. ``0:1``) picks one explicitly.
+
+Buffers live in device memory (``cl.Buffer``); copies to and from the host are blocking. A plan's
+kernels are enqueued in order on one in-order queue, and ``run`` returns once they are done, so
+measured times are real. Each kernel runs one work-item per iteration of its parallel output loops,
+or one work-group per output element for a long reduction (``CStyleRenderer.launch``).
+"""
+from __future__ import annotations
+
+import os
+import time
+import warnings
+from typing import Any, Callable
+
+import numpy as np
+
+from .. import config
+from ..dtype import DType
+from ..errors import DeviceError
+from ..extract.plan import KernelPlan
+from ..lower.lowering import lower_kernel
+from ..ops import Shape, numel
+from . import Buffer, Device
+from .cstyle import CStyleRenderer
+
+
+class OpenCLRenderer(CStyleRenderer):
+    name = "OpenCL"
+    kernel_prefix = "__kernel void"
+    global_ptr = "__global "
+    global_id = "(long)get_global_id(0)"
+    global_ids = ("(long)get_global_id(0)", "(long)get_global_id(1)", "(long)get_global_id(2)")
+    group_id = "(long)get_group_id(0)"
+    local_id = "(long)get_local_id(0)"
+    local_prefix = "__local"
+    barrier = "barrier(CLK_LOCAL_MEM_FENCE);"
+    reduce_group = 16            # on a CPU OpenCL (PoCL) small groups measured best; GPUs: 128 (below)
+    uint_type = "uint"
+    byte_type = "uchar"
+    poly_exp2_log2 = True        # PoCL's library exp2/log2 are scalar calls: ~10 ns per element
+
+
+INSTALL = ("install the Python package with `pip install 'eqgrad[opencl]'` (pyopencl) and an OpenCL platform; "
+           "for a CPU OpenCL on Debian/Ubuntu: `apt-get install pocl-opencl-icd ocl-icd-libopencl1`")
+
+
+def _pick_device(cl: Any) -> Any:
+    if os.environ.get("PYOPENCL_CTX"):
+        return cl.create_some_context(interactive=False).devices[0]
+    try:
+        platforms = cl.get_platforms()
+    except cl.Error as e:        # the ICD loader reports "no platforms" as an error
+        raise DeviceError(f"OPENCL device unavailable: no OpenCL platform found ({e}); {INSTALL}") from None
+    devices = [d for p in platforms for d in p.get_devices()]
+    if not devices:
+        raise DeviceError(f"OPENCL device unavailable: the OpenCL platforms have no devices; {INSTALL}")
+    gpus = [d for d in devices if d.type & cl.device_type.GPU]
+    return (gpus or devices)[0]
+
+
+class OpenCLDevice(Device):
+    name = "OPENCL"
+
+    def __init__(self) -> None:
+        try:
+            import pyopencl as cl
+        except (ImportError, OSError) as e:
+            raise DeviceError(f"OPENCL device unavailable: pyopencl cannot be imported ({e}); {INSTALL}") from None
+        self.cl = cl
+        self.device = _pick_device(cl)
+        try:
+            self.ctx = cl.Context([self.device])
+        except cl.Error as e:
+            raise DeviceError(f"OPENCL device unavailable: cannot open {self.device.name.strip()} ({e})") from None
+        self.queue = cl.CommandQueue(self.ctx)
+        self.renderer = OpenCLRenderer()
+        # a CPU OpenCL vectorizes across a group's work-items and spreads groups over cores; a GPU
+        # wants a few warps per group
+        if not self.device.type & cl.device_type.CPU:
+            self.renderer.group_size = self.renderer.reduce_group = 128
+        while self.renderer.reduce_group > self.device.max_work_group_size:
+            self.renderer.group_size = self.renderer.reduce_group = self.renderer.reduce_group // 2
+        self.kernels: dict[str, Any] = {}          # compiled once per distinct source
+
+    def __repr__(self) -> str:
+        return f"<OpenCLDevice {self.device.name.strip()} on {self.device.platform.name.strip()}>"
+
+    # ------------------------------------------------------------------ memory
+    def alloc(self, shape: Shape, dtype: DType) -> Any:
+        # OpenCL has no empty buffers; a zero-size tensor gets a few bytes that are never read
+        return self.cl.Buffer(self.ctx, self.cl.mem_flags.READ_WRITE, max(numel(shape) * dtype.itemsize, 4))
+
+    def copyin(self, raw: Any, a: np.ndarray) -> None:
+        if a.size:
+            self.cl.enqueue_copy(self.queue, raw, a, is_blocking=True)
+
+    def copyout(self, raw: Any, shape: Shape, dtype: DType) -> np.ndarray:
+        out = np.empty(shape, dtype=dtype.np)
+        if out.size:
+            self.cl.enqueue_copy(self.queue, out, raw, is_blocking=True)
+        return out
+
+    def synchronize(self) -> None:
+        self.queue.finish()
+
+    # ------------------------------------------------------------------ programs
+    def kernel(self, src: str) -> Any:
+        if src not in self.kernels:
+            # -cl-fp32-correctly-rounded-divide-sqrt: 1/x and sqrt rounded like the LLVM device
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", self.cl.CompilerWarning)   # PoCL's build log chatter
+                prg = self.cl.Program(self.ctx, src).build(options=["-cl-fp32-correctly-rounded-divide-sqrt"])
+            self.kernels[src] = prg.eqk
+        return self.kernels[src]
+
+    def prepare(self, plan: KernelPlan) -> Callable[[list[Buffer]], None]:
+        steps = []
+        for k in plan.kernels:
+            lk = lower_kernel(k, plan)
+            lk.name = "eqk"          # same body, same source: compiled once across plans
+            src = self.renderer.render(lk)
+            if config.DEBUG.value >= 5:
+                print(f"--- loop IR {k.name}\n{lk}")
+            if config.DEBUG.value >= 4:
+                print(f"--- OpenCL C {k.name}\n{src}")
+            geo = self.renderer.launch(lk)
+            gsize = geo.global_size if numel(plan.buffers[k.out][0]) else None      # an empty output: no launch
+            steps.append((k, self.kernel(src), gsize, geo.local_size, (k.out, *k.inputs)))
+
+        def run(bufs: list[Buffer]) -> None:
+            from ..engine import GlobalCounters, log_kernel
+            dbg = config.DEBUG.value
+            for k, knl, gsize, lsize, ids in steps:
+                t0 = time.perf_counter() if dbg >= 2 else 0.0
+                if gsize:
+                    knl(self.queue, gsize, lsize, *[bufs[i].raw for i in ids])
+                GlobalCounters.kernel_count += 1
+                if dbg >= 2:
+                    self.queue.finish()
+                    log_kernel(k, time.perf_counter() - t0)
+            self.queue.finish()
+        return run

@@ -1,0 +1,373 @@
+"""Devices: renderer semantics on special values, kernel-source goldens, CUDA C compiled to PTX,
+device buffers, cross-device copies and device selection errors.
+
+Goldens: ``tests/golden/devices/<case>.{ll,cl,cu}`` hold the LLVM IR, OpenCL C and CUDA C of a small
+corpus of programs (planned on the NUMPY device, so they need no GPU). After an intended change to
+lowering, a renderer or the plans, regenerate them with
+
+    EQGRAD_UPDATE_GOLDEN=1 .venv/bin/pytest tests/test_devices.py -k golden
+
+and read the diff.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import pytest
+
+import eqgrad
+import eqgrad.devices as devices
+from eqgrad import DeviceError, Tensor, engine
+from eqgrad.devices import Buffer, get_device
+from eqgrad.devices.cuda import CUDARenderer, compile_ptx, nvcc
+from eqgrad.devices.llvm import render_llvm
+from eqgrad.devices.opencl import OpenCLRenderer
+from eqgrad.dtype import DType, bool_, float32, int32
+from eqgrad.extract.plan import Kernel, KernelPlan, KNode
+from eqgrad.lower.loopir import LoopKernel
+from eqgrad.lower.lowering import lower_kernel
+from eqgrad.ops import ALU_OPS, OPS
+from conftest import DEVICES, data
+
+GOLDEN = Path(__file__).parent / "golden" / "devices"
+UPDATE = os.environ.get("EQGRAD_UPDATE_GOLDEN") == "1"
+HAS_OPENCL = "OPENCL" in DEVICES
+HAS_CUDA = "CUDA" in DEVICES
+
+# ---------------------------------------------------------------------------- one op per kernel
+# Each ALU op on every dtype it accepts, as a hand-built one-kernel plan (no e-graph involved), on
+# inputs full of special values: every device must agree with the op table's NumPy reference.
+SPECIAL = {
+    float32: np.array([0.0, -0.0, 1.0, -1.0, 0.5, -2.5, 3.75, 1e-40, -1e-38, 3e38, -3e38, np.inf, -np.inf,
+                       np.nan, 2147483648.0, -2147483904.0, 2147483520.0, 100.5, -7.0, 1e10], np.float32),
+    int32: np.array([0, 1, -1, 2, -2, 7, -7, 3, 2**31 - 1, -2**31, 123456, -99999], np.int32),
+    bool_: np.array([False, True]),
+}
+KIND = {"f": float32, "i": int32, "b": bool_}
+LOOSE = {"EXP2", "LOG2", "SIN"}           # library functions: compared with a tolerance
+
+
+def _buf(i: int, shape: tuple[int, ...], dt: DType) -> KNode:
+    return KNode("BUF", (), i, shape, dt)
+
+
+def op_plan(op: str, dts: list[DType], out: DType, shape: tuple[int, ...], arg=None) -> KernelPlan:
+    srcs = tuple(_buf(i, shape, d) for i, d in enumerate(dts))
+    out_shape = OPS[op].shape_rule([shape] * len(dts), arg)
+    ast = KNode(op, srcs, arg, out_shape, out)
+    n = len(dts)
+    return KernelPlan([(shape, d) for d in dts] + [(out_shape, out)], n, [Kernel("k0", n, ast, tuple(range(n)))], [n])
+
+
+def op_cases() -> dict[str, tuple[str, list[DType], DType, object]]:
+    cases = {}
+    for name in ALU_OPS:
+        o = OPS[name]
+        if name == "CAST":
+            for s in (float32, int32, bool_):
+                for d in (float32, int32, bool_):
+                    if s != d:
+                        cases[f"CAST-{s.name}-{d.name}"] = (name, [s], d, d)
+            continue
+        for k in o.dtypes:
+            dt = KIND[k]
+            dts = [dt] * o.arity
+            if name == "WHERE":
+                dts[0] = bool_
+            cases[f"{name}-{dt.name}"] = (name, dts, o.dtype_rule(dts, None), None)
+    for r in ("RSUM", "RMAX"):
+        for k in OPS[r].dtypes:
+            cases[f"{r}-{KIND[k].name}"] = (r, [KIND[k]], KIND[k], (1,))
+            cases[f"{r}-{KIND[k].name}-long"] = (r, [KIND[k]], KIND[k], (1,))    # shared by a work-group
+    return cases
+
+
+OP_CASES = op_cases()
+
+
+def long_rows(dt: DType) -> np.ndarray:
+    """Rows of 512 (long enough for a work-group reduction on every device) with special values."""
+    rng = np.random.default_rng(5)
+    if dt is float32:
+        rows = rng.standard_normal((4, 512)).astype(np.float32)
+        rows[1, 300], rows[2, 7], rows[3, [5, 400]] = np.inf, np.nan, (-np.inf, np.inf)
+        return rows
+    if dt is int32:
+        return np.stack([np.resize(SPECIAL[int32], 512), rng.integers(-2**31, 2**31 - 1, 512, dtype=np.int32)])
+    rows = np.zeros((4, 512), bool)
+    rows[1, 511], rows[2] = True, True
+    rows[3] = rng.random(512) < 0.5
+    return rows
+
+
+def op_inputs(case: str) -> list[np.ndarray]:
+    """Every combination of the special values of each source (a 2-d grid for reductions)."""
+    name, dts = OP_CASES[case][:2]
+    vals = [SPECIAL[d] for d in dts]
+    if case.endswith("-long"):
+        return [long_rows(dts[0])]
+    if name in ("RSUM", "RMAX"):
+        v = vals[0]
+        return [np.stack([np.roll(v, i) for i in range(3)] + [v[:1].repeat(len(v))])]
+    grids = np.meshgrid(*vals, indexing="ij")
+    return [g.reshape(-1).copy() for g in grids]
+
+
+def run_plan(plan: KernelPlan, inputs: list[np.ndarray], device: str) -> np.ndarray:
+    bufs = [Buffer.from_numpy(x, device) for x in inputs]
+    bufs += [Buffer.empty(s, d, device) for s, d in plan.buffers[len(inputs):]]
+    get_device(device).prepare(plan)(bufs)
+    return bufs[plan.outputs[0]].numpy()
+
+
+@pytest.mark.parametrize("case", list(OP_CASES))
+def test_op_semantics_on_special_values(device, case):
+    name, dts, out, arg = OP_CASES[case]
+    inputs = op_inputs(case)
+    plan = op_plan(name, dts, out, inputs[0].shape, arg)
+    got = run_plan(plan, inputs, device)
+    with np.errstate(all="ignore"):
+        ref = OPS[name].ref(inputs, arg, out)
+    if case == "RSUM-float32-long":           # summation order differs between devices
+        np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5, equal_nan=True)
+    elif out is float32 and name in LOOSE:
+        # exp2 may flush results below 2**-127 to 0 (docs/semantics.md); sin of huge arguments
+        # differs in the last bits between libraries
+        np.testing.assert_allclose(got, ref, rtol=4e-7 if name != "SIN" else 1e-6, atol=1.2e-38 if name != "SIN" else 1e-6,
+                                   equal_nan=True, err_msg=case)
+    else:
+        np.testing.assert_array_equal(got, ref, err_msg=f"{case} on {device}\ninputs: {inputs}")
+
+
+# ---------------------------------------------------------------------------- goldens
+def _xs(shape, seed=0):
+    return Tensor(data(shape, seed=seed), device="NUMPY")
+
+
+CORPUS: dict[str, Callable[[], Tensor]] = {
+    "elementwise": lambda: ((_xs((16,), 1) * _xs((16,), 2) + _xs((16,), 3)) * 0.5 - _xs((16,), 1)).exp()
+                           .add(_xs((16,), 2).abs()).log(),
+    "sum_rows": lambda: _xs((4, 8)).sum(1),
+    "max_all": lambda: _xs((4, 8)).max(),
+    "sum_long": lambda: _xs((2, 256)).sum(1),            # long enough to reduce with a work-group
+    "any_long": lambda: (_xs((512,)) > 2.5).any(),       # bool, no parallel loop
+    "softmax": lambda: _xs((4, 8)).softmax(-1),
+    "matmul": lambda: _xs((2, 8), 1) @ _xs((8, 4), 2),
+    "pad_flip": lambda: _xs((3, 4)).pad(((1, 0), (0, 2))).flip(1).relu(),
+    "int_div_mod": lambda: (Tensor(data((6,), np.int32, seed=1), device="NUMPY")
+                            // Tensor(data((6,), np.int32, seed=2), device="NUMPY")
+                            + Tensor(data((6,), np.int32, seed=3), device="NUMPY") % 3),
+    "casts": lambda: (_xs((5,)).cast(eqgrad.int32) + (_xs((5,), 2) > 0).cast(eqgrad.int32)).maximum(
+        Tensor(data((5,), np.int32), device="NUMPY")),
+}
+
+
+def corpus_kernels(case: str) -> list[LoopKernel]:
+    """The loop IR of every kernel of a corpus program's plan (planned on NUMPY: no GPU needed)."""
+    CORPUS[case]().realize()
+    plan = engine.last_plan.plan
+    out = []
+    for k in plan.kernels:
+        lk = lower_kernel(k, plan)
+        lk.name = "eqk"
+        out.append(lk)
+    return out
+
+
+RENDERERS = {"ll": render_llvm, "cl": OpenCLRenderer().render, "cu": CUDARenderer().render}
+
+
+@pytest.mark.parametrize("ext", list(RENDERERS))
+@pytest.mark.parametrize("case", list(CORPUS))
+def test_kernel_source_golden(case, ext):
+    src = "".join(f"// ---- kernel {i}\n{RENDERERS[ext](lk)}\n" for i, lk in enumerate(corpus_kernels(case)))
+    path = GOLDEN / f"{case}.{ext}"
+    if UPDATE:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(src)
+    assert path.exists(), f"missing golden {path}; create it with EQGRAD_UPDATE_GOLDEN=1"
+    assert src == path.read_text(), (f"kernel source of {case!r} ({ext}) changed; if intended, regenerate with "
+                                     "EQGRAD_UPDATE_GOLDEN=1 and review the diff")
+
+
+# ---------------------------------------------------------------------------- CUDA C -> PTX (no GPU needed)
+def _cuda_corpus() -> list[tuple[str, str]]:
+    r = CUDARenderer()
+    out = []
+    for case in CORPUS:
+        for i, lk in enumerate(corpus_kernels(case)):
+            out.append((f"{case}_{i}", r.render(lk)))
+    for case, (name, dts, o, arg) in OP_CASES.items():
+        plan = op_plan(name, dts, o, op_inputs(case)[0].shape, arg)
+        lk = lower_kernel(plan.kernels[0], plan)
+        lk.name = "eqk"
+        out.append((case.replace("-", "_"), r.render(lk)))
+    for name, shape in (("grid4d", (2, 3, 4, 5)), ("flat", (70000, 2, 2))):
+        plan = op_plan("ADD", [float32, float32], float32, shape)
+        lk = lower_kernel(plan.kernels[0], plan)
+        lk.name = "eqk"
+        assert r.launch(lk).mode == name[:4]
+        out.append((name, r.render(lk)))
+    return out
+
+
+@pytest.mark.skipif(nvcc() is None, reason="nvcc not found (PATH, $CUDA_ROOT/bin)")
+def test_cuda_kernels_compile_to_ptx():
+    """Every kernel of the corpus and of the op cases, compiled with nvcc in one translation unit
+    (one namespace per kernel); on failure each is compiled alone to name the culprit."""
+    kernels = _cuda_corpus()
+    unit = "".join(f"namespace {name} {{\n{src.replace('void eqk(', f'void {name}(')}}}\n" for name, src in kernels)
+    try:
+        ptx = compile_ptx(unit)
+    except DeviceError:
+        for name, src in kernels:
+            compile_ptx(src)         # raises with this kernel's source and nvcc's message
+        raise
+    for name, _ in kernels:
+        assert f".entry {name}(" in ptx, name
+
+
+# ---------------------------------------------------------------------------- buffers and copies
+@pytest.mark.skipif(not HAS_OPENCL, reason="no OpenCL platform")
+def test_opencl_buffers_live_on_the_device():
+    import pyopencl as cl
+    t = Tensor(np.arange(6, dtype=np.float32), device="OPENCL") * 2
+    t.realize()
+    buf = t.lazydata.buffer
+    assert isinstance(buf.raw, cl.Buffer) and buf.device == "OPENCL"
+    with pytest.raises(DeviceError, match=r"OPENCL lives in device memory.*\.numpy\(\)"):
+        buf.data
+    np.testing.assert_array_equal(t.numpy(), np.arange(6) * 2)
+
+
+def test_host_buffers_are_numpy_arrays():
+    t = Tensor([1.0, 2.0], device="LLVM") + 1
+    t.realize()
+    assert isinstance(t.lazydata.buffer.data, np.ndarray) and t.lazydata.buffer.ptr
+
+
+@pytest.mark.parametrize("src", DEVICES)
+@pytest.mark.parametrize("dst", DEVICES)
+def test_cross_device_copies(src, dst):
+    x = data((3, 5), seed=4)
+    a = Tensor(x, device=src) * 3
+    b = a.to(dst)
+    assert b.device == dst and a.device == src
+    np.testing.assert_allclose(b.numpy(), x * 3, rtol=1e-6)
+    np.testing.assert_allclose((b + 1).numpy(), x * 3 + 1, rtol=1e-6)
+    np.testing.assert_allclose(a.numpy(), x * 3, rtol=1e-6)        # the source is untouched
+    for dt, v in ((np.bool_, [True, False]), (np.int32, [5, -2**31])):
+        np.testing.assert_array_equal(Tensor(np.array(v, dt), device=src).to(dst).numpy(), v)
+    assert Tensor(np.zeros((0, 2), np.float32), device=src).to(dst).numpy().shape == (0, 2)
+
+
+def test_default_device_from_context(device):
+    with eqgrad.Context(DEVICE=device):
+        t = Tensor([1, 2, 3]) * 2
+        assert t.device == device
+        np.testing.assert_array_equal(t.numpy(), [2, 4, 6])
+
+
+def test_cl_alias(monkeypatch):
+    if not HAS_OPENCL:
+        with pytest.raises(DeviceError, match="OPENCL device unavailable"):
+            Tensor([1.0], device="cl")
+        return
+    assert Tensor([1.0], device="cl").device == "OPENCL"
+    monkeypatch.setenv("EQGRAD_DEVICE", "CL")
+    assert Tensor([1.0]).device == "OPENCL"
+
+
+# ---------------------------------------------------------------------------- unavailable devices
+@pytest.fixture
+def fresh_devices(monkeypatch):
+    """Forget created devices for one test (restored afterwards)."""
+    monkeypatch.setattr(devices, "_devices", {})
+
+
+def test_missing_pyopencl_is_a_clear_error(fresh_devices, monkeypatch):
+    monkeypatch.setitem(sys.modules, "pyopencl", None)          # import fails as if not installed
+    with pytest.raises(DeviceError, match=r"OPENCL device unavailable: pyopencl cannot be imported.*"
+                                          r"pip install 'eqgrad\[opencl\]'.*pocl-opencl-icd"):
+        Tensor([1.0], device="OPENCL")
+    with pytest.raises(DeviceError, match="OPENCL device unavailable"):
+        Tensor([1.0], device="LLVM").to("OPENCL")
+
+
+@pytest.mark.skipif(not HAS_OPENCL, reason="no OpenCL platform")
+def test_no_opencl_platform_is_a_clear_error(fresh_devices, monkeypatch):
+    import pyopencl as cl
+    monkeypatch.delenv("PYOPENCL_CTX", raising=False)
+    monkeypatch.setattr(cl, "get_platforms", lambda: [])
+    with pytest.raises(DeviceError, match=r"OPENCL device unavailable.*no devices.*apt-get install pocl-opencl-icd"):
+        Tensor.zeros(2, device="OPENCL")
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="a CUDA GPU is present")
+def test_unavailable_cuda_is_a_clear_error(monkeypatch):
+    with pytest.raises(DeviceError, match=r"CUDA device unavailable: .*(pycuda|GPU|driver|nvcc)") as e:
+        Tensor([1.0], device="CUDA")
+    if "pycuda cannot be imported" in str(e.value):
+        assert "pip install 'eqgrad[cuda]'" in str(e.value) and "CUDA_ROOT" in str(e.value)
+    monkeypatch.setenv("EQGRAD_DEVICE", "CUDA")
+    with pytest.raises(DeviceError, match="CUDA device unavailable"):
+        Tensor.ones(3)
+
+
+@pytest.mark.skipif(not HAS_OPENCL, reason="no OpenCL platform")
+def test_opencl_source_at_debug_4(capsys):
+    with eqgrad.Context(DEBUG=4):
+        (Tensor(np.ones((3, 3), np.float32), device="OPENCL") * 7 - 2).realize()
+    out = capsys.readouterr().out
+    assert "--- OpenCL C" in out and "__kernel void eqk(" in out
+
+
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 4, 5), (3, 1, 70001), (1000, 3)])
+def test_parallel_loops_map_to_work_items(device, shape):
+    """4 parallel loops (a fused third grid dimension), an odd innermost extent (groups rounded up
+    past the end) and a short innermost loop under a long one."""
+    x, y = data(shape, seed=1), data(shape, seed=2)
+    plan = op_plan("ADD", [float32, float32], float32, shape)
+    np.testing.assert_array_equal(run_plan(plan, [x, y], device), x + y)
+
+
+def test_kernels_that_differ_only_in_size(device):
+    """Two kernels whose sources may coincide (a runtime-bounded loop) must each keep to their own
+    size: the small output is a view into a larger host array whose tail must stay untouched."""
+    for n in (4096, 8):
+        plan = op_plan("EXP2", [float32], float32, (n,))
+        x = np.linspace(-3, 3, n, dtype=np.float32)
+        if device in ("LLVM", "NUMPY"):
+            backing = np.full(2 * n, 7.0, np.float32)
+            out = Buffer(device, (n,), float32, backing[:n])
+            get_device(device).prepare(plan)([Buffer.from_numpy(x, device), out])
+            np.testing.assert_allclose(backing[:n], np.exp2(x), rtol=1e-6)
+            assert (backing[n:] == 7.0).all(), "a kernel wrote past its output"
+        else:
+            np.testing.assert_allclose(run_plan(plan, [x], device), np.exp2(x), rtol=1e-6)
+
+
+@pytest.mark.skipif(not HAS_OPENCL, reason="no OpenCL platform")
+@pytest.mark.parametrize("group", [2, 8, 64])
+@pytest.mark.parametrize("case", [c for c in OP_CASES if c.endswith("-long")])
+def test_work_group_reductions_at_any_group_size(monkeypatch, group, case):
+    """The local-memory tree gives the same results whatever the group size (incl. 2 and 64)."""
+    dev = get_device("OPENCL")
+    monkeypatch.setattr(dev.renderer, "reduce_group", group)
+    name, dts, out, arg = OP_CASES[case]
+    inputs = op_inputs(case)
+    plan = op_plan(name, dts, out, inputs[0].shape, arg)
+    lk = lower_kernel(plan.kernels[0], plan)
+    assert dev.renderer.launch(lk).mode == "group"
+    got = run_plan(plan, inputs, "OPENCL")
+    ref = OPS[name].ref(inputs, arg, out)
+    if out is float32:
+        np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5, equal_nan=True)
+    else:
+        np.testing.assert_array_equal(got, ref)
