@@ -17,9 +17,10 @@ demo: $(VENV)/.installed
 	$(PY) examples/demo.py
 	$(PY) examples/train_digits.py
 
-# PoCL, a CPU OpenCL, so the op tests also run on the OPENCL device. Installed with apt where apt
-# exists and we are root; elsewhere (or if apt fails) the OPENCL tests are skipped, not failed.
-OPENCL_PKGS := pocl-opencl-icd ocl-icd-libopencl1
+# PoCL, a CPU OpenCL, so the op tests also run on the OPENCL device, and Graphviz for explain()'s
+# SVG pictures. Installed with apt where apt exists and we are root; elsewhere (or if apt fails)
+# the OPENCL and SVG tests are skipped, not failed.
+OPENCL_PKGS := pocl-opencl-icd ocl-icd-libopencl1 graphviz
 opencl:
 	@if dpkg -s $(OPENCL_PKGS) >/dev/null 2>&1; then :; \
 	elif command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
