@@ -38,3 +38,29 @@ def test_varied_shapes_keep_memory_bounded():
         gc.collect()
         assert len(engine._plan_cache) <= 16
         assert rss_mb() - before < 40, f"RSS grew {rss_mb() - before:.1f} MB"
+
+
+def test_training_loop_keeps_memory_flat_with_and_without_jit():
+    from eqgrad import nn, optim
+    import eqgrad.nn.functional as F
+    rng = np.random.default_rng(0)
+    xs, ys = rng.standard_normal((32, 16)).astype(np.float32), rng.integers(0, 4, 32).astype(np.int32)
+    for use_jit, steps in ((True, 600), (False, 300)):
+        model = nn.Sequential(nn.Linear(16, 32), Tensor.relu, nn.Linear(32, 4))
+        opt = optim.Adam(nn.state.get_parameters(model), lr=1e-3)
+
+        def step(x, y):
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step(loss)
+            return loss
+        f = eqgrad.jit(step) if use_jit else step
+        for _ in range(30):
+            f(Tensor(xs), Tensor(ys))
+        gc.collect()
+        before = rss_mb()
+        for _ in range(steps):
+            f(Tensor(xs), Tensor(ys))
+        gc.collect()
+        assert rss_mb() - before < 15, f"jit={use_jit}: RSS grew {rss_mb() - before:.1f} MB over {steps} steps"
