@@ -11,6 +11,7 @@ caller falls back to the unoptimized plan and warns.
 """
 from __future__ import annotations
 
+import atexit
 import os
 import subprocess
 import sys
@@ -310,6 +311,7 @@ def default_saturator() -> Saturator:
     global _default
     if _default is None:
         _default = Saturator()
+        atexit.register(reset_saturator)      # end the worker with the process
     return _default
 
 
