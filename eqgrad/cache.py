@@ -7,14 +7,20 @@ trusted, and nothing is ever executed or unpickled from the cache (JSON only).
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 from pathlib import Path
 from typing import Any
 
 
+@functools.lru_cache(maxsize=None)
+def _default_dir() -> str:
+    return str(Path.home() / ".cache" / "eqgrad")
+
+
 def cache_dir() -> Path:
-    d = Path(os.environ.get("EQGRAD_CACHE_DIR") or Path.home() / ".cache" / "eqgrad")
+    d = Path(os.environ.get("EQGRAD_CACHE_DIR") or _default_dir())
     d.mkdir(parents=True, exist_ok=True)
     return d
 
@@ -22,14 +28,30 @@ def cache_dir() -> Path:
 class JsonCache:
     def __init__(self, name: str, version: int):
         self.name, self.version = name, version
+        # the last parse, keyed by (file, mtime, size, inode): realize() consults the calibrations on every
+        # call, so an unchanged file is not read again (a rewrite, by any process, is seen)
+        self._memo: tuple[Any, dict[str, Any]] = (None, {})
 
     @property
     def path(self) -> Path:
         return cache_dir() / f"{self.name}.json"
 
     def load(self) -> dict[str, Any]:
+        """The entries (a fresh dict the caller may change)."""
+        f = os.path.join(os.environ.get("EQGRAD_CACHE_DIR") or _default_dir(), f"{self.name}.json")
         try:
-            data = json.loads(self.path.read_text())
+            st = os.stat(f)
+        except OSError:
+            return {}
+        stamp = (f, st.st_mtime_ns, st.st_size, st.st_ino)
+        if self._memo[0] != stamp:
+            self._memo = (stamp, self._parse(f))
+        return dict(self._memo[1])
+
+    def _parse(self, f: str) -> dict[str, Any]:
+        try:
+            with open(f) as fh:
+                data = json.loads(fh.read())
             if not isinstance(data, dict) or data.get("version") != self.version:
                 return {}
             entries = data.get("entries", {})

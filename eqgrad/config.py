@@ -102,6 +102,8 @@ BEAM = Flag("EQGRAD_BEAM", 0, int, "an integer k: try up to k register-lane sett
 BEAM_TIME = Flag("EQGRAD_BEAM_TIME", 10.0, float, "seconds (float): time limit of the kernel search per kernel")
 PLAN_CACHE = Flag("EQGRAD_PLAN_CACHE", 512, int, "an integer: compiled plans kept in memory (least recently "
                   "used are dropped; eqgrad.engine.clear_cache() empties it)")
+POOL_BYTES = Flag("EQGRAD_POOL_BYTES", 1 << 30, _bytes, "bytes (e.g. 1G, 256M; 0 disables): freed host "
+                  "buffers kept for reuse by later realizes (eqgrad.devices.clear_pool() empties the pool)")
 VALIDATE = Flag("EQGRAD_VALIDATE", 0, int, "0 or 1: re-run every realize on the NumPy reference "
                 "device and raise if the numbers differ")
 

@@ -226,6 +226,8 @@ def _realize_on(device: str, targets: list[LazyBuffer]) -> None:
     global last_plan
     last_plan = cp
     plan = cp.plan
+    # host buffers come from the pool (devices/__init__.py); the intermediates go back to it as soon
+    # as ``bufs`` is dropped at the end of this call, the outputs when no tensor holds them any more
     bufs: list[Buffer] = [lb.buffer for lb in inputs]
     for shape, dt in plan.buffers[len(inputs):]:
         bufs.append(Buffer.empty(shape, dt, device))

@@ -64,3 +64,80 @@ def test_training_loop_keeps_memory_flat_with_and_without_jit():
             f(Tensor(xs), Tensor(ys))
         gc.collect()
         assert rss_mb() - before < 15, f"jit={use_jit}: RSS grew {rss_mb() - before:.1f} MB over {steps} steps"
+
+
+# ------------------------------------------------------------------ the host buffer pool
+
+from eqgrad.devices import POOL_MIN_BYTES, clear_pool, pool   # noqa: E402
+
+
+def test_pool_reuses_memory_across_runs_of_a_cached_plan():
+    clear_pool()
+    a = np.random.default_rng(0).standard_normal(1 << 18).astype(np.float32)     # 1 MiB
+    x = Tensor(a)
+    ptrs = []
+    for i in range(6):
+        y = (x * 2 + i).realize()
+        ptrs.append(y.lazydata.buffer.ptr)
+        np.testing.assert_allclose(y.numpy(), a * 2 + i, rtol=1e-6)
+        del y                                   # the output goes back to the pool
+    hits = pool.hits
+    (x * 3).realize()                           # result dropped at once: its buffer comes back
+    assert pool.hits == hits + 1
+    assert len(set(ptrs[1:])) == 1, "the freed output of one run should be the next run's output"
+
+
+def test_pool_never_hands_out_memory_still_referenced():
+    clear_pool()
+    x = Tensor(np.ones(1 << 18, np.float32))
+    y = (x + 1).realize()
+    view = y.lazydata.buffer.data               # a view into the pooled memory, kept past the tensor
+    addr = view.ctypes.data
+    del y
+    z = (x + 5).realize()
+    assert z.lazydata.buffer.ptr != addr
+    assert (view == 2).all() and (z.numpy() == 6).all()
+    del view, z
+    w = (x + 7).realize()                       # the dropped array is not in the pool any more
+    assert (w.numpy() == 8).all()
+
+
+def test_pool_bounded_and_clearable():
+    clear_pool()
+    with eqgrad.Context(POOL_BYTES="1M"):
+        for n in range(20):                     # 20 distinct sizes of 256-332 KiB, all freed at once
+            b = Tensor(np.zeros((1 << 16) + 1024 * n, np.float32))
+            del b
+        assert 0 < pool.nbytes <= 1 << 20
+        assert sum(a.nbytes for arrs in pool.free.values() for a in arrs) == pool.nbytes
+    with eqgrad.Context(POOL_BYTES=0):
+        clear_pool()
+        Tensor(np.zeros(1 << 18, np.float32))
+        assert pool.nbytes == 0
+    Tensor(np.zeros(1 << 18, np.float32))
+    assert pool.nbytes >= 1 << 20
+    clear_pool()
+    assert pool.nbytes == 0 and not pool.free
+
+
+def test_small_buffers_bypass_the_pool():
+    clear_pool()
+    misses = pool.misses
+    Tensor(np.zeros(POOL_MIN_BYTES // 4 - 1, np.float32)).realize()
+    assert pool.misses == misses and pool.nbytes == 0
+
+
+def test_jit_replays_with_pooled_buffers_stay_right():
+    rng = np.random.default_rng(0)
+    w1 = rng.standard_normal((256, 256)).astype(np.float32) / 16
+    w2 = rng.standard_normal((256, 256)).astype(np.float32) / 16
+    W1, W2 = Tensor(w1), Tensor(w2)
+
+    @eqgrad.jit
+    def f(x):
+        return ((x @ W1).relu() @ W2 + 1).realize()
+    xs = [rng.standard_normal((256, 256)).astype(np.float32) for _ in range(6)]
+    outs = [f(Tensor(x)) for x in xs]           # earlier results are kept while later replays run
+    assert f.replays == 4
+    for x, o in zip(xs, outs):
+        np.testing.assert_allclose(o.numpy(), np.maximum(x @ w1, 0) @ w2 + 1, rtol=1e-4, atol=1e-4)

@@ -92,6 +92,7 @@ def compile_ptx(src: str, arch: str = "sm_90") -> str:
 
 class CUDADevice(Device):
     name = "CUDA"
+    host_memory = False
 
     def __init__(self) -> None:
         try:

@@ -64,6 +64,7 @@ def _pick_device(cl: Any) -> Any:
 
 class OpenCLDevice(Device):
     name = "OPENCL"
+    host_memory = False
 
     def __init__(self) -> None:
         try:

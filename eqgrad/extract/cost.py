@@ -28,6 +28,7 @@ defaults. Users can replace the whole function: ``eqgrad.extract.using(cost_fn=m
 """
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import time
@@ -98,7 +99,9 @@ class CostModel:
 
 # ------------------------------------------------------------------ calibration storage
 
+@functools.lru_cache(maxsize=None)
 def machine_id() -> str:
+    """This machine, for keys of on-disk caches (read once per process: it is asked on every realize)."""
     cpu = ""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
