@@ -65,6 +65,10 @@ def layernorm(F, x):
 
 def matmul(F, a, b): return a @ b
 
+def attention(F, q, kt, v):
+  # batch 8, heads 8, seq 256, dim 64; K is passed transposed so every framework needs only @
+  return F.softmax((q @ kt) * 0.125) @ v
+
 
 @dataclass(frozen=True)
 class Workload:
@@ -81,6 +85,8 @@ WORKLOADS = [
   Workload("layernorm", layernorm, ((4096, 1024),), ((256, 1024),)),
   Workload("matmul512", matmul, ((512, 512),) * 2, ((128, 128),) * 2, matmul_tol=True),
   Workload("matmul1024", matmul, ((1024, 1024),) * 2, ((256, 256),) * 2, matmul_tol=True),
+  Workload("attention", attention, ((8, 8, 256, 64), (8, 8, 64, 256), (8, 8, 256, 64)),
+           ((2, 2, 64, 64), (2, 2, 64, 64), (2, 2, 64, 64)), matmul_tol=True),
 ]
 
 

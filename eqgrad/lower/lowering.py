@@ -232,9 +232,11 @@ class Lowerer:
         contiguous memory. Other kernels vectorize their innermost loop without help."""
         root = self.kernel.ast
         shape = root.shape
-        if not self.has_reduce[id(root)] or not shape or shape[-1] <= 1:
+        big = [d for d, n in enumerate(shape) if n > 1]
+        if not self.has_reduce[id(root)] or not big:
             return {}
-        last = len(shape) - 1
+        last = big[-1]          # the innermost output axis with more than one element (a reduction
+                                # kept as its own kernel ends in a size-1 axis)
         if not self._contiguous_under_reduce(root, last):
             return {}
         body = len(root.walk())
