@@ -271,7 +271,9 @@ class Lowerer:
                 flat = Lin.num(0)
                 for i, st in zip(idx, strides_of(n.shape)):
                     flat = flat + i * st
-                if any(isinstance(a, Var) and a.name == target and c == 1 for a, c in flat.terms):
+                # only a load streamed by the reduce loop counts (not a broadcast operand like a max)
+                streamed = any(isinstance(a, Var) and a.name.startswith("r") for a, _ in flat.terms)
+                if streamed and any(isinstance(a, Var) and a.name == target and c == 1 for a, c in flat.terms):
                     return True
             elif n.op in ("RSUM", "RMAX"):
                 src = n.src[0]
