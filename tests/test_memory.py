@@ -2,6 +2,7 @@
 import gc
 
 import numpy as np
+import pytest
 
 import eqgrad
 from eqgrad import Tensor, engine
@@ -40,7 +41,17 @@ def test_varied_shapes_keep_memory_bounded():
         assert rss_mb() - before < 40, f"RSS grew {rss_mb() - before:.1f} MB"
 
 
-def test_training_loop_keeps_memory_flat_with_and_without_jit():
+@pytest.fixture
+def no_validation():
+    # 600 Adam steps drive the gradients to rounding noise, which Adam's normalisation amplifies
+    # into lr-sized steps: a different summation order (threads, lanes) then legitimately differs
+    # from NumPy's by more than validation's tolerance. Correctness of training is tested against
+    # torch in test_optim.py; this test is about memory.
+    with eqgrad.Context(VALIDATE=0):
+        yield
+
+
+def test_training_loop_keeps_memory_flat_with_and_without_jit(no_validation):
     from eqgrad import nn, optim
     import eqgrad.nn.functional as F
     rng = np.random.default_rng(0)
