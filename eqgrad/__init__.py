@@ -22,5 +22,5 @@ bool = bool_  # noqa: A001  (eqgrad.bool, as torch.bool)
 __all__ = ["Tensor", "Context", "explain", "GlobalCounters", "manual_seed", "DType", "float32", "int32", "bool_",
            "EqgradError", "ShapeError", "DTypeError", "AxisError", "DeviceError", "EqgradWarning"]
 __all__ += ["realize", "no_grad", "enable_grad", "set_grad_enabled", "is_grad_enabled", "jit", "nn", "optim",
-            "AutogradError", "JitError"]
+            "AutogradError", "JitError", "CompileError"]
 __version__ = "0.1.0"

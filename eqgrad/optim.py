@@ -21,11 +21,10 @@ contents, never the graph's structure, so the plan is compiled once and a jitted
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
-from .dtype import float32
 from .errors import DTypeError
 from .frontend.autograd import set_grad_enabled
 from .frontend.tensor import Tensor, realize

@@ -168,6 +168,22 @@ class Device:
     def prepare(self, plan: Any) -> Callable[[list[Buffer]], None]:
         raise NotImplementedError
 
+    def render_kernel(self, k: Any, plan: Any, render: Callable[[Any], str], language: str,
+                      upcast: Any = None) -> tuple[Any, str]:
+        """Lower one kernel to loop IR and render it (``DEBUG>=5`` prints the loop IR, ``>=4`` the
+        source). Every kernel's function is named ``eqk``: the same body gives the same source, so
+        it is compiled once across plans."""
+        from .. import config
+        from ..lower.lowering import lower_kernel
+        lk = lower_kernel(k, plan, upcast)
+        lk.name = "eqk"
+        src = render(lk)
+        if config.DEBUG.value >= 5:
+            print(f"--- loop IR {k.name}\n{lk}")
+        if config.DEBUG.value >= 4:
+            print(f"--- {language} {k.name}\n{src}")
+        return lk, src
+
     # ------------------------------------------------------------------ memory (host devices)
     def alloc(self, shape: Shape, dtype: DType) -> Any:
         return np.empty(shape, dtype=dtype.np)

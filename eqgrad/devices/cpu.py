@@ -8,14 +8,12 @@ the ~10-20 us of handing work to a pool would cost more than it saves.
 """
 from __future__ import annotations
 
-import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
 from .. import config
 from ..extract.plan import KernelPlan
-from ..lower.lowering import lower_kernel
 from . import Buffer, Device
 from .llvm import LLVMProgram, render_llvm
 
@@ -42,13 +40,7 @@ class LLVMDevice(Device):
 
     def build(self, k, plan: KernelPlan, upcast=None) -> tuple[str, LLVMProgram, int]:
         """Lower, render and compile one kernel; returns (source, program, extent of its split loop)."""
-        lk = lower_kernel(k, plan, upcast)
-        lk.name = "eqk"          # same body, same source: compiled once across plans
-        src = render_llvm(lk)
-        if config.DEBUG.value >= 5:
-            print(f"--- loop IR {k.name}\n{lk}")
-        if config.DEBUG.value >= 4:
-            print(f"--- LLVM IR {k.name}\n{src}")
+        lk, src = self.render_kernel(k, plan, render_llvm, "LLVM IR", upcast)
         # the split loop's extent is not in the source ([lo, hi) are arguments), so kernels that
         # differ only in it share a program: the extent belongs to the step, not the program
         n = lk.insts[lk.parallel_ranges()[0]].arg if lk.parallel else 1
@@ -56,7 +48,7 @@ class LLVMDevice(Device):
             prg = self.program(src, lk)
         except Exception as e:
             from ..errors import CompileError
-            from ..extract.cost import cache_dir
+            from ..cache import cache_dir
             path = cache_dir() / "failed" / f"{k.name}-{abs(hash(src)) % 10**10}.ll"
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(src)

@@ -27,7 +27,6 @@ from .. import config
 from ..dtype import DType
 from ..errors import DeviceError
 from ..extract.plan import KernelPlan
-from ..lower.lowering import lower_kernel
 from ..ops import Shape, numel
 from . import Buffer, Device
 from .cstyle import CStyleRenderer
@@ -151,13 +150,7 @@ class CUDADevice(Device):
     def prepare(self, plan: KernelPlan) -> Callable[[list[Buffer]], None]:
         steps = []
         for k in plan.kernels:
-            lk = lower_kernel(k, plan)
-            lk.name = "eqk"          # same body, same source: compiled once across plans
-            src = self.renderer.render(lk)
-            if config.DEBUG.value >= 5:
-                print(f"--- loop IR {k.name}\n{lk}")
-            if config.DEBUG.value >= 4:
-                print(f"--- CUDA C {k.name}\n{src}")
+            lk, src = self.render_kernel(k, plan, self.renderer.render, "CUDA C")
             geo = self.renderer.launch(lk)
             grid = tuple(g // b for g, b in zip(geo.global_size, geo.local_size))
             if not numel(plan.buffers[k.out][0]):

@@ -22,7 +22,6 @@ from .. import config
 from ..dtype import DType
 from ..errors import DeviceError
 from ..extract.plan import KernelPlan
-from ..lower.lowering import lower_kernel
 from ..ops import Shape, numel
 from . import Buffer, Device
 from .cstyle import CStyleRenderer
@@ -121,13 +120,7 @@ class OpenCLDevice(Device):
     def prepare(self, plan: KernelPlan) -> Callable[[list[Buffer]], None]:
         steps = []
         for k in plan.kernels:
-            lk = lower_kernel(k, plan)
-            lk.name = "eqk"          # same body, same source: compiled once across plans
-            src = self.renderer.render(lk)
-            if config.DEBUG.value >= 5:
-                print(f"--- loop IR {k.name}\n{lk}")
-            if config.DEBUG.value >= 4:
-                print(f"--- OpenCL C {k.name}\n{src}")
+            lk, src = self.render_kernel(k, plan, self.renderer.render, "OpenCL C")
             geo = self.renderer.launch(lk)
             gsize = geo.global_size if numel(plan.buffers[k.out][0]) else None      # an empty output: no launch
             steps.append((k, self.kernel(src), gsize, geo.local_size, (k.out, *k.inputs)))

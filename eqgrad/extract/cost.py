@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable
 
-from ..cache import JsonCache, cache_dir  # noqa: F401  (cache_dir is part of this module's API)
+from ..cache import JsonCache
 
 CALIBRATION_VERSION = 1
 

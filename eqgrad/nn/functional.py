@@ -12,10 +12,9 @@ functions, so ``F.gelu(x)`` and ``x.gelu()`` are the same thing.
 """
 from __future__ import annotations
 
-import math
 from typing import Sequence
 
-from ..dtype import float32, int32
+from ..dtype import int32
 from ..errors import DTypeError, ShapeError
 from ..frontend.tensor import Tensor
 
