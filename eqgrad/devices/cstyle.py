@@ -33,7 +33,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..lower.loopir import INDEX, LoopKernel
-from .llvm import EXP2_POLY, LOG2_POLY
+from .llvm import EXP2_MAGIC, EXP2_POLY, LOG2_POLY
 
 # ops the renderer implements (checked against the op table by tests/test_optable.py)
 ALU = ("NEG", "EXP2", "LOG2", "SIN", "SQRT", "RECIP", "TRUNC", "CAST", "ADD", "MUL", "MAX", "CMPLT", "CMPEQ",
@@ -144,7 +144,7 @@ class CStyleRenderer:
 
     def _exp2_helper(self) -> str:
         # llvm.py's _exp2: 2**floor(x) by building the exponent bits, 2**frac(x) by a polynomial;
-        # clamped to [-127, 128] (0 below, inf above), NaN passes through
+        # clamped to [-127, 128] (0 below, inf above), NaN passes through (p is NaN)
         c = lambda v: self.const(v, "float32")
         return (f"{self.func_prefix} float exp2_f32(float x) {{\n"
                 f"  float xc = x > {c(128.0)} ? {c(128.0)} : x;\n"
@@ -152,13 +152,12 @@ class CStyleRenderer:
                 f"  float fl = {self.math['FLOOR']}(xc);\n"
                 f"  float f = xc - fl;\n"
                 f"  float p = {self._horner('f', EXP2_POLY)};\n"
-                f"  int e = (int)(x != x ? 0.0f : fl);\n"
-                f"  float r = p * {self.as_float}((e + 127) << 23);\n"
-                f"  return x != x ? x : r;\n}}")
+                f"  {self.uint_type} bits = ({self.uint_type}){self.as_int}(fl + {c(EXP2_MAGIC)}) << 23;\n"
+                f"  return p * {self.as_float}(bits);\n}}")
 
     def _log2_helper(self) -> str:
-        # llvm.py's _log2: x = m * 2**e with m in [sqrt(1/2), sqrt(2)), log2(m) = 2/ln2 * atanh(s),
-        # s = (m-1)/(m+1); subnormals rescaled by 2**23 first
+        # llvm.py's _log2: x = m * 2**e with m in [sqrt(1/2), sqrt(2)), log2(m) = t * Q(t),
+        # t = m - 1; subnormals rescaled by 2**23 first
         c = lambda v: self.const(v, "float32")
         u = self.uint_type
         return (f"{self.func_prefix} float log2_f32(float x) {{\n"
@@ -169,9 +168,8 @@ class CStyleRenderer:
                 f"  bool big = m > {c(1.4142135381698608)};\n"
                 f"  m = big ? m * 0.5f : m;\n"
                 f"  float ef = (float)(e + (int)big) - (sub ? {c(23.0)} : 0.0f);\n"
-                f"  float s = (m - 1.0f) / (m + 1.0f);\n"
-                f"  float s2 = s * s;\n"
-                f"  float r = ef + ({self._horner('s2', LOG2_POLY)}) * s;\n"
+                f"  float t = m - 1.0f;\n"
+                f"  float r = ef + ({self._horner('t', LOG2_POLY)}) * t;\n"
                 f"  r = x == 0.0f ? (-{self.inf}) : r;\n"
                 f"  r = x == {self.inf} ? x : r;\n"
                 f"  return (x < 0.0f || x != x) ? {self.nan} : r;\n}}")

@@ -5,9 +5,8 @@ static inline float exp2_f32(float x) {
   float fl = floor(xc);
   float f = xc - fl;
   float p = (((((0x1.c6e292p-13f * f + 0x1.46301cp-10f) * f + 0x1.3d24eap-7f) * f + 0x1.c68562p-5f) * f + 0x1.ebfd9ap-3f) * f + 0x1.62e42ap-1f) * f + 0x1p+0f;
-  int e = (int)(x != x ? 0.0f : fl);
-  float r = p * as_float((e + 127) << 23);
-  return x != x ? x : r;
+  uint bits = (uint)as_int(fl + 0x1.8000fep+23f) << 23;
+  return p * as_float(bits);
 }
 static inline float log2_f32(float x) {
   bool sub = x < 0x1p-126f;
@@ -17,9 +16,8 @@ static inline float log2_f32(float x) {
   bool big = m > 0x1.6a09e6p+0f;
   m = big ? m * 0.5f : m;
   float ef = (float)(e + (int)big) - (sub ? 0x1.7p+4f : 0.0f);
-  float s = (m - 1.0f) / (m + 1.0f);
-  float s2 = s * s;
-  float r = ef + ((((0x1.484b14p-2f * s2 + 0x1.a61762p-2f) * s2 + 0x1.2776c6p-1f) * s2 + 0x1.ec709ep-1f) * s2 + 0x1.715476p+1f) * s;
+  float t = m - 1.0f;
+  float r = ef + ((((((((0x1.fe1cap-4f * t + (-0x1.a3710ap-3f)) * t + 0x1.b87fbep-3f) * t + (-0x1.e9f9a6p-3f)) * t + 0x1.26ead6p-2f) * t + (-0x1.715996p-2f)) * t + 0x1.ec7322p-2f) * t + (-0x1.715474p-1f)) * t + 0x1.715476p+0f) * t;
   r = x == 0.0f ? (-INFINITY) : r;
   r = x == INFINITY ? x : r;
   return (x < 0.0f || x != x) ? NAN : r;

@@ -45,4 +45,6 @@ L3.exit:
 
 !0 = distinct !{!0, !1}
 !1 = !{!"llvm.loop.mustprogress"}
+!2 = !{!"llvm.loop.interleave.count", i32 4}
+!3 = distinct !{!3, !1, !2}
 

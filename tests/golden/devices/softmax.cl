@@ -20,9 +20,8 @@ static inline float exp2_f32(float x) {
   float fl = floor(xc);
   float f = xc - fl;
   float p = (((((0x1.c6e292p-13f * f + 0x1.46301cp-10f) * f + 0x1.3d24eap-7f) * f + 0x1.c68562p-5f) * f + 0x1.ebfd9ap-3f) * f + 0x1.62e42ap-1f) * f + 0x1p+0f;
-  int e = (int)(x != x ? 0.0f : fl);
-  float r = p * as_float((e + 127) << 23);
-  return x != x ? x : r;
+  uint bits = (uint)as_int(fl + 0x1.8000fep+23f) << 23;
+  return p * as_float(bits);
 }
 __kernel void eqk(__global float* restrict b0, __global const float* restrict b1, __global const float* restrict b2) {
   long r3 = (long)get_global_id(0);
@@ -49,9 +48,8 @@ static inline float exp2_f32(float x) {
   float fl = floor(xc);
   float f = xc - fl;
   float p = (((((0x1.c6e292p-13f * f + 0x1.46301cp-10f) * f + 0x1.3d24eap-7f) * f + 0x1.c68562p-5f) * f + 0x1.ebfd9ap-3f) * f + 0x1.62e42ap-1f) * f + 0x1p+0f;
-  int e = (int)(x != x ? 0.0f : fl);
-  float r = p * as_float((e + 127) << 23);
-  return x != x ? x : r;
+  uint bits = (uint)as_int(fl + 0x1.8000fep+23f) << 23;
+  return p * as_float(bits);
 }
 __kernel void eqk(__global float* restrict b0, __global const float* restrict b1, __global const float* restrict b2, __global const float* restrict b3) {
   long r4 = (long)get_global_id(1);

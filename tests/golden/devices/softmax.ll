@@ -45,6 +45,8 @@ L2.exit:
 
 !0 = distinct !{!0, !1}
 !1 = !{!"llvm.loop.mustprogress"}
+!2 = !{!"llvm.loop.interleave.count", i32 4}
+!3 = distinct !{!3, !1, !2}
 
 // ---- kernel 1
 ; kernel eqk
@@ -97,24 +99,21 @@ L5.body:
   %t25 = fadd contract float %t24, 0x3FE62E42A0000000
   %t26 = fmul contract float %t25, %t15
   %t27 = fadd contract float %t26, 0x3FF0000000000000
-  %t28 = fcmp uno float %t9, 0.0
-  %t29 = select i1 %t28, float 0.0, float %t14
-  %t30 = fptosi float %t29 to i32
-  %t31 = add i32 %t30, 127
-  %t32 = shl i32 %t31, 23
-  %t33 = bitcast i32 %t32 to float
-  %t34 = fmul float %t27, %t33
-  %t35 = select i1 %t28, float %t9, float %t34
-  %t36 = load float, ptr %a4
-  %t37 = fadd reassoc nsz contract float %t36, %t35
-  store float %t37, ptr %a4
+  %t28 = fadd float %t14, 0x4168000FE0000000
+  %t29 = bitcast float %t28 to i32
+  %t30 = shl i32 %t29, 23
+  %t31 = bitcast i32 %t30 to float
+  %t32 = fmul float %t27, %t31
+  %t33 = load float, ptr %a4
+  %t34 = fadd reassoc nsz contract float %t33, %t32
+  store float %t34, ptr %a4
   %r5.n = add nuw nsw i64 %r5, 1
   store i64 %r5.n, ptr %r5.p
   br label %L5.cond, !llvm.loop !0
 L5.exit:
-  %t38 = load float, ptr %a4
-  %t39 = getelementptr inbounds float, ptr %p0, i64 %r3
-  store float %t38, ptr %t39
+  %t35 = load float, ptr %a4
+  %t36 = getelementptr inbounds float, ptr %p0, i64 %r3
+  store float %t35, ptr %t36
   %r3.n = add nuw nsw i64 %r3, 1
   store i64 %r3.n, ptr %r3.p
   br label %L3.cond, !llvm.loop !0
@@ -124,6 +123,8 @@ L3.exit:
 
 !0 = distinct !{!0, !1}
 !1 = !{!"llvm.loop.mustprogress"}
+!2 = !{!"llvm.loop.interleave.count", i32 4}
+!3 = distinct !{!3, !1, !2}
 
 // ---- kernel 2
 ; kernel eqk
@@ -174,20 +175,17 @@ L5.body:
   %t25 = fadd contract float %t24, 0x3FE62E42A0000000
   %t26 = fmul contract float %t25, %t15
   %t27 = fadd contract float %t26, 0x3FF0000000000000
-  %t28 = fcmp uno float %t9, 0.0
-  %t29 = select i1 %t28, float 0.0, float %t14
-  %t30 = fptosi float %t29 to i32
-  %t31 = add i32 %t30, 127
-  %t32 = shl i32 %t31, 23
-  %t33 = bitcast i32 %t32 to float
-  %t34 = fmul float %t27, %t33
-  %t35 = select i1 %t28, float %t9, float %t34
-  %t36 = getelementptr inbounds float, ptr %p3, i64 %r4
-  %t37 = load float, ptr %t36
-  %t38 = fdiv float 1.0, %t37
-  %t39 = fmul contract float %t35, %t38
-  %t40 = getelementptr inbounds float, ptr %p0, i64 %t2
-  store float %t39, ptr %t40
+  %t28 = fadd float %t14, 0x4168000FE0000000
+  %t29 = bitcast float %t28 to i32
+  %t30 = shl i32 %t29, 23
+  %t31 = bitcast i32 %t30 to float
+  %t32 = fmul float %t27, %t31
+  %t33 = getelementptr inbounds float, ptr %p3, i64 %r4
+  %t34 = load float, ptr %t33
+  %t35 = fdiv float 1.0, %t34
+  %t36 = fmul contract float %t32, %t35
+  %t37 = getelementptr inbounds float, ptr %p0, i64 %t2
+  store float %t36, ptr %t37
   %r5.n = add nuw nsw i64 %r5, 1
   store i64 %r5.n, ptr %r5.p
   br label %L5.cond, !llvm.loop !0
@@ -201,4 +199,6 @@ L4.exit:
 
 !0 = distinct !{!0, !1}
 !1 = !{!"llvm.loop.mustprogress"}
+!2 = !{!"llvm.loop.interleave.count", i32 4}
+!3 = distinct !{!3, !1, !2}
 
