@@ -11,6 +11,11 @@
   reduction's source once per reduced element. Work shared inside one kernel counts once; a
   producer inlined into two kernels counts in both; a producer inlined under a broadcast
   (``Expand``) is evaluated once per broadcast element.
+- masked reads: a ``Pad`` evaluated more often than its kernel has output elements (inside a
+  reduction loop, e.g. a padded convolution's input) costs ``masked_read`` flops per evaluation:
+  on the CPU the per-lane masks stop the register lanes from using plain vector loads (measured:
+  a 3x3 convolution with padding fused runs ~8x slower than on a materialized padded input), so
+  materializing the padded tensor first is usually cheaper. GPUs predicate masks almost for free.
 - legality (the extractor is its authority, DESIGN.md): a reduction evaluated more often than it
   has output elements (i.e. recomputed under a broadcast) is illegal, as is a ``Contiguous`` that
   is not its kernel's output, or a body larger than ``max_nodes``.
@@ -47,6 +52,7 @@ class DeviceParams:
     bandwidth: float = 20e9       # bytes per second (one core streaming)
     peak: float = 50e9            # flops per second
     max_nodes: int = 160          # largest kernel body (nodes) the extractor will form
+    masked_read: float = 8.0      # flops charged per Pad evaluation inside a reduction loop (see above)
     source: str = "default"       # "default" or "calibrated <date>"
 
 
@@ -54,7 +60,7 @@ DEFAULT_PARAMS: dict[str, DeviceParams] = {
     "LLVM": DeviceParams(),
     "NUMPY": DeviceParams(launch=20e-6, bandwidth=5e9, peak=2e9),
     "OPENCL": DeviceParams(launch=20e-6, bandwidth=25e9, peak=50e9),    # PoCL 3.1, 2 cores (calibrated)
-    "CUDA": DeviceParams(launch=5e-6, bandwidth=3e12, peak=5e13),
+    "CUDA": DeviceParams(launch=5e-6, bandwidth=3e12, peak=5e13, masked_read=1.0),
 }
 
 

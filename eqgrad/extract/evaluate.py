@@ -84,6 +84,8 @@ class PlanEvaluator:
                 if e > numel(g.shapes[c]):
                     legal, why = False, f"reduction {n.op} recomputed {e / numel(g.shapes[c]):.0f}x per element"
             flops += OPS[n.op].flops * e * max(1, mult)
+            if n.op == "PAD" and e > numel(g.shapes[k]):
+                flops += p.masked_read * e
             for ch in n.children:
                 ev[ch] = max(ev.get(ch, 0), e * mult)
         if nodes > p.max_nodes:

@@ -128,7 +128,10 @@ class GreedyExtractor:
         """The moves to try from ``choice``: ("toggle", producer, inline) and ("flip", class, node)."""
         used = self.ev.reachable(choice)
         specs: list[tuple] = []
-        for prod in self.realize_of:
+        # smaller producers first: when materializing either of two nested producers improves the
+        # plan (a padded input or the window tensor built from it), the first improving move is
+        # taken, and the smaller one writes and reads fewer bytes
+        for prod in sorted(self.realize_of, key=lambda c: numel(self.g.shapes[c])):
             if prod in used or self.realize_of[prod] in used:
                 specs += [("toggle", prod, True), ("toggle", prod, False)]
         if self.flips:
