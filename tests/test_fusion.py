@@ -119,3 +119,18 @@ def test_unoptimized_mode_gives_same_numbers():
     x = a.numpy()
     e = np.exp(x - x.max(-1, keepdims=True))
     np.testing.assert_allclose(out.numpy(), e / e.sum(-1, keepdims=True), rtol=1e-5)
+
+
+def test_padded_convolution_materializes_the_padded_input():
+    """A pad read inside a reduction loop masks every register lane; the cost model charges it
+    (cost.py: masked_read), so the plan copies the padded input once and convolves unmasked."""
+    import eqgrad.nn.functional as F
+    x, w = _t(2, 8, 12, 12), _t(16, 8, 3, 3)
+    out = F.conv2d(x, w, padding=1)
+    assert kernels(out) == 2
+    first = engine.last_plan.plan.kernels[0]
+    assert {n.op for n in first.ast.walk()} <= {"PAD", "BUF", "RESHAPE"}
+    assert not any(n.op == "PAD" for n in engine.last_plan.plan.kernels[1].ast.walk())
+    import torch
+    ref = torch.nn.functional.conv2d(torch.from_numpy(x.numpy()), torch.from_numpy(w.numpy()), padding=1).numpy()
+    np.testing.assert_allclose(out.numpy(), ref, rtol=1e-4, atol=1e-4)
