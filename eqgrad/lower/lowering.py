@@ -16,7 +16,7 @@ from typing import Any
 
 from ..dtype import DType, bool_
 from ..extract.plan import Kernel, KernelPlan, KNode
-from ..ops import reduce_identity
+from ..ops import numel, reduce_identity
 from .loopir import INDEX, LInst, LoopKernel
 from .symbolic import Div, Lin, Mod, Var
 
@@ -255,6 +255,31 @@ class Lowerer:
                     up[prev] = w0
         return up
 
+    TILE_BLOCKS = 8               # register blocks of the outer lane axis per cache tile
+    TILE_MIN_STREAM = 1 << 20     # bytes a block's reduce loop streams from the lane-axis operand
+
+    def choose_tile(self, up: dict[int, int]) -> tuple[int, int] | None:
+        """Cache tiling of a two-axis register block (matmul-like): (axis, blocks) or None.
+
+        Loops are normally (outer blocks, inner blocks, reduce): every outer block streams the
+        whole lane operand (B of A @ B) again, from DRAM once it outgrows the cache (matmul 2048:
+        16 MB per block row). Tiling visits ``TILE_BLOCKS`` outer blocks per inner block, loops
+        (outer tiles, inner blocks, outer blocks within the tile, reduce), so each strip of the
+        lane operand is reused from cache ``TILE_BLOCKS`` times."""
+        if len(up) != 2:
+            return None
+        outer, inner = sorted(up)
+        root = self.kernel.ast
+        n_outer = root.shape[outer] // up[outer]
+        t = self.TILE_BLOCKS
+        if n_outer < 2 * t or n_outer % t:
+            return None
+        red = max((numel(n.src[0].shape) // max(1, numel(n.shape)) for n in root.walk()
+                   if n.op in ("RSUM", "RMAX")), default=1)
+        if red * root.shape[inner] * 4 < self.TILE_MIN_STREAM:
+            return None
+        return outer, t
+
     def _contiguous_under_reduce(self, root: KNode, axis: int) -> bool:
         """Does some buffer read inside a reduction step by exactly 1 along output ``axis``?
         (A dry run of the index function, with symbolic output and reduce variables.)"""
@@ -295,6 +320,7 @@ class Lowerer:
         for n in root.walk():
             self.has_reduce[id(n)] = n.op in ("RSUM", "RMAX") or any(self.has_reduce[id(x)] for x in n.src)
         up = self.choose_upcast()
+        tile = self.choose_tile(up)
         loops, out_idx, lane_axes = [], [None] * len(root.shape), []
         for d in range(len(root.shape)):
             s, w = root.shape[d], up.get(d, 1)
@@ -303,12 +329,21 @@ class Lowerer:
             elif s // w == 1:
                 out_idx[d] = Lin.num(0)
                 lane_axes.append(d)
+            elif tile is not None and d == tile[0]:
+                r = self.open_range(s // (w * tile[1]))       # the tile loop; its inner loop opens last
+                loops.append(r)
+                out_idx[d] = r * (w * tile[1])
+                lane_axes.append(d)
             else:
                 r = self.open_range(s // w)
                 loops.append(r)
                 out_idx[d] = r * w
                 if w > 1:
                     lane_axes.append(d)
+        if tile is not None:
+            r = self.open_range(tile[1])
+            loops.append(r)
+            out_idx[tile[0]] = out_idx[tile[0]] + r * up[tile[0]]
         if 0 not in root.shape:
             lanes = [tuple(out_idx)]
             for d in lane_axes:      # lanes: every combination of offsets on the upcast axes
