@@ -54,6 +54,23 @@ def test_matmul_kernel_uses_register_lanes():
     assert not lk.loop_vectorize
 
 
+@pytest.mark.parametrize("m,k,n,transposed", [(128, 2048, 128, False), (136, 1024, 256, True), (384, 4096, 80, False)])
+def test_cache_tiled_matmul(m, k, n, transposed):
+    """Large contractions get a tile loop: (tiles, column blocks, 8 row blocks, reduce); results
+    match on sizes with partial tiles and on a transposed (non-contiguous) operand."""
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    b = rng.standard_normal((n, k) if transposed else (k, n)).astype(np.float32)
+    tb = Tensor(b).T if transposed else Tensor(b)
+    out = (Tensor(a) @ tb).numpy()
+    np.testing.assert_allclose(out, a @ (b.T if transposed else b), rtol=1e-4, atol=1e-3)
+    plan = engine.last_plan.plan
+    lk = lower_kernel(plan.kernels[0], plan)
+    ranges = [x.arg for x in lk.insts if x.op == "RANGE"]
+    if not transposed:      # contiguous B: lanes 8x16, so m/8 row blocks in tiles of 8
+        assert ranges[:3] == [m // 64, n // 16, 8], ranges
+
+
 @pytest.mark.parametrize("shape", [(5, 7), (16, 1), (3, 48)])
 def test_upcast_keeps_remainders_right(shape):
     rng = np.random.default_rng(0)
