@@ -32,14 +32,17 @@ def run_plan(g, choice, prog, ev=None):
     return plan, [bufs[o].data for o in plan.outputs]
 
 
-def test_every_kernel_of_the_chosen_plan_is_legal():
+@pytest.mark.parametrize("row_fusion,n_kernels", [(True, 1), (False, 3)])
+def test_every_kernel_of_the_chosen_plan_is_legal(row_fusion, n_kernels):
+    """softmax: one row-fused kernel where the device allows it (CPU), else max, sum, divide."""
     x = Tensor(np.random.default_rng(0).standard_normal((64, 128)).astype(np.float32), device="NUMPY")
     g, prog = saturated(x.softmax(-1))
-    res = GreedyExtractor(g, CostModel(DeviceParams()), [(lb.shape, lb.dtype) for lb in prog.inputs]).extract()
+    params = DeviceParams(row_fusion=row_fusion)
+    res = GreedyExtractor(g, CostModel(params), [(lb.shape, lb.dtype) for lb in prog.inputs]).extract()
     choice, ev = res.choice, res.evaluation
     assert ev.legal and all(k.legal for k in ev.kernels.values())
     plan, (out,) = run_plan(g, choice, prog, ev)
-    assert len(plan.kernels) == 3
+    assert len(plan.kernels) == n_kernels
     e = np.exp(x.numpy() - x.numpy().max(-1, keepdims=True))
     np.testing.assert_allclose(out, e / e.sum(-1, keepdims=True), rtol=1e-5)
 

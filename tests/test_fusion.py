@@ -63,15 +63,56 @@ def test_matmul_is_one_kernel():
 
 
 def test_reduction_is_not_recomputed_under_broadcast():
-    """x - x.max() must not inline the max into the elementwise kernel (illegal recompute)."""
+    """x - x.max(0) must not inline the max into the elementwise kernel (it would be recomputed
+    for every output row): two kernels."""
     a = _t(32, 64)
-    out = a - a.max(-1, keepdim=True)
+    out = a - a.max(0, keepdim=True)
     assert kernels(out) == 2
     for k in engine.last_plan.plan.kernels:
         walk = k.ast.walk()
         for n in walk:
             if n.op in ("RMAX", "RSUM"):
                 assert k.ast.op in ("RMAX", "RSUM") or k.ast.shape == n.shape
+    np.testing.assert_array_equal(out.numpy(), a.numpy() - a.numpy().max(0, keepdims=True))
+
+
+def _loop_depths(lk):
+    """(op, loop depth) of every instruction of a loop-IR kernel."""
+    depth, out = 0, []
+    for x in lk.insts:
+        if x.op == "ENDRANGE":
+            depth -= 1
+        out.append((x.op, depth))
+        if x.op == "RANGE":
+            depth += 1
+    return out
+
+
+@pytest.mark.parametrize("what", ["max", "softmax", "layernorm"])
+def test_row_reductions_share_the_row_loop(what):
+    """A reduction broadcast back along the trailing axis (x - x.max(-1), softmax, layernorm)
+    joins its consumer's kernel: each row's reductions run once, in their own loops inside the
+    row loop and before the loop over the row's outputs (Lowerer.hoist), never per element."""
+    from eqgrad.lower.lowering import lower_kernel
+    import eqgrad.nn.functional as F
+    a = _t(32, 64)
+    if what == "max":
+        out, ref = a - a.max(-1, keepdim=True), a.numpy() - a.numpy().max(-1, keepdims=True)
+    elif what == "softmax":
+        e = np.exp(a.numpy() - a.numpy().max(-1, keepdims=True))
+        out, ref = a.softmax(-1), e / e.sum(-1, keepdims=True)
+    else:
+        x = a.numpy()
+        d = x - x.mean(-1, keepdims=True)
+        out, ref = F.layer_norm(a, (64,)), d / np.sqrt((d * d).mean(-1, keepdims=True) + 1e-5)
+    assert kernels(out) == 1
+    np.testing.assert_allclose(out.numpy(), ref, rtol=1e-5, atol=1e-6)
+    plan = engine.last_plan.plan
+    lk = lower_kernel(plan.kernels[0], plan)
+    depths = _loop_depths(lk)
+    assert all(d == 2 for op, d in depths if op in ("ACCUM", "STORE"))       # row loop > reduce/output loop
+    assert not any(op == "RANGE" and d > 1 for op, d in depths)              # no loop nested in a row's loops
+    assert lk.parallel == 1 and sum(1 for op, _ in depths if op == "RANGE") >= 3
 
 
 def test_plan_is_cached_by_structure():

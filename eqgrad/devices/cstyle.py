@@ -246,6 +246,8 @@ class CStyleRenderer:
                 depth -= 1
             elif x.op == "DEFACC":
                 acc_depth[i] = depth
+            elif x.op == "STORE" and depth > 0:
+                return None        # a row-fused kernel (Lowerer.hoist): its output loop is not a reduction
             elif x.op == "ACCUM" and depth > 0 and acc_depth[x.src[0]] == 0 and (x.src[0], x.arg) not in top[cur]:
                 top[cur].append((x.src[0], x.arg))
         n_accs = sum(len(a) for a in top.values())

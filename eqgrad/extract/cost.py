@@ -53,6 +53,7 @@ class DeviceParams:
     peak: float = 50e9            # flops per second
     max_nodes: int = 160          # largest kernel body (nodes) the extractor will form
     masked_read: float = 8.0      # flops charged per Pad evaluation inside a reduction loop (see above)
+    row_fusion: bool = True       # reductions broadcast along trailing axes may share a kernel (below)
     source: str = "default"       # "default" or "calibrated <date>"
 
 
@@ -60,7 +61,7 @@ DEFAULT_PARAMS: dict[str, DeviceParams] = {
     "LLVM": DeviceParams(),
     "NUMPY": DeviceParams(launch=20e-6, bandwidth=5e9, peak=2e9),
     "OPENCL": DeviceParams(launch=20e-6, bandwidth=25e9, peak=50e9),    # PoCL 3.1, 2 cores (calibrated)
-    "CUDA": DeviceParams(launch=5e-6, bandwidth=3e12, peak=5e13, masked_read=1.0),
+    "CUDA": DeviceParams(launch=5e-6, bandwidth=3e12, peak=5e13, masked_read=1.0, row_fusion=False),
 }
 
 

@@ -26,6 +26,20 @@ class Evaluation:
         return len(self.kernels)
 
 
+def _row_invariant(src: tuple, shape: tuple, rg: "str | frozenset") -> bool:
+    """Does Expand(src -> shape) in region ``rg`` broadcast exactly along the trailing non-trivial
+    output axes ("out") or exactly along the region's reduced axes?"""
+    if len(src) != len(shape):
+        return False
+    bcast = [d for d, (a, b) in enumerate(zip(src, shape)) if a == 1 and b > 1]
+    if not bcast:
+        return False
+    if rg == "out":      # a proper suffix: the lowering hoists into the loop of an outer axis
+        big = [d for d, b in enumerate(shape) if b > 1]
+        return len(bcast) < len(big) and bcast == big[len(big) - len(bcast):]
+    return frozenset(bcast) == rg
+
+
 class PlanEvaluator:
     def __init__(self, g: EGraph, cost: CostModel, inputs: list[tuple]):
         self.g, self.cost, self.inputs = g, cost, inputs
@@ -52,6 +66,16 @@ class PlanEvaluator:
             stack.extend((ch, False) for ch in n.children if ch not in seen)
         order.reverse()
         ev: dict[int, float] = {k: numel(g.shapes[k])}
+        # region[c]: c is evaluated at its kernel's output index ("out") or at the source index of
+        # a reduction over the given axes (a frozenset), reached through same-shape elementwise
+        # ops only; None otherwise. An Expand in a region that broadcasts exactly along the trailing
+        # output axes ("out") or exactly along the reduced axes (a reduction) is row-invariant: the
+        # lowering hoists the reductions under it out of those loops (Lowerer.hoist), so its
+        # source is evaluated once per distinct index, not once per broadcast element.
+        # A class reached in several regions (x - mean in layernorm's output and inside its
+        # variance) keeps them all; a class also reached outside any region gets None.
+        region: dict[int, frozenset | None] = {k: frozenset({"out"}) if p.row_fusion else None}
+        nested: dict[int, bool] = {k: False}     # evaluated inside a reduction loop (after hoisting)
         loads: dict[int, float] = {}       # materialized producer class -> element reads
         inputs: dict[int, float] = {}      # input position -> element reads
         flops, nodes, legal, why = 0.0, 0, True, ""
@@ -81,13 +105,27 @@ class PlanEvaluator:
             mult = 1
             if n.op in REDUCE_OPS:
                 mult = numel(g.shapes[n.children[0]]) // max(1, numel(g.shapes[c]))
-                if e > numel(g.shapes[c]):
-                    legal, why = False, f"reduction {n.op} recomputed {e / numel(g.shapes[c]):.0f}x per element"
+                if e > numel(g.shapes[c]):       # (an empty reduction under a Pad is read e > 0 times, masked)
+                    legal, why = False, f"reduction {n.op} recomputed {e / max(1, numel(g.shapes[c])):.0f}x per element"
             flops += OPS[n.op].flops * e * max(1, mult)
             if n.op == "PAD" and e > numel(g.shapes[k]):
                 flops += p.masked_read * e
+            rg, nest = region.get(c), nested.get(c, True)
             for ch in n.children:
-                ev[ch] = max(ev.get(ch, 0), e * mult)
+                ce, cr, cn = e * mult, None, nest
+                if rg and n.op == "EXPAND" and all(_row_invariant(g.shapes[ch], g.shapes[c], t) for t in rg):
+                    ce, cn = e * numel(g.shapes[ch]) / max(1, numel(g.shapes[c])), False
+                elif n.op in REDUCE_OPS:
+                    cn = True
+                    if p.row_fusion and not nest:      # a reduction inside another's loop is not hoisted from
+                        cr = frozenset({frozenset(d for d in n.arg if g.shapes[ch][d] > 1)})
+                elif rg and OPS[n.op].kind in ("unary", "binary", "ternary") and g.shapes[ch] == g.shapes[c]:
+                    cr = rg
+                ev[ch] = max(ev.get(ch, 0), ce)
+                nested[ch] = nested.get(ch, False) or cn
+                if ch in region:
+                    cr = None if cr is None or region[ch] is None else region[ch] | cr
+                region[ch] = cr
         if nodes > p.max_nodes:
             legal, why = False, f"body of {nodes} nodes > {p.max_nodes}"
         nbytes = numel(g.shapes[k]) * g.dtypes[k].itemsize

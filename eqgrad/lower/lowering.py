@@ -18,7 +18,7 @@ from ..dtype import DType, bool_
 from ..extract.plan import Kernel, KernelPlan, KNode
 from ..ops import numel, reduce_identity
 from .loopir import INDEX, LInst, LoopKernel
-from .symbolic import Div, Lin, Mod, Var
+from .symbolic import Div, Lin, Mod, Var, substitute_free
 
 
 def strides_of(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -176,6 +176,40 @@ class Lowerer:
     def _reduce(self, n: KNode, idx: tuple[Lin, ...], valid: int | None) -> int:
         return self._reduce_lanes(n, (idx,), (valid,))[0]
 
+    # ------------------------------------------------------------------ hoisting (row fusion)
+    def hoist(self, out_idx: list[Lin | None]) -> bool:
+        """Render now, in the current loop, every reduction whose index depends only on the output
+        loops open so far (``out_idx`` is None for the axes still to open). This is what lets one
+        kernel hold softmax or layernorm: each row's max/sum/mean/variance is reduced once, in
+        its own loop inside the row loop, before the loop over the row's outputs, instead of
+        once per output element. Reductions that use other hoisted ones (the variance uses the
+        mean) come after them. Returns whether anything was hoisted."""
+        root = self.kernel.ast
+        idx = tuple(i if i is not None else Lin.var(f"_o{d}", s) for d, (i, s) in enumerate(zip(out_idx, root.shape)))
+        order: list[tuple[KNode, tuple[Lin, ...]]] = []
+        seen: set = set()
+
+        def walk(n: KNode, ix: tuple[Lin, ...]) -> None:
+            if (id(n), ix) in seen or n.op in ("BUF", "CONST", "PAD"):   # masked reads stay put
+                return
+            seen.add((id(n), ix))
+            if n.op in ("RSUM", "RMAX"):
+                src = n.src[0]
+                walk(src, tuple(Lin.var(f"_r{id(n)}_{d}", src.shape[d]) if d in n.arg else i for d, i in enumerate(ix)))
+                if n is not root and not any(v.startswith("_") for i in ix for v in substitute_free(i)):
+                    order.append((n, ix))
+            elif n.op in ("RESHAPE", "PERMUTE", "EXPAND", "SHRINK", "FLIP"):
+                walk(n.src[0], self.move_index(n, ix))
+            else:
+                for x in n.src:
+                    walk(x, ix)
+
+        walk(root, idx)
+        before = len(self.insts)
+        for n, ix in order:
+            self.render_lanes(n, (ix,), (None,))      # the key the main pass looks up
+        return len(self.insts) > before
+
     # ------------------------------------------------------------------ lanes (upcast)
     # A kernel whose output axes are upcast renders several output elements ("lanes") at once.
     # Subtrees without reductions are rendered lane by lane (CSE shares what the lanes have in
@@ -322,6 +356,7 @@ class Lowerer:
         up = self.choose_upcast()
         tile = self.choose_tile(up)
         loops, out_idx, lane_axes = [], [None] * len(root.shape), []
+        parallel = None          # output loops before the first hoisted reduction
         for d in range(len(root.shape)):
             s, w = root.shape[d], up.get(d, 1)
             if s <= 1:
@@ -340,6 +375,10 @@ class Lowerer:
                 out_idx[d] = r * w
                 if w > 1:
                     lane_axes.append(d)
+                elif not up and self.hoist(out_idx) and parallel is None:
+                    parallel = len(loops)
+        if not loops and not up:
+            self.hoist(out_idx)           # e.g. a full variance: the mean before the sum of squares
         if tile is not None:
             r = self.open_range(tile[1])
             loops.append(r)
@@ -357,7 +396,7 @@ class Lowerer:
         for r in reversed(loops):
             self.close_range(r)
         return LoopKernel(self.kernel.name, self.params, self._params_first(), loop_vectorize=not up,
-                          parallel=len(loops))
+                          parallel=len(loops) if parallel is None else parallel)
 
     def _params_first(self) -> list[LInst]:
         """Prefix PARAM instructions and renumber: loads/stores refer to parameters by number."""

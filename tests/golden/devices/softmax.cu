@@ -10,43 +10,29 @@ extern "C" __global__ void eqk(float* __restrict__ b0, const float* __restrict__
     acc3 = max_f32(acc3, v8);
   }
   float v11 = acc3;
-  b0[r2] = v11;
-}
-
-// ---- kernel 1
-extern "C" __global__ void eqk(float* __restrict__ b0, const float* __restrict__ b1, const float* __restrict__ b2) {
-  long long r3 = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-  float acc4 = 0.0f;
-  for (long long r5 = 0; r5 < 8LL; r5++) {
-    long long v7 = r3 * 8LL;
-    long long v8 = v7 + r5;
-    float v9 = b1[v8];
-    float v10 = b2[r3];
-    float v11 = -v10;
-    float v12 = v9 + v11;
-    float v14 = v12 * 0x1.715476p+0f;
-    float v15 = exp2f(v14);
-    acc4 = acc4 + v15;
+  float acc12 = 0.0f;
+  for (long long r13 = 0; r13 < 8LL; r13++) {
+    long long v15 = r2 * 8LL;
+    long long v16 = v15 + r13;
+    float v17 = b1[v16];
+    float v18 = -v11;
+    float v19 = v17 + v18;
+    float v21 = v19 * 0x1.715476p+0f;
+    float v22 = exp2f(v21);
+    acc12 = acc12 + v22;
   }
-  float v18 = acc4;
-  b0[r3] = v18;
-}
-
-// ---- kernel 2
-extern "C" __global__ void eqk(float* __restrict__ b0, const float* __restrict__ b1, const float* __restrict__ b2, const float* __restrict__ b3) {
-  long long r4 = (long long)blockIdx.y * blockDim.y + threadIdx.y;
-  long long r5 = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-  long long v7 = r4 * 8LL;
-  long long v8 = v7 + r5;
-  float v9 = b1[v8];
-  float v10 = b2[r4];
-  float v11 = -v10;
-  float v12 = v9 + v11;
-  float v14 = v12 * 0x1.715476p+0f;
-  float v15 = exp2f(v14);
-  float v16 = b3[r4];
-  float v17 = 1.0f / v16;
-  float v18 = v15 * v17;
-  b0[v8] = v18;
+  float v25 = acc12;
+  for (long long r26 = 0; r26 < 8LL; r26++) {
+    long long v28 = r2 * 8LL;
+    long long v29 = v28 + r26;
+    float v30 = b1[v29];
+    float v31 = -v11;
+    float v32 = v30 + v31;
+    float v34 = v32 * 0x1.715476p+0f;
+    float v35 = exp2f(v34);
+    float v36 = 1.0f / v25;
+    float v37 = v35 * v36;
+    b0[v29] = v37;
+  }
 }
 

@@ -1,5 +1,6 @@
 // ---- kernel 0
 ; kernel eqk
+declare float @llvm.floor.f32(float)
 declare float @llvm.maximum.f32(float, float)
 
 define void @eqk(ptr noalias %p0, ptr noalias readonly %p1, i64 %lo, i64 %hi) nounwind {
@@ -7,6 +8,9 @@ entry:
   %r2.p = alloca i64
   %a3 = alloca float
   %r4.p = alloca i64
+  %a12 = alloca float
+  %r13.p = alloca i64
+  %r26.p = alloca i64
   store i64 %lo, ptr %r2.p
   br label %L2.cond
 L2.cond:
@@ -34,166 +38,101 @@ L4.body:
   br label %L4.cond, !llvm.loop !0
 L4.exit:
   %t7 = load float, ptr %a3
-  %t8 = getelementptr inbounds float, ptr %p0, i64 %r2
-  store float %t7, ptr %t8
+  store float 0x0000000000000000, ptr %a12
+  store i64 0, ptr %r13.p
+  br label %L13.cond
+L13.cond:
+  %r13 = load i64, ptr %r13.p
+  %r13.c = icmp slt i64 %r13, 8
+  br i1 %r13.c, label %L13.body, label %L13.exit
+L13.body:
+  %t8 = mul i64 %r2, 8
+  %t9 = add i64 %t8, %r13
+  %t10 = getelementptr inbounds float, ptr %p1, i64 %t9
+  %t11 = load float, ptr %t10
+  %t12 = fneg float %t7
+  %t13 = fadd contract float %t11, %t12
+  %t14 = fmul contract float %t13, 0x3FF7154760000000
+  %t15 = fcmp ogt float %t14, 128.0
+  %t16 = select i1 %t15, float 128.0, float %t14
+  %t17 = fcmp olt float %t16, -127.0
+  %t18 = select i1 %t17, float -127.0, float %t16
+  %t19 = call float @llvm.floor.f32(float %t18)
+  %t20 = fsub float %t18, %t19
+  %t21 = fmul contract float 0x3F2C6E2920000000, %t20
+  %t22 = fadd contract float %t21, 0x3F546301C0000000
+  %t23 = fmul contract float %t22, %t20
+  %t24 = fadd contract float %t23, 0x3F83D24EA0000000
+  %t25 = fmul contract float %t24, %t20
+  %t26 = fadd contract float %t25, 0x3FAC685620000000
+  %t27 = fmul contract float %t26, %t20
+  %t28 = fadd contract float %t27, 0x3FCEBFD9A0000000
+  %t29 = fmul contract float %t28, %t20
+  %t30 = fadd contract float %t29, 0x3FE62E42A0000000
+  %t31 = fmul contract float %t30, %t20
+  %t32 = fadd contract float %t31, 0x3FF0000000000000
+  %t33 = fadd float %t19, 0x4168000FE0000000
+  %t34 = bitcast float %t33 to i32
+  %t35 = shl i32 %t34, 23
+  %t36 = bitcast i32 %t35 to float
+  %t37 = fmul float %t32, %t36
+  %t38 = load float, ptr %a12
+  %t39 = fadd reassoc nsz contract float %t38, %t37
+  store float %t39, ptr %a12
+  %r13.n = add nuw nsw i64 %r13, 1
+  store i64 %r13.n, ptr %r13.p
+  br label %L13.cond, !llvm.loop !0
+L13.exit:
+  %t40 = load float, ptr %a12
+  store i64 0, ptr %r26.p
+  br label %L26.cond
+L26.cond:
+  %r26 = load i64, ptr %r26.p
+  %r26.c = icmp slt i64 %r26, 8
+  br i1 %r26.c, label %L26.body, label %L26.exit
+L26.body:
+  %t41 = mul i64 %r2, 8
+  %t42 = add i64 %t41, %r26
+  %t43 = getelementptr inbounds float, ptr %p1, i64 %t42
+  %t44 = load float, ptr %t43
+  %t45 = fneg float %t7
+  %t46 = fadd contract float %t44, %t45
+  %t47 = fmul contract float %t46, 0x3FF7154760000000
+  %t48 = fcmp ogt float %t47, 128.0
+  %t49 = select i1 %t48, float 128.0, float %t47
+  %t50 = fcmp olt float %t49, -127.0
+  %t51 = select i1 %t50, float -127.0, float %t49
+  %t52 = call float @llvm.floor.f32(float %t51)
+  %t53 = fsub float %t51, %t52
+  %t54 = fmul contract float 0x3F2C6E2920000000, %t53
+  %t55 = fadd contract float %t54, 0x3F546301C0000000
+  %t56 = fmul contract float %t55, %t53
+  %t57 = fadd contract float %t56, 0x3F83D24EA0000000
+  %t58 = fmul contract float %t57, %t53
+  %t59 = fadd contract float %t58, 0x3FAC685620000000
+  %t60 = fmul contract float %t59, %t53
+  %t61 = fadd contract float %t60, 0x3FCEBFD9A0000000
+  %t62 = fmul contract float %t61, %t53
+  %t63 = fadd contract float %t62, 0x3FE62E42A0000000
+  %t64 = fmul contract float %t63, %t53
+  %t65 = fadd contract float %t64, 0x3FF0000000000000
+  %t66 = fadd float %t52, 0x4168000FE0000000
+  %t67 = bitcast float %t66 to i32
+  %t68 = shl i32 %t67, 23
+  %t69 = bitcast i32 %t68 to float
+  %t70 = fmul float %t65, %t69
+  %t71 = fdiv float 1.0, %t40
+  %t72 = fmul contract float %t70, %t71
+  %t73 = getelementptr inbounds float, ptr %p0, i64 %t42
+  store float %t72, ptr %t73
+  %r26.n = add nuw nsw i64 %r26, 1
+  store i64 %r26.n, ptr %r26.p
+  br label %L26.cond, !llvm.loop !0
+L26.exit:
   %r2.n = add nuw nsw i64 %r2, 1
   store i64 %r2.n, ptr %r2.p
   br label %L2.cond, !llvm.loop !0
 L2.exit:
-  ret void
-}
-
-!0 = distinct !{!0, !1}
-!1 = !{!"llvm.loop.mustprogress"}
-!2 = !{!"llvm.loop.interleave.count", i32 4}
-!3 = distinct !{!3, !1, !2}
-
-// ---- kernel 1
-; kernel eqk
-declare float @llvm.floor.f32(float)
-
-define void @eqk(ptr noalias %p0, ptr noalias readonly %p1, ptr noalias readonly %p2, i64 %lo, i64 %hi) nounwind {
-entry:
-  %r3.p = alloca i64
-  %a4 = alloca float
-  %r5.p = alloca i64
-  store i64 %lo, ptr %r3.p
-  br label %L3.cond
-L3.cond:
-  %r3 = load i64, ptr %r3.p
-  %r3.c = icmp slt i64 %r3, %hi
-  br i1 %r3.c, label %L3.body, label %L3.exit
-L3.body:
-  store float 0x0000000000000000, ptr %a4
-  store i64 0, ptr %r5.p
-  br label %L5.cond
-L5.cond:
-  %r5 = load i64, ptr %r5.p
-  %r5.c = icmp slt i64 %r5, 8
-  br i1 %r5.c, label %L5.body, label %L5.exit
-L5.body:
-  %t1 = mul i64 %r3, 8
-  %t2 = add i64 %t1, %r5
-  %t3 = getelementptr inbounds float, ptr %p1, i64 %t2
-  %t4 = load float, ptr %t3
-  %t5 = getelementptr inbounds float, ptr %p2, i64 %r3
-  %t6 = load float, ptr %t5
-  %t7 = fneg float %t6
-  %t8 = fadd contract float %t4, %t7
-  %t9 = fmul contract float %t8, 0x3FF7154760000000
-  %t10 = fcmp ogt float %t9, 128.0
-  %t11 = select i1 %t10, float 128.0, float %t9
-  %t12 = fcmp olt float %t11, -127.0
-  %t13 = select i1 %t12, float -127.0, float %t11
-  %t14 = call float @llvm.floor.f32(float %t13)
-  %t15 = fsub float %t13, %t14
-  %t16 = fmul contract float 0x3F2C6E2920000000, %t15
-  %t17 = fadd contract float %t16, 0x3F546301C0000000
-  %t18 = fmul contract float %t17, %t15
-  %t19 = fadd contract float %t18, 0x3F83D24EA0000000
-  %t20 = fmul contract float %t19, %t15
-  %t21 = fadd contract float %t20, 0x3FAC685620000000
-  %t22 = fmul contract float %t21, %t15
-  %t23 = fadd contract float %t22, 0x3FCEBFD9A0000000
-  %t24 = fmul contract float %t23, %t15
-  %t25 = fadd contract float %t24, 0x3FE62E42A0000000
-  %t26 = fmul contract float %t25, %t15
-  %t27 = fadd contract float %t26, 0x3FF0000000000000
-  %t28 = fadd float %t14, 0x4168000FE0000000
-  %t29 = bitcast float %t28 to i32
-  %t30 = shl i32 %t29, 23
-  %t31 = bitcast i32 %t30 to float
-  %t32 = fmul float %t27, %t31
-  %t33 = load float, ptr %a4
-  %t34 = fadd reassoc nsz contract float %t33, %t32
-  store float %t34, ptr %a4
-  %r5.n = add nuw nsw i64 %r5, 1
-  store i64 %r5.n, ptr %r5.p
-  br label %L5.cond, !llvm.loop !0
-L5.exit:
-  %t35 = load float, ptr %a4
-  %t36 = getelementptr inbounds float, ptr %p0, i64 %r3
-  store float %t35, ptr %t36
-  %r3.n = add nuw nsw i64 %r3, 1
-  store i64 %r3.n, ptr %r3.p
-  br label %L3.cond, !llvm.loop !0
-L3.exit:
-  ret void
-}
-
-!0 = distinct !{!0, !1}
-!1 = !{!"llvm.loop.mustprogress"}
-!2 = !{!"llvm.loop.interleave.count", i32 4}
-!3 = distinct !{!3, !1, !2}
-
-// ---- kernel 2
-; kernel eqk
-declare float @llvm.floor.f32(float)
-
-define void @eqk(ptr noalias %p0, ptr noalias readonly %p1, ptr noalias readonly %p2, ptr noalias readonly %p3, i64 %lo, i64 %hi) nounwind {
-entry:
-  %r4.p = alloca i64
-  %r5.p = alloca i64
-  store i64 %lo, ptr %r4.p
-  br label %L4.cond
-L4.cond:
-  %r4 = load i64, ptr %r4.p
-  %r4.c = icmp slt i64 %r4, %hi
-  br i1 %r4.c, label %L4.body, label %L4.exit
-L4.body:
-  store i64 0, ptr %r5.p
-  br label %L5.cond
-L5.cond:
-  %r5 = load i64, ptr %r5.p
-  %r5.c = icmp slt i64 %r5, 8
-  br i1 %r5.c, label %L5.body, label %L5.exit
-L5.body:
-  %t1 = mul i64 %r4, 8
-  %t2 = add i64 %t1, %r5
-  %t3 = getelementptr inbounds float, ptr %p1, i64 %t2
-  %t4 = load float, ptr %t3
-  %t5 = getelementptr inbounds float, ptr %p2, i64 %r4
-  %t6 = load float, ptr %t5
-  %t7 = fneg float %t6
-  %t8 = fadd contract float %t4, %t7
-  %t9 = fmul contract float %t8, 0x3FF7154760000000
-  %t10 = fcmp ogt float %t9, 128.0
-  %t11 = select i1 %t10, float 128.0, float %t9
-  %t12 = fcmp olt float %t11, -127.0
-  %t13 = select i1 %t12, float -127.0, float %t11
-  %t14 = call float @llvm.floor.f32(float %t13)
-  %t15 = fsub float %t13, %t14
-  %t16 = fmul contract float 0x3F2C6E2920000000, %t15
-  %t17 = fadd contract float %t16, 0x3F546301C0000000
-  %t18 = fmul contract float %t17, %t15
-  %t19 = fadd contract float %t18, 0x3F83D24EA0000000
-  %t20 = fmul contract float %t19, %t15
-  %t21 = fadd contract float %t20, 0x3FAC685620000000
-  %t22 = fmul contract float %t21, %t15
-  %t23 = fadd contract float %t22, 0x3FCEBFD9A0000000
-  %t24 = fmul contract float %t23, %t15
-  %t25 = fadd contract float %t24, 0x3FE62E42A0000000
-  %t26 = fmul contract float %t25, %t15
-  %t27 = fadd contract float %t26, 0x3FF0000000000000
-  %t28 = fadd float %t14, 0x4168000FE0000000
-  %t29 = bitcast float %t28 to i32
-  %t30 = shl i32 %t29, 23
-  %t31 = bitcast i32 %t30 to float
-  %t32 = fmul float %t27, %t31
-  %t33 = getelementptr inbounds float, ptr %p3, i64 %r4
-  %t34 = load float, ptr %t33
-  %t35 = fdiv float 1.0, %t34
-  %t36 = fmul contract float %t32, %t35
-  %t37 = getelementptr inbounds float, ptr %p0, i64 %t2
-  store float %t36, ptr %t37
-  %r5.n = add nuw nsw i64 %r5, 1
-  store i64 %r5.n, ptr %r5.p
-  br label %L5.cond, !llvm.loop !0
-L5.exit:
-  %r4.n = add nuw nsw i64 %r4, 1
-  store i64 %r4.n, ptr %r4.p
-  br label %L4.cond, !llvm.loop !0
-L4.exit:
   ret void
 }
 
