@@ -14,7 +14,9 @@ The semantics mirror the LLVM renderer (``llvm.py``) exactly:
 - exp2/log2 are either the LLVM device's own straight-line polynomials (``poly_exp2_log2``: the same
   numbers as LLVM, and vectorizable where a CPU OpenCL's library calls are not) or the dialect's
   full-precision library functions (never the ``native_``/``__`` fast variants), which are inside the
-  same documented error bounds (docs/semantics.md); sin is always the library's.
+  same documented error bounds (docs/semantics.md); sin likewise (``poly_sin``: LLVM's range
+  reduction and polynomials, which need doubles, so a device without ``cl_khr_fp64`` falls back to
+  the library's sin).
 
 Every instruction becomes one typed local (``v12``), constants are written inline, loops are C
 ``for`` loops and accumulators are locals declared before their loops. The loop IR's ``parallel``
@@ -33,7 +35,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..lower.loopir import INDEX, LoopKernel
-from .llvm import EXP2_MAGIC, EXP2_POLY, LOG2_POLY
+from .llvm import COS_POLY, EXP2_MAGIC, EXP2_POLY, LOG2_POLY, SIN_POLY, SIN_TABLE
 
 # ops the renderer implements (checked against the op table by tests/test_optable.py)
 ALU = ("NEG", "EXP2", "LOG2", "SIN", "SQRT", "RECIP", "TRUNC", "CAST", "ADD", "MUL", "MAX", "CMPLT", "CMPEQ",
@@ -63,6 +65,9 @@ def work_items(k: LoopKernel) -> int:
     return math.prod(k.insts[r].arg for r in k.parallel_ranges())
 
 
+_SIN_TABLE_C = ", ".join(float.hex(w) for w in SIN_TABLE)      # llvm.py's range-reduction table
+
+
 class CStyleRenderer:
     """A C dialect: the strings below, and the helpers that ``_helper`` adds when a kernel uses them."""
     kernel_prefix = "void"                 # what precedes the kernel's name
@@ -85,6 +90,7 @@ class CStyleRenderer:
     math = {"EXP2": "exp2", "LOG2": "log2", "SIN": "sin", "SQRT": "sqrt", "TRUNC": "trunc", "FMAX": "fmax",
             "FLOOR": "floor"}
     poly_exp2_log2 = False                 # exp2/log2 as the LLVM device's polynomials (helpers below)
+    poly_sin: bool | None = None           # sin as the LLVM device's code (None: as poly_exp2_log2)
     as_float, as_int = "as_float", "as_int"   # bit casts between float and int
     inf = "INFINITY"
     nan = "NAN"
@@ -134,6 +140,7 @@ class CStyleRenderer:
                        f"x <= -0x1p+31f ? (-2147483647 - 1) : (int)x; }}",
             "exp2_f32": self._exp2_helper(),
             "log2_f32": self._log2_helper(),
+            "sin_f32": self._sin_helper(),
         }
 
     def _horner(self, x: str, coeffs: tuple[float, ...]) -> str:
@@ -174,6 +181,32 @@ class CStyleRenderer:
                 f"  r = x == {self.inf} ? x : r;\n"
                 f"  return (x < 0.0f || x != x) ? {self.nan} : r;\n}}")
 
+    def _sin_helper(self) -> str:
+        # llvm.py's _sin: Payne-Hanek range reduction in double with the same table (a constant
+        # array), then the same float polynomials; without doubles (no cl_khr_fp64) the library sin
+        u = self.uint_type
+        return (f"#if defined(cl_khr_fp64)\n#pragma OPENCL EXTENSION cl_khr_fp64 : enable\n"
+                f"__constant double sin_tbl[1024] = {{{_SIN_TABLE_C}}};\n"
+                f"{self.func_prefix} float sin_f32(float x) {{\n"
+                f"  {u} bits = ({u}){self.as_int}(x);\n"
+                f"  {u} ex = (bits >> 23) & 255u;\n"
+                f"  {u} mant = bits & 8388607u;\n"
+                f"  double m = (double)(ex != 0u ? (mant | 8388608u) : mant);\n"
+                f"  double v0 = m * sin_tbl[4u * ex];\n"
+                f"  double v2 = m * sin_tbl[4u * ex + 2u];\n"
+                f"  double a = (v0 - 4.0 * floor(v0 * 0.25)) + m * sin_tbl[4u * ex + 1u];\n"
+                f"  double n = rint(a + v2);\n"
+                f"  double r = ((a - n) + v2) + m * sin_tbl[4u * ex + 3u];\n"
+                f"  float y = (float)(r * {float.hex(math.pi / 2)});\n"
+                f"  float z = y * y;\n"
+                f"  float s = y + (z * y) * ({self._horner('z', SIN_POLY)});\n"
+                f"  float co = {self._horner('z', COS_POLY)};\n"
+                f"  int q = (int)n;\n"
+                f"  {u} flip = (({u})(q & 2) << 30) ^ (bits & 0x80000000u);\n"
+                f"  float res = {self.as_float}((int)(({u}){self.as_int}((q & 1) ? co : s) ^ flip));\n"
+                f"  return ex == 255u ? {self.nan} : res;\n}}\n"
+                f"#else\n{self.func_prefix} float sin_f32(float x) {{ return {self.math['SIN']}(x); }}\n#endif")
+
     # ------------------------------------------------------------------ ALU
     def wrap(self, a: str, op: str, b: str) -> str:
         """int32 arithmetic that wraps around (unsigned in C, converted back)."""
@@ -186,6 +219,8 @@ class CStyleRenderer:
             return f"-{a[0]}" if f or k == INDEX else f"!{a[0]}" if b else self.wrap("0", "-", a[0])
         if op in ("EXP2", "LOG2") and self.poly_exp2_log2:
             return f"{self._helper(op.lower() + '_f32')}({a[0]})"
+        if op == "SIN" and (self.poly_exp2_log2 if self.poly_sin is None else self.poly_sin):
+            return f"{self._helper('sin_f32')}({a[0]})"
         if op in ("EXP2", "LOG2", "SIN", "SQRT", "TRUNC"):
             return f"{self.math[op]}({a[0]})"
         if op == "RECIP":
