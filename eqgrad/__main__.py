@@ -79,25 +79,36 @@ def _tune_experiment(args: argparse.Namespace) -> int:
 
 
 def _fuzz(args: argparse.Namespace) -> int:
-    from hypothesis import HealthCheck, given, settings
+    import time
+    from hypothesis import HealthCheck, given, seed, settings
+    from . import config
     from .fuzz import check_program, program_strategy
     failures: list[str] = []
     count = 0
 
-    @settings(max_examples=args.examples, deadline=None, database=None, derandomize=args.seed is not None,
+    @settings(max_examples=args.examples, deadline=None, database=None, derandomize=False,
               suppress_health_check=list(HealthCheck))
     @given(program_strategy(max_steps=args.steps))
     def run(prog) -> None:
         nonlocal count
         count += 1
-        for dev in args.device.split(","):
-            err = check_program(prog, dev)
+        for dev in devs:
+            try:
+                err = check_program(prog, dev)
+            except Exception as e:          # a crash is a failure too (and is shrunk like one)
+                raise AssertionError(f"[{dev}] raised {type(e).__name__}: {e}\n{prog}") from e
             assert err is None, f"[{dev}] {err}\n{prog}"
+    devs = args.device.split(",")
+    if args.seed is not None:
+        run = seed(args.seed)(run)            # the same seed gives the same programs
+    t0 = time.perf_counter()
     try:
-        run()
+        with config.Context(VALIDATE=0 if args.no_validate else 1):
+            run()
     except AssertionError as e:          # hypothesis has shrunk it to a small program
         failures.append(str(e))
-    print(f"{count} random programs on {args.device}: {'no failures' if not failures else 'FAILED'}")
+    print(f"{count} random programs (seed {args.seed if args.seed is not None else 'random'}) on "
+          f"{','.join(devs)} in {time.perf_counter() - t0:.1f} s: {'no failures' if not failures else 'FAILED'}")
     for f in failures:
         print(f)
     return 1 if failures else 0
@@ -139,7 +150,9 @@ def main(argv: list[str] | None = None) -> int:
     fz.add_argument("--examples", type=int, default=500)
     fz.add_argument("--steps", type=int, default=8, help="most ops per program")
     fz.add_argument("--device", default="LLVM,NUMPY", help="comma-separated devices")
-    fz.add_argument("--seed", type=int, default=None, help="derandomize (reproducible run)")
+    fz.add_argument("--seed", type=int, default=None, help="seed of the program generator (reproducible run)")
+    fz.add_argument("--no-validate", action="store_true",
+                    help="skip plan validation against the op table (on by default, as in the tests)")
     fz.set_defaults(fn=_fuzz)
     args = p.parse_args(argv)
     return args.fn(args)

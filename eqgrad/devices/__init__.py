@@ -8,7 +8,12 @@ A device is one renderer plus one runtime (docs/devices.md). It provides:
   and ``copyout(raw, shape, dtype)`` move contents between it and the host;
 - ``prepare(plan)``: compiles a :class:`KernelPlan` into a callable that runs it on a list of
   buffers (it may return before the kernels finish; ``synchronize()`` waits, and so does every
-  copy back to the host).
+  copy back to the host);
+- ``runtime_errors``: the exceptions its runtime raises when the device fails (lost, reset, out of
+  memory). ``Buffer`` turns them into one :class:`DeviceError` naming the device and the operation
+  (allocation, copy), and the device's ``run`` does the same naming the kernel (``Device.failed``).
+  A failed realize leaves its tensors unrealized: no result of it is ever used, and a later
+  realize (on this device once it works again, or on another) runs normally.
 
 The base class implements memory for host devices (LLVM, NUMPY): buffers are contiguous NumPy
 arrays, reachable without a copy through ``Buffer.data`` and ``Buffer.ptr``.
@@ -108,7 +113,11 @@ class Buffer:
             buf = Buffer(device, shape, dtype, flat.view(dtype.np).reshape(shape))
             buf._pooled = (dev.name, flat)
             return buf
-        return Buffer(device, shape, dtype, dev.alloc(shape, dtype))
+        try:
+            raw = dev.alloc(shape, dtype)
+        except dev.runtime_errors as e:
+            raise dev.failed(f"allocating a {dtype.name} buffer of shape {shape} ({nbytes} bytes)", e) from e
+        return Buffer(device, shape, dtype, raw)
 
     def __del__(self) -> None:
         if self._pooled is not None:
@@ -131,11 +140,20 @@ class Buffer:
 
     def copyin(self, a: np.ndarray) -> None:
         """Overwrite the contents with ``a`` (same shape; converted to the buffer's dtype)."""
-        get_device(self.device).copyin(self.raw, np.ascontiguousarray(a, dtype=self.dtype.np).reshape(self.shape))
+        dev = get_device(self.device)
+        a = np.ascontiguousarray(a, dtype=self.dtype.np).reshape(self.shape)
+        try:
+            dev.copyin(self.raw, a)
+        except dev.runtime_errors as e:
+            raise dev.failed(f"copying a {self.dtype.name} buffer of shape {self.shape} from the host", e) from e
 
     def numpy(self) -> np.ndarray:
         """The contents as a new host array of ``shape`` (waits for pending kernels that write it)."""
-        return get_device(self.device).copyout(self.raw, self.shape, self.dtype)
+        dev = get_device(self.device)
+        try:
+            return dev.copyout(self.raw, self.shape, self.dtype)
+        except dev.runtime_errors as e:
+            raise dev.failed(f"copying a {self.dtype.name} buffer of shape {self.shape} to the host", e) from e
 
     def to(self, device: str) -> "Buffer":
         """This buffer on ``device``: itself when already there, else a copy (through the host)."""
@@ -157,9 +175,17 @@ class Buffer:
 class Device:
     name = "?"
     host_memory = True       # buffers are NumPy arrays (base-class memory below); pooled by Buffer.empty
+    # the exceptions of the device's runtime that mean the device failed (lost, reset, out of memory)
+    runtime_errors: tuple[type[BaseException], ...] = ()
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name}>"
+
+    def failed(self, what: str, e: BaseException) -> DeviceError:
+        """The one error a runtime failure of this device becomes: names the device, what it was
+        doing (the kernel, the allocation or copy) and the runtime's own message."""
+        return DeviceError(f"{self.name} device failed {what}: {type(e).__name__}: {e}. The device may "
+                           f"have been lost or run out of memory; no result of this operation was used")
 
     @property
     def params(self) -> DeviceParams:

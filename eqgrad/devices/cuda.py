@@ -107,6 +107,7 @@ class CUDADevice(Device):
         if nvcc() is None:
             raise DeviceError(f"CUDA device unavailable: nvcc not found on PATH or in $CUDA_ROOT/bin; {INSTALL}")
         self.cuda = cuda
+        self.runtime_errors = (cuda.Error,)        # Buffer and run turn these into a DeviceError
         self.gpu = cuda.Device(0)
         self.ctx = self.gpu.retain_primary_context()
         self.ctx.push()
@@ -156,17 +157,25 @@ class CUDADevice(Device):
             if not numel(plan.buffers[k.out][0]):
                 grid = (0, 1, 1)     # an empty output: no launch
             steps.append((k, self.function(src, len(lk.params)), grid, geo.local_size, (k.out, *k.inputs)))
+        names = ", ".join(k.name for k in plan.kernels)
 
         def run(bufs: list[Buffer]) -> None:
             from ..engine import GlobalCounters, log_kernel
             dbg = config.DEBUG.value
             for k, fn, grid, block, ids in steps:
                 t0 = time.perf_counter() if dbg >= 2 else 0.0
-                if grid[0]:
-                    fn.prepared_call(grid, block, *[int(bufs[i].raw) for i in ids])
+                try:
+                    if grid[0]:
+                        fn.prepared_call(grid, block, *[int(bufs[i].raw) for i in ids])
+                    if dbg >= 2:
+                        self.cuda.Context.synchronize()
+                except self.cuda.Error as e:
+                    raise self.failed(f"launching kernel {k.name} ({k.ast.render()[:80]})", e) from e
                 GlobalCounters.kernel_count += 1
                 if dbg >= 2:
-                    self.cuda.Context.synchronize()
                     log_kernel(k, time.perf_counter() - t0)
-            self.cuda.Context.synchronize()
+            try:
+                self.cuda.Context.synchronize()
+            except self.cuda.Error as e:         # an error of a kernel that ran after its launch returned
+                raise self.failed(f"running kernel(s) {names}", e) from e
         return run

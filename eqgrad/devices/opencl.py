@@ -8,6 +8,11 @@ Buffers live in device memory (``cl.Buffer``); copies to and from the host are b
 kernels are enqueued in order on one in-order queue, and ``run`` returns once they are done, so
 measured times are real. Each kernel runs one work-item per iteration of its parallel output loops,
 or one work-group per output element for a long reduction (``CStyleRenderer.launch``).
+
+Failures: a kernel the OpenCL compiler rejects is a ``CompileError`` naming the kernel and where its
+source was written; any other error of the runtime (``cl.Error``: a lost device, out of resources)
+while allocating, copying, building, launching or waiting is one ``DeviceError`` naming the device,
+the operation and the kernel (``Device.failed``).
 """
 from __future__ import annotations
 
@@ -20,7 +25,7 @@ import numpy as np
 
 from .. import config
 from ..dtype import DType
-from ..errors import DeviceError
+from ..errors import CompileError, DeviceError
 from ..extract.plan import KernelPlan
 from ..ops import Shape, numel
 from . import Buffer, Device
@@ -77,6 +82,7 @@ class OpenCLDevice(Device):
         except cl.Error as e:
             raise DeviceError(f"OPENCL device unavailable: cannot open {self.device.name.strip()} ({e})") from None
         self.queue = cl.CommandQueue(self.ctx)
+        self.runtime_errors = (cl.Error,)
         self.renderer = OpenCLRenderer()
         # a CPU OpenCL vectorizes across a group's work-items and spreads groups over cores; a GPU
         # wants a few warps per group
@@ -108,14 +114,36 @@ class OpenCLDevice(Device):
         self.queue.finish()
 
     # ------------------------------------------------------------------ programs
-    def kernel(self, src: str) -> Any:
+    def kernel(self, src: str, k: Any = None) -> Any:
+        """The compiled kernel of ``src`` (built once per distinct source). ``k``, the plan's kernel,
+        names it in errors: a build the compiler rejects is a CompileError (the source is written to
+        the cache's failed/ folder), any other runtime error a DeviceError."""
         if src not in self.kernels:
-            # -cl-fp32-correctly-rounded-divide-sqrt: 1/x and sqrt rounded like the LLVM device
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", self.cl.CompilerWarning)   # PoCL's build log chatter
-                prg = self.cl.Program(self.ctx, src).build(options=["-cl-fp32-correctly-rounded-divide-sqrt"])
-            self.kernels[src] = prg.eqk
+            cl = self.cl
+            try:
+                # -cl-fp32-correctly-rounded-divide-sqrt: 1/x and sqrt rounded like the LLVM device
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", cl.CompilerWarning)   # PoCL's build log chatter
+                    prg = cl.Program(self.ctx, src).build(options=["-cl-fp32-correctly-rounded-divide-sqrt"])
+                knl = prg.eqk
+            except cl.Error as e:
+                what = f"kernel {k.name} ({k.ast.render()[:80]})" if k is not None else "a kernel"
+                if getattr(e, "code", None) not in (cl.status_code.BUILD_PROGRAM_FAILURE, cl.status_code.INVALID_KERNEL_NAME):
+                    raise self.failed(f"building {what}", e) from e
+                from ..cache import cache_dir
+                path = cache_dir() / "failed" / f"{k.name if k is not None else 'kernel'}-{abs(hash(src)) % 10**10}.cl"
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(src)
+                log = [ln.strip() for ln in str(e).splitlines() if "error" in ln.lower() and ln.strip()]
+                first = next((ln for ln in log if "error:" in ln), log[0] if log else type(e).__name__)
+                raise CompileError(f"OPENCL device: {what} failed to compile: {first}; "
+                                   f"its OpenCL C was written to {path}") from e
+            self.kernels[src] = knl
         return self.kernels[src]
+
+    def launch(self, knl: Any, gsize: tuple[int, ...], lsize: tuple[int, ...], raws: list[Any]) -> None:
+        """Enqueue one kernel (returns before it has run)."""
+        knl(self.queue, gsize, lsize, *raws)
 
     def prepare(self, plan: KernelPlan) -> Callable[[list[Buffer]], None]:
         steps = []
@@ -123,18 +151,26 @@ class OpenCLDevice(Device):
             lk, src = self.render_kernel(k, plan, self.renderer.render, "OpenCL C")
             geo = self.renderer.launch(lk)
             gsize = geo.global_size if numel(plan.buffers[k.out][0]) else None      # an empty output: no launch
-            steps.append((k, self.kernel(src), gsize, geo.local_size, (k.out, *k.inputs)))
+            steps.append((k, self.kernel(src, k), gsize, geo.local_size, (k.out, *k.inputs)))
+        names = ", ".join(k.name for k in plan.kernels)
 
         def run(bufs: list[Buffer]) -> None:
             from ..engine import GlobalCounters, log_kernel
             dbg = config.DEBUG.value
             for k, knl, gsize, lsize, ids in steps:
                 t0 = time.perf_counter() if dbg >= 2 else 0.0
-                if gsize:
-                    knl(self.queue, gsize, lsize, *[bufs[i].raw for i in ids])
+                try:
+                    if gsize:
+                        self.launch(knl, gsize, lsize, [bufs[i].raw for i in ids])
+                    if dbg >= 2:
+                        self.synchronize()
+                except self.cl.Error as e:
+                    raise self.failed(f"launching kernel {k.name} ({k.ast.render()[:80]})", e) from e
                 GlobalCounters.kernel_count += 1
                 if dbg >= 2:
-                    self.queue.finish()
                     log_kernel(k, time.perf_counter() - t0)
-            self.queue.finish()
+            try:
+                self.synchronize()
+            except self.cl.Error as e:          # an error of a kernel that ran after its launch returned
+                raise self.failed(f"running kernel(s) {names}", e) from e
         return run
