@@ -38,6 +38,7 @@ from ..dtype import DType
 from ..errors import DeviceError
 from ..extract.cost import DEFAULT_PARAMS, DeviceParams
 from ..ops import Shape, numel
+from .hostmem import host_empty
 
 # device name -> "module:class" inside this package (names and aliases: eqgrad/config.py)
 DEVICES = {
@@ -73,7 +74,7 @@ class BufferPool:
                 self.hits += 1
                 return a
         self.misses += 1
-        return np.empty(nbytes, np.uint8)
+        return host_empty(nbytes)          # huge pages when large (hostmem.py)
 
     def release(self, device: str, a: np.ndarray) -> None:
         from ..config import POOL_BYTES
