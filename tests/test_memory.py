@@ -156,3 +156,28 @@ def test_jit_replays_with_pooled_buffers_stay_right():
     assert f.replays == 4
     for x, o in zip(xs, outs):
         np.testing.assert_allclose(o.numpy(), np.maximum(x @ w1, 0) @ w2 + 1, rtol=1e-4, atol=1e-4)
+
+
+def test_large_host_buffers_are_huge_page_mappings():
+    """Buffers of HUGE_MIN bytes or more are anonymous mappings advised MADV_HUGEPAGE (where Linux
+    allows it), smaller ones plain NumPy memory; both hold what is written to them and a large one
+    goes back to the pool and is reused."""
+    import mmap
+    from eqgrad.devices import Buffer, hostmem, pool
+    from eqgrad.dtype import float32
+    def mapped(a):
+        return isinstance(getattr(a.base, "obj", a.base), mmap.mmap)
+    assert not mapped(hostmem.host_empty(hostmem.HUGE_MIN - 1))
+    big = hostmem.host_empty(hostmem.HUGE_MIN)
+    assert mapped(big) == hostmem.THP
+    big[:] = 7
+    assert big.size == hostmem.HUGE_MIN and int(big[::4096].sum()) == 7 * (hostmem.HUGE_MIN // 4096)
+    n = hostmem.HUGE_MIN // 4 + 1024
+    b = Buffer.empty((n,), float32, "LLVM")
+    b.copyin(np.arange(n, dtype=np.float32))
+    assert b.numpy()[-1] == n - 1
+    ptr = b.ptr
+    del b
+    hits = pool.hits
+    b2 = Buffer.empty((n,), float32, "LLVM")
+    assert pool.hits == hits + 1 and b2.ptr == ptr

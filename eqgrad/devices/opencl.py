@@ -88,6 +88,7 @@ class OpenCLDevice(Device):
         # wants a few warps per group
         if not self.device.type & cl.device_type.CPU:
             self.renderer.group_size = self.renderer.reduce_group = 128
+            self.renderer.poly_sin = False     # the polynomial sin reduces in double: slow on GPUs
         while self.renderer.reduce_group > self.device.max_work_group_size:
             self.renderer.group_size = self.renderer.reduce_group = self.renderer.reduce_group // 2
         self.kernels: dict[str, Any] = {}          # compiled once per distinct source
