@@ -175,3 +175,18 @@ def test_padded_convolution_materializes_the_padded_input():
     import torch
     ref = torch.nn.functional.conv2d(torch.from_numpy(x.numpy()), torch.from_numpy(w.numpy()), padding=1).numpy()
     np.testing.assert_allclose(out.numpy(), ref, rtol=1e-4, atol=1e-4)
+
+
+def test_attention_scores_are_materialized_not_recomputed_per_pass():
+    """softmax(q @ k) @ v: the row-fused softmax makes three passes over each row without
+    register lanes, so the scores' contraction is not inlined into it (it would be recomputed
+    in every pass): scores, row-fused softmax, P @ v."""
+    r = np.random.default_rng(3)
+    q, kt, v = (r.uniform(-1, 1, s).astype(np.float32) for s in ((2, 3, 32, 16), (2, 3, 16, 32), (2, 3, 32, 16)))
+    out = ((Tensor(q) @ Tensor(kt)) * 0.25).softmax(-1) @ Tensor(v)
+    assert kernels(out) == 3
+    s = (q @ kt) * 0.25
+    e = np.exp(s - s.max(-1, keepdims=True))
+    np.testing.assert_allclose(out.numpy(), (e / e.sum(-1, keepdims=True)) @ v, rtol=1e-4, atol=1e-5)
+    ops = [{n.op for n in k.ast.walk()} for k in engine.last_plan.plan.kernels]
+    assert "RMAX" in ops[1] and sum(1 for n in engine.last_plan.plan.kernels[1].ast.walk() if n.op == "RSUM") == 1

@@ -79,6 +79,7 @@ class PlanEvaluator:
         loads: dict[int, float] = {}       # materialized producer class -> element reads
         inputs: dict[int, float] = {}      # input position -> element reads
         flops, nodes, legal, why = 0.0, 0, True, ""
+        hoisted = inner_reduce = False
         deps: list[int] = []
         fused: list[str] = []
         for c in order:
@@ -104,6 +105,7 @@ class PlanEvaluator:
                 legal, why = False, "a Contiguous is inlined into a consumer"
             mult = 1
             if n.op in REDUCE_OPS:
+                inner_reduce = inner_reduce or nested.get(c, True)
                 mult = numel(g.shapes[n.children[0]]) // max(1, numel(g.shapes[c]))
                 if e > numel(g.shapes[c]):       # (an empty reduction under a Pad is read e > 0 times, masked)
                     legal, why = False, f"reduction {n.op} recomputed {e / max(1, numel(g.shapes[c])):.0f}x per element"
@@ -114,7 +116,7 @@ class PlanEvaluator:
             for ch in n.children:
                 ce, cr, cn = e * mult, None, nest
                 if rg and n.op == "EXPAND" and all(_row_invariant(g.shapes[ch], g.shapes[c], t) for t in rg):
-                    ce, cn = e * numel(g.shapes[ch]) / max(1, numel(g.shapes[c])), False
+                    ce, cn, hoisted = e * numel(g.shapes[ch]) / max(1, numel(g.shapes[c])), False, True
                 elif n.op in REDUCE_OPS:
                     cn = True
                     if p.row_fusion and not nest:      # a reduction inside another's loop is not hoisted from
@@ -128,6 +130,11 @@ class PlanEvaluator:
                 region[ch] = cr
         if nodes > p.max_nodes:
             legal, why = False, f"body of {nodes} nodes > {p.max_nodes}"
+        if hoisted and inner_reduce:
+            # a row-fused kernel makes several passes over each row (max, sum, output) and keeps
+            # no register lanes: a contraction inside them (softmax(q @ k)) would be recomputed
+            # in every pass without lanes (measured 100x slower than materializing it)
+            legal, why = False, "a reduction nested inside a row-fused kernel's passes"
         nbytes = numel(g.shapes[k]) * g.dtypes[k].itemsize
         for pos, reads in inputs.items():
             shape, dt = self.inputs[pos]
