@@ -4,9 +4,13 @@
 Workloads (full size / --quick size):
   elementwise  8-op chain log(exp((a*b + c)*0.5 - a) + |b|) on 16M (1M) float32
   softmax      softmax over the last axis of (4096,1024) ((256,1024)) float32
-  layernorm    (x-mean)/sqrt(var+1e-5) over the last axis, same shapes, no affine
+  layernorm    (x-mean)/sqrt(var+1e-5) over the last axis, same shapes, no affine, composed
+  layernorm_affine  each framework's layer norm with weight and bias (1024,), same shapes
   matmul512    512x512 @ 512x512 (128x128) float32
   matmul1024   1024x1024 @ 1024x1024 (256x256) float32
+  matmul2048   2048x2048 @ 2048x2048 (512x512) float32
+  conv2d       batch 32, 32 -> 64 channels, 32x32, 3x3, padding 1 (batch 2)
+  attention    softmax(q @ k^T / 8) @ v, batch 8, heads 8, seq 256, dim 64 (2, 2, 64, 64)
 
 Per workload and framework it reports the median wall time over --reps timed
 repetitions (after warm-up), the ratio to the first eqgrad column's median (to
@@ -63,7 +67,11 @@ def layernorm(F, x):
   var = F.mean(d * d)                           # biased variance, as layernorm uses
   return d / F.sqrt(var + 1e-5)
 
+def layernorm_affine(F, x, w, b): return F.layer_norm(x, w, b)
+
 def matmul(F, a, b): return a @ b
+
+def conv2d(F, x, w): return F.conv2d(x, w)      # stride 1, padding 1
 
 def attention(F, q, kt, v):
   # batch 8, heads 8, seq 256, dim 64; K is passed transposed so every framework needs only @
@@ -77,16 +85,26 @@ class Workload:
   shapes: tuple[tuple[int, ...], ...]          # full-size input shapes
   quick_shapes: tuple[tuple[int, ...], ...]    # --quick input shapes (1/16 of the elements)
   matmul_tol: bool = False                     # atol scaled by the result's magnitude
+  flops: Callable | None = None                # shapes -> FLOPs (compute-bound rows: efficiency vs peak FLOP/s)
+  # bandwidth-bound rows: efficiency = (input + output bytes) / time vs the measured DRAM bandwidth
+
+def _mm_flops(s): return 2 * np.prod(s[0]) * s[1][-1]
+def _conv_flops(s): return 2 * s[0][0] * s[1][0] * s[0][2] * s[0][3] * np.prod(s[1][1:])
+def _attn_flops(s): return 2 * 2 * np.prod(s[0]) * s[1][-1]
 
 N_EW = 16 * 1024 * 1024
 WORKLOADS = [
   Workload("elementwise", elementwise_chain, ((N_EW,),) * 3, ((N_EW // 16,),) * 3),
   Workload("softmax", softmax, ((4096, 1024),), ((256, 1024),)),
   Workload("layernorm", layernorm, ((4096, 1024),), ((256, 1024),)),
-  Workload("matmul512", matmul, ((512, 512),) * 2, ((128, 128),) * 2, matmul_tol=True),
-  Workload("matmul1024", matmul, ((1024, 1024),) * 2, ((256, 256),) * 2, matmul_tol=True),
+  Workload("layernorm_affine", layernorm_affine, ((4096, 1024), (1024,), (1024,)), ((256, 1024), (1024,), (1024,))),
+  Workload("matmul512", matmul, ((512, 512),) * 2, ((128, 128),) * 2, matmul_tol=True, flops=_mm_flops),
+  Workload("matmul1024", matmul, ((1024, 1024),) * 2, ((256, 256),) * 2, matmul_tol=True, flops=_mm_flops),
+  Workload("matmul2048", matmul, ((2048, 2048),) * 2, ((512, 512),) * 2, matmul_tol=True, flops=_mm_flops),
+  Workload("conv2d", conv2d, ((32, 32, 32, 32), (64, 32, 3, 3)), ((2, 32, 32, 32), (64, 32, 3, 3)), matmul_tol=True,
+           flops=_conv_flops),
   Workload("attention", attention, ((8, 8, 256, 64), (8, 8, 64, 256), (8, 8, 256, 64)),
-           ((2, 2, 64, 64), (2, 2, 64, 64), (2, 2, 64, 64)), matmul_tol=True),
+           ((2, 2, 64, 64), (2, 2, 64, 64), (2, 2, 64, 64)), matmul_tol=True, flops=_attn_flops),
 ]
 
 
@@ -123,6 +141,16 @@ class NumpyFW(Framework):
   def softmax(x):
     e = np.exp(x - x.max(axis=-1, keepdims=True))
     return e / e.sum(axis=-1, keepdims=True)
+  @staticmethod
+  def layer_norm(x, w, b):
+    m = x.mean(axis=-1, keepdims=True)
+    d = x - m
+    return d / np.sqrt((d * d).mean(axis=-1, keepdims=True) + 1e-5) * w + b
+  @staticmethod
+  def conv2d(x, w):         # im2col by a strided view, then one BLAS contraction
+    xp = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
+    win = np.lib.stride_tricks.sliding_window_view(xp, w.shape[2:], axis=(2, 3))   # (n, c, h, w, kh, kw)
+    return np.tensordot(win, w, axes=((1, 4, 5), (1, 2, 3))).transpose(0, 3, 1, 2)
   def info(self):
     blas = {}
     try: blas = np.__config__.CONFIG["Build Dependencies"]["blas"]
@@ -140,6 +168,8 @@ class TorchFW(Framework):
     self.exp, self.log, self.abs, self.sqrt = torch.exp, torch.log, torch.abs, torch.sqrt
   def mean(self, x): return x.mean(dim=-1, keepdim=True)
   def softmax(self, x): return self.torch.softmax(x, dim=-1)
+  def layer_norm(self, x, w, b): return self.torch.nn.functional.layer_norm(x, x.shape[-1:], w, b)
+  def conv2d(self, x, w): return self.torch.nn.functional.conv2d(x, w, padding=1)
   def info(self): return {"version": self.torch.__version__, "threads": self.torch.get_num_threads()}
   def to_input(self, arr): return self.torch.from_numpy(arr)
   def to_numpy(self, out): return out.numpy()
@@ -162,6 +192,8 @@ class LazyTensorFW(Framework):
     if hasattr(x, "softmax"): return x.softmax(axis=-1)
     e = (x - x.max(axis=-1, keepdim=True)).exp()
     return e / e.sum(axis=-1, keepdim=True)
+  @staticmethod
+  def conv2d(x, w): return x.conv2d(w, padding=1)
   def to_numpy(self, out): return out.numpy()
 
 
@@ -192,6 +224,8 @@ class TinygradFW(LazyTensorFW):
     if self.device.startswith("CPU"): d["CC"] = os.environ.get("CC", "clang")
     if hasattr(self.dev, "device_name"): d["cl_device"] = f"{self.dev.device_name} ({getattr(self.dev, 'driver_version', '?')})"
     return d
+  @staticmethod
+  def layer_norm(x, w, b): return x.layernorm(axis=-1, eps=1e-5) * w + b
   def to_input(self, arr): return self.Tensor(arr, device=self.device).realize()
   def force(self, out):
     out.realize()
@@ -214,6 +248,8 @@ class EqgradFW(LazyTensorFW):
     gc_ = getattr(eqgrad, "GlobalCounters", None)
     self.counters = gc_ if isinstance(getattr(gc_, "kernel_count", None), int) else None
     self.has_realize = hasattr(self.Tensor, "realize")
+  def layer_norm(self, x, w, b): return self.eqgrad.nn.functional.layer_norm(x, x.shape[-1:], w, b)
+  def conv2d(self, x, w): return self.eqgrad.nn.functional.conv2d(x, w, padding=1)
   def info(self):
     d = {"version": getattr(self.eqgrad, "__version__", "dev"), "path": os.path.dirname(self.eqgrad.__file__),
          "kernel_count": "yes" if self.counters else "unavailable", "force": "realize()" if self.has_realize else "numpy()"}
@@ -246,6 +282,8 @@ class Result:
   kernels_per_run: int | None = None
   max_abs_err: float | None = None
   ratio_vs_baseline: float | None = None
+  rate: str = ""                 # GB/s (bandwidth-bound rows) or GFLOP/s (compute-bound rows)
+  efficiency: float | None = None   # rate / the machine's measured peak bandwidth or FLOP/s
 
 
 def timed(fw: Framework, w: Workload, inputs) -> tuple[float, Any]:
@@ -253,6 +291,25 @@ def timed(fw: Framework, w: Workload, inputs) -> tuple[float, Any]:
   out = fw.force(w.fn(fw, *inputs))
   return time.perf_counter() - t0, out
 
+
+def measure_peaks(reps: int = 5) -> dict:
+  """The machine's float32 matmul FLOP/s and DRAM bandwidth, measured with the fastest library here (PyTorch's
+  multithreaded matmul and copy; NumPy when torch is missing), best of `reps`: the denominators of 'efficiency'."""
+  best = lambda f: min(timeit_once(f) for _ in range(reps))
+  n, m = 2048, 64 * 1024 * 1024
+  try:
+    import torch
+    a, b, x, y = torch.rand(n, n), torch.rand(n, n), torch.empty(m), torch.empty(m)
+    x.fill_(1.0); y.fill_(2.0)
+    mm, cp, src = (lambda: torch.mm(a, b)), (lambda: y.copy_(x)), "torch"
+  except Exception:
+    a, b, x, y = np.ones((n, n), np.float32), np.ones((n, n), np.float32), np.ones(m, np.float32), np.zeros(m, np.float32)
+    mm, cp, src = (lambda: a @ b), (lambda: np.copyto(y, x)), "numpy"
+  mm(); cp()
+  return {"gflops": 2 * n ** 3 / best(mm) / 1e9, "gbs": 2 * 4 * m / best(cp) / 1e9, "source": src}
+
+def timeit_once(f) -> float:
+  t0 = time.perf_counter(); f(); return time.perf_counter() - t0
 
 def bench_one(fw: Framework, w: Workload, arrays: list[np.ndarray], ref: np.ndarray, reps: int, warmup: int) -> Result:
   r = Result(w.name, fw.name)
@@ -327,15 +384,16 @@ def print_env(fws: list[Framework], skipped: dict[str, str], args) -> dict:
   return env
 
 def print_table(results: list[Result], baseline: str):
-  head = ["workload", "framework", "median", "±MAD", f"vs {baseline}", "kernels", "1st call", "check"]
+  head = ["workload", "framework", "median", "±MAD", f"vs {baseline}", "rate", "of peak", "kernels", "1st call", "check"]
   rows = []
   for r in results:
     if r.status in ("skipped", "error"):
-      rows.append([r.workload, r.framework, r.status.upper(), "", "", "", "", r.note[:60]]); continue
+      rows.append([r.workload, r.framework, r.status.upper(), "", "", "", "", "", "", r.note[:60]]); continue
     mad = f"{100 * r.mad_s / r.median_s:.0f}%" if r.median_s else "-"
     check = "ok" if r.status == "ok" else f"MISMATCH (max err {r.max_abs_err:.3g})" if r.max_abs_err is not None else f"MISMATCH {r.note}"
     if r.status == "ok" and r.note: check += f" ({r.note})"
     rows.append([r.workload, r.framework, fmt_time(r.median_s), mad, fmt_ratio(r.ratio_vs_baseline, r.framework == baseline),
+                 r.rate, "-" if r.efficiency is None else f"{100 * r.efficiency:.0f}%",
                  "-" if r.kernels_per_run is None else str(r.kernels_per_run), fmt_time(r.first_call_s), check])
   widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
   line = lambda cells: "  ".join(str(c).ljust(wd) if i < 2 or i == len(cells) - 1 else str(c).rjust(wd)
@@ -365,6 +423,8 @@ def main(argv=None) -> int:
                  help="eqgrad devices, one column each (default LLVM,OPENCL); the first is the baseline")
   p.add_argument("--no-eqgrad", action="store_true", help="skip the eqgrad column")
   p.add_argument("--json", default=None, metavar="PATH", help="write environment and results as JSON")
+  p.add_argument("--peak-gflops", type=float, default=None, help="the machine's peak FLOP/s for 'of peak' (default: measured)")
+  p.add_argument("--peak-gbs", type=float, default=None, help="the machine's DRAM bandwidth for 'of peak' (default: measured)")
   args = p.parse_args(argv)
   args.reps = args.reps if args.reps is not None else (3 if args.quick else 10)
   args.warmup = args.warmup if args.warmup is not None else (1 if args.quick else 2)
@@ -395,6 +455,11 @@ def main(argv=None) -> int:
   baseline = next((fw.name for fw in fws if isinstance(fw, EqgradFW)), "numpy")
 
   env = print_env(fws, skipped, args)
+  peaks = measure_peaks() if args.peak_gflops is None or args.peak_gbs is None else {"source": "given"}
+  if args.peak_gflops is not None: peaks["gflops"] = args.peak_gflops
+  if args.peak_gbs is not None: peaks["gbs"] = args.peak_gbs
+  env["peaks"] = peaks
+  print(f"machine peaks ({peaks['source']}): {peaks['gflops']:.0f} GFLOP/s float32 matmul, {peaks['gbs']:.1f} GB/s copy")
   if baseline == "numpy": print("NOTE: eqgrad column unavailable; ratios are relative to numpy")
 
   results: list[Result] = []
@@ -411,8 +476,16 @@ def main(argv=None) -> int:
         if os.environ.get("BENCH_DEBUG"): traceback.print_exc()
       case.append(r)
     base = next((r for r in case if r.framework == baseline and r.median_s), None)
+    shapes = [a.shape for a in arrays]
     for r in case:
       if base and r.median_s: r.ratio_vs_baseline = r.median_s / base.median_s
+      if r.median_s:
+        if w.flops:
+          g = w.flops(shapes) / r.median_s / 1e9
+          r.rate, r.efficiency = f"{g:.0f} GFLOP/s", g / peaks["gflops"]
+        else:
+          g = (sum(a.nbytes for a in arrays) + 4 * ref.size) / r.median_s / 1e9
+          r.rate, r.efficiency = f"{g:.1f} GB/s", g / peaks["gbs"]
     results += case
     gc.collect()
   progress("")
