@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 import eqgrad
-from eqgrad import Tensor, engine
+from eqgrad import GlobalCounters, Tensor, engine
 from eqgrad.extract.plan import check_plan
 from eqgrad.lower.lowering import lower_kernel
 from eqgrad.lower.symbolic import Lin
@@ -135,3 +135,43 @@ def test_threaded_kernels_on_odd_sizes(n):
     finally:
         cpu.PARALLEL_MIN = old
     np.testing.assert_allclose(got, np.exp2(x).sum(1) + x.max(1), rtol=1e-5, atol=1e-5)
+
+
+def test_long_float_sums_are_blocked_and_accurate(device):
+    """A float sum over millions of elements keeps ~1e-6 relative accuracy (block accumulators:
+    Lowerer._reduce_lanes); one accumulator per vector lane lost ~3e-3 on 32M elements."""
+    rng = np.random.default_rng(5)
+    x = rng.random((2048, 2048), dtype=np.float32)
+    ref = (x.astype(np.float64) ** 2).mean()
+    t = Tensor(x, device=device)
+    assert abs(float((t * t).mean().numpy()) - ref) / ref < 2e-6
+    flat = Tensor(x.reshape(-1), device=device)
+    assert abs(float(flat.sum().numpy()) - x.astype(np.float64).sum()) / x.astype(np.float64).sum() < 2e-6
+    if device == "LLVM":
+        plan = engine.last_plan.plan
+        lk = lower_kernel(plan.kernels[-1] if len(plan.kernels) == 1 else plan.kernels[0], plan)
+        assert sum(1 for i in lk.insts if i.op == "DEFACC") >= 2        # a block accumulator
+
+
+@pytest.mark.parametrize("what", ["sum", "max", "int_sum", "mean"])
+def test_large_full_reductions_split_across_threads(what):
+    """With threads, a large reduction to one value becomes parallel partials plus a final
+    reduction (lower/split.py); with one thread it stays one kernel. Same results either way."""
+    rng = np.random.default_rng(6)
+    if what == "int_sum":
+        x = rng.integers(-1000, 1000, (4096, 300), dtype=np.int32)
+        ref = x.sum(dtype=np.int64).astype(np.int32)
+    else:
+        x = rng.standard_normal((4096, 300)).astype(np.float32)
+        ref = {"sum": x.astype(np.float64).sum(), "max": x.max(), "mean": x.astype(np.float64).mean()}[what]
+    t = Tensor(x)
+    make = {"sum": lambda: t.sum(), "max": lambda: t.max(), "int_sum": lambda: t.sum(), "mean": lambda: t.mean()}[what]
+    for threads, n_kernels in ((2, 2), (1, 1)):
+        with eqgrad.Context(THREADS=threads):
+            GlobalCounters.reset()
+            got = make().numpy()
+            assert GlobalCounters.kernel_count == n_kernels
+        if what in ("max", "int_sum"):
+            assert got == ref
+        else:
+            np.testing.assert_allclose(got, ref, rtol=2e-6, atol=1e-3)

@@ -4,7 +4,9 @@ Threads: a kernel whose predicted time is above ``PARALLEL_MIN`` splits its oute
 loop (loop IR ``parallel``) into ``EQGRAD_THREADS`` contiguous chunks; one runs on the calling
 thread, the others on a small persistent pool. ctypes releases the GIL for the call, so the chunks
 really run at once; they write disjoint output elements. Small kernels run on one thread, where
-the ~10-20 us of handing work to a pool would cost more than it saves.
+the ~10-20 us of handing work to a pool would cost more than it saves. A kernel that reduces a
+large tensor to one value has no parallel loop; ``split`` first rewrites it into parallel partial
+reductions and a small final one (lower/split.py).
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from typing import Callable
 from .. import config
 from ..extract.plan import KernelPlan
 from . import Buffer, Device
+from ..lower.split import split_reduction
 from .llvm import LLVMProgram, render_llvm
 
 
@@ -67,9 +70,27 @@ class LLVMDevice(Device):
         else:
             prg(*ptrs, lo=0, hi=n)
 
+    def split(self, plan: KernelPlan, threads: int) -> tuple[KernelPlan, list]:
+        """The plan with each large full reduction split into parallel partials (lower/split.py),
+        and the (shape, dtype) of the scratch buffers that adds (allocated per run)."""
+        if threads < 2:
+            return plan, []
+        kernels, extra = [], []
+        for k in plan.kernels:
+            sp = split_reduction(k, len(plan.buffers) + len(extra)) if k.predicted > PARALLEL_MIN else None
+            if sp is None:
+                kernels.append(k)
+                continue
+            extra.append((sp[0].ast.shape, sp[0].ast.dtype))
+            kernels += sp
+        if not extra:
+            return plan, []
+        return KernelPlan(plan.buffers + extra, plan.n_inputs, kernels, plan.outputs, plan.predicted, plan.notes), extra
+
     def prepare(self, plan: KernelPlan) -> Callable[[list[Buffer]], None]:
         threads = max(1, config.THREADS.value)
         beam = config.BEAM.value
+        plan, scratch = self.split(plan, threads)
         steps = []
         for k in plan.kernels:
             upcast = None
@@ -88,6 +109,8 @@ class LLVMDevice(Device):
         def run(bufs: list[Buffer]) -> None:
             from ..engine import GlobalCounters, log_kernel
             dbg = config.DEBUG.value
+            if scratch:
+                bufs = list(bufs) + [Buffer.empty(s, d, self.name) for s, d in scratch]
             for k, prg, ids, n in steps:
                 t0 = time.perf_counter() if dbg >= 2 else 0.0
                 self.launch(k, prg, [bufs[i].ptr for i in ids], n, threads)

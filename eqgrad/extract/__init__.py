@@ -30,8 +30,10 @@ def cost_model(device: str) -> CostModel:
 
 
 def settings_key(device: str) -> tuple:
-    """What the plan cache must distinguish: extractor, cost function and parameters."""
-    return (config.EXTRACTOR.value, id(_cost_fn), cost_model(device).params)
+    """What the plan cache must distinguish: extractor, cost function and parameters, and the
+    settings the device's compiled code depends on (threads: a large reduction is split for them;
+    the kernel search)."""
+    return (config.EXTRACTOR.value, id(_cost_fn), cost_model(device).params, config.THREADS.value, config.BEAM.value)
 
 
 @contextlib.contextmanager
