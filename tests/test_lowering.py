@@ -175,3 +175,31 @@ def test_large_full_reductions_split_across_threads(what):
             assert got == ref
         else:
             np.testing.assert_allclose(got, ref, rtol=2e-6, atol=1e-3)
+
+
+def test_streaming_stores_for_large_elementwise_outputs():
+    """A large 1-D elementwise kernel gets non-temporal vector stores (llvm.streaming_store); results
+    match with them, on a size that is not a multiple of 16 (plain stores), split across threads,
+    and when the output is not 64-byte aligned (the program falls back to a plain copy)."""
+    from eqgrad.devices import get_device
+    from eqgrad.devices.llvm import NT_MIN
+    n = NT_MIN // 4 + 4096                                    # a multiple of 16
+    rng = np.random.default_rng(7)
+    a, b = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
+    ta, tb = Tensor(a), Tensor(b)
+    for threads in (1, 2):
+        with eqgrad.Context(THREADS=threads):
+            np.testing.assert_allclose(((ta * tb + 1).exp2()).numpy(), np.exp2(a * b + 1), rtol=1e-6)
+    dev = get_device("LLVM")
+    prgs = [p for p in dev.programs.values() if p.nontemporal]
+    assert prgs, "no streaming-store program was compiled"
+    prg = prgs[-1]
+    assert prg.nontemporal_stores >= 1                  # the vectorized main loop's stores
+    out = np.zeros(n + 16, np.float32)
+    base = out.ctypes.data
+    shift = next(s for s in range(1, 16) if (base + 4 * s) % 64)     # a misaligned start
+    src_a, src_b = np.ascontiguousarray(a), np.ascontiguousarray(b)
+    prg(base + 4 * shift, src_a.ctypes.data, src_b.ctypes.data, lo=0, hi=n)
+    np.testing.assert_allclose(out[shift:shift + n], np.exp2(a * b + 1), rtol=1e-6)
+    odd = n - 5                                                 # not a multiple of 16: plain stores
+    np.testing.assert_allclose((Tensor(a[:odd]) * Tensor(b[:odd]) + 1).exp2().numpy(), np.exp2(a[:odd] * b[:odd] + 1), rtol=1e-6)

@@ -18,7 +18,8 @@ from .. import config
 from ..extract.plan import KernelPlan
 from . import Buffer, Device
 from ..lower.split import split_reduction
-from .llvm import LLVMProgram, render_llvm
+from ..ops import numel
+from .llvm import LLVMProgram, render_llvm, streaming_store
 
 
 PARALLEL_MIN = 60e-6      # predicted seconds above which a kernel is split across threads
@@ -36,10 +37,11 @@ class LLVMDevice(Device):
             self._pool = ThreadPoolExecutor(max_workers=max(1, threads - 1), thread_name_prefix="eqgrad-cpu")
         return self._pool
 
-    def program(self, src: str, lk) -> LLVMProgram:
-        if src not in self.programs:
-            self.programs[src] = LLVMProgram(lk, src)
-        return self.programs[src]
+    def program(self, src: str, lk, nontemporal: bool = False) -> LLVMProgram:
+        key = src + ("\n; nontemporal" if nontemporal else "")
+        if key not in self.programs:
+            self.programs[key] = LLVMProgram(lk, src, nontemporal)
+        return self.programs[key]
 
     def build(self, k, plan: KernelPlan, upcast=None) -> tuple[str, LLVMProgram, int]:
         """Lower, render and compile one kernel; returns (source, program, extent of its split loop)."""
@@ -48,7 +50,8 @@ class LLVMDevice(Device):
         # differ only in it share a program: the extent belongs to the step, not the program
         n = lk.insts[lk.parallel_ranges()[0]].arg if lk.parallel else 1
         try:
-            prg = self.program(src, lk)
+            shape, dt = plan.buffers[k.out]
+            prg = self.program(src, lk, streaming_store(lk, numel(shape) * dt.itemsize))
         except Exception as e:
             from ..errors import CompileError
             from ..cache import cache_dir
@@ -62,7 +65,8 @@ class LLVMDevice(Device):
 
     def launch(self, k, prg: LLVMProgram, ptrs: list[int], n: int, threads: int) -> None:
         if threads > 1 and n >= threads and k.predicted > PARALLEL_MIN:
-            cuts = [n * t // threads for t in range(threads + 1)]
+            grain = 16 if prg.nontemporal else 1          # streaming stores start 64-byte aligned
+            cuts = [n * t // threads // grain * grain for t in range(threads)] + [n]
             futs = [self.pool(threads).submit(prg, *ptrs, lo=cuts[t], hi=cuts[t + 1]) for t in range(1, threads)]
             prg(*ptrs, lo=cuts[0], hi=cuts[1])
             for f in futs:

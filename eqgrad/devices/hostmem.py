@@ -30,13 +30,19 @@ THP = _thp_available()
 
 
 def host_empty(nbytes: int) -> np.ndarray:
-    """An uninitialized flat uint8 array of ``nbytes``; huge-page backed when large and possible.
-    The array keeps its mapping alive; the mapping is unmapped when the array is collected."""
-    if THP and nbytes >= HUGE_MIN:
+    """An uninitialized flat uint8 array of ``nbytes``; from ``HUGE_MIN`` bytes on, a page-aligned
+    anonymous mapping (the LLVM device's streaming stores rely on 64-byte alignment, llvm.py),
+    huge-page backed where possible. The array keeps its mapping alive; the mapping is unmapped
+    when the array is collected."""
+    if nbytes >= HUGE_MIN and hasattr(mmap, "MAP_ANONYMOUS"):
         try:
             m = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-            m.madvise(mmap.MADV_HUGEPAGE)
-            return np.frombuffer(m, np.uint8)
         except (OSError, ValueError):
-            pass
+            return np.empty(nbytes, np.uint8)
+        if THP:
+            try:
+                m.madvise(mmap.MADV_HUGEPAGE)
+            except OSError:
+                pass
+        return np.frombuffer(m, np.uint8)
     return np.empty(nbytes, np.uint8)
