@@ -10,6 +10,7 @@ reductions and a small final one (lower/split.py).
 """
 from __future__ import annotations
 
+import itertools
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
@@ -23,6 +24,8 @@ from .llvm import LLVMProgram, render_llvm, streaming_store
 
 
 PARALLEL_MIN = 60e-6      # predicted seconds above which a kernel is split across threads
+CHUNKS_PER_THREAD = 4     # pieces of the split loop per thread, taken in turn (launch)
+CHUNK_MIN = 4             # iterations of the split loop per piece, at least (times the grain)
 
 
 class LLVMDevice(Device):
@@ -64,11 +67,22 @@ class LLVMDevice(Device):
         return src, prg, n
 
     def launch(self, k, prg: LLVMProgram, ptrs: list[int], n: int, threads: int) -> None:
+        """Run the split loop [0, n) on one thread or, for a kernel predicted above PARALLEL_MIN,
+        cut into up to CHUNKS_PER_THREAD chunks per thread that the threads take in turn from a
+        shared counter. Two contiguous halves were measured pathological for a row-fused layernorm
+        (4096 rows: 2.1 ms against 1.6 ms on one thread; two streams exactly 8 MB apart), chunks
+        taken in turn 0.84-0.94 ms; they also let a core slowed by other work take fewer chunks."""
         if threads > 1 and n >= threads and k.predicted > PARALLEL_MIN:
             grain = 16 if prg.nontemporal else 1          # streaming stores start 64-byte aligned
-            cuts = [n * t // threads // grain * grain for t in range(threads)] + [n]
-            futs = [self.pool(threads).submit(prg, *ptrs, lo=cuts[t], hi=cuts[t + 1]) for t in range(1, threads)]
-            prg(*ptrs, lo=cuts[0], hi=cuts[1])
+            m = max(threads, min(threads * CHUNKS_PER_THREAD, n // (grain * CHUNK_MIN)))
+            cuts = [n * c // m // grain * grain for c in range(m)] + [n]
+            nxt = itertools.count()                         # next() on a count is atomic under the GIL
+
+            def work() -> None:
+                while (c := next(nxt)) < m:
+                    prg(*ptrs, lo=cuts[c], hi=cuts[c + 1])
+            futs = [self.pool(threads).submit(work) for _ in range(1, threads)]
+            work()
             for f in futs:
                 f.result()
         else:
