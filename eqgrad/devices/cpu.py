@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import itertools
 import time
-import weakref
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
@@ -33,9 +32,7 @@ class LLVMDevice(Device):
     name = "LLVM"
 
     def __init__(self) -> None:
-        # compiled once per distinct source, shared by the plans that use it, and freed with
-        # the last of them (weak values; the machine code goes with its JitEngine)
-        self.programs: weakref.WeakValueDictionary[str, LLVMProgram] = weakref.WeakValueDictionary()
+        self.programs: dict[str, LLVMProgram] = {}      # compiled once per distinct source
         self._pool: ThreadPoolExecutor | None = None
 
     def pool(self, threads: int) -> ThreadPoolExecutor:
@@ -45,10 +42,9 @@ class LLVMDevice(Device):
 
     def program(self, src: str, lk, nontemporal: bool = False) -> LLVMProgram:
         key = src + ("\n; nontemporal" if nontemporal else "")
-        prg = self.programs.get(key)
-        if prg is None:
-            prg = self.programs[key] = LLVMProgram(lk, src, nontemporal)
-        return prg
+        if key not in self.programs:
+            self.programs[key] = LLVMProgram(lk, src, nontemporal)
+        return self.programs[key]
 
     def build(self, k, plan: KernelPlan, upcast=None) -> tuple[str, LLVMProgram, int]:
         """Lower, render and compile one kernel; returns (source, program, extent of its split loop)."""

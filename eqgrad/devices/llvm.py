@@ -455,36 +455,12 @@ _LOOP_MD = {
 
 # ------------------------------------------------------------------ compiler and runtime
 
-class JitEngine:
-    """One MCJIT engine, in its own LLVM context, and the number of modules compiled into it.
-    Programs hold a reference to the engine their code lives in; the engine (its machine code, and
-    the context's constants and types) is freed when the last of them is gone. MCJIT cannot free
-    one module's code (``remove_module`` keeps its memory), so this is how compiled kernels that
-    no plan uses any more give their memory back."""
-
-    def __init__(self, llvm, tm) -> None:
-        self.ctx = llvm.create_context()
-        self.ee = llvm.create_mcjit_compiler(llvm.parse_assembly("", self.ctx), tm)
-        self.modules = 0
-
-    def __del__(self) -> None:
-        try:                                 # the engine (owning its modules) before their context
-            self.ee.close()
-            self.ctx.close()
-        except Exception:                    # interpreter shutdown
-            pass
-
-
 class LLVMCompiler:
-    """Compiles LLVM IR text for the host CPU at O3 into MCJIT engines of ENGINE_MODULES modules.
+    """Compiles LLVM IR text for the host CPU at O3 into ONE MCJIT engine (kept alive).
 
-    Every program is its own module, added to the current engine, with its function renamed
-    uniquely; when the engine is full a new one is started, and a full engine lives as long as a
-    program compiled into it (``JitEngine``). (An llvmlite engine takes ownership of the target
-    machine it is created with, so engines must never share one: two engines freeing one target
-    machine corrupt the heap.)"""
-
-    ENGINE_MODULES = 128
+    Every program is its own module, added to the engine, with its function renamed uniquely.
+    (An llvmlite engine takes ownership of the target machine it is created with, so engines must
+    never share one: two engines freeing one target machine corrupt the heap.)"""
 
     _lock = threading.Lock()
     _initialized = False
@@ -498,7 +474,7 @@ class LLVMCompiler:
                 llvm.initialize_native_asmprinter()
                 LLVMCompiler._initialized = True
         self.tm = self._target_machine()                 # for the optimization pipeline
-        self.engine = JitEngine(llvm, self._target_machine())
+        self.engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), self._target_machine())
         self.count = 0
         self.nontemporal_stores = 0      # of the last module compiled with nontemporal=True
 
@@ -508,17 +484,13 @@ class LLVMCompiler:
             opt=3, cpu=llvm.get_host_cpu_name(), features=llvm.get_host_cpu_features().flatten(),
             codemodel="jitdefault")
 
-    def compile(self, src: str, name: str, nontemporal: bool = False) -> tuple[int, JitEngine]:
-        """Optimize (O3, host CPU) and add to the current engine; returns the function's address
-        and the engine, which the caller must keep alive as long as it calls the function.
+    def compile(self, src: str, name: str, nontemporal: bool = False) -> int:
+        """Optimize (O3, host CPU) and add to the engine; returns the function's address.
         ``nontemporal``: see ``streaming_store`` (the caller guarantees the alignment it claims)."""
         llvm = self.llvm
         self.count += 1
         unique = f"{name}_{self.count}"
-        if self.engine.modules >= self.ENGINE_MODULES:
-            self.engine = JitEngine(llvm, self._target_machine())
-        eng = self.engine
-        mod = llvm.parse_assembly(src.replace(f"@{name}(", f"@{unique}("), eng.ctx)
+        mod = llvm.parse_assembly(src.replace(f"@{name}(", f"@{unique}("))
         mod.verify()
         pto = llvm.create_pipeline_tuning_options(speed_level=3)
         pto.loop_vectorization = True
@@ -532,12 +504,11 @@ class LLVMCompiler:
             text, hits = _VEC_STORE.subn(rf"\1, align 64, !nontemporal !{md}", text)
             self.nontemporal_stores = hits
             if hits:
-                mod = llvm.parse_assembly(text + f"\n!{md} = !{{i32 1}}\n", eng.ctx)
+                mod = llvm.parse_assembly(text + f"\n!{md} = !{{i32 1}}\n")
                 mod.verify()
-        eng.ee.add_module(mod)
-        eng.ee.finalize_object()
-        eng.modules += 1
-        return eng.ee.get_function_address(unique), eng
+        self.engine.add_module(mod)
+        self.engine.finalize_object()
+        return self.engine.get_function_address(unique)
 
     def assembly(self, src: str) -> str:
         mod = self.llvm.parse_assembly(src)
@@ -581,8 +552,7 @@ class LLVMProgram:
     def __init__(self, k: LoopKernel, src: str, nontemporal: bool = False):
         self.name, self.src, self.nontemporal = k.name, src, nontemporal
         self._sig = ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * len(k.params)), ctypes.c_int64, ctypes.c_int64)
-        addr, self._engine = compiler().compile(src, k.name, nontemporal)
-        self.fn = self._sig(addr)
+        self.fn = self._sig(compiler().compile(src, k.name, nontemporal))
         self.nontemporal_stores = compiler().nontemporal_stores if nontemporal else 0   # vector stores made NT
         self._plain = None if not nontemporal else False     # compiled on first misaligned output
 
@@ -591,8 +561,7 @@ class LLVMProgram:
         With streaming stores, ``lo`` must be a multiple of 16 (cpu.py cuts so)."""
         if self.nontemporal and ptrs[0] % 64:
             if not self._plain:
-                addr, self._plain_engine = compiler().compile(self.src, self.name)
-                self._plain = self._sig(addr)
+                self._plain = self._sig(compiler().compile(self.src, self.name))
             self._plain(*ptrs, lo, hi)
             return
         self.fn(*ptrs, lo, hi)
