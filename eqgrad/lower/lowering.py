@@ -190,19 +190,14 @@ class Lowerer:
         seen: set = set()
 
         def walk(n: KNode, ix: tuple[Lin, ...]) -> None:
-            if (id(n), ix) in seen or n.op in ("BUF", "CONST", "PAD"):   # masked reads stay put
+            if (id(n), ix) in seen or not self.has_reduce[id(n)] or n.op == "PAD":   # masked reads stay put
                 return
             seen.add((id(n), ix))
-            if n.op in ("RSUM", "RMAX"):
-                src = n.src[0]
-                walk(src, tuple(Lin.var(f"_r{id(n)}_{d}", src.shape[d]) if d in n.arg else i for d, i in enumerate(ix)))
-                if n is not root and not any(v.startswith("_") for i in ix for v in substitute_free(i)):
-                    order.append((n, ix))
-            elif n.op in ("RESHAPE", "PERMUTE", "EXPAND", "SHRINK", "FLIP"):
-                walk(n.src[0], self.move_index(n, ix))
-            else:
-                for x in n.src:
-                    walk(x, ix)
+            for x, cix in self._dry_sources(n, ix, "_r"):
+                walk(x, cix)
+            if n.op in ("RSUM", "RMAX") and n is not root and not any(
+                    v.startswith("_") for i in ix for v in substitute_free(i)):
+                order.append((n, ix))             # after the reductions it uses
 
         walk(root, idx)
         before = len(self.insts)
@@ -347,6 +342,20 @@ class Lowerer:
             return None
         return outer, t
 
+    def _dry_sources(self, n: KNode, idx: tuple[Lin, ...], tag: str) -> list[tuple[KNode, tuple[Lin, ...]]]:
+        """The sources of ``n`` with the index each is read at, as the render pass maps them: a
+        reduction's reduced axes become fresh variables named ``{tag}{id}_{axis}``. For the dry
+        runs of the index function (``hoist``, ``_contiguous_under_reduce``)."""
+        if n.op in ("RSUM", "RMAX"):
+            src = n.src[0]
+            return [(src, tuple(Lin.var(f"{tag}{id(n)}_{d}", src.shape[d]) if d in n.arg else i
+                                for d, i in enumerate(idx)))]
+        if n.op == "PAD":
+            return [(n.src[0], tuple(i - b for i, b in zip(idx, n.arg[0])))]
+        if n.op in ("RESHAPE", "PERMUTE", "EXPAND", "SHRINK", "FLIP"):
+            return [(n.src[0], self.move_index(n, idx))]
+        return [(x, idx) for x in n.src]
+
     def _contiguous_under_reduce(self, root: KNode, axis: int) -> bool:
         """Does some buffer read inside a reduction step by exactly 1 along output ``axis``?
         (A dry run of the index function, with symbolic output and reduce variables.)"""
@@ -367,17 +376,9 @@ class Lowerer:
                 streamed = any(isinstance(a, Var) and a.name.startswith("r") for a, _ in flat.terms)
                 if streamed and any(isinstance(a, Var) and a.name == target and c == 1 for a, c in flat.terms):
                     return True
-            elif n.op in ("RSUM", "RMAX"):
-                src = n.src[0]
-                cidx = tuple(Lin.var(f"r{id(n)}_{d}", src.shape[d]) if d in n.arg else i
-                             for d, i in enumerate(idx))
-                stack.append((src, cidx, True))
-            elif n.op == "PAD":
-                stack.append((n.src[0], tuple(i - b for i, b in zip(idx, n.arg[0])), under))
-            elif n.op in ("RESHAPE", "PERMUTE", "EXPAND", "SHRINK", "FLIP"):
-                stack.append((n.src[0], self.move_index(n, idx), under))
             else:
-                stack.extend((x, idx, under) for x in n.src)
+                under = under or n.op in ("RSUM", "RMAX")
+                stack.extend((x, cix, under) for x, cix in self._dry_sources(n, idx, "r"))
         return False
 
     # ------------------------------------------------------------------ passes
