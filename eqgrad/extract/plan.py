@@ -40,6 +40,10 @@ class KNode:
             stack.extend((s, False) for s in reversed(n.src) if id(s) not in seen)
         return out
 
+    def buffers(self) -> tuple[int, ...]:
+        """The plan buffers this body reads, in first-use order (a kernel's ``inputs``)."""
+        return tuple(dict.fromkeys(n.arg for n in self.walk() if n.op == "BUF"))
+
     def render(self) -> str:
         """A readable one-line form, e.g. ``MUL(ADD(b0, b1), 2.0)``."""
         memo: dict[int, str] = {}
@@ -174,7 +178,7 @@ def build_plan(g: EGraph, choice: dict[int, ENode], input_specs: list[tuple[Shap
         bid = len(buffers)
         buffers.append((g.shapes[k], g.dtypes[k]))
         buffer_of[k] = bid
-        ins = tuple(dict.fromkeys(n.arg for n in ast.walk() if n.op == "BUF"))
+        ins = ast.buffers()
         kc = costs.get(k) if costs else None
         kernels.append(Kernel(f"k{len(kernels)}", bid, ast, ins,
                               kc.seconds if kc else 0.0, kc.bytes if kc else 0, kc.flops if kc else 0))

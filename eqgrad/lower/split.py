@@ -48,8 +48,7 @@ def split_reduction(k: Kernel, new_buffer: int) -> tuple[Kernel, Kernel] | None:
     axes = tuple(d for d in range(len(split_shape)) if d != lead)
     part_shape = tuple(p if d == lead else 1 for d in range(len(split_shape)))
     partial = KNode(red.op, (reshaped,), axes, part_shape, red.dtype)
-    k1 = Kernel(f"{k.name}a", new_buffer, partial, tuple(dict.fromkeys(n.arg for n in partial.walk() if n.op == "BUF")),
-                k.predicted, k.nbytes, k.flops)
+    k1 = Kernel(f"{k.name}a", new_buffer, partial, partial.buffers(), k.predicted, k.nbytes, k.flops)
     final = KNode(red.op, (KNode("BUF", (), new_buffer, part_shape, red.dtype),), (lead,),
                   (1,) * len(split_shape), red.dtype)
     final = KNode("RESHAPE", (final,), red.shape, red.shape, red.dtype)
@@ -58,6 +57,6 @@ def split_reduction(k: Kernel, new_buffer: int) -> tuple[Kernel, Kernel] | None:
         if id(n) not in memo:
             srcs = tuple(memo[id(s)] for s in n.src)
             memo[id(n)] = n if srcs == n.src else KNode(n.op, srcs, n.arg, n.shape, n.dtype)
-    ins = tuple(dict.fromkeys(n.arg for n in memo[id(k.ast)].walk() if n.op == "BUF"))
-    k2 = Kernel(k.name, k.out, memo[id(k.ast)], ins, 5e-6, 4 * p, p)
+    ast = memo[id(k.ast)]
+    k2 = Kernel(k.name, k.out, ast, ast.buffers(), 5e-6, 4 * p, p)
     return k1, k2
