@@ -501,7 +501,9 @@ class LLVMCompiler:
         if nontemporal:
             text = str(mod)
             md = 1 + max((int(m) for m in re.findall(r"!(\d+)", text)), default=0)
-            text, hits = _VEC_STORE.subn(rf"\1, align 64, !nontemporal !{md}", text)
+            # a <N x float> store at a multiple of N from a 64-byte aligned base is 4N-byte aligned
+            # (the vector width is the target's: 16 lanes with AVX-512, 8 with AVX2, 4 with SSE)
+            text, hits = _VEC_STORE.subn(lambda m: f"{m[1]}, align {4 * int(m[2])}, !nontemporal !{md}", text)
             self.nontemporal_stores = hits
             if hits:
                 mod = llvm.parse_assembly(text + f"\n!{md} = !{{i32 1}}\n")
@@ -535,7 +537,7 @@ def compiler() -> LLVMCompiler:
 # outputs of NT_MIN bytes or more are page-aligned mappings (hostmem.py), the thread split cuts
 # at multiples of 16 elements (cpu.py), and a misaligned output runs a plain copy of the kernel.
 NT_MIN = 4 << 20
-_VEC_STORE = re.compile(r"(store <16 x (?:float|i32)> %[\w.]+, ptr %[\w.]+), align 4(?=\n)")
+_VEC_STORE = re.compile(r"(store <(4|8|16) x (?:float|i32)> %[\w.]+, ptr %[\w.]+), align 4(?=\n)")
 
 
 def streaming_store(k: LoopKernel, out_bytes: int) -> bool:
