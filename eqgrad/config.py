@@ -2,110 +2,184 @@
 
 Read a flag with ``config.DEBUG.value``; override flags for a block with
 ``with eqgrad.Context(DEBUG=2, EQGRAD_DEVICE="NUMPY"): ...``.
-A malformed value raises ``ValueError`` naming the flag, what it expects and what it got.
+Every flag checks its range, from the environment and in ``Context`` alike: a bad value raises
+``ValueError`` naming the flag, what it accepts and what it got. Nothing is converted silently
+(``DEBUG=2.7`` is an error, not 2; ``EQGRAD_EGRAPH_MEMORY=-1G`` is an error, not "unlimited").
 """
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
+# the longest wait eqgrad hands to the OS: Connection.poll() raises OverflowError past 2**31 ms
+# (~24.8 days), so time limits stop well below that
+MAX_SECONDS = 1e6
+MAX_THREADS = 1024
 
-def _bytes(s: str) -> int:
-    s = s.strip().upper()
-    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    if s and s[-1] in mult:
-        return int(float(s[:-1]) * mult[s[-1]])
-    return int(s)
+
+def _integer(v: Any) -> int:
+    """An integer given as an int or as its decimal text; 2.0, 2.7, "2.5" and True are not integers."""
+    if isinstance(v, bool):
+        raise ValueError("not an integer")
+    if isinstance(v, int):
+        return v
+    if isinstance(v, str):
+        return int(v.strip(), 10)
+    raise ValueError("not an integer")
+
+
+def _integer_in(lo: int, hi: int | None = None) -> Callable[[Any], int]:
+    def parse(v: Any) -> int:
+        n = _integer(v)
+        if n < lo or (hi is not None and n > hi):
+            raise ValueError("out of range")
+        return n
+    return parse
+
+
+def _seconds(v: Any) -> float:
+    """A finite number of seconds in (0, MAX_SECONDS]: nan, inf and 1e400 are refused."""
+    if isinstance(v, bool) or not isinstance(v, (int, float, str)):
+        raise ValueError("not a number")
+    x = float(v)
+    if not math.isfinite(x) or not 0 < x <= MAX_SECONDS:
+        raise ValueError("out of range")
+    return x
+
+
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def _bytes_at_least(lo: int) -> Callable[[Any], int]:
+    def parse(v: Any) -> int:
+        if isinstance(v, bool):
+            raise ValueError("not a size")
+        if isinstance(v, int):
+            n = v
+        elif isinstance(v, str):
+            s = v.strip().upper()
+            unit = s[-1] if s and s[-1] in _UNITS else ""
+            num = s[:-1] if unit else s
+            x = float(num) if unit else int(num, 10)    # "1.5G" is fine, "1.5" bytes is not
+            if not math.isfinite(x):
+                raise ValueError("not a finite size")
+            n = int(x * _UNITS[unit])
+        else:
+            raise ValueError("not a size")
+        if n < lo or n >= 1 << 63:
+            raise ValueError("out of range")
+        return n
+    return parse
 
 
 DEVICE_NAMES = ("LLVM", "NUMPY", "OPENCL", "CUDA")       # eqgrad/devices/__init__.py: DEVICES
 DEVICE_ALIASES = {"CPU": "LLVM", "CL": "OPENCL"}
 
 
-def _device(s: str) -> str:
-    s = s.strip().upper()
+def _device(v: Any) -> str:
+    if not isinstance(v, str):
+        raise ValueError("not a device name")
+    s = v.strip().upper()
     s = DEVICE_ALIASES.get(s, s)
     if s not in DEVICE_NAMES:
-        raise ValueError(f"expected LLVM, NUMPY, OPENCL or CUDA, got {s!r}")
+        raise ValueError("unknown device")
     return s
+
+
+def _extractor(v: Any) -> str:
+    if not isinstance(v, str):
+        raise ValueError("not an extractor name")
+    s = v.strip().lower()
+    if s not in ("greedy", "improve", "ilp", "measured"):
+        raise ValueError("unknown extractor")
+    return s
+
+
+def _path(v: Any) -> str:
+    if not isinstance(v, (str, os.PathLike)) or not str(os.fspath(v)).strip():
+        raise ValueError("not a path")
+    return os.path.expanduser(os.fspath(v))
 
 
 @dataclass
 class Flag:
     name: str
     default: Any
-    parse: Callable[[str], Any]
+    parse: Callable[[Any], Any]      # text from the environment or a value from Context -> the value, or ValueError
+    accepts: str                     # what parse accepts, for error messages and docs/env.md
     doc: str
 
     def __post_init__(self) -> None:
         FLAGS[self.name] = self
+        self._last: tuple[Any, Any] = (None, self.default)      # (raw environment value, parsed)
 
     @property
     def value(self) -> Any:
         if self.name in _overrides:
             return _overrides[self.name]
         raw = os.environ.get(self.name)
-        if raw is None or raw == "":
+        if not raw:
             return self.default
-        try:
-            return self.parse(raw)
-        except (ValueError, TypeError) as e:
-            raise ValueError(f"environment flag {self.name}: expected {self.doc.split(':')[0]}, "
-                             f"got {raw!r} ({e})") from None
+        if raw is not self._last[0] and raw != self._last[0]:    # parse a changed value once
+            self._last = (raw, self.checked(raw, "environment flag"))
+        return self._last[1]
 
-
-    def checked(self, v: Any) -> Any:
-        """Parse and validate a value given in code (Context) like one from the environment."""
+    def checked(self, v: Any, where: str = "flag") -> Any:
+        """The value of ``v`` (text from the environment or a value given in code); ValueError naming
+        the flag, what it accepts and what it got if it is out of range or malformed."""
         try:
-            return self.parse(str(v)) if isinstance(v, str) or self.parse is _device else \
-                self.parse(v) if self.parse in (int, float) else self.parse(str(v))
-        except (ValueError, TypeError) as e:
-            raise ValueError(f"flag {self.name}: expected {self.doc.split(':')[0]}, got {v!r} ({e})") from None
+            return self.parse(v)
+        except (ValueError, TypeError, OverflowError):
+            raise ValueError(f"{where} {self.name}: expected {self.accepts}, got {v!r}") from None
 
 
 FLAGS: dict[str, Flag] = {}
 _overrides: dict[str, Any] = {}
 
-DEBUG = Flag("DEBUG", 0, int, "an integer 0-6: 1 kernel count and time per realize, 2 per-kernel time, "
-             "3 saturation report and chosen plan, 4 generated kernel source (LLVM IR, OpenCL C, CUDA C), 5 loop IR, "
-             "6 the egglog program")
-DEVICE = Flag("EQGRAD_DEVICE", "LLVM", _device, "LLVM, NUMPY, OPENCL or CUDA: the default device for new "
-              "tensors (aliases: CPU for LLVM, CL for OPENCL)")
-OPT = Flag("EQGRAD_OPT", 1, int, "0 or 1: 0 skips equality saturation and runs the unoptimized plan "
-           "(one kernel per op; for debugging)")
-SATURATION_TIMEOUT = Flag("EQGRAD_SATURATION_TIMEOUT", 20.0, float,
-                          "seconds (float): wall-clock limit of one saturation; past it the worker is "
-                          "killed and the unoptimized plan runs, with a warning")
-EGRAPH_NODES = Flag("EQGRAD_EGRAPH_NODES", 200_000, int,
-                    "an integer: e-node limit checked after each phase; past it saturation stops and the "
-                    "last phase's e-graph is extracted")
-EGRAPH_MEMORY = Flag("EQGRAD_EGRAPH_MEMORY", 4 << 30, _bytes,
-                     "bytes (e.g. 4G, 512M): address-space limit of the egglog worker process")
-def _extractor(s: str) -> str:
-    s = s.strip().lower()
-    if s not in ("greedy", "improve", "ilp", "measured"):
-        raise ValueError(f"expected greedy, improve, ilp or measured, got {s!r}")
-    return s
-
-
-EXTRACTOR = Flag("EQGRAD_EXTRACTOR", "greedy", _extractor,
-                 "greedy, improve, ilp or measured: how plans are chosen (docs/extraction.md)")
-ILP_TIME = Flag("EQGRAD_ILP_TIME", 10.0, float, "seconds (float): time limit of the ILP extractor")
-ILP_MAX_CLASSES = Flag("EQGRAD_ILP_MAX_CLASSES", 300, int,
-                       "an integer: above this many e-classes the ILP extractor falls back to greedy")
-THREADS = Flag("EQGRAD_THREADS", os.cpu_count() or 1, int,
-               "an integer: CPU threads a large LLVM kernel is split across (1 disables threading)")
-BEAM = Flag("EQGRAD_BEAM", 0, int, "an integer k: try up to k register-lane settings per kernel on the "
-            "device and keep the fastest (cached on disk per kernel and machine; 0 = heuristics only)")
-BEAM_TIME = Flag("EQGRAD_BEAM_TIME", 10.0, float, "seconds (float): time limit of the kernel search per kernel")
-PLAN_CACHE = Flag("EQGRAD_PLAN_CACHE", 512, int, "an integer: compiled plans kept in memory (least recently "
-                  "used are dropped; eqgrad.engine.clear_cache() empties it)")
-POOL_BYTES = Flag("EQGRAD_POOL_BYTES", 1 << 30, _bytes, "bytes (e.g. 1G, 256M; 0 disables): freed host "
-                  "buffers kept for reuse by later realizes (eqgrad.devices.clear_pool() empties the pool)")
-VALIDATE = Flag("EQGRAD_VALIDATE", 0, int, "0 or 1: re-run every realize on the NumPy reference "
-                "device and raise if the numbers differ")
+DEBUG = Flag("DEBUG", 0, _integer_in(0, 6), "an integer from 0 to 6",
+             "1 kernel count and time per realize, 2 per-kernel time, 3 saturation report and chosen plan, "
+             "4 generated kernel source (LLVM IR, OpenCL C, CUDA C), 5 loop IR, 6 the egglog program")
+DEVICE = Flag("EQGRAD_DEVICE", "LLVM", _device, "LLVM, NUMPY, OPENCL or CUDA (aliases: CPU, CL)",
+              "the default device for new tensors")
+OPT = Flag("EQGRAD_OPT", 1, _integer_in(0, 1), "0 or 1",
+           "0 skips equality saturation and runs the unoptimized plan (one kernel per op; for debugging)")
+SATURATION_TIMEOUT = Flag("EQGRAD_SATURATION_TIMEOUT", 20.0, _seconds,
+                          f"a finite number of seconds > 0 and <= {MAX_SECONDS:g}",
+                          "wall-clock limit of one saturation; past it the worker is killed and the "
+                          "unoptimized plan runs, with a warning")
+EGRAPH_NODES = Flag("EQGRAD_EGRAPH_NODES", 200_000, _integer_in(1, (1 << 63) - 1), "an integer >= 1",
+                    "e-node limit checked after each phase; past it saturation stops and the last phase's "
+                    "e-graph is extracted")
+EGRAPH_MEMORY = Flag("EQGRAD_EGRAPH_MEMORY", 4 << 30, _bytes_at_least(1),
+                     "a size in bytes > 0 (e.g. 4G, 512M, 1048576)",
+                     "address-space limit of the egglog worker process")
+EXTRACTOR = Flag("EQGRAD_EXTRACTOR", "greedy", _extractor, "greedy, improve, ilp or measured",
+                 "how plans are chosen (docs/extraction.md)")
+ILP_TIME = Flag("EQGRAD_ILP_TIME", 10.0, _seconds, f"a finite number of seconds > 0 and <= {MAX_SECONDS:g}",
+                "time limit of the ILP extractor")
+ILP_MAX_CLASSES = Flag("EQGRAD_ILP_MAX_CLASSES", 300, _integer_in(0), "an integer >= 0",
+                       "above this many e-classes the ILP extractor falls back to greedy")
+THREADS = Flag("EQGRAD_THREADS", max(1, min(os.cpu_count() or 1, MAX_THREADS)), _integer_in(1, MAX_THREADS),
+               f"an integer from 1 to {MAX_THREADS}",
+               "CPU threads a large LLVM kernel is split across (1 disables threading)")
+BEAM = Flag("EQGRAD_BEAM", 0, _integer_in(0), "an integer >= 0",
+            "k: try up to k register-lane settings per kernel on the device and keep the fastest "
+            "(cached on disk per kernel and machine; 0 = heuristics only)")
+BEAM_TIME = Flag("EQGRAD_BEAM_TIME", 10.0, _seconds, f"a finite number of seconds > 0 and <= {MAX_SECONDS:g}",
+                 "time limit of the kernel search per kernel")
+PLAN_CACHE = Flag("EQGRAD_PLAN_CACHE", 512, _integer_in(1), "an integer >= 1",
+                  "compiled plans kept in memory (least recently used are dropped; "
+                  "eqgrad.engine.clear_cache() empties it)")
+POOL_BYTES = Flag("EQGRAD_POOL_BYTES", 1 << 30, _bytes_at_least(0), "a size in bytes >= 0 (e.g. 1G, 256M, 0)",
+                  "freed host buffers kept for reuse by later realizes (0 disables; "
+                  "eqgrad.devices.clear_pool() empties the pool)")
+VALIDATE = Flag("EQGRAD_VALIDATE", 0, _integer_in(0, 1), "0 or 1",
+                "1 re-runs every realize on the NumPy reference device and raises if the numbers differ")
+CACHE_DIR = Flag("EQGRAD_CACHE_DIR", None, _path, "a directory path",
+                 "where the on-disk caches live (default ~/.cache/eqgrad; eqgrad/cache.py)")
 
 
 @contextlib.contextmanager

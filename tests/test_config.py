@@ -1,0 +1,183 @@
+"""Flags (eqgrad/config.py, docs/env.md): every flag checks its range from the environment and in
+Context alike, and every flag that changes a plan is part of the plan cache key."""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+import eqgrad
+from eqgrad import Tensor, config, engine
+from eqgrad.engine import GlobalCounters
+from eqgrad.extract import DeviceParams, settings_key, using
+
+# flag -> (bad values, (good value, parsed) pairs); the bad ones are given both as text (the
+# environment) and as values (Context)
+CASES: dict[str, tuple[list, list]] = {
+    "DEBUG": (["-1", "7", "2.7", 2.7, "loud", True, None], [("0", 0), ("6", 6), (3, 3)]),
+    "EQGRAD_DEVICE": (["TPU", "", 1], [("numpy", "NUMPY"), ("CPU", "LLVM"), ("cl", "OPENCL")]),
+    "EQGRAD_OPT": (["7", "-1", "2", "0.5", "yes", 1.0], [("0", 0), ("1", 1), (0, 0)]),
+    "EQGRAD_SATURATION_TIMEOUT": (["nan", "inf", "-inf", "1e400", "0", "-1", "1e7", "soon", float("nan"), float("inf"), 0],
+                                  [("20", 20.0), ("0.5", 0.5), (1e-4, 1e-4), ("1e6", 1e6)]),
+    "EQGRAD_EGRAPH_NODES": (["0", "-5", "1.5", "many", 1e5], [("1", 1), ("200000", 200000), (30_000, 30_000)]),
+    "EQGRAD_EGRAPH_MEMORY": (["0", "-1G", "-1", "0G", "nanG", "infG", "1.5", "4X", "", 0, -1, 2.5],
+                             [("4G", 4 << 30), ("512M", 512 << 20), ("1.5G", 3 << 29), ("1048576", 1 << 20), (64 << 20, 64 << 20)]),
+    "EQGRAD_EXTRACTOR": (["fastest", "", 3], [("ILP", "ilp"), ("greedy", "greedy"), (" measured ", "measured")]),
+    "EQGRAD_ILP_TIME": (["nan", "inf", "0", "-2", "1e400"], [("10", 10.0), (0.25, 0.25)]),
+    "EQGRAD_ILP_MAX_CLASSES": (["-1", "3.5", "lots"], [("0", 0), ("300", 300)]),
+    "EQGRAD_THREADS": (["0", "-2", "2.5", "1025", "all"], [("1", 1), ("16", 16), (1024, 1024)]),
+    "EQGRAD_BEAM": (["-1", "2.5", "yes"], [("0", 0), ("4", 4)]),
+    "EQGRAD_BEAM_TIME": (["nan", "inf", "0", "-1"], [("10", 10.0), (5.0, 5.0)]),
+    "EQGRAD_PLAN_CACHE": (["0", "-1", "1.5"], [("1", 1), ("512", 512)]),
+    "EQGRAD_POOL_BYTES": (["-1", "-1M", "nanM", "1.5", "big"], [("0", 0), ("1M", 1 << 20), ("1G", 1 << 30)]),
+    "EQGRAD_VALIDATE": (["2", "-1", "on", 0.5], [("0", 0), ("1", 1)]),
+    "EQGRAD_CACHE_DIR": (["   ", 5], [("/tmp/eqgrad-test-cache", "/tmp/eqgrad-test-cache")]),
+}
+
+
+@pytest.fixture(autouse=True)
+def _own_cache_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("EQGRAD_CACHE_DIR", str(tmp_path))       # the kernel search (BEAM) writes there
+
+
+def test_every_flag_has_test_cases():
+    assert set(CASES) == set(config.FLAGS), "a flag without range tests (add it to CASES)"
+
+
+def _bad():
+    return [(name, v) for name, (bad, _) in CASES.items() for v in bad]
+
+
+def _good():
+    return [(name, v, want) for name, (_, good) in CASES.items() for v, want in good]
+
+
+@pytest.fixture
+def env_only(monkeypatch):
+    """No Context overrides (the suite runs under Context(VALIDATE=1)): flags come from the environment."""
+    monkeypatch.setattr(config, "_overrides", {})
+
+
+def _message(name: str, v) -> str:
+    """The error names the flag, what it accepts and the value given."""
+    accepts = getattr(config.FLAGS[name], "accepts", "")
+    return rf"{name}: expected {re.escape(accepts)}.*, got {re.escape(repr(v))}"
+
+
+@pytest.mark.parametrize("name,v", _bad())
+def test_bad_value_in_context_names_flag_range_and_value(name, v):
+    with pytest.raises(ValueError, match=_message(name, v)):
+        with eqgrad.Context(**{name: v}):
+            pass
+
+
+@pytest.mark.parametrize("name,v", [(n, v) for n, v in _bad() if isinstance(v, str) and v != ""])
+def test_bad_value_in_environment_names_flag_range_and_value(name, v, monkeypatch, env_only):
+    monkeypatch.setenv(name, v)
+    with pytest.raises(ValueError, match="environment flag " + _message(name, v)):
+        config.FLAGS[name].value
+
+
+@pytest.mark.parametrize("name,v,want", _good())
+def test_good_values(name, v, want, monkeypatch):
+    with eqgrad.Context(**{name: v}):
+        got = config.FLAGS[name].value
+        assert got == want and type(got) is type(want)
+    if isinstance(v, str):
+        monkeypatch.setenv(name, v)
+        monkeypatch.setattr(config, "_overrides", {})
+        got = config.FLAGS[name].value
+        assert got == want and type(got) is type(want)
+
+
+def test_empty_environment_value_means_the_default(monkeypatch, env_only):
+    for name, f in config.FLAGS.items():
+        monkeypatch.setenv(name, "")
+        assert f.value == f.default
+        if f.default is not None:             # None: EQGRAD_CACHE_DIR's "~/.cache/eqgrad"
+            f.checked(f.default)              # every default is in its own range
+
+
+def test_bad_flag_fails_at_realize_not_deep_inside(monkeypatch):
+    monkeypatch.setenv("EQGRAD_SATURATION_TIMEOUT", "nan")
+    engine.clear_cache()
+    with pytest.raises(ValueError, match="EQGRAD_SATURATION_TIMEOUT: expected a finite number"):
+        (Tensor(np.ones(3, np.float32)) * 3 + 1).realize()
+
+
+# ------------------------------------------------------------------ item 10: settings in the plan cache key
+
+def _kernels(make) -> tuple[int, int, np.ndarray]:
+    """(kernels run, plans compiled, result) of one realize."""
+    GlobalCounters.reset()
+    out = make().numpy()
+    return GlobalCounters.kernel_count, GlobalCounters.plans_compiled, out
+
+
+def test_opt0_for_a_cached_structure_plans_again_and_back():
+    x = Tensor(np.arange(12, dtype=np.float32).reshape(3, 4))
+    make = lambda: ((x * 2 + 1) * 3).exp2()                        # four ops, one fused kernel
+    ref = np.exp2(((np.arange(12, dtype=np.float32).reshape(3, 4) * 2 + 1) * 3))
+    engine.clear_cache()
+    k1, c1, o1 = _kernels(make)
+    assert (k1, c1) == (1, 1)
+    with eqgrad.Context(OPT=0):
+        k0, c0, o0 = _kernels(make)
+    assert (k0, c0) == (4, 1), "OPT=0 must give one kernel per op (a new plan), not the cached fused one"
+    k2, c2, o2 = _kernels(make)
+    assert (k2, c2) == (1, 0), "back to OPT=1: the fused plan, from the cache"
+    with eqgrad.Context(OPT=0):
+        assert _kernels(make)[:2] == (4, 0)
+    for o in (o1, o0, o2):
+        np.testing.assert_allclose(o, ref, rtol=1e-6)
+
+
+def _recompiles(**flags) -> int:
+    x = Tensor(np.ones((5, 7), np.float32))
+    make = lambda: (x * 3 + 2).sum(1)
+    make().realize()
+    GlobalCounters.reset()
+    with eqgrad.Context(**flags):
+        make().realize()
+    return GlobalCounters.plans_compiled
+
+
+@pytest.mark.parametrize("flags", [dict(OPT=0), dict(EXTRACTOR="improve"), dict(SATURATION_TIMEOUT=33.0),
+                                   dict(EGRAPH_NODES=150_000), dict(EGRAPH_MEMORY="3G"),
+                                   dict(THREADS=config.THREADS.default % 8 + 1), dict(BEAM=1), dict(BEAM_TIME=3.0),
+                                   dict(EXTRACTOR="ilp", ILP_TIME=7.0)])
+def test_settings_that_change_the_plan_are_in_the_key(flags):
+    before = settings_key("LLVM")
+    with eqgrad.Context(**flags):
+        assert settings_key("LLVM") != before
+    assert _recompiles(**flags) == 1
+
+
+@pytest.mark.parametrize("flags", [dict(DEBUG=0), dict(VALIDATE=1), dict(PLAN_CACHE=400), dict(POOL_BYTES="2M"),
+                                   dict(DEVICE="NUMPY"), dict(ILP_TIME=7.0), dict(ILP_MAX_CLASSES=9)])
+def test_settings_that_do_not_change_the_plan_are_not(flags):
+    before = settings_key("LLVM")
+    with eqgrad.Context(**flags):
+        assert settings_key("LLVM") == before
+    assert _recompiles(**flags) == 0
+
+
+def test_llvm_only_settings_do_not_replan_other_devices():
+    before = settings_key("NUMPY")
+    with eqgrad.Context(THREADS=1, BEAM=2, BEAM_TIME=1.0):
+        assert settings_key("NUMPY") == before
+
+
+def test_cost_function_and_parameters_are_in_the_key():
+    base = settings_key("LLVM")
+    with using(params=DeviceParams(bandwidth=1e9)):
+        assert settings_key("LLVM") != base
+    fns = [lambda s, p: s.nbytes, lambda s, p: s.flops]
+    keys = []
+    for fn in fns:
+        with using(cost_fn=fn):
+            keys.append(settings_key("LLVM"))
+    assert keys[0] != keys[1] != base
+    with using(cost_fn=fns[0]):
+        assert settings_key("LLVM") == keys[0]
