@@ -30,10 +30,52 @@ def cost_model(device: str) -> CostModel:
 
 
 def settings_key(device: str) -> tuple:
-    """What the plan cache must distinguish: extractor, cost function and parameters, and the
-    settings the device's compiled code depends on (threads: a large reduction is split for them;
-    the kernel search)."""
-    return (config.EXTRACTOR.value, id(_cost_fn), cost_model(device).params, config.THREADS.value, config.BEAM.value)
+    """Every setting that changes the plan compiled for ``device``: the plan cache key is
+    ``(rules.key, settings_key(device), structure_key(...))``, so a change of any of these plans again.
+
+    Flag by flag (eqgrad/config.py), and why it is in the key or not:
+      EQGRAD_OPT                 in: 0 skips saturation (one kernel per op)
+      EQGRAD_SATURATION_TIMEOUT  in: a saturation stopped at the limit gives another (fallback) plan, and
+                                 a user who raises the limit after the warning expects a new try
+                                 (this and the next two only while OPT=1: without saturation its
+                                 limits change nothing)
+      EQGRAD_EGRAPH_NODES        in: the node limit decides after which phase saturation stops
+      EQGRAD_EGRAPH_MEMORY       in: a worker out of memory gives the unoptimized plan (as the timeout)
+      EQGRAD_EXTRACTOR           in: the extractor chooses the plan
+      EQGRAD_ILP_TIME, EQGRAD_ILP_MAX_CLASSES
+                                 in for the ilp extractor only (the others never read them)
+      cost function, DeviceParams (using(), or the calibration in effect from the cache directory)
+                                 in: the extractor minimizes the cost they give
+      EQGRAD_THREADS             in for LLVM only: a large reduction is split for the threads, and the
+                                 compiled steps launch that many (the other devices never read it)
+      EQGRAD_BEAM, EQGRAD_BEAM_TIME
+                                 in for LLVM only: the kernel search picks each kernel's lanes
+      rulebooks and schedule (EQGRAD_RULEBOOKS, EQGRAD_SCHEDULE, eqgrad.rules.use)
+                                 in, as ``rules.key`` (a hash of the text of every file) next to this
+      DEBUG                      out: it only prints
+      EQGRAD_DEVICE              out: the default device of new tensors; the plan's own device is in the
+                                 structure key
+      EQGRAD_PLAN_CACHE          out: the size of this cache, not what is in it
+      EQGRAD_POOL_BYTES          out: reuse of freed memory, not the plan
+      EQGRAD_VALIDATE            out: a check after the run, on the same plan
+      EQGRAD_CACHE_DIR           out by itself: what it changes in a plan (the calibration) is keyed
+                                 above; measured and kernel-search choices are read from it when a
+                                 plan is compiled, and another directory does not make a compiled
+                                 plan wrong
+    The cost function is keyed by the object itself, not ``id()``: a new function may reuse a
+    collected one's id.
+    """
+    opt = config.OPT.value
+    sat = (config.SATURATION_TIMEOUT.value, config.EGRAPH_NODES.value, config.EGRAPH_MEMORY.value) if opt else None
+    extractor = config.EXTRACTOR.value
+    ilp = (config.ILP_TIME.value, config.ILP_MAX_CLASSES.value) if extractor == "ilp" else None
+    llvm = (config.THREADS.value, config.BEAM.value, config.BEAM_TIME.value) if device == "LLVM" else None
+    fn = _cost_fn or default_cost
+    try:
+        hash(fn)
+    except TypeError:               # a callable object without __hash__: while using() holds it, its id is its own
+        fn = ("cost function", id(fn))
+    return (opt, sat, extractor, ilp, fn, cost_model(device).params, llvm)
 
 
 @contextlib.contextmanager
