@@ -1,17 +1,48 @@
 """Small on-disk caches (calibrations, measured-plan choices, kernel search results).
 
 One JSON file per cache under ``~/.cache/eqgrad`` (or ``$EQGRAD_CACHE_DIR``), with a version:
-entries of another version are ignored. Files are written atomically (a temporary file, then
-rename) and a file that does not parse is treated as empty and rebuilt -- a bad entry is never
-trusted, and nothing is ever executed or unpickled from the cache (JSON only).
+entries of another version are ignored. Nothing is ever executed or unpickled from the cache (JSON
+only), and nothing read from it is trusted:
+
+- a file that does not parse, or an entry its cache's ``check`` rejects (a calibration with
+  ``bandwidth: 0``, a measured choice that is not a dict, a kernel-search pick that is not a
+  setting), is ignored with one ``CacheWarning`` naming the file; the next store rewrites the file
+  without it;
+- a directory that cannot be used (not a directory, a dangling symlink, under a regular file, not
+  writable, on a read-only file system) turns on-disk caching off with one ``CacheWarning``: "usable"
+  is decided by creating a file there, not by mode bits, which do not bind root.
+
+Writes are safe against other threads, other processes and planted files: under a lock (a
+threading lock, and ``flock`` on ``.<name>.json.lock`` for other processes) the file is read
+again, the new entry merged in, and the result written to a unique temporary file in the same
+directory (``tempfile.mkstemp``: ``O_EXCL``, no symlink followed, mode 0600), fsynced and renamed
+over the old file with ``os.replace`` (which replaces a symlink, never writes through it).
+The directory is created 0700.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
+import hashlib
 import json
+import math
 import os
+import tempfile
+import threading
+import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
+
+from . import config
+
+try:
+    import fcntl
+except ImportError:                  # not POSIX: threads are still serialized, processes are not
+    fcntl = None                     # type: ignore[assignment]
+
+
+class CacheWarning(UserWarning):
+    """An on-disk cache file, entry or directory could not be used and was ignored (the message names it)."""
 
 
 @functools.lru_cache(maxsize=None)
@@ -19,53 +50,234 @@ def _default_dir() -> str:
     return str(Path.home() / ".cache" / "eqgrad")
 
 
-def cache_dir() -> Path:
-    d = Path(os.environ.get("EQGRAD_CACHE_DIR") or _default_dir())
-    d.mkdir(parents=True, exist_ok=True)
+_lock = threading.RLock()            # serializes cache writes (and the bookkeeping below) between threads
+# EQGRAD_CACHE_DIR's value -> the directory, or None when it cannot be used (checked once per process:
+# realize() asks on every call)
+_dirs: dict[Any, Path | None] = {}
+_warned: set[Any] = set()
+
+
+def _warn_once(key: Any, msg: str) -> None:
+    with _lock:
+        if key in _warned:
+            return
+        _warned.add(key)
+    warnings.warn(msg, CacheWarning, stacklevel=4)
+
+
+def _why(e: OSError) -> str:
+    return f"{type(e).__name__}: {e.strerror or e}"
+
+
+def _directory() -> Path:
+    return Path(config.CACHE_DIR.value or _default_dir())
+
+
+def _disable(d: Path, why: str) -> None:
+    with _lock:
+        for k, v in list(_dirs.items()):
+            if v == d:
+                _dirs[k] = None
+    _warn_once(("dir", str(d)), f"eqgrad: the cache directory {d} cannot be used ({why}); on-disk caching "
+                                f"is off (set EQGRAD_CACHE_DIR to a writable directory)")
+
+
+def cache_dir() -> Path | None:
+    """The cache directory (created 0700 if missing), or None when it cannot be used: then caching
+    is off, with one CacheWarning naming the directory and why."""
+    raw = config.CACHE_DIR.value
+    try:
+        return _dirs[raw]
+    except KeyError:
+        pass
+    d = Path(raw or _default_dir())
+    try:
+        d.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=d, prefix=".probe-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        with _lock:
+            _dirs[raw] = None
+        _disable(d, _why(e))
+        return None
+    with _lock:
+        if len(_dirs) > 64:
+            _dirs.clear()
+        _dirs[raw] = d
     return d
 
 
+def _write_atomic(path: Path, text: str) -> None:
+    """``text`` into ``path``: a unique temporary file next to it (O_EXCL, mode 0600), fsynced,
+    then renamed over ``path``."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    with contextlib.suppress(OSError):                 # the rename itself survives a crash once the directory is synced
+        dfd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+
+
+def save_failed_source(stem: str, suffix: str, src: str) -> str:
+    """Keep the source of a kernel that failed to compile, for the CompileError's message: returns
+    ``"was written to PATH"`` (``<cache>/failed/``, or the system temp directory when caching is
+    off) or ``"could not be written (why)"``. Writing it never raises: it must not hide the
+    compile error."""
+    name = f"{stem}-{hashlib.sha256(src.encode()).hexdigest()[:12]}{suffix}"
+    try:
+        d = cache_dir()
+    except Exception:                 # e.g. its CacheWarning turned into an error by a warnings filter
+        d = None
+    err = "caching is off"
+    if d is not None:
+        try:
+            (d / "failed").mkdir(mode=0o700, exist_ok=True)
+            path = d / "failed" / name
+            _write_atomic(path, src)
+            return f"was written to {path}"
+        except OSError as e:
+            err = _why(e)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f"eqgrad-failed-{stem}-", suffix=suffix)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(src)
+        return f"was written to {tmp}"
+    except OSError as e:
+        return f"could not be written ({err}; {_why(e)})"
+
+
+Check = Callable[[Any], "str | None"]
+
+
 class JsonCache:
-    def __init__(self, name: str, version: int):
-        self.name, self.version = name, version
+    """One versioned JSON file of entries. ``check(value)`` says why an entry read from disk is bad
+    (None when it is good): bad entries are dropped with one CacheWarning naming the file."""
+
+    def __init__(self, name: str, version: int, check: Check | None = None):
+        self.name, self.version, self.check = name, version, check
         # the last parse, keyed by (file, mtime, size, inode): realize() consults the calibrations on every
         # call, so an unchanged file is not read again (a rewrite, by any process, is seen)
         self._memo: tuple[Any, dict[str, Any]] = (None, {})
+        self._file: tuple[Any, str] = (None, "")
 
     @property
     def path(self) -> Path:
-        return cache_dir() / f"{self.name}.json"
+        return _directory() / f"{self.name}.json"
 
     def load(self) -> dict[str, Any]:
-        """The entries (a fresh dict the caller may change)."""
-        f = os.path.join(os.environ.get("EQGRAD_CACHE_DIR") or _default_dir(), f"{self.name}.json")
+        """The good entries (a fresh dict the caller may change); none when caching is off."""
+        d = cache_dir()
+        if d is None:
+            return {}
+        if self._file[0] is not d:
+            self._file = (d, str(d / f"{self.name}.json"))
+        f = self._file[1]
         try:
             st = os.stat(f)
         except OSError:
             return {}
         stamp = (f, st.st_mtime_ns, st.st_size, st.st_ino)
         if self._memo[0] != stamp:
-            self._memo = (stamp, self._parse(f))
+            self._memo = (stamp, self._parse(f, stamp))
         return dict(self._memo[1])
 
-    def _parse(self, f: str) -> dict[str, Any]:
+    def _parse(self, f: str, stamp: Any) -> dict[str, Any]:
+        def bad(why: str) -> dict[str, Any]:
+            _warn_once(("file", stamp), f"eqgrad: ignored the cache file {f}: {why} (it is rewritten on the next store)")
+            return {}
         try:
             with open(f) as fh:
                 data = json.loads(fh.read())
-            if not isinstance(data, dict) or data.get("version") != self.version:
-                return {}
-            entries = data.get("entries", {})
-            return entries if isinstance(entries, dict) else {}
-        except (OSError, ValueError):
-            return {}
+        except OSError as e:
+            return bad(f"cannot be read ({_why(e)})")
+        except ValueError as e:
+            return bad(f"not valid JSON ({e})")
+        if not isinstance(data, dict):
+            return bad(f"expected a JSON object with 'version' and 'entries', got {type(data).__name__}")
+        if data.get("version") != self.version:
+            return {}                         # another eqgrad version's file: not an error
+        entries = data.get("entries", {})
+        if not isinstance(entries, dict):
+            return bad(f"expected 'entries' to be an object, got {type(entries).__name__}")
+        if self.check is None:
+            return entries
+        good, rejected = {}, []
+        for k, v in entries.items():
+            why = self.check(v)
+            if why is None:
+                good[k] = v
+            else:
+                rejected.append(f"{k!r}: {why}")
+        if rejected:
+            more = f" (and {len(rejected) - 3} more)" if len(rejected) > 3 else ""
+            _warn_once(("entries", stamp), f"eqgrad: ignored {len(rejected)} bad entr{'y' if len(rejected) == 1 else 'ies'} "
+                                           f"in the cache file {f}: {'; '.join(rejected[:3])}{more}")
+        return good
 
     def get(self, key: str, default: Any = None) -> Any:
         return self.load().get(key, default)
 
-    def put(self, key: str, value: Any) -> Path:
-        entries = self.load()
-        entries[key] = value
-        tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"version": self.version, "entries": entries}, indent=1))
-        os.replace(tmp, self.path)
-        return self.path
+    def put(self, key: str, value: Any) -> Path | None:
+        """Store one entry, merged under the lock with what other threads and processes stored; the
+        file's path, or None when caching is off (one CacheWarning says why)."""
+        d = cache_dir()
+        if d is None:
+            return None
+        path = d / f"{self.name}.json"
+        with _lock:
+            try:
+                d.mkdir(mode=0o700, parents=True, exist_ok=True)
+                lock_fd = os.open(d / f".{self.name}.json.lock", os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
+                try:
+                    if fcntl is not None:
+                        fcntl.flock(lock_fd, fcntl.LOCK_EX)
+                    try:
+                        st = os.stat(path)
+                        entries = self._parse(str(path), (str(path), st.st_mtime_ns, st.st_size, st.st_ino))
+                    except FileNotFoundError:
+                        entries = {}
+                    entries[key] = value
+                    _write_atomic(path, json.dumps({"version": self.version, "entries": entries}, indent=1))
+                    st = os.stat(path)
+                    self._memo = ((str(path), st.st_mtime_ns, st.st_size, st.st_ino), dict(entries))
+                finally:
+                    os.close(lock_fd)                 # releases the flock
+            except OSError as e:
+                _disable(d, _why(e))
+                return None
+        return path
+
+
+# ------------------------------------------------------------------ checks of entries read from disk
+
+def is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def check_fields(v: Any, positive: tuple[str, ...] = (), non_negative: tuple[str, ...] = (),
+                 strings: tuple[str, ...] = ()) -> str | None:
+    """Why ``v`` is not a dict with these finite number fields (> 0, >= 0) and string fields, or None."""
+    if not isinstance(v, dict):
+        return f"expected an object, got {type(v).__name__}"
+    for f in positive + non_negative:
+        if f not in v:
+            return f"missing {f!r}"
+        x = v[f]
+        if not is_number(x) or x < 0 or (f in positive and x == 0):
+            return f"expected {f!r} to be a finite number {'> 0' if f in positive else '>= 0'}, got {x!r}"
+    for f in strings:
+        if f not in v or not isinstance(v[f], str):
+            return f"expected {f!r} to be a string, got {v.get(f)!r}"
+    return None

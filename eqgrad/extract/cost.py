@@ -34,6 +34,7 @@ defaults. Users can replace the whole function: ``eqgrad.extract.using(cost_fn=m
 from __future__ import annotations
 
 import functools
+import math
 import os
 import platform
 import time
@@ -41,7 +42,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable
 
-from ..cache import JsonCache
+from ..cache import JsonCache, check_fields
 
 CALIBRATION_VERSION = 1
 
@@ -55,6 +56,17 @@ class DeviceParams:
     masked_read: float = 8.0      # flops charged per Pad evaluation inside a reduction loop (see above)
     row_fusion: bool = True       # reductions broadcast along trailing axes may share a kernel (below)
     source: str = "default"       # "default" or "calibrated <date>"
+
+    def __post_init__(self) -> None:
+        # a zero bandwidth or peak would divide by zero deep inside extraction: refuse it here
+        for f in ("launch", "bandwidth", "peak", "masked_read"):
+            x = getattr(self, f)
+            if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or x < 0 \
+                    or (x == 0 and f in ("bandwidth", "peak")):
+                raise ValueError(f"DeviceParams.{f}: expected a finite number {'> 0' if f in ('bandwidth', 'peak') else '>= 0'}, "
+                                 f"got {x!r}")
+        if isinstance(self.max_nodes, bool) or not isinstance(self.max_nodes, int) or self.max_nodes < 1:
+            raise ValueError(f"DeviceParams.max_nodes: expected an integer >= 1, got {self.max_nodes!r}")
 
 
 DEFAULT_PARAMS: dict[str, DeviceParams] = {
@@ -122,15 +134,21 @@ def machine_id() -> str:
     return f"{platform.node()}|{platform.machine()}|{cpu}|{os.cpu_count()}"
 
 
-CALIBRATIONS = JsonCache("calibration", CALIBRATION_VERSION)
+def _check_calibration(v: object) -> str | None:
+    """Why a stored calibration is unusable (a zero bandwidth would divide by zero), or None."""
+    return check_fields(v, positive=("bandwidth", "peak"), non_negative=("launch",))
+
+
+CALIBRATIONS = JsonCache("calibration", CALIBRATION_VERSION, check=_check_calibration)
 
 
 def load_calibrations() -> dict:
-    """Every stored calibration (a missing or corrupt file gives none; the next calibration rebuilds it)."""
+    """Every good stored calibration (a missing or corrupt file gives none, a bad entry is skipped, each
+    with one CacheWarning naming the file; the next calibration rewrites it)."""
     return CALIBRATIONS.load()
 
 
-def save_calibration(device: str, params: DeviceParams) -> Path:
+def save_calibration(device: str, params: DeviceParams) -> Path | None:
     return CALIBRATIONS.put(f"{device}|{machine_id()}", asdict(params))
 
 

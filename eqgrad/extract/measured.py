@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 from typing import Callable
 
-from ..cache import JsonCache
+from ..cache import JsonCache, check_fields
 from .cost import CostModel
 from .egraph import EGraph
 from .evaluate import Choice
@@ -27,7 +27,12 @@ def choice_signature(g: EGraph, choice: Choice, reachable: set[int]) -> str:
     return h.hexdigest()[:20]
 
 
-CACHE = JsonCache("measured", CACHE_VERSION)
+def _check_entry(v: object) -> str | None:
+    """Why a stored choice is unusable (not ``{"signature": str, "seconds": number >= 0}``), or None."""
+    return check_fields(v, non_negative=("seconds",), strings=("signature",))
+
+
+CACHE = JsonCache("measured", CACHE_VERSION, check=_check_entry)
 
 
 class MeasuredExtractor(ImproveExtractor):

@@ -28,7 +28,15 @@ CANDIDATES: list[tuple[int, int]] = [(16, 4), (16, 8), (32, 4), (8, 8), (32, 2),
                                      (32, 1), (16, 1), (8, 2), (8, 1), (4, 1), (0, 0)]
 
 
-CACHE = JsonCache("beam", CACHE_VERSION)
+def _check_entry(v: object) -> str | None:
+    """Why a stored pick is unusable (neither null, meaning the heuristic, nor one of CANDIDATES), or None."""
+    if v is None or (isinstance(v, list) and len(v) == 2 and all(type(x) is int for x in v)
+                     and tuple(v) in CANDIDATES):
+        return None
+    return f"expected null or one of the search's settings {[list(c) for c in CANDIDATES[:3]]}..., got {v!r}"
+
+
+CACHE = JsonCache("beam", CACHE_VERSION, check=_check_entry)
 
 
 def search_upcast(k: Kernel, plan: KernelPlan, width: int, time_limit: float,
