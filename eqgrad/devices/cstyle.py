@@ -7,7 +7,9 @@ The semantics mirror the LLVM renderer (``llvm.py``) exactly:
 - bools are ``bool`` in registers and one byte (0 or 1) in memory;
 - int32 ``+ * -x`` wrap around (computed in unsigned arithmetic: signed overflow is undefined in C);
 - ``IDIV``/``MOD`` of int32 give 0 for a zero divisor, and ``INT_MIN / -1`` wraps to ``INT_MIN``;
-  index arithmetic (64-bit) divides by positive constants only and stays plain C;
+  index arithmetic (64-bit) divides by positive constants only, with floor semantics: plain C
+  ``/ %`` where the loop IR marks the numerator non-negative (``loopir.NONNEG``), otherwise the
+  helpers ``floordiv_idx``/``floormod_idx``;
 - float ``MAX`` propagates NaN (NumPy's ``maximum``; C's ``fmax`` would drop it);
 - float -> int32 casts saturate and map NaN to 0 (LLVM's ``fptosi.sat``); float -> bool is ``!= 0``;
 - float constants are exact hex literals; division and sqrt are correctly rounded;
@@ -34,7 +36,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..lower.loopir import INDEX, LoopKernel
+from ..lower.loopir import INDEX, NONNEG, LoopKernel
 from .llvm import COS_POLY, EXP2_MAGIC, EXP2_POLY, LOG2_POLY, SIN_POLY, SIN_TABLE
 
 # ops the renderer implements (checked against the op table by tests/test_optable.py)
@@ -128,13 +130,16 @@ class CStyleRenderer:
         return name
 
     def helpers(self) -> dict[str, str]:
-        p, u, fmax = self.func_prefix, self.uint_type, self.math["FMAX"]
+        p, u, fmax, ix = self.func_prefix, self.uint_type, self.math["FMAX"], self.index_type
         return {
             # NaN-propagating maximum, like NumPy's maximum and LLVM's llvm.maximum
             "max_f32": f"{p} float max_f32(float a, float b) {{ return (a != a || b != b) ? a + b : {fmax}(a, b); }}",
             # truncating division with x / 0 = 0 and INT_MIN / -1 = INT_MIN (both undefined in C)
             "idiv_i32": f"{p} int idiv_i32(int a, int b) {{ return b == 0 ? 0 : b == -1 ? (int)(0u - ({u})a) : a / b; }}",
             "mod_i32": f"{p} int mod_i32(int a, int b) {{ return (b == 0 || b == -1) ? 0 : a % b; }}",
+            # floor division and modulo of an index by a positive constant (C's / and % truncate)
+            "floordiv_idx": f"{p} {ix} floordiv_idx({ix} a, {ix} b) {{ return a / b - (a % b < 0); }}",
+            "floormod_idx": f"{p} {ix} floormod_idx({ix} a, {ix} b) {{ {ix} r = a % b; return r < 0 ? r + b : r; }}",
             # saturating float -> int32 with NaN -> 0, like LLVM's fptosi.sat
             "f2i_sat": f"{p} int f2i_sat(float x) {{ return x != x ? 0 : x >= 0x1p+31f ? 2147483647 : "
                        f"x <= -0x1p+31f ? (-2147483647 - 1) : (int)x; }}",
@@ -213,7 +218,7 @@ class CStyleRenderer:
         u = self.uint_type
         return f"(int)(({u}){a} {op} ({u}){b})"
 
-    def alu(self, op: str, k: str, a: list[str]) -> str:
+    def alu(self, op: str, k: str, a: list[str], nonneg: bool = False) -> str:
         f, b, i32 = k == "float32", k == "bool", k == "int32"
         if op == "NEG":
             return f"-{a[0]}" if f or k == INDEX else f"!{a[0]}" if b else self.wrap("0", "-", a[0])
@@ -238,8 +243,10 @@ class CStyleRenderer:
         if op == "CMPEQ":
             return f"{a[0]} == {a[1]}"
         if op in ("IDIV", "MOD"):
-            if k == INDEX:           # index arithmetic divides by positive constants only
-                return f"{a[0]} {'/' if op == 'IDIV' else '%'} {a[1]}"
+            if k == INDEX:           # by positive constants only, floor semantics (loopir.py)
+                if nonneg:           # the numerator is proven >= 0: truncation is floor
+                    return f"{a[0]} {'/' if op == 'IDIV' else '%'} {a[1]}"
+                return f"{self._helper('floordiv_idx' if op == 'IDIV' else 'floormod_idx')}({a[0]}, {a[1]})"
             return f"{self._helper('idiv_i32' if op == 'IDIV' else 'mod_i32')}({a[0]}, {a[1]})"
         if op in ("AND", "OR", "XOR"):
             return f"{a[0]} {dict(AND='&', OR='|', XOR='^')[op]} {a[1]}"
@@ -447,7 +454,7 @@ class CStyleRenderer:
             else:
                 # the operand kind decides the operation (CMP* produce bool from any kind)
                 opk = kinds[x.src[1]] if x.op == "WHERE" else kinds[x.src[0]]
-                define(i, kd, self.alu(x.op, opk, [val[s] for s in x.src]))
+                define(i, kd, self.alu(x.op, opk, [val[s] for s in x.src], nonneg=x.arg == NONNEG))
         assert n_par_end == 0 and depth == 1, "unbalanced loops"
         params = ", ".join(self.param(i, _kind(d), w) for i, (_, d, w) in enumerate(k.params))
         helpers = self.helpers()

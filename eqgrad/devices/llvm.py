@@ -4,7 +4,9 @@ Renderer: ``render_llvm`` is a table from op to LLVM instructions (``ALU``), one
 of the op table (``tests/test_optable.py`` checks coverage). Values are SSA; loop counters and
 accumulators are ``alloca``s that LLVM's mem2reg promotes. Bools are ``i1`` in registers and
 ``i8`` in memory. Float constants are written as exact hex doubles. Integer division and modulo
-guard against division by zero (result 0) and INT_MIN / -1, which are undefined in LLVM.
+guard against division by zero (result 0) and INT_MIN / -1, which are undefined in LLVM. Index
+division is floor division (``sdiv``/``srem`` plus a fix-up of a negative remainder), or a bare
+``sdiv``/``srem`` where the loop IR marks the numerator non-negative (``loopir.NONNEG``).
 Sum accumulators carry the ``reassoc`` flag so LLVM may vectorize reductions (the summation order
 then differs from a sequential loop, within float tolerance).
 """
@@ -20,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from ..dtype import DType, bool_, float32, int32
-from ..lower.loopir import INDEX, LInst, LoopKernel
+from ..lower.loopir import INDEX, NONNEG, LInst, LoopKernel
 
 LT = {"float32": "float", "int32": "i32", "bool": "i1", INDEX: "i64"}     # register types
 MT = {"float32": "float", "int32": "i32", "bool": "i8"}                    # memory types
@@ -272,9 +274,15 @@ def _max(c: _Ctx, k: str, ty: str, a: str, b: str) -> str:
     return c(f"select i1 {c(f'icmp sgt {ty} {a}, {b}')}, {ty} {a}, {ty} {b}")
 
 
-def _div_guarded(c: _Ctx, ty: str, a: str, b: str, instr: str, index: bool) -> str:
-    if index:     # index arithmetic divides by positive constants only
-        return c(f"{instr} {ty} {a}, {b}")
+def _div_guarded(c: _Ctx, ty: str, a: str, b: str, instr: str, index: bool, nonneg: bool = False) -> str:
+    if index:     # index arithmetic divides by positive constants only, with floor semantics (loopir.py)
+        q = c(f"{instr} {ty} {a}, {b}")
+        if nonneg:               # the numerator is proven >= 0: truncation is floor
+            return q
+        r = q if instr == "srem" else c(f"srem {ty} {a}, {b}")
+        neg = c(f"icmp slt {ty} {r}, 0")            # a negative remainder: truncation rounded up
+        fixed = c(f"add {ty} {r}, {b}") if instr == "srem" else c(f"sub {ty} {q}, 1")
+        return c(f"select i1 {neg}, {ty} {fixed}, {ty} {q}")
     zero = c(f"icmp eq {ty} {b}, 0")
     m1 = c(f"icmp eq {ty} {b}, -1")
     bad = c(f"or i1 {zero}, {m1}")
@@ -303,7 +311,7 @@ def _cast(c: _Ctx, a: str, src: str, dst: str) -> str:
     return c(f"{'sext' if LT[dst] == 'i64' else 'trunc'} {ts} {a} to {td}")
 
 
-def _alu(c: _Ctx, op: str, k: str, ty: str, a: list[str], index: bool = False) -> str:
+def _alu(c: _Ctx, op: str, k: str, ty: str, a: list[str], index: bool = False, nonneg: bool = False) -> str:
     f, b = k == "float32", k == "bool"
     if op == "NEG":
         return c(f"fneg float {a[0]}") if f else c(f"xor i1 {a[0]}, true") if b else c(f"sub {ty} 0, {a[0]}")
@@ -330,9 +338,9 @@ def _alu(c: _Ctx, op: str, k: str, ty: str, a: list[str], index: bool = False) -
     if op == "CMPEQ":
         return c(f"fcmp oeq float {a[0]}, {a[1]}") if f else c(f"icmp eq {ty} {a[0]}, {a[1]}")
     if op == "IDIV":
-        return _div_guarded(c, ty, a[0], a[1], "sdiv", index)
+        return _div_guarded(c, ty, a[0], a[1], "sdiv", index, nonneg)
     if op == "MOD":
-        return _div_guarded(c, ty, a[0], a[1], "srem", index)
+        return _div_guarded(c, ty, a[0], a[1], "srem", index, nonneg)
     if op in ("AND", "OR", "XOR"):
         return c(f"{op.lower()} {ty} {a[0]}, {a[1]}")
     if op == "WHERE":
@@ -418,7 +426,8 @@ def render_llvm(k: LoopKernel) -> str:
         else:
             # ALU: the operand kind decides the instruction (CMP* produce bool from any kind)
             opk = kinds[x.src[1]] if x.op == "WHERE" else kinds[x.src[0]]
-            val[i] = _alu(c, x.op, opk, LT[opk], [val[s] for s in x.src], index=opk == INDEX)
+            val[i] = _alu(c, x.op, opk, LT[opk], [val[s] for s in x.src], index=opk == INDEX,
+                          nonneg=x.arg == NONNEG)
             kinds[i] = kd
     body = "\n".join(c.lines)
     return (f"; kernel {k.name}\n" + "\n".join(sorted(c.decls)) + "\n\n"

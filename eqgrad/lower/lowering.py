@@ -17,7 +17,7 @@ from typing import Any
 from ..dtype import DType, bool_
 from ..extract.plan import Kernel, KernelPlan, KNode
 from ..ops import numel, reduce_identity
-from .loopir import INDEX, LInst, LoopKernel
+from .loopir import INDEX, NONNEG, LInst, LoopKernel
 from .symbolic import Div, Lin, Mod, Var, substitute_free
 
 
@@ -78,11 +78,12 @@ class Lowerer:
         for atom, c in x.terms:
             if isinstance(atom, Var):
                 a = self.vars[atom.name]
-            elif isinstance(atom, Div):
-                a = self.emit("IDIV", INDEX, (self.index(atom.x), self.const(atom.d, INDEX)))
             else:
-                assert isinstance(atom, Mod)
-                a = self.emit("MOD", INDEX, (self.index(atom.x), self.const(atom.d, INDEX)))
+                assert isinstance(atom, (Div, Mod))
+                # floor semantics; truncating instructions only where the bounds prove x >= 0
+                sign = NONNEG if atom.x.bounds[0] >= 0 else None
+                a = self.emit("IDIV" if isinstance(atom, Div) else "MOD", INDEX,
+                              (self.index(atom.x), self.const(atom.d, INDEX)), sign)
             if c != 1:
                 a = self.emit("MUL", INDEX, (a, self.const(c, INDEX)))
             acc = a if acc is None else self.emit("ADD", INDEX, (acc, a))

@@ -6,8 +6,14 @@ An expression is a :class:`Lin`: ``const + sum(coef * atom)``, where an atom is 
 simplify with them -- e.g. ``(4*i + j) // 4 -> i`` and ``(4*i + j) % 4 -> j`` when ``0 <= j < 4``,
 which is what folding ``reshape`` chains into index expressions needs.
 
-Semantics are floor division and modulo. Renderers may emit truncating ops: indices are only
-negative in masked-out (padded) positions, whose loads are clamped and whose values are discarded.
+Semantics are floor division and modulo, for every sign. The simplifier keeps every ``Div``/``Mod``
+numerator non-negative: ``//`` splits its constant so the residual's lower bound is >= 0 (any
+split is exact under floor division, e.g. ``(2 - i) // 3`` with ``0 <= i <= 5`` becomes
+``(5 - i) // 3 - 1``), and ``%`` reduces coefficients and constant modulo the divisor. The
+lowering marks a division whose numerator's bounds prove it non-negative (``loopir.NONNEG``), and
+renderers emit the cheap truncating instruction only for those; any other index division is
+rendered as true floor division (a flipped or padded index is negative at in-bounds positions
+of intermediate expressions, so truncation toward zero would be wrong there).
 """
 from __future__ import annotations
 
@@ -134,7 +140,7 @@ class Lin:
                 quot[a] = c // d
             else:
                 rest[a] = c
-        q_const, r_const = divmod(self.const, d)
+        q_const, r_const = _split_constant(self.const, Lin._make(rest, 0).bounds[0], d)
         r = Lin._make(rest, r_const)
         rlo, rhi = r.bounds
         if rlo // d == rhi // d:
@@ -159,6 +165,14 @@ class Lin:
                 and r.terms[0][0].d % d == 0:
             return r.terms[0][0].x % d
         return Lin(((Mod(r, d), 1),), 0)
+
+
+def _split_constant(const: int, rest_lo: int, d: int) -> tuple[int, int]:
+    """``(q, r)`` with ``const = q * d + r`` and the smallest ``r`` that keeps a residual numerator
+    ``rest + r`` non-negative (``rest >= rest_lo``): the usual ``divmod`` when the rest is >= 0. Any
+    split is exact under floor division; this one also makes truncating division exact."""
+    r = -rest_lo + (const + rest_lo) % d
+    return (const - r) // d, r
 
 
 def substitute_free(x: Lin) -> set[str]:
