@@ -78,7 +78,25 @@ def _tune_experiment(args: argparse.Namespace) -> int:
     return 0
 
 
+def _fuzz_index(args: argparse.Namespace) -> int:
+    import random
+    from .fuzz_index import campaign
+    seed = args.seed if args.seed is not None else random.randrange(2**31)
+    devs = tuple(d for d in args.device.split(",") if d)
+    res = campaign(seed, args.count, devs, max_steps=args.steps, engine=args.engine,
+                   progress=(lambda i: print(f"  {i + 1} chains", file=sys.stderr, flush=True)
+                             if (i + 1) % 500 == 0 else None))
+    print(f"{res.count} random movement chains (seed {seed}) on loop IR{''.join(',' + d for d in devs)}"
+          f"{' (and the engine)' if args.engine else ''} in {res.seconds:.1f} s: "
+          f"{'no failures' if res.failure is None else f'FAILED after {res.first_failure_s:.2f} s'}")
+    if res.failure:
+        print(res.failure)
+    return 1 if res.failure else 0
+
+
 def _fuzz(args: argparse.Namespace) -> int:
+    if args.index:
+        return _fuzz_index(args)
     import time
     from hypothesis import HealthCheck, given, seed, settings
     from . import config
@@ -153,6 +171,11 @@ def main(argv: list[str] | None = None) -> int:
     fz.add_argument("--seed", type=int, default=None, help="seed of the program generator (reproducible run)")
     fz.add_argument("--no-validate", action="store_true",
                     help="skip plan validation against the op table (on by default, as in the tests)")
+    fz.add_argument("--index", action="store_true",
+                    help="fuzz index arithmetic instead: random movement chains lowered to loop IR and run by "
+                         "the loop-IR interpreter and each device (eqgrad/fuzz_index.py)")
+    fz.add_argument("--count", type=int, default=2000, help="with --index: how many chains")
+    fz.add_argument("--engine", action="store_true", help="with --index: also realize each chain through the engine")
     fz.set_defaults(fn=_fuzz)
     args = p.parse_args(argv)
     return args.fn(args)

@@ -203,3 +203,140 @@ def test_streaming_stores_for_large_elementwise_outputs():
     np.testing.assert_allclose(out[shift:shift + n], np.exp2(a * b + 1), rtol=1e-6)
     odd = n - 5                                                 # not a multiple of 16: plain stores
     np.testing.assert_allclose((Tensor(a[:odd]) * Tensor(b[:odd]) + 1).exp2().numpy(), np.exp2(a[:odd] * b[:odd] + 1), rtol=1e-6)
+
+
+# ------------------------------------------------------------------ index arithmetic for every sign (issue 12, item 1)
+
+def test_flip_after_a_reshape_that_merges_axes(device):
+    """The report's case: the index simplifier split the constant of (5 - i) // 3 so that the
+    division saw a negative numerator at in-bounds positions, and LLVM/OPENCL truncated it."""
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    np.testing.assert_array_equal(Tensor(a, device=device).reshape(6).flip(0).numpy(), a.reshape(6)[::-1])
+    b = np.arange(60, dtype=np.float32).reshape(3, 4, 5)
+    out = Tensor(b, device=device).reshape(12, 5).flip((0, 1)).reshape(6, 10).flip(1).pad(((1, 0), (0, 2)))
+    ref = np.pad(b.reshape(12, 5)[::-1, ::-1].reshape(6, 10)[:, ::-1], ((1, 0), (0, 2)))
+    np.testing.assert_array_equal(out.numpy(), ref)
+
+
+def test_division_numerators_are_kept_non_negative():
+    from eqgrad.lower.symbolic import Div, Mod
+    i = Lin.var("i", 6)
+    for x in ((Lin.num(5) - i) // 3, (Lin.num(2) - i * 2) // 4, (i * -1 + 1) % 3, (Lin.num(7) - i) // 2 * 5):
+        atoms = [a for a, _ in x.terms if isinstance(a, (Div, Mod))]
+        assert atoms and all(a.x.bounds[0] >= 0 for a in atoms), x
+    x = (Lin.num(5) - i) // 3          # and the value is still the floor division
+    (atom, coef), = x.terms
+    for v in range(6):
+        n = sum(c * v for _, c in atom.x.terms) + atom.x.const
+        assert n // 3 * coef + x.const == (5 - v) // 3
+
+
+def _floor_div_kernel(n: int, c: int, d: int):
+    """Loop IR by hand: out[i] = in[(i - c) // d + off] * 16 + in[(i - c) % d + d], index division
+    WITHOUT the NONNEG mark, over numerators from -c to n-1-c (in = arange, so out encodes both)."""
+    from eqgrad.dtype import int32
+    from eqgrad.lower.loopir import LInst, LoopKernel
+    off = -((-c) // d)
+    ix = "index"
+    insts = [LInst("PARAM", int32, (), 0), LInst("PARAM", int32, (), 1), LInst("RANGE", ix, (), n),
+             LInst("CONST", ix, (), -c), LInst("ADD", ix, (2, 3)), LInst("CONST", ix, (), d),
+             LInst("IDIV", ix, (4, 5)), LInst("MOD", ix, (4, 5)), LInst("CONST", ix, (), off),
+             LInst("ADD", ix, (6, 8)), LInst("LOAD", int32, (1, 9)), LInst("ADD", ix, (7, 5)),
+             LInst("LOAD", int32, (1, 11)), LInst("CONST", int32, (), 16), LInst("MUL", int32, (10, 13)),
+             LInst("ADD", int32, (14, 12)), LInst("STORE", None, (0, 2, 15)), LInst("ENDRANGE", None, (2,))]
+    lk = LoopKernel("eqk", [("b1", int32, True), ("b0", int32, False)], insts, parallel=1)
+    ref = np.array([((i - c) // d + off) * 16 + (i - c) % d + d for i in range(n)], np.int32)
+    return lk, ref
+
+
+@pytest.mark.parametrize("c,d", [(7, 3), (13, 4), (1, 7)])
+def test_index_division_is_floor_division_on_every_device(device, monkeypatch, c, d):
+    """An index IDIV/MOD without the NONNEG mark is floor division on every device (and in the
+    loop-IR interpreter), whatever the numerator's sign."""
+    from eqgrad.devices import Buffer, get_device
+    from eqgrad.lower import loopir, lowering
+    n = 20
+    lk, ref = _floor_div_kernel(n, c, d)
+    out = np.zeros(n, np.int32)
+    loopir.run(lk, [out, np.arange(n, dtype=np.int32)])
+    np.testing.assert_array_equal(out, ref)
+    if device == "NUMPY":
+        return                           # no loop IR on the NumPy device
+    x = Tensor(np.arange(n, dtype=np.int32), device=device)
+    cp, _ = engine.plan_for([(x + 1).lazydata])
+    monkeypatch.setattr(lowering, "lower_kernel", lambda k, plan, upcast=None: _floor_div_kernel(n, c, d)[0])
+    bufs = [Buffer.from_numpy(np.arange(n, dtype=np.int32), device), Buffer.empty((n,), eqgrad.int32, device)]
+    get_device(device).prepare(cp.plan)(bufs)
+    np.testing.assert_array_equal(bufs[1].numpy(), ref)
+
+
+def test_index_floor_division_renders_as_cuda_c():
+    from eqgrad.devices.cuda import CUDARenderer, compile_ptx, nvcc
+    from eqgrad.devices.opencl import OpenCLRenderer
+    lk, _ = _floor_div_kernel(20, 7, 3)
+    for src in (CUDARenderer().render(lk), OpenCLRenderer().render(lk)):
+        assert "floordiv_idx(" in src and "floormod_idx(" in src
+    if nvcc() is not None:
+        assert ".entry" in compile_ptx(CUDARenderer().render(lk))
+    lk.insts[6] = lk.insts[6].__class__("IDIV", "index", (4, 5), "nonneg")
+    assert "floordiv_idx(" not in CUDARenderer().render(lk)     # proven non-negative: plain C division
+
+
+def test_negative_numerators_are_still_right(device, monkeypatch):
+    """With the old constant split (negative numerators at in-bounds positions), the lowering
+    sees the negative bounds and every renderer emits floor division: still the right answer."""
+    from eqgrad.lower import symbolic
+    monkeypatch.setattr(symbolic, "_split_constant", lambda const, rest_lo, d: divmod(const, d))
+    engine.clear_cache()
+    try:
+        b = np.arange(60, dtype=np.float32).reshape(3, 4, 5)
+        out = Tensor(b, device=device).reshape(12, 5).flip((0, 1)).reshape(6, 10).flip(1) * 2
+        np.testing.assert_array_equal(out.numpy(), b.reshape(12, 5)[::-1, ::-1].reshape(6, 10)[:, ::-1] * 2)
+    finally:
+        engine.clear_cache()
+
+
+# ------------------------------------------------------------------ honest blame (issue 12, item 15)
+
+def _flip_program(device: str = "LLVM") -> Tensor:
+    a = np.arange(12, dtype=np.float32).reshape(3, 4)
+    return Tensor(a, device=device).reshape(4, 3).flip(0) * 2 + 1
+
+
+def test_validation_does_not_blame_rules_for_a_lowering_bug(monkeypatch):
+    """A lowering bug (here: flips forgotten) made a sound fusion rule look guilty, because the
+    plan without it happened not to hit the bug. The same plan is right on the NUMPY device, so
+    the error says the rules are innocent instead of naming them."""
+    from eqgrad.lower import lowering
+    real = lowering.Lowerer.move_index
+    monkeypatch.setattr(lowering.Lowerer, "move_index",
+                        lambda self, n, idx: idx if n.op == "FLIP" else real(self, n, idx))
+    engine.clear_cache()
+    try:
+        with eqgrad.Context(VALIDATE=1), pytest.raises(engine.ValidationError) as e:
+            _flip_program().realize()
+    finally:
+        engine.clear_cache()
+    msg = str(e.value)
+    assert "the mismatch is not caused by a rule: lowering or device" in msg
+    assert "same plan is right on the NUMPY reference device" in msg
+    assert "rules whose removal alone fixes it" not in msg
+
+
+def test_validation_without_a_guilty_rule_says_so(monkeypatch):
+    """When every plan is wrong, the rule-free one included, no rule is named either."""
+    from eqgrad.devices import numpy_device
+    real = numpy_device.eval_node
+
+    def broken(n, srcs, bufs):        # the NUMPY device forgets flips, the reference does not
+        return srcs[0] if n.op == "FLIP" else real(n, srcs, bufs)
+    monkeypatch.setattr(numpy_device, "eval_node", broken)
+    engine.clear_cache()
+    try:
+        with eqgrad.Context(VALIDATE=1), pytest.raises(engine.ValidationError) as e:
+            _flip_program("NUMPY").realize()
+    finally:
+        engine.clear_cache()
+    msg = str(e.value)
+    assert "the mismatch is not caused by a rule: lowering or device (the plan without any rule differs" in msg
+    assert "rules whose removal alone fixes it" not in msg
