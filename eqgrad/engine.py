@@ -301,21 +301,47 @@ def validate(targets: list[LazyBuffer], order: list[LazyBuffer], outs: list[Buff
     if not bad:
         return
     fired = sorted(k for k, v in cp.report.matches.items() if v and not k.startswith("shape-"))
-    culprits = blame_rules(targets, order, refs, rules, fired)
+    verdict = blame_rules(targets, order, refs, rules, fired, cp.plan, targets[0].device)
     raise ValidationError("the plan's result differs from the NumPy reference:\n  " + "\n  ".join(bad)
                           + f"\nrules that fired: {', '.join(fired) or '-'}"
-                          + f"\nrules whose removal alone fixes it: {', '.join(culprits) or 'none found'}\n"
+                          + f"\n{verdict}\n"
                           + cp.plan.describe())
 
 
+NOT_A_RULE = "the mismatch is not caused by a rule: lowering or device"
+
+
 def blame_rules(targets: list[LazyBuffer], order: list[LazyBuffer], refs: list[np.ndarray],
-                rules: RuleConfig, fired: list[str]) -> list[str]:
-    """Re-plan the program without each fired rule in turn; the rules whose removal alone makes the
-    NumPy device agree with the reference (named with file:line). Only runs on a failed validation."""
+                rules: RuleConfig, fired: list[str], plan: KernelPlan | None = None,
+                device: str = "NUMPY") -> str:
+    """Who is to blame for a failed validation, as one line. Only runs on a failed validation.
+
+    Rules only choose the plan, so first the failing ``plan`` itself runs on the NumPy device,
+    which evaluates kernel bodies with the op table's references (no lowering, no renderer): when
+    it is right there, the plan is sound and no rule is to blame -- ``device``'s lowering or
+    runtime computes it wrong (a sound fusion rule may merely have made the kernel that exposes
+    it; re-planning without it would "fix" the result and blame an innocent rule). Otherwise the
+    program is re-planned without each fired rule in turn, and a rule whose removal alone makes
+    the NumPy device agree with the reference is named (with file:line); when none does, the plan
+    without any rule (the unoptimized graph, as ``EQGRAD_OPT=0``) tells "several rules together"
+    from "not a rule at all"."""
     from .devices.numpy_device import NumpyDevice
     from .rules.rulebook import without_rule
     prog = emit_program(targets, order)
     specs = [(lb.shape, lb.dtype) for lb in prog.inputs]
+
+    def right_on_numpy(p: KernelPlan) -> bool:
+        bufs = [lb.buffer.to("NUMPY") for lb in prog.inputs] + [Buffer.empty(s, d, "NUMPY") for s, d in p.buffers[len(specs):]]
+        NumpyDevice().prepare(p)(bufs)
+        return not _matches(targets, refs, [bufs[o].data for o in p.outputs])
+
+    def plan_of(g: EGraph) -> KernelPlan:
+        res = make_extractor("greedy", g, "NUMPY", specs).extract()
+        return build_plan(g, res.choice, specs, res.evaluation.kernels)
+
+    if plan is not None and device != "NUMPY" and right_on_numpy(plan):
+        return (f"{NOT_A_RULE} (the same plan is right on the NUMPY reference device, so {device}'s "
+                f"lowering or runtime computes it wrong; no rule is blamed)")
     out = []
     for name in fired:
         cfg, where = without_rule(rules, name)
@@ -324,11 +350,11 @@ def blame_rules(targets: list[LazyBuffer], order: list[LazyBuffer], refs: list[n
         js, rep = default_saturator().run(prog.text, rules=cfg)
         if js is None:
             continue
-        g = from_json(js, prog.roots)
-        res = make_extractor("greedy", g, "NUMPY", specs).extract()
-        plan = build_plan(g, res.choice, specs, res.evaluation.kernels)
-        bufs = [lb.buffer.to("NUMPY") for lb in prog.inputs] + [Buffer.empty(s, d, "NUMPY") for s, d in plan.buffers[len(specs):]]
-        NumpyDevice().prepare(plan)(bufs)
-        if not _matches(targets, refs, [bufs[o].data for o in plan.outputs]):
+        if right_on_numpy(plan_of(from_json(js, prog.roots))):
             out.append(f"{name} ({where})")
-    return out
+    if out:
+        return f"rules whose removal alone fixes it: {', '.join(out)}"
+    if not right_on_numpy(plan_of(from_lazy(targets, order, prog.inputs))):
+        return f"{NOT_A_RULE} (the plan without any rule differs from the reference too)"
+    return ("rules whose removal alone fixes it: none found (the plan without any rule is right: "
+            "several rules together cause it)")
