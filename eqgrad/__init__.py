@@ -5,7 +5,8 @@
     [4.0, 6.0]
 """
 from .config import Context
-from .dtype import bool_, float32, int32, DType
+from .dtype import bool_, float32, int32, DType, ConversionWarning
+from .cache import CacheWarning
 from .engine import EqgradWarning, GlobalCounters
 from .errors import AxisError, CompileError, DeviceError, DTypeError, EqgradError, ShapeError
 from .extract.explain import explain
@@ -20,7 +21,8 @@ from . import nn, optim
 bool = bool_  # noqa: A001  (eqgrad.bool, as torch.bool)
 
 __all__ = ["Tensor", "Context", "explain", "GlobalCounters", "manual_seed", "DType", "float32", "int32", "bool_",
-           "EqgradError", "ShapeError", "DTypeError", "AxisError", "DeviceError", "EqgradWarning"]
+           "EqgradError", "ShapeError", "DTypeError", "AxisError", "DeviceError", "EqgradWarning",
+           "ConversionWarning", "CacheWarning"]
 __all__ += ["realize", "no_grad", "enable_grad", "set_grad_enabled", "is_grad_enabled", "jit", "nn", "optim",
             "AutogradError", "JitError", "CompileError"]
 __version__ = "0.1.0"
