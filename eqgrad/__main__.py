@@ -50,7 +50,9 @@ def _tune_calibrate(args: argparse.Namespace) -> int:
     print(f"{args.device}: launch {params.launch * 1e6:.1f} us, bandwidth {params.bandwidth / 1e9:.1f} GB/s, "
           f"peak {params.peak / 1e9:.1f} GFLOP/s")
     if not args.dry_run:
-        print(f"saved to {save_calibration(args.device, params)}")
+        where = save_calibration(args.device, params)
+        print(f"saved to {where}" if where is not None else
+              "not saved: the cache directory is unusable (see the warning above; EQGRAD_CACHE_DIR)")
     return 0
 
 
