@@ -68,6 +68,7 @@ class Tensor:
         want = dt.to_dtype(dtype) if dtype is not None else None
         if isinstance(data, (bool, int, float, np.bool_, np.integer, np.floating)) and not isinstance(data, np.ndarray):
             d = want or dt.scalar_dtype(data)
+            data = dt.convert_scalar(data, d, "Tensor()")     # exact, float32-rounded, or an error
             if not requires_grad:       # a parameter needs a buffer of its own (optimizers assign to it)
                 self.lazydata = LazyBuffer.const(data, (), d, device)
                 return
@@ -77,7 +78,9 @@ class Tensor:
                 arr = np.array(data)
             except ValueError:
                 raise ShapeError(f"Tensor(): nested lists must be rectangular, got {data!r:.80}") from None
-            if arr.dtype == object:
+            if arr.dtype == object:     # NumPy keeps ints beyond int64 as objects
+                arr = dt.numbers_from_objects(arr, want, "Tensor()")
+            if arr is None:
                 raise ShapeError(f"Tensor(): nested lists must be rectangular, got {data!r:.80}")
             if arr.size == 0 and want is None:
                 arr = arr.astype(np.float32)
@@ -90,7 +93,11 @@ class Tensor:
         d = want or dt.to_dtype(arr.dtype)
         if arr.ndim > MAX_RANK:
             raise ShapeError(f"Tensor(): at most {MAX_RANK} dimensions, got shape {arr.shape}")
-        self.lazydata = LazyBuffer.from_buffer(Buffer.from_numpy(arr.astype(d.np, copy=False), device))
+        source = "Python list" if isinstance(data, (list, tuple)) else ""
+        # a NumPy array that loses precision without an explicit dtype= warns once (ConversionWarning);
+        # Python numbers round to float32 silently, as weak scalars do in NumPy and torch
+        warn = want is None and isinstance(data, np.ndarray)
+        self.lazydata = LazyBuffer.from_buffer(Buffer.from_numpy(dt.convert_array(arr, d, "Tensor()", source, warn), device))
         if requires_grad:
             self.requires_grad_()
 
@@ -269,6 +276,7 @@ class Tensor:
         if any(s < 0 for s in shape):
             raise ShapeError(f"full(): negative dimension in shape {shape}")
         d = dt.to_dtype(dtype) if dtype is not None else dt.scalar_dtype(fill_value)
+        fill_value = dt.convert_scalar(fill_value, d, "full()")
         return Tensor(LazyBuffer.const(fill_value, shape, d, canonical_device(device)))
 
     @staticmethod
@@ -297,7 +305,11 @@ class Tensor:
             raise ValueError("arange(): step must not be zero")
         d = dt.to_dtype(dtype) if dtype is not None else \
             (float32 if any(isinstance(v, float) for v in (start, stop, step)) else int32)
-        return Tensor(np.arange(start, stop, step).astype(d.np), device=device)
+        if d is int32 and all(isinstance(v, (int, np.integer)) for v in (start, stop, step)):
+            r = range(int(start), int(stop), int(step))    # check the ends before NumPy makes int64s
+            for v in (r[0], r[-1]) if len(r) else ():
+                dt.convert_scalar(v, d, "arange()")
+        return Tensor(np.arange(start, stop, step), dtype=d, device=device)
 
     @staticmethod
     def eye(n: int, m: int | None = None, dtype: Any = float32, device: str | None = None) -> "Tensor":
@@ -377,7 +389,7 @@ class Tensor:
             if isinstance(other, float) and not math.isfinite(other) and d is not float32:
                 raise DTypeError(f"{op}: cannot use non-finite {other} with a {self.dtype.name} tensor")
             a = self.cast(d)
-            b = Tensor(LazyBuffer.const(other, self.shape, d, self.device))
+            b = Tensor(LazyBuffer.const(dt.convert_scalar(other, d, op), self.shape, d, self.device))
         elif isinstance(other, (list, np.ndarray)):
             return self._operands(Tensor(other, device=self.device), op, reverse)
         else:
@@ -436,7 +448,7 @@ class Tensor:
                 and not isinstance(other, bool):
             if other < 0:
                 raise ValueError(f"pow: integers to negative integer powers are not allowed (got {other})")
-            return self._int_pow(Tensor.full(self.shape, int(other), int32, self.device))
+            return self._int_pow(Tensor.full(self.shape, dt.convert_scalar(other, int32, "pow"), int32, self.device))
         if not reverse and isinstance(other, (int, np.integer)) and not isinstance(other, bool) and abs(other) <= 4:
             # NOTE: small integer powers by repeated multiplication: exact, and right for negative bases
             if other == 0:
@@ -505,13 +517,19 @@ class Tensor:
             y, x = y._operands(x, "where")
         else:
             d = dt.promote(dt.scalar_dtype(x), dt.scalar_dtype(y))
-            x, y = Tensor.full(cond.shape, x, d, cond.device), Tensor.full(cond.shape, y, d, cond.device)
+            x, y = (Tensor.full(cond.shape, dt.convert_scalar(v, d, "where"), d, cond.device) for v in (x, y))
         shape = _broadcast_shape(_broadcast_shape(cond.shape, x.shape, "where"), y.shape, "where")
         cond, x, y = cond._expand_to(shape), x._expand_to(shape), y._expand_to(shape)
         return cond._apply("WHERE", x, y)
 
     def clip(self, min_: Any = None, max_: Any = None) -> "Tensor":
         out = self
+        # NOTE: a scalar bound beyond the dtype's range on the side where it cannot bind (an int32
+        # clipped to 2**40) leaves the values as they are, as NumPy 2; on the other side it raises.
+        if isinstance(min_, dt.PY_SCALARS) and dt.beyond_range(min_, dt.result_with_scalar(out.dtype, min_)) < 0:
+            out, min_ = out.cast(dt.result_with_scalar(out.dtype, min_)), None
+        if isinstance(max_, dt.PY_SCALARS) and dt.beyond_range(max_, dt.result_with_scalar(out.dtype, max_)) > 0:
+            out, max_ = out.cast(dt.result_with_scalar(out.dtype, max_)), None
         if min_ is not None:
             out = out.maximum(min_)
         if max_ is not None:
@@ -707,23 +725,56 @@ class Tensor:
         return self * self.hardsigmoid()
 
     # comparisons (NaN compares false except !=, as in NumPy)
+    def _compare_beyond_range(self, other: Any, op: str) -> "Tensor | None":
+        """``x <op> v`` for a Python scalar v beyond every finite value of the dtype the comparison
+        runs in (``int32_x < 2**40``): the exact answer, as NumPy 2 gives, instead of comparing
+        with a wrapped or overflowed v. Such a v compares like "just past the largest (smallest)
+        finite value": ``x < 2**40`` is ``x <= INT32_MAX`` (all true), ``f32_x > 1e300`` is
+        ``x > FLOAT32_MAX`` (only +inf), and ``==`` is all false. None for any other operand.
+
+            >>> (Tensor([1, -5]) < 2**40).tolist(), (Tensor([1, -5]) == -2**40).tolist()
+            ([True, True], [False, False])
+        """
+        if not isinstance(other, dt.PY_SCALARS):
+            return None
+        d = dt.result_with_scalar(self.dtype, other)
+        side = dt.beyond_range(other, d)
+        if not side:
+            return None
+        if op == "eq":
+            return Tensor.full(self.shape, False, bool_, self.device)
+        x, (lo, hi) = self.cast(d), dt.finite_range(d)
+        if op in ("lt", "le"):
+            return x <= hi if side > 0 else x < lo
+        return x > hi if side > 0 else x >= lo
+
     def __lt__(self, other: Any) -> "Tensor":
+        if (folded := self._compare_beyond_range(other, "lt")) is not None:
+            return folded
         a, b = self._operands(other, "lt")
         return a._alu("CMPLT", b)
 
     def __gt__(self, other: Any) -> "Tensor":
+        if (folded := self._compare_beyond_range(other, "gt")) is not None:
+            return folded
         a, b = self._operands(other, "gt")
         return b._alu("CMPLT", a)
 
     def __le__(self, other: Any) -> "Tensor":
+        if (folded := self._compare_beyond_range(other, "le")) is not None:
+            return folded
         a, b = self._operands(other, "le")
         return a._alu("CMPLT", b) | a._alu("CMPEQ", b)
 
     def __ge__(self, other: Any) -> "Tensor":
+        if (folded := self._compare_beyond_range(other, "ge")) is not None:
+            return folded
         a, b = self._operands(other, "ge")
         return b._alu("CMPLT", a) | a._alu("CMPEQ", b)
 
     def __eq__(self, other: Any) -> "Tensor":  # type: ignore[override]
+        if (folded := self._compare_beyond_range(other, "eq")) is not None:
+            return folded
         a, b = self._operands(other, "eq")
         return a._alu("CMPEQ", b)
 
