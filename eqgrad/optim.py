@@ -27,7 +27,7 @@ import numpy as np
 
 from .errors import DTypeError
 from .frontend.autograd import set_grad_enabled
-from .frontend.tensor import Tensor, realize
+from .frontend.tensor import Tensor, pending_assigns, realize
 
 
 def _scalar(v: float, device: str) -> Tensor:
@@ -36,7 +36,8 @@ def _scalar(v: float, device: str) -> Tensor:
 
 class Optimizer:
     """Base class. ``params``: tensors that require a gradient are updated; the others (buffers,
-    e.g. BatchNorm's running statistics) are realized with every step."""
+    e.g. BatchNorm's running statistics) are realized with every step, and so is every other
+    tensor with a pending ``assign`` (state a forward pass wrote, given to the optimizer or not)."""
 
     def __init__(self, params: Iterable[Tensor], lr: float):
         ts = list({id(p): p for p in params}.values())
@@ -69,11 +70,13 @@ class Optimizer:
             p.grad = None
 
     def schedule_step(self) -> list[Tensor]:
-        """Assign the updates (lazily) and return every tensor the step must realize."""
+        """Assign the updates (lazily) and return every tensor the step must realize: parameters,
+        state, gradients, buffers, and every pending assign (e.g. running statistics of a model
+        whose optimizer was given ``model.parameters()`` only), so no state's graph grows."""
         with set_grad_enabled(False):
             live = [p for p in self.params if p.grad is not None]
             self._update(live)
-        return [*self.params, *self.state, *[p.grad for p in live], *self.buffers]
+        return [*self.params, *self.state, *[p.grad for p in live], *self.buffers, *pending_assigns()]
 
     def step(self, *also: Tensor) -> None:
         """Realize the update together with ``also`` (e.g. the loss) as one program."""

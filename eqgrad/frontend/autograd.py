@@ -37,8 +37,9 @@ class Ctx:
     op: str
     arg: Any
     parents: tuple["Tensor", ...]          # the source tensors (where gradients flow)
-    srcs: tuple[LazyBuffer, ...]           # their values at the time (a later assign re-points tensors)
-    out: LazyBuffer
+    srcs: tuple[LazyBuffer, ...]           # their values at the time (snapshots: a later assign does not change them)
+    out: LazyBuffer | None
+    freed: bool = False                    # a backward() without retain_graph went through it: released
 
 
 class _GradMode:
@@ -76,7 +77,8 @@ def enable_grad() -> contextlib.AbstractContextManager:
 
 
 def _graph(root: "Tensor") -> list["Tensor"]:
-    """Tensors reachable from ``root`` through Ctx records that require a gradient, sources first."""
+    """Tensors reachable from ``root`` through Ctx records that require a gradient, sources first.
+    Raises when a record was released by an earlier ``backward()`` (as torch does)."""
     order: list[Tensor] = []
     seen: set[int] = set()
     stack: list[tuple[Tensor, bool]] = [(root, False)]
@@ -89,16 +91,26 @@ def _graph(root: "Tensor") -> list["Tensor"]:
             continue
         seen.add(id(t))
         stack.append((t, True))
+        if t._ctx is not None and t._ctx.freed:
+            raise AutogradError(
+                f"backward(): trying to backward through the graph a second time (through a "
+                f"{t._ctx.op.lower()} whose record the first backward() released); pass "
+                "retain_graph=True to the first backward() to backward through the graph again")
         if t._ctx is not None:
             stack.extend((p, False) for p in t._ctx.parents if p.requires_grad and id(p) not in seen)
     return order
 
 
-def backward(root: "Tensor", gradient: LazyBuffer) -> None:
-    """Accumulate d(root)/d(leaf) * gradient into ``.grad`` of every leaf that requires it."""
+def backward(root: "Tensor", gradient: LazyBuffer, retain_graph: bool = False) -> None:
+    """Accumulate d(root)/d(leaf) * gradient into ``.grad`` of every leaf that requires it.
+
+    Without ``retain_graph`` the records it went through are released afterwards (as torch frees
+    the graph): a second backward through any of them raises instead of accumulating again.
+    """
     from .tensor import Tensor
     grads: dict[int, LazyBuffer] = {id(root): gradient}
-    for t in reversed(_graph(root)):
+    graph = _graph(root)
+    for t in reversed(graph):
         g = grads.pop(id(t), None)
         if g is None:
             continue
@@ -118,3 +130,8 @@ def backward(root: "Tensor", gradient: LazyBuffer) -> None:
                                     f"its source has {p.shape}")
             prev = grads.get(id(p))
             grads[id(p)] = sg if prev is None else prev.alu("ADD", sg)
+    if not retain_graph:
+        for t in graph:
+            ctx = t._ctx
+            if ctx is not None:
+                t._ctx = Ctx(ctx.op, ctx.arg, (), (), None, freed=True)

@@ -5,12 +5,24 @@ other LazyBuffers. ``Tensor`` methods build these; ``realize`` hands the pending
 engine, after which the LazyBuffer turns into a ``BUF`` and forgets its sources, so old graphs
 can be freed.
 
+Value semantics of in-place writes (``Tensor.assign``): a realized LazyBuffer is *storage* -- the
+tensor that owns it and its aliases (``detach()``) hold it, and a committed assign re-points it to
+the new value's buffer. A graph node never reads storage directly: when a node is built over a
+realized source it reads a **snapshot** of it instead (:meth:`LazyBuffer.snapshot`: a ``BUF`` with
+the same buffer, frozen, cached per version), so a later assign to the storage does not change a
+value that was built from the old one (copy-on-write: the old buffer lives as long as a graph
+reads it). A node that was read by other nodes while it was still pending is marked ``read``;
+it must not change its buffer after it is realized either, so an assign to a tensor holding
+such a node moves the tensor to new storage instead (``Tensor._commit_assign``).
+
 Constructors here validate with the op table and raise :class:`eqgrad.ops.OpError`; the Tensor
 layer validates user input first and words errors for the user.
 """
 from __future__ import annotations
 
 from typing import Any
+
+import weakref
 
 import numpy as np
 
@@ -19,14 +31,19 @@ from ..ops import MAX_RANK, OPS, OpError, Shape, check_dtypes, numel
 
 
 class LazyBuffer:
-    __slots__ = ("op", "src", "arg", "shape", "dtype", "device", "buffer", "__weakref__")
+    __slots__ = ("op", "src", "arg", "shape", "dtype", "device", "buffer", "base", "read", "_snap", "__weakref__")
 
     def __init__(self, op: str, src: tuple["LazyBuffer", ...], arg: Any, shape: Shape, dtype: DType,
                  device: str, buffer: Any = None):
         if len(shape) > MAX_RANK:
             raise OpError(f"{op.lower()}: tensors have at most {MAX_RANK} dimensions, got shape {shape}")
+        if src:
+            src = tuple(freeze(s) for s in src)
         self.op, self.src, self.arg, self.shape, self.dtype, self.device = op, src, arg, shape, dtype, device
         self.buffer = buffer
+        self.base: "weakref.ref[LazyBuffer] | None" = None   # a snapshot: the storage it froze
+        self.read = False                                      # a node read it while it was pending
+        self._snap: LazyBuffer | None = None                   # the snapshot of the current buffer
 
     def __repr__(self) -> str:
         return f"<LB {self.op} {self.shape} {self.dtype.name} {self.device}>"
@@ -38,6 +55,30 @@ class LazyBuffer:
     @property
     def numel(self) -> int:
         return numel(self.shape)
+
+    @property
+    def is_snapshot(self) -> bool:
+        return self.base is not None
+
+    def snapshot(self) -> "LazyBuffer":
+        """This realized buffer's current value, frozen: a later ``set_buffer`` (a committed
+        assign) does not change what the snapshot reads. One snapshot per buffer version, so a
+        graph that reads a tensor twice has one input."""
+        if self.base is not None:
+            return self
+        snap = self._snap
+        if snap is None or snap.buffer is not self.buffer:
+            snap = LazyBuffer("BUF", (), None, self.shape, self.dtype, self.device, self.buffer)
+            snap.base = weakref.ref(self)
+            self._snap = snap
+        return snap
+
+    def set_buffer(self, buffer: Any) -> None:
+        """Re-point realized storage to a new buffer (a committed assign, a JIT replay). Graphs
+        built before read snapshots and keep the old buffer."""
+        if self.base is not None:
+            raise AssertionError("internal: a snapshot's buffer never changes")
+        self.buffer, self._snap = buffer, None
 
     # ------------------------------------------------------------------ creation
     @staticmethod
@@ -109,6 +150,15 @@ class LazyBuffer:
         if self.op == op and op in ("RESHAPE", "EXPAND"):
             return self.src[0].movement(op, arg)
         return LazyBuffer(op, (self,), arg, new_shape, self.dtype, self.device)
+
+
+def freeze(src: LazyBuffer) -> LazyBuffer:
+    """What a node built now over ``src`` reads: a snapshot of realized storage (its current
+    value); a pending node is marked ``read`` (its identity is now part of a graph)."""
+    if src.op == "BUF":
+        return src.snapshot()
+    src.read = True
+    return src
 
 
 def toposort(roots: list[LazyBuffer]) -> list[LazyBuffer]:

@@ -8,6 +8,7 @@ what it expected and what it got.
 from __future__ import annotations
 
 import math
+import weakref
 from typing import Any, Iterable, Sequence
 
 import numpy as np
@@ -18,7 +19,7 @@ from ..dtype import DType, bool_, float32, int32
 from ..errors import AutogradError, AxisError, DeviceError, DTypeError, ShapeError
 from ..ops import MAX_RANK, OPS
 from . import autograd
-from .lazy import LazyBuffer
+from .lazy import LazyBuffer, freeze
 
 Scalar = int | float | bool
 LOG2_E = 1.0 / math.log(2.0)
@@ -172,15 +173,20 @@ class Tensor:
         """Write ``value`` into this tensor in place (broadcast and cast to its shape and dtype).
 
         Lazy like everything else: the tensor reads as ``value`` at once, and the write happens when
-        it is realized (an optimizer step realizes all its parameters in one program). The new value
-        is computed into a fresh buffer, and the tensor's realized LazyBuffer is re-pointed to that
-        buffer, so everything that shares it (``detach()``, the JIT's bindings, graphs built before
-        and realized after) sees the new value -- the semantics of an in-place write. No gradient
-        flows through an assign (as torch's in-place updates under ``no_grad``). See docs/training.md.
+        it is realized (an optimizer step realizes all its parameters, and every other pending
+        assign, in one program). The new value is computed into a fresh buffer, and the tensor's
+        realized storage is re-pointed to that buffer, so what shares it (``detach()``, the JIT's
+        bindings) sees the new value. A tensor computed from the old value keeps the old value,
+        even when it is realized after the write (graphs read snapshots: ``frontend/lazy.py``).
+        No gradient flows through an assign (as torch's in-place updates under ``no_grad``). See
+        docs/training.md.
 
             >>> w = Tensor([1.0, 2.0])
-            >>> w.assign(w * 10).tolist()
-            [10.0, 20.0]
+            >>> old = w * 10
+            >>> w.assign(w * 10).tolist(), old.tolist()
+            ([10.0, 20.0], [10.0, 20.0])
+            >>> w.assign(w + 1).tolist(), old.tolist()
+            ([11.0, 21.0], [10.0, 20.0])
         """
         v = value if isinstance(value, Tensor) else Tensor(value, dtype=self.dtype, device=self.device)
         if v.device != self.device:
@@ -195,21 +201,32 @@ class Tensor:
                                  f"does not broadcast to the tensor's shape {self.shape}")
         if v.dtype != self.dtype:
             v = v.cast(self.dtype)
-        if self._assign_dst is None and self.lazydata.realized:
+        if self._assign_dst is not None and _pending_assigns.chain(self) >= MAX_PENDING_ASSIGNS:
+            realize(self)          # bound the graph of state written again and again before a realize
+        if self._assign_dst is None and self.lazydata.realized and not self.lazydata.is_snapshot:
             self._assign_dst = self.lazydata
         self.lazydata, self._ctx = v.lazydata, None
+        if self._assign_dst is not None:
+            _pending_assigns.add(self)
         return self
 
     def _commit_assign(self) -> None:
-        """After realize: re-point the assigned LazyBuffer to the buffer of the new value."""
+        """After realize: re-point the assigned storage to the buffer of the new value."""
         dst, src = self._assign_dst, self.lazydata
         self._assign_dst = None
+        _pending_assigns.discard(self)
         if dst is src:
             return
-        dst.buffer = src.buffer
+        if dst.read:
+            # graphs built while ``dst`` was still pending read it directly (not a snapshot): its
+            # buffer must not change, so this tensor moves to new storage instead (copy-on-write)
+            dst, old = LazyBuffer.from_buffer(src.buffer), None
+        else:
+            old = dst.buffer
+            dst.set_buffer(src.buffer)
         self.lazydata = dst
         for rec in _capture:
-            rec.commit(dst, src)
+            rec.commit(dst, src, old)
 
     # ------------------------------------------------------------------ autograd
     def requires_grad_(self, requires_grad: bool = True) -> "Tensor":
@@ -223,12 +240,14 @@ class Tensor:
     def is_leaf(self) -> bool:
         return self._ctx is None
 
-    def backward(self, gradient: Any = None) -> None:
+    def backward(self, gradient: Any = None, retain_graph: bool = False) -> None:
         """Accumulate the gradient of this tensor into ``.grad`` of every leaf that requires one.
 
         Without ``gradient`` the tensor must have one element (a loss); otherwise ``gradient`` has
         this tensor's shape (the vector of a vector-Jacobian product). Nothing is computed here:
-        the gradients are lazy tensors, realized by an optimizer step or ``.numpy()``.
+        the gradients are lazy tensors, realized by an optimizer step or ``.numpy()``. As in torch,
+        the graph is released afterwards: a second ``backward()`` through it raises, unless the
+        first one was given ``retain_graph=True`` (then the second accumulates).
 
             >>> x = Tensor([[1.0, 2.0], [3.0, 4.0]], requires_grad=True)
             >>> (x.sum(axis=1) * Tensor([1.0, -1.0])).sum().backward()
@@ -248,7 +267,7 @@ class Tensor:
             if gt.shape != self.shape:
                 raise ShapeError(f"backward(): gradient shape {gt.shape} != tensor shape {self.shape}")
             g = gt.float().lazydata
-        autograd.backward(self, g)
+        autograd.backward(self, g, retain_graph=bool(retain_graph))
 
     def _apply(self, op: str, *srcs: "Tensor", arg: Any = None) -> "Tensor":
         """Apply one primitive op (the only way Tensor methods build graphs) and record it for autograd."""
@@ -266,7 +285,7 @@ class Tensor:
         if autograd._GradMode.enabled and out.dtype.is_float and \
                 (self.requires_grad or any(s.requires_grad for s in srcs)):
             t.requires_grad = True
-            t._ctx = autograd.Ctx(op, arg, (self, *srcs), (lb, *[s.lazydata for s in srcs]), out)
+            t._ctx = autograd.Ctx(op, arg, (self, *srcs), tuple(freeze(x) for x in (lb, *[s.lazydata for s in srcs])), out)
         return t
 
     # ------------------------------------------------------------------ creation
@@ -1118,6 +1137,50 @@ def _host_random(draw: Any, dtype: Any, device: str | None) -> Tensor:
     for rec in _capture:
         rec.random(t.lazydata, lambda: Tensor(draw(), dtype=dtype, device=device).lazydata.buffer)
     return t
+
+
+class _PendingAssigns:
+    """The live tensors with an ``assign`` to realized storage that is not committed yet, and how
+    many assigns each has chained since its last commit. An optimizer step realizes them all, so
+    state written in a forward pass (BatchNorm's running statistics) is committed with the step
+    even when the optimizer was not given it; ``assign`` realizes a chain that grows too long."""
+
+    def __init__(self) -> None:
+        self._d: dict[int, tuple["weakref.ref[Tensor]", int]] = {}
+
+    def _drop(self, key: int, ref: "weakref.ref[Tensor]") -> None:
+        e = self._d.get(key)
+        if e is not None and e[0] is ref:
+            del self._d[key]
+
+    def chain(self, t: Tensor) -> int:
+        e = self._d.get(id(t))
+        return e[1] if e is not None and e[0]() is t else 0
+
+    def add(self, t: Tensor) -> None:
+        key = id(t)
+        e = self._d.get(key)
+        if e is not None and e[0]() is t:
+            self._d[key] = (e[0], e[1] + 1)
+        else:
+            self._d[key] = (weakref.ref(t, lambda r, k=key: self._drop(k, r)), 1)
+
+    def discard(self, t: Tensor) -> None:
+        e = self._d.get(id(t))
+        if e is not None and e[0]() is t:
+            del self._d[id(t)]
+
+    def tensors(self) -> list[Tensor]:
+        return [t for t in (ref() for ref, _ in list(self._d.values())) if t is not None]
+
+
+_pending_assigns = _PendingAssigns()
+MAX_PENDING_ASSIGNS = 16     # assigns chained onto one tensor before ``assign`` realizes the chain
+
+
+def pending_assigns() -> list[Tensor]:
+    """Tensors whose ``assign`` is not committed yet (realize them to commit the writes)."""
+    return _pending_assigns.tensors()
 
 
 def realize(*tensors: Tensor) -> None:
