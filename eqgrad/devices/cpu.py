@@ -57,13 +57,11 @@ class LLVMDevice(Device):
             prg = self.program(src, lk, streaming_store(lk, numel(shape) * dt.itemsize))
         except Exception as e:
             from ..errors import CompileError
-            from ..cache import cache_dir
-            path = cache_dir() / "failed" / f"{k.name}-{abs(hash(src)) % 10**10}.ll"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(src)
+            from ..cache import save_failed_source
+            where = save_failed_source(k.name, ".ll", src)      # never raises: it must not hide this error
             raise CompileError(f"LLVM device: kernel {k.name} ({k.ast.render()[:80]}) failed to compile: "
                                f"{str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}; "
-                               f"its LLVM IR was written to {path}") from e
+                               f"its LLVM IR {where}") from e
         return src, prg, n
 
     def launch(self, k, prg: LLVMProgram, ptrs: list[int], n: int, threads: int) -> None:

@@ -131,14 +131,12 @@ class OpenCLDevice(Device):
                 what = f"kernel {k.name} ({k.ast.render()[:80]})" if k is not None else "a kernel"
                 if getattr(e, "code", None) not in (cl.status_code.BUILD_PROGRAM_FAILURE, cl.status_code.INVALID_KERNEL_NAME):
                     raise self.failed(f"building {what}", e) from e
-                from ..cache import cache_dir
-                path = cache_dir() / "failed" / f"{k.name if k is not None else 'kernel'}-{abs(hash(src)) % 10**10}.cl"
-                path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_text(src)
+                from ..cache import save_failed_source
+                where = save_failed_source(k.name if k is not None else "kernel", ".cl", src)   # never raises
                 log = [ln.strip() for ln in str(e).splitlines() if "error" in ln.lower() and ln.strip()]
                 first = next((ln for ln in log if "error:" in ln), log[0] if log else type(e).__name__)
                 raise CompileError(f"OPENCL device: {what} failed to compile: {first}; "
-                                   f"its OpenCL C was written to {path}") from e
+                                   f"its OpenCL C {where}") from e
             self.kernels[src] = knl
         return self.kernels[src]
 
