@@ -10,6 +10,12 @@ A rulebook is a ``.egg`` file of rules only. Loading one checks, before egglog s
 
 then egglog itself loads it next to the IR (type errors come back with file:line).
 
+Rulebooks and schedules are data: a form that makes egglog read or write a file (``output``,
+``input``, ``include``, ``print-function ... :file``, ``print-stats :file``, at any depth) is
+rejected in both, with file:line and the command. Each file is read ONCE, when it is activated;
+the text that was validated is the text the worker loads (egglog never sees the path), so
+changing or swapping the file afterwards has no effect until it is activated again.
+
 Active rulebooks: the built-ins, plus user rulebooks added with :func:`use` / :func:`using` or the
 ``EQGRAD_RULEBOOKS`` environment variable (``path[@phase]`` items separated by ``:``; a directory
 means every ``*.egg`` in it). A user rulebook's rulesets run in a phase of the schedule (default
@@ -19,6 +25,7 @@ means every ``*.egg`` in it). A user rulebook's rulesets run in a phase of the s
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import os
 from dataclasses import dataclass, field
@@ -26,7 +33,7 @@ from pathlib import Path
 from typing import Iterator
 
 from ..ops import OPS
-from .sexpr import RulebookError, SExpr, SList, Str, Sym, keyword_args, parse, to_text
+from .sexpr import RulebookError, SExpr, SList, Str, Sym, keyword_args, parse, reject_file_commands, to_text
 
 RULEBOOK_DIR = Path(__file__).resolve().parents[2] / "rulebooks"
 BUILTIN_RULEBOOKS = ("movement.egg", "algebra.egg", "fusion.egg")
@@ -68,6 +75,7 @@ class Rulebook:
     rulesets: list[str]
     rules: list[Rule]
     digest: str
+    text: str = ""               # the validated text: what the worker loads (the file is not read again)
 
     @property
     def name(self) -> str:
@@ -96,6 +104,7 @@ def _annotations(comments: list[str]) -> set[str]:
 
 def parse_rulebook(text: str, filename: str) -> tuple[list[str], list[Rule]]:
     forms = parse(text, filename)
+    reject_file_commands(forms, filename, "rulebook")
     constructors = {o.egg for o in OPS.values()}
     rulesets: list[str] = []
     rules: list[Rule] = []
@@ -159,22 +168,62 @@ def load_rulebook(path: str | Path) -> Rulebook:
         raise RulebookError(f"{p}: no such rulebook file")
     text = p.read_text()
     rulesets, rules = parse_rulebook(text, str(p))
-    return Rulebook(p.resolve(), rulesets, rules, hashlib.sha256(text.encode()).hexdigest()[:16])
+    return Rulebook(p.resolve(), rulesets, rules, hashlib.sha256(text.encode()).hexdigest()[:16], text)
+
+
+def read_rulebook_text(path: str | Path) -> str:
+    """A rulebook file's text, read once and checked for file-touching commands (the built-ins and
+    fixed configurations; user rulebooks go through the full checks of :func:`load_rulebook`)."""
+    p = Path(path)
+    if not p.is_file():
+        raise RulebookError(f"{p}: no such rulebook file")
+    text = p.read_text()
+    reject_file_commands(parse(text, str(p)), str(p), "rulebook")
+    return text
+
+
+def read_schedule_text(path: str | Path) -> str:
+    """A schedule file's text, read once and validated (phases, no file-touching commands)."""
+    from .saturate import split_schedule
+    p = Path(path)
+    if not p.is_file():
+        raise RulebookError(f"{p}: no such schedule file")
+    text = p.read_text()
+    split_schedule(text, str(p))
+    return text
 
 
 # ------------------------------------------------------------------ active configuration
 
 @dataclass(frozen=True)
 class RuleConfig:
-    """What a saturation runs: rulebook files, the schedule text, and extra phase commands."""
-    rulebooks: tuple[str, ...]
-    schedule: str                                   # path of the schedule file
+    """What a saturation runs: rulebooks, the schedule, and extra phase commands.
+
+    ``texts`` and ``schedule_text`` are what the worker loads; given only the paths, the files are
+    read (and checked for file-touching commands) once, here."""
+    rulebooks: tuple[str, ...]                      # rulebook paths (names in messages)
+    schedule: str                                   # path of the schedule file ("" for none)
     extra: tuple[tuple[str, str], ...] = ()         # (phase, egglog commands) run after that phase
     key: str = ""                                   # content hash: part of the plan cache key
+    texts: tuple[str, ...] = ()                     # each rulebook's validated text
+    schedule_text: str = ""                         # the schedule's validated text
+
+    def __post_init__(self) -> None:
+        if self.rulebooks and not self.texts:
+            object.__setattr__(self, "texts", tuple(read_rulebook_text(p) for p in self.rulebooks))
+        if self.schedule and not self.schedule_text:
+            object.__setattr__(self, "schedule_text", read_schedule_text(self.schedule))
+        if len(self.texts) != len(self.rulebooks):
+            raise ValueError(f"RuleConfig: {len(self.rulebooks)} rulebooks but {len(self.texts)} texts")
+
+    @property
+    def books(self) -> list[tuple[str, str]]:
+        """(name, text) of each rulebook, as the worker loads them."""
+        return list(zip(self.rulebooks, self.texts))
 
 
 _user: list[tuple[Rulebook, str, int]] = []
-_schedule: Path | None = None
+_schedule: tuple[Path, str] | None = None          # (path, validated text) from use_schedule
 
 
 def _builtin_paths() -> list[Path]:
@@ -209,7 +258,7 @@ _config_memo: dict[tuple, RuleConfig] = {}
 def active_config() -> RuleConfig:
     """The active configuration (memoized on the API state and the environment variables)."""
     from .. import config
-    state = (tuple((str(rb.path), rb.digest, ph, it) for rb, ph, it in _user), str(_schedule),
+    state = (tuple((str(rb.path), rb.digest, ph, it) for rb, ph, it in _user), _schedule,
              os.environ.get("EQGRAD_RULEBOOKS", ""), os.environ.get("EQGRAD_SCHEDULE", ""),
              config.EGRAPH_NODES.value)
     if state not in _config_memo:
@@ -219,22 +268,27 @@ def active_config() -> RuleConfig:
 
 
 def _make_config() -> RuleConfig:
-    from .saturate import read_schedule
-    sched = _schedule or Path(os.environ.get("EQGRAD_SCHEDULE") or DEFAULT_SCHEDULE)
+    from .saturate import split_schedule
+    if _schedule is not None:
+        sched, sched_text = _schedule
+    else:
+        sched = Path(os.environ.get("EQGRAD_SCHEDULE") or DEFAULT_SCHEDULE)
+        sched_text = read_schedule_text(sched)
     user = _env_rulebooks() + _user
-    phases = {n for n, _ in read_schedule(sched)}
+    phases = {n for n, _ in split_schedule(sched_text, str(sched))}
     extra = []
     for rb, phase, iterations in user:
         if phase not in phases:
             raise RulebookError(f"{rb.path}: phase {phase!r} is not in the schedule {sched} (phases: {sorted(phases)})")
         extra.append((phase, phase_commands(rb.rulesets, iterations)))
     paths = [str(p) for p in _builtin_paths()] + [str(rb.path) for rb, _, _ in user]
+    texts = [read_rulebook_text(p) for p in _builtin_paths()] + [rb.text for rb, _, _ in user]
     h = hashlib.sha256()
-    for p in paths + [str(sched)]:
-        h.update(Path(p).read_bytes())
+    for t in texts + [sched_text]:          # the texts the worker loads, each read once
+        h.update(hashlib.sha256(t.encode()).digest())
     for ph, cmd in extra:
         h.update((ph + cmd).encode())
-    return RuleConfig(tuple(paths), str(sched), tuple(extra), h.hexdigest()[:16])
+    return RuleConfig(tuple(paths), str(sched), tuple(extra), h.hexdigest()[:16], tuple(texts), sched_text)
 
 
 def use(path: str | Path, phase: str = DEFAULT_PHASE, iterations: int = 4) -> Rulebook:
@@ -270,12 +324,10 @@ def using(path: str | Path, phase: str = DEFAULT_PHASE, iterations: int = 4) -> 
 
 
 def use_schedule(path: str | Path | None) -> None:
-    """Replace the schedule file (None restores the built-in one)."""
+    """Replace the schedule file (None restores the built-in one). The file is read and validated
+    now, once: later changes to it are not seen until ``use_schedule`` is called again."""
     global _schedule
-    if path is not None:
-        from .saturate import read_schedule
-        read_schedule(Path(path))
-    _schedule = Path(path) if path is not None else None
+    _schedule = (Path(path), read_schedule_text(path)) if path is not None else None
 
 
 def reset() -> None:
@@ -290,30 +342,29 @@ def all_rules(config: RuleConfig | None = None) -> list[Rule]:
     from .ir import generated_rulebooks
     cfg = config or active_config()
     out = parse_rulebook(generated_rulebooks(), "<generated>")[1]
-    for p in cfg.rulebooks:
-        out += load_rulebook(p).rules
+    for name, text in cfg.books:
+        out += parse_rulebook(text, name)[1]
     return out
 
 
 def validate(rulebooks: list[Rulebook]) -> None:
     """Load the rulebooks into egglog next to the IR and built-ins; raise RulebookError on failure."""
     from .saturate import default_saturator
-    names: dict[str, str] = {r.name: r.where for r in all_rules(RuleConfig(tuple(map(str, _builtin_paths())), ""))}
+    builtin = RuleConfig(tuple(map(str, _builtin_paths())), "")
+    names: dict[str, str] = {r.name: r.where for r in all_rules(builtin)}
     for rb in rulebooks:
         for r in rb.rules:
             if r.name in names:
                 raise RulebookError(f"{r.where}: rule name {r.name!r} is already used at {names[r.name]}")
             names[r.name] = r.where
-    err = default_saturator().validate([str(p) for p in _builtin_paths()] + [str(rb.path) for rb in rulebooks])
+    err = default_saturator().validate(builtin.books + [(str(rb.path), rb.text) for rb in rulebooks])
     if err:
         raise RulebookError(err)
 
 
 def without_rule(cfg: RuleConfig, name: str) -> tuple[RuleConfig | None, str]:
-    """``cfg`` with rule ``name`` removed (a temporary copy of its rulebook), and where it was."""
-    import tempfile
-    for i, path in enumerate(cfg.rulebooks):
-        text = Path(path).read_text()
+    """``cfg`` with rule ``name`` removed from its rulebook's text, and where it was."""
+    for i, (path, text) in enumerate(cfg.books):
         forms = parse(text, path)
         keep = []
         where = ""
@@ -324,9 +375,7 @@ def without_rule(cfg: RuleConfig, name: str) -> tuple[RuleConfig | None, str]:
                 continue
             keep.append(to_text(f))
         if where:
-            tmp = Path(tempfile.mkdtemp(prefix="eqgrad-blame-")) / Path(path).name
-            tmp.write_text("\n".join(keep) + "\n")
-            books = list(cfg.rulebooks)
-            books[i] = str(tmp)
-            return RuleConfig(tuple(books), cfg.schedule, cfg.extra, cfg.key + "-" + name), where
+            texts = list(cfg.texts)
+            texts[i] = "\n".join(keep) + "\n"
+            return dataclasses.replace(cfg, texts=tuple(texts), key=cfg.key + "-" + name), where
     return None, ""

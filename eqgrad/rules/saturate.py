@@ -8,13 +8,29 @@ time; after each, the worker checks the e-graph size against the node limit and 
 is exceeded. The e-graph of the last finished phase is always a valid e-graph of the program, so
 an early stop still gives correct (less optimized) plans. When the worker dies or times out the
 caller falls back to the unoptimized plan and warns.
+
+The channel: every request carries an id that its reply echoes; a reply to an earlier request is
+discarded. A request that is interrupted on the parent side (Ctrl-C, a signal handler raising)
+ends the worker: it may still be saturating the abandoned request and the pipe may hold half a
+message, so the next request starts a fresh worker on a clean channel. The worker ignores SIGINT
+(a terminal's Ctrl-C reaches the whole process group): its lifetime is the parent's business.
+Rulebooks and schedule phases are sent as text (validated by the parent, checked again here
+against egglog's own parse: no command that reads or writes a file). The worker's temporary
+directory is made by the parent and removed by whichever of the two ends last (a killed worker's
+by the parent). After ``os.fork()`` the child forgets the parent's worker (without touching it)
+and starts its own on first use.
 """
 from __future__ import annotations
 
 import atexit
+import itertools
 import os
+import shutil
+import signal
 import subprocess
 import sys
+import threading
+import weakref
 from multiprocessing.connection import Connection
 import re
 import tempfile
@@ -84,9 +100,17 @@ class SaturationReport:
 
 def read_schedule(path: Path) -> list[tuple[str, str]]:
     """Split a schedule file into (phase name, egglog commands) at ';; phase NAME' lines."""
+    return split_schedule(Path(path).read_text(), str(path))
+
+
+def split_schedule(text: str, filename: str) -> list[tuple[str, str]]:
+    """Split a schedule's text into (phase name, egglog commands) at ';; phase NAME' lines; raises
+    RulebookError (file:line) on unbalanced forms or a command that reads or writes a file."""
+    from .sexpr import parse, reject_file_commands
+    reject_file_commands(parse(text, filename), filename, "schedule")
     phases: list[tuple[str, str]] = []
     name, buf = None, []
-    for line in path.read_text().splitlines():
+    for line in text.splitlines():
         m = re.match(r"\s*;;\s*phase\s+(\S+)", line)
         if m:
             if name is not None:
@@ -97,7 +121,8 @@ def read_schedule(path: Path) -> list[tuple[str, str]]:
     if name is not None:
         phases.append((name, "\n".join(buf)))
     if not phases:
-        raise ValueError(f"{path}: no ';; phase NAME' sections found")
+        from .sexpr import RulebookError
+        raise RulebookError(f"{filename}: no ';; phase NAME' sections found")
     return phases
 
 
@@ -115,23 +140,48 @@ def _size(eg, bindings) -> int:
 
 
 def _worker_entry() -> None:
-    """Entry point of the worker process (started by :class:`Saturator` with two pipe fds)."""
-    conn_in = Connection(int(sys.argv[1]), writable=False)
-    conn_out = Connection(int(sys.argv[2]), readable=False)
-    mem_limit = conn_in.recv()
-    _worker_main(conn_in, conn_out, mem_limit)
+    """Entry point of the worker process (started by :class:`Saturator` with two pipe fds and the
+    temporary directory it may use, which it removes when it ends)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    tmp = Path(sys.argv[3])
+    try:
+        conn_in = Connection(int(sys.argv[1]), writable=False)
+        conn_out = Connection(int(sys.argv[2]), readable=False)
+        mem_limit = conn_in.recv()
+        _worker_main(conn_in, conn_out, mem_limit, tmp)
+    except (EOFError, OSError):          # the parent went away
+        pass
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _load(eg, bindings, span, paths: list[str]) -> None:
-    for path in paths:
-        eg.run_program(bindings.Include(span, path))
+def _checked(eg, bindings, text: str, filename: str) -> list:
+    """egglog's parse of ``text``, refusing commands that read or write files (the parent checked
+    the text already; this checks what egglog itself makes of it)."""
+    cmds = eg.parse_program(text, filename=filename)
+    todo = list(cmds)
+    while todo:
+        c = todo.pop()
+        if isinstance(c, bindings.Fail):
+            todo.append(c.command)
+        elif isinstance(c, (bindings.Output, bindings.Input, bindings.Include)) \
+                or (isinstance(c, bindings.PrintFunction) and c.filename is not None) \
+                or (isinstance(c, bindings.PrintOverallStatistics) and c.file is not None):
+            raise ValueError(f"{filename}: {type(c).__name__} reads or writes a file, which a rulebook or "
+                             "schedule may not do")
+    return cmds
+
+
+def _load(eg, bindings, books: list[tuple[str, str]]) -> None:
+    for name, text in books:
+        eg.run_program(*_checked(eg, bindings, text, name))
 
 
 def _run_phases(eg, bindings, phases: list[tuple[str, str]], node_limit: int) -> tuple[list[dict], str]:
     reports, stop = [], "completed"
     for name, text in phases:
         p0 = time.perf_counter()
-        outs = eg.run_program(*eg.parse_program(text))
+        outs = eg.run_program(*_checked(eg, bindings, text, f"schedule phase {name}"))
         matches: dict[str, int] = {}
         seconds: dict[str, float] = {}
         iters = 0
@@ -153,53 +203,54 @@ def _run_phases(eg, bindings, phases: list[tuple[str, str]], node_limit: int) ->
     return reports, stop
 
 
-def _worker_main(conn_in, conn, mem_limit: int) -> None:
+def _worker_main(conn_in, conn, mem_limit: int, tmp: Path) -> None:
     if mem_limit > 0:
         import resource
         resource.setrlimit(resource.RLIMIT_AS, (mem_limit, mem_limit))
     from egglog import bindings
-    tmp = Path(tempfile.mkdtemp(prefix="eqgrad-egg-"))
+    # eqgrad's own texts are loaded with Include (the fast path for big programs: DESIGN.md)
     gen = tmp / "generated.egg"
     gen.write_text(declarations() + generated_rulebooks())
+    prog = tmp / "program.egg"
     span = bindings.RustSpan("", 0, 0)
     while True:
-        try:
-            req = conn_in.recv()
-        except EOFError:
-            return
+        req = conn_in.recv()
         if req is None:
             return
+        kind, rid = req[0], req[1]
         t0 = time.perf_counter()
         try:
             eg = bindings.EGraph()
-            if req[0] == "validate":          # load rulebooks next to the IR; report the first error
-                _load(eg, bindings, span, [str(gen), *req[1]])
-                conn.send(dict(ok=True, seconds=time.perf_counter() - t0))
+            eg.run_program(bindings.Include(span, str(gen)))
+            if kind == "validate":          # load rulebooks next to the IR; report the first error
+                _load(eg, bindings, req[2])
+                conn.send(dict(id=rid, ok=True, seconds=time.perf_counter() - t0))
                 continue
-            _, program, node_limit, rulebooks, phases = req
-            _load(eg, bindings, span, [str(gen), *rulebooks])
-            prog = tmp / "program.egg"
+            _, _, program, node_limit, books, phases = req
+            _load(eg, bindings, books)
             prog.write_text(program)
             eg.run_program(bindings.Include(span, str(prog)))
             before = _size(eg, bindings)
             reports, stop = _run_phases(eg, bindings, phases, node_limit)
             js = eg.serialize([]).to_json()
-            conn.send(dict(ok=True, json=js, stop=stop, phases=reports, before=before,
+            conn.send(dict(id=rid, ok=True, json=js, stop=stop, phases=reports, before=before,
                            seconds=time.perf_counter() - t0))
         except Exception as e:  # egglog errors (bad rulebook, ...) come back as a report
-            conn.send(dict(ok=False, error=f"{type(e).__name__}: {e}", seconds=time.perf_counter() - t0))
+            conn.send(dict(id=rid, ok=False, error=f"{type(e).__name__}: {e}", seconds=time.perf_counter() - t0))
         except BaseException as e:  # pyo3 PanicException is a BaseException
-            conn.send(dict(ok=False, error=f"egglog panic: {e}", seconds=time.perf_counter() - t0))
+            conn.send(dict(id=rid, ok=False, error=f"egglog panic: {e}", seconds=time.perf_counter() - t0))
 
 
 # ------------------------------------------------------------------ parent side
 
 class Saturator:
-    """Owns one worker process; ``run`` is synchronous and always returns within the timeout."""
+    """Owns one worker process; ``run`` is synchronous and always returns within the timeout.
+    Safe to share between threads (one request at a time) and across ``os.fork()``."""
 
     def __init__(self, rulebooks: list[Path] | None = None, schedule: Path | None = None):
         """By default each run uses the active rule configuration (``rulebook.active_config``);
-        ``rulebooks``/``schedule`` pin a fixed one instead (tests, the soundness checker)."""
+        ``rulebooks``/``schedule`` pin a fixed one instead (tests, the soundness checker): the files
+        are read once, here."""
         self.fixed = None
         if rulebooks is not None or schedule is not None:
             from .rulebook import BUILTIN_RULEBOOKS as B, RuleConfig
@@ -208,68 +259,127 @@ class Saturator:
         self._proc: subprocess.Popen | None = None
         self._conn: Connection | None = None
         self._send: Connection | None = None
+        self._tmp: str | None = None              # the worker's temporary directory
+        self._mem: int | None = None              # the memory limit the worker was started with
+        self._lock = threading.Lock()             # one request at a time on the channel
+        self._ids = itertools.count(1)
+        _instances.add(self)
+
+    @property
+    def pid(self) -> int | None:
+        """The worker's process id (None while no worker runs)."""
+        return self._proc.pid if self._proc is not None else None
 
     def _start(self) -> None:
         # A plain subprocess, not multiprocessing: spawn/forkserver would re-import the user's
         # __main__ in the worker, and fork would copy LLVM's and the caller's threads.
+        tmp = tempfile.mkdtemp(prefix="eqgrad-egg-")
         r1, w1 = os.pipe()
         r2, w2 = os.pipe()
         env = dict(os.environ)
         pkg_parent = str(Path(__file__).resolve().parents[2])
         env["PYTHONPATH"] = pkg_parent + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        self._proc = subprocess.Popen(
-            [sys.executable, "-c", "from eqgrad.rules.saturate import _worker_entry; _worker_entry()", str(r1), str(w2)],
-            pass_fds=(r1, w2), env=env, stdin=subprocess.DEVNULL)
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-c", "from eqgrad.rules.saturate import _worker_entry; _worker_entry()",
+                 str(r1), str(w2), tmp], pass_fds=(r1, w2), env=env, stdin=subprocess.DEVNULL)
+        except BaseException:
+            for fd in (r1, w1, r2, w2):
+                os.close(fd)
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
         os.close(r1)
         os.close(w2)
+        self._proc, self._tmp = proc, tmp
         self._send = Connection(w1, readable=False)
         self._conn = Connection(r2, writable=False)
-        self._send.send(config.EGRAPH_MEMORY.value)
+        self._mem = config.EGRAPH_MEMORY.value     # the worker's rlimit is set once, at its start
+        self._send.send(self._mem)
 
     def close(self) -> None:
+        """End the worker (it is started again on the next request)."""
+        with self._lock:
+            self._close_unlocked()
+
+    def _close_unlocked(self) -> None:
         if self._proc is not None:
             try:
                 self._send.send(None)
                 self._proc.wait(timeout=2)
-            except (OSError, BrokenPipeError, subprocess.TimeoutExpired):
-                self._proc.kill()
-            self._close_pipes()
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        self._kill()
 
     def _kill(self) -> None:
-        if self._proc is not None:
-            self._proc.kill()
-            self._proc.wait(timeout=10)
-        self._close_pipes()
+        """Kill the worker (if any), close the channel and remove the worker's directory. The state
+        is cleared first, so an interrupt in here still leaves a clean start for the next request."""
+        proc, tmp, conns = self._proc, self._tmp, (self._send, self._conn)
+        self._proc = self._conn = self._send = self._tmp = None
+        try:
+            for c in conns:
+                if c is not None:
+                    c.close()
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=10)
+        finally:
+            if tmp is not None:
+                shutil.rmtree(tmp, ignore_errors=True)
 
-    def _close_pipes(self) -> None:
+    def _forget(self) -> None:
+        """In a forked child: drop the parent's worker without touching it (no message, no kill,
+        its directory stays): the child's copies of the pipe ends are closed, and the child starts
+        its own worker on first use."""
         for c in (self._send, self._conn):
             if c is not None:
-                c.close()
-        self._proc = self._conn = self._send = None
+                try:
+                    c.close()
+                except OSError:
+                    pass
+        if self._proc is not None:
+            self._proc.returncode = 0      # not our child: never wait for it, never kill it
+        self._proc = self._conn = self._send = self._tmp = None
+        self._lock = threading.Lock()      # a parent thread may have held it at the fork
 
-    def _request(self, req: tuple, timeout: float) -> dict | SaturationReport:
-        t0 = time.perf_counter()
-        fresh = self._proc is None or self._proc.poll() is not None
-        if fresh:
-            self._start()
-        try:
-            self._send.send(req)
-            # a fresh worker first imports egglog: that start-up is not the program's fault
-            if not self._conn.poll(timeout + (10.0 if fresh else 0.0)):
+    def _request(self, kind: str, args: tuple, timeout: float) -> dict | SaturationReport:
+        with self._lock:
+            rid = next(self._ids)
+            t0 = time.perf_counter()
+            try:
+                if self._proc is not None and self._mem != config.EGRAPH_MEMORY.value:
+                    self._close_unlocked()      # EQGRAD_EGRAPH_MEMORY changed: a worker with the new limit
+                fresh = self._proc is None or self._proc.poll() is not None
+                if fresh:
+                    self._kill()               # a dead worker's pipes and directory
+                    self._start()
+                self._send.send((kind, rid, *args))
+                # a fresh worker first imports egglog: that start-up is not the program's fault
+                deadline = time.monotonic() + timeout + (10.0 if fresh else 0.0)
+                while True:
+                    if not self._conn.poll(max(0.0, deadline - time.monotonic())):
+                        self._kill()
+                        return SaturationReport("timeout", seconds=time.perf_counter() - t0,
+                                                detail=f"wall-clock limit {timeout:g}s (EQGRAD_SATURATION_TIMEOUT)")
+                    res = self._conn.recv()
+                    if isinstance(res, dict) and res.get("id") == rid:
+                        return res
+                    # a reply to an earlier request: never taken for this one's
+            except (EOFError, OSError) as e:
+                code = self._proc.poll() if self._proc is not None else None
                 self._kill()
-                return SaturationReport("timeout", seconds=time.perf_counter() - t0,
-                                        detail=f"wall-clock limit {timeout:g}s (EQGRAD_SATURATION_TIMEOUT)")
-            return self._conn.recv()
-        except (EOFError, OSError, BrokenPipeError) as e:
-            code = self._proc.poll() if self._proc is not None else None
-            self._kill()
-            return SaturationReport("worker died", seconds=time.perf_counter() - t0,
-                                    detail=f"exit code {code}; memory limit "
-                                           f"{config.EGRAPH_MEMORY.value >> 20} MiB (EQGRAD_EGRAPH_MEMORY)? {e!r}")
+                return SaturationReport("worker died", seconds=time.perf_counter() - t0,
+                                        detail=f"exit code {code}; memory limit "
+                                               f"{config.EGRAPH_MEMORY.value >> 20} MiB (EQGRAD_EGRAPH_MEMORY)? {e!r}")
+            except BaseException:
+                # interrupted (KeyboardInterrupt, an exception from a signal handler) with the request
+                # in flight: the worker may still be saturating it and the pipe may hold half a message
+                self._kill()
+                raise
 
-    def validate(self, rulebooks: list[str]) -> str | None:
-        """Load rulebooks into a fresh e-graph next to the IR; the egglog error (with file:line) or None."""
-        res = self._request(("validate", list(rulebooks)), 60.0)
+    def validate(self, books: list[tuple[str, str]]) -> str | None:
+        """Load rulebooks ((name, text) pairs) into a fresh e-graph next to the IR; the egglog
+        error (with file:line) or None."""
+        res = self._request("validate", (list(books),), 60.0)
         if isinstance(res, SaturationReport):
             return f"validating rulebooks failed: {res.stop_reason} ({res.detail})"
         return None if res["ok"] else res["error"]
@@ -282,7 +392,7 @@ class Saturator:
         cfg = rules or self.fixed or active_config()
         phases = schedule_phases(cfg)
         t0 = time.perf_counter()
-        res = self._request(("run", program, node_limit, list(cfg.rulebooks), phases), timeout)
+        res = self._request("run", (program, node_limit, cfg.books, phases), timeout)
         if isinstance(res, SaturationReport):
             return None, res
         if not res["ok"]:
@@ -298,13 +408,22 @@ class Saturator:
 def schedule_phases(cfg) -> list[tuple[str, str]]:
     """The schedule's phases, with the extra commands of user rulebooks appended to their phase."""
     out = []
-    for name, text in read_schedule(Path(cfg.schedule)):
+    for name, text in split_schedule(cfg.schedule_text, cfg.schedule):
         extra = [cmd for ph, cmd in cfg.extra if ph == name]
         out.append((name, "\n".join([text, *extra])))
     return out
 
 
 _default: Saturator | None = None
+_instances: "weakref.WeakSet[Saturator]" = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for sat in list(_instances):
+        sat._forget()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def default_saturator() -> Saturator:

@@ -134,6 +134,38 @@ def parse(text: str, filename: str = "<text>") -> list[SList]:
     return forms
 
 
+# egglog 13.2.0 commands that read or write files (its grammar: `output`, `input`, `include`,
+# `print-function ... :file`, `print-stats :file`); `fail` wraps a command, so nested forms count too
+FILE_COMMANDS = ("output", "input", "include")
+FILE_KEYWORD = ":file"
+
+
+def _file_touching(e: SExpr) -> SList | None:
+    """The first form in ``e`` (itself or nested at any depth) that makes egglog touch a file."""
+    if not isinstance(e, SList):
+        return None
+    if e.head in FILE_COMMANDS or any(isinstance(x, Sym) and x.name == FILE_KEYWORD for x in e.items):
+        return e
+    for x in e.items:
+        found = _file_touching(x)
+        if found is not None:
+            return found
+    return None
+
+
+def reject_file_commands(forms: list[SList], filename: str, what: str) -> None:
+    """Raise RulebookError (file:line and the command) if any form would read or write a file.
+    Rulebooks and schedules are data: egglog's file commands would let one overwrite or read an
+    arbitrary file of the user who runs eqgrad."""
+    for f in forms:
+        bad = _file_touching(f)
+        if bad is not None:
+            cmd = bad.head if bad.head in FILE_COMMANDS else f"{bad.head} ... {FILE_KEYWORD}"
+            raise RulebookError(f"{filename}:{bad.line or f.line}: ({cmd} ...) reads or writes a file, which is not "
+                                f"allowed in a {what} (egglog's output, input, include, print-function :file and "
+                                f"print-stats :file are rejected): {to_text(bad)[:80]}")
+
+
 def keyword_args(form: SList, start: int) -> dict[str, SExpr]:
     """``:name "x" :when (...)`` style options from position ``start`` on."""
     out: dict[str, SExpr] = {}
