@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import os
 import sys
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -224,8 +225,24 @@ class Device:
     def synchronize(self) -> None:
         """Wait until every kernel launched so far has finished."""
 
+    def after_fork_in_child(self) -> bool:
+        """Called in the child after ``os.fork()``: re-create what the child cannot inherit
+        (threads, driver state). False drops the device object; the next use creates a new one.
+        A device with its own runtime (OPENCL, CUDA) is dropped by default: a driver's threads do
+        not survive a fork."""
+        return self.host_memory
+
 
 _devices: dict[str, Device] = {}
+
+
+def _after_fork_in_child() -> None:
+    for name, dev in list(_devices.items()):
+        if not dev.after_fork_in_child():
+            del _devices[name]
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _unknown(name: str) -> DeviceError:

@@ -35,6 +35,12 @@ class LLVMDevice(Device):
         self.programs: dict[str, LLVMProgram] = {}      # compiled once per distinct source
         self._pool: ThreadPoolExecutor | None = None
 
+    def after_fork_in_child(self) -> bool:
+        # the inherited pool's threads do not exist in the child, but its idle count says they do:
+        # a submitted chunk would wait forever. Compiled programs (plain memory) stay valid.
+        self._pool = None
+        return True
+
     def pool(self, threads: int) -> ThreadPoolExecutor:
         if self._pool is None or self._pool._max_workers != threads - 1:
             self._pool = ThreadPoolExecutor(max_workers=max(1, threads - 1), thread_name_prefix="eqgrad-cpu")

@@ -52,7 +52,29 @@ INSTALL = ("install the Python package with `pip install 'eqgrad[opencl]'` (pyop
            "for a CPU OpenCL on Debian/Ubuntu: `apt-get install pocl-opencl-icd ocl-icd-libopencl1`")
 
 
+# fork: an OpenCL runtime started before os.fork() cannot be used in the child (PoCL's threads do
+# not survive it: the child's first launch or even a new context waits forever), so a forked child
+# of a process that started OpenCL gets a clear error instead of a hang.
+_started = False           # this process has initialized an OpenCL runtime
+_inherited = False         # ... or it is a forked child of one that had
+
+
+def _after_fork_in_child() -> None:
+    global _inherited
+    _inherited = _inherited or _started
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def _pick_device(cl: Any) -> Any:
+    global _started
+    if _inherited:
+        raise DeviceError("OPENCL device unavailable in this process: it is a child made by os.fork() of a "
+                          "process that had started OpenCL, and an OpenCL runtime cannot be used after fork; "
+                          "use multiprocessing's 'spawn' or 'forkserver' start method, or start OpenCL only "
+                          "in the child")
+    _started = True
     if os.environ.get("PYOPENCL_CTX"):
         return cl.create_some_context(interactive=False).devices[0]
     try:
