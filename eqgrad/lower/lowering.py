@@ -12,6 +12,7 @@
 """
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from ..dtype import DType, bool_
@@ -234,60 +235,94 @@ class Lowerer:
         dt = n.arg if op == "CAST" else n.dtype
         return tuple(self.emit(op, dt, tuple(sv[lane] for sv in srcs), None) for lane in range(len(idxs)))
 
-    SUM_BLOCK = 1024              # elements summed into a block accumulator (see _reduce_lanes)
-    SUM_BLOCK_MIN = 1 << 14       # float sums at least this long are blocked
+    # Blocked float sums (docs/semantics.md "Sums", docs/lowering.md "blocked sums"). A float sum of
+    # more than SUM_BLOCK elements is split into levels, each with its own accumulator, so that no
+    # accumulator adds more than SUM_BLOCK (innermost and outermost level) or SUM_RADIX (the levels
+    # between) values: the rounding error is then bounded by sum_error_terms(n) * 2**-24 * sum|x|
+    # whatever the device does with the innermost loop (LLVM vectorizes it, which only shortens it).
+    SUM_BLOCK = 1024              # values per innermost block (and most iterations of the outermost level)
+    SUM_RADIX = 32                # values per accumulator of the levels between
 
     def _reduce_lanes(self, n: KNode, idxs: tuple, valids: tuple) -> tuple[int, ...]:
         """One loop nest over the reduced axes, one accumulator per lane.
 
-        Long float sums of one lane are *blocked*: the innermost loop (at least SUM_BLOCK long,
-        or the only reduce loop split into SUM_BLOCK-sized blocks) fills a block accumulator that
-        is added to the total after each block. A single float accumulator over 32M elements
-        (vectorized into 64 partial sums of 500K elements each) loses ~3e-3 relative accuracy; with
-        blocks each partial sum is short and the total adds one number per block (measured: a
-        mean of 32M squares 3.3e-3 -> ~1e-6 relative error vs float64)."""
+        Float sums of more than ``SUM_BLOCK`` elements are *blocked* (``_sum_levels``): a single
+        float accumulator over n values has an error bound of (n - 1) ulps of the running sum (a
+        sequential sum of 1e6 x 0.1f: 2.2e-4 relative; 1e9 ones saturate at 2**24 per accumulator);
+        with levels no accumulator adds more than 1024 values."""
         src = n.src[0]
-        accs = [self.emit("DEFACC", n.dtype, (), reduce_identity(n.op, n.dtype), cse=False) for _ in idxs]
+        accs = tuple(self.emit("DEFACC", n.dtype, (), reduce_identity(n.op, n.dtype), cse=False) for _ in idxs)
         axes = [d for d in n.arg if src.shape[d] > 1]
-        block = (n.op == "RSUM" and n.dtype.is_float and len(idxs) == 1 and 0 not in src.shape
-                 and numel(tuple(src.shape[d] for d in axes)) >= self.SUM_BLOCK_MIN)
-        split = None
-        if block and len(axes) == 1 and src.shape[axes[0]] % self.SUM_BLOCK == 0:
-            split = axes[0]                                 # one long loop: blocks of SUM_BLOCK
-        elif block and (not axes or src.shape[axes[-1]] < self.SUM_BLOCK):
-            block = False                                   # the innermost loop is too short to block
-        loops, sub = [], {}
-        inner_acc = None
-        for d in n.arg:
-            if src.shape[d] <= 1:
-                sub[d] = Lin.num(0)
-                if src.shape[d] == 0:
-                    loops.append(None)
-            elif d == split:
-                ro = self.open_range(src.shape[d] // self.SUM_BLOCK)
-                inner_acc = self.emit("DEFACC", n.dtype, (), reduce_identity(n.op, n.dtype), cse=False)
-                ri = self.open_range(self.SUM_BLOCK)
-                loops += [ro, ri]
-                sub[d] = ro * self.SUM_BLOCK + ri
-            else:
-                if block and d == axes[-1]:
-                    inner_acc = self.emit("DEFACC", n.dtype, (), reduce_identity(n.op, n.dtype), cse=False)
-                r = self.open_range(src.shape[d])
-                loops.append(r)
-                sub[d] = r
-        if all(lp is not None for lp in loops):    # an empty axis means the identity
+        sub: dict[int, Lin] = {d: Lin.num(0) for d in n.arg if src.shape[d] <= 1}
+        if 0 not in src.shape:              # an empty axis means the identity
+            blocked = (n.op == "RSUM" and n.dtype.is_float
+                       and numel(tuple(src.shape[d] for d in axes)) > self.SUM_BLOCK)
+            self._reduce_axes(n, idxs, valids, axes, 0, sub, accs, blocked)
+        return tuple(self.emit("ACCREAD", n.dtype, (acc,), cse=False) for acc in accs)
+
+    def _reduce_axes(self, n: KNode, idxs: tuple, valids: tuple, axes: list[int], k: int,
+                     sub: dict[int, Lin], accs: tuple[int, ...], blocked: bool) -> None:
+        """Reduce ``axes[k:]`` of ``n``'s source into ``accs`` (one per lane). An axis that, with the
+        axes inside it, sums at most ``SUM_BLOCK`` values is one plain loop; a longer one (blocked
+        sums only) is split into levels by ``_sum_levels``."""
+        src = n.src[0]
+        if k == len(axes):
             cidxs = tuple(tuple(sub.get(d, i) for d, i in enumerate(idx)) for idx in idxs)
             vals = self.render_lanes(src, cidxs, valids)
             for acc, v in zip(accs, vals):
-                self.emit("ACCUM", None, (inner_acc if inner_acc is not None else acc, v),
-                          "ADD" if n.op == "RSUM" else "MAX", cse=False)
-        opened = [lp for lp in loops if lp is not None]
-        for j, r in enumerate(reversed(opened)):
+                self.emit("ACCUM", None, (acc, v), "ADD" if n.op == "RSUM" else "MAX", cse=False)
+            return
+        d, e = axes[k], src.shape[axes[k]]
+        inner = numel(tuple(src.shape[a] for a in axes[k + 1:]))
+        if not blocked or e * inner <= self.SUM_BLOCK:
+            r = self.open_range(e)
+            self._reduce_axes(n, idxs, valids, axes, k + 1, {**sub, d: r}, accs, blocked)
             self.close_range(r)
-            if j == 0 and inner_acc is not None:       # after the innermost loop: fold the block in
-                part = self.emit("ACCREAD", n.dtype, (inner_acc,), cse=False)
-                self.emit("ACCUM", None, (accs[0], part), "ADD", cse=False)
-        return tuple(self.emit("ACCREAD", n.dtype, (acc,), cse=False) for acc in accs)
+            return
+        # the axes inside sum into the innermost level directly, or (when they are long) into their
+        # own accumulator that adds one value per iteration
+        block = self.SUM_BLOCK // inner if 2 * inner <= self.SUM_BLOCK else self.SUM_BLOCK
+        first = True
+        for offset, extents in sum_pieces(e, block, self.SUM_RADIX, self.SUM_BLOCK):
+            tgt = accs if first else self._fresh_accs(n, len(accs))
+            self._sum_levels(n, idxs, valids, axes, k, sub, tgt, offset, extents)
+            if not first:
+                self._fold(n, accs, tgt)
+            first = False
+
+    def _sum_levels(self, n: KNode, idxs: tuple, valids: tuple, axes: list[int], k: int,
+                    sub: dict[int, Lin], accs: tuple[int, ...], offset: int, extents: tuple[int, ...]) -> None:
+        """One piece of a blocked axis: loops ``extents`` (outermost first) over the elements
+        ``offset + r0 * (e1 * e2 ...) + r1 * (e2 ...) + ...``; each loop adds into its own
+        accumulator, folded into the enclosing loop's accumulator after the loop."""
+        d = axes[k]
+        loops: list[Lin] = []
+        levels: list[tuple[int, ...]] = [accs]
+        for j, ext in enumerate(extents):
+            if j:
+                levels.append(self._fresh_accs(n, len(accs)))
+            loops.append(self.open_range(ext))
+        pos, stride = Lin.num(offset), 1
+        for r, ext in zip(reversed(loops), reversed(extents)):
+            pos, stride = pos + r * stride, stride * ext
+        inner = numel(tuple(n.src[0].shape[a] for a in axes[k + 1:]))
+        if 2 * inner > self.SUM_BLOCK:
+            part = self._fresh_accs(n, len(accs))
+            self._reduce_axes(n, idxs, valids, axes, k + 1, {**sub, d: pos}, part, True)
+            self._fold(n, levels[-1], part)
+        else:
+            self._reduce_axes(n, idxs, valids, axes, k + 1, {**sub, d: pos}, levels[-1], True)
+        for j in range(len(loops) - 1, -1, -1):
+            self.close_range(loops[j])
+            if j:
+                self._fold(n, levels[j - 1], levels[j])
+
+    def _fresh_accs(self, n: KNode, lanes: int) -> tuple[int, ...]:
+        return tuple(self.emit("DEFACC", n.dtype, (), reduce_identity(n.op, n.dtype), cse=False) for _ in range(lanes))
+
+    def _fold(self, n: KNode, into: tuple[int, ...], part: tuple[int, ...]) -> None:
+        for a, p in zip(into, part):
+            self.emit("ACCUM", None, (a, self.emit("ACCREAD", n.dtype, (p,), cse=False)), "ADD", cse=False)
 
     def choose_upcast(self) -> dict[int, int]:
         """Output axes to split into register lanes: {axis: lanes}. Only for kernels with a
@@ -446,6 +481,85 @@ class Lowerer:
             else:
                 out.append(LInst(x.op, x.dtype, tuple(s + shift for s in x.src), x.arg))
         return head + out
+
+
+def sum_pieces(e: int, block: int, radix: int, top: int) -> list[tuple[int, tuple[int, ...]]]:
+    """Split ``e`` iterations into pieces of nested loops for a blocked sum: [(offset, extents
+    outermost first)], biggest piece first. The extents are the digits of ``e`` in the mixed radix
+    (innermost first) ``block``, ``radix``, ``radix``, ..., with as few ``radix`` levels as keep the
+    outermost digit below ``top`` (so that the outermost loop is long enough to share between
+    threads or work-items). Loops of one iteration are left out.
+
+    >>> sum_pieces(1_000_000, 1024, 32, 1024)
+    [(0, (976, 1024)), (999424, (576,))]
+    """
+    q, mids = e // block, 0
+    while q // radix ** mids >= top:
+        mids += 1
+    radices = [block] + [radix] * mids + [0]        # 0: the outermost digit is unbounded (< top)
+    digits, rest = [], e
+    for rad in radices:
+        digits.append(rest % rad if rad else rest)
+        rest = rest // rad if rad else 0
+    pieces, offset = [], 0
+    for p in range(len(digits) - 1, -1, -1):       # most significant digit first
+        if digits[p]:
+            ext = (digits[p],) + tuple(radices[:p][::-1])
+            pieces.append((offset, tuple(x for x in ext if x > 1)))
+            offset += digits[p] * math.prod(radices[:p])
+    return pieces
+
+
+def sum_error_terms(n: int, block: int = 1024, radix: int = 32, top: int = 1024) -> int:
+    """The largest number of additions any one element of a blocked float sum of ``n`` elements
+    (one reduced axis, or axes that sum at most ``block`` values inside it) goes through:
+    the first-order error bound is ``sum_error_terms(n) * 2**-24 * sum(|x_i|)`` (docs/semantics.md)."""
+    if n <= block:
+        return max(0, n - 1)
+    pieces = sum_pieces(n, block, radix, top)
+    return max(sum(x - 1 for x in ext) for _, ext in pieces) + len(pieces) - 1
+
+
+def sum_depth(k: LoopKernel) -> int:
+    """The most rounded additions any one summed value goes through in ``k``'s float sum
+    accumulators (the first-order error bound of a float sum is ``sum_depth * 2**-24 * sum|x_i|``,
+    docs/semantics.md "Sums"). A value added into an accumulator goes through every later addition
+    into it, then through the additions that follow where that accumulator is folded (ACCREAD)
+    into the next one. Read from the loop IR, so it checks what the lowering emitted. Conservative:
+    a value added inside a loop counts every addition of that loop and after it."""
+    open_at: list[int] = []                  # open RANGEs: instruction ids
+    ext: dict[int, int] = {}
+    at: dict[int, int] = {}                  # float sum accumulator -> loops open at its definition
+    sites: dict[int, list[list]] = {}        # acc -> [[executions, group, source acc or None]]
+    for i, x in enumerate(k.insts):
+        if x.op == "RANGE":
+            open_at.append(i)
+            ext[i] = x.arg
+        elif x.op == "ENDRANGE":
+            open_at.pop()
+        elif x.op == "DEFACC" and getattr(x.dtype, "is_float", False):
+            at[i], sites[i] = len(open_at), []
+        elif x.op == "ACCUM" and x.arg == "ADD" and x.src[0] in at:
+            a, v = x.src
+            inner = open_at[at[a]:]
+            child = k.insts[v].src[0] if k.insts[v].op == "ACCREAD" and k.insts[v].src[0] in at else None
+            sites[a].append([math.prod(ext[r] for r in inner), inner[0] if inner else ("once", i), child])
+    remaining: dict[tuple[int, int], int] = {}
+    fold: dict[int, tuple[int, int]] = {}     # child acc -> (parent acc, site)
+    for a, ss in sites.items():
+        for n, (_, group, child) in enumerate(ss):
+            first = next(m for m, t in enumerate(ss) if t[1] == group)
+            remaining[(a, n)] = sum(t[0] for t in ss[first:]) - 1
+            if child is not None:
+                fold[child] = (a, n)
+
+    def up(a: int) -> int:                   # roundings after a's value leaves it
+        if a not in fold:
+            return 0
+        p, n = fold[a]
+        return remaining[(p, n)] + up(p)
+    return max((remaining[(a, n)] + up(a) for a, ss in sites.items() for n, t in enumerate(ss) if t[2] is None),
+               default=0)
 
 
 def _full_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
