@@ -125,8 +125,29 @@ def from_json(js: str, root_lets: list[str]) -> EGraph:
     g.roots = [let_class[r] for r in root_lets]
     # dedupe nodes (the same node can be listed under several table rows)
     g.classes = [list(dict.fromkeys(c)) for c in g.classes]
+    _split_self_realize(g)
     g.infer()
     return g
+
+
+def _split_self_realize(g: EGraph) -> None:
+    """Give back each class that holds its own materialization its "x, or x from a buffer" form.
+
+    A rule that returns one of its arguments (``max(x, x) -> x``, ``x * 1 -> x``), applied in the
+    cleanup phase to a fused form, unions ``x`` with ``Realize(x)``: the fused ``Max(x, x)`` sits in
+    the class of ``Max(Realize x, Realize x)``, which the rule had already made the class of
+    ``Realize(x)``. A class containing ``Realize(itself)`` cannot be materialized by a one-node-per-
+    class plan (its consumers could only inline it: a reduction recomputed under a broadcast), so
+    the class is split: its value nodes are copied to a new class ``v`` and ``Realize(self)``
+    becomes ``Realize(v)``. Every node still computes the class's value; found by the fuzzer
+    (``max(x, x)`` and ``x + expand(x)`` of one reduction ``x``)."""
+    for c in range(len(g.classes)):
+        nodes = g.classes[c]
+        selfs = [n for n in nodes if n.op == "REALIZE" and n.children == (c,)]
+        if not selfs:
+            continue
+        v = g.add_class([n for n in nodes if n not in selfs])
+        g.classes[c] = [ENode("REALIZE", (v,), n.arg) if n in selfs else n for n in nodes]
 
 
 def from_lazy(targets: list[LazyBuffer], order: list[LazyBuffer], inputs: list[LazyBuffer]) -> EGraph:

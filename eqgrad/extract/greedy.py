@@ -88,8 +88,14 @@ class GreedyExtractor:
                         v = OPS[n.op].flops * numel(g.shapes[c]) + 1 + sum(cost[k] for k in n.children)
                     realized = sum(1 for k in n.children if is_realize[k])
                     cur = best[c]
-                    if v < cost[c] or (v == cost[c] and cur is not None and
-                                       realized > sum(1 for k in cur.children if is_realize[k])):
+                    # ties go to the unfused variant: a Realize node itself (a class that is both a
+                    # value and its materialization, egraph._split_self_realize), then the node
+                    # with more realized arguments
+                    tie = v == cost[c] and cur is not None and (
+                        (n.op == "REALIZE") > (cur.op == "REALIZE") or
+                        (n.op == "REALIZE") == (cur.op == "REALIZE") and
+                        realized > sum(1 for k in cur.children if is_realize[k]))
+                    if v < cost[c] or tie:
                         if v < cost[c]:
                             changed = True
                         cost[c], best[c] = v, n
