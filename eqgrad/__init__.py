@@ -4,19 +4,19 @@
     >>> ((Tensor([1.0, 2.0]) + 1) * 2).tolist()
     [4.0, 6.0]
 """
-from .config import Context
-from .dtype import bool_, float32, int32, DType, ConversionWarning
-from .cache import CacheWarning
-from .engine import EqgradWarning, GlobalCounters
-from .errors import AxisError, CompileError, DeviceError, DTypeError, EqgradError, ShapeError
-from .extract.explain import explain
-from .frontend.tensor import Tensor, manual_seed
+from eqgrad.config import Context
+from eqgrad.dtype import bool_, float32, int32, DType, ConversionWarning
+from eqgrad.cache import CacheWarning
+from eqgrad.counters import EqgradWarning, GlobalCounters
+from eqgrad.errors import AxisError, CompileError, DeviceError, DTypeError, EqgradError, ShapeError
+from eqgrad.tools.explain import explain
+from eqgrad.frontend.tensor import Tensor, manual_seed
 
-from .errors import AutogradError, JitError
-from .frontend.autograd import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
-from .frontend.tensor import realize
-from .frontend.jit import jit
-from . import nn, optim
+from eqgrad.errors import AutogradError, JitError
+from eqgrad.frontend.autograd import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
+from eqgrad.frontend.tensor import realize
+from eqgrad.frontend.jit import jit
+from eqgrad import nn, optim
 
 bool = bool_  # noqa: A001  (eqgrad.bool, as torch.bool)
 

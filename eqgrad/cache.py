@@ -27,13 +27,14 @@ import hashlib
 import json
 import math
 import os
+import platform
 import tempfile
 import threading
 import warnings
 from pathlib import Path
 from typing import Any, Callable
 
-from . import config
+from eqgrad import config
 
 try:
     import fcntl
@@ -281,3 +282,17 @@ def check_fields(v: Any, positive: tuple[str, ...] = (), non_negative: tuple[str
         if f not in v or not isinstance(v[f], str):
             return f"expected {f!r} to be a string, got {v.get(f)!r}"
     return None
+
+
+@functools.lru_cache(maxsize=None)
+def machine_id() -> str:
+    """This machine, for keys of on-disk caches (read once per process: it is asked on every realize)."""
+    cpu = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{platform.node()}|{platform.machine()}|{cpu}|{os.cpu_count()}"

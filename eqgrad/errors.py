@@ -1,7 +1,7 @@
 """The exceptions eqgrad raises at its API. Each message names the op, what it expected and what it got."""
 from __future__ import annotations
 
-from .ops import OpError
+from eqgrad.ops import OpError
 
 
 class EqgradError(Exception):

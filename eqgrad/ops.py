@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .dtype import DType, bool_, float32, int32
+from eqgrad.dtype import DType, bool_, float32, int32
 
 Shape = tuple[int, ...]
 MAX_RANK = 8          # egglog analysis rules are generated per rank up to this

@@ -25,9 +25,9 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
-from .errors import DTypeError
-from .frontend.autograd import set_grad_enabled
-from .frontend.tensor import Tensor, pending_assigns, realize
+from eqgrad.errors import DTypeError
+from eqgrad.frontend.autograd import set_grad_enabled
+from eqgrad.frontend.tensor import Tensor, pending_assigns, realize
 
 
 def _scalar(v: float, device: str) -> Tensor:

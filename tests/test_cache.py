@@ -19,7 +19,8 @@ import eqgrad
 from eqgrad import Tensor, engine
 from eqgrad.cache import CacheWarning, JsonCache, cache_dir
 from eqgrad.extract import using
-from eqgrad.extract.cost import DEFAULT_PARAMS, machine_id, params_for, save_calibration
+from eqgrad.extract.cost import DEFAULT_PARAMS, params_for, save_calibration
+from eqgrad.cache import machine_id
 
 
 @pytest.fixture(autouse=True)

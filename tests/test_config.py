@@ -9,7 +9,7 @@ import pytest
 
 import eqgrad
 from eqgrad import Tensor, config, engine
-from eqgrad.engine import GlobalCounters
+from eqgrad.counters import GlobalCounters
 from eqgrad.extract import DeviceParams, settings_key, using
 
 # flag -> (bad values, (good value, parsed) pairs); the bad ones are given both as text (the

@@ -27,8 +27,8 @@ from eqgrad.devices.cuda import CUDARenderer, compile_ptx, nvcc
 from eqgrad.devices.llvm import render_llvm
 from eqgrad.devices.opencl import OpenCLRenderer
 from eqgrad.dtype import DType, bool_, float32, int32
-from eqgrad.extract.plan import Kernel, KernelPlan, KNode
-from eqgrad.lower.loopir import LoopKernel
+from eqgrad.graph.plan import Kernel, KernelPlan, KNode
+from eqgrad.graph.loopir import LoopKernel
 from eqgrad.lower.lowering import lower_kernel
 from eqgrad.ops import ALU_OPS, OPS
 from conftest import DEVICES, data

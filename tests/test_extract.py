@@ -4,10 +4,11 @@ import pytest
 
 from eqgrad import Tensor
 from eqgrad.extract.cost import CostModel, DeviceParams
-from eqgrad.extract.egraph import from_json, from_lazy
+from eqgrad.extract.egraph import from_json, from_program
 from eqgrad.extract.greedy import GreedyExtractor
-from eqgrad.extract.plan import build_plan, check_plan
-from eqgrad.frontend.lazy import toposort
+from eqgrad.extract.plan import build_plan
+from eqgrad.graph.plan import check_plan
+from eqgrad.graph.program import linearize
 from eqgrad.rules.ir import emit_program
 from eqgrad.rules.saturate import default_saturator
 from eqgrad.devices.numpy_device import NumpyDevice
@@ -16,11 +17,10 @@ from eqgrad.devices import Buffer
 
 def saturated(*outs: Tensor):
     lbs = [o.lazydata for o in outs]
-    order = toposort(lbs)
-    prog = emit_program(lbs, order)
-    js, rep = default_saturator().run(prog.text)
+    prog = linearize(lbs)
+    js, rep = default_saturator().run(emit_program(prog).text)
     assert rep.stop_reason == "completed"
-    return from_json(js, prog.roots), prog
+    return from_json(js, emit_program(prog).roots), prog
 
 
 def run_plan(g, choice, prog, ev=None):
@@ -83,9 +83,8 @@ def test_unsaturated_graph_gives_the_unfused_plan():
     x = Tensor(np.arange(12, dtype=np.float32).reshape(3, 4), device="NUMPY")
     y = (x + 1).permute(1, 0) * 2
     lbs = [y.lazydata]
-    order = toposort(lbs)
-    prog = emit_program(lbs, order)
-    g = from_lazy(lbs, order, prog.inputs)
+    prog = linearize(lbs)
+    g = from_program(prog)
     choice = GreedyExtractor(g, CostModel(DeviceParams()), [(lb.shape, lb.dtype) for lb in prog.inputs],
                              max_passes=0).extract().choice
     plan, (out,) = run_plan(g, choice, prog)
@@ -110,5 +109,5 @@ def test_random_programs_extract_to_valid_plans(seed):
     assert ev.legal
     plan, (out,) = run_plan(g, choice, prog, ev)
     from eqgrad.engine import reference
-    (ref,) = reference([y.lazydata], toposort([y.lazydata]))
+    (ref,) = reference(linearize([y.lazydata]))
     np.testing.assert_allclose(out.reshape(ref.shape), ref, rtol=1e-4, atol=1e-4)

@@ -8,11 +8,13 @@ import eqgrad
 from eqgrad import GlobalCounters, Tensor, engine
 from eqgrad.dtype import float32
 from eqgrad.extract import EXTRACTORS, make_extractor, using
-from eqgrad.extract.cost import CostModel, DeviceParams, calibrate, load_calibrations, params_for, save_calibration
+from eqgrad.extract.cost import CostModel, DeviceParams, load_calibrations, params_for, save_calibration
+from eqgrad.tools.calibrate import calibrate
 from eqgrad.extract.egraph import EGraph, ENode
 from eqgrad.extract.greedy import GreedyExtractor
 from eqgrad.extract.ilp import ILPExtractor
-from eqgrad.extract.plan import build_plan, check_plan
+from eqgrad.extract.plan import build_plan
+from eqgrad.graph.plan import check_plan
 
 rng = np.random.default_rng(0)
 
@@ -85,8 +87,8 @@ def test_fuzzed_egraphs_give_valid_plans_from_every_extractor(seed, tmp_path, mo
     g = cp.egraph
     specs = [cp.plan.buffers[i] for i in range(cp.plan.n_inputs)]
     from eqgrad.engine import reference
-    from eqgrad.frontend.lazy import toposort
-    (ref,) = reference([y.lazydata], toposort([y.lazydata]))
+    from eqgrad.graph.program import linearize
+    (ref,) = reference(linearize([y.lazydata]))
     for name in EXTRACTORS:
         res = make_extractor(name, g, "NUMPY", specs).extract()
         ev = res.evaluation
@@ -98,7 +100,7 @@ def test_fuzzed_egraphs_give_valid_plans_from_every_extractor(seed, tmp_path, mo
         check_plan(plan)
         from eqgrad.devices import Buffer
         from eqgrad.devices.numpy_device import NumpyDevice
-        ins = [lb.buffer for lb in engine._inputs_in_order(toposort([y.lazydata]), [y.lazydata])]
+        ins = [lb.buffer for lb in linearize([y.lazydata]).inputs]
         bufs = ins + [Buffer.empty(s, d, "NUMPY") for s, d in plan.buffers[len(ins):]]
         NumpyDevice().prepare(plan)(bufs)
         np.testing.assert_allclose(bufs[plan.outputs[0]].data.reshape(ref.shape), ref, rtol=1e-4, atol=1e-4)
@@ -215,7 +217,7 @@ def test_calibration_is_stored_and_used(tmp_path, monkeypatch):
 
 
 def test_experiment_reports_predicted_and_measured(tmp_path):
-    from eqgrad.extract.experiments import format_table, plot, rank_correlation, run_experiment
+    from eqgrad.tools.experiments import format_table, plot, rank_correlation, run_experiment
     x = _t(64, 64)
     rows = run_experiment({"softmax": lambda: [x.softmax(-1)]}, ("greedy", "ilp"), reps=2, progress=False)
     named = [r for r in rows if not r.candidate]

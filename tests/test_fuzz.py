@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from eqgrad.fuzz import F, I, B, Program, check_program, program_strategy
+from eqgrad.tools.fuzz import F, I, B, Program, check_program, program_strategy
 from conftest import DEVICES
 
 CI = settings(max_examples=40, deadline=None, derandomize=True, database=None,

@@ -3,11 +3,11 @@ interpreter's own checks, and proof that the fuzzer finds the truncating-divisio
 import numpy as np
 import pytest
 
-from eqgrad import fuzz_index
+from eqgrad.tools import fuzz_index
 from eqgrad.dtype import int32
-from eqgrad.fuzz_index import Chain, campaign, check_chain
-from eqgrad.lower import loopir
-from eqgrad.lower.loopir import NONNEG, LInst, LoopIRError, LoopKernel
+from eqgrad.tools.fuzz_index import Chain, campaign, check_chain
+from eqgrad.graph import interp
+from eqgrad.graph.loopir import NONNEG, LInst, LoopIRError, LoopKernel
 
 from conftest import DEVICES
 
@@ -68,14 +68,14 @@ def test_interpreter_checks_nonneg_claims_and_bounds():
     params = [("b1", int32, True), ("b0", int32, False)]
     out, inp = np.zeros(4, np.int32), np.arange(10, dtype=np.int32)
     ok = LoopKernel("k", params, head + [LInst("MOD", ix, (4, 5))] + tail, parallel=1)
-    loopir.run(ok, [out, inp])
+    interp.run_loop(ok, [out, inp])
     np.testing.assert_array_equal(out, [(i - 2) % 3 for i in range(4)])       # floor modulo
     lie = LoopKernel("k", params, head + [LInst("MOD", ix, (4, 5), NONNEG)] + tail, parallel=1)
     with pytest.raises(LoopIRError, match="marked nonneg got the numerator -2"):
-        loopir.run(lie, [out, inp])
+        interp.run_loop(lie, [out, inp])
     oob = LoopKernel("k", params, head + [LInst("ADD", ix, (4, 5))] + tail, parallel=1)   # i + 1 on 2 elements
     with pytest.raises(LoopIRError, match="LOAD at index 2 of parameter 1"):
-        loopir.run(oob, [out, inp[:2].copy()])
+        interp.run_loop(oob, [out, inp[:2].copy()])
 
 
 def test_bounds_check_finds_an_unsound_bound(monkeypatch):

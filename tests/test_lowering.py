@@ -4,7 +4,7 @@ import pytest
 
 import eqgrad
 from eqgrad import GlobalCounters, Tensor, engine
-from eqgrad.extract.plan import check_plan
+from eqgrad.graph.plan import check_plan
 from eqgrad.lower.lowering import lower_kernel
 from eqgrad.lower.symbolic import Lin
 
@@ -235,7 +235,7 @@ def _floor_div_kernel(n: int, c: int, d: int):
     """Loop IR by hand: out[i] = in[(i - c) // d + off] * 16 + in[(i - c) % d + d], index division
     WITHOUT the NONNEG mark, over numerators from -c to n-1-c (in = arange, so out encodes both)."""
     from eqgrad.dtype import int32
-    from eqgrad.lower.loopir import LInst, LoopKernel
+    from eqgrad.graph.loopir import LInst, LoopKernel
     off = -((-c) // d)
     ix = "index"
     insts = [LInst("PARAM", int32, (), 0), LInst("PARAM", int32, (), 1), LInst("RANGE", ix, (), n),
@@ -254,11 +254,12 @@ def test_index_division_is_floor_division_on_every_device(device, monkeypatch, c
     """An index IDIV/MOD without the NONNEG mark is floor division on every device (and in the
     loop-IR interpreter), whatever the numerator's sign."""
     from eqgrad.devices import Buffer, get_device
-    from eqgrad.lower import loopir, lowering
+    from eqgrad.graph import interp
+    from eqgrad.lower import lowering
     n = 20
     lk, ref = _floor_div_kernel(n, c, d)
     out = np.zeros(n, np.int32)
-    loopir.run(lk, [out, np.arange(n, dtype=np.int32)])
+    interp.run_loop(lk, [out, np.arange(n, dtype=np.int32)])
     np.testing.assert_array_equal(out, ref)
     if device == "NUMPY":
         return                           # no loop IR on the NumPy device
@@ -326,11 +327,11 @@ def test_validation_does_not_blame_rules_for_a_lowering_bug(monkeypatch):
 def test_validation_without_a_guilty_rule_says_so(monkeypatch):
     """When every plan is wrong, the rule-free one included, no rule is named either."""
     from eqgrad.devices import numpy_device
-    real = numpy_device.eval_node
+    real = numpy_device.run_kernel
 
-    def broken(n, srcs, bufs):        # the NUMPY device forgets flips, the reference does not
-        return srcs[0] if n.op == "FLIP" else real(n, srcs, bufs)
-    monkeypatch.setattr(numpy_device, "eval_node", broken)
+    def broken(k, bufs):              # the NUMPY device computes every kernel wrong, the reference does not
+        return real(k, bufs) + 1
+    monkeypatch.setattr(numpy_device, "run_kernel", broken)
     engine.clear_cache()
     try:
         with eqgrad.Context(VALIDATE=1), pytest.raises(engine.ValidationError) as e:

@@ -9,7 +9,7 @@ import pytest
 import eqgrad
 from eqgrad import Tensor, nn, optim
 import eqgrad.nn.functional as F
-from eqgrad.frontend.lazy import toposort
+from eqgrad.graph.lazy import toposort
 from conftest import data
 from gradcheck import HAVE_TORCH, torch
 

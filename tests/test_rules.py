@@ -8,7 +8,7 @@ import pytest
 import eqgrad
 from eqgrad import EqgradWarning, Tensor, engine
 from eqgrad.rules import rulebook
-from eqgrad.rules.check import check_rule, check_rules
+from eqgrad.tools.check import check_rule, check_rules
 from eqgrad.rules.rulebook import RulebookError, all_rules, load_rulebook
 from eqgrad.rules.stats import collect
 

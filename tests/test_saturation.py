@@ -7,7 +7,8 @@ import pytest
 import eqgrad
 from eqgrad import EqgradWarning, Tensor
 from eqgrad import engine
-from eqgrad.rules.saturate import Saturator, read_schedule, RULEBOOK_DIR
+from eqgrad.rules.book import RULEBOOK_DIR, read_schedule
+from eqgrad.rules.saturate import Saturator
 
 
 def blowup_program(x: Tensor, depth: int = 120) -> Tensor:
@@ -72,10 +73,10 @@ def test_timeout_falls_back_to_unoptimized_plan(x):
 
 
 def blowup_program_text() -> str:
-    from eqgrad.frontend.lazy import toposort
+    from eqgrad.graph.program import linearize
     from eqgrad.rules.ir import emit_program
     t = blowup_program(Tensor(np.ones((6, 6), np.float32)), depth=200)
-    return emit_program([t.lazydata], toposort([t.lazydata])).text
+    return emit_program(linearize([t.lazydata])).text
 
 
 def test_timeout_in_realize_warns_and_is_correct(x):
@@ -117,9 +118,9 @@ def test_free_ac_rules_blow_up_and_are_stopped(tmp_path):
     y = x
     for i in range(30):                                  # a deep chain with many constants
         y = (y + float(i)) * (x + float(i % 7))
-    from eqgrad.frontend.lazy import toposort
+    from eqgrad.graph.program import linearize
     from eqgrad.rules.ir import emit_program
-    text = emit_program([y.lazydata], toposort([y.lazydata])).text
+    text = emit_program(linearize([y.lazydata])).text
     sat = Saturator(rulebooks=[RULEBOOK_DIR / "fusion.egg", tmp_path / "ac.egg"], schedule=tmp_path / "schedule.egg")
     try:
         js, rep = sat.run(text, timeout=60, node_limit=20_000)

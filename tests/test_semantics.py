@@ -25,7 +25,7 @@ from eqgrad.devices.cuda import CUDARenderer
 from eqgrad.devices.llvm import render_llvm
 from eqgrad.devices.opencl import OpenCLRenderer
 from eqgrad.dtype import DType, bool_, float32, int32
-from eqgrad.extract.plan import Kernel, KernelPlan, KNode
+from eqgrad.graph.plan import Kernel, KernelPlan, KNode
 from eqgrad.lower.lowering import lower_kernel
 from eqgrad.ops import OPS
 

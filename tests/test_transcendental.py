@@ -10,8 +10,8 @@ import pytest
 
 from eqgrad import Tensor, engine
 from eqgrad.devices.cuda import CUDARenderer
-from eqgrad.devices.llvm import (SIN_ABS_ERR, SIN_REL_ERR, SIN_TABLE, TWO_OVER_PI, TWO_OVER_PI_BITS, compiler,
-                                 render_llvm)
+from eqgrad.devices.llvm import (SIN_ABS_ERR, SIN_REL_ERR, SIN_TABLE, TWO_OVER_PI, TWO_OVER_PI_BITS,
+                                 compiler, render_llvm)
 from eqgrad.devices.opencl import OpenCLRenderer
 from eqgrad.lower.lowering import lower_kernel
 

@@ -179,11 +179,11 @@ def test_sigint_while_saturating_leaves_the_channel_clean(monkeypatch):
 
 def test_a_reply_to_an_earlier_request_is_never_taken_for_a_later_one():
     """Replies carry the request's id: a stale reply waiting in the pipe is discarded."""
-    from eqgrad.frontend.lazy import toposort
+    from eqgrad.graph.program import linearize
     from eqgrad.rules.ir import emit_program
     a, b = Tensor(np.ones((2, 3), np.float32)) * 2, Tensor(np.ones((4,), np.float32)) + 1
-    pa = emit_program([a.lazydata], toposort([a.lazydata])).text
-    pb = emit_program([b.lazydata], toposort([b.lazydata])).text
+    pa = emit_program(linearize([a.lazydata])).text
+    pb = emit_program(linearize([b.lazydata])).text
     sat = Saturator()
     try:
         ja, _ = sat.run(pa, timeout=60)
@@ -346,10 +346,10 @@ def test_worker_directories_are_removed_when_it_stops(private_tmp):
 
 
 def _big_program() -> str:
-    from eqgrad.frontend.lazy import toposort
+    from eqgrad.graph.program import linearize
     from eqgrad.rules.ir import emit_program
     t = _chain(Tensor(np.ones((6, 6), np.float32)), 150)
-    return emit_program([t.lazydata], toposort([t.lazydata])).text
+    return emit_program(linearize([t.lazydata])).text
 
 
 def test_rule_blame_leaves_no_directories(private_tmp):

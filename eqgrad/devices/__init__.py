@@ -35,11 +35,15 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..dtype import DType
-from ..errors import DeviceError
-from ..extract.cost import DEFAULT_PARAMS, DeviceParams
-from ..ops import Shape, numel
-from .hostmem import host_empty
+from eqgrad.dtype import DType
+from eqgrad.errors import DeviceError
+from eqgrad.ops import Shape, numel
+from eqgrad.devices.hostmem import host_empty
+from eqgrad.config import DEVICE_ALIASES
+from eqgrad import config
+from eqgrad.config import POOL_BYTES
+from eqgrad.dtype import to_dtype
+from eqgrad.lower import lowering
 
 # device name -> "module:class" inside this package (names and aliases: eqgrad/config.py)
 DEVICES = {
@@ -78,7 +82,6 @@ class BufferPool:
         return host_empty(nbytes)          # huge pages when large (hostmem.py)
 
     def release(self, device: str, a: np.ndarray) -> None:
-        from ..config import POOL_BYTES
         if self.nbytes + a.nbytes <= POOL_BYTES.value:
             self.free.setdefault((device, a.nbytes), []).append(a)
             self.nbytes += a.nbytes
@@ -131,7 +134,6 @@ class Buffer:
     @staticmethod
     def from_numpy(a: np.ndarray, device: str) -> "Buffer":
         """A new buffer holding a copy of ``a`` (later writes to ``a`` do not leak in)."""
-        from ..dtype import to_dtype
         buf = Buffer.empty(a.shape, to_dtype(a.dtype), device)
         buf.copyin(a)
         return buf
@@ -189,10 +191,6 @@ class Device:
         return DeviceError(f"{self.name} device failed {what}: {type(e).__name__}: {e}. The device may "
                            f"have been lost or run out of memory; no result of this operation was used")
 
-    @property
-    def params(self) -> DeviceParams:
-        return DEFAULT_PARAMS[self.name]
-
     def prepare(self, plan: Any) -> Callable[[list[Buffer]], None]:
         raise NotImplementedError
 
@@ -201,9 +199,7 @@ class Device:
         """Lower one kernel to loop IR and render it (``DEBUG>=5`` prints the loop IR, ``>=4`` the
         source). Every kernel's function is named ``eqk``: the same body gives the same source, so
         it is compiled once across plans."""
-        from .. import config
-        from ..lower.lowering import lower_kernel
-        lk = lower_kernel(k, plan, upcast)
+        lk = lowering.lower_kernel(k, plan, upcast)   # looked up at call time (tests patch it)
         lk.name = "eqk"
         src = render(lk)
         if config.DEBUG.value >= 5:
@@ -252,7 +248,6 @@ def _unknown(name: str) -> DeviceError:
 def get_device(name: str) -> Device:
     """The device object (created on first use). Raises DeviceError naming what is missing when
     the device cannot run here (no driver, no package)."""
-    from ..config import DEVICE_ALIASES
     name = DEVICE_ALIASES.get(name.upper(), name.upper())
     if name not in _devices:
         if name not in DEVICES:
@@ -265,7 +260,6 @@ def get_device(name: str) -> Device:
 def canonical_device(name: str | None) -> str:
     """The canonical name of a device given by the user (or EQGRAD_DEVICE when None); raises
     DeviceError at once if it is unknown or cannot run here."""
-    from .. import config
     name = (name or config.DEVICE.value).upper()
     name = config.DEVICE_ALIASES.get(name, name)
     if name not in DEVICES:

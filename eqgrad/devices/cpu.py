@@ -15,12 +15,16 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
-from .. import config
-from ..extract.plan import KernelPlan
-from . import Buffer, Device
-from ..lower.split import split_reduction
-from ..ops import numel
-from .llvm import LLVMProgram, render_llvm, streaming_store
+from eqgrad import config
+from eqgrad.graph.plan import KernelPlan
+from eqgrad.devices import Buffer, Device
+from eqgrad.lower.split import split_reduction
+from eqgrad.ops import numel
+from eqgrad.devices.llvm import LLVMProgram, render_llvm, streaming_store
+from eqgrad.counters import GlobalCounters, log_kernel
+from eqgrad.errors import CompileError
+from eqgrad.cache import save_failed_source
+from eqgrad.devices.search import search_upcast
 
 
 PARALLEL_MIN = 60e-6      # predicted seconds above which a kernel is split across threads
@@ -62,8 +66,6 @@ class LLVMDevice(Device):
             shape, dt = plan.buffers[k.out]
             prg = self.program(src, lk, streaming_store(lk, numel(shape) * dt.itemsize))
         except Exception as e:
-            from ..errors import CompileError
-            from ..cache import save_failed_source
             where = save_failed_source(k.name, ".ll", src)      # never raises: it must not hide this error
             raise CompileError(f"LLVM device: kernel {k.name} ({k.ast.render()[:80]}) failed to compile: "
                                f"{str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}; "
@@ -117,7 +119,6 @@ class LLVMDevice(Device):
         for k in plan.kernels:
             upcast = None
             if beam > 0:
-                from ..lower.search import search_upcast
 
                 def build(up, k=k):
                     src, prg, n = self.build(k, plan, up)
@@ -129,7 +130,6 @@ class LLVMDevice(Device):
             steps.append((k, prg, (k.out, *k.inputs), n))
 
         def run(bufs: list[Buffer]) -> None:
-            from ..engine import GlobalCounters, log_kernel
             dbg = config.DEBUG.value
             if scratch:
                 bufs = list(bufs) + [Buffer.empty(s, d, self.name) for s, d in scratch]

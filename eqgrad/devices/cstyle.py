@@ -36,8 +36,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..lower.loopir import INDEX, NONNEG, LoopKernel
-from .llvm import COS_POLY, EXP2_MAGIC, EXP2_POLY, LOG2_POLY, SIN_POLY, SIN_TABLE
+from eqgrad.graph.loopir import INDEX, NONNEG, LoopKernel
+from eqgrad.devices.llvm import COS_POLY, EXP2_MAGIC, EXP2_POLY, LOG2_POLY, SIN_POLY, SIN_TABLE
 
 # ops the renderer implements (checked against the op table by tests/test_optable.py)
 ALU = ("NEG", "EXP2", "LOG2", "SIN", "SQRT", "RECIP", "TRUNC", "CAST", "ADD", "MUL", "MAX", "CMPLT", "CMPEQ",

@@ -23,13 +23,14 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .. import config
-from ..dtype import DType
-from ..errors import DeviceError
-from ..extract.plan import KernelPlan
-from ..ops import Shape, numel
-from . import Buffer, Device
-from .cstyle import CStyleRenderer
+from eqgrad import config
+from eqgrad.dtype import DType
+from eqgrad.errors import DeviceError
+from eqgrad.graph.plan import KernelPlan
+from eqgrad.ops import Shape, numel
+from eqgrad.devices import Buffer, Device
+from eqgrad.devices.cstyle import CStyleRenderer
+from eqgrad.counters import GlobalCounters, log_kernel
 
 
 class CUDARenderer(CStyleRenderer):
@@ -160,7 +161,6 @@ class CUDADevice(Device):
         names = ", ".join(k.name for k in plan.kernels)
 
         def run(bufs: list[Buffer]) -> None:
-            from ..engine import GlobalCounters, log_kernel
             dbg = config.DEBUG.value
             for k, fn, grid, block, ids in steps:
                 t0 = time.perf_counter() if dbg >= 2 else 0.0

@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from ..dtype import DType, bool_, float32, int32
-from ..lower.loopir import INDEX, NONNEG, LInst, LoopKernel
+from eqgrad.dtype import DType, bool_, float32, int32
+from eqgrad.graph.loopir import INDEX, NONNEG, LInst, LoopKernel
 
 LT = {"float32": "float", "int32": "i32", "bool": "i1", INDEX: "i64"}     # register types
 MT = {"float32": "float", "int32": "i32", "bool": "i8"}                    # memory types

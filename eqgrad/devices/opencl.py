@@ -23,13 +23,15 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .. import config
-from ..dtype import DType
-from ..errors import CompileError, DeviceError
-from ..extract.plan import KernelPlan
-from ..ops import Shape, numel
-from . import Buffer, Device
-from .cstyle import CStyleRenderer
+from eqgrad import config
+from eqgrad.dtype import DType
+from eqgrad.errors import CompileError, DeviceError
+from eqgrad.graph.plan import KernelPlan
+from eqgrad.ops import Shape, numel
+from eqgrad.devices import Buffer, Device
+from eqgrad.devices.cstyle import CStyleRenderer
+from eqgrad.counters import GlobalCounters, log_kernel
+from eqgrad.cache import save_failed_source
 
 
 class OpenCLRenderer(CStyleRenderer):
@@ -153,7 +155,6 @@ class OpenCLDevice(Device):
                 what = f"kernel {k.name} ({k.ast.render()[:80]})" if k is not None else "a kernel"
                 if getattr(e, "code", None) not in (cl.status_code.BUILD_PROGRAM_FAILURE, cl.status_code.INVALID_KERNEL_NAME):
                     raise self.failed(f"building {what}", e) from e
-                from ..cache import save_failed_source
                 where = save_failed_source(k.name if k is not None else "kernel", ".cl", src)   # never raises
                 log = [ln.strip() for ln in str(e).splitlines() if "error" in ln.lower() and ln.strip()]
                 first = next((ln for ln in log if "error:" in ln), log[0] if log else type(e).__name__)
@@ -176,7 +177,6 @@ class OpenCLDevice(Device):
         names = ", ".join(k.name for k in plan.kernels)
 
         def run(bufs: list[Buffer]) -> None:
-            from ..engine import GlobalCounters, log_kernel
             dbg = config.DEBUG.value
             for k, knl, gsize, lsize, ids in steps:
                 t0 = time.perf_counter() if dbg >= 2 else 0.0

@@ -10,13 +10,13 @@ from __future__ import annotations
 import contextlib
 from typing import Callable, Iterator
 
-from .. import config
-from .cost import CostFn, CostModel, DeviceParams, default_cost, params_for
-from .egraph import EGraph
-from .evaluate import Choice
-from .greedy import GreedyExtractor, ImproveExtractor, Result
-from .ilp import ILPExtractor
-from .measured import MeasuredExtractor
+from eqgrad import config
+from eqgrad.extract.cost import CostFn, CostModel, DeviceParams, default_cost, params_for
+from eqgrad.extract.egraph import EGraph
+from eqgrad.extract.evaluate import Choice
+from eqgrad.extract.greedy import GreedyExtractor, ImproveExtractor, Result
+from eqgrad.extract.ilp import ILPExtractor
+from eqgrad.extract.measured import MeasuredExtractor
 
 EXTRACTORS = {"greedy": GreedyExtractor, "improve": ImproveExtractor, "ilp": ILPExtractor,
               "measured": MeasuredExtractor}

@@ -33,16 +33,12 @@ defaults. Users can replace the whole function: ``eqgrad.extract.using(cost_fn=m
 """
 from __future__ import annotations
 
-import functools
 import math
-import os
-import platform
-import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable
 
-from ..cache import JsonCache, check_fields
+from eqgrad.cache import JsonCache, check_fields, machine_id
 
 CALIBRATION_VERSION = 1
 
@@ -120,20 +116,6 @@ class CostModel:
 
 # ------------------------------------------------------------------ calibration storage
 
-@functools.lru_cache(maxsize=None)
-def machine_id() -> str:
-    """This machine, for keys of on-disk caches (read once per process: it is asked on every realize)."""
-    cpu = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{platform.node()}|{platform.machine()}|{cpu}|{os.cpu_count()}"
-
-
 def _check_calibration(v: object) -> str | None:
     """Why a stored calibration is unusable (a zero bandwidth would divide by zero), or None."""
     return check_fields(v, positive=("bandwidth", "peak"), non_negative=("launch",))
@@ -163,56 +145,3 @@ def params_for(device: str) -> DeviceParams:
                        source=str(e.get("source", "calibrated")))
     except (KeyError, TypeError, ValueError):
         return base
-
-
-def calibrate(device: str = "LLVM", reps: int = 7, progress: Callable[[str], None] | None = None) -> DeviceParams:
-    """Measure launch overhead, bandwidth and peak FLOP/s of ``device`` with small eqgrad kernels."""
-    import numpy as np
-    from .. import engine
-    from ..frontend.tensor import Tensor
-
-    def timed(make: Callable[[], Tensor]) -> tuple[float, object]:
-        make().realize()                          # compile once
-        cp = engine.last_plan
-        ins = [lb.buffer for lb in engine._inputs_in_order(*_graph(make()))]
-        from ..devices import Buffer
-        bufs = ins + [Buffer.empty(s, d, device) for s, d in cp.plan.buffers[len(ins):]]
-        ts = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            cp.run(bufs)
-            ts.append(time.perf_counter() - t0)
-        return float(np.median(ts)), cp
-
-    def _graph(t: Tensor):
-        from ..frontend.lazy import toposort
-        return toposort([t.lazydata]), [t.lazydata]
-
-    rng = np.random.default_rng(0)
-    tiny = Tensor(np.ones((1,), np.float32), device=device)
-    launch, _ = timed(lambda: tiny + 1)
-    if progress:
-        progress(f"launch overhead {launch * 1e6:.1f} us")
-    n = 1 << 24
-    big = Tensor(rng.random(n, dtype=np.float32), device=device)
-    t_copy, _ = timed(lambda: big + 1)
-    bandwidth = 8 * n / max(t_copy - launch, 1e-9)
-    if progress:
-        progress(f"bandwidth {bandwidth / 1e9:.1f} GB/s")
-    m = 512
-    a = Tensor(rng.random((m, m), dtype=np.float32), device=device)
-    t_mm, _ = timed(lambda: a @ a)
-    small = Tensor(rng.random(1 << 18, dtype=np.float32), device=device)
-
-    def fma_chain() -> Tensor:
-        y = small
-        for _ in range(64):
-            y = y * 0.999 + 0.001
-        return y
-    t_fma, _ = timed(fma_chain)
-    peak = max(2 * m ** 3 / max(t_mm - launch, 1e-9), 128 * (1 << 18) / max(t_fma - launch, 1e-9))
-    if progress:
-        progress(f"peak {peak / 1e9:.1f} GFLOP/s")
-    params = replace(DEFAULT_PARAMS.get(device, DeviceParams()), launch=launch, bandwidth=bandwidth, peak=peak,
-                     source=f"calibrated {time.strftime('%Y-%m-%d %H:%M')}")
-    return params

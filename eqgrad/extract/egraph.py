@@ -1,6 +1,6 @@
 """The saturated e-graph as eqgrad's extractors see it.
 
-Read from egglog's serialized JSON (egraph-serialize format), or built directly from a lazy graph
+Read from egglog's serialized JSON (egraph-serialize format), or built directly from a program (eqgrad.graph.program)
 when saturation was skipped or failed (the unoptimized e-graph: one node per class, every non-leaf
 argument behind a ``Realize``). Analysis rows (``shape``, ``dtype``) are not choices; shapes and
 dtypes are recomputed here from the op table, so the extractor never depends on the analysis
@@ -12,9 +12,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..dtype import DTYPES, DType
-from ..frontend.lazy import LazyBuffer
-from ..ops import EGG_TO_OP, OPS, OpDef, Shape
+from eqgrad.dtype import DTYPES, DType
+from eqgrad.graph.program import ConstLeaf, Input, Program, is_node
+from eqgrad.ops import EGG_TO_OP, OPS, OpDef, Shape
 
 
 @dataclass(frozen=True)
@@ -150,36 +150,34 @@ def _split_self_realize(g: EGraph) -> None:
         g.classes[c] = [ENode("REALIZE", (v,), n.arg) if n in selfs else n for n in nodes]
 
 
-def from_lazy(targets: list[LazyBuffer], order: list[LazyBuffer], inputs: list[LazyBuffer]) -> EGraph:
-    """The unsaturated e-graph of a lazy graph, exactly as ``rules.ir.emit_program`` inserts it."""
+def from_program(prog: Program) -> EGraph:
+    """The unsaturated e-graph of a program, exactly as ``rules.ir.emit_program`` inserts it."""
     g = EGraph()
-    cls: dict[int, int] = {}
     consts: dict[tuple, int] = {}
-    pos = {id(lb): i for i, lb in enumerate(inputs)}
+    bufs: dict[int, int] = {}
 
-    def leaf(lb: LazyBuffer) -> int:
-        if lb.op == "CONST":
-            key = (float(lb.arg), lb.dtype.name, lb.shape)
+    def leaf(r: Input | ConstLeaf) -> int:
+        if isinstance(r, ConstLeaf):
+            key = (float(r.value), r.dtype.name, r.shape)
             if key not in consts:
-                consts[key] = g.add_class([ENode("CONST", (), (float(lb.arg), lb.dtype, lb.shape))])
+                consts[key] = g.add_class([ENode("CONST", (), (float(r.value), r.dtype, r.shape))])
             return consts[key]
-        if id(lb) not in cls:
-            cls[id(lb)] = g.add_class([ENode("BUF", (), (pos[id(lb)], lb.shape, lb.dtype))])
-        return cls[id(lb)]
+        if r.pos not in bufs:
+            bufs[r.pos] = g.add_class([ENode("BUF", (), (r.pos, r.shape, r.dtype))])
+        return bufs[r.pos]
 
+    cls: list[int] = []
     realize: dict[int, int] = {}
-    for lb in order:
-        if lb.op in ("BUF", "CONST"):
-            continue
+    for n in prog.nodes:
         kids = []
-        for s in lb.src:
-            if s.op in ("BUF", "CONST"):
+        for s in n.src:
+            if not is_node(s):
                 kids.append(leaf(s))
-            else:
-                if cls[id(s)] not in realize:
-                    realize[cls[id(s)]] = g.add_class([ENode("REALIZE", (cls[id(s)],), None)])
-                kids.append(realize[cls[id(s)]])
-        cls[id(lb)] = g.add_class([ENode(lb.op, tuple(kids), lb.arg)])
-    g.roots = [cls[id(t)] if t.op not in ("BUF", "CONST") else leaf(t) for t in targets]
+                continue
+            if cls[s] not in realize:
+                realize[cls[s]] = g.add_class([ENode("REALIZE", (cls[s],), None)])
+            kids.append(realize[cls[s]])
+        cls.append(g.add_class([ENode(n.op, tuple(kids), n.arg)]))
+    g.roots = [cls[r] if is_node(r) else leaf(r) for r in prog.roots]
     g.infer()
     return g

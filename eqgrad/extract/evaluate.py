@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..ops import OPS, REDUCE_OPS, numel
-from .cost import CostModel, KernelCost
-from .egraph import EGraph, ENode
+from eqgrad.ops import OPS, REDUCE_OPS, numel
+from eqgrad.extract.cost import CostModel, KernelCost
+from eqgrad.extract.egraph import EGraph, ENode
 
 Choice = dict[int, ENode]
 

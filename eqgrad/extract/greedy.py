@@ -21,10 +21,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..ops import OPS, numel
-from .cost import CostModel
-from .egraph import EGraph, ENode
-from .evaluate import Choice, Evaluation, PlanEvaluator
+from eqgrad.ops import OPS, numel
+from eqgrad.extract.cost import CostModel
+from eqgrad.extract.egraph import EGraph, ENode
+from eqgrad.extract.evaluate import Choice, Evaluation, PlanEvaluator
 
 INF = float("inf")
 

@@ -24,11 +24,11 @@ import time
 
 import numpy as np
 
-from ..ops import OPS, REDUCE_OPS, numel
-from .cost import CostModel
-from .egraph import EGraph
-from .evaluate import Choice
-from .greedy import GreedyExtractor, Result
+from eqgrad.ops import OPS, REDUCE_OPS, numel
+from eqgrad.extract.cost import CostModel
+from eqgrad.extract.egraph import EGraph
+from eqgrad.extract.evaluate import Choice
+from eqgrad.extract.greedy import GreedyExtractor, Result
 
 
 class ILPExtractor(GreedyExtractor):

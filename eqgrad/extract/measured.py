@@ -11,11 +11,11 @@ from __future__ import annotations
 import hashlib
 from typing import Callable
 
-from ..cache import JsonCache, check_fields
-from .cost import CostModel
-from .egraph import EGraph
-from .evaluate import Choice
-from .greedy import ImproveExtractor, Result
+from eqgrad.cache import JsonCache, check_fields
+from eqgrad.extract.cost import CostModel
+from eqgrad.extract.egraph import EGraph
+from eqgrad.extract.evaluate import Choice
+from eqgrad.extract.greedy import ImproveExtractor, Result
 
 CACHE_VERSION = 1
 

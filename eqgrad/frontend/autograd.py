@@ -23,12 +23,12 @@ import contextlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterator
 
-from ..errors import AutogradError
-from ..ops import OPS, NoGrad
-from .lazy import LazyBuffer
+from eqgrad.errors import AutogradError
+from eqgrad.ops import OPS, NoGrad
+from eqgrad.graph.lazy import LazyBuffer
 
 if TYPE_CHECKING:
-    from .tensor import Tensor
+    from eqgrad.frontend.tensor import Tensor
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +107,7 @@ def backward(root: "Tensor", gradient: LazyBuffer, retain_graph: bool = False) -
     Without ``retain_graph`` the records it went through are released afterwards (as torch frees
     the graph): a second backward through any of them raises instead of accumulating again.
     """
-    from .tensor import Tensor
+    Tensor = type(root)                     # the frontend's Tensor (autograd sits below it)
     grads: dict[int, LazyBuffer] = {id(root): gradient}
     graph = _graph(root)
     for t in reversed(graph):

@@ -53,12 +53,12 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .. import engine
-from ..devices import Buffer
-from ..errors import JitError
-from . import tensor as tensor_mod
-from .lazy import LazyBuffer
-from .tensor import Tensor, realize
+from eqgrad import engine
+from eqgrad.devices import Buffer
+from eqgrad.errors import JitError
+from eqgrad.frontend import tensor as tensor_mod
+from eqgrad.graph.lazy import LazyBuffer
+from eqgrad.frontend.tensor import Tensor, realize
 
 
 @dataclass

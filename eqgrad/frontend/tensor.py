@@ -13,13 +13,14 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from .. import dtype as dt
-from ..devices import Buffer, canonical_device
-from ..dtype import DType, bool_, float32, int32
-from ..errors import AutogradError, AxisError, DeviceError, DTypeError, ShapeError
-from ..ops import MAX_RANK, OPS
-from . import autograd
-from .lazy import LazyBuffer, freeze
+from eqgrad import dtype as dt
+from eqgrad.devices import Buffer, canonical_device
+from eqgrad.dtype import DType, bool_, float32, int32
+from eqgrad.errors import AutogradError, AxisError, DeviceError, DTypeError, ShapeError
+from eqgrad.ops import MAX_RANK, OPS
+from eqgrad.frontend import autograd
+from eqgrad.graph.lazy import LazyBuffer, freeze
+from eqgrad.engine import realize as realize_lazy
 
 Scalar = int | float | bool
 LOG2_E = 1.0 / math.log(2.0)
@@ -1192,7 +1193,6 @@ def realize(*tensors: Tensor) -> None:
         >>> b.tolist(), c.tolist()
         ([2.0, 3.0], [2.0, 4.0])
     """
-    from ..engine import realize as realize_lazy
     for t in tensors:
         if not isinstance(t, Tensor):
             raise DTypeError(f"realize(): expected Tensors, got {type(t).__name__}")

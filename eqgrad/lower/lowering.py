@@ -15,11 +15,11 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ..dtype import DType, bool_
-from ..extract.plan import Kernel, KernelPlan, KNode
-from ..ops import numel, reduce_identity
-from .loopir import INDEX, NONNEG, LInst, LoopKernel
-from .symbolic import Div, Lin, Mod, Var, substitute_free
+from eqgrad.dtype import DType, bool_
+from eqgrad.graph.plan import Kernel, KernelPlan, KNode
+from eqgrad.ops import numel, reduce_identity
+from eqgrad.graph.loopir import INDEX, NONNEG, LInst, LoopKernel
+from eqgrad.lower.symbolic import Div, Lin, Mod, Var, substitute_free
 
 
 def strides_of(shape: tuple[int, ...]) -> tuple[int, ...]:

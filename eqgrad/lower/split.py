@@ -13,8 +13,8 @@ division. Float sums are reassociated, as vectorized reductions already are (doc
 """
 from __future__ import annotations
 
-from ..extract.plan import Kernel, KNode
-from ..ops import numel
+from eqgrad.graph.plan import Kernel, KNode
+from eqgrad.ops import numel
 
 SPLIT_MIN = 1 << 20          # elements: smaller reductions are not worth a second kernel
 SPLIT_PARTS = 64             # most partial results (each thread gets several: uneven cores balance)

@@ -19,14 +19,14 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from ..errors import ShapeError
-from ..frontend.tensor import Tensor
-from . import functional, state
-from . import functional as F
-from .state import get_parameters, get_state_dict, load_state_dict, safe_load, safe_save
+from eqgrad.errors import ShapeError
+from eqgrad.frontend.tensor import Tensor
+from eqgrad.nn import functional, state
+from eqgrad.nn import functional as F
+from eqgrad.nn.state import get_parameters, get_state_dict, load_state_dict, safe_load, safe_save
+from eqgrad.frontend import tensor as _t
 
 def _uniform(shape: tuple[int, ...], bound: float) -> Tensor:
-    from ..frontend import tensor as _t
     return Tensor(_t._rng.uniform(-bound, bound, size=shape).astype(np.float32), requires_grad=True)
 
 
@@ -188,7 +188,6 @@ class Embedding(Module):
     """Rows of a (num_embeddings, embedding_dim) table at int32 indices; weight ~ N(0, 1) as torch."""
 
     def __init__(self, num_embeddings: int, embedding_dim: int):
-        from ..frontend import tensor as _t
         self.weight = Tensor(_t._rng.standard_normal((num_embeddings, embedding_dim)).astype(np.float32),
                              requires_grad=True)
 

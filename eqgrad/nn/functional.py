@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ..dtype import int32
-from ..errors import DTypeError, ShapeError
-from ..frontend.tensor import Tensor
+from eqgrad.dtype import int32
+from eqgrad.errors import DTypeError, ShapeError
+from eqgrad.frontend.tensor import Tensor
 
 IntOr2 = int | Sequence[int]
 

@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ShapeError
-from ..frontend.tensor import Tensor, realize
+from eqgrad.errors import ShapeError
+from eqgrad.frontend.tensor import Tensor, realize
 
 
 def get_state_dict(obj: Any, prefix: str = "") -> dict[str, Tensor]:

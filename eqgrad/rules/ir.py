@@ -6,7 +6,7 @@
 - :func:`generated_rulebooks` -- rule families that are mechanical consequences of the op table:
   the shape/dtype analysis (per rank where a rule needs ``vec-get``), composing permutes, and
   pushing movement through elementwise ops. Hand-written rules live in ``rulebooks/*.egg``.
-- :func:`emit_program` -- a lazy graph as egglog ``let`` commands, inserted *unfused*: every
+- :func:`emit_program` -- a program (``eqgrad.graph.program``) as egglog ``let`` commands, inserted *unfused*: every
   non-leaf argument is wrapped in ``Realize`` (see DESIGN.md, "Fusion").
 """
 from __future__ import annotations
@@ -14,8 +14,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..frontend.lazy import LazyBuffer
-from ..ops import EGG_TO_OP, MAX_RANK, OPS, OpDef
+from eqgrad.graph.lazy import LazyBuffer
+from eqgrad.graph.program import ConstLeaf, Input, Program, is_node
+from eqgrad.ops import EGG_TO_OP, MAX_RANK, OPS, OpDef
 
 SORTS = {"i64", "f64", "String", "IVec"}
 
@@ -138,43 +139,41 @@ class EmittedProgram:
     roots: list[str]               # let name of each requested target
 
 
-def emit_program(targets: list[LazyBuffer], order: list[LazyBuffer]) -> EmittedProgram:
-    """``order`` is a topological order of the unrealized graph (``lazy.toposort``)."""
-    names: dict[int, str] = {}
-    inputs: list[LazyBuffer] = []
+def _const(c: ConstLeaf) -> str:
+    v = c.value
+    const = f'(Const {fmt_f64(abs(float(v)) if v == 0 else float(v))} "{c.dtype.name}" {fmt_vec(c.shape)})'
+    # egglog's f64 equates -0.0 with 0.0, so negative zero is inserted as Neg(0.0)
+    return f"(Neg {const})" if v == 0 and math.copysign(1.0, float(v)) < 0 else const
+
+
+def emit_program(prog: Program) -> EmittedProgram:
+    """``prog`` (``eqgrad.graph.program.linearize``) as egglog ``let`` commands, inserted unfused."""
+    names: list[str] = []
     lines: list[str] = []
 
-    def leaf(lb: LazyBuffer) -> str:
-        if lb.op == "CONST":
-            const = f'(Const {fmt_f64(abs(float(lb.arg)) if lb.arg == 0 else float(lb.arg))} "{lb.dtype.name}" {fmt_vec(lb.shape)})'
-            # egglog's f64 equates -0.0 with 0.0, so negative zero is inserted as Neg(0.0)
-            return f"(Neg {const})" if lb.arg == 0 and math.copysign(1.0, float(lb.arg)) < 0 else const
-        if id(lb) not in names:
-            names[id(lb)] = f"(Buf {len(inputs)} {fmt_vec(lb.shape)} \"{lb.dtype.name}\")"
-            inputs.append(lb)
-        return names[id(lb)]
+    def leaf(r: Input | ConstLeaf) -> str:
+        if isinstance(r, ConstLeaf):
+            return _const(r)
+        return f"(Buf {r.pos} {fmt_vec(r.shape)} \"{r.dtype.name}\")"
 
-    for lb in order:
-        if lb.op in ("BUF", "CONST"):
-            continue
-        o = OPS[lb.op]
-        args = []
-        for s in lb.src:
-            args.append(leaf(s) if s.op in ("BUF", "CONST") else f"(Realize {names[id(s)]})")
-        name = f"$v{len(names)}"
-        lines.append(f"(let {name} ({o.egg} {' '.join(args + fmt_attrs(o, lb.arg))}))")
+    for i, n in enumerate(prog.nodes):
+        o = OPS[n.op]
+        args = [f"(Realize {names[s]})" if is_node(s) else leaf(s) for s in n.src]
+        name = f"$v{i}"
+        lines.append(f"(let {name} ({o.egg} {' '.join(args + fmt_attrs(o, n.arg))}))")
         # the frontend already knows every shape and dtype: stating them saves the analysis
         # one iteration per level of the graph (rules still derive them for rewritten terms)
-        lines.append(f'(set (shape {name}) {fmt_vec(lb.shape)}) (set (dtype {name}) "{lb.dtype.name}")')
-        names[id(lb)] = name
+        lines.append(f'(set (shape {name}) {fmt_vec(n.shape)}) (set (dtype {name}) "{n.dtype.name}")')
+        names.append(name)
     roots = []
-    for t in targets:
-        if t.op in ("BUF", "CONST"):      # a leaf target still gets a class of its own
+    for r in prog.roots:
+        if is_node(r):
+            roots.append(names[r])
+        else:                           # a leaf target still gets a class of its own
             name = f"$r{len(roots)}"
-            lines.append(f"(let {name} {leaf(t)})")
-            names[id(t)] = name
-        roots.append(names[id(t)])
-    return EmittedProgram("\n".join(lines) + "\n", inputs, roots)
+            lines.append(f"(let {name} {leaf(r)})")
+            roots.append(name)
+    return EmittedProgram("\n".join(lines) + "\n", prog.inputs, roots)
 
 
 def op_of(egg_name: str) -> OpDef:

@@ -38,10 +38,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import config
-from .ir import declarations, generated_rulebooks
+from eqgrad import config
+from eqgrad.rules.book import BUILTIN_RULEBOOKS, RULEBOOK_DIR, RuleConfig, builtin_config, split_schedule
+from eqgrad.rules.ir import declarations, generated_rulebooks
 
-RULEBOOK_DIR = Path(__file__).resolve().parents[2] / "rulebooks"
 SCHEDULE = "schedule.egg"
 
 
@@ -97,36 +97,6 @@ class SaturationReport:
             lines.append("  matches: " + ", ".join(f"{k}={v}" for v, k in fired[:24]) + (" ..." if len(fired) > 24 else ""))
         return "\n".join(lines)
 
-
-def read_schedule(path: Path) -> list[tuple[str, str]]:
-    """Split a schedule file into (phase name, egglog commands) at ';; phase NAME' lines."""
-    return split_schedule(Path(path).read_text(), str(path))
-
-
-def split_schedule(text: str, filename: str) -> list[tuple[str, str]]:
-    """Split a schedule's text into (phase name, egglog commands) at ';; phase NAME' lines; raises
-    RulebookError (file:line) on unbalanced forms or a command that reads or writes a file."""
-    from .sexpr import parse, reject_file_commands
-    reject_file_commands(parse(text, filename), filename, "schedule")
-    phases: list[tuple[str, str]] = []
-    name, buf = None, []
-    for line in text.splitlines():
-        m = re.match(r"\s*;;\s*phase\s+(\S+)", line)
-        if m:
-            if name is not None:
-                phases.append((name, "\n".join(buf)))
-            name, buf = m.group(1), []
-        elif name is not None:
-            buf.append(line)
-    if name is not None:
-        phases.append((name, "\n".join(buf)))
-    if not phases:
-        from .sexpr import RulebookError
-        raise RulebookError(f"{filename}: no ';; phase NAME' sections found")
-    return phases
-
-
-# ------------------------------------------------------------------ worker side
 
 def _rule_name(key: str) -> str:
     m = re.search(r':name\s+"([^"]+)"', key)
@@ -248,13 +218,12 @@ class Saturator:
     Safe to share between threads (one request at a time) and across ``os.fork()``."""
 
     def __init__(self, rulebooks: list[Path] | None = None, schedule: Path | None = None):
-        """By default each run uses the active rule configuration (``rulebook.active_config``);
+        """By default each run uses the built-in rules (``book.builtin_config``; the engine passes its active ones);
         ``rulebooks``/``schedule`` pin a fixed one instead (tests, the soundness checker): the files
         are read once, here."""
         self.fixed = None
         if rulebooks is not None or schedule is not None:
-            from .rulebook import BUILTIN_RULEBOOKS as B, RuleConfig
-            self.fixed = RuleConfig(tuple(str(p) for p in (rulebooks or [RULEBOOK_DIR / r for r in B])),
+            self.fixed = RuleConfig(tuple(str(p) for p in (rulebooks or [RULEBOOK_DIR / r for r in BUILTIN_RULEBOOKS])),
                                     str(schedule or RULEBOOK_DIR / SCHEDULE))
         self._proc: subprocess.Popen | None = None
         self._conn: Connection | None = None
@@ -386,10 +355,9 @@ class Saturator:
 
     def run(self, program: str, timeout: float | None = None, node_limit: int | None = None,
             rules=None) -> tuple[str | None, SaturationReport]:
-        from .rulebook import active_config
         timeout = config.SATURATION_TIMEOUT.value if timeout is None else timeout
         node_limit = config.EGRAPH_NODES.value if node_limit is None else node_limit
-        cfg = rules or self.fixed or active_config()
+        cfg = rules or self.fixed or builtin_config()      # the engine passes the session's active rules
         phases = schedule_phases(cfg)
         t0 = time.perf_counter()
         res = self._request("run", (program, node_limit, cfg.books, phases), timeout)

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
+from eqgrad.frontend.tensor import Tensor
+from eqgrad.engine import realize
 
 F, I, B = np.float32, np.int32, np.bool_
 
@@ -169,11 +171,9 @@ def run_numpy(prog: Program, arrays: list[np.ndarray]) -> list[np.ndarray]:
 
 
 def run_eqgrad(prog: Program, arrays: list[np.ndarray], device: str) -> list[np.ndarray]:
-    from .frontend.tensor import Tensor
     vals = [Tensor(a, device=device) for a in arrays]
     for name, args, p in prog.steps:
         vals.append(BY_NAME[name].eq(*[vals[a] for a in args], p))
-    from .engine import realize
     realize([v.lazydata for v in vals[len(arrays):]])      # one realize: the whole program is one plan
     return [v.numpy() for v in vals]
 

@@ -18,9 +18,10 @@ from typing import Callable
 
 import numpy as np
 
-from ..cache import JsonCache
-from ..extract.cost import machine_id
-from ..extract.plan import Kernel, KernelPlan
+from eqgrad.cache import JsonCache
+from eqgrad.cache import machine_id
+from eqgrad.graph.plan import Kernel, KernelPlan
+from eqgrad.devices import Buffer
 
 CACHE_VERSION = 1
 # most promising first (the search may stop at its time limit); (0, 0) is "no lanes"
@@ -43,7 +44,6 @@ def search_upcast(k: Kernel, plan: KernelPlan, width: int, time_limit: float,
                   build: Callable[[tuple[int, int] | None], tuple[str, Callable[..., None]]],
                   progress: Callable[[int, int], None] | None = None) -> tuple[tuple[int, int] | None, dict]:
     """Best upcast for kernel ``k``. ``build(upcast)`` returns (source, run(bufs)) for a setting."""
-    from ..devices import Buffer
     base_src, base_run = build(None)
     key = hashlib.sha256((base_src + machine_id()).encode()).hexdigest()[:24]
     cached = CACHE.get(key, "miss")

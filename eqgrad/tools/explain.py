@@ -16,7 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..dtype import DType
+from eqgrad.dtype import DType
+from eqgrad.engine import plan_for
+from eqgrad.extract import cost_model
 
 
 @dataclass
@@ -42,7 +44,6 @@ class Explanation:
 
     def __str__(self) -> str:
         cp, res = self.compiled, self.result
-        from . import cost_model
         p = cost_model(self.device).params
         lines = [f"plan: {len(self.plan.kernels)} kernel(s), predicted {self.plan.predicted * 1e6:.1f} us on {self.device} "
                  f"(extractor {res.extractor if res else '?'}; cost model {p.source}: launch {p.launch * 1e6:.1f} us, "
@@ -144,6 +145,5 @@ class Explanation:
 
 def explain(*tensors: Any) -> Explanation:
     """Plan (without running) the graph of ``tensors`` and explain the plan."""
-    from ..engine import plan_for
     cp, device = plan_for([t.lazydata for t in tensors])
     return Explanation(cp, device)

@@ -32,10 +32,14 @@ from typing import Any
 
 import numpy as np
 
-from ..dtype import DTYPES, DType, bool_, cast_scalar, float32, int32
-from ..ops import EGG_TO_OP, OPS, OpDef
-from .rulebook import Rule
-from .sexpr import SExpr, SList, Str, Sym
+from eqgrad.dtype import DTYPES, DType, bool_, cast_scalar, float32, int32
+from eqgrad.ops import EGG_TO_OP, OPS, OpDef
+from eqgrad.rules.rulebook import Rule
+from eqgrad.rules.sexpr import SExpr, SList, Str, Sym
+from eqgrad.rules.saturate import Saturator
+from eqgrad.extract.egraph import from_json
+from eqgrad.rules.rulebook import RuleConfig
+from eqgrad.rules.ir import fmt_attrs, fmt_f64, fmt_vec
 
 
 class Retry(Exception):
@@ -56,7 +60,6 @@ class Inst:
         """egglog text of this instance (leaves by their let names)."""
         if id(self) in leaves:
             return leaves[id(self)]
-        from .ir import fmt_attrs, fmt_f64, fmt_vec
         o = OPS[self.op]
         if self.op == "CONST":
             v = float(self.arg)
@@ -330,7 +333,6 @@ def _close_float(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def check_rule(rule: Rule, n: int = 48, seed: int = 0, saturator=None) -> CheckResult:
-    from .saturate import Saturator
     if rule.rhs is None:
         return CheckResult(rule, "skipped", note="sets analysis facts only (checked by no-merge)")
     finite = "finite" in rule.check
@@ -391,8 +393,6 @@ def check_rule(rule: Rule, n: int = 48, seed: int = 0, saturator=None) -> CheckR
 
 def _run(rule: Rule, insts: list[Inst], sat) -> tuple[list[Counterexample], int, str | None]:
     """Insert instances, run the rule alone, and compare the values of every class's nodes."""
-    from ..extract.egraph import from_json
-    from .rulebook import RuleConfig
     lines: list[str] = []
     names: dict[int, str] = {}
     leaves_by_pos: list[Inst] = []
@@ -543,7 +543,6 @@ def _cx(origin: Inst, lhs, rhs, node: str, leaves: list[Inst]) -> Counterexample
 
 
 def check_rules(rules: list[Rule], n: int = 48, seed: int = 0, progress=None) -> list[CheckResult]:
-    from .saturate import Saturator
     sat = Saturator()
     try:
         out = []

@@ -26,8 +26,8 @@ import weakref
 
 import numpy as np
 
-from ..dtype import DType, cast_scalar
-from ..ops import MAX_RANK, OPS, OpError, Shape, check_dtypes, numel
+from eqgrad.dtype import DType, cast_scalar
+from eqgrad.ops import MAX_RANK, OPS, OpError, Shape, check_dtypes, numel
 
 
 class LazyBuffer:

@@ -14,7 +14,12 @@ from typing import Callable
 
 import numpy as np
 
-from .cost import DeviceParams
+from eqgrad.extract.cost import DeviceParams
+from eqgrad.frontend.tensor import Tensor
+from eqgrad.engine import time_plan
+from eqgrad import engine
+from eqgrad.extract import make_extractor, using
+from eqgrad.extract.plan import build_plan
 
 
 @dataclass
@@ -29,7 +34,6 @@ class Row:
 
 
 def default_programs() -> dict[str, Callable[[], list]]:
-    from ..frontend.tensor import Tensor
     rng = np.random.default_rng(0)
 
     def t(*s):
@@ -59,7 +63,6 @@ def default_programs() -> dict[str, Callable[[], list]]:
 
 
 def _time_plan(plan, device: str, reps: int) -> float:
-    from ..engine import time_plan
     return time_plan(plan, device, reps)
 
 
@@ -67,9 +70,6 @@ def run_experiment(programs: dict[str, Callable[[], list]] | None = None,
                    extractors: tuple[str, ...] = ("greedy", "improve", "ilp", "measured"),
                    settings: dict[str, DeviceParams | None] | None = None, device: str = "LLVM",
                    reps: int = 5, candidates: int = 6, progress: bool = True) -> list[Row]:
-    from .. import engine
-    from . import make_extractor, using
-    from .plan import build_plan
     programs = programs or default_programs()
     settings = settings or {"default": None}
     jobs = [(p, s, e) for p in programs for s in settings for e in extractors]

@@ -36,10 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
-from ..dtype import DType
-from ..ops import OPS
+from eqgrad.dtype import DType
 
 INDEX = "index"
 NONNEG = "nonneg"        # arg of an index IDIV/MOD whose numerator is proven >= 0 (see above)
@@ -86,93 +83,3 @@ class LoopKernel:
 class LoopIRError(AssertionError):
     """The loop IR broke its own rules while running (:func:`run`): an out-of-bounds load or
     store, a ``NONNEG`` division of a negative numerator, a non-positive index divisor."""
-
-
-def run(k: LoopKernel, buffers: list[np.ndarray]) -> None:
-    """Execute ``k`` in Python, one instruction at a time: the reference semantics of the loop IR
-    (slow; for tests and the index fuzzer, ``eqgrad/fuzz_index.py``). ``buffers[i]`` is parameter
-    ``i`` as a flat NumPy array of its dtype; parameter 0 is written. Index values are exact
-    Python integers; every load and store is bounds-checked and every ``NONNEG`` claim verified,
-    so a lowering bug that a device would turn into a silent wrong read raises
-    :class:`LoopIRError` here instead."""
-    insts = k.insts
-    end_of: dict[int, int] = {}
-    open_: list[int] = []
-    for i, x in enumerate(insts):
-        if x.op == "RANGE":
-            open_.append(i)
-        elif x.op == "ENDRANGE":
-            r = open_.pop() if open_ else None
-            if r is None or x.src != (r,):
-                raise LoopIRError(f"%{i}: ENDRANGE closes %{x.src[0]}, but the innermost open loop is %{r}")
-            end_of[r] = i
-    if open_:
-        raise LoopIRError(f"loops %{open_} are never closed")
-    val: dict[int, Any] = {}
-    kind: dict[int, str] = {}
-
-    def index_alu(i: int, x: LInst, a: list[Any]) -> Any:
-        op = x.op
-        if op in ("IDIV", "MOD"):
-            n, d = a
-            if d <= 0:
-                raise LoopIRError(f"%{i}: index {op} by {d}: index division is by a positive constant")
-            if x.arg == NONNEG and n < 0:
-                raise LoopIRError(f"%{i}: index {op} marked {NONNEG} got the numerator {n}")
-            return n // d if op == "IDIV" else n % d
-        if op == "WHERE":
-            return a[1] if a[0] else a[2]
-        ops = {"ADD": lambda p, q: p + q, "MUL": lambda p, q: p * q, "NEG": lambda p: -p,
-               "MAX": max, "CMPLT": lambda p, q: np.bool_(p < q), "CMPEQ": lambda p, q: np.bool_(p == q)}
-        if op not in ops:
-            raise LoopIRError(f"%{i}: {op} is not an index operation")
-        return ops[op](*a)
-
-    def element(i: int, p: int, idx: int) -> int:
-        if not 0 <= idx < buffers[p].size:
-            raise LoopIRError(f"%{i}: {insts[i].op} at index {idx} of parameter {p} ({buffers[p].size} elements)")
-        return idx
-
-    def block(lo: int, hi: int) -> None:
-        i = lo
-        while i < hi:
-            x = insts[i]
-            op, src = x.op, x.src
-            if op == "RANGE":
-                kind[i] = INDEX
-                for v in range(x.arg):
-                    val[i] = v
-                    block(i + 1, end_of[i])
-                i = end_of[i] + 1
-                continue
-            if op == "PARAM":
-                val[i], kind[i] = x.arg, "param"
-            elif op == "CONST":
-                val[i] = int(x.arg) if x.dtype == INDEX else np.asarray(x.arg, dtype=x.dtype.np)
-                kind[i] = INDEX if x.dtype == INDEX else x.dtype.name
-            elif op == "DEFACC":
-                val[i], kind[i] = np.asarray(x.arg, dtype=x.dtype.np), x.dtype.name
-            elif op == "ACCUM":
-                acc, v = src
-                val[acc] = OPS[x.arg].ref([val[acc], val[v]], None, insts[acc].dtype)
-            elif op == "ACCREAD":
-                val[i], kind[i] = val[src[0]], kind[src[0]]
-            elif op == "LOAD":
-                p, ix = val[src[0]], val[src[1]]
-                val[i], kind[i] = np.asarray(buffers[p][element(i, p, ix)]), x.dtype.name
-            elif op == "STORE":
-                p, ix = val[src[0]], val[src[1]]
-                buffers[p][element(i, p, ix)] = val[src[2]]
-            elif op != "ENDRANGE":
-                operand = src[1] if op == "WHERE" else src[0]
-                a = [val[s] for s in src]
-                if kind[operand] == INDEX:
-                    val[i] = index_alu(i, x, a)
-                    kind[i] = INDEX if x.dtype == INDEX else "bool"
-                else:
-                    arg = x.dtype if op == "CAST" else None
-                    val[i] = OPS[op].ref([np.asarray(v) for v in a], arg, x.dtype)
-                    kind[i] = x.dtype.name
-            i += 1
-
-    block(0, len(insts))

@@ -8,7 +8,7 @@ element is distinct, padding (0) differs from every element, and every compariso
 :func:`check_chain` builds the chain as a lazy graph of Tensor ops and checks it three ways:
 
 1. **loop IR, no compiler**: the lazy graph becomes one fused kernel, ``lower_kernel`` turns it
-   into loop IR, and ``loopir.run`` executes it in Python (every load and store bounds-checked,
+   into loop IR, and ``graph.interp.run_loop`` executes it in Python (every load and store bounds-checked,
    every ``NONNEG`` division claim verified). Every symbolic index expression the lowering emits
    is also evaluated at every point of its loop box with exact floor arithmetic, and each value
    of it and of each of its ``Div``/``Mod`` atoms must lie inside the bounds the simplifier claims
@@ -29,6 +29,13 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
+from eqgrad.graph.plan import Kernel, KernelPlan, KNode
+from eqgrad.frontend.tensor import Tensor
+from eqgrad.lower.symbolic import Div, Var
+from eqgrad.lower.lowering import Lowerer
+from eqgrad.graph.interp import run_loop as run
+from eqgrad.graph.loopir import LoopIRError
+from eqgrad.devices import Buffer, get_device
 
 MOVES = ("reshape", "permute", "expand", "pad", "shrink", "flip")
 MAX_NUMEL = 1024          # most elements of any intermediate shape (keeps the Python interpreter fast)
@@ -184,8 +191,6 @@ def chains(seed: int, count: int, max_steps: int = 6) -> list[Chain]:
 def fused_plan(chain: Chain) -> Any:
     """The chain built as a lazy graph (Tensor ops), turned into ONE kernel whose body is the whole
     graph (the plan the fusion rules aim for), with buffer 0 the input and buffer 1 the output."""
-    from .extract.plan import Kernel, KernelPlan, KNode
-    from .frontend.tensor import Tensor
     t = Tensor(input_array(chain.shape), device="NUMPY")
     leaf = t.lazydata
     for op, arg in chain.steps:
@@ -211,7 +216,6 @@ def fused_plan(chain: Chain) -> Any:
 def _eval_lin(x: Any, env: dict[str, np.ndarray], where: list[str]) -> np.ndarray:
     """Exact floor-semantics value of a symbolic ``Lin`` over the broadcast grid ``env``; appends
     to ``where`` every (sub)expression whose values leave its claimed bounds."""
-    from .lower.symbolic import Div, Var
     out = np.asarray(np.int64(x.const))
     for a, c in x.terms:
         if isinstance(a, Var):
@@ -231,7 +235,6 @@ def _eval_lin(x: Any, env: dict[str, np.ndarray], where: list[str]) -> np.ndarra
 
 def check_bounds(exprs: list[Any]) -> str | None:
     """Every expression evaluated at every point of its variables' box stays inside its bounds."""
-    from .lower.symbolic import Var
 
     def variables(x: Any, acc: dict[str, int]) -> dict[str, int]:
         for a, _ in x.terms:
@@ -254,7 +257,6 @@ def check_bounds(exprs: list[Any]) -> str | None:
 
 def lower_recording(kernel: Any, plan: Any) -> tuple[Any, list[Any]]:
     """``lower_kernel`` that also returns every symbolic index expression it emitted."""
-    from .lower.lowering import Lowerer
     exprs: list[Any] = []
 
     class Recording(Lowerer):
@@ -267,7 +269,6 @@ def lower_recording(kernel: Any, plan: Any) -> tuple[Any, list[Any]]:
 
 def run_loopir(plan: Any, inputs: list[np.ndarray]) -> np.ndarray:
     """Run a plan's kernels in order with the loop-IR interpreter; the first output's values."""
-    from .lower.loopir import run
     bufs = [np.ascontiguousarray(a).reshape(-1).copy() for a in inputs]
     bufs += [np.zeros(int(np.prod(s)), dt.np) for s, dt in plan.buffers[len(inputs):]]
     for k in plan.kernels:
@@ -295,7 +296,6 @@ def _diff(got: np.ndarray, ref: np.ndarray) -> str | None:
 def check_chain(chain: Chain, devices: tuple[str, ...] = ("LLVM", "NUMPY"), interp: bool = True,
                 engine: bool = False) -> str | None:
     """None when every check agrees with NumPy; otherwise what failed, where."""
-    from .lower.loopir import LoopIRError, run
     ref = reference(chain)
     plan = fused_plan(chain)
     inp = input_array(chain.shape)
@@ -315,7 +315,6 @@ def check_chain(chain: Chain, devices: tuple[str, ...] = ("LLVM", "NUMPY"), inte
         err = _diff(out.reshape(ref.shape), ref)
         if err:
             return f"[loop IR] {err}\n{lk}"
-    from .devices import Buffer, get_device
     for dev in devices:
         bufs = [Buffer.from_numpy(inp, dev), Buffer.empty(ref.shape, plan.buffers[1][1], dev)]
         try:
@@ -326,7 +325,6 @@ def check_chain(chain: Chain, devices: tuple[str, ...] = ("LLVM", "NUMPY"), inte
         if err:
             return f"[{dev} kernel] {err}"
     if engine:
-        from .frontend.tensor import Tensor
         for dev in devices:
             t = Tensor(inp, device=dev)
             for op, arg in chain.steps:

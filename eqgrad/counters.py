@@ -1,0 +1,30 @@
+"""Counters and log lines that every layer may use (the ground floor: imports nothing of eqgrad).
+
+tinygrad keeps its GlobalCounters at the bottom for the same reason: the devices count kernels and
+print per-kernel lines, and the orchestrator imports the devices, never the other way round.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+
+class EqgradWarning(UserWarning):
+    """Optimization fell back to a less optimized plan (the message says why)."""
+
+
+class GlobalCounters:
+    kernel_count = 0          # kernels launched
+    realize_count = 0         # realize() calls that ran a plan
+    plans_compiled = 0        # plan cache misses
+    saturations = 0
+
+    @classmethod
+    def reset(cls) -> None:
+        cls.kernel_count = cls.realize_count = cls.plans_compiled = cls.saturations = 0
+
+
+def log_kernel(k: Any, seconds: float) -> None:
+    gbs = k.nbytes / seconds / 1e9 if seconds > 0 else 0.0
+    gfl = k.flops / seconds / 1e9 if seconds > 0 else 0.0
+    print(f"  {k.name:<5} {seconds * 1e6:10.1f} us  {gbs:7.2f} GB/s  {gfl:7.2f} GFLOP/s  "
+          f"(predicted {k.predicted * 1e6:.1f} us)  {k.ast.render()[:100]}")

@@ -1,0 +1,180 @@
+"""The NumPy interpreter: the reference semantics of every IR eqgrad has, in one place.
+
+One definition of what a primitive computes (the op table's NumPy references, plus the float-sum
+rule of docs/semantics.md) serves three readers:
+
+- :func:`run_program` -- a realize's program (``graph.program``) evaluated node by node with no
+  optimizer at all: the reference of ``EQGRAD_VALIDATE`` and of the tests;
+- :func:`run_kernel` -- one kernel body of a plan (``graph.plan``): the NUMPY device;
+- :func:`run_loop` -- a lowered kernel (``graph.loopir``) one instruction at a time, bounds-checked:
+  lowering tests and the index fuzzer compare it with the other two, with no compiler involved.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from eqgrad.dtype import DType
+from eqgrad.graph.loopir import INDEX, NONNEG, LInst, LoopIRError, LoopKernel
+from eqgrad.graph.plan import Kernel
+from eqgrad.graph.program import ConstLeaf, Input, Program, is_node
+from eqgrad.ops import OPS, Shape
+
+
+def eval_op(op: str, arg: Any, shape: Shape, dtype: DType, srcs: list[np.ndarray]) -> np.ndarray:
+    """One primitive applied to whole arrays (``srcs`` already evaluated)."""
+    if op == "RSUM" and dtype.is_float:
+        return float_sum(srcs[0], arg).reshape(shape)
+    if op == "CONTIGUOUS":
+        return srcs[0]
+    out = OPS[op].ref(srcs, arg, dtype)
+    assert out.shape == tuple(shape), (op, out.shape, shape)
+    return out
+
+
+def const(value: Any, shape: Shape, dtype: DType) -> np.ndarray:
+    """A broadcast view: an expanded scalar costs no memory (2**31 ones)."""
+    return np.broadcast_to(np.array(value, dtype=dtype.np), shape)
+
+
+def float_sum(a: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
+    """A float32 sum accumulated in float64, rounded once to float32 (docs/semantics.md "Sums").
+
+    ``np.add.reduce`` is pairwise only along a contiguous inner axis; over strided or broadcast
+    axes it adds sequentially in float32 (1e7 x 0.1f: 1e-3 relative). In float64 the error of any
+    order is below n * 2**-53 * sum|x_i|, far under float32's rounding for every n up to 2**31.
+    An axis of stride 0 (an expanded value) is not iterated: its sum is the value times the count,
+    exact in float64."""
+    count = 1
+    for d in axes:
+        if a.shape[d] > 1 and a.strides[d] == 0:
+            count *= a.shape[d]
+            a = a[tuple(slice(0, 1) if i == d else slice(None) for i in range(a.ndim))]
+    with np.errstate(all="ignore"):
+        out = np.sum(a, axis=axes, keepdims=True, dtype=np.float64)
+        if count != 1:
+            out = out * count
+        return out.astype(a.dtype)
+
+
+def run_program(prog: Program, inputs: list[np.ndarray] | None = None) -> list[np.ndarray]:
+    """The value of each root of ``prog``; ``inputs`` default to the realized buffers' contents."""
+    if inputs is None:
+        inputs = [lb.buffer.numpy().reshape(lb.shape) for lb in prog.inputs]
+    vals: list[np.ndarray] = []
+
+    def ref(r: Any) -> np.ndarray:
+        if is_node(r):
+            return vals[r]
+        if isinstance(r, Input):
+            return inputs[r.pos].reshape(r.shape)
+        assert isinstance(r, ConstLeaf)
+        return const(r.value, r.shape, r.dtype)
+
+    for n in prog.nodes:
+        vals.append(eval_op(n.op, n.arg, n.shape, n.dtype, [ref(s) for s in n.src]))
+    return [np.asarray(ref(r)) for r in prog.roots]
+
+
+def run_kernel(k: Kernel, bufs: list[np.ndarray]) -> np.ndarray:
+    """The output of kernel ``k`` of a plan; ``bufs[i]`` is plan buffer ``i`` (any shape)."""
+    vals: dict[int, np.ndarray] = {}
+    for n in k.ast.walk():
+        if n.op == "BUF":
+            vals[id(n)] = bufs[n.arg].reshape(n.shape)
+        elif n.op == "CONST":
+            vals[id(n)] = const(n.arg, n.shape, n.dtype)
+        else:
+            vals[id(n)] = eval_op(n.op, n.arg, n.shape, n.dtype, [vals[id(s)] for s in n.src])
+    return vals[id(k.ast)]
+
+
+def run_loop(k: LoopKernel, buffers: list[np.ndarray]) -> None:
+    """Execute ``k`` in Python, one instruction at a time: the reference semantics of the loop IR
+    (slow; for lowering tests and the index fuzzer, ``eqgrad/tools/fuzz_index.py``). ``buffers[i]`` is parameter
+    ``i`` as a flat NumPy array of its dtype; parameter 0 is written. Index values are exact
+    Python integers; every load and store is bounds-checked and every ``NONNEG`` claim verified,
+    so a lowering bug that a device would turn into a silent wrong read raises
+    :class:`LoopIRError` here instead."""
+    insts = k.insts
+    end_of: dict[int, int] = {}
+    open_: list[int] = []
+    for i, x in enumerate(insts):
+        if x.op == "RANGE":
+            open_.append(i)
+        elif x.op == "ENDRANGE":
+            r = open_.pop() if open_ else None
+            if r is None or x.src != (r,):
+                raise LoopIRError(f"%{i}: ENDRANGE closes %{x.src[0]}, but the innermost open loop is %{r}")
+            end_of[r] = i
+    if open_:
+        raise LoopIRError(f"loops %{open_} are never closed")
+    val: dict[int, Any] = {}
+    kind: dict[int, str] = {}
+
+    def index_alu(i: int, x: LInst, a: list[Any]) -> Any:
+        op = x.op
+        if op in ("IDIV", "MOD"):
+            n, d = a
+            if d <= 0:
+                raise LoopIRError(f"%{i}: index {op} by {d}: index division is by a positive constant")
+            if x.arg == NONNEG and n < 0:
+                raise LoopIRError(f"%{i}: index {op} marked {NONNEG} got the numerator {n}")
+            return n // d if op == "IDIV" else n % d
+        if op == "WHERE":
+            return a[1] if a[0] else a[2]
+        ops = {"ADD": lambda p, q: p + q, "MUL": lambda p, q: p * q, "NEG": lambda p: -p,
+               "MAX": max, "CMPLT": lambda p, q: np.bool_(p < q), "CMPEQ": lambda p, q: np.bool_(p == q)}
+        if op not in ops:
+            raise LoopIRError(f"%{i}: {op} is not an index operation")
+        return ops[op](*a)
+
+    def element(i: int, p: int, idx: int) -> int:
+        if not 0 <= idx < buffers[p].size:
+            raise LoopIRError(f"%{i}: {insts[i].op} at index {idx} of parameter {p} ({buffers[p].size} elements)")
+        return idx
+
+    def block(lo: int, hi: int) -> None:
+        i = lo
+        while i < hi:
+            x = insts[i]
+            op, src = x.op, x.src
+            if op == "RANGE":
+                kind[i] = INDEX
+                for v in range(x.arg):
+                    val[i] = v
+                    block(i + 1, end_of[i])
+                i = end_of[i] + 1
+                continue
+            if op == "PARAM":
+                val[i], kind[i] = x.arg, "param"
+            elif op == "CONST":
+                val[i] = int(x.arg) if x.dtype == INDEX else np.asarray(x.arg, dtype=x.dtype.np)
+                kind[i] = INDEX if x.dtype == INDEX else x.dtype.name
+            elif op == "DEFACC":
+                val[i], kind[i] = np.asarray(x.arg, dtype=x.dtype.np), x.dtype.name
+            elif op == "ACCUM":
+                acc, v = src
+                val[acc] = OPS[x.arg].ref([val[acc], val[v]], None, insts[acc].dtype)
+            elif op == "ACCREAD":
+                val[i], kind[i] = val[src[0]], kind[src[0]]
+            elif op == "LOAD":
+                p, ix = val[src[0]], val[src[1]]
+                val[i], kind[i] = np.asarray(buffers[p][element(i, p, ix)]), x.dtype.name
+            elif op == "STORE":
+                p, ix = val[src[0]], val[src[1]]
+                buffers[p][element(i, p, ix)] = val[src[2]]
+            elif op != "ENDRANGE":
+                operand = src[1] if op == "WHERE" else src[0]
+                a = [val[s] for s in src]
+                if kind[operand] == INDEX:
+                    val[i] = index_alu(i, x, a)
+                    kind[i] = INDEX if x.dtype == INDEX else "bool"
+                else:
+                    arg = x.dtype if op == "CAST" else None
+                    val[i] = OPS[op].ref([np.asarray(v) for v in a], arg, x.dtype)
+                    kind[i] = x.dtype.name
+            i += 1
+
+    block(0, len(insts))

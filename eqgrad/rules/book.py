@@ -1,0 +1,272 @@
+"""Rulebooks as data: reading and checking ``.egg`` files and schedules, and ``RuleConfig`` (what one
+saturation runs). Which rulebooks are active, and validating them in egglog, is ``rulebook.py``.
+
+A rulebook is a ``.egg`` file of rules only. Loading one checks, before egglog sees it:
+
+- it contains only ``(ruleset ...)``, ``(rewrite ...)``, ``(birewrite ...)`` and ``(rule ...)``
+  forms (no sorts, constructors, functions, lets or commands: the IR is eqgrad's);
+- every rewrite/rule has a unique ``:name "..."`` and a ``:ruleset`` the file declares;
+- every function it calls is an IR constructor, an analysis (``shape``, ``dtype``) or an egglog
+  primitive.
+
+Rulebooks and schedules are data: a form that makes egglog read or write a file (``output``,
+``input``, ``include``, ``print-function ... :file``, ``print-stats :file``, at any depth) is
+rejected in both, with file:line and the command. Each file is read ONCE; the text that was
+validated is the text the worker loads (egglog never sees the path).
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from eqgrad.ops import OPS
+from eqgrad.rules.sexpr import (RulebookError, SExpr, SList, Str, Sym, keyword_args, parse,
+                                reject_file_commands, to_text)
+
+RULEBOOK_DIR = Path(__file__).resolve().parents[2] / "rulebooks"
+BUILTIN_RULEBOOKS = ("movement.egg", "algebra.egg", "fusion.egg")
+DEFAULT_SCHEDULE = RULEBOOK_DIR / "schedule.egg"
+DEFAULT_PHASE = "cleanup"
+
+ALLOWED_FORMS = {"ruleset", "rewrite", "birewrite", "rule"}
+ANALYSES = {"shape", "dtype"}
+PRIMITIVES = {
+    "+", "-", "*", "/", "%", "neg", "max", "min", "abs", "<", ">", "<=", ">=", "=", "!=", "and", "or", "not",
+    "xor", "<<", ">>", "log2", "to-f64", "to-i64", "vec-of", "vec-empty", "vec-get", "vec-set", "vec-length",
+    "vec-push", "vec-pop", "vec-append", "vec-contains", "vec-not-contains", "vec-remove", "count-matches",
+    "get-size!", "replace", "+", "bool-=", "bool-<", "bool->",
+}
+ACTIONS = {"union", "set", "delete", "subsume", "panic", "let"}
+
+
+@dataclass
+class Rule:
+    name: str
+    kind: str                    # rewrite | birewrite | rule
+    ruleset: str
+    lhs: SExpr                   # the matched pattern (for `rule`: the term bound to the union'd variable)
+    rhs: SExpr | None            # what it is unioned with (None: an analysis rule that only sets facts)
+    guards: list[SExpr]          # :when conditions (for `rule`: the other query facts)
+    text: str                    # the whole form, as egglog text
+    file: str
+    line: int
+    check: set[str] = field(default_factory=set)   # annotations from a ';; check: ...' comment
+
+    @property
+    def where(self) -> str:
+        return f"{self.file}:{self.line}"
+
+
+@dataclass
+class Rulebook:
+    path: Path
+    rulesets: list[str]
+    rules: list[Rule]
+    digest: str
+    text: str = ""               # the validated text: what the worker loads (the file is not read again)
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+
+def _calls(e: SExpr, out: list[tuple[str, int]], line: int) -> None:
+    if isinstance(e, SList):
+        ln = e.line or line
+        if e.items and isinstance(e.items[0], Sym):
+            out.append((e.items[0].name, ln))
+            for x in e.items[1:]:
+                _calls(x, out, ln)
+        else:
+            for x in e.items:
+                _calls(x, out, ln)
+
+
+def _annotations(comments: list[str]) -> set[str]:
+    out: set[str] = set()
+    for c in comments:
+        if c.lower().startswith("check:"):
+            out |= {w.strip() for w in c.split(":", 1)[1].split(",") if w.strip()}
+    return out
+
+
+def parse_rulebook(text: str, filename: str) -> tuple[list[str], list[Rule]]:
+    forms = parse(text, filename)
+    reject_file_commands(forms, filename, "rulebook")
+    constructors = {o.egg for o in OPS.values()}
+    rulesets: list[str] = []
+    rules: list[Rule] = []
+    for f in forms:
+        where = f"{filename}:{f.line}"
+        if f.head not in ALLOWED_FORMS:
+            raise RulebookError(f"{where}: ({f.head} ...) is not allowed in a rulebook; a rulebook holds only "
+                                "(ruleset ...), (rewrite ...), (birewrite ...) and (rule ...) forms "
+                                "-- the IR's sorts and constructors are declared by eqgrad")
+        if f.head == "ruleset":
+            if len(f) != 2 or not isinstance(f[1], Sym):
+                raise RulebookError(f"{where}: expected (ruleset NAME)")
+            rulesets.append(f[1].name)
+            continue
+        n_pos = 3 if f.head in ("rewrite", "birewrite", "rule") else 2
+        kw = keyword_args(f, n_pos)
+        name = kw.get(":name")
+        if not isinstance(name, Str):
+            raise RulebookError(f"{where}: every rule needs a name: add :name \"...\" to {to_text(f)[:60]}")
+        rs = kw.get(":ruleset")
+        if not isinstance(rs, Sym):
+            raise RulebookError(f"{where}: rule {name.value!r} has no :ruleset (rules outside a ruleset never run)")
+        if rs.name not in rulesets:
+            raise RulebookError(f"{where}: rule {name.value!r} uses ruleset {rs.name!r}, which this file does not "
+                                f"declare with (ruleset {rs.name}) before it")
+        calls: list[tuple[str, int]] = []
+        for x in f.items[1:n_pos] + [v for k, v in kw.items() if k == ":when"]:
+            _calls(x, calls, f.line)
+        for fn, ln in calls:
+            if fn in constructors or fn in ANALYSES or fn in PRIMITIVES or fn in ACTIONS:
+                continue
+            raise RulebookError(f"{filename}:{ln}: rule {name.value!r} calls {fn!r}, which is neither an IR "
+                                f"constructor ({', '.join(sorted(constructors)[:6])}, ...), an analysis "
+                                "(shape, dtype) nor an egglog primitive")
+        guards = list(kw[":when"].items) if isinstance(kw.get(":when"), SList) else []
+        ann = _annotations(f.comments)
+        if f.head in ("rewrite", "birewrite"):
+            rules.append(Rule(name.value, f.head, rs.name, f[1], f[2], guards, to_text(f), filename, f.line, ann))
+        else:
+            query, actions = f[1], f[2]
+            if not isinstance(query, SList) or not isinstance(actions, SList):
+                raise RulebookError(f"{where}: expected (rule (QUERY...) (ACTIONS...) ...)")
+            lhs, rhs, facts = None, None, []
+            for act in actions.items:
+                if isinstance(act, SList) and act.head == "union" and len(act) == 3 and isinstance(act[1], Sym):
+                    var = act[1].name
+                    for q in query.items:
+                        if isinstance(q, SList) and q.head == "=" and len(q) == 3 and q[1] == Sym(var) \
+                                and isinstance(q[2], SList) and q[2].head in constructors:
+                            lhs, rhs = q[2], act[2]
+            facts = [q for q in query.items if not (isinstance(q, SList) and lhs is not None and len(q) == 3
+                                                   and q.head == "=" and q[2] is lhs)]
+            rules.append(Rule(name.value, "rule", rs.name, lhs if lhs is not None else query, rhs,
+                              facts, to_text(f), filename, f.line, ann))
+    return rulesets, rules
+
+
+def load_rulebook(path: str | Path) -> Rulebook:
+    p = Path(path)
+    if not p.is_file():
+        raise RulebookError(f"{p}: no such rulebook file")
+    text = p.read_text()
+    rulesets, rules = parse_rulebook(text, str(p))
+    return Rulebook(p.resolve(), rulesets, rules, hashlib.sha256(text.encode()).hexdigest()[:16], text)
+
+
+def read_rulebook_text(path: str | Path) -> str:
+    """A rulebook file's text, read once and checked for file-touching commands (the built-ins and
+    fixed configurations; user rulebooks go through the full checks of :func:`load_rulebook`)."""
+    p = Path(path)
+    if not p.is_file():
+        raise RulebookError(f"{p}: no such rulebook file")
+    text = p.read_text()
+    reject_file_commands(parse(text, str(p)), str(p), "rulebook")
+    return text
+
+
+def read_schedule_text(path: str | Path) -> str:
+    """A schedule file's text, read once and validated (phases, no file-touching commands)."""
+    p = Path(path)
+    if not p.is_file():
+        raise RulebookError(f"{p}: no such schedule file")
+    text = p.read_text()
+    split_schedule(text, str(p))
+    return text
+
+
+def read_schedule(path: Path) -> list[tuple[str, str]]:
+    """Split a schedule file into (phase name, egglog commands) at ';; phase NAME' lines."""
+    return split_schedule(Path(path).read_text(), str(path))
+
+
+def split_schedule(text: str, filename: str) -> list[tuple[str, str]]:
+    """Split a schedule's text into (phase name, egglog commands) at ';; phase NAME' lines; raises
+    RulebookError (file:line) on unbalanced forms or a command that reads or writes a file."""
+    reject_file_commands(parse(text, filename), filename, "schedule")
+    phases: list[tuple[str, str]] = []
+    name, buf = None, []
+    for line in text.splitlines():
+        m = re.match(r"\s*;;\s*phase\s+(\S+)", line)
+        if m:
+            if name is not None:
+                phases.append((name, "\n".join(buf)))
+            name, buf = m.group(1), []
+        elif name is not None:
+            buf.append(line)
+    if name is not None:
+        phases.append((name, "\n".join(buf)))
+    if not phases:
+        raise RulebookError(f"{filename}: no ';; phase NAME' sections found")
+    return phases
+
+
+# ------------------------------------------------------------------ worker side
+
+
+@dataclass(frozen=True)
+class RuleConfig:
+    """What a saturation runs: rulebooks, the schedule, and extra phase commands.
+
+    ``texts`` and ``schedule_text`` are what the worker loads; given only the paths, the files are
+    read (and checked for file-touching commands) once, here."""
+    rulebooks: tuple[str, ...]                      # rulebook paths (names in messages)
+    schedule: str                                   # path of the schedule file ("" for none)
+    extra: tuple[tuple[str, str], ...] = ()         # (phase, egglog commands) run after that phase
+    key: str = ""                                   # content hash: part of the plan cache key
+    texts: tuple[str, ...] = ()                     # each rulebook's validated text
+    schedule_text: str = ""                         # the schedule's validated text
+
+    def __post_init__(self) -> None:
+        if self.rulebooks and not self.texts:
+            object.__setattr__(self, "texts", tuple(read_rulebook_text(p) for p in self.rulebooks))
+        if self.schedule and not self.schedule_text:
+            object.__setattr__(self, "schedule_text", read_schedule_text(self.schedule))
+        if len(self.texts) != len(self.rulebooks):
+            raise ValueError(f"RuleConfig: {len(self.rulebooks)} rulebooks but {len(self.texts)} texts")
+
+    @property
+    def books(self) -> list[tuple[str, str]]:
+        """(name, text) of each rulebook, as the worker loads them."""
+        return list(zip(self.rulebooks, self.texts))
+
+
+def builtin_paths() -> list[Path]:
+    return [RULEBOOK_DIR / r for r in BUILTIN_RULEBOOKS]
+
+
+_builtin: list[RuleConfig] = []
+
+
+def builtin_config() -> RuleConfig:
+    """The built-in rulebooks under the built-in schedule (read once per process)."""
+    if not _builtin:
+        _builtin.append(RuleConfig(tuple(map(str, builtin_paths())), str(DEFAULT_SCHEDULE)))
+    return _builtin[0]
+
+
+def without_rule(cfg: RuleConfig, name: str) -> tuple[RuleConfig | None, str]:
+    """``cfg`` with rule ``name`` removed from its rulebook's text, and where it was."""
+    for i, (path, text) in enumerate(cfg.books):
+        forms = parse(text, path)
+        keep = []
+        where = ""
+        for f in forms:
+            kw = keyword_args(f, 3) if f.head != "ruleset" else {}
+            if isinstance(kw.get(":name"), Str) and kw[":name"].value == name:
+                where = f"{path}:{f.line}"
+                continue
+            keep.append(to_text(f))
+        if where:
+            texts = list(cfg.texts)
+            texts[i] = "\n".join(keep) + "\n"
+            return dataclasses.replace(cfg, texts=tuple(texts), key=cfg.key + "-" + name), where
+    return None, ""

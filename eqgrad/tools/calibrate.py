@@ -1,0 +1,60 @@
+"""Calibration: measure a device's launch overhead, bandwidth and peak FLOP/s with small eqgrad
+kernels (``python -m eqgrad tune calibrate``); the result is stored per device and machine and read by
+``eqgrad.extract.cost.params_for``."""
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from typing import Callable
+
+import numpy as np
+
+from eqgrad import engine
+from eqgrad.devices import Buffer
+from eqgrad.extract.cost import DEFAULT_PARAMS, DeviceParams
+from eqgrad.frontend.tensor import Tensor
+from eqgrad.graph.program import linearize
+
+
+def calibrate(device: str = "LLVM", reps: int = 7, progress: Callable[[str], None] | None = None) -> DeviceParams:
+    """Measure launch overhead, bandwidth and peak FLOP/s of ``device`` with small eqgrad kernels."""
+    def timed(make: Callable[[], Tensor]) -> tuple[float, object]:
+        make().realize()                          # compile once
+        cp = engine.last_plan
+        ins = [lb.buffer for lb in linearize([make().lazydata]).inputs]
+        bufs = ins + [Buffer.empty(s, d, device) for s, d in cp.plan.buffers[len(ins):]]
+        ts = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            cp.run(bufs)
+            ts.append(time.perf_counter() - t0)
+        return float(np.median(ts)), cp
+
+    rng = np.random.default_rng(0)
+    tiny = Tensor(np.ones((1,), np.float32), device=device)
+    launch, _ = timed(lambda: tiny + 1)
+    if progress:
+        progress(f"launch overhead {launch * 1e6:.1f} us")
+    n = 1 << 24
+    big = Tensor(rng.random(n, dtype=np.float32), device=device)
+    t_copy, _ = timed(lambda: big + 1)
+    bandwidth = 8 * n / max(t_copy - launch, 1e-9)
+    if progress:
+        progress(f"bandwidth {bandwidth / 1e9:.1f} GB/s")
+    m = 512
+    a = Tensor(rng.random((m, m), dtype=np.float32), device=device)
+    t_mm, _ = timed(lambda: a @ a)
+    small = Tensor(rng.random(1 << 18, dtype=np.float32), device=device)
+
+    def fma_chain() -> Tensor:
+        y = small
+        for _ in range(64):
+            y = y * 0.999 + 0.001
+        return y
+    t_fma, _ = timed(fma_chain)
+    peak = max(2 * m ** 3 / max(t_mm - launch, 1e-9), 128 * (1 << 18) / max(t_fma - launch, 1e-9))
+    if progress:
+        progress(f"peak {peak / 1e9:.1f} GFLOP/s")
+    params = replace(DEFAULT_PARAMS.get(device, DeviceParams()), launch=launch, bandwidth=bandwidth, peak=peak,
+                     source=f"calibrated {time.strftime('%Y-%m-%d %H:%M')}")
+    return params

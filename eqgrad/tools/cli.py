@@ -1,0 +1,188 @@
+"""Command line: ``python -m eqgrad rules check [FILES]``, ``rules stats``, ``tune calibrate``,
+``tune experiment``."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _rules_check(args: argparse.Namespace) -> int:
+    from eqgrad.tools.check import check_rules
+    from eqgrad.rules.rulebook import RulebookError, all_rules, load_rulebook, validate
+    try:
+        if args.files:
+            books = [load_rulebook(f) for f in args.files]
+            validate(books)
+            rules = [r for b in books for r in b.rules]
+        else:
+            rules = all_rules()
+    except RulebookError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.rule:
+        rules = [r for r in rules if r.name in args.rule]
+    counts: dict[str, int] = {}
+
+    def show(res) -> None:
+        counts[res.status] = counts.get(res.status, 0) + 1
+        if res.status not in ("sound", "skipped") or args.verbose:
+            print(res, flush=True)
+
+    check_rules(rules, n=args.n, seed=args.seed, progress=show)
+    print(f"{len(rules)} rules: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
+    bad = counts.get("unsound", 0) + (counts.get("untested", 0) if args.strict else 0)
+    return 1 if bad else 0
+
+
+def _rules_stats(args: argparse.Namespace) -> int:
+    from eqgrad.rules.rulebook import all_rules
+    from eqgrad.tools.stats import run_corpus
+    st = run_corpus(include_examples=not args.no_examples,
+                    progress=(lambda name: print(f"  ran {name}", file=sys.stderr)) if args.verbose else None)
+    names = [r.name for r in all_rules() if not r.name.startswith("shape-")]
+    print(st.report(names, top=args.top))
+    return 0
+
+
+def _tune_calibrate(args: argparse.Namespace) -> int:
+    from eqgrad.tools.calibrate import calibrate
+    from eqgrad.extract.cost import save_calibration
+    params = calibrate(args.device, progress=lambda msg: print(f"  {msg}", flush=True))
+    print(f"{args.device}: launch {params.launch * 1e6:.1f} us, bandwidth {params.bandwidth / 1e9:.1f} GB/s, "
+          f"peak {params.peak / 1e9:.1f} GFLOP/s")
+    if not args.dry_run:
+        where = save_calibration(args.device, params)
+        print(f"saved to {where}" if where is not None else
+              "not saved: the cache directory is unusable (see the warning above; EQGRAD_CACHE_DIR)")
+    return 0
+
+
+def _tune_experiment(args: argparse.Namespace) -> int:
+    import json
+    from dataclasses import replace
+    from eqgrad.extract.cost import params_for
+    from eqgrad.tools.experiments import default_programs, format_table, plot, rows_to_json, run_experiment
+    progs = default_programs()
+    if args.programs:
+        progs = {k: v for k, v in progs.items() if k in args.programs.split(",")}
+    base = params_for(args.device)
+    settings = {"default": None}
+    if args.sweep:
+        settings.update({"launch x10": replace(base, launch=base.launch * 10),
+                         "flops/10": replace(base, peak=base.peak / 10)})
+    rows = run_experiment(progs, tuple(args.extractors.split(",")), settings, args.device, args.reps,
+                          progress=not args.no_progress)
+    print(format_table(rows))
+    if args.plot:
+        print(f"plot: {plot(rows, args.plot)}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows_to_json(rows), f, indent=1)
+    return 0
+
+
+def _fuzz_index(args: argparse.Namespace) -> int:
+    import random
+    from eqgrad.tools.fuzz_index import campaign
+    seed = args.seed if args.seed is not None else random.randrange(2**31)
+    devs = tuple(d for d in args.device.split(",") if d)
+    res = campaign(seed, args.count, devs, max_steps=args.steps, engine=args.engine,
+                   progress=(lambda i: print(f"  {i + 1} chains", file=sys.stderr, flush=True)
+                             if (i + 1) % 500 == 0 else None))
+    print(f"{res.count} random movement chains (seed {seed}) on loop IR{''.join(',' + d for d in devs)}"
+          f"{' (and the engine)' if args.engine else ''} in {res.seconds:.1f} s: "
+          f"{'no failures' if res.failure is None else f'FAILED after {res.first_failure_s:.2f} s'}")
+    if res.failure:
+        print(res.failure)
+    return 1 if res.failure else 0
+
+
+def _fuzz(args: argparse.Namespace) -> int:
+    if args.index:
+        return _fuzz_index(args)
+    import time
+    from hypothesis import HealthCheck, given, seed, settings
+    from eqgrad import config
+    from eqgrad.tools.fuzz import check_program, program_strategy
+    failures: list[str] = []
+    count = 0
+
+    @settings(max_examples=args.examples, deadline=None, database=None, derandomize=False,
+              suppress_health_check=list(HealthCheck))
+    @given(program_strategy(max_steps=args.steps))
+    def run(prog) -> None:
+        nonlocal count
+        count += 1
+        for dev in devs:
+            try:
+                err = check_program(prog, dev)
+            except Exception as e:          # a crash is a failure too (and is shrunk like one)
+                raise AssertionError(f"[{dev}] raised {type(e).__name__}: {e}\n{prog}") from e
+            assert err is None, f"[{dev}] {err}\n{prog}"
+    devs = args.device.split(",")
+    if args.seed is not None:
+        run = seed(args.seed)(run)            # the same seed gives the same programs
+    t0 = time.perf_counter()
+    try:
+        with config.Context(VALIDATE=0 if args.no_validate else 1):
+            run()
+    except AssertionError as e:          # hypothesis has shrunk it to a small program
+        failures.append(str(e))
+    print(f"{count} random programs (seed {args.seed if args.seed is not None else 'random'}) on "
+          f"{','.join(devs)} in {time.perf_counter() - t0:.1f} s: {'no failures' if not failures else 'FAILED'}")
+    for f in failures:
+        print(f)
+    return 1 if failures else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m eqgrad", description="eqgrad tools")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    rules = sub.add_parser("rules", help="rulebook tools").add_subparsers(dest="rcmd", required=True)
+    c = rules.add_parser("check", help="check rules for soundness on random instances")
+    c.add_argument("files", nargs="*", help="rulebook files (default: every active rulebook, generated included)")
+    c.add_argument("--rule", action="append", help="only the rule(s) with this name")
+    c.add_argument("-n", type=int, default=48, help="random instances per rule (default 48)")
+    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--strict", action="store_true", help="fail on rules no instance could exercise")
+    c.add_argument("-v", "--verbose", action="store_true", help="print sound rules too")
+    c.set_defaults(fn=_rules_check)
+    s = rules.add_parser("stats", help="run the corpus and the examples; list dead and expensive rules")
+    s.add_argument("--top", type=int, default=10)
+    s.add_argument("--no-examples", action="store_true")
+    s.add_argument("-v", "--verbose", action="store_true")
+    s.set_defaults(fn=_rules_stats)
+    tune = sub.add_parser("tune", help="cost model and extraction tools").add_subparsers(dest="tcmd", required=True)
+    cal = tune.add_parser("calibrate", help="measure launch overhead, bandwidth and peak FLOP/s of a device")
+    cal.add_argument("--device", default="LLVM")
+    cal.add_argument("--dry-run", action="store_true", help="measure and print, do not save")
+    cal.set_defaults(fn=_tune_calibrate)
+    ex = tune.add_parser("experiment", help="plan programs with several extractors; predicted vs measured")
+    ex.add_argument("--programs", default="", help="comma-separated: softmax,layernorm,attention,mlp_step")
+    ex.add_argument("--extractors", default="greedy,improve,ilp,measured")
+    ex.add_argument("--device", default="LLVM")
+    ex.add_argument("--reps", type=int, default=5)
+    ex.add_argument("--sweep", action="store_true", help="also run with 10x launch overhead and 1/10 peak")
+    ex.add_argument("--plot", default="", help="save a predicted-vs-measured plot (PNG) here")
+    ex.add_argument("--json", default="")
+    ex.add_argument("--no-progress", action="store_true")
+    ex.set_defaults(fn=_tune_experiment)
+    fz = sub.add_parser("fuzz", help="random programs through the whole pipeline, compared with NumPy")
+    fz.add_argument("--examples", type=int, default=500)
+    fz.add_argument("--steps", type=int, default=8, help="most ops per program")
+    fz.add_argument("--device", default="LLVM,NUMPY", help="comma-separated devices")
+    fz.add_argument("--seed", type=int, default=None, help="seed of the program generator (reproducible run)")
+    fz.add_argument("--no-validate", action="store_true",
+                    help="skip plan validation against the op table (on by default, as in the tests)")
+    fz.add_argument("--index", action="store_true",
+                    help="fuzz index arithmetic instead: random movement chains lowered to loop IR and run by "
+                         "the loop-IR interpreter and each device (eqgrad/fuzz_index.py)")
+    fz.add_argument("--count", type=int, default=2000, help="with --index: how many chains")
+    fz.add_argument("--engine", action="store_true", help="with --index: also realize each chain through the engine")
+    fz.set_defaults(fn=_fuzz)
+    args = p.parse_args(argv)
+    return args.fn(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
