@@ -2,10 +2,12 @@
 
 Each :class:`OpDef` carries the op's arity, its egglog constructor (name and the sorts of its
 non-tensor arguments), its shape rule, dtype rule, NumPy reference semantics, gradient, cost
-weight and flags. The egglog declarations (``eqgrad.rules.ir``), the fusion/analysis rule
-families, the NumPy reference device, the LLVM renderer's op map, autograd
-(``eqgrad.frontend.autograd``) and the op tests are all driven from this table;
-``tests/test_optable.py`` fails when an op lacks one of its pieces.
+weight and flags. The shape and dtype rules are named declaratively (``shape_of``, ``dtype_of``)
+and so are the argument positions that may fuse (``fuse``): the Python rules here and the egglog
+rule families (``eqgrad.rules.families``: analysis, fusion) are both built from those names, so
+they cannot disagree. The egglog declarations (``eqgrad.rules.ir``), the NumPy reference device,
+the LLVM renderer's op map, autograd (``eqgrad.frontend.autograd``) and the op tests are all
+driven from this table; ``tests/test_optable.py`` fails when an op lacks one of its pieces.
 
 Conventions
 - Shapes are tuples of ints. Reductions keep reduced axes as size 1.
@@ -45,6 +47,14 @@ class OpDef:
     dtype_rule: Callable[..., DType] = field(default=None, repr=False)   # (src_dtypes, arg) -> dtype
     ref: Callable[..., np.ndarray] = field(default=None, repr=False)     # (src arrays, arg, out dtype)
     grad: "Callable[..., tuple] | NoGrad" = field(default=None, repr=False)  # see "Gradients" below
+    # Declarative descriptions that both the Python rules above and the generated egglog rules
+    # (eqgrad/rules/families.py) are built from, so the two cannot disagree:
+    shape_of: str = ""                # a key of SHAPE_RULES: how the result's shape follows
+    dtype_of: str = ""                # a key of DTYPE_RULES: how the result's dtype follows
+    fuse: tuple[int, ...] = ()        # argument positions whose producer may be computed inside
+                                      # this op's kernel: one consumer-side fusion rule each
+    libm: str = ""                    # a float unary op's C99 <math.h> function (double; C-style
+                                      # renderers add their float spelling), "" if none
 
 
 # ------------------------------------------------------------------ shape rules
@@ -57,8 +67,12 @@ def _reduce_shape(srcs: list[Shape], axes: tuple[int, ...]) -> Shape:
     return tuple(1 if i in axes else s for i, s in enumerate(srcs[0]))
 
 
-def _reshape_shape(srcs: list[Shape], new: Shape) -> Shape:
+def _attr_shape(srcs: list[Shape], new: Shape) -> Shape:
     return tuple(new)
+
+
+def _arg1_shape(srcs: list[Shape], arg: Any) -> Shape:
+    return srcs[1]
 
 
 def _permute_shape(srcs: list[Shape], perm: tuple[int, ...]) -> Shape:
@@ -79,6 +93,20 @@ def _leaf_shape(srcs: list[Shape], arg: Any) -> Shape:
     raise OpError("leaf shapes are given, not computed")
 
 
+# OpDef.shape_of -> the shape rule. In egglog (families.py): "given" and "attr" read the op's IVec
+# attribute, "same"/"arg1" the shape of source 0/1, the others are generated per rank.
+SHAPE_RULES: dict[str, Callable[..., Shape]] = {
+    "given": _leaf_shape,       # a leaf: its IVec attribute is its shape
+    "same": _same_shape,        # the shape of source 0
+    "arg1": _arg1_shape,        # the shape of source 1 (WHERE: the condition may be anything)
+    "attr": _attr_shape,        # the IVec attribute is the new shape (RESHAPE, EXPAND)
+    "reduce": _reduce_shape,    # reduced axes (the attribute) become size 1
+    "permute": _permute_shape,
+    "pad": _pad_shape,
+    "shrink": _shrink_shape,
+}
+
+
 # ------------------------------------------------------------------ dtype rules
 
 def _same_dtype(srcs: list[DType], arg: Any) -> DType:
@@ -89,12 +117,27 @@ def _bool_dtype(srcs: list[DType], arg: Any) -> DType:
     return bool_
 
 
-def _where_dtype(srcs: list[DType], arg: Any) -> DType:
+def _arg1_dtype(srcs: list[DType], arg: Any) -> DType:
     return srcs[1]
 
 
-def _cast_dtype(srcs: list[DType], arg: DType) -> DType:
+def _attr_dtype(srcs: list[DType], arg: DType) -> DType:
     return arg
+
+
+def _leaf_dtype(srcs: list[DType], arg: Any) -> DType:
+    raise OpError("leaf dtypes are given, not computed")
+
+
+# OpDef.dtype_of -> the dtype rule. In egglog: "given"/"attr" read the op's String attribute,
+# "same"/"arg1" the dtype of source 0/1, "bool" is the constant "bool".
+DTYPE_RULES: dict[str, Callable[..., DType]] = {
+    "given": _leaf_dtype,       # a leaf: its String attribute is its dtype
+    "same": _same_dtype,
+    "arg1": _arg1_dtype,        # WHERE: the branches' dtype, not the condition's
+    "bool": _bool_dtype,        # comparisons
+    "attr": _attr_dtype,        # CAST: the attribute is the target dtype
+}
 
 
 # ------------------------------------------------------------------ NumPy references
@@ -219,6 +262,18 @@ def _g_sin(g, out, s, arg):             # d sin x = cos x = sin(pi/2 - x), as Te
     return (g.alu("MUL", x.const_like(math.pi / 2).alu("ADD", x.alu("NEG")).alu("SIN")),)
 
 
+def _g_erf(g, out, s, arg):             # d erf x = 2/sqrt(pi) exp(-x^2) = 2/sqrt(pi) 2^(-x^2 log2 e)
+    x = s[0]
+    e = x.alu("MUL", x).alu("MUL", x.const_like(-1.0 / LN_2)).alu("EXP2")
+    return (g.alu("MUL", e).alu("MUL", g.const_like(2.0 / math.sqrt(math.pi))),)
+
+
+def _erf(x: np.ndarray) -> np.ndarray:
+    """erf computed in float64 (scipy.special.erf; math.erf is the same function, scalar)."""
+    import scipy.special      # here, not at the top: importing it costs 0.25 s, 40% of `import eqgrad`
+    return scipy.special.erf(np.asarray(x, np.float64))
+
+
 def _g_sqrt(g, out, s, arg):            # d sqrt x = 1 / (2 sqrt x)
     return (g.alu("MUL", out.alu("RECIP")).alu("MUL", g.const_like(0.5)),)
 
@@ -306,60 +361,73 @@ _PIECEWISE = NoGrad("piecewise constant: the gradient is zero almost everywhere 
 
 # ------------------------------------------------------------------ the table
 
-def _op(name: str, egg: str, kind: str, arity: int, shape_rule: Callable, dtype_rule: Callable,
+def _op(name: str, egg: str, kind: str, arity: int, shape_of: str, dtype_of: str,
         ref: Callable | None, attrs: tuple[str, ...] = (), flops: int = 0, dtypes: str = "fib",
-        doc: str = "", grad: "Callable[..., tuple] | NoGrad | None" = None) -> OpDef:
-    return OpDef(name, egg, kind, arity, attrs, flops, dtypes, doc, shape_rule, dtype_rule, ref, grad)
+        doc: str = "", grad: "Callable[..., tuple] | NoGrad | None" = None,
+        fuse: tuple[int, ...] | None = None, libm: str = "") -> OpDef:
+    """One op. ``shape_of``/``dtype_of`` name its shape and dtype rules (SHAPE_RULES, DTYPE_RULES);
+    ``fuse`` defaults to every argument position."""
+    if shape_of not in SHAPE_RULES:
+        raise ValueError(f"op {name}: shape_of must be one of {sorted(SHAPE_RULES)}, got {shape_of!r}")
+    if dtype_of not in DTYPE_RULES:
+        raise ValueError(f"op {name}: dtype_of must be one of {sorted(DTYPE_RULES)}, got {dtype_of!r}")
+    fuse = tuple(range(arity)) if fuse is None else tuple(fuse)
+    if any(not 0 <= i < arity for i in fuse):
+        raise ValueError(f"op {name}: fuse positions must be in range({arity}), got {fuse}")
+    return OpDef(name, egg, kind, arity, attrs, flops, dtypes, doc, SHAPE_RULES[shape_of], DTYPE_RULES[dtype_of],
+                 ref, grad, shape_of, dtype_of, fuse, libm)
 
 
 _U, _B = "unary", "binary"
 OPS: dict[str, OpDef] = {o.name: o for o in [
     # leaves -- BUF's attribute is the input position of a realized buffer; CONST is a scalar with a shape
-    _op("BUF", "Buf", "leaf", 0, _leaf_shape, _same_dtype, None, ("i64", "IVec", "String"),
+    _op("BUF", "Buf", "leaf", 0, "given", "given", None, ("i64", "IVec", "String"),
         doc="a realized buffer (input position, shape, dtype)", grad=_LEAF),
-    _op("CONST", "Const", "leaf", 0, _leaf_shape, _same_dtype, None, ("f64", "String", "IVec"),
+    _op("CONST", "Const", "leaf", 0, "given", "given", None, ("f64", "String", "IVec"),
         doc="a scalar broadcast to a shape (value, dtype, shape)", grad=_LEAF),
     # unary
-    _op("NEG", "Neg", _U, 1, _same_shape, _same_dtype, _np(_neg), flops=1, doc="-x (logical not for bool)", grad=_g_neg),
-    _op("EXP2", "Exp2", _U, 1, _same_shape, _same_dtype, _np(np.exp2), flops=20, dtypes="f", grad=_g_exp2),
-    _op("LOG2", "Log2", _U, 1, _same_shape, _same_dtype, _np(np.log2), flops=20, dtypes="f", grad=_g_log2),
-    _op("SIN", "Sin", _U, 1, _same_shape, _same_dtype, _np(np.sin), flops=20, dtypes="f", grad=_g_sin),
-    _op("SQRT", "Sqrt", _U, 1, _same_shape, _same_dtype, _np(np.sqrt), flops=4, dtypes="f", grad=_g_sqrt),
-    _op("RECIP", "Recip", _U, 1, _same_shape, _same_dtype, _np(np.reciprocal), flops=4, dtypes="f", grad=_g_recip),
-    _op("TRUNC", "Trunc", _U, 1, _same_shape, _same_dtype, _np(np.trunc), flops=1, dtypes="f", grad=_PIECEWISE),
-    _op("CAST", "Cast", _U, 1, _same_shape, _cast_dtype, _np(_cast), ("String",), flops=1, grad=_g_cast),
+    _op("NEG", "Neg", _U, 1, "same", "same", _np(_neg), flops=1, doc="-x (logical not for bool)", grad=_g_neg),
+    _op("EXP2", "Exp2", _U, 1, "same", "same", _np(np.exp2), flops=20, dtypes="f", grad=_g_exp2, libm="exp2"),
+    _op("LOG2", "Log2", _U, 1, "same", "same", _np(np.log2), flops=20, dtypes="f", grad=_g_log2, libm="log2"),
+    _op("SIN", "Sin", _U, 1, "same", "same", _np(np.sin), flops=20, dtypes="f", grad=_g_sin, libm="sin"),
+    _op("ERF", "Erf", _U, 1, "same", "same", _np(_erf), flops=40, dtypes="f", grad=_g_erf, libm="erf"),
+    _op("SQRT", "Sqrt", _U, 1, "same", "same", _np(np.sqrt), flops=4, dtypes="f", grad=_g_sqrt, libm="sqrt"),
+    _op("RECIP", "Recip", _U, 1, "same", "same", _np(np.reciprocal), flops=4, dtypes="f", grad=_g_recip),
+    _op("TRUNC", "Trunc", _U, 1, "same", "same", _np(np.trunc), flops=1, dtypes="f", grad=_PIECEWISE, libm="trunc"),
+    _op("CAST", "Cast", _U, 1, "same", "attr", _np(_cast), ("String",), flops=1, grad=_g_cast),
     # binary (both sources have the same shape and dtype; the frontend broadcasts and promotes)
-    _op("ADD", "Add", _B, 2, _same_shape, _same_dtype, _np(_add), flops=1, grad=_g_add),
-    _op("MUL", "Mul", _B, 2, _same_shape, _same_dtype, _np(_mul), flops=1, grad=_g_mul),
-    _op("MAX", "Max", _B, 2, _same_shape, _same_dtype, _np(_maximum), flops=1, doc="NaN-propagating", grad=_g_max),
-    _op("CMPLT", "CmpLt", _B, 2, _same_shape, _bool_dtype, _np(np.less), flops=1, grad=_BOOL_OUT),
-    _op("CMPEQ", "CmpEq", _B, 2, _same_shape, _bool_dtype, _np(np.equal), flops=1, grad=_BOOL_OUT),
-    _op("IDIV", "IDiv", _B, 2, _same_shape, _same_dtype, _np(_int_div), flops=8, dtypes="i", grad=_INT_ONLY),
-    _op("MOD", "Mod", _B, 2, _same_shape, _same_dtype, _np(_int_mod), flops=8, dtypes="i", grad=_INT_ONLY),
-    _op("AND", "And", _B, 2, _same_shape, _same_dtype, _np(np.bitwise_and), flops=1, dtypes="ib", grad=_INT_ONLY),
-    _op("OR", "Or", _B, 2, _same_shape, _same_dtype, _np(np.bitwise_or), flops=1, dtypes="ib", grad=_INT_ONLY),
-    _op("XOR", "Xor", _B, 2, _same_shape, _same_dtype, _np(np.bitwise_xor), flops=1, dtypes="ib", grad=_INT_ONLY),
+    _op("ADD", "Add", _B, 2, "same", "same", _np(_add), flops=1, grad=_g_add),
+    _op("MUL", "Mul", _B, 2, "same", "same", _np(_mul), flops=1, grad=_g_mul),
+    _op("MAX", "Max", _B, 2, "same", "same", _np(_maximum), flops=1, doc="NaN-propagating", grad=_g_max),
+    _op("CMPLT", "CmpLt", _B, 2, "same", "bool", _np(np.less), flops=1, grad=_BOOL_OUT),
+    _op("CMPEQ", "CmpEq", _B, 2, "same", "bool", _np(np.equal), flops=1, grad=_BOOL_OUT),
+    _op("IDIV", "IDiv", _B, 2, "same", "same", _np(_int_div), flops=8, dtypes="i", grad=_INT_ONLY),
+    _op("MOD", "Mod", _B, 2, "same", "same", _np(_int_mod), flops=8, dtypes="i", grad=_INT_ONLY),
+    _op("AND", "And", _B, 2, "same", "same", _np(np.bitwise_and), flops=1, dtypes="ib", grad=_INT_ONLY),
+    _op("OR", "Or", _B, 2, "same", "same", _np(np.bitwise_or), flops=1, dtypes="ib", grad=_INT_ONLY),
+    _op("XOR", "Xor", _B, 2, "same", "same", _np(np.bitwise_xor), flops=1, dtypes="ib", grad=_INT_ONLY),
     # ternary
-    _op("WHERE", "Where", "ternary", 3, lambda s, a: s[1], _where_dtype, _np(_where), flops=1, grad=_g_where),
+    _op("WHERE", "Where", "ternary", 3, "arg1", "arg1", _np(_where), flops=1, grad=_g_where),
     # reductions over a sorted tuple of axes, keeping them as size 1
-    _op("RSUM", "Sum", "reduce", 1, _reduce_shape, _same_dtype, _np(_reduce_sum), ("IVec",), flops=1, grad=_g_sum),
-    _op("RMAX", "RMax", "reduce", 1, _reduce_shape, _same_dtype, _np(_reduce_max), ("IVec",), flops=1, grad=_g_rmax),
+    _op("RSUM", "Sum", "reduce", 1, "reduce", "same", _np(_reduce_sum), ("IVec",), flops=1, grad=_g_sum),
+    _op("RMAX", "RMax", "reduce", 1, "reduce", "same", _np(_reduce_max), ("IVec",), flops=1, grad=_g_rmax),
     # movement: never copy data by themselves
-    _op("RESHAPE", "Reshape", "movement", 1, _reshape_shape, _same_dtype,
+    _op("RESHAPE", "Reshape", "movement", 1, "attr", "same",
         _np(lambda a, s: a.reshape(s)), ("IVec",), grad=_g_reshape),
-    _op("PERMUTE", "Permute", "movement", 1, _permute_shape, _same_dtype,
+    _op("PERMUTE", "Permute", "movement", 1, "permute", "same",
         _np(lambda a, p: a.transpose(p)), ("IVec",), grad=_g_permute),
-    _op("EXPAND", "Expand", "movement", 1, _reshape_shape, _same_dtype,
+    _op("EXPAND", "Expand", "movement", 1, "attr", "same",
         _np(lambda a, s: np.broadcast_to(a, s)), ("IVec",), grad=_g_expand),
-    _op("PAD", "Pad", "movement", 1, _pad_shape, _same_dtype, _np(_pad), ("IVec", "IVec"),
+    _op("PAD", "Pad", "movement", 1, "pad", "same", _np(_pad), ("IVec", "IVec"),
         doc="zero padding (before, after) per axis", grad=_g_pad),
-    _op("SHRINK", "Shrink", "movement", 1, _shrink_shape, _same_dtype, _np(_shrink), ("IVec", "IVec"),
+    _op("SHRINK", "Shrink", "movement", 1, "shrink", "same", _np(_shrink), ("IVec", "IVec"),
         doc="slice [start, end) per axis", grad=_g_shrink),
-    _op("FLIP", "Flip", "movement", 1, _same_shape, _same_dtype, _np(_flip), ("IVec",), grad=_g_flip),
+    _op("FLIP", "Flip", "movement", 1, "same", "same", _np(_flip), ("IVec",), grad=_g_flip),
     # boundaries: a kernel writes its value to a buffer
-    _op("REALIZE", "Realize", "boundary", 1, _same_shape, _same_dtype, _np(lambda a: a),
-        doc="kernel boundary inserted by the compiler; fusion rules remove it", grad=_g_identity),
-    _op("CONTIGUOUS", "Contiguous", "boundary", 1, _same_shape, _same_dtype, _np(lambda a: a),
+    _op("REALIZE", "Realize", "boundary", 1, "same", "same", _np(lambda a: a),
+        doc="kernel boundary inserted by the compiler; fusion rules remove it", grad=_g_identity,
+        fuse=()),   # fusing into a Realize is what its consumers' rules do; Realize(Realize x) never arises
+    _op("CONTIGUOUS", "Contiguous", "boundary", 1, "same", "same", _np(lambda a: a),
         doc="kernel boundary forced by the user; never fused away", grad=_g_identity),
 ]}
 

@@ -9,6 +9,12 @@ A rulebook is a ``.egg`` file of rules only. Loading one checks, before egglog s
 - every function it calls is an IR constructor, an analysis (``shape``, ``dtype``) or an egglog
   primitive.
 
+A schedule is phases (``;; phase NAME`` lines) of egglog commands; a number that would duplicate a
+flag is written ``{EGRAPH_NODES}`` and substituted with the flag's value whenever the schedule is
+split into phases (SCHEDULE_FLAGS). The rule families generated from the op table
+(``families.py``) run before every configuration's rulebooks unless ``RuleConfig.generated`` is
+False (a ``rules dump`` holds them as rulebooks).
+
 Rulebooks and schedules are data: a form that makes egglog read or write a file (``output``,
 ``input``, ``include``, ``print-function ... :file``, ``print-stats :file``, at any depth) is
 rejected in both, with file:line and the command. Each file is read ONCE; the text that was
@@ -18,15 +24,34 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import importlib.resources
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from eqgrad import config
 from eqgrad.ops import OPS
+from eqgrad.rules.families import families
 from eqgrad.rules.sexpr import (RulebookError, SExpr, SList, Str, Sym, keyword_args, parse,
                                 reject_file_commands, to_text)
 
-RULEBOOK_DIR = Path(__file__).resolve().parents[2] / "rulebooks"
+
+def _rulebook_dir() -> Path:
+    """The folder of the built-in rulebooks. pyproject.toml ships the top-level ``rulebooks/`` as the
+    package ``eqgrad.rulebooks``, so an installed wheel and an editable install find it with
+    ``importlib.resources``; a plain checkout on PYTHONPATH has no such package, and its
+    ``rulebooks/`` sits next to ``eqgrad/``. The files are read by path (their paths name them in
+    error messages), so a zipped install is not supported."""
+    try:
+        schedule = importlib.resources.files("eqgrad.rulebooks").joinpath("schedule.egg")
+    except ModuleNotFoundError:
+        schedule = None
+    if isinstance(schedule, Path) and schedule.is_file():
+        return schedule.parent.resolve()
+    return Path(__file__).resolve().parents[2] / "rulebooks"
+
+
+RULEBOOK_DIR = _rulebook_dir()
 BUILTIN_RULEBOOKS = ("movement.egg", "algebra.egg", "fusion.egg")
 DEFAULT_SCHEDULE = RULEBOOK_DIR / "schedule.egg"
 DEFAULT_PHASE = "cleanup"
@@ -188,9 +213,30 @@ def read_schedule(path: Path) -> list[tuple[str, str]]:
     return split_schedule(Path(path).read_text(), str(path))
 
 
+# Flags a schedule may name as ``{NAME}``: the numbers that would otherwise duplicate them (the
+# algebra phase's size guard is the e-graph node limit). Substituted with the flag's value whenever
+# the schedule is split into phases, so a run, its plan-cache key and ``rules dump`` see one value.
+SCHEDULE_FLAGS: dict[str, config.Flag] = {"EGRAPH_NODES": config.EGRAPH_NODES}
+
+
+def resolve_schedule(text: str, filename: str) -> str:
+    """``text`` with each ``{NAME}`` of SCHEDULE_FLAGS replaced by the flag's current value."""
+    def sub(m: re.Match) -> str:
+        flag = SCHEDULE_FLAGS.get(m.group(1))
+        if flag is None:
+            line = text.count("\n", 0, m.start()) + 1
+            raise RulebookError(f"{filename}:{line}: unknown placeholder {m.group(0)} in a schedule; a schedule may "
+                                f"name {', '.join('{' + k + '}' for k in SCHEDULE_FLAGS)} (substituted with the "
+                                "flag's value)")
+        return str(flag.value)
+    return re.sub(r"\{([A-Za-z_][A-Za-z0-9_]*)\}", sub, text)
+
+
 def split_schedule(text: str, filename: str) -> list[tuple[str, str]]:
-    """Split a schedule's text into (phase name, egglog commands) at ';; phase NAME' lines; raises
-    RulebookError (file:line) on unbalanced forms or a command that reads or writes a file."""
+    """Split a schedule's text into (phase name, egglog commands) at ';; phase NAME' lines, with its
+    ``{FLAG}`` placeholders substituted (:func:`resolve_schedule`); raises RulebookError
+    (file:line) on unbalanced forms, an unknown placeholder or a command that reads or writes a file."""
+    text = resolve_schedule(text, filename)
     reject_file_commands(parse(text, filename), filename, "schedule")
     phases: list[tuple[str, str]] = []
     name, buf = None, []
@@ -223,7 +269,9 @@ class RuleConfig:
     extra: tuple[tuple[str, str], ...] = ()         # (phase, egglog commands) run after that phase
     key: str = ""                                   # content hash: part of the plan cache key
     texts: tuple[str, ...] = ()                     # each rulebook's validated text
-    schedule_text: str = ""                         # the schedule's validated text
+    schedule_text: str = ""                         # the schedule's validated text (placeholders unresolved)
+    generated: bool = True                          # the generated families (families.py) load first;
+                                                    # False: the rulebooks hold them (a `rules dump`)
 
     def __post_init__(self) -> None:
         if self.rulebooks and not self.texts:
@@ -237,6 +285,12 @@ class RuleConfig:
     def books(self) -> list[tuple[str, str]]:
         """(name, text) of each rulebook, as the worker loads them."""
         return list(zip(self.rulebooks, self.texts))
+
+    @property
+    def sources(self) -> list[tuple[str, str]]:
+        """(name, text) of everything that runs: the generated families (named ``<generated:NAME>``;
+        the worker loads its own copy of them, see saturate.py) and then the rulebooks."""
+        return ([(f.source, f.text) for f in families()] if self.generated else []) + self.books
 
 
 def builtin_paths() -> list[Path]:
@@ -254,8 +308,10 @@ def builtin_config() -> RuleConfig:
 
 
 def without_rule(cfg: RuleConfig, name: str) -> tuple[RuleConfig | None, str]:
-    """``cfg`` with rule ``name`` removed from its rulebook's text, and where it was."""
-    for i, (path, text) in enumerate(cfg.books):
+    """``cfg`` with rule ``name`` removed from its rulebook's text, and where it was. A generated
+    rule is removed from its family's text, which then travels as a rulebook (``generated=False``)."""
+    n_gen = len(cfg.sources) - len(cfg.books)
+    for i, (path, text) in enumerate(cfg.sources):
         forms = parse(text, path)
         keep = []
         where = ""
@@ -266,7 +322,11 @@ def without_rule(cfg: RuleConfig, name: str) -> tuple[RuleConfig | None, str]:
                 continue
             keep.append(to_text(f))
         if where:
-            texts = list(cfg.texts)
+            names, texts = zip(*cfg.sources)
+            texts = list(texts)
             texts[i] = "\n".join(keep) + "\n"
-            return dataclasses.replace(cfg, texts=tuple(texts), key=cfg.key + "-" + name), where
+            if i >= n_gen:              # a rulebook's rule: the generated families stay the worker's
+                names, texts = names[n_gen:], texts[n_gen:]
+            return dataclasses.replace(cfg, rulebooks=tuple(names), texts=tuple(texts), key=cfg.key + "-" + name,
+                                       generated=cfg.generated and i >= n_gen), where
     return None, ""

@@ -3,9 +3,8 @@
 - :func:`declarations` -- the sort ``T`` with one constructor per primitive op (stable names from
   ``OpDef.egg``, tensor arguments first), and the analyses ``shape`` (``IVec``) and ``dtype``
   (``String``), both without merge so that an unsound rule fails loudly ("Illegal merge").
-- :func:`generated_rulebooks` -- rule families that are mechanical consequences of the op table:
-  the shape/dtype analysis (per rank where a rule needs ``vec-get``), composing permutes, and
-  pushing movement through elementwise ops. Hand-written rules live in ``rulebooks/*.egg``.
+- the rule families that are mechanical consequences of the op table (analysis, movement-gen,
+  fusion) are generated in ``eqgrad/rules/families.py``; hand-written rules live in ``rulebooks/*.egg``.
 - :func:`emit_program` -- a program (``eqgrad.graph.program``) as egglog ``let`` commands, inserted *unfused*: every
   non-leaf argument is wrapped in ``Realize`` (see DESIGN.md, "Fusion").
 """
@@ -16,7 +15,7 @@ from dataclasses import dataclass
 
 from eqgrad.graph.lazy import LazyBuffer
 from eqgrad.graph.program import ConstLeaf, Input, Program, is_node
-from eqgrad.ops import EGG_TO_OP, MAX_RANK, OPS, OpDef
+from eqgrad.ops import EGG_TO_OP, OPS, OpDef
 
 SORTS = {"i64", "f64", "String", "IVec"}
 
@@ -37,73 +36,9 @@ def constructor_names() -> set[str]:
     return {o.egg for o in OPS.values()}
 
 
-# ------------------------------------------------------------------ generated rule families
-
-def _vec(items: list[str]) -> str:
+def vec_of(items: list[str]) -> str:
+    """An ``IVec`` literal of egglog expressions."""
     return f"(vec-of {' '.join(items)})" if items else "(vec-empty)"
-
-
-def _analysis_rules() -> list[str]:
-    rs = ["(ruleset analysis)"]
-
-    def rule(name: str, query: str, actions: str) -> None:
-        rs.append(f"(rule ({query}) ({actions}) :ruleset analysis :name \"{name}\")")
-
-    rule("shape-buf", "(= e (Buf i s d))", "(set (shape e) s) (set (dtype e) d)")
-    rule("shape-const", "(= e (Const v d s))", "(set (shape e) s) (set (dtype e) d)")
-    for o in OPS.values():
-        if o.kind in ("unary", "binary", "ternary", "boundary") or o.name == "FLIP":
-            args = " ".join(f"x{i}" for i in range(o.arity))
-            attrs = " ".join(f"a{i}" for i in range(len(o.attrs)))
-            pat = f"(= e ({o.egg} {args} {attrs}))".replace("  ", " ").replace(" )", ")")
-            src = "x1" if o.name == "WHERE" else "x0"
-            dt = {"CMPLT": '"bool"', "CMPEQ": '"bool"', "CAST": "a0"}.get(o.name, "d")
-            q = f"{pat} (= (shape {src}) s)" + ("" if dt != "d" else f" (= (dtype {src}) d)")
-            rule(f"shape-{o.egg.lower()}", q, f"(set (shape e) s) (set (dtype e) {dt})")
-    for egg in ("Reshape", "Expand"):
-        rule(f"shape-{egg.lower()}", f"(= e ({egg} x s)) (= (dtype x) d)", "(set (shape e) s) (set (dtype e) d)")
-    for r in range(1, MAX_RANK + 1):
-        perm = _vec([f"(vec-get s (vec-get p {i}))" for i in range(r)])
-        rule(f"shape-permute-{r}", f"(= e (Permute x p)) (= (shape x) s) (= (dtype x) d) (= (vec-length s) {r})",
-             f"(set (shape e) {perm}) (set (dtype e) d)")
-        pad = _vec([f"(+ (+ (vec-get b {i}) (vec-get s {i})) (vec-get a {i}))" for i in range(r)])
-        rule(f"shape-pad-{r}", f"(= e (Pad x b a)) (= (shape x) s) (= (dtype x) d) (= (vec-length s) {r})",
-             f"(set (shape e) {pad}) (set (dtype e) d)")
-        shr = _vec([f"(- (vec-get n {i}) (vec-get b {i}))" for i in range(r)])
-        rule(f"shape-shrink-{r}", f"(= e (Shrink x b n)) (= (dtype x) d) (= (vec-length b) {r})",
-             f"(set (shape e) {shr}) (set (dtype e) d)")
-    for k in range(1, MAX_RANK + 1):
-        red = "s"
-        for i in range(k):
-            red = f"(vec-set {red} (vec-get ax {i}) 1)"
-        for egg in ("Sum", "RMax"):
-            rule(f"shape-{egg.lower()}-{k}", f"(= e ({egg} x ax)) (= (shape x) s) (= (dtype x) d) (= (vec-length ax) {k})",
-                 f"(set (shape e) {red}) (set (dtype e) d)")
-    return rs
-
-
-def _movement_families() -> list[str]:
-    """Permute composition per rank, and movement pushed through elementwise ops."""
-    rs = ["(ruleset movement-gen)"]
-    for r in range(1, MAX_RANK + 1):
-        comp = _vec([f"(vec-get p (vec-get q {i}))" for i in range(r)])
-        rs.append(f"(rewrite (Permute (Permute x p) q) (Permute x {comp}) :when ((= (vec-length q) {r})) "
-                  f":ruleset movement-gen :name \"permute-permute-{r}\")")
-    # Permute(op(a, b)) = op(Permute a, Permute b) for elementwise ops (same for Reshape, Flip)
-    for o in OPS.values():
-        if o.kind not in ("unary", "binary", "ternary"):
-            continue
-        args = [f"x{i}" for i in range(o.arity)]
-        attrs = [f"a{i}" for i in range(len(o.attrs))]
-        for mv in ("Permute", "Reshape", "Flip"):
-            lhs = f"({mv} ({o.egg} {' '.join(args + attrs)}) m)"
-            rhs = f"({o.egg} {' '.join([f'({mv} {a} m)' for a in args] + attrs)})"
-            rs.append(f"(rewrite {lhs} {rhs} :ruleset movement-gen :name \"{mv.lower()}-through-{o.egg.lower()}\")")
-    return rs
-
-
-def generated_rulebooks() -> str:
-    return "\n".join(_analysis_rules() + _movement_families()) + "\n"
 
 
 # ------------------------------------------------------------------ emitting a graph
@@ -118,7 +53,7 @@ def fmt_f64(v: float) -> str:
 
 
 def fmt_vec(xs) -> str:
-    return _vec([str(int(x)) for x in xs])
+    return vec_of([str(int(x)) for x in xs])
 
 
 def fmt_attrs(o: OpDef, arg) -> list[str]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import threading
 from pathlib import Path
 from typing import Iterator
 
@@ -21,19 +22,15 @@ from eqgrad import config
 from eqgrad.rules.book import (BUILTIN_RULEBOOKS, DEFAULT_PHASE, DEFAULT_SCHEDULE, RULEBOOK_DIR, Rule,
                                Rulebook, RuleConfig, builtin_config, builtin_paths, load_rulebook,
                                parse_rulebook, read_rulebook_text, read_schedule, read_schedule_text,
-                               split_schedule, without_rule)
-from eqgrad.rules.ir import generated_rulebooks
+                               resolve_schedule, split_schedule, without_rule)
+from eqgrad.rules.families import generated_rulebooks
 from eqgrad.rules.saturate import default_saturator
 from eqgrad.rules.sexpr import RulebookError
 
 __all__ = ["BUILTIN_RULEBOOKS", "DEFAULT_PHASE", "DEFAULT_SCHEDULE", "RULEBOOK_DIR", "Rule", "Rulebook", "RuleConfig",
            "RulebookError", "active_config", "all_rules", "builtin_config", "load_rulebook", "parse_rulebook",
-           "read_rulebook_text", "read_schedule", "read_schedule_text", "reset", "split_schedule", "use",
+           "read_rulebook_text", "read_schedule", "read_schedule_text", "reset", "RuleState", "split_schedule", "use",
            "use_schedule", "using", "unuse", "validate", "without_rule"]
-
-
-_user: list[tuple[Rulebook, str, int]] = []
-_schedule: tuple[Path, str] | None = None          # (path, validated text) from use_schedule
 
 
 def phase_commands(rulesets: list[str], iterations: int = 4) -> str:
@@ -57,27 +54,103 @@ def _env_rulebooks() -> list[tuple[Rulebook, str]]:
     return out
 
 
-_config_memo: dict[tuple, RuleConfig] = {}
+MEMO_SIZE = 8       # configurations memoized per RuleState (EGRAPH_NODES may differ per thread)
+
+
+class RuleState:
+    """Which user rulebooks and schedule are active: the state behind :func:`use`, :func:`unuse`,
+    :func:`using`, :func:`use_schedule`, :func:`reset` and :func:`active_config`, which act on
+    ``DEFAULT``, the default session's. Each ``eqgrad.engine.Session`` holds one (its ``rules``),
+    with the same methods.
+
+    Threads may share one: every read and change holds its lock (before, ``active_config`` could
+    clear the memo between another thread's check and its read: KeyError). A change applies to
+    every thread that realizes with this state; for rules of one thread only, give the thread its
+    own Session."""
+
+    def __init__(self) -> None:
+        self.user: list[tuple[Rulebook, str, int]] = []
+        self.schedule: tuple[Path, str] | None = None      # (path, validated text) from use_schedule
+        self._memo: dict[tuple, RuleConfig] = {}
+        self._lock = threading.RLock()
+
+    def config(self) -> RuleConfig:
+        """The active configuration (memoized on this state and the environment variables)."""
+        with self._lock:
+            key = (tuple((str(rb.path), rb.digest, ph, it) for rb, ph, it in self.user), self.schedule,
+                   os.environ.get("EQGRAD_RULEBOOKS", ""), os.environ.get("EQGRAD_SCHEDULE", ""),
+                   config.EGRAPH_NODES.value)
+            cfg = self._memo.get(key)
+            if cfg is None:
+                cfg = _make_config(self.user, self.schedule)
+                if len(self._memo) >= MEMO_SIZE:
+                    self._memo.clear()
+                self._memo[key] = cfg
+            return cfg
+
+    def use(self, path: str | Path, phase: str = DEFAULT_PHASE, iterations: int = 4) -> Rulebook:
+        """Activate a user rulebook: validated now (file:line errors); its rulesets run for
+        ``iterations`` rounds at the end of ``phase`` from the next realize on. The plan cache is
+        keyed by the active rules, so every program is planned again under the new rules."""
+        rb = load_rulebook(path)
+        validate([rb])
+        with self._lock:
+            self.user.append((rb, phase, iterations))
+            try:
+                self.config()
+            except RulebookError:
+                self.user.pop()
+                raise
+        return rb
+
+    def unuse(self, path: str | Path) -> None:
+        p = Path(path).resolve()
+        with self._lock:
+            kept = [u for u in self.user if u[0].path != p]
+            if len(kept) == len(self.user):
+                raise ValueError(f"rulebook {path} is not in use (active: {[str(u[0].path) for u in self.user]})")
+            self.user[:] = kept
+
+    @contextlib.contextmanager
+    def using(self, path: str | Path, phase: str = DEFAULT_PHASE, iterations: int = 4) -> Iterator[Rulebook]:
+        rb = self.use(path, phase, iterations)
+        try:
+            yield rb
+        finally:
+            self.unuse(rb.path)
+
+    def use_schedule(self, path: str | Path | None) -> None:
+        """Replace the schedule file (None restores the built-in one). The file is read and
+        validated now, once: later changes to it are not seen until ``use_schedule`` is called again."""
+        sched = (Path(path), read_schedule_text(path)) if path is not None else None
+        with self._lock:
+            self.schedule = sched
+
+    def reset(self) -> None:
+        """Back to the built-in rulebooks and schedule."""
+        with self._lock:
+            self.user.clear()
+            self.schedule = None
+
+    def after_fork_in_child(self) -> None:
+        self._lock = threading.RLock()      # a parent thread may have held it at the fork
+
+
+DEFAULT = RuleState()       # the default session's rules (eqgrad.engine.default_session().rules)
 
 
 def active_config() -> RuleConfig:
-    """The active configuration (memoized on the API state and the environment variables)."""
-    state = (tuple((str(rb.path), rb.digest, ph, it) for rb, ph, it in _user), _schedule,
-             os.environ.get("EQGRAD_RULEBOOKS", ""), os.environ.get("EQGRAD_SCHEDULE", ""),
-             config.EGRAPH_NODES.value)
-    if state not in _config_memo:
-        _config_memo.clear()
-        _config_memo[state] = _make_config()
-    return _config_memo[state]
+    """The active configuration of the default session's rules (``RuleState.config``)."""
+    return DEFAULT.config()
 
 
-def _make_config() -> RuleConfig:
-    if _schedule is not None:
-        sched, sched_text = _schedule
+def _make_config(api_user: list[tuple[Rulebook, str, int]], schedule: tuple[Path, str] | None) -> RuleConfig:
+    if schedule is not None:
+        sched, sched_text = schedule
     else:
         sched = Path(os.environ.get("EQGRAD_SCHEDULE") or DEFAULT_SCHEDULE)
         sched_text = read_schedule_text(sched)
-    user = _env_rulebooks() + _user
+    user = _env_rulebooks() + list(api_user)
     phases = {n for n, _ in split_schedule(sched_text, str(sched))}
     extra = []
     for rb, phase, iterations in user:
@@ -87,7 +160,8 @@ def _make_config() -> RuleConfig:
     paths = [str(p) for p in builtin_paths()] + [str(rb.path) for rb, _, _ in user]
     texts = [read_rulebook_text(p) for p in builtin_paths()] + [rb.text for rb, _, _ in user]
     h = hashlib.sha256()
-    for t in texts + [sched_text]:          # the texts the worker loads, each read once
+    # the texts the worker loads, each read once; the schedule as run (its {FLAG}s substituted)
+    for t in [generated_rulebooks()] + texts + [resolve_schedule(sched_text, str(sched))]:
         h.update(hashlib.sha256(t.encode()).digest())
     for ph, cmd in extra:
         h.update((ph + cmd).encode())
@@ -95,56 +169,34 @@ def _make_config() -> RuleConfig:
 
 
 def use(path: str | Path, phase: str = DEFAULT_PHASE, iterations: int = 4) -> Rulebook:
-    """Activate a user rulebook: validated now (file:line errors); its rulesets run for
-    ``iterations`` rounds at the end of ``phase`` from the next realize on. The plan cache is keyed
-    by the active rules, so every program is planned again under the new rules."""
-    rb = load_rulebook(path)
-    validate([rb])
-    _user.append((rb, phase, iterations))
-    try:
-        active_config()
-    except RulebookError:
-        _user.pop()
-        raise
-    return rb
+    """Activate a user rulebook in the default session's rules (``RuleState.use``)."""
+    return DEFAULT.use(path, phase, iterations)
 
 
 def unuse(path: str | Path) -> None:
-    p = Path(path).resolve()
-    before = len(_user)
-    _user[:] = [u for u in _user if u[0].path != p]
-    if len(_user) == before:
-        raise ValueError(f"rulebook {path} is not in use (active: {[str(u[0].path) for u in _user]})")
+    DEFAULT.unuse(path)
 
 
-@contextlib.contextmanager
-def using(path: str | Path, phase: str = DEFAULT_PHASE, iterations: int = 4) -> Iterator[Rulebook]:
-    rb = use(path, phase, iterations)
-    try:
-        yield rb
-    finally:
-        unuse(rb.path)
+def using(path: str | Path, phase: str = DEFAULT_PHASE, iterations: int = 4) -> contextlib.AbstractContextManager[Rulebook]:
+    """A user rulebook active in the default session's rules for a block (``RuleState.using``)."""
+    return DEFAULT.using(path, phase, iterations)
 
 
 def use_schedule(path: str | Path | None) -> None:
-    """Replace the schedule file (None restores the built-in one). The file is read and validated
-    now, once: later changes to it are not seen until ``use_schedule`` is called again."""
-    global _schedule
-    _schedule = (Path(path), read_schedule_text(path)) if path is not None else None
+    """Replace the default session's schedule file (``RuleState.use_schedule``)."""
+    DEFAULT.use_schedule(path)
 
 
 def reset() -> None:
-    """Back to the built-in rulebooks and schedule."""
-    global _schedule
-    _user.clear()
-    _schedule = None
+    """The default session's rules back to the built-in rulebooks and schedule."""
+    DEFAULT.reset()
 
 
 def all_rules(config: RuleConfig | None = None) -> list[Rule]:
-    """Every rule of the active (or given) rulebooks, built-in first."""
+    """Every rule of the active (or given) configuration: generated families, built-in, user."""
     cfg = config or active_config()
-    out = parse_rulebook(generated_rulebooks(), "<generated>")[1]
-    for name, text in cfg.books:
+    out: list[Rule] = []
+    for name, text in cfg.sources:
         out += parse_rulebook(text, name)[1]
     return out
 
@@ -161,3 +213,4 @@ def validate(rulebooks: list[Rulebook]) -> None:
     err = default_saturator().validate(builtin.books + [(str(rb.path), rb.text) for rb in rulebooks])
     if err:
         raise RulebookError(err)
+

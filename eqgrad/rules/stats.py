@@ -55,6 +55,16 @@ class RuleStats:
         lines.append(f"never matched ({len(never)}): " + (", ".join(never) if never else "-"))
         return "\n".join(lines)
 
+    def by_source(self, groups: dict[str, list[str]]) -> str:
+        """One line per rulebook or generated family: its rules, how many matched, its matches."""
+        lines = ["per rulebook and generated family:"]
+        width = max([len(label) for label in groups] + [0])
+        for label, names in groups.items():
+            matched = [n for n in names if self.matches.get(n)]
+            lines.append(f"  {label:<{width}} {len(names):4d} rules, {len(matched):4d} matched, "
+                         f"{sum(self.matches.get(n, 0) for n in names):8d} matches")
+        return "\n".join(lines)
+
 
 def record(rep: SaturationReport) -> None:
     for c in _collectors:

@@ -1,5 +1,5 @@
-"""Command line: ``python -m eqgrad rules check [FILES]``, ``rules stats``, ``tune calibrate``,
-``tune experiment``."""
+"""Command line: ``python -m eqgrad rules check [FILES]``, ``rules stats``, ``rules dump [DIR]``,
+``tune calibrate``, ``tune experiment``."""
 from __future__ import annotations
 
 import argparse
@@ -8,11 +8,11 @@ import sys
 
 def _rules_check(args: argparse.Namespace) -> int:
     from eqgrad.tools.check import check_rules
-    from eqgrad.rules.rulebook import RulebookError, all_rules, load_rulebook, validate
+    from eqgrad.rules.dump import load_files, source_label
+    from eqgrad.rules.rulebook import RulebookError, all_rules
     try:
-        if args.files:
-            books = [load_rulebook(f) for f in args.files]
-            validate(books)
+        if args.files:      # a schedule among them: a whole configuration (a `rules dump`)
+            books, _ = load_files(args.files)
             rules = [r for b in books for r in b.rules]
         else:
             rules = all_rules()
@@ -22,25 +22,59 @@ def _rules_check(args: argparse.Namespace) -> int:
     if args.rule:
         rules = [r for r in rules if r.name in args.rule]
     counts: dict[str, int] = {}
+    per_source: dict[str, dict[str, int]] = {}
 
     def show(res) -> None:
         counts[res.status] = counts.get(res.status, 0) + 1
+        src = per_source.setdefault(res.rule.file, {})
+        src[res.status] = src.get(res.status, 0) + 1
         if res.status not in ("sound", "skipped") or args.verbose:
             print(res, flush=True)
 
     check_rules(rules, n=args.n, seed=args.seed, progress=show)
+    width = max([len(source_label(src)) for src in per_source] + [0])
+    for src, c in per_source.items():
+        print(f"  {source_label(src):<{width}} {sum(c.values()):4d} rules: "
+              + ", ".join(f"{v} {k}" for k, v in sorted(c.items())))
     print(f"{len(rules)} rules: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())))
     bad = counts.get("unsound", 0) + (counts.get("untested", 0) if args.strict else 0)
     return 1 if bad else 0
 
 
 def _rules_stats(args: argparse.Namespace) -> int:
+    from eqgrad.rules.dump import source_label
     from eqgrad.rules.rulebook import all_rules
     from eqgrad.tools.stats import run_corpus
     st = run_corpus(include_examples=not args.no_examples,
                     progress=(lambda name: print(f"  ran {name}", file=sys.stderr)) if args.verbose else None)
-    names = [r.name for r in all_rules() if not r.name.startswith("shape-")]
+    rules = all_rules()
+    names = [r.name for r in rules if not r.name.startswith("shape-")]
     print(st.report(names, top=args.top))
+    groups: dict[str, list[str]] = {}
+    for r in rules:
+        groups.setdefault(source_label(r.file), []).append(r.name)
+    print(st.by_source(groups))
+    return 0
+
+
+def _rules_dump(args: argparse.Namespace) -> int:
+    from eqgrad.rules.dump import dump_files, write_dump
+    from eqgrad.rules.rulebook import RulebookError
+    try:
+        files = write_dump(args.dir) if args.dir else dump_files()
+    except RulebookError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"{'family':<16} {'kind':<10} {'rules':>5}  file")
+    for f in files:
+        count = f"{f.count} phases" if f.kind == "schedule" else f"{f.count}"
+        print(f"{f.family:<16} {f.kind:<10} {count:>5}  {f.filename}  ({f.source or '-'})")
+    total = sum(f.count for f in files if f.kind != "schedule")
+    if args.dir:
+        print(f"{total} rules in {len(files)} files written to {args.dir}; check them with "
+              f"`python -m eqgrad rules check {args.dir}/*.egg`")
+    else:
+        print(f"{total} rules; `python -m eqgrad rules dump DIR` writes them as .egg files")
     return 0
 
 
@@ -152,6 +186,10 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--no-examples", action="store_true")
     s.add_argument("-v", "--verbose", action="store_true")
     s.set_defaults(fn=_rules_stats)
+    d = rules.add_parser("dump", help="every rule that runs (generated, built-in, user) and the schedule used, "
+                                      "as .egg files")
+    d.add_argument("dir", nargs="?", default="", help="write the files here (default: print a summary)")
+    d.set_defaults(fn=_rules_dump)
     tune = sub.add_parser("tune", help="cost model and extraction tools").add_subparsers(dest="tcmd", required=True)
     cal = tune.add_parser("calibrate", help="measure launch overhead, bandwidth and peak FLOP/s of a device")
     cal.add_argument("--device", default="LLVM")
