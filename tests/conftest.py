@@ -33,6 +33,15 @@ def validate_every_plan():
     with eqgrad.Context(VALIDATE=1):
         yield
 
+
+@pytest.fixture(autouse=True, scope="session")
+def verify_every_lowering():
+    """The loop IR of every kernel lowered in the suite is checked after every lowering pass
+    (EQGRAD_VERIFY: lower/lowering.py, loopir.verify): a pass that leaves invalid IR fails the test
+    that lowered it, naming the pass."""
+    with eqgrad.Context(VERIFY=1):
+        yield
+
 # the eqgrad dtype a NumPy result of each kind corresponds to (NumPy may widen to float64/int64)
 KIND_TO_DTYPE = {"f": eqgrad.float32, "i": eqgrad.int32, "u": eqgrad.int32, "b": eqgrad.bool_}
 

@@ -1,39 +1,58 @@
-"""Kernel (a body of KNodes) -> loop IR, as a flat list of named passes.
+"""Kernel (a body of KNodes) -> loop IR: the emitter that follows a schedule of named passes.
 
-``lower_kernel`` runs, in order:
-1. ``output_loops``: one loop per output axis (size-1 axes get index 0).
-2. ``render``: the body is evaluated per output element by a recursive index function. Movement
-   ops transform the symbolic index (``symbolic.Lin``) instead of moving data -- reshape through
-   linearize/delinearize with bound-aware simplification, permute by reordering, expand by zeroing,
-   shrink by offsetting, flip by mirroring, pad by offsetting plus a validity mask that clamps the
-   load and selects 0. A reduction opens its own loops at the point of use with an accumulator.
-   Values are memoized per (node, index, mask) within the loop scope that computed them.
-3. ``store``: the output element at its contiguous index.
+``lower_kernel`` first runs the passes (``passes.PASSES``: lanes, tiling, hoist, blocked sums,
+parallel; docs/lowering.md), which decide everything about the kernel's loops into a
+``passes.Schedule`` without emitting anything, then ``Lowerer.emit_kernel`` writes the loop IR:
+
+1. output loops: one per output axis (size-1 axes get index 0; lane axes are split into a loop
+   over blocks and the lanes; a tiled axis gets its tile loop first and its inner loop last),
+   with the hoisted reductions rendered right after the loop the schedule names;
+2. the body, evaluated per output element (per lane) by a recursive index function. Movement ops
+   transform the symbolic index (``symbolic.Lin``, ``indexing.move_index``) instead of moving
+   data -- reshape through linearize/delinearize with bound-aware simplification, permute by
+   reordering, expand by zeroing, shrink by offsetting, flip by mirroring, pad by offsetting plus a
+   validity mask that clamps the load and selects 0. A reduction opens its own loops at the point
+   of use with one accumulator per lane (in levels when the schedule blocks it). Values are
+   memoized per (node, index, mask) within the loop scope that computed them;
+3. the store of each output element at its contiguous index.
+
+With ``EQGRAD_VERIFY=1`` (on in the test suite) the loop IR after every pass -- the schedule of
+the passes up to it -- is emitted and checked by ``loopir.verify``; ``DEBUG>=5`` prints which
+passes applied to each kernel.
 """
 from __future__ import annotations
 
-import math
+from dataclasses import replace
 from typing import Any
 
+from eqgrad import config
 from eqgrad.dtype import DType, bool_
+from eqgrad.graph.loopir import INDEX, NONNEG, LInst, LoopIRError, LoopKernel, verify
 from eqgrad.graph.plan import Kernel, KernelPlan, KNode
+from eqgrad.lower.indexing import MOVES, REDUCES, dry_sources, flat_index, hoistable, move_index, reduce_map, strides_of
+from eqgrad.lower.passes import LowerOptions, Schedule, describe_steps, run_passes
+from eqgrad.lower.sums import SUM_BLOCK, SUM_RADIX, sum_depth, sum_error_terms, sum_pieces
+from eqgrad.lower.symbolic import Div, Lin, Mod, Var
 from eqgrad.ops import numel, reduce_identity
-from eqgrad.graph.loopir import INDEX, NONNEG, LInst, LoopKernel
-from eqgrad.lower.symbolic import Div, Lin, Mod, Var, substitute_free
 
-
-def strides_of(shape: tuple[int, ...]) -> tuple[int, ...]:
-    st, acc = [], 1
-    for s in reversed(shape):
-        st.append(acc if s != 1 else 0)
-        acc *= s
-    return tuple(reversed(st))
+# tests and tools import these from here
+__all__ = ["Lowerer", "lower_kernel", "strides_of", "sum_depth", "sum_error_terms", "sum_pieces",
+           "SUM_BLOCK", "SUM_RADIX"]
 
 
 class Lowerer:
-    def __init__(self, kernel: Kernel, plan: KernelPlan, upcast: tuple[int, int] | None = None):
+    """Emits one kernel's loop IR. ``lower()`` runs the passes and emits their schedule;
+    ``emit_kernel(schedule)`` emits any schedule (a pass switched off, or one inspected alone).
+    One instance emits once."""
+
+    def __init__(self, kernel: Kernel, plan: KernelPlan, upcast: tuple[int, int] | None = None,
+                 options: LowerOptions | None = None):
         self.kernel = kernel
-        self.upcast = upcast          # (lanes on the last output axis, lanes on the one before); None: heuristic
+        self.plan = plan
+        # upcast: (lanes on the last output axis, lanes on the one before), forced; None: the lanes pass decides
+        self.options = options if options is not None else LowerOptions(upcast=upcast)
+        if upcast is not None and self.options.upcast != upcast:
+            raise ValueError(f"Lowerer: upcast {upcast} and options.upcast {self.options.upcast} disagree")
         self.param_of: dict[int, int] = {kernel.out: 0}
         self.params: list[tuple[str, DType, bool]] = [(f"b{kernel.out}", plan.buffers[kernel.out][1], True)]
         for b in kernel.inputs:
@@ -43,6 +62,9 @@ class Lowerer:
         self.scopes: list[dict[Any, int]] = [{}]
         self.vars: dict[str, int] = {}
         self.n_ranges = 0
+        self.has_reduce: dict[int, bool] = reduce_map(kernel.ast)
+        self.sched = Schedule()
+        self._blocked: set[int] = set()
 
     # ------------------------------------------------------------------ emission with scoped CSE
     def emit(self, op: str, dtype: Any, src: tuple[int, ...] = (), arg: Any = None, cse: bool = True) -> int:
@@ -127,14 +149,11 @@ class Lowerer:
         if op == "CONST":
             return self.const(n.arg, n.dtype)
         if op == "BUF":
-            flat = Lin.num(0)
-            for i, st in zip(idx, strides_of(n.shape)):
-                flat = flat + i * st
-            fi = self.index(flat)
+            fi = self.index(flat_index(idx, n.shape))
             if valid is not None:
                 fi = self.emit("WHERE", INDEX, (valid, fi, self.const(0, INDEX)))
             return self.emit("LOAD", n.dtype, (self.param_of[n.arg], fi))
-        if op in ("RSUM", "RMAX"):
+        if op in REDUCES:
             return self._reduce(n, idx, valid)
         if op == "PAD":
             before, _after = n.arg
@@ -145,67 +164,33 @@ class Lowerer:
             if mask is None:
                 return inner
             return self.emit("WHERE", n.dtype, (mask, inner, self.const(_zero(n.dtype), n.dtype)))
-        if op in ("RESHAPE", "PERMUTE", "EXPAND", "SHRINK", "FLIP"):
+        if op in MOVES:
             return self.render(n.src[0], self.move_index(n, idx), valid)
         srcs = tuple(self.render(s, idx, valid) for s in n.src)
         return self.emit(op, n.arg if op == "CAST" else n.dtype, srcs, None)
 
     def move_index(self, n: KNode, idx: tuple[Lin, ...]) -> tuple[Lin, ...]:
-        src = n.src[0]
-        if 0 in src.shape:      # nothing is ever read from an empty tensor
-            return tuple(Lin.num(0) for _ in src.shape)
-        if n.op == "RESHAPE":
-            flat = Lin.num(0)
-            for i, st in zip(idx, _full_strides(n.shape)):
-                flat = flat + i * st
-            out = []
-            for s, st in zip(src.shape, _full_strides(src.shape)):
-                out.append(Lin.num(0) if s == 1 else (flat // st) % s)
-            return tuple(out)
-        if n.op == "PERMUTE":
-            out: list[Lin] = [Lin.num(0)] * len(idx)
-            for i, p in enumerate(n.arg):
-                out[p] = idx[i]
-            return tuple(out)
-        if n.op == "EXPAND":
-            return tuple(Lin.num(0) if s == 1 else i for i, s in zip(idx, src.shape))
-        if n.op == "SHRINK":
-            return tuple(i + b for i, b in zip(idx, n.arg[0]))
-        if n.op == "FLIP":
-            return tuple(Lin.num(s - 1) - i if d in n.arg else i for d, (i, s) in enumerate(zip(idx, n.shape)))
-        raise NotImplementedError(n.op)
+        return move_index(n, idx)
 
     def _reduce(self, n: KNode, idx: tuple[Lin, ...], valid: int | None) -> int:
         return self._reduce_lanes(n, (idx,), (valid,))[0]
 
     # ------------------------------------------------------------------ hoisting (row fusion)
-    def hoist(self, out_idx: list[Lin | None]) -> bool:
-        """Render now, in the current loop, every reduction whose index depends only on the output
-        loops open so far (``out_idx`` is None for the axes still to open). This is what lets one
-        kernel hold softmax or layernorm: each row's max/sum/mean/variance is reduced once, in
-        its own loop inside the row loop, before the loop over the row's outputs, instead of
-        once per output element. Reductions that use other hoisted ones (the variance uses the
-        mean) come after them. Returns whether anything was hoisted."""
+    def hoist(self, out_idx: list[Lin | None], nodes: tuple[KNode, ...]) -> None:
+        """Render now, in the current loop, the reductions ``nodes`` (the hoist pass's choice for
+        this loop), each at the index it is read at from the root, after the reductions it uses.
+        ``out_idx`` is None for the output axes still to open. Each row's max/sum/mean/variance is
+        then reduced once, in its own loop inside the row loop, before the loop over the row's
+        outputs; the main pass finds them memoized under the same key."""
         root = self.kernel.ast
         idx = tuple(i if i is not None else Lin.var(f"_o{d}", s) for d, (i, s) in enumerate(zip(out_idx, root.shape)))
-        order: list[tuple[KNode, tuple[Lin, ...]]] = []
-        seen: set = set()
+        chosen = {id(n) for n in nodes}
+        for n, ix in hoistable(root, idx, self.has_reduce, self._dry_sources):
+            if id(n) in chosen:
+                self.render_lanes(n, (ix,), (None,))      # the key the main pass looks up
 
-        def walk(n: KNode, ix: tuple[Lin, ...]) -> None:
-            if (id(n), ix) in seen or not self.has_reduce[id(n)] or n.op == "PAD":   # masked reads stay put
-                return
-            seen.add((id(n), ix))
-            for x, cix in self._dry_sources(n, ix, "_r"):
-                walk(x, cix)
-            if n.op in ("RSUM", "RMAX") and n is not root and not any(
-                    v.startswith("_") for i in ix for v in substitute_free(i)):
-                order.append((n, ix))             # after the reductions it uses
-
-        walk(root, idx)
-        before = len(self.insts)
-        for n, ix in order:
-            self.render_lanes(n, (ix,), (None,))      # the key the main pass looks up
-        return len(self.insts) > before
+    def _dry_sources(self, n: KNode, idx: tuple[Lin, ...], tag: str) -> list[tuple[KNode, tuple[Lin, ...]]]:
+        return dry_sources(n, idx, tag, self.move_index)
 
     # ------------------------------------------------------------------ lanes (upcast)
     # A kernel whose output axes are upcast renders several output elements ("lanes") at once.
@@ -225,45 +210,40 @@ class Lowerer:
 
     def _render_lanes(self, n: KNode, idxs: tuple, valids: tuple) -> tuple[int, ...]:
         op = n.op
-        if op in ("RSUM", "RMAX"):
+        if op in REDUCES:
             return self._reduce_lanes(n, idxs, valids)
         if op == "PAD":
             return tuple(self._render(n, i, v) for i, v in zip(idxs, valids))
-        if op in ("RESHAPE", "PERMUTE", "EXPAND", "SHRINK", "FLIP"):
+        if op in MOVES:
             return self.render_lanes(n.src[0], tuple(self.move_index(n, i) for i in idxs), valids)
         srcs = [self.render_lanes(s, idxs, valids) for s in n.src]
         dt = n.arg if op == "CAST" else n.dtype
         return tuple(self.emit(op, dt, tuple(sv[lane] for sv in srcs), None) for lane in range(len(idxs)))
 
-    # Blocked float sums (docs/semantics.md "Sums", docs/lowering.md "blocked sums"). A float sum of
-    # more than SUM_BLOCK elements is split into levels, each with its own accumulator, so that no
-    # accumulator adds more than SUM_BLOCK (innermost and outermost level) or SUM_RADIX (the levels
+    # Blocked float sums (docs/semantics.md "Sums", docs/lowering.md "blocked sums"). A float sum that
+    # the blocked-sums pass marked is split into levels, each with its own accumulator, so that no
+    # accumulator adds more than sum_block (innermost and outermost level) or sum_radix (the levels
     # between) values: the rounding error is then bounded by sum_error_terms(n) * 2**-24 * sum|x|
     # whatever the device does with the innermost loop (LLVM vectorizes it, which only shortens it).
-    SUM_BLOCK = 1024              # values per innermost block (and most iterations of the outermost level)
-    SUM_RADIX = 32                # values per accumulator of the levels between
-
     def _reduce_lanes(self, n: KNode, idxs: tuple, valids: tuple) -> tuple[int, ...]:
         """One loop nest over the reduced axes, one accumulator per lane.
 
-        Float sums of more than ``SUM_BLOCK`` elements are *blocked* (``_sum_levels``): a single
-        float accumulator over n values has an error bound of (n - 1) ulps of the running sum (a
+        Float sums the schedule blocks are summed in levels (``_sum_levels``): a single float
+        accumulator over n values has an error bound of (n - 1) ulps of the running sum (a
         sequential sum of 1e6 x 0.1f: 2.2e-4 relative; 1e9 ones saturate at 2**24 per accumulator);
-        with levels no accumulator adds more than 1024 values."""
+        with levels no accumulator adds more than ``sum_block`` values."""
         src = n.src[0]
         accs = tuple(self.emit("DEFACC", n.dtype, (), reduce_identity(n.op, n.dtype), cse=False) for _ in idxs)
         axes = [d for d in n.arg if src.shape[d] > 1]
         sub: dict[int, Lin] = {d: Lin.num(0) for d in n.arg if src.shape[d] <= 1}
         if 0 not in src.shape:              # an empty axis means the identity
-            blocked = (n.op == "RSUM" and n.dtype.is_float
-                       and numel(tuple(src.shape[d] for d in axes)) > self.SUM_BLOCK)
-            self._reduce_axes(n, idxs, valids, axes, 0, sub, accs, blocked)
+            self._reduce_axes(n, idxs, valids, axes, 0, sub, accs, id(n) in self._blocked)
         return tuple(self.emit("ACCREAD", n.dtype, (acc,), cse=False) for acc in accs)
 
     def _reduce_axes(self, n: KNode, idxs: tuple, valids: tuple, axes: list[int], k: int,
                      sub: dict[int, Lin], accs: tuple[int, ...], blocked: bool) -> None:
         """Reduce ``axes[k:]`` of ``n``'s source into ``accs`` (one per lane). An axis that, with the
-        axes inside it, sums at most ``SUM_BLOCK`` values is one plain loop; a longer one (blocked
+        axes inside it, sums at most ``sum_block`` values is one plain loop; a longer one (blocked
         sums only) is split into levels by ``_sum_levels``."""
         src = n.src[0]
         if k == len(axes):
@@ -274,16 +254,16 @@ class Lowerer:
             return
         d, e = axes[k], src.shape[axes[k]]
         inner = numel(tuple(src.shape[a] for a in axes[k + 1:]))
-        if not blocked or e * inner <= self.SUM_BLOCK:
+        block, radix = self.sched.sum_block, self.sched.sum_radix
+        if not blocked or e * inner <= block:
             r = self.open_range(e)
             self._reduce_axes(n, idxs, valids, axes, k + 1, {**sub, d: r}, accs, blocked)
             self.close_range(r)
             return
         # the axes inside sum into the innermost level directly, or (when they are long) into their
         # own accumulator that adds one value per iteration
-        block = self.SUM_BLOCK // inner if 2 * inner <= self.SUM_BLOCK else self.SUM_BLOCK
         first = True
-        for offset, extents in sum_pieces(e, block, self.SUM_RADIX, self.SUM_BLOCK):
+        for offset, extents in sum_pieces(e, block // inner if 2 * inner <= block else block, radix, block):
             tgt = accs if first else self._fresh_accs(n, len(accs))
             self._sum_levels(n, idxs, valids, axes, k, sub, tgt, offset, extents)
             if not first:
@@ -306,7 +286,7 @@ class Lowerer:
         for r, ext in zip(reversed(loops), reversed(extents)):
             pos, stride = pos + r * stride, stride * ext
         inner = numel(tuple(n.src[0].shape[a] for a in axes[k + 1:]))
-        if 2 * inner > self.SUM_BLOCK:
+        if 2 * inner > self.sched.sum_block:
             part = self._fresh_accs(n, len(accs))
             self._reduce_axes(n, idxs, valids, axes, k + 1, {**sub, d: pos}, part, True)
             self._fold(n, levels[-1], part)
@@ -324,131 +304,64 @@ class Lowerer:
         for a, p in zip(into, part):
             self.emit("ACCUM", None, (a, self.emit("ACCREAD", n.dtype, (p,), cse=False)), "ADD", cse=False)
 
-    def choose_upcast(self) -> dict[int, int]:
-        """Output axes to split into register lanes: {axis: lanes}. Only for kernels with a
-        reduction whose output's last axis is not reduced (matmul, column sums): their lanes read
-        contiguous memory. Other kernels vectorize their innermost loop without help."""
-        root = self.kernel.ast
-        shape = root.shape
-        big = [d for d, n in enumerate(shape) if n > 1]
-        if not self.has_reduce[id(root)] or not big:
-            return {}
-        last = big[-1]          # the innermost output axis with more than one element (a reduction
-                                # kept as its own kernel ends in a size-1 axis)
-        if not self._contiguous_under_reduce(root, last):
-            return {}
-        body = len(root.walk())
-        up: dict[int, int] = {}
-        if self.upcast is not None:             # forced by the kernel search (or a user)
-            w1s, w0s = (self.upcast[0],), (self.upcast[1],)
-        else:
-            w1s, w0s = (16, 8, 4), (8, 4, 2)
-        w1 = next((w for w in w1s if w > 1 and shape[last] % w == 0 and body * w <= 8192), 1)
-        if w1 > 1:
-            up[last] = w1
-            prev = next((d for d in range(last - 1, -1, -1) if shape[d] > 1), None)
-            if prev is not None:
-                w0 = next((w for w in w0s if w > 1 and shape[prev] % w == 0 and body * w * w1 <= 8192), 1)
-                if w0 > 1:
-                    up[prev] = w0
-        return up
-
-    TILE_BLOCKS = 8               # register blocks of the outer lane axis per cache tile
-    TILE_MIN_STREAM = 1 << 20     # bytes a block's reduce loop streams from the lane-axis operand
-
-    def choose_tile(self, up: dict[int, int]) -> tuple[int, int] | None:
-        """Cache tiling of a two-axis register block (matmul-like): (axis, blocks) or None.
-
-        Loops are normally (outer blocks, inner blocks, reduce): every outer block streams the
-        whole lane operand (B of A @ B) again, from DRAM once it outgrows the cache (matmul 2048:
-        16 MB per block row). Tiling visits ``TILE_BLOCKS`` outer blocks per inner block, loops
-        (outer tiles, inner blocks, outer blocks within the tile, reduce), so each strip of the
-        lane operand is reused from cache ``TILE_BLOCKS`` times."""
-        if len(up) != 2:
-            return None
-        outer, inner = sorted(up)
-        root = self.kernel.ast
-        n_outer = root.shape[outer] // up[outer]
-        t = self.TILE_BLOCKS
-        if n_outer < 2 * t or n_outer % t:
-            return None
-        red = max((numel(n.src[0].shape) // max(1, numel(n.shape)) for n in root.walk()
-                   if n.op in ("RSUM", "RMAX")), default=1)
-        if red * root.shape[inner] * 4 < self.TILE_MIN_STREAM:
-            return None
-        return outer, t
-
-    def _dry_sources(self, n: KNode, idx: tuple[Lin, ...], tag: str) -> list[tuple[KNode, tuple[Lin, ...]]]:
-        """The sources of ``n`` with the index each is read at, as the render pass maps them: a
-        reduction's reduced axes become fresh variables named ``{tag}{id}_{axis}``. For the dry
-        runs of the index function (``hoist``, ``_contiguous_under_reduce``)."""
-        if n.op in ("RSUM", "RMAX"):
-            src = n.src[0]
-            return [(src, tuple(Lin.var(f"{tag}{id(n)}_{d}", src.shape[d]) if d in n.arg else i
-                                for d, i in enumerate(idx)))]
-        if n.op == "PAD":
-            return [(n.src[0], tuple(i - b for i, b in zip(idx, n.arg[0])))]
-        if n.op in ("RESHAPE", "PERMUTE", "EXPAND", "SHRINK", "FLIP"):
-            return [(n.src[0], self.move_index(n, idx))]
-        return [(x, idx) for x in n.src]
-
-    def _contiguous_under_reduce(self, root: KNode, axis: int) -> bool:
-        """Does some buffer read inside a reduction step by exactly 1 along output ``axis``?
-        (A dry run of the index function, with symbolic output and reduce variables.)"""
-        out = tuple(Lin.var(f"o{d}", s) for d, s in enumerate(root.shape))
-        target = f"o{axis}"
-        stack: list[tuple[KNode, tuple[Lin, ...], bool]] = [(root, out, False)]
-        seen: set = set()
-        while stack:
-            n, idx, under = stack.pop()
-            if (id(n), idx) in seen:
-                continue
-            seen.add((id(n), idx))
-            if n.op == "BUF" and under:
-                flat = Lin.num(0)
-                for i, st in zip(idx, strides_of(n.shape)):
-                    flat = flat + i * st
-                # only a load streamed by the reduce loop counts (not a broadcast operand like a max)
-                streamed = any(isinstance(a, Var) and a.name.startswith("r") for a, _ in flat.terms)
-                if streamed and any(isinstance(a, Var) and a.name == target and c == 1 for a, c in flat.terms):
-                    return True
-            else:
-                under = under or n.op in ("RSUM", "RMAX")
-                stack.extend((x, cix, under) for x, cix in self._dry_sources(n, idx, "r"))
-        return False
-
-    # ------------------------------------------------------------------ passes
+    # ------------------------------------------------------------------ passes, then emission
     def lower(self) -> LoopKernel:
+        """Run the kernel passes and emit their schedule. Under ``EQGRAD_VERIFY`` the loop IR is
+        emitted and verified with no pass and after every pass that changed the schedule (a
+        change of the parallel loops only reuses the instructions), and the last one is returned."""
+        steps = run_passes(self.kernel, self.options)
+        if config.DEBUG.value >= 5:
+            print(describe_steps(self.kernel, steps))
+        if not config.VERIFY.value:
+            return self.emit_kernel(steps[-1].schedule if steps else Schedule())
+        at = Schedule()
+        lk = self.emit_kernel(at)
+        verify_emitted(lk, "with no pass")
+        for st in steps:
+            if st.schedule == at:
+                continue
+            if replace(st.schedule, parallel=at.parallel) == at:     # the same instructions
+                lk = replace(lk, parallel=st.schedule.parallel)
+            else:
+                lk = self._fresh().emit_kernel(st.schedule)
+            at = st.schedule
+            verify_emitted(lk, f"after pass {st.name!r}")
+        return lk
+
+    def _fresh(self) -> "Lowerer":
+        return type(self)(self.kernel, self.plan, options=self.options)
+
+    def emit_kernel(self, s: Schedule) -> LoopKernel:
+        """The loop IR of the kernel under schedule ``s``."""
+        if self.insts:
+            raise RuntimeError("Lowerer.emit_kernel: this Lowerer has already emitted; make a new one")
+        self.sched = s
+        self._blocked = {id(n) for n in s.blocked}
         root = self.kernel.ast
-        self.has_reduce: dict[int, bool] = {}
-        for n in root.walk():
-            self.has_reduce[id(n)] = n.op in ("RSUM", "RMAX") or any(self.has_reduce[id(x)] for x in n.src)
-        up = self.choose_upcast()
-        tile = self.choose_tile(up)
+        up, tile, hoist_at = s.lane_map, s.tile, dict(s.hoist)
         loops, out_idx, lane_axes = [], [None] * len(root.shape), []
-        parallel = None          # output loops before the first hoisted reduction
         for d in range(len(root.shape)):
-            s, w = root.shape[d], up.get(d, 1)
-            if s <= 1:
+            sz, w = root.shape[d], up.get(d, 1)
+            if sz <= 1:
                 out_idx[d] = Lin.num(0)
-            elif s // w == 1:
+            elif sz // w == 1:
                 out_idx[d] = Lin.num(0)
                 lane_axes.append(d)
             elif tile is not None and d == tile[0]:
-                r = self.open_range(s // (w * tile[1]))       # the tile loop; its inner loop opens last
+                r = self.open_range(sz // (w * tile[1]))       # the tile loop; its inner loop opens last
                 loops.append(r)
                 out_idx[d] = r * (w * tile[1])
                 lane_axes.append(d)
             else:
-                r = self.open_range(s // w)
+                r = self.open_range(sz // w)
                 loops.append(r)
                 out_idx[d] = r * w
                 if w > 1:
                     lane_axes.append(d)
-                elif not up and self.hoist(out_idx) and parallel is None:
-                    parallel = len(loops)
-        if not loops and not up:
-            self.hoist(out_idx)           # e.g. a full variance: the mean before the sum of squares
+                elif len(loops) in hoist_at:
+                    self.hoist(out_idx, hoist_at[len(loops)])
+        if not loops and 0 in hoist_at:
+            self.hoist(out_idx, hoist_at[0])
         if tile is not None:
             r = self.open_range(tile[1])
             loops.append(r)
@@ -459,14 +372,12 @@ class Lowerer:
                 lanes = [l[:d] + (l[d] + u,) + l[d + 1:] for l in lanes for u in range(up.get(d, root.shape[d]))]
             vals = self.render_lanes(root, tuple(lanes), (None,) * len(lanes))
             for idx, v in zip(lanes, vals):
-                flat = Lin.num(0)
-                for i, st in zip(idx, strides_of(root.shape)):
-                    flat = flat + i * st
-                self.emit("STORE", None, (0, self.index(flat), v), cse=False)   # src[0]: parameter 0
+                # src[0]: parameter 0
+                self.emit("STORE", None, (0, self.index(flat_index(idx, root.shape)), v), cse=False)
         for r in reversed(loops):
             self.close_range(r)
         return LoopKernel(self.kernel.name, self.params, self._params_first(), loop_vectorize=not up,
-                          parallel=len(loops) if parallel is None else parallel)
+                          parallel=s.parallel)
 
     def _params_first(self) -> list[LInst]:
         """Prefix PARAM instructions and renumber: loads/stores refer to parameters by number."""
@@ -483,97 +394,26 @@ class Lowerer:
         return head + out
 
 
-def sum_pieces(e: int, block: int, radix: int, top: int) -> list[tuple[int, tuple[int, ...]]]:
-    """Split ``e`` iterations into pieces of nested loops for a blocked sum: [(offset, extents
-    outermost first)], biggest piece first. The extents are the digits of ``e`` in the mixed radix
-    (innermost first) ``block``, ``radix``, ``radix``, ..., with as few ``radix`` levels as keep the
-    outermost digit below ``top`` (so that the outermost loop is long enough to share between
-    threads or work-items). Loops of one iteration are left out.
-
-    >>> sum_pieces(1_000_000, 1024, 32, 1024)
-    [(0, (976, 1024)), (999424, (576,))]
-    """
-    q, mids = e // block, 0
-    while q // radix ** mids >= top:
-        mids += 1
-    radices = [block] + [radix] * mids + [0]        # 0: the outermost digit is unbounded (< top)
-    digits, rest = [], e
-    for rad in radices:
-        digits.append(rest % rad if rad else rest)
-        rest = rest // rad if rad else 0
-    pieces, offset = [], 0
-    for p in range(len(digits) - 1, -1, -1):       # most significant digit first
-        if digits[p]:
-            ext = (digits[p],) + tuple(radices[:p][::-1])
-            pieces.append((offset, tuple(x for x in ext if x > 1)))
-            offset += digits[p] * math.prod(radices[:p])
-    return pieces
-
-
-def sum_error_terms(n: int, block: int = 1024, radix: int = 32, top: int = 1024) -> int:
-    """The largest number of additions any one element of a blocked float sum of ``n`` elements
-    (one reduced axis, or axes that sum at most ``block`` values inside it) goes through:
-    the first-order error bound is ``sum_error_terms(n) * 2**-24 * sum(|x_i|)`` (docs/semantics.md)."""
-    if n <= block:
-        return max(0, n - 1)
-    pieces = sum_pieces(n, block, radix, top)
-    return max(sum(x - 1 for x in ext) for _, ext in pieces) + len(pieces) - 1
-
-
-def sum_depth(k: LoopKernel) -> int:
-    """The most rounded additions any one summed value goes through in ``k``'s float sum
-    accumulators (the first-order error bound of a float sum is ``sum_depth * 2**-24 * sum|x_i|``,
-    docs/semantics.md "Sums"). A value added into an accumulator goes through every later addition
-    into it, then through the additions that follow where that accumulator is folded (ACCREAD)
-    into the next one. Read from the loop IR, so it checks what the lowering emitted. Conservative:
-    a value added inside a loop counts every addition of that loop and after it."""
-    open_at: list[int] = []                  # open RANGEs: instruction ids
-    ext: dict[int, int] = {}
-    at: dict[int, int] = {}                  # float sum accumulator -> loops open at its definition
-    sites: dict[int, list[list]] = {}        # acc -> [[executions, group, source acc or None]]
-    for i, x in enumerate(k.insts):
-        if x.op == "RANGE":
-            open_at.append(i)
-            ext[i] = x.arg
-        elif x.op == "ENDRANGE":
-            open_at.pop()
-        elif x.op == "DEFACC" and getattr(x.dtype, "is_float", False):
-            at[i], sites[i] = len(open_at), []
-        elif x.op == "ACCUM" and x.arg == "ADD" and x.src[0] in at:
-            a, v = x.src
-            inner = open_at[at[a]:]
-            child = k.insts[v].src[0] if k.insts[v].op == "ACCREAD" and k.insts[v].src[0] in at else None
-            sites[a].append([math.prod(ext[r] for r in inner), inner[0] if inner else ("once", i), child])
-    remaining: dict[tuple[int, int], int] = {}
-    fold: dict[int, tuple[int, int]] = {}     # child acc -> (parent acc, site)
-    for a, ss in sites.items():
-        for n, (_, group, child) in enumerate(ss):
-            first = next(m for m, t in enumerate(ss) if t[1] == group)
-            remaining[(a, n)] = sum(t[0] for t in ss[first:]) - 1
-            if child is not None:
-                fold[child] = (a, n)
-
-    def up(a: int) -> int:                   # roundings after a's value leaves it
-        if a not in fold:
-            return 0
-        p, n = fold[a]
-        return remaining[(p, n)] + up(p)
-    return max((remaining[(a, n)] + up(a) for a, ss in sites.items() for n, t in enumerate(ss) if t[2] is None),
-               default=0)
-
-
-def _full_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
-    st, acc = [], 1
-    for s in reversed(shape):
-        st.append(acc)
-        acc *= s
-    return tuple(reversed(st))
-
-
 def _zero(dt: DType) -> Any:
     return False if dt is bool_ else (0.0 if dt.is_float else 0)
 
 
-def lower_kernel(kernel: Kernel, plan: KernelPlan, upcast: tuple[int, int] | None = None) -> LoopKernel:
-    """``upcast`` forces the register lanes (last output axis, the axis before); None chooses them."""
-    return Lowerer(kernel, plan, upcast).lower()
+def verify_emitted(lk: LoopKernel, when: str) -> None:
+    """``loopir.verify``, naming the kernel and the pass after which its loop IR broke."""
+    try:
+        verify(lk)
+    except LoopIRError as e:
+        listing = str(lk).splitlines()
+        more = f"\n  ... {len(listing) - 80} more lines" if len(listing) > 80 else ""
+        raise LoopIRError(f"kernel {lk.name}, {when}: {e}\n" + "\n".join(listing[:80]) + more) from None
+
+
+def lower_kernel(kernel: Kernel, plan: KernelPlan, upcast: tuple[int, int] | None = None,
+                 options: LowerOptions | None = None) -> LoopKernel:
+    """The loop IR of one kernel of ``plan``. ``upcast`` forces the register lanes (last output
+    axis, the axis before); None lets the lanes pass choose. ``options`` switches passes off or
+    changes their thresholds (``passes.LowerOptions``)."""
+    options = options if options is not None else LowerOptions()
+    if upcast is not None:
+        options = replace(options, upcast=upcast)
+    return Lowerer(kernel, plan, options=options).lower()

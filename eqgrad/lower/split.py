@@ -1,8 +1,10 @@
-"""Splitting a large full reduction into parallel partial reductions (a CPU kernel pass).
+"""Splitting a large full reduction into parallel partial reductions: the rewrite that the
+``split reductions`` pass (``passes.SplitReductions``, where its condition and measurement live)
+decides, performed for the device that allocates the scratch buffer (devices/cpu.py).
 
 A kernel that reduces a large tensor to one value (``x.sum()``, ``x.max()``, a loss's mean) has
-no parallel output loop, so the thread split (devices/cpu.py) cannot use more than one core. This
-pass rewrites it as two kernels:
+no parallel output loop, so the thread split cannot use more than one core. It becomes two
+kernels:
 
     partial[p] = reduce(src reshaped so its leading axis is (P, s0 / P))   over all but p
     out        = epilogue(reduce(partial))                                   the original kernel
@@ -13,36 +15,23 @@ division. Float sums are reassociated, as vectorized reductions already are (doc
 """
 from __future__ import annotations
 
+from eqgrad import config
 from eqgrad.graph.plan import Kernel, KNode
-from eqgrad.ops import numel
-
-SPLIT_MIN = 1 << 20          # elements: smaller reductions are not worth a second kernel
-SPLIT_PARTS = 64             # most partial results (each thread gets several: uneven cores balance)
+from eqgrad.lower.passes import LowerOptions, describe_steps, run_passes
 
 
-def _parts(n: int) -> int:
-    """The largest divisor of ``n`` in [8, SPLIT_PARTS], or 0."""
-    return next((p for p in range(min(SPLIT_PARTS, n // 2), 7, -1) if n % p == 0), 0)
-
-
-def split_reduction(k: Kernel, new_buffer: int) -> tuple[Kernel, Kernel] | None:
-    """(partial kernel writing buffer ``new_buffer``, the rewritten kernel) or None."""
-    if numel(k.ast.shape) != 1:
+def split_reduction(k: Kernel, new_buffer: int, options: LowerOptions) -> tuple[Kernel, Kernel] | None:
+    """(partial kernel writing buffer ``new_buffer``, the rewritten kernel), or None when the
+    ``split reductions`` pass does not apply under ``options`` (threads, the device's threshold)."""
+    steps = run_passes(k, options, stage="plan")
+    if config.DEBUG.value >= 5:
+        print(describe_steps(k, steps))
+    decision = steps[-1].schedule.split if steps else None
+    if decision is None:
         return None
-    cands = [n for n in k.ast.walk() if n.op in ("RSUM", "RMAX") and numel(n.src[0].shape) >= SPLIT_MIN]
-    if len(cands) != 1:
-        return None
-    red = cands[0]
-    if any(n.op in ("RSUM", "RMAX") for n in red.src[0].walk()):
-        return None                       # a nested reduction: leave the structure alone
+    red, lead, p = decision.reduce, decision.axis, decision.parts
     src = red.src[0]
     shape = src.shape
-    lead = next((d for d, s in enumerate(shape) if s > 1), None)
-    if lead is None:
-        return None
-    p = _parts(shape[lead])
-    if not p:
-        return None
     split_shape = shape[:lead] + (p, shape[lead] // p) + shape[lead + 1:]
     reshaped = KNode("RESHAPE", (src,), split_shape, split_shape, src.dtype)
     axes = tuple(d for d in range(len(split_shape)) if d != lead)

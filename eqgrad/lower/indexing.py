@@ -1,0 +1,119 @@
+"""The index function of a kernel body: how a movement op maps an output index to its source's.
+
+Shared by the emitter (``lowering.Lowerer``, which renders loads at these indices) and the passes'
+dry runs (``passes``: which reductions can be hoisted, which loads stream along an axis), so that
+a decision made before emission sees exactly the indices the emission will use.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from eqgrad.graph.plan import KNode
+from eqgrad.lower.symbolic import Lin, substitute_free
+
+MOVES = ("RESHAPE", "PERMUTE", "EXPAND", "SHRINK", "FLIP")       # PAD is a move with a mask: apart
+REDUCES = ("RSUM", "RMAX")
+
+Index = tuple[Lin, ...]
+Sources = Callable[[KNode, Index, str], list[tuple[KNode, Index]]]
+
+
+def strides_of(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Contiguous strides, 0 for size-1 axes (they are never iterated)."""
+    st, acc = [], 1
+    for s in reversed(shape):
+        st.append(acc if s != 1 else 0)
+        acc *= s
+    return tuple(reversed(st))
+
+
+def full_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Contiguous strides, size-1 axes included (a reshape's flat position)."""
+    st, acc = [], 1
+    for s in reversed(shape):
+        st.append(acc)
+        acc *= s
+    return tuple(reversed(st))
+
+
+def flat_index(idx: Index, shape: tuple[int, ...]) -> Lin:
+    """The contiguous element number of ``idx`` in a buffer of ``shape``."""
+    flat = Lin.num(0)
+    for i, st in zip(idx, strides_of(shape)):
+        flat = flat + i * st
+    return flat
+
+
+def move_index(n: KNode, idx: Index) -> Index:
+    """The index of ``n``'s source read at ``n``'s index ``idx`` (``n`` a movement op but PAD)."""
+    src = n.src[0]
+    if 0 in src.shape:      # nothing is ever read from an empty tensor
+        return tuple(Lin.num(0) for _ in src.shape)
+    if n.op == "RESHAPE":
+        flat = Lin.num(0)
+        for i, st in zip(idx, full_strides(n.shape)):
+            flat = flat + i * st
+        out = []
+        for s, st in zip(src.shape, full_strides(src.shape)):
+            out.append(Lin.num(0) if s == 1 else (flat // st) % s)
+        return tuple(out)
+    if n.op == "PERMUTE":
+        perm: list[Lin] = [Lin.num(0)] * len(idx)
+        for i, p in enumerate(n.arg):
+            perm[p] = idx[i]
+        return tuple(perm)
+    if n.op == "EXPAND":
+        return tuple(Lin.num(0) if s == 1 else i for i, s in zip(idx, src.shape))
+    if n.op == "SHRINK":
+        return tuple(i + b for i, b in zip(idx, n.arg[0]))
+    if n.op == "FLIP":
+        return tuple(Lin.num(s - 1) - i if d in n.arg else i for d, (i, s) in enumerate(zip(idx, n.shape)))
+    raise NotImplementedError(f"move_index: expected one of {MOVES}, got {n.op}")
+
+
+def dry_sources(n: KNode, idx: Index, tag: str,
+                move: Callable[[KNode, Index], Index] = move_index) -> list[tuple[KNode, Index]]:
+    """The sources of ``n`` with the index each is read at, as the emitter maps them: a reduction's
+    reduced axes become fresh variables named ``{tag}{id}_{axis}``. For dry runs of the index
+    function (hoisting, lanes)."""
+    if n.op in REDUCES:
+        src = n.src[0]
+        return [(src, tuple(Lin.var(f"{tag}{id(n)}_{d}", src.shape[d]) if d in n.arg else i
+                            for d, i in enumerate(idx)))]
+    if n.op == "PAD":
+        return [(n.src[0], tuple(i - b for i, b in zip(idx, n.arg[0])))]
+    if n.op in MOVES:
+        return [(n.src[0], move(n, idx))]
+    return [(x, idx) for x in n.src]
+
+
+def reduce_map(root: KNode) -> dict[int, bool]:
+    """id(node) -> whether a reduction is at or below it."""
+    has: dict[int, bool] = {}
+    for n in root.walk():
+        has[id(n)] = n.op in REDUCES or any(has[id(x)] for x in n.src)
+    return has
+
+
+def hoistable(root: KNode, idx: Index, has_reduce: dict[int, bool],
+              sources: Sources = dry_sources) -> list[tuple[KNode, Index]]:
+    """The reductions below ``root`` (not ``root`` itself) whose index depends only on the loops
+    open so far, with that index, each after the reductions it uses (the variance after the mean).
+    ``idx`` names open output loops by variables that do not start with ``_`` and the output axes
+    still to open by variables that do; reduced axes get ``_r`` variables. Reads under a PAD stay
+    where they are (their mask is per element)."""
+    order: list[tuple[KNode, Index]] = []
+    seen: set = set()
+
+    def walk(n: KNode, ix: Index) -> None:
+        if (id(n), ix) in seen or not has_reduce[id(n)] or n.op == "PAD":
+            return
+        seen.add((id(n), ix))
+        for x, cix in sources(n, ix, "_r"):
+            walk(x, cix)
+        if n.op in REDUCES and n is not root and not any(
+                v.startswith("_") for i in ix for v in substitute_free(i)):
+            order.append((n, ix))
+
+    walk(root, idx)
+    return order

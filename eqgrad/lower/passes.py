@@ -1,0 +1,424 @@
+"""The lowering's decisions, as a flat list of named passes (docs/lowering.md).
+
+A pass looks at one kernel, and at what the passes before it decided, and records its decision
+in a :class:`Schedule`; it emits nothing. The emitter (``lowering.Lowerer``) then writes loop IR
+that follows the schedule. So each decision can be inspected alone (:func:`run_passes` returns
+the schedule after every pass) or switched off (``LowerOptions(disabled={"hoist"})``), and every
+prefix of the list is a schedule that lowers to valid loop IR computing the same values: the
+passes change speed, never results (tests/test_lower_interp.py checks both, with ``EQGRAD_VERIFY``
+on the whole suite verifies the loop IR after every pass).
+
+:data:`PASSES`, in pipeline order:
+
+====================  =======  ===============================================================
+``split reductions``  plan     a large reduction to one value -> parallel partials + a final one
+``lanes``             kernel   output axes split into register lanes (upcast)
+``tiling``            kernel   a cache tile loop over a two-axis register block
+``hoist``             kernel   row fusion: reductions rendered once per row, inside the row loop
+``blocked sums``      kernel   float sums of more than 1024 values summed in levels
+``parallel``          kernel   which leading output loops have independent iterations
+====================  =======  ===============================================================
+
+A *plan* pass rewrites a plan's kernels before any is lowered; the device that needs it runs it,
+because it owns the scratch buffers the rewrite adds (``lower/split.py``, ``devices/cpu.py``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import ClassVar
+
+from eqgrad.graph.plan import Kernel, KNode
+from eqgrad.lower.indexing import REDUCES, dry_sources, flat_index, hoistable, reduce_map
+from eqgrad.lower.sums import SUM_BLOCK, SUM_RADIX
+from eqgrad.lower.symbolic import Lin, Var
+from eqgrad.ops import numel
+
+# The thresholds, named with the measurement behind each in the pass that reads it.
+LANES_LAST = (16, 8, 4)       # lanes tried on the last output axis, first that divides wins
+LANES_PREV = (8, 4, 2)        # lanes tried on the axis before it
+LANE_BODY_MAX = 8192          # most body nodes x lanes (the unrolled block must stay compilable)
+TILE_BLOCKS = 8               # register blocks of the outer lane axis per cache tile
+TILE_MIN_STREAM = 1 << 20     # bytes a block's reduce loop streams from the lane-axis operand
+SPLIT_MIN = 1 << 20           # elements: smaller reductions are not worth a second kernel
+SPLIT_PARTS = 64              # most partial results (each thread gets several: uneven cores balance)
+
+
+@dataclass(frozen=True)
+class LowerOptions:
+    """What the caller fixes about a kernel's lowering. The thresholds default to the module's
+    constants; tests lower them to reach a pass on a kernel small enough for the interpreter."""
+    upcast: tuple[int, int] | None = None     # forced lanes (last output axis, the axis before): kernel search
+    disabled: frozenset[str] = frozenset()    # names of passes switched off
+    threads: int = 1                           # CPU threads the device splits kernels across
+    parallel_min: float = 0.0                  # predicted seconds above which it does (devices/cpu.py)
+    lane_body_max: int = LANE_BODY_MAX
+    tile_blocks: int = TILE_BLOCKS
+    tile_min_stream: int = TILE_MIN_STREAM
+    sum_block: int = SUM_BLOCK
+    sum_radix: int = SUM_RADIX
+    split_min: int = SPLIT_MIN
+    split_parts: int = SPLIT_PARTS
+
+    def __post_init__(self) -> None:
+        names = {self.disabled} if isinstance(self.disabled, str) else self.disabled
+        object.__setattr__(self, "disabled", frozenset(names))
+        unknown = sorted(self.disabled - set(PASS_NAMES))
+        if unknown:
+            raise ValueError(f"LowerOptions.disabled: expected pass names from {list(PASS_NAMES)}, got {unknown}")
+        if self.sum_block < 2 or self.sum_radix < 2:
+            raise ValueError(f"LowerOptions: sum_block and sum_radix must be >= 2, "
+                             f"got {self.sum_block}, {self.sum_radix}")
+
+
+@dataclass(frozen=True)
+class Split:
+    """The ``split reductions`` decision: reduce ``reduce``'s source in ``parts`` partials along ``axis``."""
+    reduce: KNode
+    axis: int
+    parts: int
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Everything the passes decided about one kernel; the emitter reads only this.
+
+    The empty schedule is the plain lowering: one loop per output axis, reductions rendered where
+    they are used, one accumulator per sum, no loop declared parallel."""
+    lanes: tuple[tuple[int, int], ...] = ()            # (output axis, lanes), by axis
+    tile: tuple[int, int] | None = None                # (outer lane axis, register blocks per tile)
+    # (k, reductions): rendered right after the k-th output loop opens (k = 0: a kernel without
+    # output loops, before its store); each at the index it is read at from the root
+    hoist: tuple[tuple[int, tuple[KNode, ...]], ...] = ()
+    blocked: tuple[KNode, ...] = ()                    # float sums summed in levels
+    sum_block: int = SUM_BLOCK
+    sum_radix: int = SUM_RADIX
+    parallel: int = 0                                  # leading output loops with independent iterations
+    split: Split | None = None                         # for the device (a plan pass)
+
+    @property
+    def lane_map(self) -> dict[int, int]:
+        return dict(self.lanes)
+
+
+@dataclass(frozen=True)
+class PassCtx:
+    """What a pass may look at: the kernel, the options, and the reductions below each node."""
+    kernel: Kernel
+    options: LowerOptions
+    has_reduce: dict[int, bool] = field(compare=False)
+
+    @property
+    def root(self) -> KNode:
+        return self.kernel.ast
+
+
+class Pass:
+    """A named lowering decision. ``applies`` is its condition; ``run`` records the decision in a
+    new schedule; ``describe`` says what it decided. The class docstring names the measurement
+    that justified the pass (docs/lowering.md has the table)."""
+    name: ClassVar[str]
+    stage: ClassVar[str] = "kernel"      # "plan": run by the device before lowering
+
+    @property
+    def doc(self) -> str:
+        return type(self).__doc__ or ""
+
+    def applies(self, ctx: PassCtx, s: Schedule) -> bool:
+        raise NotImplementedError
+
+    def run(self, ctx: PassCtx, s: Schedule) -> Schedule:
+        raise NotImplementedError
+
+    def describe(self, s: Schedule) -> str:
+        return ""
+
+    def __repr__(self) -> str:
+        return f"<pass {self.name!r}>"
+
+
+# ------------------------------------------------------------------ split reductions (plan stage)
+
+class SplitReductions(Pass):
+    """A kernel that reduces 1M+ elements to one value has no parallel output loop, so only one
+    thread could run it: its source's leading axis is split P ways (P <= 64, the largest divisor
+    >= 8), giving P independent partials that the threads share, and a final reduction of P values
+    (``lower/split.py`` rewrites the kernels; the LLVM device allocates the scratch buffer per
+    run). The leading axis is split, not the flattened tensor, so no index division is added.
+    No timing of its own was recorded: it gives a full sum or mean the thread split that other
+    kernels get (LLVM, two cores: elementwise 16M 24 -> 13 ms, matmul 1024 111 -> 56 ms).
+    Applies with more than one thread, for kernels predicted above the device's threading
+    threshold (``LowerOptions.parallel_min``: devices/cpu.py ``PARALLEL_MIN``)."""
+    name = "split reductions"
+    stage = "plan"
+
+    def applies(self, ctx: PassCtx, s: Schedule) -> bool:
+        return self._find(ctx) is not None
+
+    def run(self, ctx: PassCtx, s: Schedule) -> Schedule:
+        return replace(s, split=self._find(ctx))
+
+    def describe(self, s: Schedule) -> str:
+        return f"axis {s.split.axis} of the {s.split.reduce.op} in {s.split.parts} parts" if s.split else ""
+
+    @staticmethod
+    def _find(ctx: PassCtx) -> Split | None:
+        o, k = ctx.options, ctx.kernel
+        if o.threads < 2 or not k.predicted > o.parallel_min or numel(k.ast.shape) != 1:
+            return None
+        cands = [n for n in k.ast.walk() if n.op in REDUCES and numel(n.src[0].shape) >= o.split_min]
+        if len(cands) != 1:
+            return None
+        red = cands[0]
+        if any(n.op in REDUCES for n in red.src[0].walk()):
+            return None                       # a nested reduction: leave the structure alone
+        shape = red.src[0].shape
+        lead = next((d for d, n in enumerate(shape) if n > 1), None)
+        if lead is None:
+            return None
+        # the largest divisor of the leading axis in [8, split_parts]
+        parts = next((p for p in range(min(o.split_parts, shape[lead] // 2), 7, -1) if shape[lead] % p == 0), 0)
+        return Split(red, lead, parts) if parts else None
+
+
+# ------------------------------------------------------------------ kernel passes
+
+class Lanes(Pass):
+    """Register lanes (upcast): the last output axis with more than one element is split into 16
+    lanes (8 or 4 when 16 does not divide) and the axis before it into 8 (4, 2); a reduction then
+    renders one loop nest with one accumulator per lane, an 8x16 block that stays in registers,
+    and the kernel's loop vectorizer is switched off so that LLVM's SLP vectorizer packs the lanes
+    into vectors with FMAs. Measured: matmul 512 415 ms -> 5 ms (one lane axis); 8x16 lanes
+    matmul 1024 120 GFLOP/s; lanes on the innermost axis with more than one element: batched
+    q @ k 121 ms -> 3 ms. Applies to kernels with a reduction that streams a load with unit stride
+    along that axis (matmul, convolution, column sums) -- not to a broadcast operand such as a
+    softmax row's max, whose rows stay loop-vectorized. ``LowerOptions.upcast`` forces the widths
+    (the kernel search, EQGRAD_BEAM)."""
+    name = "lanes"
+
+    def applies(self, ctx: PassCtx, s: Schedule) -> bool:
+        root = ctx.root
+        big = [d for d, n in enumerate(root.shape) if n > 1]
+        return bool(ctx.has_reduce[id(root)] and big) and contiguous_under_reduce(root, big[-1])
+
+    def run(self, ctx: PassCtx, s: Schedule) -> Schedule:
+        root = ctx.root
+        shape = root.shape
+        last = [d for d, n in enumerate(shape) if n > 1][-1]
+        body = len(root.walk())
+        cap = ctx.options.lane_body_max
+        forced = ctx.options.upcast
+        w1s, w0s = ((forced[0],), (forced[1],)) if forced is not None else (LANES_LAST, LANES_PREV)
+        up: dict[int, int] = {}
+        w1 = next((w for w in w1s if w > 1 and shape[last] % w == 0 and body * w <= cap), 1)
+        if w1 > 1:
+            up[last] = w1
+            prev = next((d for d in range(last - 1, -1, -1) if shape[d] > 1), None)
+            if prev is not None:
+                w0 = next((w for w in w0s if w > 1 and shape[prev] % w == 0 and body * w * w1 <= cap), 1)
+                if w0 > 1:
+                    up[prev] = w0
+        return replace(s, lanes=tuple(sorted(up.items())))
+
+    def describe(self, s: Schedule) -> str:
+        return ", ".join(f"axis {d} x{w}" for d, w in s.lanes) or "no width divides"
+
+
+class Tiling(Pass):
+    """Cache tiling of a two-axis register block (matmul-like). Loops are otherwise (outer
+    blocks, inner blocks, reduce): every outer block streams the whole lane operand (B of A @ B)
+    again, from DRAM once it outgrows the cache (matmul 2048: 16 MB per block row). Tiling loops
+    (outer tiles, inner blocks, 8 outer blocks within the tile, reduce), so each strip of B is
+    reused from cache by 8 blocks. Applies to two lane axes with at least 16 outer blocks (a
+    multiple of 8) and 1 MB or more streamed per block (matmul 2048: a 2048 x 16 float strip)."""
+    name = "tiling"
+
+    def applies(self, ctx: PassCtx, s: Schedule) -> bool:
+        up = s.lane_map
+        if len(up) != 2:
+            return False
+        outer, inner = sorted(up)
+        root = ctx.root
+        n_outer = root.shape[outer] // up[outer]
+        t = ctx.options.tile_blocks
+        if n_outer < 2 * t or n_outer % t:
+            return False
+        red = max((numel(n.src[0].shape) // max(1, numel(n.shape)) for n in root.walk() if n.op in REDUCES),
+                  default=1)
+        return red * root.shape[inner] * 4 >= ctx.options.tile_min_stream
+
+    def run(self, ctx: PassCtx, s: Schedule) -> Schedule:
+        return replace(s, tile=(min(s.lane_map), ctx.options.tile_blocks))
+
+    def describe(self, s: Schedule) -> str:
+        return f"axis {s.tile[0]}, {s.tile[1]} blocks per tile" if s.tile else ""
+
+
+class Hoist(Pass):
+    """Row fusion: after each output loop opens, the reductions whose index depends only on the
+    loops open so far are rendered there, each in its own loop, before the loop over the row's
+    outputs, instead of once per output element; later reductions reuse earlier ones (the
+    variance reads the mean). Measured: softmax and layernorm of (4096, 1024) are one kernel that
+    reads x once from DRAM instead of 3 kernels reading it 3 times. Applies to kernels without
+    register lanes that have a reduction below the root (what the extractor fused under
+    ``row_fusion``: softmax, layernorm, ``x - x.max(-1)``)."""
+    name = "hoist"
+
+    def applies(self, ctx: PassCtx, s: Schedule) -> bool:
+        root = ctx.root
+        return not s.lanes and any(n.op in REDUCES and n is not root for n in root.walk())
+
+    def run(self, ctx: PassCtx, s: Schedule) -> Schedule:
+        # a dry run of the emitter's loop opening: open loops are o<d>, the ones to come _o<d>
+        root = ctx.root
+        idx = [Lin.var(f"_o{d}", n) for d, n in enumerate(root.shape)]
+        done: set = set()
+        entries: list[tuple[int, tuple[KNode, ...]]] = []
+
+        def at(k: int) -> None:
+            new = [(n, ix) for n, ix in hoistable(root, tuple(idx), ctx.has_reduce) if (id(n), ix) not in done]
+            done.update((id(n), ix) for n, ix in new)
+            if new:
+                entries.append((k, tuple(dict.fromkeys(n for n, _ in new))))
+        loops = 0
+        for d, n in enumerate(root.shape):
+            if n <= 1:
+                idx[d] = Lin.num(0)
+                continue
+            loops += 1
+            idx[d] = Lin.var(f"o{d}", n)
+            at(loops)
+        if loops == 0:
+            at(0)                   # e.g. a full variance: the mean before the sum of squares
+        return replace(s, hoist=tuple(entries))
+
+    def describe(self, s: Schedule) -> str:
+        return "; ".join(f"{len(ns)} reduction(s) {'after output loop ' + str(k) if k else 'first'}"
+                         for k, ns in s.hoist) or "nothing to hoist"
+
+
+class BlockedSums(Pass):
+    """Accuracy, every device: a float sum of more than 1024 values is summed in levels, each with
+    its own accumulator (per lane): innermost blocks of 1024, levels of 32, an outermost level of
+    fewer than 1024 iterations (long enough to share between threads or work-items); the rest of
+    n in that mixed radix is summed in pieces of the same form (``sums.sum_pieces``). One
+    accumulator over 1e6 x 0.1f lost 2.2e-4 (LLVM), 1e7 x 0.1f 6e-3 (OPENCL), and 1e9 expanded
+    ones stopped at 2**28; blocked, at most 2142 roundings for n <= 2**31 (measured ~1e-5 worst,
+    on constant data), the bound docs/semantics.md states and ``sums.sum_depth`` reads back off
+    the loop IR. Applies to float sums of more than ``sum_block`` values."""
+    name = "blocked sums"
+
+    def applies(self, ctx: PassCtx, s: Schedule) -> bool:
+        return bool(self._long(ctx))
+
+    def run(self, ctx: PassCtx, s: Schedule) -> Schedule:
+        return replace(s, blocked=self._long(ctx), sum_block=ctx.options.sum_block, sum_radix=ctx.options.sum_radix)
+
+    def describe(self, s: Schedule) -> str:
+        return f"{len(s.blocked)} sum(s), blocks of {s.sum_block}, levels of {s.sum_radix}"
+
+    @staticmethod
+    def _long(ctx: PassCtx) -> tuple[KNode, ...]:
+        return tuple(n for n in ctx.root.walk() if n.op == "RSUM" and n.dtype.is_float
+                     and numel(tuple(n.src[0].shape[d] for d in n.arg)) > ctx.options.sum_block)
+
+
+class Parallel(Pass):
+    """The leading output loops whose iterations are independent (loop IR ``parallel``): every
+    output loop, or in a row-fused kernel the loops before the first hoisted reduction (the rows).
+    The LLVM device cuts the outermost of them into chunks that threads take in turn (four per
+    thread: two contiguous halves made a row-fused layernorm of 4096 rows slower on two threads
+    than on one, 2.1 vs 1.6 ms, chunks 0.84-0.94 ms); GPUs map them to work-items. Applies to
+    kernels with an output loop."""
+    name = "parallel"
+
+    def applies(self, ctx: PassCtx, s: Schedule) -> bool:
+        return output_loops(ctx.root.shape, s) > 0
+
+    def run(self, ctx: PassCtx, s: Schedule) -> Schedule:
+        first = min((k for k, _ in s.hoist if k >= 1), default=None)
+        return replace(s, parallel=output_loops(ctx.root.shape, s) if first is None else first)
+
+    def describe(self, s: Schedule) -> str:
+        return f"{s.parallel} loop(s)"
+
+
+PASSES: tuple[Pass, ...] = (SplitReductions(), Lanes(), Tiling(), Hoist(), BlockedSums(), Parallel())
+PASS_NAMES: tuple[str, ...] = tuple(p.name for p in PASSES)
+
+
+@dataclass(frozen=True)
+class Step:
+    """One pass run on one kernel: whether it applied (``off``: switched off) and the schedule after it."""
+    name: str
+    status: str                 # "applied" | "skipped" (its condition did not hold) | "off"
+    schedule: Schedule
+    detail: str = ""
+
+
+def run_passes(kernel: Kernel, options: LowerOptions | None = None, stage: str = "kernel") -> list[Step]:
+    """Run the passes of ``stage`` ("kernel" or "plan") on ``kernel`` in order; every step's schedule."""
+    if stage not in ("kernel", "plan"):
+        raise ValueError(f"run_passes: expected stage 'kernel' or 'plan', got {stage!r}")
+    options = options or LowerOptions()
+    ctx = PassCtx(kernel, options, reduce_map(kernel.ast))
+    s = Schedule()
+    steps = []
+    for p in PASSES:
+        if p.stage != stage:
+            continue
+        if p.name in options.disabled:
+            steps.append(Step(p.name, "off", s))
+        elif p.applies(ctx, s):
+            s = p.run(ctx, s)
+            steps.append(Step(p.name, "applied", s, p.describe(s)))
+        else:
+            steps.append(Step(p.name, "skipped", s))
+    return steps
+
+
+def schedule_kernel(kernel: Kernel, options: LowerOptions | None = None) -> Schedule:
+    """The schedule the kernel passes give ``kernel``."""
+    steps = run_passes(kernel, options)
+    return steps[-1].schedule if steps else Schedule()
+
+
+def describe_steps(kernel: Kernel, steps: list[Step]) -> str:
+    """The ``DEBUG>=5`` lines: which passes applied to a kernel, and what each decided."""
+    lines = [f"--- passes {kernel.name}"]
+    for st in steps:
+        lines.append(f"  {st.name:<17}{st.status}{': ' + st.detail if st.detail else ''}")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------ helpers of the passes
+
+def output_loops(shape: tuple[int, ...], s: Schedule) -> int:
+    """How many output loops the emitter opens under ``s`` (an axis of 1 element, or one whose
+    lanes cover it, has none; a tile adds its inner loop)."""
+    up = s.lane_map
+    n = sum(1 for d, sz in enumerate(shape) if sz > 1 and sz // up.get(d, 1) > 1)
+    return n + (1 if s.tile is not None else 0)
+
+
+def contiguous_under_reduce(root: KNode, axis: int) -> bool:
+    """Does some buffer read inside a reduction step by exactly 1 along output ``axis``?
+    (A dry run of the index function, with symbolic output and reduce variables.)"""
+    out = tuple(Lin.var(f"o{d}", s) for d, s in enumerate(root.shape))
+    target = f"o{axis}"
+    stack: list[tuple[KNode, tuple[Lin, ...], bool]] = [(root, out, False)]
+    seen: set = set()
+    while stack:
+        n, idx, under = stack.pop()
+        if (id(n), idx) in seen:
+            continue
+        seen.add((id(n), idx))
+        if n.op == "BUF" and under:
+            flat = flat_index(idx, n.shape)
+            # only a load streamed by the reduce loop counts (not a broadcast operand like a max)
+            streamed = any(isinstance(a, Var) and a.name.startswith("r") for a, _ in flat.terms)
+            if streamed and any(isinstance(a, Var) and a.name == target and c == 1 for a, c in flat.terms):
+                return True
+        else:
+            under = under or n.op in REDUCES
+            stack.extend((x, cix, under) for x, cix in dry_sources(n, idx, "r"))
+    return False

@@ -1,0 +1,338 @@
+"""Lowering without a compiler: kernels are lowered to loop IR, verified, run by the loop-IR
+interpreter (``graph.interp.run_loop``) and compared with the kernel-tree reference
+(``graph.interp.run_kernel``) on the same inputs -- no LLVM, no OpenCL. Every named pass switched
+off alone gives the same values (passes change speed, never results), and the loop-IR verifier
+(``loopir.verify``) rejects each kind of malformed kernel."""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Callable
+
+import numpy as np
+import pytest
+
+import eqgrad
+import eqgrad.nn.functional as F
+from eqgrad import Tensor, config, engine
+from eqgrad.dtype import bool_, float32, int32
+from eqgrad.graph.interp import run_kernel, run_loop
+from eqgrad.graph.loopir import INDEX, NONNEG, LInst, LoopIRError, LoopKernel, verify
+from eqgrad.graph.plan import Kernel, KernelPlan
+from eqgrad.lower import passes
+from eqgrad.lower.lowering import Lowerer, lower_kernel
+from eqgrad.lower.passes import LowerOptions, run_passes
+from eqgrad.lower.split import split_reduction
+
+
+def _t(*shape: int, seed: int = 0, dtype=np.float32) -> Tensor:
+    rng = np.random.default_rng(seed)
+    if dtype == np.int32:
+        return Tensor(rng.integers(-6, 7, shape).astype(np.int32), device="NUMPY")
+    return Tensor(rng.uniform(-2, 2, shape).astype(np.float32), device="NUMPY")
+
+
+# small enough for the Python interpreter (a few 10k loop iterations per kernel at most)
+CORPUS: dict[str, Callable[[], Tensor]] = {
+    "elementwise": lambda: ((_t(16) * _t(16, seed=1) + 1).exp2() + _t(16, seed=2).abs().sqrt()).log2(),
+    "int_ops": lambda: ((_t(6, 7, dtype=np.int32) // (_t(6, 7, seed=1, dtype=np.int32).abs() + 1))
+                        + _t(6, 7, seed=2, dtype=np.int32) % 3).maximum(_t(6, 7, seed=3, dtype=np.int32)),
+    "int_bits": lambda: (_t(9, dtype=np.int32) & 5) | (_t(9, seed=1, dtype=np.int32) ^ 3),
+    "casts_where": lambda: (_t(5, 4) > 0).where(_t(5, 4, seed=1).cast(eqgrad.int32), _t(5, 4, seed=2, dtype=np.int32)),
+    "reshape_flip": lambda: _t(2, 3).reshape(6).flip(0) * 2,
+    "movement_chain": lambda: (_t(3, 4, 5).reshape(12, 5).flip((0, 1)).reshape(6, 10).flip(1)
+                               .pad(((1, 0), (0, 2))).permute(1, 0) + 1),
+    "shrink_expand": lambda: _t(10, 10)[2:7, 1:9:2] * _t(5, 1).expand(5, 4),
+    "pad_sum": lambda: _t(3, 4).pad(((2, 1), (1, 3))).exp2().sum(1),
+    "sum_rows": lambda: _t(8, 32).sum(1),
+    "sum_cols": lambda: _t(32, 48).sum(0),                       # lanes on the kept axis
+    "max_all": lambda: _t(4, 8).max(),
+    "sum_axes": lambda: _t(6, 5, 7).sum((0, 2)),
+    "sum_blocked": lambda: _t(3000).sum(),                      # > 1024: levels
+    "sum_rows_blocked": lambda: _t(2, 2100).sum(1),
+    "int_sum": lambda: _t(40, 50, dtype=np.int32).sum(),
+    "matmul_lanes": lambda: _t(32, 16) @ _t(16, 64, seed=1),
+    "matmul_odd": lambda: _t(5, 9) @ _t(9, 7, seed=1),
+    "softmax": lambda: _t(8, 16).softmax(-1),
+    "layernorm": lambda: F.layer_norm(_t(8, 16), (16,)),
+    "row_max": lambda: _t(8, 16) - _t(8, 16).max(-1, keepdim=True),
+    "full_variance": lambda: ((_t(6, 7) - _t(6, 7).mean()) ** 2).mean(),
+    "conv": lambda: F.conv2d(_t(1, 2, 5, 5), _t(3, 2, 3, 3, seed=1), padding=1),
+    "bool_any": lambda: (_t(64) > 1.5).any(),
+    "empty": lambda: _t(0, 4) + 1,
+}
+# thresholds lowered so that the passes for big kernels apply to these small ones
+SMALL = LowerOptions(tile_blocks=2, tile_min_stream=0, sum_block=16, sum_radix=4)
+SMALL_CASES = ("matmul_lanes", "sum_blocked", "sum_rows_blocked", "sum_axes", "layernorm")
+
+
+@pytest.fixture(scope="module")
+def plans() -> dict[str, KernelPlan]:
+    return {name: engine.plan_for([make().lazydata])[0].plan for name, make in CORPUS.items()}
+
+
+def _inputs(plan: KernelPlan, seed: int = 0) -> list[np.ndarray]:
+    """Random contents for the plan's input buffers, and every kernel's reference output."""
+    rng = np.random.default_rng(seed)
+    bufs: list[np.ndarray] = []
+    for shape, dt in plan.buffers[:plan.n_inputs]:
+        if dt == float32:
+            bufs.append(rng.uniform(-2, 2, shape).astype(np.float32))
+        elif dt == int32:
+            bufs.append(rng.integers(-6, 7, shape).astype(np.int32))
+        else:
+            bufs.append(rng.random(shape) < 0.5)
+    bufs += [np.zeros(shape, dt.np) for shape, dt in plan.buffers[plan.n_inputs:]]
+    for k in plan.kernels:
+        bufs[k.out] = np.asarray(run_kernel(k, bufs), dtype=plan.buffers[k.out][1].np).reshape(plan.buffers[k.out][0])
+    return bufs
+
+
+def _run(k: Kernel, plan: KernelPlan, bufs: list[np.ndarray], options: LowerOptions | None = None,
+         upcast: tuple[int, int] | None = None) -> np.ndarray:
+    """Lower ``k``, verify it and run it on ``bufs`` (the reference's buffers): its output."""
+    lk = lower_kernel(k, plan, upcast, options)
+    verify(lk)
+    shape, dt = plan.buffers[k.out]
+    out = np.zeros(int(np.prod(shape)), dt.np)
+    run_loop(lk, [out] + [np.ascontiguousarray(bufs[b]).reshape(-1).copy() for b in k.inputs])
+    return out.reshape(shape)
+
+
+def _same(got: np.ndarray, ref: np.ndarray, what: str) -> None:
+    if got.dtype.kind == "f":
+        scale = max(1.0, float(np.abs(ref[np.isfinite(ref)]).max(initial=0.0)))
+        np.testing.assert_allclose(got, ref, rtol=2e-5, atol=2e-5 * scale, equal_nan=True, err_msg=what)
+    else:
+        np.testing.assert_array_equal(got, ref, err_msg=what)
+
+
+@pytest.mark.parametrize("case", list(CORPUS))
+def test_lowered_kernels_match_the_kernel_reference(case, plans):
+    plan = plans[case]
+    bufs = _inputs(plan)
+    for k in plan.kernels:
+        _same(_run(k, plan, bufs), bufs[k.out], f"{case} {k.name}: {k.ast.render()[:100]}")
+        if case in SMALL_CASES:
+            _same(_run(k, plan, bufs, SMALL), bufs[k.out], f"{case} {k.name} with small thresholds")
+
+
+def _applied(k: Kernel, options: LowerOptions) -> set[str]:
+    return {s.name for s in run_passes(k, options) if s.status == "applied"}
+
+
+@pytest.mark.parametrize("name", [p.name for p in passes.PASSES if p.stage == "kernel"])
+def test_each_pass_switched_off_alone_gives_the_same_values(name, plans):
+    """A pass changes speed, never results: the kernels where it applies, lowered without it,
+    compute the reference's values (and the pass does apply somewhere in the corpus)."""
+    hit = 0
+    for case, plan in plans.items():
+        bufs = None
+        for options in (LowerOptions(), SMALL) if case in SMALL_CASES else (LowerOptions(),):
+            for k in plan.kernels:
+                if name not in _applied(k, options):
+                    continue
+                hit += 1
+                bufs = bufs if bufs is not None else _inputs(plan)
+                off = replace(options, disabled=frozenset({name}))
+                assert name not in _applied(k, off)
+                _same(_run(k, plan, bufs, off), bufs[k.out], f"{case} {k.name} without {name!r}")
+    assert hit, f"pass {name!r} applies to no kernel of the corpus"
+
+
+def test_the_passes_decide_what_the_docs_say(plans):
+    """Spot checks of the decisions: lanes on a matmul, a tile with small thresholds, hoisting
+    in the row-fused kernels, blocking of the long sum, parallel rows before the hoisted sums."""
+    def sched(case: str, options: LowerOptions | None = None) -> passes.Schedule:
+        return passes.schedule_kernel(plans[case].kernels[-1], options)
+    assert sched("matmul_lanes").lanes == ((0, 8), (1, 16)) and sched("matmul_lanes").tile is None
+    assert sched("matmul_lanes", SMALL).tile == (0, 2)
+    soft = sched("softmax")
+    assert len(plans["softmax"].kernels) == 1 and soft.hoist and not soft.lanes and soft.parallel == 1
+    assert sched("full_variance").hoist[0][0] == 0           # no output loop: hoisted before the store
+    assert sched("sum_blocked").blocked and not sched("sum_rows").blocked
+    assert sched("elementwise").parallel == 1 and not sched("elementwise").hoist
+
+
+def test_forced_lanes_of_the_kernel_search():
+    plan = engine.plan_for([(_t(16, 8) @ _t(8, 32, seed=1)).lazydata])[0].plan
+    bufs = _inputs(plan)
+    k = plan.kernels[-1]
+    for up in ((32, 4), (4, 4), (16, 1), (0, 0)):
+        _same(_run(k, plan, bufs, upcast=up), bufs[k.out], f"upcast {up}")
+    assert passes.schedule_kernel(k, LowerOptions(upcast=(4, 2))).lanes == ((0, 2), (1, 4))
+
+
+def test_split_reductions_through_the_interpreter():
+    """The plan-stage pass: with two threads and thresholds lowered, a full sum becomes 32
+    partials and a final sum of them; both kernels, run in order, give the reference's value."""
+    t = _t(64, 16).exp2()
+    plan = engine.plan_for([t.sum().lazydata])[0].plan
+    (k,) = plan.kernels
+    options = LowerOptions(threads=2, parallel_min=-1.0, split_min=64)
+    assert split_reduction(k, len(plan.buffers), LowerOptions(threads=1, parallel_min=-1.0, split_min=64)) is None
+    assert split_reduction(k, len(plan.buffers), replace(options, disabled=frozenset({"split reductions"}))) is None
+    k1, k2 = split_reduction(k, len(plan.buffers), options)
+    assert k1.ast.shape[0] == 32 and k2.out == k.out
+    split_plan = KernelPlan(plan.buffers + [(k1.ast.shape, k1.ast.dtype)], plan.n_inputs, [k1, k2], plan.outputs)
+    bufs = _inputs(plan)
+    ref = bufs[k.out]
+    bufs.append(np.zeros(k1.ast.shape, np.float32))
+    bufs[k1.out] = _run(k1, split_plan, bufs)
+    _same(_run(k2, split_plan, bufs), ref, "split sum")
+
+
+def test_passes_are_printed_at_debug_5(plans, capsys):
+    with eqgrad.Context(DEBUG=5):
+        lower_kernel(plans["softmax"].kernels[0], plans["softmax"])
+    out = capsys.readouterr().out
+    assert "--- passes" in out
+    assert "hoist            applied: 2 reduction(s) after output loop 1" in out, out
+    assert "lanes            skipped" in out and "parallel         applied: 1 loop(s)" in out
+
+
+def test_unknown_pass_names_are_refused():
+    with pytest.raises(ValueError, match=r"expected pass names from \['split reductions', 'lanes'.*got \['hoisting'\]"):
+        LowerOptions(disabled={"hoisting"})
+
+
+# ------------------------------------------------------------------ verification after every pass
+
+def test_the_suite_verifies_every_lowered_kernel():
+    assert config.VERIFY.value == 1, "tests/conftest.py turns EQGRAD_VERIFY on for the suite"
+
+
+def test_a_pass_that_breaks_the_ir_is_named(plans, monkeypatch):
+    """With EQGRAD_VERIFY the loop IR is checked after every pass: a broken pass (here one that
+    declares every loop parallel, the hoisted reduction's too) is named in the error."""
+    real = passes.Parallel.run
+    monkeypatch.setattr(passes.Parallel, "run", lambda self, ctx, s: replace(real(self, ctx, s), parallel=3))
+    with pytest.raises(LoopIRError, match=r"after pass 'parallel': parallel = 3: expected %\d+ to be a RANGE"):
+        lower_kernel(plans["softmax"].kernels[0], plans["softmax"])
+    with eqgrad.Context(VERIFY=0):              # unchecked, the broken IR goes through
+        assert lower_kernel(plans["softmax"].kernels[0], plans["softmax"]).parallel == 3
+
+
+def test_fuzz_index_lowerer_subclass_still_works(plans):
+    """eqgrad/tools/fuzz_index.py subclasses Lowerer to record index expressions."""
+    seen = []
+
+    class Recording(Lowerer):
+        def index(self, x):
+            seen.append(x)
+            return super().index(x)
+    plan = plans["movement_chain"]
+    lk = Recording(plan.kernels[0], plan).lower()
+    verify(lk)
+    assert seen
+
+
+# ------------------------------------------------------------------ the verifier, rule by rule
+
+P2 = [("b1", int32, True), ("b0", int32, False)]
+
+
+def _good() -> list[LInst]:
+    """out[i] = in[i // 2] * 3 + sum_j in[j], for i < 4 (every structural op once)."""
+    ix = INDEX
+    return [LInst("PARAM", int32, (), 0), LInst("PARAM", int32, (), 1),          # 0 1
+            LInst("RANGE", ix, (), 4),                                           # 2
+            LInst("CONST", ix, (), 2), LInst("IDIV", ix, (2, 3), NONNEG),        # 3 4
+            LInst("LOAD", int32, (1, 4)), LInst("CONST", int32, (), 3),          # 5 6
+            LInst("MUL", int32, (5, 6)),                                         # 7
+            LInst("DEFACC", int32, (), 0), LInst("RANGE", ix, (), 2),            # 8 9
+            LInst("LOAD", int32, (1, 9)), LInst("ACCUM", None, (8, 10), "ADD"),  # 10 11
+            LInst("ENDRANGE", None, (9,)), LInst("ACCREAD", int32, (8,)),       # 12 13
+            LInst("ADD", int32, (7, 13)), LInst("STORE", None, (0, 2, 14)),      # 14 15
+            LInst("ENDRANGE", None, (2,))]                                       # 16
+
+
+def _with(i: int, inst: LInst | None = None, insts: list[LInst] | None = None, **kw) -> LoopKernel:
+    body = list(insts if insts is not None else _good())
+    if inst is not None:
+        body[i] = inst
+    return LoopKernel("eqk", kw.pop("params", P2), body, parallel=kw.pop("parallel", 1))
+
+
+def test_the_good_kernel_verifies_and_runs():
+    lk = _with(0)
+    verify(lk)
+    out, inp = np.zeros(4, np.int32), np.arange(10, dtype=np.int32)
+    run_loop(lk, [out, inp])
+    np.testing.assert_array_equal(out, [i // 2 * 3 + 1 for i in range(4)])
+
+
+ix = INDEX
+BAD: dict[str, tuple[LoopKernel, str]] = {
+    "forward reference": (_with(7, LInst("MUL", int32, (5, 8))),
+        r"%7 MUL: operands are earlier instructions"),
+    "operand without a value": (_with(14, LInst("ADD", int32, (7, 11))),
+        r"%14 ADD: operand %11 \(ACCUM\) has no value"),
+    "unclosed loop": (_with(0, insts=_good()[:-1], parallel=0), r"loops \['%2'\] are never closed"),
+    "ENDRANGE of an outer loop": (_with(12, LInst("ENDRANGE", None, (2,))),
+        r"%12 ENDRANGE: closes the innermost open loop %9"),
+    "value used after its loop": (_with(14, LInst("ADD", int32, (7, 10))),
+        r"%14 ADD: operand %10 is defined inside loop %9, which is closed"),
+    "ALU operands differ": (_with(6, LInst("CONST", float32, (), 3.0)),
+        r"%7 MUL: operands of one dtype, got \['int32', 'float32'\]"),
+    "comparison not bool": (_with(7, LInst("CMPLT", int32, (5, 6))),
+        r"%7 CMPLT: dtype bool \(the op table's rule\), got int32"),
+    "WHERE condition not bool": (_with(7, LInst("WHERE", int32, (5, 5, 6))),
+        r"%7 WHERE: a bool condition, got int32"),
+    "op-table kinds": (_with(7, LInst("EXP2", int32, (5,))), r"%7 EXP2: operands of kinds 'f'"),
+    "load at a non-index": (_with(10, LInst("LOAD", int32, (1, 5))),
+        r"%10 LOAD: an index-typed element number, got int32"),
+    "load of another dtype": (_with(5, LInst("LOAD", float32, (1, 4))),
+        r"%5 LOAD: parameter 1's dtype int32, got float32"),
+    "load from a non-parameter": (_with(5, LInst("LOAD", int32, (3, 4))),
+        r"%5 LOAD: src = \(a PARAM, index\)"),
+    "store to a read-only parameter": (_with(15, LInst("STORE", None, (1, 2, 14))),
+        r"%15 STORE: a written parameter .* parameter 1 \(b0\)"),
+    "store of another dtype": (_with(15, LInst("STORE", None, (0, 2, 4))),
+        r"%15 STORE: a value of parameter 0's dtype int32, got index"),
+    "PARAM outside the prefix": (_with(6, LInst("PARAM", int32, (), 1)),
+        r"%6 PARAM: PARAM instructions are exactly the first 2"),
+    "PARAM numbered wrong": (_with(1, LInst("PARAM", int32, (), 0)),
+        r"%1 PARAM: PARAM 1 of dtype int32, got PARAM 0"),
+    "ACCUM into a non-accumulator": (_with(11, LInst("ACCUM", None, (7, 10), "ADD")),
+        r"%11 ACCUM: src = \(a DEFACC, value\)"),
+    "ACCUM op": (_with(11, LInst("ACCUM", None, (8, 10), "MUL")), r"%11 ACCUM: arg in \('ADD', 'MAX'\)"),
+    "ACCREAD dtype": (_with(13, LInst("ACCREAD", float32, (8,))),
+        r"%13 ACCREAD: the accumulator's dtype int32, got float32"),
+    "accumulator read without ACCREAD": (_with(14, LInst("ADD", int32, (7, 8))),
+        r"%14 ADD: value operands, got an accumulator"),
+    "index division by a variable": (_with(4, LInst("IDIV", ix, (2, 2))),
+        r"%4 IDIV: index division by a positive CONST, got %2 RANGE"),
+    "index division by zero": (_with(3, LInst("CONST", ix, (), 0)),
+        r"%4 IDIV: index division by a positive CONST, got %3 CONST 0"),
+    "index op outside index arithmetic": (_with(4, LInst("RECIP", ix, (2,))),
+        r"%4 RECIP: index arithmetic with one of"),
+    "mixed index and value": (_with(7, LInst("MUL", int32, (5, 4))), r"%7 MUL: operands all index or none"),
+    "unknown op": (_with(7, LInst("FROB", int32, (5, 6))), r"%7 FROB: an op of the loop IR .* got 'FROB'"),
+    "parallel loops that do not lead": (_with(0, parallel=2), r"parallel = 2: expected %3 to be a RANGE"),
+    "RANGE extent": (_with(9, LInst("RANGE", ix, (), 0)),
+        r"%9 RANGE: no operands, dtype index and an extent >= 1"),
+    "CAST with an arg": (_with(7, LInst("CAST", float32, (5,), float32)), r"%7 CAST: no arg"),
+}
+
+
+@pytest.mark.parametrize("rule", list(BAD))
+def test_the_verifier_rejects(rule):
+    lk, msg = BAD[rule]
+    with pytest.raises(LoopIRError, match=msg):
+        verify(lk)
+
+
+def test_the_verifier_accepts_what_the_interpreter_runs():
+    """Index masks (bool AND of comparisons, WHERE over indices), casts, a bool store."""
+    b = [("b1", bool_, True), ("b0", float32, False)]
+    insts = [LInst("PARAM", bool_, (), 0), LInst("PARAM", float32, (), 1), LInst("RANGE", ix, (), 6),
+             LInst("CONST", ix, (), -1), LInst("ADD", ix, (2, 3)), LInst("CONST", ix, (), -1),
+             LInst("CMPLT", bool_, (5, 4)), LInst("CONST", ix, (), 4), LInst("CMPLT", bool_, (4, 7)),
+             LInst("AND", bool_, (6, 8)), LInst("CONST", ix, (), 0), LInst("WHERE", ix, (9, 4, 10)),
+             LInst("LOAD", float32, (1, 11)), LInst("CAST", int32, (12,)), LInst("CAST", bool_, (13,)),
+             LInst("STORE", None, (0, 2, 14)), LInst("ENDRANGE", None, (2,))]
+    lk = LoopKernel("eqk", b, insts, parallel=1)
+    verify(lk)
+    out = np.zeros(6, np.bool_)
+    run_loop(lk, [out, np.array([0.0, 2.5, 0.0, -1.0], np.float32)])
+    np.testing.assert_array_equal(out, [False, False, True, False, True, False])
