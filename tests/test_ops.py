@@ -260,6 +260,11 @@ def test_numpy_operands(device):
 
 # ---------------------------------------------------------------------------- elementwise unary
 
+def _scipy_erf(x):
+    from scipy.special import erf
+    return erf(x)
+
+
 UNARY = {
     "neg": (lambda x: -x, np.negative, None),
     "abs": (lambda x: x.abs(), np.abs, None),
@@ -271,6 +276,7 @@ UNARY = {
     "rsqrt": (lambda x: x.rsqrt(), lambda x: 1 / np.sqrt(x), pos),
     "sin": (lambda x: x.sin(), np.sin, None),
     "cos": (lambda x: x.cos(), np.cos, None),
+    "erf": (lambda x: x.erf(), lambda x: _scipy_erf(x.astype(np.float64)).astype(np.float32), None),
     "relu": (lambda x: x.relu(), np_relu, None),
     "sigmoid": (lambda x: x.sigmoid(), np_sigmoid, None),
     "tanh": (lambda x: x.tanh(), np.tanh, None),

@@ -1,6 +1,6 @@
-"""exp2/log2/sin over the whole float range on every device, within the bounds docs/semantics.md
-promises (the LLVM and OpenCL devices' are eqgrad's own vectorizable code; CUDA uses its
-full-precision library)."""
+"""exp2/log2/sin/erf over the whole float range on every device, within the bounds docs/semantics.md
+promises (the LLVM and OpenCL devices' are eqgrad's own vectorizable loop-IR decompositions,
+lower/decomp.py; CUDA uses its full-precision library)."""
 import math
 import re
 from fractions import Fraction
@@ -10,9 +10,9 @@ import pytest
 
 from eqgrad import Tensor, engine
 from eqgrad.devices.cuda import CUDARenderer
-from eqgrad.devices.llvm import (SIN_ABS_ERR, SIN_REL_ERR, SIN_TABLE, TWO_OVER_PI, TWO_OVER_PI_BITS,
-                                 compiler, render_llvm)
+from eqgrad.devices.llvm import compiler, render_llvm
 from eqgrad.devices.opencl import OpenCLRenderer
+from eqgrad.lower.decomp import ERF_ULP, SIN_ABS_ERR, SIN_REL_ERR, SIN_TABLE, TWO_OVER_PI, TWO_OVER_PI_BITS
 from eqgrad.lower.lowering import lower_kernel
 
 
@@ -30,6 +30,29 @@ def test_exp2_specials(device):
         ref = np.exp2(x)
     got = Tensor(x, device=device).exp2().numpy()
     np.testing.assert_array_equal(got, ref)
+
+
+def test_erf_error_over_range_and_specials(device):
+    """Within ERF_ULP of float64 erf on a dense sweep and at decades down to 1e-37 (where the old
+    composite, 1 - poly * exp(-x^2), gave 0 for erf(1e-11)); signed zeros, +-1 at +-inf, NaN."""
+    from scipy.special import erf
+    x = np.concatenate([np.linspace(-5, 5, 200_001, dtype=np.float32),
+                        np.float32(10.0) ** np.arange(-37, 0.5, 0.125, dtype=np.float32)])
+    ref = erf(x.astype(np.float64))
+    got = Tensor(x, device=device).erf().numpy().astype(np.float64)
+    ulp = np.spacing(np.abs(ref).astype(np.float32)).astype(np.float64)
+    assert np.max(np.abs(got - ref) / ulp) < ERF_ULP
+    sp = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 4.0, -1e30], np.float32)
+    got = Tensor(sp, device=device).erf().numpy()
+    np.testing.assert_array_equal(got, erf(sp.astype(np.float64)).astype(np.float32))
+    assert np.signbit(got[1])
+
+
+def test_erf_gradient(device):
+    x = np.linspace(-3, 3, 13, dtype=np.float32)
+    t = Tensor(x, device=device, requires_grad=True)
+    t.erf().sum().backward()
+    np.testing.assert_allclose(t.grad.numpy(), 2 / np.sqrt(np.pi) * np.exp(-x.astype(np.float64) ** 2), rtol=2e-6)
 
 
 def test_log2_error_over_range(device):
@@ -114,7 +137,7 @@ def test_sin_near_multiples_of_half_pi(device):
 
 
 def test_sin_reduction_table():
-    """2/pi's bits and llvm.py's table of its chunks: for every exponent, the four chunks are 24-bit
+    """2/pi's bits and decomp.py's table of its chunks: for every exponent, the four chunks are 24-bit
     integers times powers of two and add up to 2/pi * 2**e mod 4 up to the dropped tail."""
     assert float(Fraction(TWO_OVER_PI, 2**TWO_OVER_PI_BITS)) == 2 / math.pi
     two_over_pi = Fraction(TWO_OVER_PI, 2**TWO_OVER_PI_BITS)
@@ -161,9 +184,10 @@ def test_sin_kernel_is_vectorized_on_llvm():
 
 
 def test_sin_renderers():
-    # OpenCL: llvm.py's code with the same table (library sin without doubles); CUDA: its sinf
+    # OpenCL on a CPU: the decomposition, with the same table in double (a device without cl_khr_fp64
+    # keeps the library sin: tests/test_renderers.py); CUDA: its sinf
     lk = _sin_kernel()
     cl = OpenCLRenderer().render(lk)
-    assert "sin_f32(v" in cl and "__constant double sin_tbl[1024]" in cl and "#if defined(cl_khr_fp64)" in cl
+    assert "sin(" not in cl and "__constant double sin_tbl[1024]" in cl and "cl_khr_fp64 : enable" in cl
     cu = CUDARenderer().render(lk)
     assert "sinf(v" in cu and "sin_tbl" not in cu

@@ -1,11 +1,14 @@
 """Loop IR -> C-like kernel source, shared by the OpenCL C and CUDA C renderers.
 
 ``CStyleRenderer`` holds everything the two dialects have in common; a dialect is a subclass that
-sets a dozen strings (kernel qualifier, address space, global id, math function names, types).
+sets a dozen strings (kernel qualifier, address space, global id, math function names, types) and,
+where it differs, its op table ``code_for_op`` (``CSTYLE_OPS`` with entries replaced or left out).
+An op the table lacks is decomposed before rendering (``lower/decomp.py``: exp2, log2, sin).
 The semantics mirror the LLVM renderer (``llvm.py``) exactly:
 
 - bools are ``bool`` in registers and one byte (0 or 1) in memory;
-- int32 ``+ * -x`` wrap around (computed in unsigned arithmetic: signed overflow is undefined in C);
+- int32 ``+ * -x`` wrap around (computed in unsigned arithmetic: signed overflow is undefined in C),
+  and so do shifts (``SHR`` is logical: unsigned);
 - ``IDIV``/``MOD`` of int32 give 0 for a zero divisor, and ``INT_MIN / -1`` wraps to ``INT_MIN``;
   index arithmetic (64-bit) divides by positive constants only, with floor semantics: plain C
   ``/ %`` where the loop IR marks the numerator non-negative (``loopir.NONNEG``), otherwise the
@@ -13,12 +16,13 @@ The semantics mirror the LLVM renderer (``llvm.py``) exactly:
 - float ``MAX`` propagates NaN (NumPy's ``maximum``; C's ``fmax`` would drop it);
 - float -> int32 casts saturate and map NaN to 0 (LLVM's ``fptosi.sat``); float -> bool is ``!= 0``;
 - float constants are exact hex literals; division and sqrt are correctly rounded;
-- exp2/log2 are either the LLVM device's own straight-line polynomials (``poly_exp2_log2``: the same
-  numbers as LLVM, and vectorizable where a CPU OpenCL's library calls are not) or the dialect's
-  full-precision library functions (never the ``native_``/``__`` fast variants), which are inside the
-  same documented error bounds (docs/semantics.md); sin likewise (``poly_sin``: LLVM's range
-  reduction and polynomials, which need doubles, so a device without ``cl_khr_fp64`` falls back to
-  the library's sin).
+- ``MULADD`` is one expression ``a * b + c``, which the C compilers contract into an FMA (OpenCL's
+  and nvcc's default), as LLVM does; every other instruction is its own statement, never contracted;
+- exp2/log2/sin are the dialect's full-precision library functions (never the ``native_``/``__``
+  fast variants) where its table has them, else the decompositions (the LLVM device's numbers,
+  and vectorizable where a CPU OpenCL's library calls are not); both are inside the documented
+  error bounds (docs/semantics.md). sin's decomposition reduces in double, so a dialect renders
+  ``float64`` and its constant tables (``fp64_pragma``, ``table_prefix``).
 
 Every instruction becomes one typed local (``v12``), constants are written inline, loops are C
 ``for`` loops and accumulators are locals declared before their loops. The loop IR's ``parallel``
@@ -30,22 +34,101 @@ from __future__ import annotations
 
 import math
 import re
-import struct
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
 
-from eqgrad.graph.loopir import INDEX, NONNEG, LoopKernel
-from eqgrad.devices.llvm import COS_POLY, EXP2_MAGIC, EXP2_POLY, LOG2_POLY, SIN_POLY, SIN_TABLE
+from eqgrad.devices.render import FLOATS, MissingRule, Operation, kind as _kind
+from eqgrad.graph.loopir import FLOAT64, INDEX, NONNEG, LInst, LoopKernel, Table
+from eqgrad.lower.decomp import decompose
+from eqgrad.ops import OPS
 
-# ops the renderer implements (checked against the op table by tests/test_optable.py)
-ALU = ("NEG", "EXP2", "LOG2", "SIN", "SQRT", "RECIP", "TRUNC", "CAST", "ADD", "MUL", "MAX", "CMPLT", "CMPEQ",
-       "IDIV", "MOD", "AND", "OR", "XOR", "WHERE")
+# ------------------------------------------------------------------ the op table
+# A rule gets the renderer (its dialect's strings, ``helper`` for helper functions, ``table`` for
+# constant arrays), the Operation (the kinds it works on) and its operands' C expressions, and
+# returns the result's expression.
+CRule = Callable[["CStyleRenderer", Operation, list[str]], str]
 
 
-def _kind(dt: Any) -> str:
-    return dt if isinstance(dt, str) else dt.name
+_SAME: Any = object()      # _by_kind: float64 as float32, index as int32
+
+
+def _by_kind(f: Any = None, i: Any = None, b: Any = None, ix: Any = _SAME, d: Any = _SAME) -> CRule:
+    """A rule whose expression depends on the operands' kind: ``f`` float32, ``d`` float64 (default:
+    as ``f``), ``i`` int32, ``ix`` index (default: as ``i``), ``b`` bool. Each is a template (``{0}``..
+    the operands, ``{u}`` the dialect's unsigned int), a function (renderer, operands) -> expression,
+    or None (undefined on that kind)."""
+    by_kind = {"float32": f, "float64": f if d is _SAME else d, "int32": i, INDEX: i if ix is _SAME else ix,
+               "bool": b}
+
+    def rule(r: CStyleRenderer, o: Operation, a: list[str]) -> str:
+        text = by_kind[o.src]
+        if text is None:
+            raise MissingRule(r.name, o)
+        return text(r, a) if callable(text) else text.format(*a, u=r.uint_type)
+    return rule
+
+
+def _math(op: str) -> CRule:
+    """The dialect's float32 library function (``math``), or C's double one."""
+    def rule(r: CStyleRenderer, o: Operation, a: list[str]) -> str:
+        if not o.is_float:
+            raise MissingRule(r.name, o)
+        return f"{r.math[op] if o.src == 'float32' else MATH64[op]}({a[0]})"
+    return rule
+
+
+# C99 <math.h> functions: the op table's (OpDef.libm) and the loop IR's own (FLOOR, RINT)
+MATH64 = {**{o.name: o.libm for o in OPS.values() if o.libm}, "FLOOR": "floor", "RINT": "rint"}
+
+
+def _wrap(op: str) -> Callable[[CStyleRenderer, list[str]], str]:
+    return lambda r, a: r.wrap(a[0], op, a[1])
+
+
+def _divmod(op: str) -> CRule:
+    def rule(r: CStyleRenderer, o: Operation, a: list[str]) -> str:
+        if o.src == INDEX:           # by positive constants only, floor semantics (loopir.py)
+            if o.nonneg:             # the numerator is proven >= 0: truncation is floor
+                return f"{a[0]} {'/' if op == 'IDIV' else '%'} {a[1]}"
+            return f"{r.helper('floordiv_idx' if op == 'IDIV' else 'floormod_idx')}({a[0]}, {a[1]})"
+        if o.src != "int32":
+            raise MissingRule(r.name, o)
+        return f"{r.helper('idiv_i32' if op == 'IDIV' else 'mod_i32')}({a[0]}, {a[1]})"
+    return rule
+
+
+def _bitcast(r: CStyleRenderer, o: Operation, a: list[str]) -> str:
+    casts = {("float32", "int32"): r.as_int, ("int32", "float32"): r.as_float}
+    if (o.src, o.dst) not in casts:
+        raise MissingRule(r.name, o)
+    return f"{casts[o.src, o.dst]}({a[0]})"
+
+
+CSTYLE_OPS: dict[str, CRule] = {
+    "NEG": _by_kind(f="-{0}", i=lambda r, a: r.wrap("0", "-", a[0]), b="!{0}", ix="-{0}"),
+    **{op: _math(op) for op in MATH64},
+    "RECIP": lambda r, o, a: f"1.0{'f' if o.src == 'float32' else ''} / {a[0]}",
+    "CAST": lambda r, o, a: r.cast(a[0], o.src, o.dst),
+    "BITCAST": _bitcast,
+    "ADD": _by_kind(f="{0} + {1}", i=_wrap("+"), b="{0} || {1}", ix="{0} + {1}"),
+    "MUL": _by_kind(f="{0} * {1}", i=_wrap("*"), b="{0} && {1}", ix="{0} * {1}"),
+    "MULADD": _by_kind(f="{0} * {1} + {2}"),
+    "MAX": _by_kind(f=lambda r, a: f"{r.helper('max_f32')}({a[0]}, {a[1]})", d=None, i="{0} > {1} ? {0} : {1}",
+                    b="{0} || {1}"),
+    "CMPLT": _by_kind(f="{0} < {1}", i="{0} < {1}", b="!{0} && {1}"),
+    "CMPEQ": _by_kind(f="{0} == {1}", i="{0} == {1}", b="{0} == {1}"),
+    "IDIV": _divmod("IDIV"),
+    "MOD": _divmod("MOD"),
+    "AND": _by_kind(i="{0} & {1}", b="{0} & {1}"),
+    "OR": _by_kind(i="{0} | {1}", b="{0} | {1}"),
+    "XOR": _by_kind(i="{0} ^ {1}", b="{0} ^ {1}"),
+    "SHL": _by_kind(i="(int)(({u}){0} << {1})", ix=None),
+    "SHR": _by_kind(i="(int)(({u}){0} >> {1})", ix=None),
+    "WHERE": lambda r, o, a: f"{a[0]} ? {a[1]} : {a[2]}",
+    "TABLE": lambda r, o, a: f"{r.table(o.arg, o.dst)}[{a[0]}]",
+}
 
 
 @dataclass(frozen=True)
@@ -67,15 +150,15 @@ def work_items(k: LoopKernel) -> int:
     return math.prod(k.insts[r].arg for r in k.parallel_ranges())
 
 
-_SIN_TABLE_C = ", ".join(float.hex(w) for w in SIN_TABLE)      # llvm.py's range-reduction table
-
-
 class CStyleRenderer:
-    """A C dialect: the strings below, and the helpers that ``_helper`` adds when a kernel uses them."""
+    """A C dialect: the strings below, its op table, and the helpers and tables a kernel uses."""
+    code_for_op: dict[str, CRule] = CSTYLE_OPS
     kernel_prefix = "void"                 # what precedes the kernel's name
     global_ptr = ""                        # address space of buffer parameters
     restrict = "restrict"
     func_prefix = "static inline"          # helper functions
+    table_prefix = "static const"          # constant tables (loopir.Table)
+    fp64_pragma = ""                       # what a kernel that uses double needs first
     global_id = "0"                        # the work-item's global linear id (an index expression)
     global_ids = ("0", "0", "0")           # its global id in dimensions 0, 1, 2
     max_grid = (2**31 - 1, 2**31 - 1, 2**31 - 1)    # most groups per dimension
@@ -89,10 +172,7 @@ class CStyleRenderer:
     index_suffix = "L"
     uint_type = "unsigned int"
     byte_type = "unsigned char"            # how a bool is stored in memory
-    math = {"EXP2": "exp2", "LOG2": "log2", "SIN": "sin", "SQRT": "sqrt", "TRUNC": "trunc", "FMAX": "fmax",
-            "FLOOR": "floor"}
-    poly_exp2_log2 = False                 # exp2/log2 as the LLVM device's polynomials (helpers below)
-    poly_sin: bool | None = None           # sin as the LLVM device's code (None: as poly_exp2_log2)
+    math = {**MATH64, "FMAX": "fmax"}      # float32 library functions (overloaded, as in OpenCL C)
     as_float, as_int = "as_float", "as_int"   # bit casts between float and int
     inf = "INFINITY"
     nan = "NAN"
@@ -100,22 +180,23 @@ class CStyleRenderer:
 
     # ------------------------------------------------------------------ literals and types
     def reg_type(self, kind: str) -> str:
-        return {"float32": "float", "int32": "int", "bool": "bool", INDEX: self.index_type}[kind]
+        return {"float32": "float", "float64": "double", "int32": "int", "bool": "bool", INDEX: self.index_type}[kind]
 
     def mem_type(self, kind: str) -> str:
         return {"float32": "float", "int32": "int", "bool": self.byte_type}[kind]
 
     def const(self, v: Any, kind: str) -> str:
-        if kind == "float32":
-            f = float(np.float32(v))
+        if kind in FLOATS:
+            f = float(np.float32(v)) if kind == "float32" else float(v)
+            suffix, cast = ("f", "") if kind == "float32" else ("", "(double)")
             if math.isnan(f):
-                return self.nan
+                return f"{cast}{self.nan}"
             if math.isinf(f):
-                return self.inf if f > 0 else f"(-{self.inf})"
+                return f"{cast}{self.inf}" if f > 0 else f"(-{cast}{self.inf})"
             if f == 0.0:
-                return "(-0.0f)" if struct.pack("<f", f)[3] & 0x80 else "0.0f"
+                return f"(-0.0{suffix})" if math.copysign(1.0, f) < 0 else f"0.0{suffix}"
             h = re.sub(r"\.?0+p", "p", f.hex())          # 0x1.8000000000000p+1 -> 0x1.8p+1
-            return f"({h}f)" if f < 0 else f"{h}f"
+            return f"({h}{suffix})" if f < 0 else f"{h}{suffix}"
         if kind == "bool":
             return "true" if v else "false"
         n = int(v)
@@ -124,10 +205,16 @@ class CStyleRenderer:
             return "(-2147483647 - 1)"
         return f"({n}{suffix})" if n < 0 else f"{n}{suffix}"
 
-    # ------------------------------------------------------------------ helpers (emitted on use)
-    def _helper(self, name: str) -> str:
+    # ------------------------------------------------------------------ helpers and tables (emitted on use)
+    def helper(self, name: str) -> str:
+        """Use the helper function ``name`` (``helpers``): it is emitted before the kernel."""
         self.used.add(name)
         return name
+
+    def table(self, t: Table, kind: str) -> str:
+        """Use the constant table ``t`` of ``kind`` elements: it is emitted before the kernel, once."""
+        self.tables[t.name] = (t, kind)
+        return t.name
 
     def helpers(self) -> dict[str, str]:
         p, u, fmax, ix = self.func_prefix, self.uint_type, self.math["FMAX"], self.index_type
@@ -143,74 +230,9 @@ class CStyleRenderer:
             # saturating float -> int32 with NaN -> 0, like LLVM's fptosi.sat
             "f2i_sat": f"{p} int f2i_sat(float x) {{ return x != x ? 0 : x >= 0x1p+31f ? 2147483647 : "
                        f"x <= -0x1p+31f ? (-2147483647 - 1) : (int)x; }}",
-            "exp2_f32": self._exp2_helper(),
-            "log2_f32": self._log2_helper(),
-            "sin_f32": self._sin_helper(),
+            "d2i_sat": f"{p} int d2i_sat(double x) {{ return x != x ? 0 : x >= 0x1p+31 ? 2147483647 : "
+                       f"x <= -0x1p+31 ? (-2147483647 - 1) : (int)x; }}",
         }
-
-    def _horner(self, x: str, coeffs: tuple[float, ...]) -> str:
-        acc = self.const(coeffs[-1], "float32")
-        for i, k in enumerate(reversed(coeffs[:-1])):
-            acc = f"{acc if i == 0 else f'({acc})'} * {x} + {self.const(k, 'float32')}"
-        return acc
-
-    def _exp2_helper(self) -> str:
-        # llvm.py's _exp2: 2**floor(x) by building the exponent bits, 2**frac(x) by a polynomial;
-        # clamped to [-127, 128] (0 below, inf above), NaN passes through (p is NaN)
-        c = lambda v: self.const(v, "float32")
-        return (f"{self.func_prefix} float exp2_f32(float x) {{\n"
-                f"  float xc = x > {c(128.0)} ? {c(128.0)} : x;\n"
-                f"  xc = xc < {c(-127.0)} ? {c(-127.0)} : xc;\n"
-                f"  float fl = {self.math['FLOOR']}(xc);\n"
-                f"  float f = xc - fl;\n"
-                f"  float p = {self._horner('f', EXP2_POLY)};\n"
-                f"  {self.uint_type} bits = ({self.uint_type}){self.as_int}(fl + {c(EXP2_MAGIC)}) << 23;\n"
-                f"  return p * {self.as_float}(bits);\n}}")
-
-    def _log2_helper(self) -> str:
-        # llvm.py's _log2: x = m * 2**e with m in [sqrt(1/2), sqrt(2)), log2(m) = t * Q(t),
-        # t = m - 1; subnormals rescaled by 2**23 first
-        c = lambda v: self.const(v, "float32")
-        u = self.uint_type
-        return (f"{self.func_prefix} float log2_f32(float x) {{\n"
-                f"  bool sub = x < {c(2.0 ** -126)};\n"
-                f"  int bits = {self.as_int}(sub ? x * {c(2.0 ** 23)} : x);\n"
-                f"  int e = (int)(({u})bits >> 23) - 127;\n"
-                f"  float m = {self.as_float}((bits & 8388607) | 1065353216);\n"
-                f"  bool big = m > {c(1.4142135381698608)};\n"
-                f"  m = big ? m * 0.5f : m;\n"
-                f"  float ef = (float)(e + (int)big) - (sub ? {c(23.0)} : 0.0f);\n"
-                f"  float t = m - 1.0f;\n"
-                f"  float r = ef + ({self._horner('t', LOG2_POLY)}) * t;\n"
-                f"  r = x == 0.0f ? (-{self.inf}) : r;\n"
-                f"  r = x == {self.inf} ? x : r;\n"
-                f"  return (x < 0.0f || x != x) ? {self.nan} : r;\n}}")
-
-    def _sin_helper(self) -> str:
-        # llvm.py's _sin: Payne-Hanek range reduction in double with the same table (a constant
-        # array), then the same float polynomials; without doubles (no cl_khr_fp64) the library sin
-        u = self.uint_type
-        return (f"#if defined(cl_khr_fp64)\n#pragma OPENCL EXTENSION cl_khr_fp64 : enable\n"
-                f"__constant double sin_tbl[1024] = {{{_SIN_TABLE_C}}};\n"
-                f"{self.func_prefix} float sin_f32(float x) {{\n"
-                f"  {u} bits = ({u}){self.as_int}(x);\n"
-                f"  {u} ex = (bits >> 23) & 255u;\n"
-                f"  {u} mant = bits & 8388607u;\n"
-                f"  double m = (double)(ex != 0u ? (mant | 8388608u) : mant);\n"
-                f"  double v0 = m * sin_tbl[4u * ex];\n"
-                f"  double v2 = m * sin_tbl[4u * ex + 2u];\n"
-                f"  double a = (v0 - 4.0 * floor(v0 * 0.25)) + m * sin_tbl[4u * ex + 1u];\n"
-                f"  double n = rint(a + v2);\n"
-                f"  double r = ((a - n) + v2) + m * sin_tbl[4u * ex + 3u];\n"
-                f"  float y = (float)(r * {float.hex(math.pi / 2)});\n"
-                f"  float z = y * y;\n"
-                f"  float s = y + (z * y) * ({self._horner('z', SIN_POLY)});\n"
-                f"  float co = {self._horner('z', COS_POLY)};\n"
-                f"  int q = (int)n;\n"
-                f"  {u} flip = (({u})(q & 2) << 30) ^ (bits & 0x80000000u);\n"
-                f"  float res = {self.as_float}((int)(({u}){self.as_int}((q & 1) ? co : s) ^ flip));\n"
-                f"  return ex == 255u ? {self.nan} : res;\n}}\n"
-                f"#else\n{self.func_prefix} float sin_f32(float x) {{ return {self.math['SIN']}(x); }}\n#endif")
 
     # ------------------------------------------------------------------ ALU
     def wrap(self, a: str, op: str, b: str) -> str:
@@ -218,47 +240,23 @@ class CStyleRenderer:
         u = self.uint_type
         return f"(int)(({u}){a} {op} ({u}){b})"
 
-    def alu(self, op: str, k: str, a: list[str], nonneg: bool = False) -> str:
-        f, b, i32 = k == "float32", k == "bool", k == "int32"
-        if op == "NEG":
-            return f"-{a[0]}" if f or k == INDEX else f"!{a[0]}" if b else self.wrap("0", "-", a[0])
-        if op in ("EXP2", "LOG2") and self.poly_exp2_log2:
-            return f"{self._helper(op.lower() + '_f32')}({a[0]})"
-        if op == "SIN" and (self.poly_exp2_log2 if self.poly_sin is None else self.poly_sin):
-            return f"{self._helper('sin_f32')}({a[0]})"
-        if op in ("EXP2", "LOG2", "SIN", "SQRT", "TRUNC"):
-            return f"{self.math[op]}({a[0]})"
-        if op == "RECIP":
-            return f"1.0f / {a[0]}"
-        if op == "ADD":
-            return f"{a[0]} || {a[1]}" if b else self.wrap(a[0], "+", a[1]) if i32 else f"{a[0]} + {a[1]}"
-        if op == "MUL":
-            return f"{a[0]} && {a[1]}" if b else self.wrap(a[0], "*", a[1]) if i32 else f"{a[0]} * {a[1]}"
-        if op == "MAX":
-            if f:
-                return f"{self._helper('max_f32')}({a[0]}, {a[1]})"
-            return f"{a[0]} || {a[1]}" if b else f"{a[0]} > {a[1]} ? {a[0]} : {a[1]}"
-        if op == "CMPLT":
-            return f"!{a[0]} && {a[1]}" if b else f"{a[0]} < {a[1]}"
-        if op == "CMPEQ":
-            return f"{a[0]} == {a[1]}"
-        if op in ("IDIV", "MOD"):
-            if k == INDEX:           # by positive constants only, floor semantics (loopir.py)
-                if nonneg:           # the numerator is proven >= 0: truncation is floor
-                    return f"{a[0]} {'/' if op == 'IDIV' else '%'} {a[1]}"
-                return f"{self._helper('floordiv_idx' if op == 'IDIV' else 'floormod_idx')}({a[0]}, {a[1]})"
-            return f"{self._helper('idiv_i32' if op == 'IDIV' else 'mod_i32')}({a[0]}, {a[1]})"
-        if op in ("AND", "OR", "XOR"):
-            return f"{a[0]} {dict(AND='&', OR='|', XOR='^')[op]} {a[1]}"
-        if op == "WHERE":
-            return f"{a[0]} ? {a[1]} : {a[2]}"
-        raise NotImplementedError(f"{self.name} renderer: no rule for {op}")
+    def alu(self, op: str, k: str, a: list[str], nonneg: bool = False, dst: str | None = None) -> str:
+        """The expression of ``op`` on operands ``a`` of kind ``k`` (its rule in ``code_for_op``)."""
+        o = Operation(op, k, dst or k, NONNEG if nonneg else None)
+        rule = self.code_for_op.get(op)
+        if rule is None:
+            raise MissingRule(self.name, o)
+        return rule(self, o, a)
 
     def cast(self, a: str, src: str, dst: str) -> str:
-        if src == "float32":
+        if src == dst:
+            return a
+        if src in FLOATS:
             if dst == "bool":
-                return f"{a} != 0.0f"                       # NaN -> true, as LLVM's fcmp une
-            i = f"{self._helper('f2i_sat')}({a})"
+                return f"{a} != 0.0{'f' if src == 'float32' else ''}"      # NaN -> true, as LLVM's fcmp une
+            if dst in FLOATS:
+                return f"({self.reg_type(dst)}){a}"
+            i = f"{self.helper('f2i_sat' if src == 'float32' else 'd2i_sat')}({a})"
             return i if dst == "int32" else f"({self.reg_type(dst)}){i}"
         if dst == "bool":
             return f"{a} != 0"
@@ -341,122 +339,159 @@ class CStyleRenderer:
         return f"{self.global_ptr}{const}{self.mem_type(kind)}* {self.restrict} b{i}"
 
     def render(self, k: LoopKernel) -> str:
+        """C source of ``k``, after rewriting the ops ``code_for_op`` lacks (lower/decomp.py)."""
+        k = decompose(k, self.code_for_op)
         self.used: set[str] = set()
-        val: dict[int, str] = {}
-        kinds: dict[int, str] = {}
-        lines: list[str] = []
-        depth = 1
-        grouped = self.group_reduce(k)
-        L = self.reduce_group
-        idx_t = self.index_type
-
-        def put(s: str) -> None:
-            lines.append("  " * depth + s)
-
-        def define(i: int, kind: str, rhs: str) -> None:
-            val[i], kinds[i] = f"v{i}", kind
-            put(f"{self.reg_type(kind)} v{i} = {rhs};")
-
-        par = k.parallel_ranges()
-        geo = self.launch(k)
-        if grouped:
-            local_kinds = sorted({"float32" if _kind(k.insts[a].dtype) == "float32" else "int32"
-                                  for accs in grouped.values() for a, _ in accs})
-            for lk in local_kinds:
-                put(f"{self.local_prefix} {self.reg_type(lk)} red_{lk}[{L}];")
-            put(f"{idx_t} gid = {self.group_id};")
-            put(f"{idx_t} lid = {self.local_id};")
-            self._delinearize(par, k, "gid", put, val, kinds)
-        elif geo.mode == "flat":
-            put(f"{idx_t} gid = {self.global_id};")
-            put(f"if (gid >= {self.const(work_items(k), INDEX)}) return;")
-            self._delinearize(par, k, "gid", put, val, kinds)
-        elif par:
-            inner = par[::-1][:2]                            # dimensions 0 and 1
-            for d, r in reversed(list(enumerate(inner))):
-                val[r], kinds[r] = f"r{r}", INDEX
-                put(f"{idx_t} r{r} = {self.global_ids[d]};")
-            if len(par) > 2:
-                put(f"{idx_t} gid = {self.global_ids[2]};")
-                self._delinearize(par[:-2], k, "gid", put, val, kinds)
-            past = [f"r{r} >= {self.const(k.insts[r].arg, INDEX)}" for d, r in enumerate(inner)
-                    if geo.global_size[d] != k.insts[r].arg]
-            if past:
-                put(f"if ({' || '.join(past)}) return;")
-
-        def combine(acc: int, op: str) -> None:
-            """Every work-item's partial accumulator -> the group's, in every work-item (a tree)."""
-            kd = kinds[acc]
-            lk = "float32" if kd == "float32" else "int32"
-            arr, a = f"red_{lk}", val[acc]
-            put(f"{arr}[lid] = {a};")
-            put(self.barrier)
-            s = L // 2
-            while s:
-                both = [f"{arr}[lid]", f"{arr}[lid + {s}]"]
-                put(f"if (lid < {s}) {arr}[lid] = {self.alu(op, lk if kd != 'bool' else 'bool', both)};")
-                put(self.barrier)
-                s //= 2
-            put(f"{a} = {arr}[0]{' != 0' if kd == 'bool' else ''};")
-            put(self.barrier)                        # before the array is reused
-
-        skip = set(par)
-        n_par_end = len(par)
+        self.tables: dict[str, tuple[Table, str]] = {}
+        body = _CKernel(self, k)
         for i, x in enumerate(k.insts):
-            if i in skip:
-                continue
-            kd = _kind(x.dtype) if x.dtype is not None else None
-            if x.op == "PARAM":
-                val[i], kinds[i] = f"b{x.arg}", kd
-            elif x.op == "CONST":
-                val[i], kinds[i] = self.const(x.arg, kd), kd
-            elif x.op == "RANGE":
-                ext = self.const(x.arg, INDEX)
-                if grouped and i in grouped:             # this work-item's share of the iterations
-                    put(f"for ({idx_t} r{i} = lid; r{i} < {ext}; r{i} += {self.const(L, INDEX)}) {{")
-                else:
-                    put(f"for ({idx_t} r{i} = 0; r{i} < {ext}; r{i}++) {{")
-                val[i], kinds[i] = f"r{i}", INDEX
-                depth += 1
-            elif x.op == "ENDRANGE":
-                if x.src[0] in skip:
-                    n_par_end -= 1
-                    continue
-                depth -= 1
-                put("}")
-                if grouped and x.src[0] in grouped:
-                    for acc, op in grouped[x.src[0]]:
-                        combine(acc, op)
-            elif x.op == "DEFACC":
-                val[i], kinds[i] = f"acc{i}", kd
-                put(f"{self.reg_type(kd)} acc{i} = {self.const(x.arg, kd)};")
-            elif x.op == "ACCUM":
-                acc, v = x.src
-                ak = kinds[acc]
-                op = "ADD" if x.arg == "ADD" else "MAX"
-                put(f"{val[acc]} = {self.alu(op, ak, [val[acc], val[v]])};")
-            elif x.op == "ACCREAD":
-                define(i, kd, val[x.src[0]])
-            elif x.op == "LOAD":
-                p, idx = x.src
-                ld = f"{val[p]}[{val[idx]}]"
-                define(i, kd, f"{ld} != 0" if kd == "bool" else ld)
-            elif x.op == "STORE":
-                p, idx, v = x.src
-                sv = f"({self.byte_type}){val[v]}" if kinds[v] == "bool" else val[v]
-                put(f"{'if (lid == 0) ' if grouped else ''}{val[p]}[{val[idx]}] = {sv};")
-            elif x.op == "CAST":
-                src = kinds[x.src[0]]
-                if src == kd:
-                    val[i], kinds[i] = val[x.src[0]], kd
-                else:
-                    define(i, kd, self.cast(val[x.src[0]], src, kd))
-            else:
-                # the operand kind decides the operation (CMP* produce bool from any kind)
-                opk = kinds[x.src[1]] if x.op == "WHERE" else kinds[x.src[0]]
-                define(i, kd, self.alu(x.op, opk, [val[s] for s in x.src], nonneg=x.arg == NONNEG))
-        assert n_par_end == 0 and depth == 1, "unbalanced loops"
+            if i not in body.skip:
+                _STRUCTURE.get(x.op, _CKernel.value)(body, i, x)
+        assert body.n_par_end == 0 and body.depth == 1, "unbalanced loops"
         params = ", ".join(self.param(i, _kind(d), w) for i, (_, d, w) in enumerate(k.params))
         helpers = self.helpers()
         head = "".join(helpers[h] + "\n" for h in sorted(self.used))
-        return f"{head}{self.kernel_prefix} {k.name}({params}) {{\n" + "\n".join(lines) + "\n}\n"
+        if any(x.dtype == FLOAT64 for x in k.insts) and self.fp64_pragma:
+            head = self.fp64_pragma + "\n" + head
+        for t, kd in self.tables.values():
+            values = ", ".join(self.const(v, kd) for v in t.values)
+            head += f"{self.table_prefix} {self.reg_type(kd)} {t.name}[{len(t.values)}] = {{{values}}};\n"
+        return f"{head}{self.kernel_prefix} {k.name}({params}) {{\n" + "\n".join(body.lines) + "\n}\n"
+
+
+class _CKernel:
+    """One kernel's body being rendered: the work-item prologue, then a method per structural
+    instruction (loops, accumulators, memory); every other instruction is its ``code_for_op`` rule,
+    declared as a local ``v<id>``."""
+
+    def __init__(self, r: CStyleRenderer, k: LoopKernel) -> None:
+        self.r, self.k = r, k
+        self.val: dict[int, str] = {}
+        self.kinds: dict[int, str] = {}
+        self.lines: list[str] = []
+        self.depth = 1
+        self.grouped = r.group_reduce(k)
+        par = k.parallel_ranges()
+        self.skip = set(par)                  # the parallel loops are work-items, not C loops
+        self.n_par_end = len(par)
+        self.prologue(par)
+
+    def put(self, s: str) -> None:
+        self.lines.append("  " * self.depth + s)
+
+    def define(self, i: int, kind: str, rhs: str) -> None:
+        self.val[i], self.kinds[i] = f"v{i}", kind
+        self.put(f"{self.r.reg_type(kind)} v{i} = {rhs};")
+
+    def prologue(self, par: list[int]) -> None:
+        """The parallel loops' variables from the work-item's ids, as ``launch`` maps them."""
+        r, k, idx_t = self.r, self.k, self.r.index_type
+        geo = r.launch(k)
+        if self.grouped:
+            local_kinds = sorted({"float32" if _kind(k.insts[a].dtype) == "float32" else "int32"
+                                  for accs in self.grouped.values() for a, _ in accs})
+            for lk in local_kinds:
+                self.put(f"{r.local_prefix} {r.reg_type(lk)} red_{lk}[{r.reduce_group}];")
+            self.put(f"{idx_t} gid = {r.group_id};")
+            self.put(f"{idx_t} lid = {r.local_id};")
+            r._delinearize(par, k, "gid", self.put, self.val, self.kinds)
+        elif geo.mode == "flat":
+            self.put(f"{idx_t} gid = {r.global_id};")
+            self.put(f"if (gid >= {r.const(work_items(k), INDEX)}) return;")
+            r._delinearize(par, k, "gid", self.put, self.val, self.kinds)
+        elif par:
+            inner = par[::-1][:2]                            # dimensions 0 and 1
+            for d, rg in reversed(list(enumerate(inner))):
+                self.val[rg], self.kinds[rg] = f"r{rg}", INDEX
+                self.put(f"{idx_t} r{rg} = {r.global_ids[d]};")
+            if len(par) > 2:
+                self.put(f"{idx_t} gid = {r.global_ids[2]};")
+                r._delinearize(par[:-2], k, "gid", self.put, self.val, self.kinds)
+            past = [f"r{rg} >= {r.const(k.insts[rg].arg, INDEX)}" for d, rg in enumerate(inner)
+                    if geo.global_size[d] != k.insts[rg].arg]
+            if past:
+                self.put(f"if ({' || '.join(past)}) return;")
+
+    def combine(self, acc: int, op: str) -> None:
+        """Every work-item's partial accumulator -> the group's, in every work-item (a tree)."""
+        r, kd = self.r, self.kinds[acc]
+        lk = "float32" if kd == "float32" else "int32"
+        arr, a = f"red_{lk}", self.val[acc]
+        self.put(f"{arr}[lid] = {a};")
+        self.put(r.barrier)
+        s = r.reduce_group // 2
+        while s:
+            both = [f"{arr}[lid]", f"{arr}[lid + {s}]"]
+            self.put(f"if (lid < {s}) {arr}[lid] = {r.alu(op, lk if kd != 'bool' else 'bool', both)};")
+            self.put(r.barrier)
+            s //= 2
+        self.put(f"{a} = {arr}[0]{' != 0' if kd == 'bool' else ''};")
+        self.put(r.barrier)                        # before the array is reused
+
+    def PARAM(self, i: int, x: LInst) -> None:
+        self.val[i], self.kinds[i] = f"b{x.arg}", _kind(x.dtype)
+
+    def CONST(self, i: int, x: LInst) -> None:
+        self.val[i], self.kinds[i] = self.r.const(x.arg, _kind(x.dtype)), _kind(x.dtype)
+
+    def RANGE(self, i: int, x: LInst) -> None:
+        r, idx_t = self.r, self.r.index_type
+        ext = r.const(x.arg, INDEX)
+        if self.grouped and i in self.grouped:             # this work-item's share of the iterations
+            self.put(f"for ({idx_t} r{i} = lid; r{i} < {ext}; r{i} += {r.const(r.reduce_group, INDEX)}) {{")
+        else:
+            self.put(f"for ({idx_t} r{i} = 0; r{i} < {ext}; r{i}++) {{")
+        self.val[i], self.kinds[i] = f"r{i}", INDEX
+        self.depth += 1
+
+    def ENDRANGE(self, i: int, x: LInst) -> None:
+        if x.src[0] in self.skip:
+            self.n_par_end -= 1
+            return
+        self.depth -= 1
+        self.put("}")
+        if self.grouped and x.src[0] in self.grouped:
+            for acc, op in self.grouped[x.src[0]]:
+                self.combine(acc, op)
+
+    def DEFACC(self, i: int, x: LInst) -> None:
+        kd = _kind(x.dtype)
+        self.val[i], self.kinds[i] = f"acc{i}", kd
+        self.put(f"{self.r.reg_type(kd)} acc{i} = {self.r.const(x.arg, kd)};")
+
+    def ACCUM(self, i: int, x: LInst) -> None:
+        acc, v = x.src
+        op = "ADD" if x.arg == "ADD" else "MAX"
+        self.put(f"{self.val[acc]} = {self.r.alu(op, self.kinds[acc], [self.val[acc], self.val[v]])};")
+
+    def ACCREAD(self, i: int, x: LInst) -> None:
+        self.define(i, _kind(x.dtype), self.val[x.src[0]])
+
+    def LOAD(self, i: int, x: LInst) -> None:
+        p, idx = x.src
+        kd = _kind(x.dtype)
+        ld = f"{self.val[p]}[{self.val[idx]}]"
+        self.define(i, kd, f"{ld} != 0" if kd == "bool" else ld)
+
+    def STORE(self, i: int, x: LInst) -> None:
+        p, idx, v = x.src
+        sv = f"({self.r.byte_type}){self.val[v]}" if self.kinds[v] == "bool" else self.val[v]
+        self.put(f"{'if (lid == 0) ' if self.grouped else ''}{self.val[p]}[{self.val[idx]}] = {sv};")
+
+    def value(self, i: int, x: LInst) -> None:
+        # the operands' kind picks the expression (CMP* give bool from any kind; WHERE's condition is bool)
+        src = self.kinds[x.src[1] if x.op == "WHERE" else x.src[0]]
+        o = Operation(x.op, src, _kind(x.dtype), x.arg)
+        rule = self.r.code_for_op.get(x.op)
+        if rule is None:
+            raise MissingRule(self.r.name, o)
+        operands = [self.val[s] for s in x.src]
+        rhs = rule(self.r, o, operands)
+        if rhs in operands:                      # an identity (a CAST to its own kind): no new local
+            self.val[i], self.kinds[i] = rhs, o.dst
+        else:
+            self.define(i, o.dst, rhs)
+
+
+_STRUCTURE = {op: getattr(_CKernel, op) for op in
+              ("PARAM", "CONST", "RANGE", "ENDRANGE", "DEFACC", "ACCUM", "ACCREAD", "LOAD", "STORE")}

@@ -29,7 +29,7 @@ from eqgrad.errors import DeviceError
 from eqgrad.graph.plan import KernelPlan
 from eqgrad.ops import Shape, numel
 from eqgrad.devices import Buffer, Device
-from eqgrad.devices.cstyle import CStyleRenderer
+from eqgrad.devices.cstyle import MATH64, CStyleRenderer
 from eqgrad.counters import GlobalCounters, log_kernel
 
 
@@ -52,8 +52,9 @@ class CUDARenderer(CStyleRenderer):
     index_suffix = "LL"
     uint_type = "unsigned int"
     byte_type = "unsigned char"
-    math = {"EXP2": "exp2f", "LOG2": "log2f", "SIN": "sinf", "SQRT": "sqrtf", "TRUNC": "truncf", "FMAX": "fmaxf",
-            "FLOOR": "floorf"}
+    table_prefix = "__constant__"
+    # the full-precision float library (exp2f, log2f, sinf, erff, ...): every transcendental native
+    math = {op: f + "f" for op, f in {**MATH64, "FMAX": "fmax"}.items()}
     as_float, as_int = "__int_as_float", "__float_as_int"
     inf = "__int_as_float(0x7f800000)"
     nan = "__int_as_float(0x7fc00000)"

@@ -17,6 +17,7 @@ the operation and the kernel (``Device.failed``).
 from __future__ import annotations
 
 import os
+import threading
 import time
 import warnings
 from typing import Any, Callable
@@ -29,7 +30,8 @@ from eqgrad.errors import CompileError, DeviceError
 from eqgrad.graph.plan import KernelPlan
 from eqgrad.ops import Shape, numel
 from eqgrad.devices import Buffer, Device
-from eqgrad.devices.cstyle import CStyleRenderer
+from eqgrad.devices.cstyle import CSTYLE_OPS, CStyleRenderer
+from eqgrad.lower.decomp import DECOMPOSITIONS
 from eqgrad.counters import GlobalCounters, log_kernel
 from eqgrad.cache import save_failed_source
 
@@ -47,7 +49,12 @@ class OpenCLRenderer(CStyleRenderer):
     reduce_group = 16            # on a CPU OpenCL (PoCL) small groups measured best; GPUs: 128 (below)
     uint_type = "uint"
     byte_type = "uchar"
-    poly_exp2_log2 = True        # PoCL's library exp2/log2 are scalar calls: ~10 ns per element
+    table_prefix = "__constant"
+    fp64_pragma = "#pragma OPENCL EXTENSION cl_khr_fp64 : enable"
+    # PoCL's library exp2/log2/sin/erf are scalar calls (~10 ns per element) that its vectorizer cannot
+    # widen: every op with a decomposition is decomposed instead (lower/decomp.py); a GPU gets its
+    # library sin (__init__)
+    code_for_op = {op: rule for op, rule in CSTYLE_OPS.items() if op not in DECOMPOSITIONS}
 
 
 INSTALL = ("install the Python package with `pip install 'eqgrad[opencl]'` (pyopencl) and an OpenCL platform; "
@@ -112,10 +119,16 @@ class OpenCLDevice(Device):
         # wants a few warps per group
         if not self.device.type & cl.device_type.CPU:
             self.renderer.group_size = self.renderer.reduce_group = 128
-            self.renderer.poly_sin = False     # the polynomial sin reduces in double: slow on GPUs
+        if not self.device.type & cl.device_type.CPU or "cl_khr_fp64" not in self.device.extensions:
+            # sin's decomposition reduces in double: slow on GPUs, impossible without cl_khr_fp64
+            self.renderer.code_for_op = {**self.renderer.code_for_op, "SIN": CSTYLE_OPS["SIN"]}
         while self.renderer.reduce_group > self.device.max_work_group_size:
             self.renderer.group_size = self.renderer.reduce_group = self.renderer.reduce_group // 2
         self.kernels: dict[str, Any] = {}          # compiled once per distinct source
+        # a launch sets the kernel object's arguments, then enqueues it: two threads launching one
+        # kernel (the same source is one object) must not interleave the two, or one runs with the
+        # other's buffers (seen in tests/test_threads.py); copies and waits are thread-safe in OpenCL
+        self._launch_lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"<OpenCLDevice {self.device.name.strip()} on {self.device.platform.name.strip()}>"
@@ -165,7 +178,8 @@ class OpenCLDevice(Device):
 
     def launch(self, knl: Any, gsize: tuple[int, ...], lsize: tuple[int, ...], raws: list[Any]) -> None:
         """Enqueue one kernel (returns before it has run)."""
-        knl(self.queue, gsize, lsize, *raws)
+        with self._launch_lock:
+            knl(self.queue, gsize, lsize, *raws)
 
     def prepare(self, plan: KernelPlan) -> Callable[[list[Buffer]], None]:
         steps = []

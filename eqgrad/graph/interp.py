@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from eqgrad.dtype import DType
-from eqgrad.graph.loopir import INDEX, NONNEG, LInst, LoopIRError, LoopKernel
+from eqgrad.graph.loopir import INDEX, NONNEG, LInst, LoopIRError, LoopKernel, Table
 from eqgrad.graph.plan import Kernel
 from eqgrad.graph.program import ConstLeaf, Input, Program, is_node
 from eqgrad.ops import OPS, Shape
@@ -88,6 +88,32 @@ def run_kernel(k: Kernel, bufs: list[np.ndarray]) -> np.ndarray:
         else:
             vals[id(n)] = eval_op(n.op, n.arg, n.shape, n.dtype, [vals[id(s)] for s in n.src])
     return vals[id(k.ast)]
+
+
+def _shift(a: np.ndarray, n: np.ndarray, left: bool) -> np.ndarray:
+    if not 0 <= int(n) < 32:
+        raise LoopIRError(f"{'SHL' if left else 'SHR'} by {int(n)}: shift amounts are 0..31")
+    u = a.astype(np.int32).view(np.uint32)
+    return (u << np.uint32(n) if left else u >> np.uint32(n)).view(np.int32)
+
+
+def _table(i: np.ndarray, t: Table, dtype: DType) -> np.ndarray:
+    if not 0 <= int(i) < len(t.values):
+        raise LoopIRError(f"TABLE read at {int(i)} of {t} ({len(t.values)} elements)")
+    return np.asarray(t.values[int(i)], dtype.np)
+
+
+# the NumPy semantics of the loop IR's own ALU ops (loopir.LOOP_ALU_OPS), as the op table's refs:
+# (operand arrays, the instruction's arg, result dtype) -> result
+LOOP_REFS: dict[str, Any] = {
+    "BITCAST": lambda s, arg, dt: s[0].view(dt.np),
+    "SHL": lambda s, arg, dt: _shift(s[0], s[1], left=True),
+    "SHR": lambda s, arg, dt: _shift(s[0], s[1], left=False),
+    "FLOOR": lambda s, arg, dt: np.floor(s[0]),
+    "RINT": lambda s, arg, dt: np.rint(s[0]),            # ties to even
+    "MULADD": lambda s, arg, dt: s[0] * s[1] + s[2],     # two roundings (a renderer may fuse them)
+    "TABLE": lambda s, arg, dt: _table(s[0], arg, dt),
+}
 
 
 def run_loop(k: LoopKernel, buffers: list[np.ndarray]) -> None:
@@ -171,6 +197,10 @@ def run_loop(k: LoopKernel, buffers: list[np.ndarray]) -> None:
                 if kind[operand] == INDEX:
                     val[i] = index_alu(i, x, a)
                     kind[i] = INDEX if x.dtype == INDEX else "bool"
+                elif op in LOOP_REFS:
+                    with np.errstate(all="ignore"):
+                        val[i] = np.asarray(LOOP_REFS[op]([np.asarray(v) for v in a], x.arg, x.dtype))
+                    kind[i] = x.dtype.name
                 else:
                     arg = x.dtype if op == "CAST" else None
                     val[i] = OPS[op].ref([np.asarray(v) for v in a], arg, x.dtype)

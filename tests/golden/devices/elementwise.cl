@@ -1,27 +1,4 @@
 // ---- kernel 0
-static inline float exp2_f32(float x) {
-  float xc = x > 0x1p+7f ? 0x1p+7f : x;
-  xc = xc < (-0x1.fcp+6f) ? (-0x1.fcp+6f) : xc;
-  float fl = floor(xc);
-  float f = xc - fl;
-  float p = (((((0x1.c6e292p-13f * f + 0x1.46301cp-10f) * f + 0x1.3d24eap-7f) * f + 0x1.c68562p-5f) * f + 0x1.ebfd9ap-3f) * f + 0x1.62e42ap-1f) * f + 0x1p+0f;
-  uint bits = (uint)as_int(fl + 0x1.8000fep+23f) << 23;
-  return p * as_float(bits);
-}
-static inline float log2_f32(float x) {
-  bool sub = x < 0x1p-126f;
-  int bits = as_int(sub ? x * 0x1p+23f : x);
-  int e = (int)((uint)bits >> 23) - 127;
-  float m = as_float((bits & 8388607) | 1065353216);
-  bool big = m > 0x1.6a09e6p+0f;
-  m = big ? m * 0.5f : m;
-  float ef = (float)(e + (int)big) - (sub ? 0x1.7p+4f : 0.0f);
-  float t = m - 1.0f;
-  float r = ef + ((((((((0x1.fe1cap-4f * t + (-0x1.a3710ap-3f)) * t + 0x1.b87fbep-3f) * t + (-0x1.e9f9a6p-3f)) * t + 0x1.26ead6p-2f) * t + (-0x1.715996p-2f)) * t + 0x1.ec7322p-2f) * t + (-0x1.715474p-1f)) * t + 0x1.715476p+0f) * t;
-  r = x == 0.0f ? (-INFINITY) : r;
-  r = x == INFINITY ? x : r;
-  return (x < 0.0f || x != x) ? NAN : r;
-}
 __kernel void eqk(__global float* restrict b0, __global const float* restrict b1, __global const float* restrict b2, __global const float* restrict b3, __global const float* restrict b4, __global const float* restrict b5) {
   long r6 = (long)get_global_id(0);
   float v7 = b1[r6];
@@ -34,14 +11,66 @@ __kernel void eqk(__global float* restrict b0, __global const float* restrict b1
   float v15 = -v14;
   float v16 = v13 + v15;
   float v18 = v16 * 0x1.715476p+0f;
-  float v19 = exp2_f32(v18);
-  float v20 = b5[r6];
-  bool v22 = v20 < 0.0f;
-  float v23 = -v20;
-  float v24 = v22 ? v23 : v20;
-  float v25 = v19 + v24;
-  float v26 = log2_f32(v25);
-  float v28 = v26 * 0x1.62e43p-1f;
-  b0[r6] = v28;
+  bool v20 = 0x1p+7f < v18;
+  float v22 = v20 ? 0x1p+7f : v18;
+  bool v24 = v22 < (-0x1.fcp+6f);
+  float v26 = v24 ? (-0x1.fcp+6f) : v22;
+  float v27 = floor(v26);
+  float v28 = -v27;
+  float v29 = v26 + v28;
+  float v32 = 0x1.c6e292p-13f * v29 + 0x1.46301cp-10f;
+  float v34 = v32 * v29 + 0x1.3d24eap-7f;
+  float v36 = v34 * v29 + 0x1.c68562p-5f;
+  float v38 = v36 * v29 + 0x1.ebfd9ap-3f;
+  float v40 = v38 * v29 + 0x1.62e42ap-1f;
+  float v42 = v40 * v29 + 0x1p+0f;
+  float v44 = v27 + 0x1.8000fep+23f;
+  int v45 = as_int(v44);
+  int v47 = (int)((uint)v45 << 23);
+  float v48 = as_float(v47);
+  float v49 = v42 * v48;
+  float v50 = b5[r6];
+  bool v52 = v50 < 0.0f;
+  float v53 = -v50;
+  float v54 = v52 ? v53 : v50;
+  float v55 = v49 + v54;
+  bool v57 = v55 < 0x1p-126f;
+  float v59 = v55 * 0x1p+23f;
+  float v60 = v57 ? v59 : v55;
+  int v61 = as_int(v60);
+  int v63 = (int)((uint)v61 >> 23);
+  int v65 = (int)((uint)v63 + (uint)(-127));
+  int v67 = v61 & 8388607;
+  int v69 = v67 | 1065353216;
+  float v70 = as_float(v69);
+  bool v72 = 0x1.6a09e6p+0f < v70;
+  float v74 = v70 * 0x1p-1f;
+  float v75 = v72 ? v74 : v70;
+  int v76 = (int)v72;
+  int v77 = (int)((uint)v65 + (uint)v76);
+  float v78 = (float)v77;
+  float v81 = v57 ? (-0x1.7p+4f) : 0.0f;
+  float v82 = v78 + v81;
+  float v84 = v75 + (-0x1p+0f);
+  float v87 = 0x1.fe1cap-4f * v84 + (-0x1.a3710ap-3f);
+  float v89 = v87 * v84 + 0x1.b87fbep-3f;
+  float v91 = v89 * v84 + (-0x1.e9f9a6p-3f);
+  float v93 = v91 * v84 + 0x1.26ead6p-2f;
+  float v95 = v93 * v84 + (-0x1.715996p-2f);
+  float v97 = v95 * v84 + 0x1.ec7322p-2f;
+  float v99 = v97 * v84 + (-0x1.715474p-1f);
+  float v101 = v99 * v84 + 0x1.715476p+0f;
+  float v102 = v101 * v84 + v82;
+  bool v104 = v55 == 0.0f;
+  float v106 = v104 ? (-INFINITY) : v102;
+  bool v108 = v55 == INFINITY;
+  float v109 = v108 ? v55 : v106;
+  bool v111 = v55 < 0.0f;
+  bool v112 = v55 == v55;
+  bool v113 = !v112;
+  bool v114 = v111 | v113;
+  float v116 = v114 ? NAN : v109;
+  float v118 = v116 * 0x1.62e43p-1f;
+  b0[r6] = v118;
 }
 
