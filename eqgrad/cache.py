@@ -296,3 +296,11 @@ def machine_id() -> str:
     except OSError:
         pass
     return f"{platform.node()}|{platform.machine()}|{cpu}|{os.cpu_count()}"
+
+
+def machine_key(device: str) -> str:
+    """``machine_id()`` and what ``device`` compiles for there: on LLVM, a target other than the host
+    (EQGRAD_CPU) is added, so what was measured for one target (a calibration, a kernel-search pick,
+    a measured plan) is not used for another. The host's keys stay as they were before the flag."""
+    cpu = config.CPU.value if device == "LLVM" else "host"
+    return machine_id() if cpu == "host" else f"{machine_id()}|{cpu}"

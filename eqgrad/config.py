@@ -9,9 +9,15 @@ Every flag checks its range, from the environment and in ``Context`` alike: a ba
 from __future__ import annotations
 
 import contextlib
+import contextvars
+import difflib
+import functools
 import math
 import os
+import subprocess
+import sys
 from dataclasses import dataclass
+from collections.abc import MutableMapping
 from typing import Any, Callable, Iterator
 
 # the longest wait eqgrad hands to the OS: Connection.poll() raises OverflowError past 2**31 ms
@@ -104,6 +110,64 @@ def _path(v: Any) -> str:
     return os.path.expanduser(os.fspath(v))
 
 
+class _Why(ValueError):
+    """A malformed value with a reason worth showing (e.g. the valid names near a misspelt one):
+    ``Flag.checked`` puts it into its message; other parse errors only say what the flag accepts."""
+
+
+@functools.lru_cache(maxsize=1)
+def llvm_cpu_table() -> tuple[frozenset[str], frozenset[str]]:
+    """(CPU names, feature names) that llvmlite's LLVM knows for this machine's target triple.
+
+    LLVM has no API for the lists (llvmlite exposes none) and prints them, for the CPU name
+    ``help``, only to stderr, so a child Python prints them (~0.1 s, once per process, and only
+    when EQGRAD_CPU names a CPU)."""
+    code = ("import llvmlite.binding as llvm; llvm.initialize_native_target(); "
+            "llvm.Target.from_default_triple().create_target_machine(cpu='help')")
+    try:
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+        text = r.stdout + r.stderr
+    except (OSError, subprocess.SubprocessError) as e:
+        text = f"{type(e).__name__}: {e}"
+    cpus: set[str] = set()
+    feats: set[str] = set()
+    into: set[str] | None = None
+    for line in text.splitlines():
+        if line.startswith("Available CPUs"):
+            into = cpus
+        elif line.startswith("Available features"):
+            into = feats
+        elif into is not None and line.startswith("  ") and " - " in line:
+            into.add(line.split()[0])
+    if not cpus:
+        raise _Why(f"could not list the CPUs LLVM knows: {text.strip()[-200:] or 'no output'}")
+    return frozenset(cpus), frozenset(feats)
+
+
+def _close(word: str, known: frozenset[str]) -> str:
+    near = difflib.get_close_matches(word, sorted(known), n=6, cutoff=0.6)
+    return ", ".join(near) if near else ", ".join(sorted(known)[:6]) + ", ..."
+
+
+def _llvm_cpu(v: Any) -> str:
+    """``host`` or an LLVM CPU name, then optionally ``,+feature`` / ``,-feature`` items; lower case,
+    without spaces: ``" X86-64-v3, -fma"`` is ``"x86-64-v3,-fma"``."""
+    if not isinstance(v, str) or not v.strip():
+        raise ValueError("not a CPU name")
+    name, *mods = [t.strip() for t in v.strip().lower().split(",")]
+    if not name or any(not m for m in mods):
+        raise _Why("an empty item")
+    cpus, feats = llvm_cpu_table() if name != "host" or mods else (frozenset(), frozenset())
+    if name != "host" and name not in cpus:
+        raise _Why(f"{name!r} is not a CPU LLVM knows; close: {_close(name, cpus)}")
+    for m in mods:
+        if m[0] not in "+-" or len(m) < 2:
+            raise _Why(f"feature {m!r} needs a sign: +{m.lstrip('+-')} adds it, -{m.lstrip('+-')} removes it")
+        if m[1:] not in feats:
+            raise _Why(f"{m[1:]!r} is not a feature LLVM knows; close: {_close(m[1:], feats)}")
+    return ",".join([name, *mods])
+
+
 @dataclass
 class Flag:
     name: str
@@ -118,26 +182,70 @@ class Flag:
 
     @property
     def value(self) -> Any:
-        if self.name in _overrides:
-            return _overrides[self.name]
+        v = _overrides.get(self.name, _UNSET)
+        if v is not _UNSET:
+            return v
         raw = os.environ.get(self.name)
         if not raw:
             return self.default
-        if raw is not self._last[0] and raw != self._last[0]:    # parse a changed value once
-            self._last = (raw, self.checked(raw, "environment flag"))
-        return self._last[1]
+        last = self._last                      # one read: another thread may replace it
+        if raw is not last[0] and raw != last[0]:    # parse a changed value once
+            last = self._last = (raw, self.checked(raw, "environment flag"))
+        return last[1]
 
     def checked(self, v: Any, where: str = "flag") -> Any:
         """The value of ``v`` (text from the environment or a value given in code); ValueError naming
         the flag, what it accepts and what it got if it is out of range or malformed."""
         try:
             return self.parse(v)
+        except _Why as e:
+            raise ValueError(f"{where} {self.name}: expected {self.accepts} ({e}), got {v!r}") from None
         except (ValueError, TypeError, OverflowError):
             raise ValueError(f"{where} {self.name}: expected {self.accepts}, got {v!r}") from None
 
 
 FLAGS: dict[str, Flag] = {}
-_overrides: dict[str, Any] = {}
+_UNSET = object()
+
+
+class _ThreadOverrides(MutableMapping):
+    """The ``Context`` overrides of the running thread (and asyncio task): a ``ContextVar`` holding a
+    dict that is replaced, never changed in place, so no thread or task ever sees another's.
+
+    Why per thread: a ``with Context(...)`` block is lexical. When the overrides were one dict for
+    the process, a block in one thread changed the flags of every other thread's realizes, and its
+    exit restored a snapshot taken before another thread's block had begun, dropping that block's
+    overrides in the middle of it. A new thread starts with no overrides (the environment's
+    values): enter ``Context`` in the thread, or run it in ``contextvars.copy_context()``."""
+
+    def __init__(self) -> None:
+        self._var: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar("eqgrad_overrides", default={})
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self._var.get().get(key, default)
+
+    def __getitem__(self, key: str) -> Any:
+        return self._var.get()[key]
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        self._var.set({**self._var.get(), key: value})
+
+    def __delitem__(self, key: str) -> None:
+        d = dict(self._var.get())
+        del d[key]
+        self._var.set(d)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._var.get())
+
+    def __len__(self) -> int:
+        return len(self._var.get())
+
+    def clear(self) -> None:
+        self._var.set({})
+
+
+_overrides: MutableMapping[str, Any] = _ThreadOverrides()
 
 DEBUG = Flag("DEBUG", 0, _integer_in(0, 6), "an integer from 0 to 6",
              "1 kernel count and time per realize, 2 per-kernel time, 3 saturation report and chosen plan, "
@@ -170,6 +278,11 @@ BEAM = Flag("EQGRAD_BEAM", 0, _integer_in(0), "an integer >= 0",
             "(cached on disk per kernel and machine; 0 = heuristics only)")
 BEAM_TIME = Flag("EQGRAD_BEAM_TIME", 10.0, _seconds, f"a finite number of seconds > 0 and <= {MAX_SECONDS:g}",
                  "time limit of the kernel search per kernel")
+CPU = Flag("EQGRAD_CPU", "host", _llvm_cpu,
+           "host, or an LLVM CPU name (e.g. x86-64-v2, x86-64-v3, x86-64-v4, skylake-avx512, znver4), "
+           "optionally followed by ,+feature / ,-feature items",
+           "the CPU the LLVM device compiles for (host: this one, its name and features); the device "
+           "runs what it compiles, so a target this CPU cannot execute is refused at the first compile")
 PLAN_CACHE = Flag("EQGRAD_PLAN_CACHE", 512, _integer_in(1), "an integer >= 1",
                   "compiled plans kept in memory (least recently used are dropped; "
                   "eqgrad.engine.clear_cache() empties it)")
@@ -178,13 +291,16 @@ POOL_BYTES = Flag("EQGRAD_POOL_BYTES", 1 << 30, _bytes_at_least(0), "a size in b
                   "eqgrad.devices.clear_pool() empties the pool)")
 VALIDATE = Flag("EQGRAD_VALIDATE", 0, _integer_in(0, 1), "0 or 1",
                 "1 re-runs every realize on the NumPy reference device and raises if the numbers differ")
+VERIFY = Flag("EQGRAD_VERIFY", 0, _integer_in(0, 1), "0 or 1",
+              "1 checks the loop IR of every lowered kernel after every lowering pass (loopir.verify)")
 CACHE_DIR = Flag("EQGRAD_CACHE_DIR", None, _path, "a directory path",
                  "where the on-disk caches live (default ~/.cache/eqgrad; eqgrad/cache.py)")
 
 
 @contextlib.contextmanager
 def Context(**flags: Any) -> Iterator[None]:
-    """Temporarily override flags: ``with Context(DEBUG=3): ...`` (names with or without EQGRAD_)."""
+    """Temporarily override flags: ``with Context(DEBUG=3): ...`` (names with or without EQGRAD_).
+    The overrides hold in the running thread only (``_ThreadOverrides`` says why)."""
     old = dict(_overrides)
     try:
         for k, v in flags.items():

@@ -29,9 +29,12 @@ CASES: dict[str, tuple[list, list]] = {
     "EQGRAD_THREADS": (["0", "-2", "2.5", "1025", "all"], [("1", 1), ("16", 16), (1024, 1024)]),
     "EQGRAD_BEAM": (["-1", "2.5", "yes"], [("0", 0), ("4", 4)]),
     "EQGRAD_BEAM_TIME": (["nan", "inf", "0", "-1"], [("10", 10.0), (5.0, 5.0)]),
+    "EQGRAD_CPU": (["pentium9", "x86-64-v3,avx2", "x86-64-v3,+avx3", "x86-64-v3,", ",+avx2", "", 3],
+                   [("host", "host"), (" X86-64-v2 ", "x86-64-v2"), ("x86-64-v3, -fma", "x86-64-v3,-fma")]),
     "EQGRAD_PLAN_CACHE": (["0", "-1", "1.5"], [("1", 1), ("512", 512)]),
     "EQGRAD_POOL_BYTES": (["-1", "-1M", "nanM", "1.5", "big"], [("0", 0), ("1M", 1 << 20), ("1G", 1 << 30)]),
     "EQGRAD_VALIDATE": (["2", "-1", "on", 0.5], [("0", 0), ("1", 1)]),
+    "EQGRAD_VERIFY": (["2", "-1", "yes", 1.0], [("0", 0), ("1", 1), (0, 0)]),
     "EQGRAD_CACHE_DIR": (["   ", 5], [("/tmp/eqgrad-test-cache", "/tmp/eqgrad-test-cache")]),
 }
 
@@ -146,7 +149,7 @@ def _recompiles(**flags) -> int:
 @pytest.mark.parametrize("flags", [dict(OPT=0), dict(EXTRACTOR="improve"), dict(SATURATION_TIMEOUT=33.0),
                                    dict(EGRAPH_NODES=150_000), dict(EGRAPH_MEMORY="3G"),
                                    dict(THREADS=config.THREADS.default % 8 + 1), dict(BEAM=1), dict(BEAM_TIME=3.0),
-                                   dict(EXTRACTOR="ilp", ILP_TIME=7.0)])
+                                   dict(EXTRACTOR="ilp", ILP_TIME=7.0), dict(CPU="x86-64-v2")])
 def test_settings_that_change_the_plan_are_in_the_key(flags):
     before = settings_key("LLVM")
     with eqgrad.Context(**flags):
@@ -154,7 +157,7 @@ def test_settings_that_change_the_plan_are_in_the_key(flags):
     assert _recompiles(**flags) == 1
 
 
-@pytest.mark.parametrize("flags", [dict(DEBUG=0), dict(VALIDATE=1), dict(PLAN_CACHE=400), dict(POOL_BYTES="2M"),
+@pytest.mark.parametrize("flags", [dict(DEBUG=0), dict(VALIDATE=1), dict(VERIFY=0), dict(PLAN_CACHE=400), dict(POOL_BYTES="2M"),
                                    dict(DEVICE="NUMPY"), dict(ILP_TIME=7.0), dict(ILP_MAX_CLASSES=9)])
 def test_settings_that_do_not_change_the_plan_are_not(flags):
     before = settings_key("LLVM")
@@ -165,7 +168,7 @@ def test_settings_that_do_not_change_the_plan_are_not(flags):
 
 def test_llvm_only_settings_do_not_replan_other_devices():
     before = settings_key("NUMPY")
-    with eqgrad.Context(THREADS=1, BEAM=2, BEAM_TIME=1.0):
+    with eqgrad.Context(THREADS=1, BEAM=2, BEAM_TIME=1.0, CPU="x86-64-v2"):
         assert settings_key("NUMPY") == before
 
 

@@ -7,9 +7,14 @@ really run at once; they write disjoint output elements. Small kernels run on on
 the ~10-20 us of handing work to a pool would cost more than it saves. A kernel that reduces a
 large tensor to one value has no parallel loop; ``split`` first rewrites it into parallel partial
 reductions and a small final one (lower/split.py).
+
+Target: ``EQGRAD_CPU`` (config.py) names the CPU LLVM compiles for; ``host`` (the default) is this
+machine's name and features. The device runs what it compiles, so ``runnable_target`` refuses a
+target with a feature this CPU lacks, naming it. Compiled programs are kept per target.
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -18,11 +23,12 @@ from typing import Callable
 from eqgrad import config
 from eqgrad.graph.plan import KernelPlan
 from eqgrad.devices import Buffer, Device
+from eqgrad.lower.passes import LowerOptions
 from eqgrad.lower.split import split_reduction
 from eqgrad.ops import numel
 from eqgrad.devices.llvm import LLVMProgram, render_llvm, streaming_store
 from eqgrad.counters import GlobalCounters, log_kernel
-from eqgrad.errors import CompileError
+from eqgrad.errors import CompileError, DeviceError
 from eqgrad.cache import save_failed_source
 from eqgrad.devices.search import search_upcast
 
@@ -31,12 +37,80 @@ PARALLEL_MIN = 60e-6      # predicted seconds above which a kernel is split acro
 CHUNKS_PER_THREAD = 4     # pieces of the split loop per thread, taken in turn (launch)
 CHUNK_MIN = 4             # iterations of the split loop per piece, at least (times the grain)
 
+Target = tuple[str, str]  # (LLVM CPU name, LLVM feature string)
+
+
+@functools.lru_cache(maxsize=None)
+def resolve_target(value: str) -> Target | None:
+    """The target an EQGRAD_CPU value (as config.py checked it) names: ``"x86-64-v3,-fma"`` is
+    ``("x86-64-v3", "-fma")`` (LLVM adds the CPU's own features); ``host`` with items is the host's
+    name and features with the items applied. None for plain ``host``: compile as before the flag."""
+    import llvmlite.binding as llvm
+    name, *mods = value.split(",")
+    if name != "host":
+        return name, ",".join(mods)
+    if not mods:
+        return None
+    feats = llvm.get_host_cpu_features()
+    for m in mods:
+        feats[m[1:]] = m[0] == "+"
+    return llvm.get_host_cpu_name(), feats.flatten()
+
+
+@functools.lru_cache(maxsize=None)
+def missing_features(target: Target) -> tuple[str, ...]:
+    """The features of ``target`` this CPU lacks, sorted; () when it can run the target's code.
+
+    LLVM has no API that lists the features a CPU name implies, so LLVM's inliner answers: it
+    inlines a call only when the callee's features are a subset of the caller's
+    (``X86TTIImpl::areInlineCompatible``). For each feature F this CPU lacks, one module holds a
+    callee compiled for the target and its caller compiled for the target without F; the call
+    stays iff the target has F. One module for all features: ~60 ms, once per target."""
+    import llvmlite.binding as llvm
+    llvm.initialize_native_target()
+    llvm.initialize_native_asmprinter()
+    cpu, features = target
+    host = llvm.get_host_cpu_features()
+    asked = [m[1:] for m in features.split(",") if m.startswith("+")]
+    lacks = sorted({f for f, on in host.items() if not on} | {f for f in asked if not host.get(f, False)})
+    if not lacks:
+        return ()
+    lines = []
+    for i, f in enumerate(lacks):
+        without = f"{features},-{f}" if features else f"-{f}"
+        lines += [f"define internal i32 @callee{i}(i32 %x) #{2 * i} {{\n  %y = add i32 %x, 1\n  ret i32 %y\n}}",
+                  f"define i32 @caller{i}(i32 %x) #{2 * i + 1} {{\n  %y = call i32 @callee{i}(i32 %x)\n  ret i32 %y\n}}",
+                  f'attributes #{2 * i} = {{ "target-cpu"="{cpu}" "target-features"="{features}" }}',
+                  f'attributes #{2 * i + 1} = {{ "target-cpu"="{cpu}" "target-features"="{without}" }}']
+    mod = llvm.parse_assembly("\n".join(lines))
+    tm = llvm.Target.from_default_triple().create_target_machine(opt=2)
+    pb = llvm.create_pass_builder(tm, llvm.create_pipeline_tuning_options(speed_level=2))
+    pb.getModulePassManager().run(mod, pb)
+    callers = {fn.name: str(fn) for fn in mod.functions}
+    return tuple(f for i, f in enumerate(lacks) if f"@callee{i}(" in callers.get(f"caller{i}", ""))
+
+
+def runnable_target(value: str) -> Target | None:
+    """``resolve_target(value)``, or DeviceError when this CPU cannot execute code compiled for it
+    (the LLVM device runs what it compiles: an illegal instruction would kill the process)."""
+    target = resolve_target(value)
+    lacks = missing_features(target) if target is not None else ()
+    if lacks:
+        import llvmlite.binding as llvm
+        name, *mods = value.split(",")
+        fix = ",".join([name] + [m for m in mods if m[1:] not in lacks] + [f"-{f}" for f in lacks])
+        raise DeviceError(f"LLVM device: EQGRAD_CPU={value} needs {', '.join(lacks)}; this CPU "
+                          f"({llvm.get_host_cpu_name()}) lacks {'it' if len(lacks) == 1 else 'them'}, and the "
+                          f"device runs what it compiles. Use EQGRAD_CPU=host, a CPU this one covers "
+                          f"(e.g. x86-64-v2), or remove them: EQGRAD_CPU={fix}")
+    return target
+
 
 class LLVMDevice(Device):
     name = "LLVM"
 
     def __init__(self) -> None:
-        self.programs: dict[str, LLVMProgram] = {}      # compiled once per distinct source
+        self.programs: dict[tuple, LLVMProgram] = {}    # compiled once per distinct source and target
         self._pool: ThreadPoolExecutor | None = None
 
     def after_fork_in_child(self) -> bool:
@@ -50,21 +124,22 @@ class LLVMDevice(Device):
             self._pool = ThreadPoolExecutor(max_workers=max(1, threads - 1), thread_name_prefix="eqgrad-cpu")
         return self._pool
 
-    def program(self, src: str, lk, nontemporal: bool = False) -> LLVMProgram:
-        key = src + ("\n; nontemporal" if nontemporal else "")
+    def program(self, src: str, lk, nontemporal: bool = False, target: Target | None = None) -> LLVMProgram:
+        key = (src, nontemporal, target)
         if key not in self.programs:
-            self.programs[key] = LLVMProgram(lk, src, nontemporal)
+            self.programs[key] = LLVMProgram(lk, src, nontemporal, target)
         return self.programs[key]
 
-    def build(self, k, plan: KernelPlan, upcast=None) -> tuple[str, LLVMProgram, int]:
-        """Lower, render and compile one kernel; returns (source, program, extent of its split loop)."""
+    def build(self, k, plan: KernelPlan, upcast=None, target: Target | None = None) -> tuple[str, LLVMProgram, int]:
+        """Lower, render and compile one kernel for ``target`` (None: the host); returns (source,
+        program, extent of its split loop)."""
         lk, src = self.render_kernel(k, plan, render_llvm, "LLVM IR", upcast)
         # the split loop's extent is not in the source ([lo, hi) are arguments), so kernels that
         # differ only in it share a program: the extent belongs to the step, not the program
         n = lk.insts[lk.parallel_ranges()[0]].arg if lk.parallel else 1
         try:
             shape, dt = plan.buffers[k.out]
-            prg = self.program(src, lk, streaming_store(lk, numel(shape) * dt.itemsize))
+            prg = self.program(src, lk, streaming_store(lk, numel(shape) * dt.itemsize), target)
         except Exception as e:
             where = save_failed_source(k.name, ".ll", src)      # never raises: it must not hide this error
             raise CompileError(f"LLVM device: kernel {k.name} ({k.ast.render()[:80]}) failed to compile: "
@@ -101,7 +176,9 @@ class LLVMDevice(Device):
             return plan, []
         kernels, extra = [], []
         for k in plan.kernels:
-            sp = split_reduction(k, len(plan.buffers) + len(extra)) if k.predicted > PARALLEL_MIN else None
+            # the "split reductions" pass decides (lower/passes.py); the device allocates the scratch
+            sp = split_reduction(k, len(plan.buffers) + len(extra),
+                                 LowerOptions(threads=threads, parallel_min=PARALLEL_MIN))
             if sp is None:
                 kernels.append(k)
                 continue
@@ -114,6 +191,7 @@ class LLVMDevice(Device):
     def prepare(self, plan: KernelPlan) -> Callable[[list[Buffer]], None]:
         threads = max(1, config.THREADS.value)
         beam = config.BEAM.value
+        target = runnable_target(config.CPU.value)
         plan, scratch = self.split(plan, threads)
         steps = []
         for k in plan.kernels:
@@ -121,12 +199,12 @@ class LLVMDevice(Device):
             if beam > 0:
 
                 def build(up, k=k):
-                    src, prg, n = self.build(k, plan, up)
+                    src, prg, n = self.build(k, plan, up, target)
                     return src, lambda bufs: self.launch(k, prg, [bufs[i].ptr for i in (k.out, *k.inputs)], n, threads)
                 upcast, tried = search_upcast(k, plan, beam, config.BEAM_TIME.value, build)
                 if config.DEBUG.value >= 2:
                     print(f"  search {k.name}: picked {upcast or 'heuristic'} from {tried}")
-            _, prg, n = self.build(k, plan, upcast)
+            _, prg, n = self.build(k, plan, upcast, target)
             steps.append((k, prg, (k.out, *k.inputs), n))
 
         def run(bufs: list[Buffer]) -> None:

@@ -19,7 +19,7 @@ from typing import Callable
 import numpy as np
 
 from eqgrad.cache import JsonCache
-from eqgrad.cache import machine_id
+from eqgrad.cache import machine_key
 from eqgrad.graph.plan import Kernel, KernelPlan
 from eqgrad.devices import Buffer
 
@@ -45,7 +45,7 @@ def search_upcast(k: Kernel, plan: KernelPlan, width: int, time_limit: float,
                   progress: Callable[[int, int], None] | None = None) -> tuple[tuple[int, int] | None, dict]:
     """Best upcast for kernel ``k``. ``build(upcast)`` returns (source, run(bufs)) for a setting."""
     base_src, base_run = build(None)
-    key = hashlib.sha256((base_src + machine_id()).encode()).hexdigest()[:24]
+    key = hashlib.sha256((base_src + machine_key("LLVM")).encode()).hexdigest()[:24]
     cached = CACHE.get(key, "miss")
     if cached != "miss":
         return (tuple(cached) if cached else None), {"cache": "hit"}

@@ -38,7 +38,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable
 
-from eqgrad.cache import JsonCache, check_fields, machine_id
+from eqgrad.cache import JsonCache, check_fields, machine_key
 
 CALIBRATION_VERSION = 1
 
@@ -131,12 +131,12 @@ def load_calibrations() -> dict:
 
 
 def save_calibration(device: str, params: DeviceParams) -> Path | None:
-    return CALIBRATIONS.put(f"{device}|{machine_id()}", asdict(params))
+    return CALIBRATIONS.put(f"{device}|{machine_key(device)}", asdict(params))
 
 
 def params_for(device: str) -> DeviceParams:
     """Calibrated parameters for this device and machine if present, else the defaults."""
-    e = load_calibrations().get(f"{device}|{machine_id()}")
+    e = load_calibrations().get(f"{device}|{machine_key(device)}")
     base = DEFAULT_PARAMS.get(device, DeviceParams())
     if not e:
         return base
