@@ -8,6 +8,7 @@ from eqgrad.config import Context
 from eqgrad.dtype import bool_, float32, int32, DType, ConversionWarning
 from eqgrad.cache import CacheWarning
 from eqgrad.counters import EqgradWarning, GlobalCounters
+from eqgrad.engine.session import Session
 from eqgrad.errors import AxisError, CompileError, DeviceError, DTypeError, EqgradError, ShapeError
 from eqgrad.tools.explain import explain
 from eqgrad.frontend.tensor import Tensor, manual_seed
@@ -23,6 +24,6 @@ bool = bool_  # noqa: A001  (eqgrad.bool, as torch.bool)
 __all__ = ["Tensor", "Context", "explain", "GlobalCounters", "manual_seed", "DType", "float32", "int32", "bool_",
            "EqgradError", "ShapeError", "DTypeError", "AxisError", "DeviceError", "EqgradWarning",
            "ConversionWarning", "CacheWarning"]
-__all__ += ["realize", "no_grad", "enable_grad", "set_grad_enabled", "is_grad_enabled", "jit", "nn", "optim",
+__all__ += ["Session", "realize", "no_grad", "enable_grad", "set_grad_enabled", "is_grad_enabled", "jit", "nn", "optim",
             "AutogradError", "JitError", "CompileError"]
 __version__ = "0.1.0"

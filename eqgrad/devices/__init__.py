@@ -30,6 +30,7 @@ import functools
 import importlib
 import os
 import sys
+import threading
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -62,33 +63,42 @@ class BufferPool:
 
     A pooled array is handed out again only when nothing else references it: a view kept from
     ``Buffer.data`` (or any array derived from it) holds a reference to the flat array, and
-    ``acquire`` drops such an array instead of reusing it."""
+    ``acquire`` drops such an array instead of reusing it.
+
+    Threads: every method holds one lock (``acquire`` checks a list, then pops from it, and
+    ``nbytes`` is read-modify-write: another thread may run in between; not seen failing under the
+    GIL, but nothing promises it). Re-entrant, because garbage collection can run a Buffer's
+    ``__del__`` -- a ``release`` -- on a thread that is inside ``acquire``."""
 
     def __init__(self) -> None:
         self.free: dict[tuple[str, int], list[np.ndarray]] = {}
         self.nbytes = 0           # bytes held in ``free``
         self.hits = 0             # buffers served from the pool
         self.misses = 0           # pool-sized buffers that needed fresh memory
+        self._lock = threading.RLock()
 
     def acquire(self, device: str, nbytes: int) -> np.ndarray:
-        arrays = self.free.get((device, nbytes))
-        while arrays:
-            a = arrays.pop()
-            self.nbytes -= nbytes
-            if sys.getrefcount(a) == 2:       # only ``a`` and getrefcount's argument: unused
-                self.hits += 1
-                return a
-        self.misses += 1
+        with self._lock:
+            arrays = self.free.get((device, nbytes))
+            while arrays:
+                a = arrays.pop()
+                self.nbytes -= nbytes
+                if sys.getrefcount(a) == 2:       # only ``a`` and getrefcount's argument: unused
+                    self.hits += 1
+                    return a
+            self.misses += 1
         return host_empty(nbytes)          # huge pages when large (hostmem.py)
 
     def release(self, device: str, a: np.ndarray) -> None:
-        if self.nbytes + a.nbytes <= POOL_BYTES.value:
-            self.free.setdefault((device, a.nbytes), []).append(a)
-            self.nbytes += a.nbytes
+        with self._lock:
+            if self.nbytes + a.nbytes <= POOL_BYTES.value:
+                self.free.setdefault((device, a.nbytes), []).append(a)
+                self.nbytes += a.nbytes
 
     def clear(self) -> None:
-        self.free.clear()
-        self.nbytes = 0
+        with self._lock:
+            self.free.clear()
+            self.nbytes = 0
 
 
 pool = BufferPool()
@@ -230,9 +240,16 @@ class Device:
 
 
 _devices: dict[str, Device] = {}
+# one device object per name, also when threads ask at once: two OPENCL objects are two contexts,
+# and a buffer of one is INVALID_CONTEXT on the other's queue (re-entrant: a device's constructor
+# may look up another device)
+_devices_lock = threading.RLock()
 
 
 def _after_fork_in_child() -> None:
+    global _devices_lock
+    _devices_lock = threading.RLock()      # a parent thread may have held them at the fork
+    pool._lock = threading.RLock()
     for name, dev in list(_devices.items()):
         if not dev.after_fork_in_child():
             del _devices[name]
@@ -249,12 +266,16 @@ def get_device(name: str) -> Device:
     """The device object (created on first use). Raises DeviceError naming what is missing when
     the device cannot run here (no driver, no package)."""
     name = DEVICE_ALIASES.get(name.upper(), name.upper())
-    if name not in _devices:
-        if name not in DEVICES:
-            raise _unknown(name)
-        module, cls = DEVICES[name].split(":")
-        _devices[name] = getattr(importlib.import_module(f".{module}", __name__), cls)()
-    return _devices[name]
+    dev = _devices.get(name)
+    if dev is not None:
+        return dev
+    with _devices_lock:
+        if name not in _devices:
+            if name not in DEVICES:
+                raise _unknown(name)
+            module, cls = DEVICES[name].split(":")
+            _devices[name] = getattr(importlib.import_module(f".{module}", __name__), cls)()
+        return _devices[name]
 
 
 def canonical_device(name: str | None) -> str:

@@ -8,7 +8,9 @@ cached on disk). The cost model (cost.py) is pluggable: ``using(cost_fn=..., par
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, Iterator
+import contextvars
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
 
 from eqgrad import config
 from eqgrad.extract.cost import CostFn, CostModel, DeviceParams, default_cost, params_for
@@ -21,16 +23,56 @@ from eqgrad.extract.measured import MeasuredExtractor
 EXTRACTORS = {"greedy": GreedyExtractor, "improve": ImproveExtractor, "ilp": ILPExtractor,
               "measured": MeasuredExtractor}
 
-_cost_fn: CostFn | None = None
-_params: dict[str, DeviceParams] = {}
+ALL_DEVICES = ("LLVM", "NUMPY", "OPENCL", "CUDA")
 
 
-def cost_model(device: str) -> CostModel:
-    return CostModel(_params.get(device) or params_for(device), _cost_fn or default_cost)
+@dataclass
+class ExtractSettings:
+    """How plans are chosen: the extractor (None: ``EQGRAD_EXTRACTOR``), the cost function (None:
+    ``cost.default_cost``) and device parameters by device name (a device not named: ``params_for``,
+    the calibration in effect). Each ``eqgrad.engine.Session`` holds one (its ``extraction``);
+    ``DEFAULT`` is the default session's. :func:`using` overrides it for a block, in the running
+    thread only (as ``config.Context``): precedence is ``using`` > the session's settings >
+    ``EQGRAD_EXTRACTOR``."""
+    extractor: str | None = None
+    cost_fn: CostFn | None = None
+    params: dict[str, DeviceParams] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.extractor is not None:
+            self.extractor = config.EXTRACTOR.checked(self.extractor, "extractor")
+        if isinstance(self.params, DeviceParams):       # one DeviceParams applies to every device
+            self.params = {d: self.params for d in ALL_DEVICES}
 
 
-def settings_key(device: str) -> tuple:
-    """Every setting that changes the plan compiled for ``device``: the plan cache key is
+DEFAULT = ExtractSettings()
+# the overrides of the ``using`` blocks the running thread (or asyncio task) is in
+_using: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar("eqgrad_extract_using", default={})
+
+
+def effective(settings: ExtractSettings | None = None) -> ExtractSettings:
+    """``settings`` (None: ``DEFAULT``) with the running thread's ``using`` overrides applied."""
+    base = settings if settings is not None else DEFAULT
+    ov = _using.get()
+    if not ov:
+        return base
+    return ExtractSettings(ov.get("extractor") or base.extractor, ov.get("cost_fn") or base.cost_fn,
+                           {**base.params, **ov.get("params", {})})
+
+
+def extractor_name(settings: ExtractSettings | None = None) -> str:
+    """The extractor plans are chosen with under ``settings`` (None: ``DEFAULT``) in this thread."""
+    return effective(settings).extractor or config.EXTRACTOR.value
+
+
+def cost_model(device: str, settings: ExtractSettings | None = None) -> CostModel:
+    s = effective(settings)
+    return CostModel(s.params.get(device) or params_for(device), s.cost_fn or default_cost)
+
+
+def settings_key(device: str, settings: ExtractSettings | None = None) -> tuple:
+    """Every setting that changes the plan compiled for ``device`` (with the extraction ``settings``
+    of a session, None: ``DEFAULT``; the flags as this thread sees them): the plan cache key is
     ``(rules.key, settings_key(device), structure_key(...))``, so a change of any of these plans again.
 
     Flag by flag (eqgrad/config.py), and why it is in the key or not:
@@ -50,6 +92,8 @@ def settings_key(device: str) -> tuple:
                                  compiled steps launch that many (the other devices never read it)
       EQGRAD_BEAM, EQGRAD_BEAM_TIME
                                  in for LLVM only: the kernel search picks each kernel's lanes
+      EQGRAD_CPU                 in for LLVM only: the compiled steps are machine code for that target
+                                 (lowering itself does not read it: LLVM picks the vector width)
       rulebooks and schedule (EQGRAD_RULEBOOKS, EQGRAD_SCHEDULE, eqgrad.rules.use)
                                  in, as ``rules.key`` (a hash of the text of every file) next to this
       DEBUG                      out: it only prints
@@ -58,6 +102,7 @@ def settings_key(device: str) -> tuple:
       EQGRAD_PLAN_CACHE          out: the size of this cache, not what is in it
       EQGRAD_POOL_BYTES          out: reuse of freed memory, not the plan
       EQGRAD_VALIDATE            out: a check after the run, on the same plan
+      EQGRAD_VERIFY              out: a check of the loop IR as it is lowered; the kernels are the same
       EQGRAD_CACHE_DIR           out by itself: what it changes in a plan (the calibration) is keyed
                                  above; measured and kernel-search choices are read from it when a
                                  plan is compiled, and another directory does not make a compiled
@@ -67,44 +112,50 @@ def settings_key(device: str) -> tuple:
     """
     opt = config.OPT.value
     sat = (config.SATURATION_TIMEOUT.value, config.EGRAPH_NODES.value, config.EGRAPH_MEMORY.value) if opt else None
-    extractor = config.EXTRACTOR.value
+    s = effective(settings)
+    extractor = s.extractor or config.EXTRACTOR.value
     ilp = (config.ILP_TIME.value, config.ILP_MAX_CLASSES.value) if extractor == "ilp" else None
-    llvm = (config.THREADS.value, config.BEAM.value, config.BEAM_TIME.value) if device == "LLVM" else None
-    fn = _cost_fn or default_cost
+    llvm = ((config.THREADS.value, config.BEAM.value, config.BEAM_TIME.value, config.CPU.value)
+            if device == "LLVM" else None)
+    fn = s.cost_fn or default_cost
     try:
         hash(fn)
     except TypeError:               # a callable object without __hash__: while using() holds it, its id is its own
         fn = ("cost function", id(fn))
-    return (opt, sat, extractor, ilp, fn, cost_model(device).params, llvm)
+    return (opt, sat, extractor, ilp, fn, cost_model(device, s).params, llvm)
 
 
 @contextlib.contextmanager
 def using(extractor: str | None = None, cost_fn: CostFn | None = None,
           params: dict[str, DeviceParams] | DeviceParams | None = None) -> Iterator[None]:
-    """Temporarily choose the extractor, the cost function and/or the device parameters
-    (a DeviceParams applies to every device)."""
-    global _cost_fn, _params
-    old = (_cost_fn, dict(_params))
+    """Temporarily choose the extractor, the cost function and/or the device parameters (a
+    DeviceParams applies to every device), over whatever the session says, in the running thread
+    only: two threads' blocks never see each other's (before, a block set module globals, and its
+    exit could restore them under another thread's block)."""
+    ov = dict(_using.get())
+    if cost_fn is not None:
+        ov["cost_fn"] = cost_fn
+    if isinstance(params, DeviceParams):
+        ov["params"] = {d: params for d in ALL_DEVICES}
+    elif params:
+        ov["params"] = {**ov.get("params", {}), **params}
+    if extractor is not None:
+        ov["extractor"] = config.EXTRACTOR.checked(extractor, "extractor")
+    token = _using.set(ov)
     try:
-        if cost_fn is not None:
-            _cost_fn = cost_fn
-        if isinstance(params, DeviceParams):
-            _params = {d: params for d in ("LLVM", "NUMPY", "OPENCL", "CUDA")}
-        elif params:
-            _params.update(params)
         if extractor is not None:
-            with config.Context(EXTRACTOR=extractor):
+            with config.Context(EXTRACTOR=extractor):     # and the flag reads so too, inside the block
                 yield
         else:
             yield
     finally:
-        _cost_fn, _params = old
+        _using.reset(token)
 
 
 def make_extractor(name: str, g: EGraph, device: str, inputs: list[tuple],
                    measure: Callable[[Choice], float] | None = None, cache_key: str | None = None,
-                   progress=None):
-    cost = cost_model(device)
+                   progress=None, settings: ExtractSettings | None = None):
+    cost = cost_model(device, settings)
     if name == "measured":
         return MeasuredExtractor(g, cost, inputs, measure=measure, cache_key=cache_key, progress=progress)
     if name == "ilp":
@@ -114,4 +165,5 @@ def make_extractor(name: str, g: EGraph, device: str, inputs: list[tuple],
     return EXTRACTORS[name](g, cost, inputs, max_passes=4 if name == "greedy" else 8)
 
 
-__all__ = ["EXTRACTORS", "Result", "cost_model", "using", "make_extractor", "settings_key", "DeviceParams"]
+__all__ = ["EXTRACTORS", "DEFAULT", "DeviceParams", "ExtractSettings", "Result", "cost_model", "effective",
+           "extractor_name", "make_extractor", "settings_key", "using"]

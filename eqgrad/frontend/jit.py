@@ -2,9 +2,9 @@
 
 A jitted function runs normally on its first call for a given input signature (shapes, dtypes and
 devices of its Tensor arguments, and the values of its other arguments): that compiles its plans.
-The second call runs it again under a recorder that notes every plan that runs (through
-``engine.capture_hooks``), which LazyBuffer each plan input came from, which LazyBuffers the plan
-wrote, every ``assign`` committed and every host random draw. From the third call on, the function
+The second call runs it again under a recorder that notes every plan that runs (through the
+current session's ``capture_hooks``, which are per thread), which LazyBuffer each plan input came
+from, which LazyBuffers the plan wrote, every ``assign`` committed and every host random draw. From the third call on, the function
 is not called at all: the recorded plans run on the new inputs' buffers, with no Python graph
 building, no plan-cache lookup and no validation.
 
@@ -369,13 +369,16 @@ class Jit:
 
     def _capture(self, key: Any, tensors: list[Tensor], args: tuple, kwargs: dict) -> Any:
         rec = _Recorder(tensors, f"jit({self.name})")
-        engine.capture_hooks.append(rec.on_realize)
+        # the hooks of the current session in this thread: plans that other threads run meanwhile
+        # are not this call's
+        hooks = engine.current_session().capture_hooks
+        hooks.append(rec.on_realize)
         tensor_mod._capture.append(rec)
         try:
             result = self.fn(*args, **kwargs)
             realize(*_tensors_in(result))       # returned tensors are outputs of the capture too
         finally:
-            engine.capture_hooks.remove(rec.on_realize)
+            hooks.remove(rec.on_realize)
             tensor_mod._capture.remove(rec)
         rec.cap.result = _template(result, rec)
         rec.cap.guards = self._guards(args, kwargs)       # the state after the call: what replays assume

@@ -1,0 +1,260 @@
+"""A Session owns the engine's state: the plan cache, the rule and extraction configuration, the
+saturator it uses, the random generator of ``Tensor.rand``/``randn``, and per thread the last plan
+and the JIT's capture hooks. The module functions (``eqgrad.engine.realize``, ``plan_for``,
+``clear_cache``, ``last_plan``, ``_plan_cache``, ``capture_hooks``) act on the *current* session:
+the one a ``with session:`` block made current in this thread, else ``default_session()``, whose
+rules and extraction settings are the ones ``eqgrad.rules.use`` and ``eqgrad.extract.using``
+change. docs/engine.md has the rules for threads.
+
+    >>> import numpy as np, eqgrad
+    >>> from eqgrad import Tensor
+    >>> from eqgrad.engine import Session
+    >>> s = Session(extractor="improve")
+    >>> with s:                                   # realizes in this block plan with ``s``
+    ...     y = (Tensor(np.ones(4, np.float32)) * 3).realize()
+    >>> y.tolist(), len(s.plan_cache)
+    ([3.0, 3.0, 3.0, 3.0], 1)
+"""
+from __future__ import annotations
+
+import contextvars
+import os
+import threading
+import time
+import weakref
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+import numpy as np
+
+from eqgrad import config
+from eqgrad.counters import GlobalCounters
+from eqgrad.devices import Buffer, Device, get_device
+from eqgrad.engine import core
+from eqgrad.engine.core import CompiledPlan, PlanCache, compile_plan
+from eqgrad.engine.validate import validate
+from eqgrad.extract import DEFAULT as DEFAULT_EXTRACTION, DeviceParams, ExtractSettings, settings_key
+from eqgrad.extract.cost import CostFn
+from eqgrad.graph.lazy import LazyBuffer
+from eqgrad.graph.program import Program, linearize
+from eqgrad.rules import rulebook
+from eqgrad.rules.rulebook import DEFAULT_PHASE, RuleConfig, RuleState
+from eqgrad.rules.saturate import Saturator, default_saturator
+
+# called after each plan runs with (plan, input LazyBuffers, targets, buffers), before the targets
+# turn into buffers (the JIT's recorder, frontend/jit.py)
+CaptureHook = Callable[[CompiledPlan, list[LazyBuffer], list[LazyBuffer], list[Buffer]], None]
+
+# Linearizing a graph and turning its targets into buffers exclude each other, in every session:
+# two threads may realize graphs that share a pending node, and one must not walk the node's
+# sources while the other clears them (the walk then met an op without sources). Both are short
+# walks over Python objects; compiling and running the plan happen outside.
+GRAPH_LOCK = threading.Lock()
+
+_sessions: "weakref.WeakSet[Session]" = weakref.WeakSet()
+
+
+class Session:
+    """The engine's state; ``with session:`` makes it current for a block in this thread.
+
+    ``rules``: a RuleState (default: a new one, the built-in rulebooks plus ``EQGRAD_RULEBOOKS``),
+    with ``rulebooks`` (paths, or ``(path, phase)`` pairs) activated on it and ``schedule`` as its
+    schedule file. ``extraction``: an ExtractSettings (default: a new one of ``extractor``,
+    ``cost_fn`` and ``params``). ``saturator``: the Saturator it saturates with (default: the
+    process's shared worker, ``default_saturator()``). ``seed``: its random generator's seed.
+
+    Threads may share a session: its plan cache and rule state are locked, the last plan and the
+    capture hooks are per thread. Devices are the process's (``device()``): a device is hardware
+    and its compiled kernels are keyed by their source, so sessions share them safely."""
+
+    def __init__(self, *, rulebooks: Sequence[str | Path | tuple[str | Path, str]] = (),
+                 schedule: str | Path | None = None, extractor: str | None = None, cost_fn: CostFn | None = None,
+                 params: dict[str, DeviceParams] | DeviceParams | None = None, saturator: Saturator | None = None,
+                 seed: int = 0, rules: RuleState | None = None, extraction: ExtractSettings | None = None) -> None:
+        if extraction is not None and (extractor is not None or cost_fn is not None or params is not None):
+            raise ValueError("Session: give either extraction=ExtractSettings(...) or extractor/cost_fn/params, "
+                             "not both")
+        self.rules = rules if rules is not None else RuleState()
+        if schedule is not None:
+            self.rules.use_schedule(schedule)
+        for rb in rulebooks:
+            path, phase = rb if isinstance(rb, tuple) else (rb, DEFAULT_PHASE)
+            self.rules.use(path, phase)
+        self.extraction = extraction if extraction is not None else ExtractSettings(extractor, cost_fn, params or {})
+        self._saturator = saturator
+        self.plan_cache = PlanCache()
+        self.rng = np.random.default_rng(seed)
+        self._local = threading.local()      # per thread: last_plan, capture_hooks
+        _sessions.add(self)
+
+    def __repr__(self) -> str:
+        return (f"<Session rules={self.rules.config().key} extractor={self.extraction.extractor or 'EQGRAD_EXTRACTOR'} "
+                f"{len(self.plan_cache)} plans>")
+
+    # ------------------------------------------------------------------ state
+    @property
+    def saturator(self) -> Saturator:
+        return self._saturator if self._saturator is not None else default_saturator()
+
+    @property
+    def last_plan(self) -> CompiledPlan | None:
+        """The plan of this thread's most recent realize with this session (for tools and tests)."""
+        return getattr(self._local, "last_plan", None)
+
+    @property
+    def capture_hooks(self) -> list[CaptureHook]:
+        """This thread's capture hooks: a JIT capture sees only the plans its own thread runs."""
+        hooks = getattr(self._local, "capture_hooks", None)
+        if hooks is None:
+            hooks = self._local.capture_hooks = []
+        return hooks
+
+    def device(self, name: str) -> Device:
+        return get_device(name)
+
+    def manual_seed(self, seed: int) -> None:
+        """Seed this session's generator (``Tensor.rand``/``randn`` without a ``seed``)."""
+        self.rng = np.random.default_rng(seed)
+
+    def clear_cache(self) -> None:
+        self.plan_cache.clear()
+
+    # ------------------------------------------------------------------ current session
+    def __enter__(self) -> "Session":
+        _current.set(_current.get() + (self,))
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        stack = _current.get()
+        if not stack or stack[-1] is not self:
+            raise RuntimeError("Session: blocks must exit in the order they were entered")
+        _current.set(stack[:-1])
+
+    # ------------------------------------------------------------------ realize
+    def realize(self, *xs: Any) -> None:
+        """Realize tensors (or LazyBuffers, or one list of them) with this session, in one program.
+        Tensors go through ``Tensor.realize`` inside ``with self:``, so pending assigns commit."""
+        if len(xs) == 1 and isinstance(xs[0], (list, tuple)):
+            xs = tuple(xs[0])
+        lbs = [x for x in xs if isinstance(x, LazyBuffer)]
+        tensors = [x for x in xs if not isinstance(x, LazyBuffer)]
+        with self:
+            if tensors:
+                tensors[0].realize(*tensors[1:])    # the frontend calls back into realize_lazy
+            if lbs:
+                self.realize_lazy(lbs)
+
+    def realize_lazy(self, lbs: Iterable[LazyBuffer]) -> None:
+        """Compute the pending LazyBuffers ``lbs`` (one program per device) and turn them into buffers."""
+        targets = list({id(lb): lb for lb in lbs if not lb.realized}.values())
+        if not targets:
+            return
+        by_device: dict[str, list[LazyBuffer]] = {}
+        for t in targets:
+            by_device.setdefault(t.device, []).append(t)
+        for device, ts in by_device.items():
+            self._realize_on(device, ts)
+
+    def plan_for(self, lbs: list[LazyBuffer]) -> tuple[CompiledPlan, str]:
+        """The compiled plan that realize() would run for these lazy buffers (compiled and cached if
+        needed, not run). For explain() and tools."""
+        targets = list({id(lb): lb for lb in lbs if not lb.realized}.values())
+        if not targets:
+            raise ValueError("explain: the tensors are already realized; there is no plan left to explain")
+        devices = {t.device for t in targets}
+        if len(devices) != 1:
+            raise ValueError(f"explain: tensors on several devices {sorted(devices)}; explain one device at a time")
+        device = devices.pop()
+        with GRAPH_LOCK:
+            prog = linearize(targets, device=device)
+        return self._cached_plan(prog, self.rules.config()), device
+
+    def _cached_plan(self, prog: Program, rules: RuleConfig) -> CompiledPlan:
+        key = (rules.key, settings_key(prog.device, self.extraction), prog.key)
+        cp = self.plan_cache.get(key)
+        if cp is None:
+            with core.COMPILE_LOCK:
+                cp = self.plan_cache.get(key)       # compiled by another thread while this one waited
+                if cp is None:
+                    cp = compile_plan(prog, rules, self.extraction, self._saturator)
+                    self.plan_cache[key] = cp
+        return cp
+
+    def _realize_on(self, device: str, targets: list[LazyBuffer]) -> None:
+        dbg = config.DEBUG.value
+        t0 = time.perf_counter()
+        with GRAPH_LOCK:
+            targets = [t for t in targets if not t.realized]     # another thread may have realized some
+            if not targets:
+                return
+            prog = linearize(targets, device=device)
+            inputs = prog.inputs
+            # host buffers come from the pool (devices/__init__.py); the intermediates go back to it as
+            # soon as ``bufs`` is dropped at the end of this call, the outputs when no tensor holds them
+            bufs: list[Buffer] = [lb.buffer for lb in inputs]
+        rules = self.rules.config()
+        cp = self._cached_plan(prog, rules)
+        self._local.last_plan = cp
+        plan = cp.plan
+        for shape, dt in plan.buffers[len(inputs):]:
+            bufs.append(Buffer.empty(shape, dt, device))
+        t1 = time.perf_counter()
+        cp.run(bufs)
+        t2 = time.perf_counter()
+        GlobalCounters.realize_count += 1
+        if config.VALIDATE.value:
+            validate(targets, prog, [bufs[o] for o in plan.outputs], plan, cp.report, rules)
+        for hook in list(self.capture_hooks):
+            hook(cp, inputs, targets, bufs)
+        with GRAPH_LOCK:
+            for t, o in zip(targets, plan.outputs):
+                # the buffer first: a thread that reads ``realized`` without the lock (the frontend
+                # freezing a source) then finds it set
+                t.buffer = bufs[o]
+                t.op, t.src, t.arg = "BUF", (), None
+        if dbg >= 1:
+            print(f"realize: {len(plan.kernels)} kernel(s) in {(t2 - t1) * 1e3:.3f} ms, "
+                  f"total {(t2 - t0) * 1e3:.3f} ms{'' if dbg < 2 else ' ' + str({k: round(v * 1e3, 2) for k, v in cp.seconds.items()})}")
+
+
+# the sessions ``with`` blocks made current, innermost last, per thread (and asyncio task)
+_current: contextvars.ContextVar[tuple[Session, ...]] = contextvars.ContextVar("eqgrad_session", default=())
+_DEFAULT = Session(rules=rulebook.DEFAULT, extraction=DEFAULT_EXTRACTION)
+
+
+def default_session() -> Session:
+    """The process's session: what the module functions use outside ``with session:`` blocks. Its
+    rules are ``eqgrad.rules``' default state, its extraction settings ``eqgrad.extract``'s."""
+    return _DEFAULT
+
+
+def current_session() -> Session:
+    """The session of the innermost ``with session:`` block of this thread, else the default one."""
+    stack = _current.get()
+    return stack[-1] if stack else _DEFAULT
+
+
+def realize(lbs: list[LazyBuffer]) -> None:
+    """Realize pending LazyBuffers with the current session (``Session.realize_lazy``)."""
+    current_session().realize_lazy(lbs)
+
+
+def plan_for(lbs: list[LazyBuffer]) -> tuple[CompiledPlan, str]:
+    """``Session.plan_for`` of the current session."""
+    return current_session().plan_for(lbs)
+
+
+def clear_cache() -> None:
+    """Empty the current session's plan cache."""
+    current_session().clear_cache()
+
+
+def _after_fork_in_child() -> None:
+    global GRAPH_LOCK
+    GRAPH_LOCK = threading.Lock()          # a parent thread may have held these at the fork
+    for s in list(_sessions):
+        s.plan_cache.after_fork_in_child()
+        s.rules.after_fork_in_child()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
