@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 from eqgrad.errors import AutogradError
 from eqgrad.ops import OPS, NoGrad
 from eqgrad.graph.lazy import LazyBuffer
+from eqgrad.graph.walk import topological
 
 if TYPE_CHECKING:
     from eqgrad.frontend.tensor import Tensor
@@ -79,26 +80,17 @@ def enable_grad() -> contextlib.AbstractContextManager:
 def _graph(root: "Tensor") -> list["Tensor"]:
     """Tensors reachable from ``root`` through Ctx records that require a gradient, sources first.
     Raises when a record was released by an earlier ``backward()`` (as torch does)."""
-    order: list[Tensor] = []
-    seen: set[int] = set()
-    stack: list[tuple[Tensor, bool]] = [(root, False)]
-    while stack:
-        t, done = stack.pop()
-        if done:
-            order.append(t)
-            continue
-        if id(t) in seen:
-            continue
-        seen.add(id(t))
-        stack.append((t, True))
-        if t._ctx is not None and t._ctx.freed:
+    def parents(t: "Tensor") -> list["Tensor"]:
+        if t._ctx is None:
+            return []
+        if t._ctx.freed:
             raise AutogradError(
                 f"backward(): trying to backward through the graph a second time (through a "
                 f"{t._ctx.op.lower()} whose record the first backward() released); pass "
                 "retain_graph=True to the first backward() to backward through the graph again")
-        if t._ctx is not None:
-            stack.extend((p, False) for p in t._ctx.parents if p.requires_grad and id(p) not in seen)
-    return order
+        # visited last parent first: the order gradients have always been accumulated in
+        return [p for p in reversed(t._ctx.parents) if p.requires_grad]
+    return topological([root], parents)
 
 
 def backward(root: "Tensor", gradient: LazyBuffer, retain_graph: bool = False) -> None:

@@ -27,6 +27,7 @@ import weakref
 import numpy as np
 
 from eqgrad.dtype import DType, cast_scalar
+from eqgrad.graph.walk import topological
 from eqgrad.ops import MAX_RANK, OPS, OpError, Shape, check_dtypes, numel
 
 
@@ -163,19 +164,4 @@ def freeze(src: LazyBuffer) -> LazyBuffer:
 
 def toposort(roots: list[LazyBuffer]) -> list[LazyBuffer]:
     """Unrealized nodes reachable from ``roots`` plus their leaves, sources before users."""
-    order: list[LazyBuffer] = []
-    seen: set[int] = set()
-    stack: list[tuple[LazyBuffer, bool]] = [(r, False) for r in reversed(roots)]
-    while stack:
-        node, done = stack.pop()
-        if done:
-            order.append(node)
-            continue
-        if id(node) in seen:
-            continue
-        seen.add(id(node))
-        stack.append((node, True))
-        for s in reversed(node.src):
-            if id(s) not in seen:
-                stack.append((s, False))
-    return order
+    return topological(roots, lambda n: n.src)

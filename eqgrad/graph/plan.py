@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from eqgrad.dtype import DType
+from eqgrad.graph.walk import topological
 from eqgrad.ops import OPS, Shape
 
 
@@ -24,20 +25,7 @@ class KNode:
 
     def walk(self) -> list["KNode"]:
         """Topological order (sources first), each node once."""
-        out: list[KNode] = []
-        seen: set[int] = set()
-        stack: list[tuple[KNode, bool]] = [(self, False)]
-        while stack:
-            n, done = stack.pop()
-            if done:
-                out.append(n)
-                continue
-            if id(n) in seen:
-                continue
-            seen.add(id(n))
-            stack.append((n, True))
-            stack.extend((s, False) for s in reversed(n.src) if id(s) not in seen)
-        return out
+        return topological([self], lambda n: n.src)
 
     def buffers(self) -> tuple[int, ...]:
         """The plan buffers this body reads, in first-use order (a kernel's ``inputs``)."""
