@@ -398,3 +398,20 @@ def test_a_new_memory_limit_restarts_the_worker():
             assert sat.pid is not None and sat.pid != first
     finally:
         sat.close()
+
+
+def test_worker_ignores_an_eqgrad_in_the_working_directory(tmp_path, monkeypatch):
+    """Started from a folder that holds another eqgrad (an old checkout), the worker still runs this
+    eqgrad's code: before, `python -c` put the working directory first on sys.path, the worker
+    imported the other package and every saturation failed (plans fell back to unfused)."""
+    fake = tmp_path / "eqgrad"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("raise ImportError('the eqgrad of the working directory was imported')\n")
+    monkeypatch.chdir(tmp_path)
+    sat = Saturator()
+    try:
+        js, rep = sat.run(TINY, timeout=60)
+        assert rep.stop_reason == "completed", rep
+        assert js is not None
+    finally:
+        sat.close()

@@ -259,7 +259,11 @@ class Saturator:
         try:
             proc = subprocess.Popen(
                 [sys.executable, "-c", "from eqgrad.rules.saturate import _worker_entry; _worker_entry()",
-                 str(r1), str(w2), tmp], pass_fds=(r1, w2), env=env, stdin=subprocess.DEVNULL)
+                 str(r1), str(w2), tmp], pass_fds=(r1, w2), env=env, stdin=subprocess.DEVNULL,
+                # in its own directory: `python -c` puts the working directory first on sys.path,
+                # so started from a folder holding another eqgrad (an old checkout) the worker
+                # imported that one and every saturation failed on the mismatched protocol
+                cwd=tmp)
         except BaseException:
             for fd in (r1, w1, r2, w2):
                 os.close(fd)
