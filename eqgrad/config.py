@@ -266,6 +266,9 @@ EGRAPH_MEMORY = Flag("EQGRAD_EGRAPH_MEMORY", 4 << 30, _bytes_at_least(1),
                      "address-space limit of the egglog worker process")
 EXTRACTOR = Flag("EQGRAD_EXTRACTOR", "greedy", _extractor, "greedy, improve, ilp or measured",
                  "how plans are chosen (docs/extraction.md)")
+EXTRACT_TIME = Flag("EQGRAD_EXTRACT_TIME", 60.0, _seconds, f"a finite number of seconds > 0 and <= {MAX_SECONDS:g}",
+                    "wall-clock limit of the greedy/improve local search of one plan; past it the best plan "
+                    "found so far is used, with a warning")
 ILP_TIME = Flag("EQGRAD_ILP_TIME", 10.0, _seconds, f"a finite number of seconds > 0 and <= {MAX_SECONDS:g}",
                 "time limit of the ILP extractor")
 ILP_MAX_CLASSES = Flag("EQGRAD_ILP_MAX_CLASSES", 300, _integer_in(0), "an integer >= 0",

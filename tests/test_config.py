@@ -25,6 +25,7 @@ CASES: dict[str, tuple[list, list]] = {
                              [("4G", 4 << 30), ("512M", 512 << 20), ("1.5G", 3 << 29), ("1048576", 1 << 20), (64 << 20, 64 << 20)]),
     "EQGRAD_EXTRACTOR": (["fastest", "", 3], [("ILP", "ilp"), ("greedy", "greedy"), (" measured ", "measured")]),
     "EQGRAD_ILP_TIME": (["nan", "inf", "0", "-2", "1e400"], [("10", 10.0), (0.25, 0.25)]),
+    "EQGRAD_EXTRACT_TIME": (["nan", "inf", "0", "-2", "1e400", "soon"], [("60", 60.0), (0.5, 0.5)]),
     "EQGRAD_ILP_MAX_CLASSES": (["-1", "3.5", "lots"], [("0", 0), ("300", 300)]),
     "EQGRAD_THREADS": (["0", "-2", "2.5", "1025", "all"], [("1", 1), ("16", 16), (1024, 1024)]),
     "EQGRAD_BEAM": (["-1", "2.5", "yes"], [("0", 0), ("4", 4)]),
@@ -149,7 +150,7 @@ def _recompiles(**flags) -> int:
 @pytest.mark.parametrize("flags", [dict(OPT=0), dict(EXTRACTOR="improve"), dict(SATURATION_TIMEOUT=33.0),
                                    dict(EGRAPH_NODES=150_000), dict(EGRAPH_MEMORY="3G"),
                                    dict(THREADS=config.THREADS.default % 8 + 1), dict(BEAM=1), dict(BEAM_TIME=3.0),
-                                   dict(EXTRACTOR="ilp", ILP_TIME=7.0), dict(CPU="x86-64-v2")])
+                                   dict(EXTRACTOR="ilp", ILP_TIME=7.0), dict(CPU="x86-64-v2"), dict(EXTRACT_TIME=30.0)])
 def test_settings_that_change_the_plan_are_in_the_key(flags):
     before = settings_key("LLVM")
     with eqgrad.Context(**flags):

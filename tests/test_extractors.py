@@ -169,6 +169,43 @@ def test_user_cost_function():
     assert calls and calls[0].nbytes > 0
 
 
+def test_extraction_stops_at_its_time_limit_with_the_best_plan_so_far():
+    """EQGRAD_EXTRACT_TIME bounds the local search like saturation is bounded: past it the plan
+    found so far runs (legal, right numbers) and a warning names the limit."""
+    x = _t(32, 64)
+    engine.clear_cache()
+    with eqgrad.Context(EXTRACT_TIME=1e-9), pytest.warns(eqgrad.EqgradWarning,
+                                                          match=r"extraction stopped early \(time limit 1e-09 s \(EQGRAD_EXTRACT_TIME\)"):
+        y = (x.softmax(-1) * 2 + 1).numpy()
+    cp = engine.last_plan
+    assert "stopped" in cp.result.info and cp.result.evaluation.legal
+    check_plan(cp.plan)
+    xs = x.numpy()
+    e = np.exp(xs - xs.max(-1, keepdims=True))
+    np.testing.assert_allclose(y, e / e.sum(-1, keepdims=True) * 2 + 1, rtol=1e-5, atol=1e-6)
+    engine.clear_cache()
+    (x.softmax(-1) * 2 + 1).realize()                   # the default limit: a full search, no warning
+    assert "stopped" not in engine.last_plan.result.info
+
+
+def test_rejected_alternatives_are_evaluated_only_when_asked():
+    """A compile evaluates no alternative (issue 14: they were a third of a BERT encoder's plan
+    evaluations); reading them evaluates each single move from the chosen plan once, and
+    explain() still shows them."""
+    x = _t(64, 128)
+    cp, _ = engine.plan_for([(x.softmax(-1) * 2).lazydata])
+    specs = [cp.plan.buffers[i] for i in range(cp.plan.n_inputs)]
+    ex = GreedyExtractor(cp.egraph, CostModel(DeviceParams()), specs)
+    res = ex.extract()
+    before = ex.ev.evaluations
+    assert res.info["evaluations"] == before
+    alts = res.alternatives
+    assert alts and ex.ev.evaluations == before + len(alts)
+    assert [a.legal for a in alts] == sorted((a.legal for a in alts), reverse=True)     # legal ones first
+    assert res.alternatives is alts and ex.ev.evaluations == before + len(alts)         # computed once
+    assert alts == ex.alternatives_from(res.choice)
+
+
 def test_explain_names_kernels_and_alternatives(tmp_path):
     x = _t(64, 128)
     with using(params={"LLVM": DeviceParams(row_fusion=False)}):      # softmax as max, sum, divide

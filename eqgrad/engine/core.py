@@ -130,6 +130,9 @@ def compile_plan(prog: Program, rules: RuleConfig, extraction: ExtractSettings |
     cache_key = hashlib.sha256(repr((prog.key, rules.key, machine_key(device))).encode()).hexdigest()[:24]
     result = make_extractor(name, g, device, specs, measure=measure, cache_key=cache_key,
                             settings=extraction).extract()
+    if result.info.get("stopped"):
+        warnings.warn(f"eqgrad: extraction stopped early ({result.info['stopped']}); using the best plan "
+                      "found so far", EqgradWarning, stacklevel=5)
     choice, ev = result.choice, result.evaluation
     plan = build_plan(g, choice, specs, ev.kernels)
     t2 = time.perf_counter()

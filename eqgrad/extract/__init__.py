@@ -84,6 +84,7 @@ def settings_key(device: str, settings: ExtractSettings | None = None) -> tuple:
       EQGRAD_EGRAPH_NODES        in: the node limit decides after which phase saturation stops
       EQGRAD_EGRAPH_MEMORY       in: a worker out of memory gives the unoptimized plan (as the timeout)
       EQGRAD_EXTRACTOR           in: the extractor chooses the plan
+      EQGRAD_EXTRACT_TIME        in: a local search stopped at its limit keeps an earlier plan
       EQGRAD_ILP_TIME, EQGRAD_ILP_MAX_CLASSES
                                  in for the ilp extractor only (the others never read them)
       cost function, DeviceParams (using(), or the calibration in effect from the cache directory)
@@ -115,6 +116,7 @@ def settings_key(device: str, settings: ExtractSettings | None = None) -> tuple:
     s = effective(settings)
     extractor = s.extractor or config.EXTRACTOR.value
     ilp = (config.ILP_TIME.value, config.ILP_MAX_CLASSES.value) if extractor == "ilp" else None
+    search = config.EXTRACT_TIME.value          # a search stopped at its limit may choose another plan
     llvm = ((config.THREADS.value, config.BEAM.value, config.BEAM_TIME.value, config.CPU.value)
             if device == "LLVM" else None)
     fn = s.cost_fn or default_cost
@@ -122,7 +124,7 @@ def settings_key(device: str, settings: ExtractSettings | None = None) -> tuple:
         hash(fn)
     except TypeError:               # a callable object without __hash__: while using() holds it, its id is its own
         fn = ("cost function", id(fn))
-    return (opt, sat, extractor, ilp, fn, cost_model(device, s).params, llvm)
+    return (opt, sat, extractor, ilp, search, fn, cost_model(device, s).params, llvm)
 
 
 @contextlib.contextmanager
@@ -162,7 +164,8 @@ def make_extractor(name: str, g: EGraph, device: str, inputs: list[tuple],
         return ILPExtractor(g, cost, inputs, time_limit=config.ILP_TIME.value, max_classes=config.ILP_MAX_CLASSES.value)
     if name not in EXTRACTORS:
         raise ValueError(f"unknown extractor {name!r}: expected one of {sorted(EXTRACTORS)}")
-    return EXTRACTORS[name](g, cost, inputs, max_passes=4 if name == "greedy" else 8)
+    return EXTRACTORS[name](g, cost, inputs, max_passes=4 if name == "greedy" else 8,
+                            time_limit=config.EXTRACT_TIME.value)
 
 
 __all__ = ["EXTRACTORS", "DEFAULT", "DeviceParams", "ExtractSettings", "Result", "cost_model", "effective",

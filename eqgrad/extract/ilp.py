@@ -71,9 +71,9 @@ class ILPExtractor(GreedyExtractor):
         info = dict(greedy.info, ilp_seconds=time.perf_counter() - t0, greedy_total=greedy.evaluation.total)
         if best is None or best[1].total > greedy.evaluation.total:
             info.update(ilp="fallback to greedy", why=why or "ILP plan costs more than greedy's under the exact model")
-            return Result(greedy.choice, greedy.evaluation, self.name, greedy.alternatives, greedy.candidates, info)
+            return Result(greedy.choice, greedy.evaluation, self.name, greedy.alternatives_of, greedy.candidates, info)
         info.update(ilp="optimal" if self._status == 0 else "time limit (best found)")
-        return Result(best[0], best[1], self.name, greedy.alternatives, greedy.candidates, info)
+        return Result(best[0], best[1], self.name, greedy.alternatives_of, greedy.candidates, info)
 
     def _reachable_all(self) -> list[int]:
         out, stack = set(), list(self.g.roots)

@@ -56,7 +56,7 @@ class MeasuredExtractor(ImproveExtractor):
             if hit and hit.get("signature") in sigs:
                 choice = cands[sigs.index(hit["signature"])][1]
                 res.info.update(measured="cache hit", seconds=hit.get("seconds"))
-                return Result(choice, self.ev.evaluate(choice), self.name, res.alternatives, cands, res.info)
+                return Result(choice, self.ev.evaluate(choice), self.name, res.alternatives_of, cands, res.info)
         times = []
         for i, (_, choice) in enumerate(cands):
             times.append(self.measure(choice))
@@ -68,4 +68,4 @@ class MeasuredExtractor(ImproveExtractor):
                         picked=best)
         if self.cache_key:
             CACHE.put(self.cache_key, dict(signature=sigs[best], seconds=times[best]))
-        return Result(choice, self.ev.evaluate(choice), self.name, res.alternatives, cands, res.info)
+        return Result(choice, self.ev.evaluate(choice), self.name, res.alternatives_of, cands, res.info)
