@@ -96,6 +96,12 @@ class Session:
     def saturator(self) -> Saturator:
         return self._saturator if self._saturator is not None else default_saturator()
 
+    def warm(self) -> None:
+        """Start what a first compile would wait for -- the saturation worker -- in the background
+        (called at the first Tensor made from data; nothing with EQGRAD_OPT=0)."""
+        if config.OPT.value:
+            self.saturator.warm()
+
     @property
     def last_plan(self) -> CompiledPlan | None:
         """The plan of this thread's most recent realize with this session (for tools and tests)."""

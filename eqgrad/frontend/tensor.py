@@ -80,6 +80,18 @@ def _shape_arg(shape: tuple) -> tuple[int, ...]:
     return tuple(out)
 
 
+_warmed = False
+
+
+def _warm_once() -> None:
+    """At the first Tensor made from data, start the saturation worker in the background: its start
+    (importing egglog) then overlaps building the graph instead of delaying the first realize."""
+    global _warmed
+    if not _warmed:
+        _warmed = True
+        current_session().warm()
+
+
 class Tensor:
     __slots__ = ("lazydata", "requires_grad", "grad", "_ctx", "_assign_dst", "__weakref__")
     __array_priority__ = 1000     # numpy_array + tensor -> Tensor.__radd__
@@ -94,6 +106,7 @@ class Tensor:
                 self.requires_grad_()
             return
         device = canonical_device(device)
+        _warm_once()
         if isinstance(data, Tensor):
             data = data.numpy()
         want = dt.to_dtype(dtype) if dtype is not None else None

@@ -238,6 +238,7 @@ class Saturator:
         self._send: Connection | None = None
         self._tmp: str | None = None              # the worker's temporary directory
         self._mem: int | None = None              # the memory limit the worker was started with
+        self._unanswered = False                  # started, and no reply yet: still importing egglog
         self._lock = threading.Lock()             # one request at a time on the channel
         self._ids = itertools.count(1)
         _instances.add(self)
@@ -276,6 +277,7 @@ class Saturator:
         self._conn = Connection(r2, writable=False)
         self._mem = config.EGRAPH_MEMORY.value     # the worker's rlimit is set once, at its start
         self._send.send(self._mem)
+        self._unanswered = True
 
     def close(self) -> None:
         """End the worker (it is started again on the next request)."""
@@ -329,10 +331,11 @@ class Saturator:
             try:
                 if self._proc is not None and self._mem != config.EGRAPH_MEMORY.value:
                     self._close_unlocked()      # EQGRAD_EGRAPH_MEMORY changed: a worker with the new limit
-                fresh = self._proc is None or self._proc.poll() is not None
-                if fresh:
+                dead = self._proc is None or self._proc.poll() is not None
+                if dead:
                     self._kill()               # a dead worker's pipes and directory
                     self._start()
+                fresh = self._unanswered       # started here or by warm(), and not yet ready
                 self._send.send((kind, rid, *args))
                 # a fresh worker first imports egglog: that start-up is not the program's fault
                 deadline = time.monotonic() + timeout + (10.0 if fresh else 0.0)
@@ -342,6 +345,7 @@ class Saturator:
                         return SaturationReport("timeout", seconds=time.perf_counter() - t0,
                                                 detail=f"wall-clock limit {timeout:g}s (EQGRAD_SATURATION_TIMEOUT)")
                     res = self._conn.recv()
+                    self._unanswered = False
                     if isinstance(res, dict) and res.get("id") == rid:
                         return res
                     # a reply to an earlier request: never taken for this one's
@@ -356,6 +360,19 @@ class Saturator:
                 # in flight: the worker may still be saturating it and the pipe may hold half a message
                 self._kill()
                 raise
+
+    def warm(self) -> None:
+        """Start the worker now, without waiting for it, if it is not running and nobody is using
+        the channel. Its start-up (a Python process importing egglog: ~0.5 s of the 0.8-1.1 s first
+        realize, issue 14) then overlaps the caller's graph building instead of the first saturation."""
+        if not self._lock.acquire(blocking=False):
+            return                             # a request is in flight: the worker is running
+        try:
+            if self._proc is None or self._proc.poll() is not None:
+                self._kill()
+                self._start()
+        finally:
+            self._lock.release()
 
     def validate(self, books: list[tuple[str, str]], generated: bool = True) -> str | None:
         """Load rulebooks ((name, text) pairs) into a fresh e-graph next to the IR (and the
@@ -399,6 +416,8 @@ _instances: "weakref.WeakSet[Saturator]" = weakref.WeakSet()
 
 
 def _after_fork_in_child() -> None:
+    global _default_lock
+    _default_lock = threading.Lock()           # a parent thread may have held it at the fork
     for sat in list(_instances):
         sat._forget()
 
@@ -406,11 +425,16 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
+_default_lock = threading.Lock()
+
+
 def default_saturator() -> Saturator:
     global _default
     if _default is None:
-        _default = Saturator()
-        atexit.register(reset_saturator)      # end the worker with the process
+        with _default_lock:                    # two threads' first realizes make one worker
+            if _default is None:
+                _default = Saturator()
+                atexit.register(reset_saturator)      # end the worker with the process
     return _default
 
 
