@@ -8,14 +8,14 @@ The module functions and attributes act on the current session (``current_sessio
 """
 from eqgrad.counters import EqgradWarning, GlobalCounters
 from eqgrad.engine import core, session
-from eqgrad.engine.core import CompiledPlan, PlanCache, compile_plan, structure_key, time_plan
+from eqgrad.engine.core import CompiledPlan, PlanCache, compile_plan, time_plan
 from eqgrad.engine.session import (CaptureHook, Session, clear_cache, current_session, default_session, plan_for,
                                    realize)
 from eqgrad.engine.validate import NOT_A_RULE, ValidationError, blame_rules, reference, validate
 
-__all__ = ["core", "session", "CaptureHook", "CompiledPlan", "EqgradWarning", "GlobalCounters", "NOT_A_RULE", "PlanCache", "Session",
-           "ValidationError", "blame_rules", "clear_cache", "compile_plan", "current_session", "default_session",
-           "plan_for", "realize", "reference", "structure_key", "time_plan", "validate"]
+__all__ = ["core", "session", "CaptureHook", "CompiledPlan", "EqgradWarning", "GlobalCounters", "NOT_A_RULE",
+           "PlanCache", "Session", "ValidationError", "blame_rules", "clear_cache", "compile_plan", "current_session", "default_session",
+           "plan_for", "realize", "reference", "time_plan", "validate"]
 
 # module attribute -> the current session's attribute of that name
 _SESSION_ATTRS = {"last_plan": "last_plan", "_plan_cache": "plan_cache", "capture_hooks": "capture_hooks"}

@@ -90,11 +90,6 @@ def _new_lock_in_child() -> None:
 os.register_at_fork(after_in_child=_new_lock_in_child)
 
 
-def structure_key(prog: Program) -> tuple:
-    """The plan cache's key for a program (``Program.key``: structure, never buffer contents)."""
-    return prog.key
-
-
 def compile_plan(prog: Program, rules: RuleConfig, extraction: ExtractSettings | None = None,
                  saturator: Saturator | None = None) -> CompiledPlan:
     """Saturate ``prog`` under ``rules``, extract a plan under ``extraction`` (None: the default

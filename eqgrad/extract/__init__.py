@@ -73,7 +73,7 @@ def cost_model(device: str, settings: ExtractSettings | None = None) -> CostMode
 def settings_key(device: str, settings: ExtractSettings | None = None) -> tuple:
     """Every setting that changes the plan compiled for ``device`` (with the extraction ``settings``
     of a session, None: ``DEFAULT``; the flags as this thread sees them): the plan cache key is
-    ``(rules.key, settings_key(device), structure_key(...))``, so a change of any of these plans again.
+    ``(rules.key, settings_key(device), Program.key)``, so a change of any of these plans again.
 
     Flag by flag (eqgrad/config.py), and why it is in the key or not:
       EQGRAD_OPT                 in: 0 skips saturation (one kernel per op)

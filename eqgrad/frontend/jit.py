@@ -11,7 +11,7 @@ building, no plan-cache lookup and no validation.
 Bindings at replay:
 - a plan input that was a Tensor argument of the call reads the new argument's buffer;
 - an input that read the current value of a tensor's storage (graphs read snapshots of storage,
-  ``frontend/lazy.py``) reads the *current* buffer of that storage (parameters and optimizer
+  ``graph/lazy.py``) reads the *current* buffer of that storage (parameters and optimizer
   state, whose storage keeps its identity because ``assign`` re-points it in place; the learning
   rate a schedule writes between steps; constants made inside the function);
 - an input that read a value an ``assign`` of the same call had already replaced (the loss of a

@@ -220,7 +220,7 @@ class Tensor:
         assign, in one program). The new value is computed into a fresh buffer, and the tensor's
         realized storage is re-pointed to that buffer, so what shares it (``detach()``, the JIT's
         bindings) sees the new value. A tensor computed from the old value keeps the old value,
-        even when it is realized after the write (graphs read snapshots: ``frontend/lazy.py``).
+        even when it is realized after the write (graphs read snapshots: ``graph/lazy.py``).
         No gradient flows through an assign (as torch's in-place updates under ``no_grad``). See
         docs/training.md.
 

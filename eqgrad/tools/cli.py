@@ -214,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="skip plan validation against the op table (on by default, as in the tests)")
     fz.add_argument("--index", action="store_true",
                     help="fuzz index arithmetic instead: random movement chains lowered to loop IR and run by "
-                         "the loop-IR interpreter and each device (eqgrad/fuzz_index.py)")
+                         "the loop-IR interpreter and each device (eqgrad/tools/fuzz_index.py)")
     fz.add_argument("--count", type=int, default=2000, help="with --index: how many chains")
     fz.add_argument("--engine", action="store_true", help="with --index: also realize each chain through the engine")
     fz.set_defaults(fn=_fuzz)
