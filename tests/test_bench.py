@@ -23,3 +23,32 @@ def test_bench_core_quick_run_matches_numpy(tmp_path, capsys):
     assert all(r["status"] == "ok" for r in res), [r for r in res if r["status"] != "ok"]
     eq = [r for r in res if r["framework"] == "eqgrad[LLVM]"]
     assert all(r["kernels_per_run"] and r["efficiency"] is not None for r in eq)
+
+
+def test_bench_compile_quick_run_has_the_columns_and_a_right_chain(tmp_path, capsys):
+    """bench_compile.py --quick on its three cheapest cases, each in a fresh process: every row has the
+    table's columns (the compile split from the wrapped compile_plan included) and the chain's result
+    matches NumPy's."""
+    path = Path(__file__).resolve().parent.parent / "bench" / "bench_compile.py"
+    spec = importlib.util.spec_from_file_location("bench_compile", path)
+    bench = importlib.util.module_from_spec(spec)
+    sys.modules["bench_compile"] = bench
+    spec.loader.exec_module(bench)
+    out = tmp_path / "compile.json"
+    rc = bench.main(["--quick", "--no-tinygrad", "--cases", "first_realize,chain,scalar", "--values", "8",
+                     "--timeout", "300", "--json", str(out)])
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    data = json.loads(out.read_text())
+    assert {"cpu", "cores", "eqgrad_commit"} <= set(data["environment"])
+    rows = {r["case"]: r for r in data["rows"]}
+    assert set(rows) == {"first_realize", "chain", "scalar"}
+    for r in rows.values():
+        assert r["status"] == "ok", r
+        assert {"wall_s", "saturate_s", "extract_s", "compile_s", "plans_compiled", "target", "ratio", "pass"} <= set(r)
+        assert r["wall_s"] > 0 and r["plans_compiled"] is not None, r
+    for name in ("first_realize", "chain"):          # each compiles its one plan in the timed region
+        assert rows[name]["plans_compiled"] >= 1 and rows[name]["saturate_s"] > 0, rows[name]
+    assert rows["chain"]["result_ok"] is True and rows["chain"]["detail"]["ops"] == 40
+    assert rows["scalar"]["detail"]["values"] == 8 and rows["scalar"]["result_ok"] is True
+    assert "chain" in text and "first_realize" in text
