@@ -289,6 +289,10 @@ CPU = Flag("EQGRAD_CPU", "host", _llvm_cpu,
 PLAN_CACHE = Flag("EQGRAD_PLAN_CACHE", 512, _integer_in(1), "an integer >= 1",
                   "compiled plans kept in memory (least recently used are dropped; "
                   "eqgrad.engine.clear_cache() empties it)")
+RESIZE = Flag("EQGRAD_RESIZE", 1, _integer_in(0, 1), "0 or 1",
+              "1: a program that differs from a cached one only in sizes (a new batch, a longer "
+              "sequence) reuses its plan rewritten for the new sizes, with no saturation or "
+              "extraction (graph/resize.py); 0: compile every new size")
 POOL_BYTES = Flag("EQGRAD_POOL_BYTES", 1 << 30, _bytes_at_least(0), "a size in bytes >= 0 (e.g. 1G, 256M, 0)",
                   "freed host buffers kept for reuse by later realizes (0 disables; "
                   "eqgrad.devices.clear_pool() empties the pool)")

@@ -17,10 +17,12 @@ class GlobalCounters:
     realize_count = 0         # realize() calls that ran a plan
     plans_compiled = 0        # plan cache misses
     saturations = 0
+    plans_resized = 0         # plan cache misses served by resizing a plan of other sizes (graph/resize.py)
 
     @classmethod
     def reset(cls) -> None:
         cls.kernel_count = cls.realize_count = cls.plans_compiled = cls.saturations = 0
+        cls.plans_resized = 0
 
 
 def log_kernel(k: Any, seconds: float) -> None:

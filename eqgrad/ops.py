@@ -385,6 +385,10 @@ OPS: dict[str, OpDef] = {o.name: o for o in [
         doc="a realized buffer (input position, shape, dtype)", grad=_LEAF),
     _op("CONST", "Const", "leaf", 0, "given", "given", None, ("f64", "String", "IVec"),
         doc="a scalar broadcast to a shape (value, dtype, shape)", grad=_LEAF),
+    # a runtime scalar argument broadcast to a shape (param index, dtype, shape): a float constant
+    # whose value no active rule inspects (graph/program.py), so a new value reuses the plan
+    _op("PARAM", "Param", "leaf", 0, "given", "given", None, ("i64", "String", "IVec"),
+        doc="a runtime scalar argument broadcast to a shape (index, dtype, shape)", grad=_LEAF),
     # unary
     _op("NEG", "Neg", _U, 1, "same", "same", _np(_neg), flops=1, doc="-x (logical not for bool)", grad=_g_neg),
     _op("EXP2", "Exp2", _U, 1, "same", "same", _np(np.exp2), flops=20, dtypes="f", grad=_g_exp2, libm="exp2"),

@@ -100,7 +100,9 @@ def test_fuzzed_egraphs_give_valid_plans_from_every_extractor(seed, tmp_path, mo
         check_plan(plan)
         from eqgrad.devices import Buffer
         from eqgrad.devices.numpy_device import NumpyDevice
-        ins = [lb.buffer for lb in linearize([y.lazydata]).inputs]
+        prog = linearize([y.lazydata], inspected=eqgrad.rules.rulebook.DEFAULT.config().inspected_constants)
+        ins = [lb.buffer for lb in prog.inputs] + [Buffer.from_numpy(np.asarray(v, dt.np), "NUMPY")
+                                                   for v, dt in prog.params]      # the runtime parameters
         bufs = ins + [Buffer.empty(s, d, "NUMPY") for s, d in plan.buffers[len(ins):]]
         NumpyDevice().prepare(plan)(bufs)
         np.testing.assert_allclose(bufs[plan.outputs[0]].data.reshape(ref.shape), ref, rtol=1e-4, atol=1e-4)

@@ -146,8 +146,14 @@ def test_two_outputs_share_work():
 
 
 def test_constants_are_never_materialized():
+    # 3.0 is a runtime parameter (no rule names it): the plan reads it as a one-element input, never
+    # as a (4, 4) buffer; 1.0 is structural (rules name it) and folds away entirely
     out = Tensor.full((4, 4), 3.0) * _t(4, 4)
     assert kernels(out) == 1
+    plan = engine.last_plan.plan
+    assert plan.buffers[:plan.n_inputs] == [((4, 4), eqgrad.float32), ((), eqgrad.float32)]
+    out = Tensor.full((4, 4), 1.0) * _t(4, 4)
+    assert kernels(out) == 0            # x * 1 is x: the output aliases the input
     assert engine.last_plan.plan.n_inputs == 1
 
 

@@ -226,7 +226,11 @@ def test_float_floordiv_and_mod_inherit_the_rounding_of_division(device):
     m = run(lambda p, q: p % q, one, tenth, device=device)[0]
     assert m in (np.float32(0.0), np.float32(-1.4901161e-08)), m
     assert np.mod(one, tenth)[0] == np.float32(0.09999999)
-    big = run(lambda p: p % 7, np.array([3e38], np.float32), device=device)[0]
+    # the NumPy reference never contracts; LLVM may (docs/semantics.md: -3e31 with an FMA, -4e31
+    # without -- whether LLVM contracts here depends on whether 7 is an immediate or a runtime
+    # parameter), so the suite-wide validation against the reference is off for this one value
+    with eqgrad.Context(VALIDATE=0):
+        big = run(lambda p: p % 7, np.array([3e38], np.float32), device=device)[0]
     assert -5e31 < big < -2e31, big
     assert np.mod(np.float32(3e38), np.float32(7)) == 1.0
 

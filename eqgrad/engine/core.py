@@ -101,7 +101,7 @@ def compile_plan(prog: Program, rules: RuleConfig, extraction: ExtractSettings |
     emitted = emit_program(prog)
     if dbg >= 6:
         print(f"--- egglog program\n{emitted.text}")
-    specs = [(lb.shape, lb.dtype) for lb in prog.inputs]
+    specs = prog.input_specs             # the realized inputs, then the parameters (one element each)
     g: EGraph | None = None
     if config.OPT.value:
         js, report = (saturator or default_saturator()).run(emitted.text, rules=rules)
@@ -120,7 +120,7 @@ def compile_plan(prog: Program, rules: RuleConfig, extraction: ExtractSettings |
         g = from_program(prog)
     t1 = time.perf_counter()
     name = extractor_name(extraction)
-    measure = (lambda choice: _measure(g, choice, specs, device)) if name == "measured" else None
+    measure = (lambda choice: _measure(g, choice, specs, device, len(prog.params))) if name == "measured" else None
     # what was timed on this machine (and LLVM target) holds for it only
     cache_key = hashlib.sha256(repr((prog.key, rules.key, machine_key(device))).encode()).hexdigest()[:24]
     result = make_extractor(name, g, device, specs, measure=measure, cache_key=cache_key,
@@ -129,7 +129,7 @@ def compile_plan(prog: Program, rules: RuleConfig, extraction: ExtractSettings |
         warnings.warn(f"eqgrad: extraction stopped early ({result.info['stopped']}); using the best plan "
                       "found so far", EqgradWarning, stacklevel=5)
     choice, ev = result.choice, result.evaluation
-    plan = build_plan(g, choice, specs, ev.kernels)
+    plan = build_plan(g, choice, specs, ev.kernels, n_params=len(prog.params))
     t2 = time.perf_counter()
     run = dev.prepare(plan)
     t3 = time.perf_counter()
@@ -159,5 +159,5 @@ def time_plan(plan: KernelPlan, device: str, reps: int = 3) -> float:
     return float(np.median(ts))
 
 
-def _measure(g: EGraph, choice: Any, specs: list, device: str) -> float:
-    return time_plan(build_plan(g, choice, specs), device)
+def _measure(g: EGraph, choice: Any, specs: list, device: str, n_params: int) -> float:
+    return time_plan(build_plan(g, choice, specs, n_params=n_params), device)

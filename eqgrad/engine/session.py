@@ -22,6 +22,7 @@ import os
 import threading
 import time
 import weakref
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
@@ -37,6 +38,7 @@ from eqgrad.extract import DEFAULT as DEFAULT_EXTRACTION, DeviceParams, ExtractS
 from eqgrad.extract.cost import CostFn
 from eqgrad.graph.lazy import LazyBuffer
 from eqgrad.graph.program import Program, linearize
+from eqgrad.graph.resize import ProgramSizes, program_sizes, resize
 from eqgrad.rules import rulebook
 from eqgrad.rules.rulebook import DEFAULT_PHASE, RuleConfig, RuleState
 from eqgrad.rules.saturate import Saturator, default_saturator
@@ -52,6 +54,42 @@ CaptureHook = Callable[[CompiledPlan, list[LazyBuffer], list[LazyBuffer], list[B
 GRAPH_LOCK = threading.Lock()
 
 _sessions: "weakref.WeakSet[Session]" = weakref.WeakSet()
+
+
+class ResizablePlans:
+    """The compiled plans that a plan of another size can be resized from, by size-free key (rules,
+    extraction settings, ``graph.resize.size_free_key``): the newest ``PER_KEY`` of each key
+    (which neighbour resolves an ambiguous size depends on the direction: from length 7 to 8 may
+    resolve where 5 to 8 does not), least recently used keys dropped past EQGRAD_PLAN_CACHE. Holds
+    ``ProgramSizes``, never a Program (whose inputs would stay alive)."""
+    PER_KEY = 4
+
+    def __init__(self) -> None:
+        self._by_key: OrderedDict[tuple, list[tuple[ProgramSizes, CompiledPlan]]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def add(self, skey: tuple, ps: ProgramSizes, cp: CompiledPlan) -> None:
+        if ps.unknown:
+            return
+        with self._lock:
+            entries = self._by_key.setdefault(skey, [])
+            entries.append((ps, cp))
+            del entries[:-self.PER_KEY]
+            self._by_key.move_to_end(skey)
+            while len(self._by_key) > max(1, config.PLAN_CACHE.value):
+                self._by_key.popitem(last=False)
+
+    def candidates(self, skey: tuple) -> list[tuple[ProgramSizes, CompiledPlan]]:
+        """Newest first."""
+        with self._lock:
+            return list(reversed(self._by_key.get(skey, [])))
+
+    def clear(self) -> None:
+        with self._lock:
+            self._by_key.clear()
+
+    def after_fork_in_child(self) -> None:
+        self._lock = threading.Lock()
 
 
 class Session:
@@ -83,6 +121,7 @@ class Session:
         self.extraction = extraction if extraction is not None else ExtractSettings(extractor, cost_fn, params or {})
         self._saturator = saturator
         self.plan_cache = PlanCache()
+        self._resizable = ResizablePlans()
         self.rng = np.random.default_rng(seed)
         self._local = threading.local()      # per thread: last_plan, capture_hooks
         _sessions.add(self)
@@ -124,6 +163,7 @@ class Session:
 
     def clear_cache(self) -> None:
         self.plan_cache.clear()
+        self._resizable.clear()
 
     # ------------------------------------------------------------------ current session
     def __enter__(self) -> "Session":
@@ -171,34 +211,74 @@ class Session:
         if len(devices) != 1:
             raise ValueError(f"explain: tensors on several devices {sorted(devices)}; explain one device at a time")
         device = devices.pop()
+        rules = self.rules.config()
         with GRAPH_LOCK:
-            prog = linearize(targets, device=device)
-        return self._cached_plan(prog, self.rules.config()), device
+            prog = linearize(targets, device=device, inspected=rules.inspected_constants)
+        cp = self._cached_plan(prog, rules, resize=False)
+        if cp.egraph is None:
+            # a resized plan (or one read from the disk cache) has no e-graph of its own sizes:
+            # explain() and the tools need it (alternatives, the cost of each kernel), so compile
+            with core.COMPILE_LOCK:
+                cp = compile_plan(prog, rules, self.extraction, self._saturator)
+                self.plan_cache[(rules.key, settings_key(prog.device, self.extraction), prog.key)] = cp
+        return cp, device
 
-    def _cached_plan(self, prog: Program, rules: RuleConfig) -> CompiledPlan:
-        key = (rules.key, settings_key(prog.device, self.extraction), prog.key)
+    def _cached_plan(self, prog: Program, rules: RuleConfig, resize: bool = True) -> CompiledPlan:
+        """The compiled plan of ``prog``: cached, else resized from a cached plan of the same program
+        at other sizes (``resize``, EQGRAD_RESIZE), else compiled."""
+        settings = settings_key(prog.device, self.extraction)
+        key = (rules.key, settings, prog.key)
         cp = self.plan_cache.get(key)
         if cp is None:
             with core.COMPILE_LOCK:
                 cp = self.plan_cache.get(key)       # compiled by another thread while this one waited
                 if cp is None:
-                    cp = compile_plan(prog, rules, self.extraction, self._saturator)
+                    ps = program_sizes(prog)
+                    skey = (rules.key, settings, ps.key)
+                    if resize and config.RESIZE.value:
+                        cp = self._resized(ps, skey, prog.device)
+                    if cp is None:
+                        cp = compile_plan(prog, rules, self.extraction, self._saturator)
                     self.plan_cache[key] = cp
+                    self._resizable.add(skey, ps, cp)
         return cp
+
+    def _resized(self, ps: ProgramSizes, skey: tuple, device: str) -> CompiledPlan | None:
+        """A cached plan of the same program at other sizes, rewritten for ``ps``'s (graph/resize.py):
+        no saturation, no extraction; the device lowers and compiles the resized kernels. None when
+        no candidate resizes safely."""
+        for old_ps, old in self._resizable.candidates(skey):
+            t0 = time.perf_counter()
+            r = resize(old_ps, old.plan, ps)
+            if config.DEBUG.value >= 2:
+                print(f"plan cache miss: {r.describe()}")
+            if r.plan is None:
+                continue
+            run = get_device(device).prepare(r.plan)
+            GlobalCounters.plans_resized += 1
+            # the e-graph and the extractor's result describe the old sizes: a resized plan has none
+            # (explain() compiles its program fully, Session.plan_for)
+            return CompiledPlan(r.plan, run, old.report, None,
+                                dict(saturate=0.0, extract=0.0, compile=time.perf_counter() - t0))
+        return None
 
     def _realize_on(self, device: str, targets: list[LazyBuffer]) -> None:
         dbg = config.DEBUG.value
         t0 = time.perf_counter()
+        rules = self.rules.config()
         with GRAPH_LOCK:
             targets = [t for t in targets if not t.realized]     # another thread may have realized some
             if not targets:
                 return
-            prog = linearize(targets, device=device)
-            inputs = prog.inputs
+            prog = linearize(targets, device=device, inspected=rules.inspected_constants)
             # host buffers come from the pool (devices/__init__.py); the intermediates go back to it as
             # soon as ``bufs`` is dropped at the end of this call, the outputs when no tensor holds them
-            bufs: list[Buffer] = [lb.buffer for lb in inputs]
-        rules = self.rules.config()
+            bufs: list[Buffer] = [lb.buffer for lb in prog.inputs]
+        # the parameters' values, one element each, after the realized inputs (Program.input_specs);
+        # the capture hooks see them as realized inputs that hold constants
+        params = [LazyBuffer.from_buffer(Buffer.from_numpy(np.asarray(v, dt.np), device)) for v, dt in prog.params]
+        bufs += [lb.buffer for lb in params]
+        inputs = prog.inputs + params
         cp = self._cached_plan(prog, rules)
         self._local.last_plan = cp
         plan = cp.plan
@@ -260,6 +340,7 @@ def _after_fork_in_child() -> None:
     GRAPH_LOCK = threading.Lock()          # a parent thread may have held these at the fork
     for s in list(_sessions):
         s.plan_cache.after_fork_in_child()
+        s._resizable.after_fork_in_child()
         s.rules.after_fork_in_child()
 
 

@@ -79,16 +79,18 @@ def blame_rules(targets: list[LazyBuffer], prog: Program, refs: list[np.ndarray]
     without any rule (the unoptimized graph, as ``EQGRAD_OPT=0``) tells "several rules together"
     from "not a rule at all"."""
     emitted = emit_program(prog)
-    specs = [(lb.shape, lb.dtype) for lb in prog.inputs]
+    specs = prog.input_specs
+    ins = [lb.buffer.to("NUMPY") for lb in prog.inputs] + [Buffer.from_numpy(np.asarray(v, dt.np), "NUMPY")
+                                                          for v, dt in prog.params]
 
     def right_on_numpy(p: KernelPlan) -> bool:
-        bufs = [lb.buffer.to("NUMPY") for lb in prog.inputs] + [Buffer.empty(s, d, "NUMPY") for s, d in p.buffers[len(specs):]]
+        bufs = ins + [Buffer.empty(s, d, "NUMPY") for s, d in p.buffers[len(specs):]]
         NumpyDevice().prepare(p)(bufs)
         return not _matches(targets, refs, [bufs[o].data for o in p.outputs])
 
     def plan_of(g: EGraph) -> KernelPlan:
         res = make_extractor("greedy", g, "NUMPY", specs).extract()
-        return build_plan(g, res.choice, specs, res.evaluation.kernels)
+        return build_plan(g, res.choice, specs, res.evaluation.kernels, n_params=len(prog.params))
 
     if plan is not None and device != "NUMPY" and right_on_numpy(plan):
         return (f"{NOT_A_RULE} (the same plan is right on the NUMPY reference device, so {device}'s "

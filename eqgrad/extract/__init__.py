@@ -101,6 +101,8 @@ def settings_key(device: str, settings: ExtractSettings | None = None) -> tuple:
       EQGRAD_DEVICE              out: the default device of new tensors; the plan's own device is in the
                                  structure key
       EQGRAD_PLAN_CACHE          out: the size of this cache, not what is in it
+      EQGRAD_RESIZE              out: it decides only how a missing plan is made (resized from a plan of
+                                 other sizes, or compiled); a plan already cached is kept
       EQGRAD_POOL_BYTES          out: reuse of freed memory, not the plan
       EQGRAD_VALIDATE            out: a check after the run, on the same plan
       EQGRAD_VERIFY              out: a check of the loop IR as it is lowered; the kernels are the same

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from eqgrad.dtype import DTYPES, DType
-from eqgrad.graph.program import ConstLeaf, Input, Program, is_node
+from eqgrad.graph.program import ConstLeaf, Input, ParamLeaf, Program, is_node
 from eqgrad.ops import EGG_TO_OP, OPS, OpDef, Shape
 
 
@@ -66,7 +66,7 @@ class EGraph:
     def node_type(self, n: ENode) -> tuple[Shape, DType] | None:
         if n.op == "BUF":
             return n.arg[1], n.arg[2]
-        if n.op == "CONST":
+        if n.op in ("CONST", "PARAM"):
             return n.arg[2], n.arg[1]
         if any(self.shapes[k] is None for k in n.children):
             return None
@@ -80,6 +80,8 @@ def _decode_arg(d: OpDef, prims: list[Any]) -> Any:
         return (int(prims[0]), tuple(prims[1]), DTYPES[prims[2]])
     if d.name == "CONST":
         return (float(prims[0]), DTYPES[prims[1]], tuple(prims[2]))
+    if d.name == "PARAM":
+        return (int(prims[0]), DTYPES[prims[1]], tuple(prims[2]))
     if d.name == "CAST":
         return DTYPES[prims[0]]
     if d.name in ("PAD", "SHRINK"):
@@ -156,7 +158,12 @@ def from_program(prog: Program) -> EGraph:
     consts: dict[tuple, int] = {}
     bufs: dict[int, int] = {}
 
-    def leaf(r: Input | ConstLeaf) -> int:
+    def leaf(r: Input | ConstLeaf | ParamLeaf) -> int:
+        if isinstance(r, ParamLeaf):
+            key = ("P", r.index, r.shape)
+            if key not in consts:
+                consts[key] = g.add_class([ENode("PARAM", (), (r.index, r.dtype, r.shape))])
+            return consts[key]
         if isinstance(r, ConstLeaf):
             key = (float(r.value), r.dtype.name, r.shape)
             if key not in consts:

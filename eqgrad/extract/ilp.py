@@ -118,7 +118,7 @@ class ILPExtractor(GreedyExtractor):
         u = {c: alloc(1) for c in reach}
         e = {k: alloc(1) for k in kern}
         m = {(c, k): alloc(1) for c in reach for k in kern}
-        q = {(c, i, k): alloc(1) for c, i, n in nodes if n.op not in ("BUF", "CONST", "REALIZE") for k in kern}
+        q = {(c, i, k): alloc(1) for c, i, n in nodes if n.op not in ("BUF", "CONST", "PARAM", "REALIZE") for k in kern}
         r = {(d, k): alloc(1) for d in reach for k in kern}
         t = {k: alloc(1) for k in kern}
         lv = {c: alloc(1) for c in reach}
@@ -140,7 +140,7 @@ class ILPExtractor(GreedyExtractor):
         for c, i, n in nodes:
             if n.op == "REALIZE":
                 realize_node.setdefault(c, []).append((i, n.children[0]))
-            if n.op in ("BUF", "CONST"):
+            if n.op in ("BUF", "CONST", "PARAM"):
                 leaf_node.setdefault(c, []).append((i, n))
         for c in reach:
             row({**{x[(c, i)]: 1 for i in range(len(g.classes[c]))}, u[c]: -1}, 0, 0)
@@ -160,7 +160,7 @@ class ILPExtractor(GreedyExtractor):
                     if inner == k:
                         row({e[k]: 1, x[(rc, i)]: -1}, 0, inf)
         for c, i, n in nodes:
-            if n.op in ("BUF", "CONST", "REALIZE"):
+            if n.op in ("BUF", "CONST", "PARAM", "REALIZE"):
                 continue
             for k in kern:
                 row({q[(c, i, k)]: 1, m[(c, k)]: -1, x[(c, i)]: -1}, -1, inf)       # q >= m + x - 1

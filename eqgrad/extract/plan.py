@@ -9,11 +9,35 @@ from eqgrad.graph.plan import Kernel, KernelPlan, KNode
 from eqgrad.ops import Shape
 
 
+def param_view(buffer: int, shape: Shape, dtype: DType) -> KNode:
+    """A kernel's read of a runtime parameter: its one-element buffer (shape ()) reshaped to rank
+    ``len(shape)`` and broadcast to ``shape``. The lowering sees an ordinary broadcast input (a
+    stride-0 load, hoisted out of the loops), so no device needs a scalar-argument ABI."""
+    node = KNode("BUF", (), buffer, (), dtype)
+    if shape:
+        node = KNode("RESHAPE", (node,), (1,) * len(shape), (1,) * len(shape), dtype)
+        if any(d != 1 for d in shape):
+            node = KNode("EXPAND", (node,), tuple(shape), tuple(shape), dtype)
+    return node
+
+
+def params_in(g: EGraph) -> int:
+    """How many parameters the program of ``g`` has: every one was inserted as a PARAM e-node (and
+    saturation never removes a node)."""
+    return 1 + max((n.arg[0] for nodes in g.classes for n in nodes if n.op == "PARAM"), default=-1)
+
+
 def build_plan(g: EGraph, choice: dict[int, ENode], input_specs: list[tuple[Shape, DType]],
-               costs: dict[int, Any] | None = None) -> KernelPlan:
+               costs: dict[int, Any] | None = None, n_params: int | None = None) -> KernelPlan:
+    """The plan of ``choice``. ``input_specs``: (shape, dtype) of its input buffers, the program's
+    realized inputs and then its ``n_params`` parameters (``Program.input_specs``; None: counted in
+    ``g``): parameter ``i`` (a PARAM e-node) is input buffer ``len(input_specs) - n_params + i``."""
+    if n_params is None:
+        n_params = params_in(g)
     buffers = list(input_specs)
     kernels: list[Kernel] = []
     buffer_of: dict[int, int] = {}
+    param_base = len(input_specs) - n_params
 
     def leaf_node(c: int) -> KNode | None:
         n = choice[c]
@@ -21,6 +45,10 @@ def build_plan(g: EGraph, choice: dict[int, ENode], input_specs: list[tuple[Shap
             return KNode("BUF", (), n.arg[0], g.shapes[c], g.dtypes[c])
         if n.op == "CONST":
             return KNode("CONST", (), cast_scalar(n.arg[0], g.dtypes[c]), g.shapes[c], g.dtypes[c])
+        if n.op == "PARAM":
+            if not 0 <= n.arg[0] < n_params:
+                raise ValueError(f"build_plan: parameter {n.arg[0]} of {n_params}")
+            return param_view(param_base + n.arg[0], g.shapes[c], g.dtypes[c])
         return None
 
     def kernel_for(k: int) -> int:

@@ -18,7 +18,7 @@ import numpy as np
 from eqgrad.dtype import DType
 from eqgrad.graph.loopir import INDEX, NONNEG, LInst, LoopIRError, LoopKernel, Table
 from eqgrad.graph.plan import Kernel
-from eqgrad.graph.program import ConstLeaf, Input, Program, is_node
+from eqgrad.graph.program import ConstLeaf, Input, ParamLeaf, Program, is_node
 from eqgrad.ops import OPS, Shape
 
 
@@ -69,6 +69,8 @@ def run_program(prog: Program, inputs: list[np.ndarray] | None = None) -> list[n
             return vals[r]
         if isinstance(r, Input):
             return inputs[r.pos].reshape(r.shape)
+        if isinstance(r, ParamLeaf):
+            return const(prog.params[r.index][0], r.shape, r.dtype)
         assert isinstance(r, ConstLeaf)
         return const(r.value, r.shape, r.dtype)
 

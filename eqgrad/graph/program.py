@@ -21,7 +21,8 @@ Example::
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Union
 
@@ -46,8 +47,19 @@ class ConstLeaf:
     dtype: DType
 
 
-# a source of a node: the index of an earlier node, an input buffer, or a constant
-Ref = Union[int, Input, ConstLeaf]
+@dataclass(frozen=True)
+class ParamLeaf:
+    """A float scalar broadcast to ``shape`` whose value is a runtime argument of the plan, not part
+    of its structure: ``Program.params[index]`` holds the value. A frontend ``CONST`` becomes one
+    when no active rule inspects its value (``linearize``'s ``structural``), so a new value (a
+    learning rate, a new ``s`` in ``x * s + 1``) runs the cached plan instead of compiling again."""
+    index: int
+    shape: Shape
+    dtype: DType
+
+
+# a source of a node: the index of an earlier node, an input buffer, a constant or a parameter
+Ref = Union[int, Input, ConstLeaf, ParamLeaf]
 
 
 @dataclass(frozen=True)
@@ -69,15 +81,26 @@ class Program:
     inputs: list[LazyBuffer]            # realized leaves, by first use (the plan's first buffers)
     roots: list[Ref]                    # one per requested target
     device: str = ""
+    # (value, dtype) of each ParamLeaf, by index: the plan's input buffers after ``inputs`` (each
+    # holds one element, of shape ())
+    params: list[tuple[Any, DType]] = field(default_factory=list)
+
+    @property
+    def input_specs(self) -> list[tuple[Shape, DType]]:
+        """(shape, dtype) of the plan's input buffers: the realized inputs, then the parameters."""
+        return [(lb.shape, lb.dtype) for lb in self.inputs] + [((), dt) for _, dt in self.params]
 
     @cached_property
     def key(self) -> tuple:
-        """Hashable structure: what changes the plan, nothing that only changes the numbers."""
+        """Hashable structure: what changes the plan, nothing that only changes the numbers (buffer
+        contents, parameter values)."""
         def ref(r: Ref) -> Any:
             if isinstance(r, int):
                 return r
             if isinstance(r, Input):
                 return ("B", r.pos, r.shape, r.dtype.name)
+            if isinstance(r, ParamLeaf):
+                return ("P", r.index, r.shape, r.dtype.name)
             return ("C", repr(r.value), r.shape, r.dtype.name)
         items: list[tuple] = [(self.device,)]
         for n in self.nodes:
@@ -87,18 +110,43 @@ class Program:
         return tuple(items)
 
 
-def linearize(targets: list[LazyBuffer], order: list[LazyBuffer] | None = None, device: str = "") -> Program:
-    """The program computing ``targets``; ``order`` is ``toposort(targets)`` if already known."""
+def is_structural(value: Any, dtype: DType, inspected: frozenset[float] | None) -> bool:
+    """Does a constant stay part of the program's structure (a ``ConstLeaf``) rather than become a
+    runtime parameter? ``inspected``: the float values the active rules name (``RuleConfig.
+    inspected_constants``); None keeps every constant structural (no parameters). Integer and bool
+    constants always stay: index arithmetic and exact integer ops are lowered with their values.
+    A float stays when a rule names it (0.0 -- which is also -0.0 --, 1.0, ...) or it is not finite
+    (inf, NaN: the lowering's identities and masks)."""
+    if inspected is None or not dtype.is_float:
+        return True
+    v = float(value)
+    return v in inspected or not math.isfinite(v)
+
+
+def linearize(targets: list[LazyBuffer], order: list[LazyBuffer] | None = None, device: str = "",
+              inspected: frozenset[float] | None = None) -> Program:
+    """The program computing ``targets``; ``order`` is ``toposort(targets)`` if already known.
+    ``inspected``: the constant values rules inspect; every other float constant becomes a
+    ``ParamLeaf`` (None: none does -- the tools that emit programs for a fixed rule set)."""
     if order is None:
         order = toposort(targets)
     index: dict[int, int] = {}
     pos: dict[int, int] = {}
     inputs: list[LazyBuffer] = []
     nodes: list[Node] = []
+    params: list[tuple[Any, DType]] = []
+    param_of: dict[int, int] = {}       # id(CONST LazyBuffer) -> its parameter's index
 
     def ref(lb: LazyBuffer) -> Ref:
         if lb.op == "CONST":
-            return ConstLeaf(lb.arg, lb.shape, lb.dtype)
+            if is_structural(lb.arg, lb.dtype, inspected):
+                return ConstLeaf(lb.arg, lb.shape, lb.dtype)
+            # one parameter per constant node (not per value: the structure must not depend on
+            # which values happen to be equal)
+            if id(lb) not in param_of:
+                param_of[id(lb)] = len(params)
+                params.append((lb.arg, lb.dtype))
+            return ParamLeaf(param_of[id(lb)], lb.shape, lb.dtype)
         if lb.op == "BUF":
             if id(lb) not in pos:
                 pos[id(lb)] = len(inputs)
@@ -113,4 +161,4 @@ def linearize(targets: list[LazyBuffer], order: list[LazyBuffer] | None = None, 
         index[id(lb)] = len(nodes)
         nodes.append(Node(lb.op, lb.arg, lb.shape, lb.dtype, srcs))
     roots = [ref(t) for t in targets]
-    return Program(nodes, inputs, roots, device)
+    return Program(nodes, inputs, roots, device, params)

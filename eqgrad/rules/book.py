@@ -23,6 +23,7 @@ validated is the text the worker loads (egglog never sees the path).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import importlib.resources
 import re
@@ -35,20 +36,31 @@ from eqgrad.rules.families import families
 from eqgrad.rules.sexpr import (RulebookError, SExpr, SList, Str, Sym, keyword_args, parse,
                                 reject_file_commands, to_text)
 
+# an egglog f64 literal (a dot or an exponent makes it one: i64 sizes have neither), and a comment
+_FLOAT_LITERAL = re.compile(r"(?<![\w.\"-])(-?(?:\d+\.\d*(?:[eE][-+]?\d+)?|\d+[eE][-+]?\d+))(?![\w.])")
+_COMMENT = re.compile(r";[^\n]*")
+
 
 def _rulebook_dir() -> Path:
     """The folder of the built-in rulebooks. pyproject.toml ships the top-level ``rulebooks/`` as the
     package ``eqgrad.rulebooks``, so an installed wheel and an editable install find it with
     ``importlib.resources``; a plain checkout on PYTHONPATH has no such package, and its
     ``rulebooks/`` sits next to ``eqgrad/``. The files are read by path (their paths name them in
-    error messages), so a zipped install is not supported."""
+    error messages), so a zipped install is not supported.
+
+    The checkout's own folder comes first: with one checkout installed editable, another one run
+    from PYTHONPATH (an old worktree, for a before/after benchmark) found the *installed* package's
+    rulebooks through ``importlib.resources`` and ran its own code against newer rules."""
+    sibling = Path(__file__).resolve().parents[2] / "rulebooks"
+    if (sibling / "schedule.egg").is_file():
+        return sibling
     try:
         schedule = importlib.resources.files("eqgrad.rulebooks").joinpath("schedule.egg")
     except ModuleNotFoundError:
         schedule = None
     if isinstance(schedule, Path) and schedule.is_file():
         return schedule.parent.resolve()
-    return Path(__file__).resolve().parents[2] / "rulebooks"
+    return sibling
 
 
 RULEBOOK_DIR = _rulebook_dir()
@@ -291,6 +303,19 @@ class RuleConfig:
         """(name, text) of everything that runs: the generated families (named ``<generated:NAME>``;
         the worker loads its own copy of them, see saturate.py) and then the rulebooks."""
         return ([(f.source, f.text) for f in families()] if self.generated else []) + self.books
+
+    @functools.cached_property
+    def inspected_constants(self) -> frozenset[float]:
+        """Every float literal in what runs (the generated families, the rulebooks, the extra
+        commands), and its negation: the constant values a rule can match on (``(Const 0.0 ..)``)
+        or test (``:when ((= a 2.0))``). A float constant of a program whose value is not here is
+        a runtime parameter (graph/program.py ``ParamLeaf``): no rule can tell it from another
+        value, so it need not be part of the plan's structure. A superset is always sound: a
+        parameter is an opaque leaf, so the price of missing a value is a lost rewrite, never a
+        wrong one. (The built-in rules name 0.0 and 1.0 only.)"""
+        text = "\n".join([t for _, t in self.sources] + [c for _, c in self.extra])
+        vals = {float(m) for m in _FLOAT_LITERAL.findall(_COMMENT.sub("", text))}
+        return frozenset(vals | {-v for v in vals})
 
 
 def builtin_paths() -> list[Path]:

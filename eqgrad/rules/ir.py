@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass
 
 from eqgrad.graph.lazy import LazyBuffer
-from eqgrad.graph.program import ConstLeaf, Input, Program, is_node
+from eqgrad.graph.program import ConstLeaf, Input, ParamLeaf, Program, is_node
 from eqgrad.ops import EGG_TO_OP, OPS, OpDef
 
 SORTS = {"i64", "f64", "String", "IVec"}
@@ -86,9 +86,11 @@ def emit_program(prog: Program) -> EmittedProgram:
     names: list[str] = []
     lines: list[str] = []
 
-    def leaf(r: Input | ConstLeaf) -> str:
+    def leaf(r: Input | ConstLeaf | ParamLeaf) -> str:
         if isinstance(r, ConstLeaf):
             return _const(r)
+        if isinstance(r, ParamLeaf):
+            return f'(Param {r.index} "{r.dtype.name}" {fmt_vec(r.shape)})'
         return f"(Buf {r.pos} {fmt_vec(r.shape)} \"{r.dtype.name}\")"
 
     for i, n in enumerate(prog.nodes):

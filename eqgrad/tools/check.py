@@ -65,6 +65,8 @@ class Inst:
             v = float(self.arg)
             c = f'(Const {fmt_f64(abs(v) if v == 0 else v)} "{self.dtype.name}" {fmt_vec(self.shape)})'
             return f"(Neg {c})" if v == 0 and math.copysign(1.0, v) < 0 else c
+        if self.op == "PARAM":          # (a counterexample's text; _run numbers the parameters)
+            return f'(Param {float(self.arg)!r} "{self.dtype.name}" {fmt_vec(self.shape)})'
         return f"({o.egg} {' '.join([k.text(leaves) for k in self.kids] + fmt_attrs(o, self.arg))})"
 
 
@@ -178,6 +180,9 @@ class Builder:
         if self.s.chance(0.15):
             v = cast_scalar(self.s.scalar(dt), dt)
             return Inst("CONST", (), v, shape, dt, np.full(shape, v, dt.np))
+        if dt.is_float and self.s.chance(0.1):          # a runtime parameter: a value no rule can see
+            v = cast_scalar(self.s.scalar(dt), dt)
+            return Inst("PARAM", (), v, shape, dt, np.full(shape, v, dt.np))
         inst = Inst("BUF", (), None, shape, dt, self.s.data(shape, dt))
         self.leaves.append(inst)
         return inst
@@ -213,6 +218,12 @@ class Builder:
             v = self.attr(v_p, lambda: float(self.s.scalar(dt)))
             v = cast_scalar(v, DTYPES[d])
             return Inst("CONST", (), v, shape, dt, np.full(shape, v, dt.np))
+        if o.name == "PARAM":
+            _, d_p, s_p = attrs_p                     # the index is _run's to number
+            self.attr(d_p, lambda: dt.name, lambda d: d == dt.name and dt.is_float)
+            self.attr(s_p, lambda: shape, lambda s: tuple(s) == shape)
+            v = cast_scalar(self.s.scalar(dt), dt)
+            return Inst("PARAM", (), v, shape, dt, np.full(shape, v, dt.np))
         return self.leaf(shape, dt)
 
     def _elementwise(self, o, kids_p, attrs_p, shape, dt):
@@ -396,6 +407,7 @@ def _run(rule: Rule, insts: list[Inst], sat) -> tuple[list[Counterexample], int,
     lines: list[str] = []
     names: dict[int, str] = {}
     leaves_by_pos: list[Inst] = []
+    params: list[Inst] = []
     for k, inst in enumerate(insts):
         for j, node in enumerate(_postorder(inst)):
             if id(node) in names:
@@ -403,6 +415,9 @@ def _run(rule: Rule, insts: list[Inst], sat) -> tuple[list[Counterexample], int,
             if node.op == "BUF":
                 text = f'(Buf {len(leaves_by_pos)} {_vec(node.shape)} "{node.dtype.name}")'
                 leaves_by_pos.append(node)
+            elif node.op == "PARAM":
+                text = f'(Param {len(params)} "{node.dtype.name}" {_vec(node.shape)})'
+                params.append(node)
             else:
                 text = node.text(names)
             names[id(node)] = f"$i{k}n{j}"
@@ -447,7 +462,7 @@ def _run(rule: Rule, insts: list[Inst], sat) -> tuple[list[Counterexample], int,
             if c in value:
                 continue
             for nd in nodes:
-                v = _eval_node(nd, value, leaves_by_pos, g.dtypes[c])
+                v = _eval_node(nd, value, leaves_by_pos, g.dtypes[c], params)
                 if v is not None:
                     value[c] = v
                     changed = True
@@ -456,7 +471,7 @@ def _run(rule: Rule, insts: list[Inst], sat) -> tuple[list[Counterexample], int,
         if c not in value or c not in origin:
             continue
         for nd in nodes:
-            v = _eval_node(nd, value, leaves_by_pos, g.dtypes[c])
+            v = _eval_node(nd, value, leaves_by_pos, g.dtypes[c], params)
             if v is None or v.shape != value[c].shape:
                 continue
             if not _close(v, value[c], g.dtypes[c]).all():
@@ -511,9 +526,12 @@ def _postorder(inst: Inst) -> list[Inst]:
     return out
 
 
-def _eval_node(nd, value: dict, leaves: list[Inst], dt: DType) -> np.ndarray | None:
+def _eval_node(nd, value: dict, leaves: list[Inst], dt: DType, params: list[Inst]) -> np.ndarray | None:
     if nd.op == "BUF":
         return leaves[nd.arg[0]].value
+    if nd.op == "PARAM":
+        i, d, shape = nd.arg
+        return np.full(shape, params[i].arg, d.np)
     if nd.op == "CONST":
         v, d, shape = nd.arg
         return np.full(shape, cast_scalar(v, d), d.np)

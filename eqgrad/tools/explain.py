@@ -21,6 +21,12 @@ from eqgrad.engine import plan_for
 from eqgrad.extract import cost_model
 
 
+def _scalar_read(n) -> bool:
+    """A read of a one-element buffer broadcast to a shape (a runtime parameter, extract/plan.py
+    ``param_view``): a leaf for the reader, not ops the kernel fuses."""
+    return (n.op == "BUF" and n.shape == ()) or (n.op in ("RESHAPE", "EXPAND") and _scalar_read(n.src[0]))
+
+
 @dataclass
 class Explanation:
     compiled: Any            # engine.CompiledPlan
@@ -37,7 +43,7 @@ class Explanation:
     def kernels(self) -> list[dict]:
         out = []
         for k in self.plan.kernels:
-            ops = [n.op for n in k.ast.walk() if n.op not in ("BUF", "CONST")]
+            ops = [n.op for n in k.ast.walk() if n.op not in ("BUF", "CONST") and not _scalar_read(n)]
             out.append(dict(name=k.name, out=k.out, shape=self.plan.buffers[k.out][0], ops=ops,
                             bytes=k.nbytes, flops=k.flops, predicted=k.predicted, body=k.ast.render()))
         return out

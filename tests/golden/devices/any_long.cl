@@ -1,15 +1,16 @@
 // ---- kernel 0
-__kernel void eqk(__global uchar* restrict b0, __global const float* restrict b1) {
+__kernel void eqk(__global uchar* restrict b0, __global const float* restrict b1, __global const float* restrict b2) {
   __local int red_int32[16];
   long gid = (long)get_group_id(0);
   long lid = (long)get_local_id(0);
-  bool acc2 = false;
-  for (long r3 = lid; r3 < 512L; r3 += 16L) {
-    float v5 = b1[r3];
-    bool v6 = 0x1.4p+1f < v5;
-    acc2 = acc2 || v6;
+  bool acc3 = false;
+  for (long r4 = lid; r4 < 512L; r4 += 16L) {
+    float v6 = b1[0L];
+    float v7 = b2[r4];
+    bool v8 = v6 < v7;
+    acc3 = acc3 || v8;
   }
-  red_int32[lid] = acc2;
+  red_int32[lid] = acc3;
   barrier(CLK_LOCAL_MEM_FENCE);
   if (lid < 8) red_int32[lid] = red_int32[lid] || red_int32[lid + 8];
   barrier(CLK_LOCAL_MEM_FENCE);
@@ -19,9 +20,9 @@ __kernel void eqk(__global uchar* restrict b0, __global const float* restrict b1
   barrier(CLK_LOCAL_MEM_FENCE);
   if (lid < 1) red_int32[lid] = red_int32[lid] || red_int32[lid + 1];
   barrier(CLK_LOCAL_MEM_FENCE);
-  acc2 = red_int32[0] != 0;
+  acc3 = red_int32[0] != 0;
   barrier(CLK_LOCAL_MEM_FENCE);
-  bool v9 = acc2;
-  if (lid == 0) b0[0L] = (uchar)v9;
+  bool v11 = acc3;
+  if (lid == 0) b0[0L] = (uchar)v11;
 }
 

@@ -1,15 +1,16 @@
 // ---- kernel 0
-extern "C" __global__ void eqk(unsigned char* __restrict__ b0, const float* __restrict__ b1) {
+extern "C" __global__ void eqk(unsigned char* __restrict__ b0, const float* __restrict__ b1, const float* __restrict__ b2) {
   __shared__ int red_int32[128];
   long long gid = (long long)blockIdx.x;
   long long lid = (long long)threadIdx.x;
-  bool acc2 = false;
-  for (long long r3 = lid; r3 < 512LL; r3 += 128LL) {
-    float v5 = b1[r3];
-    bool v6 = 0x1.4p+1f < v5;
-    acc2 = acc2 || v6;
+  bool acc3 = false;
+  for (long long r4 = lid; r4 < 512LL; r4 += 128LL) {
+    float v6 = b1[0LL];
+    float v7 = b2[r4];
+    bool v8 = v6 < v7;
+    acc3 = acc3 || v8;
   }
-  red_int32[lid] = acc2;
+  red_int32[lid] = acc3;
   __syncthreads();
   if (lid < 64) red_int32[lid] = red_int32[lid] || red_int32[lid + 64];
   __syncthreads();
@@ -25,9 +26,9 @@ extern "C" __global__ void eqk(unsigned char* __restrict__ b0, const float* __re
   __syncthreads();
   if (lid < 1) red_int32[lid] = red_int32[lid] || red_int32[lid + 1];
   __syncthreads();
-  acc2 = red_int32[0] != 0;
+  acc3 = red_int32[0] != 0;
   __syncthreads();
-  bool v9 = acc2;
-  if (lid == 0) b0[0LL] = (unsigned char)v9;
+  bool v11 = acc3;
+  if (lid == 0) b0[0LL] = (unsigned char)v11;
 }
 

@@ -2,32 +2,34 @@
 ; kernel eqk
 
 
-define void @eqk(ptr noalias %p0, ptr noalias readonly %p1, i64 %lo, i64 %hi) nounwind {
+define void @eqk(ptr noalias %p0, ptr noalias readonly %p1, ptr noalias readonly %p2, i64 %lo, i64 %hi) nounwind {
 entry:
-  %a2 = alloca i1
-  %r3.p = alloca i64
-  store i1 false, ptr %a2
-  store i64 0, ptr %r3.p
-  br label %L3.cond
-L3.cond:
-  %r3 = load i64, ptr %r3.p
-  %r3.c = icmp slt i64 %r3, 512
-  br i1 %r3.c, label %L3.body, label %L3.exit
-L3.body:
-  %t1 = getelementptr inbounds float, ptr %p1, i64 %r3
+  %a3 = alloca i1
+  %r4.p = alloca i64
+  store i1 false, ptr %a3
+  store i64 0, ptr %r4.p
+  br label %L4.cond
+L4.cond:
+  %r4 = load i64, ptr %r4.p
+  %r4.c = icmp slt i64 %r4, 512
+  br i1 %r4.c, label %L4.body, label %L4.exit
+L4.body:
+  %t1 = getelementptr inbounds float, ptr %p1, i64 0
   %t2 = load float, ptr %t1
-  %t3 = fcmp olt float 0x4004000000000000, %t2
-  %t4 = load i1, ptr %a2
-  %t5 = or i1 %t4, %t3
-  store i1 %t5, ptr %a2
-  %r3.n = add nuw nsw i64 %r3, 1
-  store i64 %r3.n, ptr %r3.p
-  br label %L3.cond, !llvm.loop !0
-L3.exit:
-  %t6 = load i1, ptr %a2
-  %t7 = getelementptr inbounds i8, ptr %p0, i64 0
-  %t8 = zext i1 %t6 to i8
-  store i8 %t8, ptr %t7
+  %t3 = getelementptr inbounds float, ptr %p2, i64 %r4
+  %t4 = load float, ptr %t3
+  %t5 = fcmp olt float %t2, %t4
+  %t6 = load i1, ptr %a3
+  %t7 = or i1 %t6, %t5
+  store i1 %t7, ptr %a3
+  %r4.n = add nuw nsw i64 %r4, 1
+  store i64 %r4.n, ptr %r4.p
+  br label %L4.cond, !llvm.loop !0
+L4.exit:
+  %t8 = load i1, ptr %a3
+  %t9 = getelementptr inbounds i8, ptr %p0, i64 0
+  %t10 = zext i1 %t8 to i8
+  store i8 %t10, ptr %t9
   ret void
 }
 

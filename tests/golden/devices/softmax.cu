@@ -1,38 +1,40 @@
 // ---- kernel 0
 static __device__ __forceinline__ float max_f32(float a, float b) { return (a != a || b != b) ? a + b : fmaxf(a, b); }
-extern "C" __global__ void eqk(float* __restrict__ b0, const float* __restrict__ b1) {
-  long long r2 = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-  float acc3 = (-__int_as_float(0x7f800000));
-  for (long long r4 = 0; r4 < 8LL; r4++) {
-    long long v6 = r2 * 8LL;
-    long long v7 = v6 + r4;
-    float v8 = b1[v7];
-    acc3 = max_f32(acc3, v8);
+extern "C" __global__ void eqk(float* __restrict__ b0, const float* __restrict__ b1, const float* __restrict__ b2) {
+  long long r3 = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+  float acc4 = (-__int_as_float(0x7f800000));
+  for (long long r5 = 0; r5 < 8LL; r5++) {
+    long long v7 = r3 * 8LL;
+    long long v8 = v7 + r5;
+    float v9 = b1[v8];
+    acc4 = max_f32(acc4, v9);
   }
-  float v11 = acc3;
-  float acc12 = 0.0f;
-  for (long long r13 = 0; r13 < 8LL; r13++) {
-    long long v15 = r2 * 8LL;
-    long long v16 = v15 + r13;
-    float v17 = b1[v16];
-    float v18 = -v11;
-    float v19 = v17 + v18;
-    float v21 = v19 * 0x1.715476p+0f;
-    float v22 = exp2f(v21);
-    acc12 = acc12 + v22;
+  float v12 = acc4;
+  float acc13 = 0.0f;
+  for (long long r14 = 0; r14 < 8LL; r14++) {
+    long long v16 = r3 * 8LL;
+    long long v17 = v16 + r14;
+    float v18 = b1[v17];
+    float v19 = -v12;
+    float v20 = v18 + v19;
+    float v22 = b2[0LL];
+    float v23 = v20 * v22;
+    float v24 = exp2f(v23);
+    acc13 = acc13 + v24;
   }
-  float v25 = acc12;
-  for (long long r26 = 0; r26 < 8LL; r26++) {
-    long long v28 = r2 * 8LL;
-    long long v29 = v28 + r26;
-    float v30 = b1[v29];
-    float v31 = -v11;
-    float v32 = v30 + v31;
-    float v34 = v32 * 0x1.715476p+0f;
-    float v35 = exp2f(v34);
-    float v36 = 1.0f / v25;
-    float v37 = v35 * v36;
-    b0[v29] = v37;
+  float v27 = acc13;
+  for (long long r28 = 0; r28 < 8LL; r28++) {
+    long long v30 = r3 * 8LL;
+    long long v31 = v30 + r28;
+    float v32 = b1[v31];
+    float v33 = -v12;
+    float v34 = v32 + v33;
+    float v36 = b2[0LL];
+    float v37 = v34 * v36;
+    float v38 = exp2f(v37);
+    float v39 = 1.0f / v27;
+    float v40 = v38 * v39;
+    b0[v31] = v40;
   }
 }
 

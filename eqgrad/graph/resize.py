@@ -1,0 +1,660 @@
+"""Plans reused for new sizes: the plan compiled for one program, rewritten for a program that differs
+from it only in dimension sizes -- with no saturation and no extraction (issue 14).
+
+Measured before this module: a decode step whose KV cache grows by ``cat`` cost 1.2-1.4 s per token
+(a full compile per length) against 62-85 ms with a fixed cache; a ``@eqgrad.jit`` step after a
+batch-size change 1.7-2.6 s. A plan's choice (which producers fuse, where kernels split) depends on
+a program's structure and on which sizes are 1, not on the other sizes' values, so the plan for a
+new size is the old plan with its sizes replaced; only lowering and the device's compiler run again.
+
+- :func:`size_free_key` -- ``Program.key`` with every size other than 0 and 1 replaced by a marker
+  (node, input, constant and parameter shapes; RESHAPE/EXPAND targets, PAD/SHRINK amounts -- reduce
+  axes, permutations and flipped axes are not sizes). A size-1 axis stays: broadcasting, the
+  extractor's row-invariance and rules such as ``expand-sum`` test it. Two programs with the same
+  size-free key differ only in sizes: the key of a cache of plans that can be resized.
+- :func:`resize` / :func:`resize_plan` -- the rewritten plan, or None (and why) when that cannot be
+  done safely. It never guesses: every size of the new plan is *derived*.
+
+How a plan is resized. Walking both programs in the same order pairs each old size with its new
+value: ``moves[v]`` is the set of new values of the positions whose old value is ``v``. A plan
+(eqgrad/extract/plan.py ``build_plan``) holds values that rewrites copied from the program (a
+reshape pushed through an add has the program's target), so each *free* value of the plan -- a
+constant's shape, a RESHAPE/EXPAND target entry that its source does not determine, a PAD/SHRINK
+amount -- can take only a value in ``moves`` of its old value. When that set has one element the
+value is known (the usual case; ``sigma`` lists those that change). When it has several (a batch of
+64 becomes 32 while a hidden size of 64 stays) the plan's own shape rules decide: every node's
+shape is built symbolically from the new input buffers, sources unify with the shapes their op
+requires (an add's two sources, an expand's kept axes, a kernel's output with the root it computes),
+and a reshape's element count and a pad's or shrink's sum pin the rest. A free value that none of
+this pins is refused, never chosen. Sizes that are not in the program at all (a user rule's
+arithmetic) are accepted only where the shape rules pin them.
+
+Constants: a ``Const`` whose value a rule made from a size (``expand-sum``: a sum over an axis
+expanded from 1 is ``x * Const(n)``) must follow the size. A plan constant that is one of the old
+program's constants (or 0, +-1, inf, NaN) stays; an integer-valued one that is not is taken to be a
+size (or a product of two sizes) and gets its new value when exactly one explanation exists;
+anything else -- ambiguous, a program whose constant-only arithmetic rules could fold into an
+integer, a non-integer derived value -- is refused.
+
+The result is checked on its own before it is returned: ``check_plan``, every node's shape equal to
+its op's shape rule of its sources and its op's argument valid (a reshape keeps the element count,
+an expand only grows axes of size 1, pads are non-negative, shrinks in range), every size 1 (or 0)
+exactly where the old plan had one, the input buffers equal to the new program's, the outputs its
+roots. Kernel ``predicted`` times are the old plan's; ``nbytes``/``flops`` are rescaled by the
+ratio of the kernel's buffer bytes and elementwise work (a note in ``plan.notes`` says so).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from itertools import product as cartesian
+from typing import Any, Union
+
+from eqgrad.dtype import DType, bool_, cast_scalar
+from eqgrad.graph.plan import Kernel, KernelPlan, KNode, check_plan
+from eqgrad.graph.program import ConstLeaf, Input, ParamLeaf, Program, Ref
+from eqgrad.ops import OPS, REDUCE_OPS, Shape, numel
+
+SIZE = "n"      # a size other than 0 and 1, in a size-free key
+
+_ELEMENTWISE = frozenset(n for n, o in OPS.items() if o.kind in ("unary", "binary", "ternary"))
+_BOUNDARY = frozenset({"CONTIGUOUS", "REALIZE"})
+_SHAPE_ARG = frozenset({"RESHAPE", "EXPAND"})               # the attribute is a shape
+_PAIR_ARG = frozenset({"PAD", "SHRINK"})                    # (before, after) / (starts, ends)
+_AXES_ARG = frozenset({"PERMUTE", "FLIP"}) | frozenset(REDUCE_OPS)   # axes, permutations: not sizes
+# Each propagation step that must enumerate combinations of ambiguous sizes tries at most this many;
+# beyond it the sizes stay unpinned and the resize is refused (a bound on the work, not a tuning).
+_MAX_COMBOS = 256
+
+
+def _known(op: str, arg: Any) -> bool:
+    """Is this an op (and attribute form) whose sizes this module knows where to find?"""
+    if op in _ELEMENTWISE or op in _BOUNDARY:
+        return arg is None or isinstance(arg, DType)
+    return op in _SHAPE_ARG or op in _PAIR_ARG or op in _AXES_ARG
+
+
+# ------------------------------------------------------------------ the size-free key
+
+
+class _Sizes:
+    """A program's sizes in walk order, and their abstraction for the key."""
+
+    def __init__(self) -> None:
+        self.values: list[int] = []
+
+    def shape(self, s: Shape) -> tuple:
+        self.values += s
+        return tuple(d if d in (0, 1) else SIZE for d in s)
+
+    def arg(self, op: str, arg: Any) -> Any:
+        if op in _SHAPE_ARG:
+            return self.shape(arg)
+        if op in _PAIR_ARG:
+            return tuple(self.shape(p) for p in arg)
+        return arg.name if isinstance(arg, DType) else arg
+
+
+@dataclass(frozen=True)
+class ProgramSizes:
+    """What resizing needs of a program, and nothing that holds its buffers (a ``Program`` keeps
+    its realized inputs alive): keep one next to a cached plan instead of the program."""
+    key: tuple                                   # size_free_key
+    values: tuple[int, ...]                      # its sizes, in the order the key abstracted them
+    input_specs: tuple[tuple[Shape, DType], ...]  # the plan's input buffers (Program.input_specs)
+    roots: tuple[tuple[Shape, DType, int | None], ...]  # each root's shape, dtype, input position if an input
+    consts: frozenset[float]                     # its constants' values and their negations
+    folds: bool          # an elementwise node computes from constants alone (algebra.egg may fold it)
+    const_sums: bool     # a reduction reads constants alone (expand-sum may make a product of sizes)
+    unknown: str = ""    # why resizing cannot handle it ("" if it can)
+
+
+def program_sizes(prog: Program) -> ProgramSizes:
+    """The sizes of ``prog`` and its size-free key, in one walk."""
+    sz = _Sizes()
+    consts: set[float] = set()
+    unknown = ""
+
+    def ref(r: Ref) -> Any:
+        nonlocal unknown
+        if isinstance(r, int):
+            return r
+        if isinstance(r, Input):
+            return ("B", r.pos, sz.shape(r.shape), r.dtype.name)
+        if isinstance(r, ParamLeaf):
+            return ("P", r.index, sz.shape(r.shape), r.dtype.name)
+        if isinstance(r, ConstLeaf):
+            if not isinstance(r.value, bool):
+                consts.add(float(r.value))
+            return ("C", repr(r.value), sz.shape(r.shape), r.dtype.name)
+        unknown = unknown or f"a leaf {type(r).__name__} that resize does not know"
+        return ("?", repr(r))
+
+    const: list[bool] = []          # node i computes from constants alone
+    folds = sums = False
+    items: list[tuple] = [(prog.device, len(prog.inputs), tuple(dt.name for _, dt in prog.params))]
+    for n in prog.nodes:
+        if _known(n.op, n.arg):
+            arg = sz.arg(n.op, n.arg)
+        else:
+            arg = n.arg
+            unknown = unknown or f"op {n.op} (attribute {n.arg!r}), whose sizes resize does not know"
+        items.append((n.op, arg, sz.shape(n.shape), n.dtype.name, tuple(ref(r) for r in n.src)))
+        c = all(const[r] if isinstance(r, int) else isinstance(r, ConstLeaf) for r in n.src)
+        const.append(c)
+        folds |= c and n.op in _ELEMENTWISE
+        sums |= c and n.op in REDUCE_OPS
+    items.append(tuple(ref(r) for r in prog.roots))
+    roots = tuple((*_ref_shape(prog, r), r.pos if isinstance(r, Input) else None) for r in prog.roots)
+    return ProgramSizes(tuple(items), tuple(sz.values), tuple((tuple(s), d) for s, d in prog.input_specs), roots,
+                        frozenset(consts | {-v for v in consts}), folds, sums, unknown)
+
+
+def _ref_shape(prog: Program, r: Ref) -> tuple[Shape, DType]:
+    if isinstance(r, int):
+        return tuple(prog.nodes[r].shape), prog.nodes[r].dtype
+    return tuple(r.shape), r.dtype
+
+
+def size_free_key(prog: Program) -> tuple:
+    """``Program.key`` with every size other than 0 and 1 abstracted (see the module docstring).
+
+    Example::
+
+        >>> from eqgrad import Tensor
+        >>> from eqgrad.graph.program import linearize
+        >>> def prog(n): return linearize([(Tensor.ones(n, 4).realize() * 2).sum(1).lazydata])
+        >>> size_free_key(prog(3)) == size_free_key(prog(5)), size_free_key(prog(3)) == size_free_key(prog(1))
+        (True, False)
+    """
+    return program_sizes(prog).key
+
+
+# ------------------------------------------------------------------ the result
+
+
+@dataclass
+class Resized:
+    """What :func:`resize` found. ``plan`` is None when it refused, and ``reason`` says why;
+    ``sigma`` maps each old size whose new value is the same at every position to that value (the
+    sizes that changed), ``resolved`` each old size whose positions took several new values to
+    those values (each pinned by the plan's shape rules)."""
+    plan: KernelPlan | None
+    sigma: dict[int, int] = field(default_factory=dict)
+    resolved: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    reason: str = ""
+
+    def describe(self) -> str:
+        """One line for DEBUG output."""
+        if self.plan is None:
+            return f"resize refused: {self.reason}"
+        amb = f", ambiguous sizes resolved {self.resolved}" if self.resolved else ""
+        return f"resized the plan: sizes {self.sigma}{amb}"
+
+
+class _Refuse(Exception):
+    """Resizing is not safe; the message says why."""
+
+
+# ------------------------------------------------------------------ the size solver
+
+
+class _Var:
+    """An unknown new size: an index into the solver's union-find (``_Solver.old[id]`` is the plan's
+    value it replaces, for messages)."""
+    __slots__ = ("id",)
+
+    def __init__(self, i: int):
+        self.id = i
+
+
+Term = Union[int, _Var]
+
+
+class _Solver:
+    """Union-find over unknown sizes, each with the set of values it may take (None: any), and the
+    arithmetic constraints (reshape element counts, pad and shrink sums) that pin them."""
+
+    def __init__(self) -> None:
+        self.parent: list[int] = []
+        self.dom: list[frozenset[int] | None] = []
+        self.val: list[int | None] = []
+        self.old: list[int] = []
+        self.linear: list[tuple[tuple[int, ...], tuple[Term, ...]]] = []     # sum(c * t) == 0
+        self.products: list[tuple[tuple[Term, ...], tuple[Term, ...]]] = []  # prod(a) == prod(b)
+
+    def var(self, old: int, dom: frozenset[int] | None) -> Term:
+        if dom is not None and len(dom) == 1:
+            return next(iter(dom))
+        self.parent.append(len(self.parent))
+        self.dom.append(dom)
+        self.val.append(None)
+        self.old.append(old)
+        return _Var(len(self.parent) - 1)
+
+    def _root(self, i: int) -> int:
+        while self.parent[i] != i:
+            self.parent[i] = self.parent[self.parent[i]]
+            i = self.parent[i]
+        return i
+
+    def find(self, t: Term) -> Term:
+        if isinstance(t, int):
+            return t
+        r = self._root(t.id)
+        return self.val[r] if self.val[r] is not None else _Var(r)
+
+    def pin(self, v: _Var, x: int) -> None:
+        r = self._root(v.id)
+        if x < 0 or (self.dom[r] is not None and x not in self.dom[r]):
+            raise _Refuse(f"size {self.old[r]} would have to become {x}, not one of its new values "
+                          f"{sorted(self.dom[r]) if self.dom[r] is not None else '(any)'}")
+        self.val[r] = x
+
+    def unify(self, a: Term, b: Term) -> None:
+        a, b = self.find(a), self.find(b)
+        if isinstance(a, int) and isinstance(b, int):
+            if a != b:
+                raise _Refuse(f"the plan's shape rules need {a} == {b}")
+            return
+        if isinstance(a, int):
+            a, b = b, a
+        if isinstance(b, int):
+            self.pin(a, b)
+            return
+        ra, rb = self._root(a.id), self._root(b.id)
+        if ra == rb:
+            return
+        da, db = self.dom[ra], self.dom[rb]
+        dom = da if db is None else db if da is None else da & db
+        if dom is not None and not dom:
+            raise _Refuse(f"sizes {self.old[ra]} and {self.old[rb]} must be equal but have no new value in common")
+        self.parent[rb] = ra
+        self.dom[ra] = dom
+        if dom is not None and len(dom) == 1:
+            self.val[ra] = next(iter(dom))
+
+    def unify_shapes(self, a: tuple[Term, ...], b: tuple[Term, ...]) -> None:
+        if len(a) != len(b):
+            raise _Refuse(f"ranks differ: {len(a)} != {len(b)}")
+        for x, y in zip(a, b):
+            self.unify(x, y)
+
+    def value(self, t: Term) -> int:
+        t = self.find(t)
+        if isinstance(t, int):
+            return t
+        r = self._root(t.id)
+        dom = self.dom[r]
+        raise _Refuse(f"size {self.old[r]} is ambiguous: it could become any of "
+                      f"{sorted(dom) if dom is not None else '(any value)'} and no shape rule decides")
+
+    # -- propagation
+    def solve(self) -> None:
+        """Pin what the constraints determine, until nothing changes; a violated one refuses."""
+        pending = [(terms, _linear(coefs)) for coefs, terms in self.linear] + \
+                  [(a + b, _product(len(a))) for a, b in self.products]
+        changed = True
+        while changed and pending:
+            changed = False
+            left = []
+            for terms, (holds, solve_one) in pending:
+                step, done = self._step(terms, holds, solve_one)
+                changed |= step
+                if not done:
+                    left.append((terms, (holds, solve_one)))
+            pending = left
+
+    def _step(self, terms: tuple[Term, ...], holds: Any, solve_one: Any) -> tuple[bool, bool]:
+        """One constraint: (did it pin a size, is it fully decided)."""
+        cur = [self.find(t) for t in terms]
+        unknown = sorted({self._root(t.id) for t in cur if isinstance(t, _Var)})
+        if not unknown:
+            if not holds(cur):
+                raise _Refuse(f"the plan's shape rules fail for sizes {cur}")
+            return False, True
+        if len(unknown) == 1:
+            idx = [i for i, t in enumerate(cur) if isinstance(t, _Var)]
+            x = solve_one(idx, cur)
+            if x is not None:
+                self.pin(_Var(unknown[0]), x)
+                return True, False
+        doms = [self.dom[r] for r in unknown]
+        if any(d is None for d in doms) or math.prod(len(d) for d in doms) > _MAX_COMBOS:
+            return False, False
+        fits = []
+        for combo in cartesian(*[sorted(d) for d in doms]):
+            at = dict(zip(unknown, combo))
+            if holds([at[self._root(t.id)] if isinstance(t, _Var) else t for t in cur]):
+                fits.append(combo)
+        if not fits:
+            raise _Refuse(f"no new values of sizes {[self.old[r] for r in unknown]} satisfy the plan's shape rules")
+        changed = False
+        for j, r in enumerate(unknown):
+            if len({c[j] for c in fits}) == 1:
+                self.val[r] = fits[0][j]
+                changed = True
+        return changed, False
+
+
+def _linear(coefs: tuple[int, ...]) -> tuple[Any, Any]:
+    """(does sum(coefs * v) == 0 hold, solve it for its one unknown)."""
+    return (lambda v: sum(c * x for c, x in zip(coefs, v)) == 0), (lambda i, v: _solve_linear(coefs, v, i))
+
+
+def _product(n: int) -> tuple[Any, Any]:
+    """(does prod(v[:n]) == prod(v[n:]) hold, solve it for its one unknown)."""
+    return (lambda v: math.prod(v[:n]) == math.prod(v[n:])), (lambda i, v: _solve_product(n, v, i))
+
+
+def _solve_linear(coefs: tuple[int, ...], v: list[Term], idx: list[int]) -> int | None:
+    k = sum(coefs[i] for i in idx)
+    rest = sum(c * x for i, (c, x) in enumerate(zip(coefs, v)) if i not in idx)
+    if k == 0 or rest % k:
+        return None if k == 0 else -1          # -1: no integer solution (pin refuses it)
+    return -rest // k
+
+
+def _solve_product(n: int, v: list[Term], idx: list[int]) -> int | None:
+    """The unknown of prod(v[:n]) == prod(v[n:]) when it occurs once."""
+    if len(idx) != 1:
+        return None
+    i = idx[0]
+    known = math.prod(x for j, x in enumerate(v) if j != i and (j < n) == (i < n))
+    other = math.prod(x for j, x in enumerate(v) if (j < n) != (i < n))
+    if known == 0:
+        return None
+    return other // known if other % known == 0 else -1
+
+
+# ------------------------------------------------------------------ resizing
+
+
+class _Resizer:
+    def __init__(self, old: ProgramSizes, plan: KernelPlan, new: ProgramSizes):
+        self.old, self.plan, self.new = old, plan, new
+        self.s = _Solver()
+        if old.key != new.key:
+            raise _Refuse("the programs differ in more than sizes (their size-free keys differ)")
+        if old.unknown:
+            raise _Refuse(f"the program has {old.unknown}")
+        self.moves: dict[int, set[int]] = {}
+        for a, b in zip(old.values, new.values):
+            self.moves.setdefault(a, set()).add(b)
+        self.sigma = {a: next(iter(b)) for a, b in self.moves.items() if len(b) == 1 and a not in b}
+        self.ambiguous = {a: tuple(sorted(b)) for a, b in self.moves.items() if len(b) > 1}
+        self.consts, self.folds, self.const_sums = old.consts, old.folds, old.const_sums
+
+    def free(self, v: int) -> Term:
+        """The new value of a plan value that no source determines (see the module docstring)."""
+        if v in (0, 1):
+            return v
+        return self.s.var(v, frozenset(self.moves[v]) if v in self.moves else None)
+
+    # -- symbolic shapes
+    def build(self) -> None:
+        plan, old_specs, new_specs = self.plan, self.old.input_specs, self.new.input_specs
+        if plan.n_inputs != len(old_specs) or len(old_specs) != len(new_specs):
+            raise _Refuse(f"the plan reads {plan.n_inputs} input buffers, the programs have "
+                          f"{len(old_specs)} and {len(new_specs)}")
+        if list(old_specs) != [(tuple(s), d) for s, d in plan.buffers[:plan.n_inputs]]:
+            raise _Refuse("the plan's input buffers are not the old program's")
+        self.shape: dict[int, tuple[Term, ...]] = {}        # id(KNode) -> symbolic shape
+        self.arg: dict[int, Any] = {}                       # id(KNode) -> symbolic attribute
+        self.out: dict[int, tuple[Term, ...]] = {b: tuple(s) for b, (s, _) in enumerate(new_specs)}
+        self.orders = [k.ast.walk() for k in plan.kernels]     # each body, sources first
+        for k, order in zip(plan.kernels, self.orders):
+            for n in order:
+                self.shape[id(n)] = self.node(n)
+            if tuple(plan.buffers[k.out][0]) != tuple(k.ast.shape):
+                raise _Refuse(f"{k.name}: its buffer's shape is not its body's")
+            self.out[k.out] = self.shape[id(k.ast)]
+        if len(plan.outputs) != len(self.new.roots):
+            raise _Refuse(f"the plan has {len(plan.outputs)} outputs, the program {len(self.new.roots)} roots")
+        for o, (shape, _, pos) in zip(plan.outputs, self.new.roots):
+            if o < plan.n_inputs:
+                if pos != o:
+                    raise _Refuse(f"output b{o} aliases an input that is not the program's root")
+                continue
+            self.s.unify_shapes(self.out[o], shape)
+
+    def node(self, n: KNode) -> tuple[Term, ...]:
+        op, s = n.op, self.s
+        if op == "BUF":
+            if n.arg not in self.out:
+                raise _Refuse(f"b{n.arg} is read before it is written")
+            if tuple(n.shape) != tuple(self.plan.buffers[n.arg][0]):
+                raise _Refuse(f"a read of b{n.arg} with shape {n.shape}, not its buffer's")
+            return self.out[n.arg]
+        if op == "CONST":
+            return tuple(self.free(d) for d in n.shape)
+        if not _known(op, n.arg):
+            raise _Refuse(f"op {op} (attribute {n.arg!r}) is not one whose sizes resize knows")
+        src = [self.shape[id(x)] for x in n.src]
+        olds = [tuple(x.shape) for x in n.src]
+        if op in _ELEMENTWISE or op in _BOUNDARY:
+            if any(o != tuple(n.shape) for o in olds):
+                raise _Refuse(f"{op} over sources of shapes {olds} != {n.shape}")
+            for x in src[1:]:
+                s.unify_shapes(src[0], x)
+            return src[0]
+        if op in REDUCE_OPS:
+            return tuple(1 if i in n.arg else d for i, d in enumerate(src[0]))
+        if op == "PERMUTE":
+            return tuple(src[0][p] for p in n.arg)
+        if op == "FLIP":
+            return src[0]
+        if op == "EXPAND":
+            if len(n.arg) != len(olds[0]):
+                raise _Refuse(f"EXPAND of rank {len(olds[0])} to {n.arg}")
+            target = []
+            for d, (o, t) in enumerate(zip(olds[0], n.arg)):
+                if o == 1:
+                    s.unify(src[0][d], 1)
+                    target.append(self.free(t))
+                elif o == t:
+                    target.append(src[0][d])
+                else:
+                    raise _Refuse(f"EXPAND of {olds[0]} to {n.arg}")
+            self.arg[id(n)] = tuple(target)
+            return tuple(target)
+        if op == "RESHAPE":
+            target = tuple(self.free(d) for d in n.arg)
+            if all(isinstance(t, int) for t in src[0] + target):
+                if numel(src[0]) != numel(target):
+                    raise _Refuse(f"RESHAPE of {src[0]} to {target}")
+            else:
+                s.products.append((tuple(src[0]), target))
+            self.arg[id(n)] = target
+            return target
+        # PAD (before, after) / SHRINK (starts, ends): out = before + src + after / ends - starts
+        lo, hi = (tuple(self.free(d) for d in p) for p in n.arg)
+        self.arg[id(n)] = (lo, hi)
+        out = []
+        for d, old_out in enumerate(n.shape):
+            parts = (lo[d], src[0][d], hi[d]) if op == "PAD" else (hi[d], lo[d])
+            if all(isinstance(p, int) for p in parts):
+                out.append(sum(parts) if op == "PAD" else parts[0] - parts[1])
+                continue
+            x = old_out if old_out in (0, 1) else s.var(old_out, None)    # 0 and 1 are structure
+            coefs = (1, -1, -1, -1) if op == "PAD" else (1, -1, 1)
+            s.linear.append((coefs, (x,) + parts))
+            out.append(x)
+        return tuple(out)
+
+    # -- constants
+    def const_value(self, v: Any, dtype: DType) -> Any:
+        if dtype is bool_ or isinstance(v, bool):
+            return v
+        f = float(v)
+        if not math.isfinite(f) or f in (0.0, 1.0, -1.0):
+            return v
+        n = abs(f)
+        changing = n.is_integer() and int(n) in self.moves and self.moves[int(n)] != {int(n)}
+        if f in self.consts:
+            if changing:
+                raise _Refuse(f"constant {v} is a constant of the program and also a size that changes")
+            return v
+        if not n.is_integer():
+            raise _Refuse(f"constant {v} is neither a constant of the program nor a size")
+        if self.folds:
+            raise _Refuse(f"constant {v} is not the program's, and the program computes from constants "
+                          "alone (a rule may have folded them into it)")
+        news = self._explain(int(n))
+        if len(news) != 1:
+            raise _Refuse(f"constant {v} looks like a size, and its new value is "
+                          f"{'unknown' if not news else 'ambiguous: ' + str(sorted(news))}")
+        return cast_scalar(math.copysign(next(iter(news)), f), dtype)
+
+    def _explain(self, n: int) -> set[int]:
+        """The new values of ``n`` read as a size, or as a product of two sizes when the program
+        sums constants (expand-sum over an already size-derived constant)."""
+        out = set(self.moves.get(n, ()))
+        if self.const_sums:
+            sizes = sorted(v for v in self.moves if v > 1)
+            for a in sizes:
+                if n % a == 0 and n // a >= a and n // a in self.moves:
+                    out |= {x * y for x in self.moves[a] for y in self.moves[n // a]}
+        return out
+
+    # -- the concrete plan
+    def emit(self) -> KernelPlan:
+        s, plan, memo = self.s, self.plan, {}
+        buffers = list(self.new.input_specs)
+        kernels = []
+        self.new_orders = []
+        for k, order in zip(plan.kernels, self.orders):
+            for n in order:
+                memo[id(n)] = self.concrete(n, memo)
+            self.new_orders.append([memo[id(n)] for n in order])
+            ast = memo[id(k.ast)]
+            buffers.append((ast.shape, plan.buffers[k.out][1]))
+            kernels.append(Kernel(k.name, k.out, ast, k.inputs, k.predicted, k.nbytes, k.flops))
+        out = KernelPlan(buffers, plan.n_inputs, kernels, list(plan.outputs), plan.predicted, list(plan.notes))
+        for k, ko, order, new_order in zip(out.kernels, plan.kernels, self.orders, self.new_orders):
+            k.nbytes = _rescale(ko.nbytes, _traffic(ko, plan.buffers), _traffic(k, out.buffers))
+            k.flops = _rescale(ko.flops, _work(order), _work(new_order))
+        changed = dict(sorted(self.sigma.items()))
+        if self.ambiguous:
+            changed.update({a: b for a, b in sorted(self.ambiguous.items())})
+        out.notes.append(f"resized (graph/resize.py) for new sizes {changed}: kernel times are the old plan's "
+                         "predictions, bytes and FLOPs rescaled by the kernels' buffer sizes")
+        return out
+
+    def concrete(self, n: KNode, memo: dict[int, KNode]) -> KNode:
+        s = self.s
+        shape = tuple(s.value(t) for t in self.shape[id(n)])
+        for o, x in zip(n.shape, shape):
+            if (o in (0, 1) or x in (0, 1)) and o != x:
+                raise _Refuse(f"an axis of size {o} would become {x}: sizes 0 and 1 are structure")
+        arg = n.arg
+        if n.op == "CONST":
+            arg = self.const_value(n.arg, n.dtype)
+        elif n.op in _SHAPE_ARG:
+            arg = tuple(s.value(t) for t in self.arg[id(n)])
+        elif n.op in _PAIR_ARG:
+            arg = tuple(tuple(s.value(t) for t in p) for p in self.arg[id(n)])
+        return KNode(n.op, tuple(memo[id(x)] for x in n.src), arg, shape, n.dtype)
+
+
+def _traffic(k: Kernel, buffers: list[tuple[Shape, DType]]) -> int:
+    return sum(numel(buffers[b][0]) * buffers[b][1].itemsize for b in (k.out, *k.inputs))
+
+
+def _work(order: list[KNode]) -> int:
+    return sum(numel(n.src[0].shape if n.op in REDUCE_OPS else n.shape)
+               for n in order if n.op in _ELEMENTWISE or n.op in REDUCE_OPS)
+
+
+def _rescale(value: int, before: int, after: int) -> int:
+    return round(value * after / before) if before else value
+
+
+# ------------------------------------------------------------------ checking the result
+
+
+def _arg_error(op: str, srcs: list[Shape], arg: Any) -> str:
+    """Why ``arg`` is not a valid attribute of ``op`` over sources of shapes ``srcs`` ('' if it is)."""
+    s = srcs[0] if srcs else ()
+    if op in _ELEMENTWISE or op in _BOUNDARY:
+        return "" if all(x == s for x in srcs) else f"sources of shapes {srcs}"
+    if op in REDUCE_OPS or op == "FLIP":
+        return "" if all(0 <= a < len(s) for a in arg) else f"axes {arg} of rank {len(s)}"
+    if op == "PERMUTE":
+        return "" if sorted(arg) == list(range(len(s))) else f"permutation {arg} of rank {len(s)}"
+    if op == "RESHAPE":
+        return "" if numel(arg) == numel(s) else f"{s} ({numel(s)} elements) into {arg}"
+    if op == "EXPAND":
+        ok = len(arg) == len(s) and all(a == b or a == 1 for a, b in zip(s, arg))
+        return "" if ok else f"{s} to {arg}"
+    lo, hi = arg
+    if len(lo) != len(s) or len(hi) != len(s):
+        return f"{arg} of rank {len(s)}"
+    if op == "PAD":
+        return "" if all(x >= 0 for x in lo + hi) else f"negative padding {arg}"
+    ok = all(0 <= b <= e <= d for b, e, d in zip(lo, hi, s))
+    return "" if ok else f"range {arg} outside {s}"
+
+
+def _sizes_of(p: "Program | ProgramSizes") -> ProgramSizes:
+    return p if isinstance(p, ProgramSizes) else program_sizes(p)
+
+
+def verify(plan: KernelPlan, prog: "Program | ProgramSizes", orders: list[list[KNode]] | None = None) -> None:
+    """Raise AssertionError unless ``plan`` is a well-formed plan for ``prog``'s inputs and roots:
+    ``check_plan``; every node's attribute valid for its sources and its shape its op's shape rule;
+    every read of a buffer with the buffer's shape; the input buffers the program's, each output
+    the shape and dtype of its root. ``orders``: each kernel body's ``walk()``, if known."""
+    check_plan(plan)
+    ps = _sizes_of(prog)
+    got = [(tuple(s), d) for s, d in plan.buffers[:plan.n_inputs]]
+    if got != list(ps.input_specs):
+        raise AssertionError(f"input buffers {got} != the program's {list(ps.input_specs)}")
+    for i, k in enumerate(plan.kernels):
+        for n in (orders[i] if orders is not None else k.ast.walk()):
+            if n.op == "BUF":
+                if tuple(n.shape) != tuple(plan.buffers[n.arg][0]):
+                    raise AssertionError(f"{k.name}: b{n.arg} read as {n.shape}, it is {plan.buffers[n.arg][0]}")
+                continue
+            if n.op == "CONST":
+                continue
+            srcs = [tuple(x.shape) for x in n.src]
+            why = _arg_error(n.op, srcs, n.arg)
+            if why:
+                raise AssertionError(f"{k.name}: {n.op} {why}")
+            want = tuple(OPS[n.op].shape_rule(srcs, n.arg))
+            if want != tuple(n.shape):
+                raise AssertionError(f"{k.name}: {n.op} has shape {n.shape}, its shape rule gives {want}")
+    if len(plan.outputs) != len(ps.roots):
+        raise AssertionError(f"{len(plan.outputs)} outputs for {len(ps.roots)} roots")
+    for o, (shape, dt, _) in zip(plan.outputs, ps.roots):
+        if (tuple(plan.buffers[o][0]), plan.buffers[o][1]) != (shape, dt):
+            raise AssertionError(f"output b{o} is {plan.buffers[o]}, its root {shape} {dt.name}")
+
+
+# ------------------------------------------------------------------ entry points
+
+
+def resize(old: "Program | ProgramSizes", plan: KernelPlan, new: "Program | ProgramSizes") -> Resized:
+    """``plan`` (compiled for ``old``) rewritten for ``new``'s sizes, with the sizes that changed;
+    ``Resized.plan`` is None, and ``reason`` says why, when that cannot be done safely. Either
+    program may be given as its ``program_sizes`` (what a plan cache keeps)."""
+    new_sizes = _sizes_of(new)
+    try:
+        r = _Resizer(_sizes_of(old), plan, new_sizes)
+        r.build()
+        r.s.solve()
+        out = r.emit()
+    except _Refuse as e:
+        return Resized(None, reason=str(e))
+    try:
+        verify(out, new_sizes, r.new_orders)
+    except AssertionError as e:        # a case the derivation above missed: refuse, never run it
+        return Resized(None, reason=f"the resized plan fails its check: {e}")
+    return Resized(out, dict(sorted(r.sigma.items())), dict(sorted(r.ambiguous.items())))
+
+
+def resize_plan(old: "Program | ProgramSizes", plan: KernelPlan, new: "Program | ProgramSizes") -> KernelPlan | None:
+    """The plan compiled for ``old`` rewritten for ``new``'s sizes, or None when that cannot be done
+    safely (``resize`` says why, and which sizes changed)."""
+    return resize(old, plan, new).plan
