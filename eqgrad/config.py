@@ -299,9 +299,16 @@ POOL_BYTES = Flag("EQGRAD_POOL_BYTES", 1 << 30, _bytes_at_least(0), "a size in b
 VALIDATE = Flag("EQGRAD_VALIDATE", 0, _integer_in(0, 1), "0 or 1",
                 "1 re-runs every realize on the NumPy reference device and raises if the numbers differ")
 VERIFY = Flag("EQGRAD_VERIFY", 0, _integer_in(0, 1), "0 or 1",
-              "1 checks the loop IR of every lowered kernel after every lowering pass (loopir.verify)")
+              "1 checks the loop IR of every lowered kernel after every lowering pass (loopir.verify), "
+              "and that every compiled plan reads back from its JSON unchanged")
 CACHE_DIR = Flag("EQGRAD_CACHE_DIR", None, _path, "a directory path",
                  "where the on-disk caches live (default ~/.cache/eqgrad; eqgrad/cache.py)")
+DISK_CACHE = Flag("EQGRAD_DISK_CACHE", 1, _integer_in(0, 1), "0 or 1",
+                  "1 keeps compiled plans (and compiled kernels) in the cache directory for later processes; "
+                  "0 neither reads nor writes them")
+DISK_CACHE_BYTES = Flag("EQGRAD_DISK_CACHE_BYTES", 256 << 20, _bytes_at_least(0),
+                        "a size in bytes >= 0 (e.g. 256M, 1G, 0)",
+                        "bound on the plans kept on disk (least recently used are deleted past it)")
 
 
 @contextlib.contextmanager

@@ -15,14 +15,23 @@ class EqgradWarning(UserWarning):
 class GlobalCounters:
     kernel_count = 0          # kernels launched
     realize_count = 0         # realize() calls that ran a plan
-    plans_compiled = 0        # plan cache misses
+    plans_compiled = 0        # plan cache misses (compile_plan calls, disk-cache hits included)
     saturations = 0
+    disk_hits = 0             # plans read from the disk cache (no saturation, no extraction)
     plans_resized = 0         # plan cache misses served by resizing a plan of other sizes (graph/resize.py)
+    # seconds spent in compile_plan's phases, summed over its calls: saturation (with inserting
+    # the program), extraction (with building the plan), the device's compile (``prepare``), and
+    # reading plans from the disk cache
+    saturate_seconds = 0.0
+    extract_seconds = 0.0
+    compile_seconds = 0.0
+    load_seconds = 0.0
 
     @classmethod
     def reset(cls) -> None:
-        cls.kernel_count = cls.realize_count = cls.plans_compiled = cls.saturations = 0
+        cls.kernel_count = cls.realize_count = cls.plans_compiled = cls.saturations = cls.disk_hits = 0
         cls.plans_resized = 0
+        cls.saturate_seconds = cls.extract_seconds = cls.compile_seconds = cls.load_seconds = 0.0
 
 
 def log_kernel(k: Any, seconds: float) -> None:

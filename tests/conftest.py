@@ -1,6 +1,7 @@
 """Shared fixtures and helpers of the Tensor-API tests (test_ops.py, test_errors.py)."""
 from __future__ import annotations
 
+import os
 import warnings
 from typing import Any, Callable, Sequence
 
@@ -10,6 +11,13 @@ import pytest
 import eqgrad
 import eqgrad.devices
 from eqgrad import Tensor
+
+
+# No plan comes from disk in the suite (tests/test_diskcache.py turns the cache on in its own
+# directory): tests count saturations and compiled plans and clear the plan cache to compile again,
+# and a plan stored by an earlier test, run or worker would make those counts depend on what ran
+# before. Set in the environment, not in a Context, so threads and child processes see it too.
+os.environ["EQGRAD_DISK_CACHE"] = "0"
 
 
 def _available(name: str) -> bool:

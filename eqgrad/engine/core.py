@@ -22,6 +22,7 @@ from eqgrad import config
 from eqgrad.cache import machine_key
 from eqgrad.counters import EqgradWarning, GlobalCounters
 from eqgrad.devices import Buffer, get_device
+from eqgrad.engine import diskcache
 from eqgrad.extract import ExtractSettings, extractor_name, make_extractor
 from eqgrad.extract.egraph import EGraph, from_json, from_program
 from eqgrad.extract.plan import build_plan
@@ -38,9 +39,9 @@ class CompiledPlan:
     plan: KernelPlan
     run: Callable[[list[Buffer]], None]
     report: SaturationReport
-    egraph: EGraph
+    egraph: EGraph | None         # None: the plan came from the disk cache (compile_plan)
     seconds: dict[str, float]
-    result: Any = None            # the extractor's Result (choice, evaluation, alternatives, info)
+    result: Any = None            # the extractor's Result (choice, evaluation, alternatives, info); None as egraph
 
 
 class PlanCache(OrderedDict):
@@ -91,17 +92,31 @@ os.register_at_fork(after_in_child=_new_lock_in_child)
 
 
 def compile_plan(prog: Program, rules: RuleConfig, extraction: ExtractSettings | None = None,
-                 saturator: Saturator | None = None) -> CompiledPlan:
+                 saturator: Saturator | None = None, disk: bool = True) -> CompiledPlan:
     """Saturate ``prog`` under ``rules``, extract a plan under ``extraction`` (None: the default
-    session's settings) and compile it for its device. The caller holds COMPILE_LOCK."""
+    session's settings) and compile it for its device. The caller holds COMPILE_LOCK.
+
+    With ``disk`` (and EQGRAD_DISK_CACHE=1) a plan that an earlier process stored for the same
+    key (engine/diskcache.py: the program, eqgrad, the rules, the settings, the machine) is read
+    instead, and only compiled for the device: its ``egraph`` and ``result`` are None and its
+    report is the stored one (the fired rules and stop reason; ``detail`` says it came from
+    disk). ``disk=False`` always saturates and extracts -- for explain() and the tools, which read
+    the e-graph and the extractor's alternatives -- and still stores the plan."""
     device = prog.device
     dev = get_device(device)
     dbg = config.DEBUG.value
+    t0 = time.perf_counter()
+    key = diskcache.plan_key(prog, rules, extraction, saturator) if diskcache.enabled() else None
+    if key is not None and disk:
+        hit = diskcache.load_plan(key)
+        if hit is not None:
+            return _from_disk(hit, dev, t0, dbg)
     t0 = time.perf_counter()
     emitted = emit_program(prog)
     if dbg >= 6:
         print(f"--- egglog program\n{emitted.text}")
     specs = prog.input_specs             # the realized inputs, then the parameters (one element each)
+    n_params = len(prog.params)
     g: EGraph | None = None
     if config.OPT.value:
         js, report = (saturator or default_saturator()).run(emitted.text, rules=rules)
@@ -111,16 +126,14 @@ def compile_plan(prog: Program, rules: RuleConfig, extraction: ExtractSettings |
             g = from_json(js, emitted.roots)
             report.eclasses = len(g.classes)
         if report.stop_reason != "completed":
-            warnings.warn(f"eqgrad: saturation stopped early ({report.stop_reason}: {report.detail}); "
-                          f"{'using the e-graph of the last finished phase' if g is not None else 'running the unoptimized plan'}",
-                          EqgradWarning, stacklevel=5)
+            _warn_saturation(report, g is not None)
     else:
         report = SaturationReport("skipped", detail="EQGRAD_OPT=0")
     if g is None:
         g = from_program(prog)
     t1 = time.perf_counter()
     name = extractor_name(extraction)
-    measure = (lambda choice: _measure(g, choice, specs, device, len(prog.params))) if name == "measured" else None
+    measure = (lambda choice: _measure(g, choice, specs, device, n_params)) if name == "measured" else None
     # what was timed on this machine (and LLVM target) holds for it only
     cache_key = hashlib.sha256(repr((prog.key, rules.key, machine_key(device))).encode()).hexdigest()[:24]
     result = make_extractor(name, g, device, specs, measure=measure, cache_key=cache_key,
@@ -129,16 +142,48 @@ def compile_plan(prog: Program, rules: RuleConfig, extraction: ExtractSettings |
         warnings.warn(f"eqgrad: extraction stopped early ({result.info['stopped']}); using the best plan "
                       "found so far", EqgradWarning, stacklevel=5)
     choice, ev = result.choice, result.evaluation
-    plan = build_plan(g, choice, specs, ev.kernels, n_params=len(prog.params))
+    plan = build_plan(g, choice, specs, ev.kernels, n_params=n_params)
     t2 = time.perf_counter()
     run = dev.prepare(plan)
     t3 = time.perf_counter()
+    if config.VERIFY.value and (err := diskcache.round_trip_error(plan)) is not None:
+        raise AssertionError(f"the plan read back from its JSON (engine/diskcache.py) differs: {err}\n{plan.describe()}")
+    if key is not None and diskcache.why_not_stored(report, result.info) is None:
+        diskcache.store_plan(key, plan, report, result.extractor)
     GlobalCounters.plans_compiled += 1
+    GlobalCounters.saturate_seconds += t1 - t0
+    GlobalCounters.extract_seconds += t2 - t1
+    GlobalCounters.compile_seconds += t3 - t2
     cp = CompiledPlan(plan, run, report, g, dict(saturate=t1 - t0, extract=t2 - t1, compile=t3 - t2), result)
     if dbg >= 3:
         print(report)
         print(plan.describe())
     return cp
+
+
+def _warn_saturation(report: SaturationReport, have_egraph: bool, stacklevel: int = 6) -> None:
+    warnings.warn(f"eqgrad: saturation stopped early ({report.stop_reason}: {report.detail}); "
+                  f"{'using the e-graph of the last finished phase' if have_egraph else 'running the unoptimized plan'}",
+                  EqgradWarning, stacklevel=stacklevel)
+
+
+def _from_disk(hit: tuple[KernelPlan, SaturationReport, str], dev: Any, t0: float, dbg: int) -> CompiledPlan:
+    """The CompiledPlan of a plan read from the disk cache: compiled for the device only."""
+    plan, report, _extractor = hit
+    record(report)                 # rule statistics count the plan's matches as if it had saturated here
+    if report.stop_reason == "node limit":
+        _warn_saturation(report, True, stacklevel=7)      # as the compile that stored it did
+    t1 = time.perf_counter()
+    run = dev.prepare(plan)
+    t2 = time.perf_counter()
+    GlobalCounters.plans_compiled += 1
+    GlobalCounters.disk_hits += 1
+    GlobalCounters.load_seconds += t1 - t0
+    GlobalCounters.compile_seconds += t2 - t1
+    if dbg >= 3:
+        print(report)
+        print(plan.describe())
+    return CompiledPlan(plan, run, report, None, dict(saturate=0.0, extract=0.0, compile=t2 - t1, load=t1 - t0), None)
 
 
 def time_plan(plan: KernelPlan, device: str, reps: int = 3) -> float:

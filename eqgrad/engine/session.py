@@ -219,7 +219,7 @@ class Session:
             # a resized plan (or one read from the disk cache) has no e-graph of its own sizes:
             # explain() and the tools need it (alternatives, the cost of each kernel), so compile
             with core.COMPILE_LOCK:
-                cp = compile_plan(prog, rules, self.extraction, self._saturator)
+                cp = compile_plan(prog, rules, self.extraction, self._saturator, disk=False)
                 self.plan_cache[(rules.key, settings_key(prog.device, self.extraction), prog.key)] = cp
         return cp, device
 

@@ -6,10 +6,15 @@ loads and constants). Buffers are numbered: the realize's inputs first, then one
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import json
+import math
+import struct
+from dataclasses import dataclass, field, fields
 from typing import Any
 
-from eqgrad.dtype import DType
+import numpy as np
+
+from eqgrad.dtype import DTYPES, DType
 from eqgrad.graph.walk import topological
 from eqgrad.ops import OPS, Shape
 
@@ -92,3 +97,203 @@ def check_plan(plan: KernelPlan) -> None:
         for n in k.ast.walk():
             if n.op not in OPS:
                 raise AssertionError(f"{k.name}: unknown op {n.op}")
+
+
+# ------------------------------------------------------------------ JSON: plans kept on disk
+# (eqgrad/engine/diskcache.py). Every value is written with a tag where JSON would lose its type,
+# so a plan read back is the plan written, field for field and type for type:
+#   None, bool, int, str       as themselves (JSON keeps bool apart from int)
+#   float                      {"float": float.hex(x)} -- exact, with -0.0 and +-inf; a NaN as
+#                              {"float": "nan:<its 64 bits in hex>"}, so its sign and payload stay
+#   tuple                      {"tuple": [...]}  (a list stays a JSON list)
+#   DType                      {"dtype": "float32"}
+#   KNode                      {"dag": [node, ...]}: the body's nodes in ``walk()`` order (sources
+#                              first, the kernel's root last), each {"op", "src": [indices], "arg",
+#                              "shape", "dtype"}: a node shared inside the body stays shared
+#   Kernel                     {"kernel": {field: value, ...}}
+# A plan is {field: value} over KernelPlan's fields. Fields are read from the dataclasses, so a
+# field added to Kernel or KernelPlan is written and read without a change here (its values must
+# be of the kinds above: anything else is a TypeError naming it).
+
+def _float_text(x: float) -> str:
+    if math.isnan(x):
+        return "nan:" + struct.pack(">d", x).hex()
+    return x.hex()
+
+
+def _float_of(s: str) -> float:
+    if s.startswith("nan:"):
+        return struct.unpack(">d", bytes.fromhex(s[4:]))[0]
+    return float.fromhex(s)
+
+
+def _enc(v: Any, where: str) -> Any:
+    if isinstance(v, np.generic):         # a NumPy scalar is written as the Python one it equals
+        return _enc(v.item(), where)
+    if v is None or isinstance(v, (bool, int, str)):
+        return v
+    if isinstance(v, float):
+        return {"float": _float_text(v)}
+    if isinstance(v, DType):
+        return {"dtype": v.name}
+    if isinstance(v, tuple):
+        return {"tuple": [_enc(x, where) for x in v]}
+    if isinstance(v, list):
+        return [_enc(x, where) for x in v]
+    if isinstance(v, KNode):
+        nodes = v.walk()
+        index = {id(n): i for i, n in enumerate(nodes)}
+        return {"dag": [{"op": n.op, "src": [index[id(s)] for s in n.src], "arg": _enc(n.arg, f"{where} {n.op}"),
+                         "shape": _enc(n.shape, where), "dtype": _enc(n.dtype, where)} for n in nodes]}
+    if isinstance(v, Kernel):
+        return {"kernel": {f.name: _enc(getattr(v, f.name), f"{where} {v.name}.{f.name}") for f in fields(Kernel)}}
+    raise TypeError(f"plan_to_json: {where}: expected None, bool, int, float, str, tuple, list, DType, KNode "
+                    f"or Kernel, got {type(v).__name__} {v!r}")
+
+
+def _dec(v: Any) -> Any:
+    if v is None or isinstance(v, (bool, int, str)):
+        return v
+    if isinstance(v, list):
+        return [_dec(x) for x in v]
+    if not isinstance(v, dict) or len(v) != 1:
+        raise ValueError(f"expected a JSON scalar, list or one-key tagged object, got {str(v)[:80]}")
+    (tag, x), = v.items()
+    if tag == "float" and isinstance(x, str):
+        return _float_of(x)
+    if tag == "tuple" and isinstance(x, list):
+        return tuple(_dec(e) for e in x)
+    if tag == "dtype" and x in DTYPES:
+        return DTYPES[x]
+    if tag == "kernel" and isinstance(x, dict):
+        return Kernel(**{k: _dec(e) for k, e in x.items()})
+    if tag == "dag" and isinstance(x, list) and x:
+        built: list[KNode] = []
+        for n in x:
+            src = tuple(built[i] for i in n["src"] if isinstance(i, int) and 0 <= i < len(built))
+            if len(src) != len(n["src"]):
+                raise ValueError(f"a node's sources must be earlier nodes, got {n['src']}")
+            built.append(KNode(n["op"], src, _dec(n["arg"]), _dec(n["shape"]), _dec(n["dtype"])))
+        return built[-1]
+    raise ValueError(f"unknown tag {tag!r} or a malformed value {str(x)[:80]}")
+
+
+def plan_to_data(plan: KernelPlan) -> dict[str, Any]:
+    """``plan`` as JSON-ready data (the encoding above); TypeError names a value it cannot write."""
+    return {f.name: _enc(getattr(plan, f.name), f"plan.{f.name}") for f in fields(KernelPlan)}
+
+
+def plan_from_data(data: Any) -> KernelPlan:
+    """The plan ``plan_to_data`` wrote, checked as untrusted input: ValueError says what is wrong
+    (a malformed value, an unknown op or dtype, a node whose shape or dtype its op's rules do not
+    give, a kernel that reads a buffer before it is written -- ``check_plan``)."""
+    if not isinstance(data, dict):
+        raise ValueError(f"expected a plan object, got {type(data).__name__}")
+    try:
+        plan = KernelPlan(**{k: _dec(v) for k, v in data.items()})
+        _check_decoded(plan)
+        check_plan(plan)
+    except ValueError:
+        raise
+    except Exception as e:          # TypeError, KeyError, a shape rule's ShapeError, check_plan's AssertionError
+        raise ValueError(f"{type(e).__name__}: {e}") from None
+    return plan
+
+
+def plan_to_json(plan: KernelPlan) -> str:
+    return json.dumps(plan_to_data(plan), separators=(",", ":"))
+
+
+def plan_from_json(text: str) -> KernelPlan:
+    return plan_from_data(json.loads(text))
+
+
+def _is_shape(s: Any) -> bool:
+    return isinstance(s, tuple) and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in s)
+
+
+def _check_decoded(plan: KernelPlan) -> None:
+    """What ``check_plan`` takes for granted of a plan that extraction built: the types of every
+    field, and each node's shape and dtype as its op's rules give them (ops.py)."""
+    if not isinstance(plan.buffers, list) or not all(
+            isinstance(b, tuple) and len(b) == 2 and _is_shape(b[0]) and isinstance(b[1], DType) for b in plan.buffers):
+        raise ValueError("buffers: expected a list of (shape, dtype) pairs")
+    n = len(plan.buffers)
+    if not isinstance(plan.n_inputs, int) or not 0 <= plan.n_inputs <= n:
+        raise ValueError(f"n_inputs: expected an integer from 0 to {n}, got {plan.n_inputs!r}")
+    if not isinstance(plan.outputs, list) or not all(isinstance(o, int) and 0 <= o < n for o in plan.outputs):
+        raise ValueError(f"outputs: expected buffer ids below {n}, got {plan.outputs!r}")
+    if not isinstance(plan.kernels, list) or not all(isinstance(k, Kernel) for k in plan.kernels):
+        raise ValueError("kernels: expected a list of kernels")
+    for k in plan.kernels:
+        if not isinstance(k.out, int) or not 0 <= k.out < n or not isinstance(k.ast, KNode):
+            raise ValueError(f"{k.name}: expected an output buffer id below {n} and a body")
+        nodes = k.ast.walk()
+        for x in nodes:
+            if x.op not in OPS or not _is_shape(x.shape) or not isinstance(x.dtype, DType):
+                raise ValueError(f"{k.name}: a node {x.op!r} with an unknown op, or a shape or dtype of the wrong type")
+            d = OPS[x.op]
+            if d.kind == "leaf":
+                if x.src:
+                    raise ValueError(f"{k.name}: leaf {x.op} with sources")
+                if x.op == "BUF" and not (isinstance(x.arg, int) and 0 <= x.arg < n and plan.buffers[x.arg][1] == x.dtype):
+                    raise ValueError(f"{k.name}: BUF of buffer {x.arg!r}: expected a buffer id below {n} of dtype {x.dtype.name}")
+                continue
+            if len(x.src) != d.arity:
+                raise ValueError(f"{k.name}: {x.op} with {len(x.src)} sources, expected {d.arity}")
+            shape = tuple(d.shape_rule([s.shape for s in x.src], x.arg))
+            dtype = d.dtype_rule([s.dtype for s in x.src], x.arg)
+            if shape != x.shape or dtype != x.dtype:
+                raise ValueError(f"{k.name}: {x.op} gives {shape} {dtype.name}, the file says {x.shape} {x.dtype.name}")
+        reads = tuple(dict.fromkeys(x.arg for x in nodes if x.op == "BUF"))      # KNode.buffers(), walked once
+        if not isinstance(k.inputs, tuple) or k.inputs != reads:
+            raise ValueError(f"{k.name}: inputs {k.inputs} are not the buffers its body reads {reads}")
+
+
+def plan_difference(a: KernelPlan, b: KernelPlan) -> str | None:
+    """Where two plans differ structurally (None: they do not): every field of the plan and its
+    kernels, values of the same type (1 is not 1.0, a tuple is not a list), floats bit for bit
+    (-0.0 is not 0.0; a NaN equals a NaN of the same bits), kernel bodies node for node, with
+    the same sharing (a node used twice in one body is one node in the other too)."""
+    pairs: dict[int, int] = {}              # id(a's node) -> id(b's node), both ways below
+    back: dict[int, int] = {}
+
+    def same(x: Any, y: Any, where: str) -> str | None:
+        x, y = (v.item() if isinstance(v, np.generic) else v for v in (x, y))     # as plan_to_data writes them
+        if type(x) is not type(y):
+            return f"{where}: {type(x).__name__} {x!r} != {type(y).__name__} {y!r}"
+        if isinstance(x, float):
+            return None if struct.pack(">d", x) == struct.pack(">d", y) else f"{where}: {x!r} != {y!r}"
+        if isinstance(x, (tuple, list)):
+            if len(x) != len(y):
+                return f"{where}: length {len(x)} != {len(y)}"
+            for i, (p, q) in enumerate(zip(x, y)):
+                if (d := same(p, q, f"{where}[{i}]")) is not None:
+                    return d
+            return None
+        if isinstance(x, KNode):
+            xs, ys = x.walk(), y.walk()
+            if len(xs) != len(ys):
+                return f"{where}: {len(xs)} nodes != {len(ys)}"
+            for i, (p, q) in enumerate(zip(xs, ys)):
+                if pairs.setdefault(id(p), id(q)) != id(q) or back.setdefault(id(q), id(p)) != id(p):
+                    return f"{where}: node {i} ({p.op}) is shared differently"
+                for f in fields(KNode):
+                    if f.name == "src":
+                        srcs = [pairs.get(id(s)) for s in p.src]
+                        if srcs != [id(s) for s in q.src]:
+                            return f"{where}: node {i} ({p.op}) has other sources"
+                    elif (d := same(getattr(p, f.name), getattr(q, f.name), f"{where} node {i} ({p.op}).{f.name}")) is not None:
+                        return d
+            return None
+        if isinstance(x, Kernel):
+            for f in fields(Kernel):
+                if (d := same(getattr(x, f.name), getattr(y, f.name), f"{where}.{f.name}")) is not None:
+                    return d
+            return None
+        return None if x == y else f"{where}: {x!r} != {y!r}"
+
+    for f in fields(KernelPlan):
+        if (d := same(getattr(a, f.name), getattr(b, f.name), f"plan.{f.name}")) is not None:
+            return d
+    return None
