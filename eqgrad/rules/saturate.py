@@ -26,13 +26,11 @@ import atexit
 import itertools
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import threading
 import weakref
 from multiprocessing.connection import Connection
-import re
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -42,6 +40,7 @@ from eqgrad import config
 from eqgrad.rules.book import BUILTIN_RULEBOOKS, RULEBOOK_DIR, RuleConfig, builtin_config, split_schedule
 from eqgrad.rules.families import generated_rulebooks
 from eqgrad.rules.ir import declarations
+from eqgrad.rules import worker
 
 SCHEDULE = "schedule.egg"
 
@@ -99,126 +98,6 @@ class SaturationReport:
         return "\n".join(lines)
 
 
-def _rule_name(key: str) -> str:
-    m = re.search(r':name\s+"([^"]+)"', key)
-    return m.group(1) if m else " ".join(key.split())[:60]
-
-
-def _size(eg, bindings) -> int:
-    """Number of e-nodes of sort T (analysis rows excluded)."""
-    (out,) = eg.run_program(*eg.parse_program("(print-size)"))
-    return sum(n for f, n in out.sizes if f not in ("shape", "dtype"))
-
-
-def _worker_entry() -> None:
-    """Entry point of the worker process (started by :class:`Saturator` with two pipe fds and the
-    temporary directory it may use, which it removes when it ends)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    tmp = Path(sys.argv[3])
-    try:
-        conn_in = Connection(int(sys.argv[1]), writable=False)
-        conn_out = Connection(int(sys.argv[2]), readable=False)
-        mem_limit = conn_in.recv()
-        _worker_main(conn_in, conn_out, mem_limit, tmp)
-    except (EOFError, OSError):          # the parent went away
-        pass
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _checked(eg, bindings, text: str, filename: str) -> list:
-    """egglog's parse of ``text``, refusing commands that read or write files (the parent checked
-    the text already; this checks what egglog itself makes of it)."""
-    cmds = eg.parse_program(text, filename=filename)
-    todo = list(cmds)
-    while todo:
-        c = todo.pop()
-        if isinstance(c, bindings.Fail):
-            todo.append(c.command)
-        elif isinstance(c, (bindings.Output, bindings.Input, bindings.Include)) \
-                or (isinstance(c, bindings.PrintFunction) and c.filename is not None) \
-                or (isinstance(c, bindings.PrintOverallStatistics) and c.file is not None):
-            raise ValueError(f"{filename}: {type(c).__name__} reads or writes a file, which a rulebook or "
-                             "schedule may not do")
-    return cmds
-
-
-def _load(eg, bindings, books: list[tuple[str, str]]) -> None:
-    for name, text in books:
-        eg.run_program(*_checked(eg, bindings, text, name))
-
-
-def _run_phases(eg, bindings, phases: list[tuple[str, str]], node_limit: int) -> tuple[list[dict], str]:
-    reports, stop = [], "completed"
-    for name, text in phases:
-        p0 = time.perf_counter()
-        outs = eg.run_program(*_checked(eg, bindings, text, f"schedule phase {name}"))
-        matches: dict[str, int] = {}
-        seconds: dict[str, float] = {}
-        iters = 0
-        for o in outs:
-            rep = getattr(o, "report", None)
-            if rep is None:
-                continue
-            iters += len(rep.iterations)
-            for k, v in rep.num_matches_per_rule.items():
-                matches[_rule_name(k)] = matches.get(_rule_name(k), 0) + v
-            for k, v in rep.search_and_apply_time_per_rule.items():
-                seconds[_rule_name(k)] = seconds.get(_rule_name(k), 0.0) + v.total_seconds()
-        size = _size(eg, bindings)
-        reports.append(dict(name=name, seconds=time.perf_counter() - p0, iterations=iters,
-                            enodes=size, matches=matches, rule_seconds=seconds))
-        if size > node_limit:
-            stop = "node limit"
-            break
-    return reports, stop
-
-
-def _worker_main(conn_in, conn, mem_limit: int, tmp: Path) -> None:
-    if mem_limit > 0:
-        import resource
-        resource.setrlimit(resource.RLIMIT_AS, (mem_limit, mem_limit))
-    from egglog import bindings
-    # eqgrad's own texts are loaded with Include: the fast path for big programs (DESIGN.md), and for
-    # the generated families 25 ms a request where parse_program takes 75 ms
-    decl, gen = tmp / "declarations.egg", tmp / "generated.egg"
-    decl.write_text(declarations())
-    gen.write_text(generated_rulebooks())
-    prog = tmp / "program.egg"
-    span = bindings.RustSpan("", 0, 0)
-    while True:
-        req = conn_in.recv()
-        if req is None:
-            return
-        kind, rid = req[0], req[1]
-        t0 = time.perf_counter()
-        try:
-            eg = bindings.EGraph()
-            eg.run_program(bindings.Include(span, str(decl)))
-            # after the arguments (4 for a run, 1 for a validate), optionally: whether the generated
-            # families load first (False: the rulebooks hold them, as a `rules dump` does)
-            n_args = 4 if kind == "run" else 1
-            if len(req) <= 2 + n_args or req[2 + n_args]:
-                eg.run_program(bindings.Include(span, str(gen)))
-            if kind == "validate":          # load rulebooks next to the IR; report the first error
-                _load(eg, bindings, req[2])
-                conn.send(dict(id=rid, ok=True, seconds=time.perf_counter() - t0))
-                continue
-            program, node_limit, books, phases = req[2:6]
-            _load(eg, bindings, books)
-            prog.write_text(program)
-            eg.run_program(bindings.Include(span, str(prog)))
-            before = _size(eg, bindings)
-            reports, stop = _run_phases(eg, bindings, phases, node_limit)
-            js = eg.serialize([]).to_json()
-            conn.send(dict(id=rid, ok=True, json=js, stop=stop, phases=reports, before=before,
-                           seconds=time.perf_counter() - t0))
-        except Exception as e:  # egglog errors (bad rulebook, ...) come back as a report
-            conn.send(dict(id=rid, ok=False, error=f"{type(e).__name__}: {e}", seconds=time.perf_counter() - t0))
-        except BaseException as e:  # pyo3 PanicException is a BaseException
-            conn.send(dict(id=rid, ok=False, error=f"egglog panic: {e}", seconds=time.perf_counter() - t0))
-
-
 # ------------------------------------------------------------------ parent side
 
 class Saturator:
@@ -254,17 +133,12 @@ class Saturator:
         tmp = tempfile.mkdtemp(prefix="eqgrad-egg-")
         r1, w1 = os.pipe()
         r2, w2 = os.pipe()
-        env = dict(os.environ)
-        pkg_parent = str(Path(__file__).resolve().parents[2])
-        env["PYTHONPATH"] = pkg_parent + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         try:
-            proc = subprocess.Popen(
-                [sys.executable, "-c", "from eqgrad.rules.saturate import _worker_entry; _worker_entry()",
-                 str(r1), str(w2), tmp], pass_fds=(r1, w2), env=env, stdin=subprocess.DEVNULL,
-                # in its own directory: `python -c` puts the working directory first on sys.path,
-                # so started from a folder holding another eqgrad (an old checkout) the worker
-                # imported that one and every saturation failed on the mismatched protocol
-                cwd=tmp)
+            # the worker is a script that imports nothing of eqgrad (worker.py): ready in ~0.1 s where
+            # importing the package and egglog's Python API took ~1 s. In its own directory, so
+            # nothing in the caller's working directory can shadow what it imports.
+            proc = subprocess.Popen([sys.executable, worker.__file__, str(r1), str(w2), tmp],
+                                    pass_fds=(r1, w2), stdin=subprocess.DEVNULL, cwd=tmp)
         except BaseException:
             for fd in (r1, w1, r2, w2):
                 os.close(fd)
@@ -276,7 +150,7 @@ class Saturator:
         self._send = Connection(w1, readable=False)
         self._conn = Connection(r2, writable=False)
         self._mem = config.EGRAPH_MEMORY.value     # the worker's rlimit is set once, at its start
-        self._send.send(self._mem)
+        self._send.send((self._mem, declarations(), generated_rulebooks(), (self.fixed or builtin_config()).books))
         self._unanswered = True
 
     def close(self) -> None:
@@ -360,6 +234,25 @@ class Saturator:
                 # in flight: the worker may still be saturating it and the pipe may hold half a message
                 self._kill()
                 raise
+
+    def ready(self) -> bool:
+        """Is a worker running and done starting (it says so once it has loaded egglog), so that a
+        request now is answered without waiting for a start? Never blocks: False while a request
+        is in flight on the channel."""
+        if not self._lock.acquire(blocking=False):
+            return False
+        try:
+            if self._proc is None or self._proc.poll() is not None:
+                return False
+            while self._unanswered and self._conn.poll(0):
+                msg = self._conn.recv()
+                if isinstance(msg, dict) and msg.get("ready"):
+                    self._unanswered = False
+            return not self._unanswered
+        except (EOFError, OSError):
+            return False
+        finally:
+            self._lock.release()
 
     def warm(self) -> None:
         """Start the worker now, without waiting for it, if it is not running and nobody is using
