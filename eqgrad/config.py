@@ -56,6 +56,13 @@ def _seconds(v: Any) -> float:
     return x
 
 
+def _seconds_or_off(v: Any) -> float:
+    """0 (off) or a finite number of seconds in (0, MAX_SECONDS]."""
+    if isinstance(v, bool) or not isinstance(v, (int, float, str)):
+        raise ValueError("not a number")
+    return 0.0 if float(v) == 0 else _seconds(v)
+
+
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
@@ -286,6 +293,9 @@ CPU = Flag("EQGRAD_CPU", "host", _llvm_cpu,
            "optionally followed by ,+feature / ,-feature items",
            "the CPU the LLVM device compiles for (host: this one, its name and features); the device "
            "runs what it compiles, so a target this CPU cannot execute is refused at the first compile")
+PROGRESS = Flag("EQGRAD_PROGRESS", 2.0, _seconds_or_off, f"0 (off) or a number of seconds > 0 and <= {MAX_SECONDS:g}",
+                "a compile that takes longer than this shows its phase, sizes and time on stderr "
+                "(eqgrad/progress.py; tqdm's status line on a terminal)")
 PLAN_CACHE = Flag("EQGRAD_PLAN_CACHE", 512, _integer_in(1), "an integer >= 1",
                   "compiled plans kept in memory (least recently used are dropped; "
                   "eqgrad.engine.clear_cache() empties it)")

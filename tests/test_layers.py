@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1] / "eqgrad"
 # lowest first; a module may import its own floor and the floors below it
 FLOORS: list[tuple[str, tuple[str, ...]]] = [
     ("ground", ("eqgrad.ops", "eqgrad.dtype", "eqgrad.errors", "eqgrad.config", "eqgrad.cache",
-                "eqgrad.counters")),
+                "eqgrad.counters", "eqgrad.progress")),
     ("graph", ("eqgrad.graph",)),
     ("stages", ("eqgrad.rules", "eqgrad.extract", "eqgrad.lower", "eqgrad.devices")),
     ("engine", ("eqgrad.engine",)),

@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from eqgrad import config
+from eqgrad import config, progress
 from eqgrad.cache import machine_key
 from eqgrad.counters import EqgradWarning, GlobalCounters
 from eqgrad.devices import Buffer, get_device
@@ -101,7 +101,15 @@ def compile_plan(prog: Program, rules: RuleConfig, extraction: ExtractSettings |
     instead, and only compiled for the device: its ``egraph`` and ``result`` are None and its
     report is the stored one (the fired rules and stop reason; ``detail`` says it came from
     disk). ``disk=False`` always saturates and extracts -- for explain() and the tools, which read
-    the e-graph and the extractor's alternatives -- and still stores the plan."""
+    the e-graph and the extractor's alternatives -- and still stores the plan.
+
+    A compile longer than EQGRAD_PROGRESS seconds shows its phase and sizes (eqgrad/progress.py)."""
+    with progress.compiling(f"{len(prog.nodes):,} ops on {prog.device}"):
+        return _compile(prog, rules, extraction, saturator, disk)
+
+
+def _compile(prog: Program, rules: RuleConfig, extraction: ExtractSettings | None, saturator: Saturator | None,
+             disk: bool) -> CompiledPlan:
     device = prog.device
     dev = get_device(device)
     dbg = config.DEBUG.value
@@ -119,6 +127,7 @@ def compile_plan(prog: Program, rules: RuleConfig, extraction: ExtractSettings |
     n_params = len(prog.params)
     g: EGraph | None = None
     if config.OPT.value:
+        progress.phase("saturating")
         js, report = (saturator or default_saturator()).run(emitted.text, rules=rules)
         GlobalCounters.saturations += 1
         record(report)
@@ -132,6 +141,7 @@ def compile_plan(prog: Program, rules: RuleConfig, extraction: ExtractSettings |
     if g is None:
         g = from_program(prog)
     t1 = time.perf_counter()
+    progress.phase("extracting", e_nodes=sum(len(c) for c in g.classes), e_classes=len(g.classes))
     name = extractor_name(extraction)
     measure = (lambda choice: _measure(g, choice, specs, device, n_params)) if name == "measured" else None
     # what was timed on this machine (and LLVM target) holds for it only
@@ -140,10 +150,11 @@ def compile_plan(prog: Program, rules: RuleConfig, extraction: ExtractSettings |
                             settings=extraction).extract()
     if result.info.get("stopped"):
         warnings.warn(f"eqgrad: extraction stopped early ({result.info['stopped']}); using the best plan "
-                      "found so far", EqgradWarning, stacklevel=5)
+                      "found so far", EqgradWarning, stacklevel=6)
     choice, ev = result.choice, result.evaluation
     plan = build_plan(g, choice, specs, ev.kernels, n_params=n_params)
     t2 = time.perf_counter()
+    progress.phase("compiling kernels", total=len(plan.kernels))
     run = dev.prepare(plan)
     t3 = time.perf_counter()
     if config.VERIFY.value and (err := diskcache.round_trip_error(plan)) is not None:
@@ -161,7 +172,7 @@ def compile_plan(prog: Program, rules: RuleConfig, extraction: ExtractSettings |
     return cp
 
 
-def _warn_saturation(report: SaturationReport, have_egraph: bool, stacklevel: int = 6) -> None:
+def _warn_saturation(report: SaturationReport, have_egraph: bool, stacklevel: int = 7) -> None:
     warnings.warn(f"eqgrad: saturation stopped early ({report.stop_reason}: {report.detail}); "
                   f"{'using the e-graph of the last finished phase' if have_egraph else 'running the unoptimized plan'}",
                   EqgradWarning, stacklevel=stacklevel)
@@ -172,8 +183,9 @@ def _from_disk(hit: tuple[KernelPlan, SaturationReport, str], dev: Any, t0: floa
     plan, report, _extractor = hit
     record(report)                 # rule statistics count the plan's matches as if it had saturated here
     if report.stop_reason == "node limit":
-        _warn_saturation(report, True, stacklevel=7)      # as the compile that stored it did
+        _warn_saturation(report, True, stacklevel=8)      # as the compile that stored it did
     t1 = time.perf_counter()
+    progress.phase("compiling kernels (plan from the disk cache)", total=len(plan.kernels))
     run = dev.prepare(plan)
     t2 = time.perf_counter()
     GlobalCounters.plans_compiled += 1
