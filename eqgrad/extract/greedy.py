@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 import time
 from typing import Callable
 
+from eqgrad import progress
 from eqgrad.ops import OPS, numel
 from eqgrad.extract.cost import CostModel
 from eqgrad.extract.egraph import EGraph, ENode
@@ -312,9 +313,13 @@ class GreedyExtractor:
         passes = self.max_passes if len(self.realize_of) < 400 else 1
         deadline = None if self.time_limit is None else time.perf_counter() + self.time_limit
         stopped = ""
-        for _ in range(passes):
+        for pass_no in range(passes):
             improved = False
-            for spec in self._move_specs(st.choice):
+            specs = self._move_specs(st.choice)
+            progress.update(search_pass=pass_no + 1, moves=len(specs))
+            for i, spec in enumerate(specs):
+                if i % 256 == 0:
+                    progress.update(plan_evaluations=self.ev.evaluations)
                 if deadline is not None and time.perf_counter() > deadline:
                     stopped = (f"time limit {self.time_limit:g} s (EQGRAD_EXTRACT_TIME) after "
                                f"{self.ev.evaluations} plan evaluations")
