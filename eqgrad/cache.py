@@ -1,8 +1,9 @@
 """Small on-disk caches (calibrations, measured-plan choices, kernel search results).
 
 One JSON file per cache under ``~/.cache/eqgrad`` (or ``$EQGRAD_CACHE_DIR``), with a version:
-entries of another version are ignored. Nothing is ever executed or unpickled from the cache (JSON
-only), and nothing read from it is trusted:
+entries of another version are ignored. Nothing is unpickled from the cache (JSON only), nothing is
+executed but the LLVM device's object code in ``kernels/`` (a file of this user's that no one else
+may write, with its sha256 checked first: devices/kernelcache.py), and nothing read is trusted:
 
 - a file that does not parse, or an entry its cache's ``check`` rejects (a calibration with
   ``bandwidth: 0``, a measured choice that is not a dict, a kernel-search pick that is not a
@@ -109,20 +110,26 @@ def cache_dir() -> Path | None:
     return d
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    """``text`` into ``path``: a unique temporary file next to it (O_EXCL, mode 0600), fsynced,
-    then renamed over ``path``."""
+def _write_atomic(path: Path, text: str | bytes, durable: bool = True) -> None:
+    """``text`` (or bytes) into ``path``: a unique temporary file next to it (O_EXCL, mode 0600),
+    fsynced, then renamed over ``path``. ``durable=False`` skips both fsyncs, for files whose
+    reader checks their content (the compiled kernels' sha256: devices/kernelcache.py), where a
+    file torn by a crash is only a miss: an fsync took 8 ms here (ext4), more than a small
+    kernel's compile, and a plan writes hundreds of kernels."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w") as fh:
+        with os.fdopen(fd, "wb" if isinstance(text, bytes) else "w") as fh:
             fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
+            if durable:
+                fh.flush()
+                os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+    if not durable:
+        return
     with contextlib.suppress(OSError):                 # the rename itself survives a crash once the directory is synced
         dfd = os.open(path.parent, os.O_RDONLY)
         try:

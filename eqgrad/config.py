@@ -319,6 +319,9 @@ DISK_CACHE = Flag("EQGRAD_DISK_CACHE", 1, _integer_in(0, 1), "0 or 1",
 DISK_CACHE_BYTES = Flag("EQGRAD_DISK_CACHE_BYTES", 256 << 20, _bytes_at_least(0),
                         "a size in bytes >= 0 (e.g. 256M, 1G, 0)",
                         "bound on the plans kept on disk (least recently used are deleted past it)")
+KERNEL_CACHE_BYTES = Flag("EQGRAD_KERNEL_CACHE_BYTES", 256 << 20, _bytes_at_least(0),
+                          "a size in bytes >= 0 (e.g. 256M, 1G, 0)",
+                          "bound on the compiled LLVM kernels kept on disk (least recently used are deleted past it)")
 
 
 @contextlib.contextmanager

@@ -19,6 +19,8 @@ class GlobalCounters:
     saturations = 0
     disk_hits = 0             # plans read from the disk cache (no saturation, no extraction)
     plans_resized = 0         # plan cache misses served by resizing a plan of other sizes (graph/resize.py)
+    kernels_compiled = 0      # LLVM kernels optimized and compiled to object code (devices/llvm.py)
+    kernel_disk_hits = 0      # LLVM kernels whose object code was read from disk (devices/kernelcache.py)
     # seconds spent in compile_plan's phases, summed over its calls: saturation (with inserting
     # the program), extraction (with building the plan), the device's compile (``prepare``), and
     # reading plans from the disk cache
@@ -30,7 +32,7 @@ class GlobalCounters:
     @classmethod
     def reset(cls) -> None:
         cls.kernel_count = cls.realize_count = cls.plans_compiled = cls.saturations = cls.disk_hits = 0
-        cls.plans_resized = 0
+        cls.plans_resized = cls.kernels_compiled = cls.kernel_disk_hits = 0
         cls.saturate_seconds = cls.extract_seconds = cls.compile_seconds = cls.load_seconds = 0.0
 
 

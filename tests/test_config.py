@@ -41,6 +41,7 @@ CASES: dict[str, tuple[list, list]] = {
     "EQGRAD_CACHE_DIR": (["   ", 5], [("/tmp/eqgrad-test-cache", "/tmp/eqgrad-test-cache")]),
     "EQGRAD_DISK_CACHE": (["2", "-1", "on", 1.0], [("0", 0), ("1", 1), (0, 0)]),
     "EQGRAD_DISK_CACHE_BYTES": (["-1", "-1M", "nanM", "1.5", "lots"], [("0", 0), ("256M", 256 << 20), ("1G", 1 << 30)]),
+    "EQGRAD_KERNEL_CACHE_BYTES": (["-1", "-1M", "nanM", "1.5", "lots"], [("0", 0), ("256M", 256 << 20), ("64K", 64 << 10)]),
 }
 
 

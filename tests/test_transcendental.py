@@ -172,7 +172,7 @@ def test_sin_kernel_is_vectorized_on_llvm():
     import llvmlite.binding as llvm
     src = render_llvm(_sin_kernel())
     assert "@llvm.sin" not in src and "call float" not in src
-    # the pipeline LLVMCompiler.compile runs
+    # the pipeline LLVMCompiler.object_code runs
     mod = llvm.parse_assembly(src)
     pto = llvm.create_pipeline_tuning_options(speed_level=3)
     pto.loop_vectorization = pto.slp_vectorization = pto.loop_unrolling = True

@@ -10,13 +10,21 @@ reductions and a small final one (lower/split.py).
 
 Target: ``EQGRAD_CPU`` (config.py) names the CPU LLVM compiles for; ``host`` (the default) is this
 machine's name and features. The device runs what it compiles, so ``runnable_target`` refuses a
-target with a feature this CPU lacks, naming it. Compiled programs are kept per target.
+target with a feature this CPU lacks, naming it.
+
+Compiled programs live as long as a prepared plan uses them: ``prepare`` returns a ``run`` that
+holds its programs, and each plan's new programs share one MCJIT engine (llvm.CodeEngine), whose
+machine code is unmapped when the last of them is gone -- when eqgrad.engine's plan cache drops the
+plan (and no JIT, explain() result or other plan still holds it). ``programs`` finds a program
+that is still alive by source, nontemporal and target, so plans share their common kernels;
+it holds none of them. Object code is cached on disk across processes (kernelcache.py).
 """
 from __future__ import annotations
 
 import functools
 import itertools
 import time
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
@@ -26,7 +34,8 @@ from eqgrad.devices import Buffer, Device
 from eqgrad.lower.passes import LowerOptions
 from eqgrad.lower.split import split_reduction
 from eqgrad.ops import numel
-from eqgrad.devices.llvm import LLVMProgram, render_llvm, streaming_store
+from eqgrad.devices.llvm import COMPILE_LOCK, CodeEngine, LLVMProgram, compiler, render_llvm, streaming_store
+from eqgrad import progress
 from eqgrad.counters import GlobalCounters, log_kernel
 from eqgrad.errors import CompileError, DeviceError
 from eqgrad.cache import save_failed_source
@@ -110,7 +119,8 @@ class LLVMDevice(Device):
     name = "LLVM"
 
     def __init__(self) -> None:
-        self.programs: dict[tuple, LLVMProgram] = {}    # compiled once per distinct source and target
+        # the programs alive, by (source, nontemporal, target): a plan's run holds its own
+        self.programs: weakref.WeakValueDictionary[tuple, LLVMProgram] = weakref.WeakValueDictionary()
         self._pool: ThreadPoolExecutor | None = None
 
     def after_fork_in_child(self) -> bool:
@@ -124,22 +134,27 @@ class LLVMDevice(Device):
             self._pool = ThreadPoolExecutor(max_workers=max(1, threads - 1), thread_name_prefix="eqgrad-cpu")
         return self._pool
 
-    def program(self, src: str, lk, nontemporal: bool = False, target: Target | None = None) -> LLVMProgram:
+    def program(self, src: str, lk, nontemporal: bool = False, target: Target | None = None,
+                engine: CodeEngine | None = None) -> LLVMProgram:
+        """The live program of this source, or a new one loaded into ``engine`` (None: its own)."""
         key = (src, nontemporal, target)
-        if key not in self.programs:
-            self.programs[key] = LLVMProgram(lk, src, nontemporal, target)
-        return self.programs[key]
+        with COMPILE_LOCK:
+            prg = self.programs.get(key)
+            if prg is None:
+                prg = self.programs[key] = LLVMProgram(lk, src, nontemporal, target, engine)
+        return prg
 
-    def build(self, k, plan: KernelPlan, upcast=None, target: Target | None = None) -> tuple[str, LLVMProgram, int]:
-        """Lower, render and compile one kernel for ``target`` (None: the host); returns (source,
-        program, extent of its split loop)."""
+    def build(self, k, plan: KernelPlan, upcast=None, target: Target | None = None,
+              engine: CodeEngine | None = None) -> tuple[str, LLVMProgram, int]:
+        """Lower, render and compile one kernel for ``target`` (None: the host) into ``engine``
+        (None: an engine of its own); returns (source, program, extent of its split loop)."""
         lk, src = self.render_kernel(k, plan, render_llvm, "LLVM IR", upcast)
         # the split loop's extent is not in the source ([lo, hi) are arguments), so kernels that
         # differ only in it share a program: the extent belongs to the step, not the program
         n = lk.insts[lk.parallel_ranges()[0]].arg if lk.parallel else 1
         try:
             shape, dt = plan.buffers[k.out]
-            prg = self.program(src, lk, streaming_store(lk, numel(shape) * dt.itemsize), target)
+            prg = self.program(src, lk, streaming_store(lk, numel(shape) * dt.itemsize), target, engine)
         except Exception as e:
             where = save_failed_source(k.name, ".ll", src)      # never raises: it must not hide this error
             raise CompileError(f"LLVM device: kernel {k.name} ({k.ast.render()[:80]}) failed to compile: "
@@ -193,18 +208,23 @@ class LLVMDevice(Device):
         beam = config.BEAM.value
         target = runnable_target(config.CPU.value)
         plan, scratch = self.split(plan, threads)
+        engine = CodeEngine(compiler(target))     # this plan's new programs (its MCJIT engine made on the first)
         steps = []
-        for k in plan.kernels:
+        for i, k in enumerate(plan.kernels):
+            progress.update(done=i)
             upcast = None
             if beam > 0:
+                candidates: list[LLVMProgram] = []     # alive until the pick is built below
 
-                def build(up, k=k):
+                def build(up, k=k, candidates=candidates):
+                    # each candidate in an engine of its own: the losers' code is freed after the search
                     src, prg, n = self.build(k, plan, up, target)
+                    candidates.append(prg)
                     return src, lambda bufs: self.launch(k, prg, [bufs[i].ptr for i in (k.out, *k.inputs)], n, threads)
                 upcast, tried = search_upcast(k, plan, beam, config.BEAM_TIME.value, build)
                 if config.DEBUG.value >= 2:
                     print(f"  search {k.name}: picked {upcast or 'heuristic'} from {tried}")
-            _, prg, n = self.build(k, plan, upcast, target)
+            _, prg, n = self.build(k, plan, upcast, target, engine)
             steps.append((k, prg, (k.out, *k.inputs), n))
 
         def run(bufs: list[Buffer]) -> None:

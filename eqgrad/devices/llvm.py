@@ -1,4 +1,5 @@
-"""The LLVM device (the default): loop IR -> LLVM IR text -> llvmlite (O3, for EQGRAD_CPU) -> ctypes call.
+"""The LLVM device (the default): loop IR -> LLVM IR text -> llvmlite (O3, for EQGRAD_CPU) -> object code
+(cached on disk: kernelcache.py) -> an MCJIT engine freed with its plans (CodeEngine) -> ctypes call.
 
 Renderer: ``render_llvm`` renders each instruction by its rule in ``LLVM_OPS``, a table from op to
 LLVM instructions (``tests/test_renderers.py`` checks that it covers every op it can be given);
@@ -19,11 +20,15 @@ import functools
 import os
 import re
 import struct
+import sys
 import threading
+import weakref
 from typing import Any, Callable
 
 import numpy as np
 
+from eqgrad.counters import GlobalCounters
+from eqgrad.devices import kernelcache
 from eqgrad.devices.render import MissingRule, Operation
 from eqgrad.graph.loopir import INDEX, LInst, LoopKernel
 from eqgrad.lower.decomp import decompose
@@ -347,10 +352,11 @@ _LOOP_MD = {
 
 # ------------------------------------------------------------------ compiler and runtime
 
-# llvmlite parses every module into LLVM's one global context, and an MCJIT engine's add_module /
+# llvmlite parses every module into LLVM's one global context, and MCJIT's add_object_file /
 # finalize_object are not thread-safe: compiles from two threads at once crashed the process
-# (tests/test_threads.py, 3 of 5 runs). So one compile at a time, process-wide; running compiled
-# code needs no lock (finalize_object never re-protects pages that already hold code).
+# (tests/test_threads.py, 3 of 5 runs). So one compile (and one load, and one engine disposal) at
+# a time, process-wide; running compiled code needs no lock (finalize_object never re-protects
+# pages that already hold code).
 COMPILE_LOCK = threading.RLock()
 
 
@@ -370,14 +376,30 @@ def _serialized(fn):
     return locked
 
 
-class LLVMCompiler:
-    """Compiles LLVM IR text at O3 for one target CPU into ONE MCJIT engine (kept alive).
-    ``target`` is (LLVM CPU name, feature string), as devices/cpu.py resolves EQGRAD_CPU; None is
-    the host's name and features.
+@functools.lru_cache(maxsize=None)
+def host_target() -> tuple[str, str]:
+    """This CPU's LLVM name and feature string (asked once: 0.4 ms a call)."""
+    import llvmlite.binding as llvm
+    return llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten()
 
-    Every program is its own module, added to the engine, with its function renamed uniquely.
-    (An llvmlite engine takes ownership of the target machine it is created with, so engines must
-    never share one: two engines freeing one target machine corrupt the heap.)"""
+
+def _free_pass_manager(mpm: Any) -> None:
+    """Free an O3 module pass manager. In llvmlite 0.50 ``ModulePassManager`` finds ``_dispose`` on
+    ``ObjectRef`` (a no-op) before ``NewPassManager``'s, so a dropped one is never freed: ~70 KB per
+    compile (2,000 compiles of a small kernel: +142 MB RSS; +4 MB when freed here). A llvmlite
+    whose class frees itself is left to do so."""
+    from llvmlite.binding import ffi, newpassmanagers
+    if type(mpm)._dispose is not ffi.ObjectRef._dispose:
+        mpm.close()
+        return
+    newpassmanagers.NewPassManager._dispose(mpm)
+    mpm.detach()
+
+
+class LLVMCompiler:
+    """Compiles LLVM IR text at O3 for one target CPU to object code. ``target`` is (LLVM CPU
+    name, feature string), as devices/cpu.py resolves EQGRAD_CPU; None is the host's name and
+    features (``cpu`` and ``features`` are then the host's, for cache keys)."""
 
     _lock = threading.Lock()
     _initialized = False
@@ -391,16 +413,15 @@ class LLVMCompiler:
                 llvm.initialize_native_target()
                 llvm.initialize_native_asmprinter()
                 LLVMCompiler._initialized = True
-        self.tm = self._target_machine()                 # for the optimization pipeline
-        self.engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), self._target_machine())
-        self.count = 0
-        self.nontemporal_stores = 0      # of the last module compiled with nontemporal=True
+        self.cpu, self.features = target or host_target()
+        self.tm = self.target_machine()                  # for the optimization pipeline and codegen
 
-    def _target_machine(self):
-        llvm = self.llvm
-        cpu, features = self.target or (llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten())
-        return llvm.Target.from_default_triple().create_target_machine(
-            opt=3, cpu=cpu, features=features, codemodel="jitdefault")
+    def target_machine(self):
+        """A new target machine for this target. (An llvmlite engine takes ownership of the target
+        machine it is created with, so engines must never share one: two engines freeing one
+        target machine corrupt the heap.)"""
+        return self.llvm.Target.from_default_triple().create_target_machine(
+            opt=3, cpu=self.cpu, features=self.features, codemodel="jitdefault")
 
     def optimize(self, mod):
         """Run the O3 pipeline for this target on a parsed module (in place); returns it."""
@@ -410,32 +431,34 @@ class LLVMCompiler:
         pto.slp_vectorization = True
         pto.loop_unrolling = True
         pb = llvm.create_pass_builder(self.tm, pto)
-        pb.getModulePassManager().run(mod, pb)
+        mpm = pb.getModulePassManager()
+        try:
+            mpm.run(mod, pb)
+        finally:
+            _free_pass_manager(mpm)
         return mod
 
     @_serialized
-    def compile(self, src: str, name: str, nontemporal: bool = False) -> int:
-        """Optimize (O3, for the target) and add to the engine; returns the function's address.
+    def object_code(self, src: str, name: str, symbol: str, nontemporal: bool = False) -> tuple[bytes, int]:
+        """Optimize (O3, for the target) and compile ``src`` with its function ``name`` renamed
+        ``symbol``; returns (the object code, how many vector stores were made non-temporal).
         ``nontemporal``: see ``streaming_store`` (the caller guarantees the alignment it claims)."""
         llvm = self.llvm
-        self.count += 1
-        unique = f"{name}_{self.count}"
-        mod = llvm.parse_assembly(src.replace(f"@{name}(", f"@{unique}("))
+        mod = llvm.parse_assembly(src.replace(f"@{name}(", f"@{symbol}("))
         mod.verify()
         self.optimize(mod)
+        hits = 0
         if nontemporal:
             text = str(mod)
             md = 1 + max((int(m) for m in re.findall(r"!(\d+)", text)), default=0)
             # a <N x float> store at a multiple of N from a 64-byte aligned base is 4N-byte aligned
             # (the vector width is the target's: 16 lanes with AVX-512, 8 with AVX2, 4 with SSE)
             text, hits = _VEC_STORE.subn(lambda m: f"{m[1]}, align {4 * int(m[2])}, !nontemporal !{md}", text)
-            self.nontemporal_stores = hits
             if hits:
                 mod = llvm.parse_assembly(text + f"\n!{md} = !{{i32 1}}\n")
                 mod.verify()
-        self.engine.add_module(mod)
-        self.engine.finalize_object()
-        return self.engine.get_function_address(unique)
+        GlobalCounters.kernels_compiled += 1
+        return self.tm.emit_object(mod), hits
 
     @_serialized
     def assembly(self, src: str) -> str:
@@ -447,11 +470,83 @@ _compilers: dict[tuple[str, str] | None, LLVMCompiler] = {}
 
 
 def compiler(target: tuple[str, str] | None = None) -> LLVMCompiler:
-    """The compiler (and engine) for ``target`` (None: the host), created on first use."""
+    """The compiler for ``target`` (None: the host), created on first use."""
     with COMPILE_LOCK:
         if target not in _compilers:
             _compilers[target] = LLVMCompiler(target)
         return _compilers[target]
+
+
+_engines: "weakref.WeakSet[CodeEngine]" = weakref.WeakSet()
+_unfreed: list[Any] = []        # MCJIT engines dropped while another thread held COMPILE_LOCK
+
+
+def _free_unfreed() -> None:
+    """Dispose of the engines dropped while the lock was taken (the caller holds COMPILE_LOCK)."""
+    while _unfreed:
+        _unfreed.pop().close()
+
+
+class CodeEngine:
+    """One MCJIT engine and the machine code loaded into it, which is unmapped when the last
+    program holding the engine is gone (``LLVMProgram.engine``).
+
+    MCJIT frees code only with its engine: ``remove_module`` after ``finalize_object`` frees the
+    module's IR but keeps its code (2,000 small kernels in one engine: +29 MB RSS with
+    remove_module, +80 MB without; one engine per kernel, dropped: +6 MB, all of it the pass
+    builder's and LLVM's context's own small leaks). So the LLVM device gives each prepared plan
+    its own engine (cpu.py): its kernels live as long as the plan, or longer where a later plan
+    shares one. An engine costs ~1 ms, made on the first load (a plan whose kernels are all
+    compiled already makes none); its initial empty module is removed at once, since finalizing
+    it would run codegen (1.6 ms). Loading an object file costs 0.1-0.3 ms."""
+
+    def __init__(self, compiler: LLVMCompiler) -> None:
+        self.compiler = compiler
+        self._engine: Any = None
+        self._symbols: dict[str, int] = {}
+        self.code_bytes = 0           # object code loaded
+
+    @_serialized
+    def load(self, symbol: str, obj: bytes) -> int:
+        """Load object code defining ``symbol`` (once: a symbol already loaded is not loaded
+        again) and return the function's address."""
+        if symbol in self._symbols:
+            return self._symbols[symbol]
+        _free_unfreed()
+        llvm = self.compiler.llvm
+        if self._engine is None:
+            empty = llvm.parse_assembly("")
+            self._engine = llvm.create_mcjit_compiler(empty, self.compiler.target_machine())
+            self._engine.remove_module(empty)
+            _engines.add(self)
+        self._engine.add_object_file(llvm.ObjectFileRef.from_data(obj))
+        self._engine.finalize_object()
+        addr = self._engine.get_function_address(symbol)
+        if not addr:
+            raise RuntimeError(f"the object code ({len(obj)} bytes) defines no function {symbol}")
+        self._symbols[symbol] = addr
+        self.code_bytes += len(obj)
+        return addr
+
+    def __del__(self) -> None:
+        engine, self._engine = self._engine, None
+        if engine is None or sys.is_finalizing():
+            return
+        # never wait in a finalizer: the thread that holds the lock may be waiting for this one
+        if COMPILE_LOCK.acquire(blocking=False):
+            try:
+                engine.close()
+                _free_unfreed()
+            finally:
+                COMPILE_LOCK.release()
+        else:
+            _unfreed.append(engine)
+
+
+def live_code() -> tuple[int, int]:
+    """(MCJIT engines alive, bytes of object code loaded into them): what compiled kernels hold."""
+    alive = [e for e in list(_engines) if e._engine is not None]
+    return len(alive), sum(e.code_bytes for e in alive)
 
 
 # ------------------------------------------------------------------ streaming stores
@@ -478,21 +573,42 @@ def streaming_store(k: LoopKernel, out_bytes: int) -> bool:
 
 
 class LLVMProgram:
-    def __init__(self, k: LoopKernel, src: str, nontemporal: bool = False, target: tuple[str, str] | None = None):
+    """One compiled kernel: a ctypes function into the machine code of ``engine`` (a new
+    CodeEngine by default), which it keeps alive. The object code is read from the disk cache
+    when an earlier process compiled the same source for the same target (kernelcache.py), else
+    compiled and stored there. The function is named by that key (``eqk_<sha256 prefix>``), so
+    symbols are unique in an engine and an object file defines the symbol its key names."""
+
+    def __init__(self, k: LoopKernel, src: str, nontemporal: bool = False, target: tuple[str, str] | None = None,
+                 engine: CodeEngine | None = None):
         self.name, self.src, self.nontemporal = k.name, src, nontemporal
         self.compiler = compiler(target)
+        self.engine = engine if engine is not None else CodeEngine(self.compiler)
         self._sig = ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * len(k.params)), ctypes.c_int64, ctypes.c_int64)
-        self.fn = self._sig(self.compiler.compile(src, k.name, nontemporal))
-        self.nontemporal_stores = self.compiler.nontemporal_stores if nontemporal else 0   # vector stores made NT
-        self._plain = None if not nontemporal else False     # compiled on first misaligned output
+        self.fn, stores = self._load(nontemporal)
+        self.nontemporal_stores = stores if nontemporal else 0       # vector stores made NT
+        self._plain: Any = None if not nontemporal else False     # compiled on first misaligned output
+
+    def _load(self, nontemporal: bool) -> tuple[Any, int]:
+        c = self.compiler
+        key = kernelcache.kernel_key(self.src, c.cpu, c.features, nontemporal)
+        symbol = f"eqk_{key[:32]}"
+        hit = kernelcache.load(key)
+        if hit is not None:
+            try:
+                return self._sig(self.engine.load(symbol, hit[0])), hit[1]
+            except RuntimeError as e:          # checked bytes that still do not load: compile instead
+                kernelcache.unusable(key, str(e))
+        obj, stores = c.object_code(self.src, self.name, symbol, nontemporal)
+        kernelcache.store(key, obj, stores)
+        return self._sig(self.engine.load(symbol, obj)), stores
 
     def __call__(self, *ptrs: int, lo: int, hi: int) -> None:
         """Run iterations [lo, hi) of the kernel's outermost parallel loop (ignored without one).
         With streaming stores, ``lo`` must be a multiple of 16 (cpu.py cuts so)."""
         if self.nontemporal and ptrs[0] % 64:
             if not self._plain:
-                self._plain = self._sig(self.compiler.compile(self.src, self.name))
+                self._plain = self._load(False)[0]
             self._plain(*ptrs, lo, hi)
             return
         self.fn(*ptrs, lo, hi)
-

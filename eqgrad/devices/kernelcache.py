@@ -1,0 +1,222 @@
+"""The disk cache of compiled LLVM kernels: object code, so a later process skips O3 and codegen.
+
+One file per kernel, ``<cache_dir>/kernels/<key>.o`` (eqgrad/cache.py: the directory, its checks
+and the safe writes of issue 9). The key (``kernel_key``) is a sha256 of everything the machine
+code depends on: the kernel's LLVM IR, the target CPU's name and features, whether stores were
+made non-temporal, llvmlite's and LLVM's versions, eqgrad's version and a digest of
+devices/llvm.py (the O3 pipeline and the post-optimization rewrite live there, so an edited
+checkout misses rather than loads code of the compiler before the edit). The function's symbol
+is named by the key, so an object file defines exactly the symbol its key names.
+
+A file is ``MAGIC``, one JSON header line ``{"key", "sha256", "size", "nontemporal_stores"}``,
+then the object's bytes. Object code is executed, so what is read is checked before LLVM sees
+it: the file must be a regular file owned by this user and writable by no one else (the
+directory is created 0700, files 0600), and its header must name this key, the object's size and
+the sha256 of its bytes -- a truncated or altered file is a miss with one ``CacheWarning``
+naming it, and the recompiled kernel replaces it (LLVM's object reader aborts the process on
+some malformed objects, so a corrupt file must never reach it). The checksum guards against
+corruption, not against this user's own account: anyone who can write the user's cache
+directory can already run code as the user.
+
+A hit touches its file (least recently used is evicted first). The directory is kept within
+``EQGRAD_KERNEL_CACHE_BYTES``: each process counts the bytes it writes on top of its last scan
+and scans (deleting the oldest files by mtime) only when that estimate passes the bound, so a
+plan of hundreds of kernels costs one scan, not one per kernel. ``EQGRAD_DISK_CACHE=0`` turns
+the cache off, as it does the plan cache (engine/diskcache.py).
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import importlib.metadata
+import json
+import os
+import stat
+import threading
+import time
+from pathlib import Path
+
+from eqgrad import config
+from eqgrad.cache import _warn_once, _why, _write_atomic, cache_dir
+from eqgrad.counters import GlobalCounters
+
+FORMAT = 1
+SUBDIR = "kernels"
+MAGIC = b"EQGRAD-KERNEL-OBJECT 1\n"
+STALE_TMP_SECONDS = 3600.0       # a writer's temporary file older than this was left by a killed process
+_LLVM_PY = Path(__file__).with_name("llvm.py")
+
+_lock = threading.Lock()
+_estimate: dict[Path, int] = {}  # directory -> bytes it held at this process's last scan + bytes written since
+
+
+@functools.lru_cache(maxsize=1)
+def _versions() -> str:
+    """llvmlite's and LLVM's versions, eqgrad's, and a digest of devices/llvm.py (read once)."""
+    import llvmlite
+    import llvmlite.binding as llvm
+    try:
+        eqgrad_version = importlib.metadata.version("eqgrad")
+    except importlib.metadata.PackageNotFoundError:
+        eqgrad_version = "?"
+    digest = hashlib.sha256(_LLVM_PY.read_bytes()).hexdigest()
+    return f"llvmlite {llvmlite.__version__} LLVM {'.'.join(map(str, llvm.llvm_version_info))} eqgrad {eqgrad_version} llvm.py {digest}"
+
+
+def kernel_key(src: str, cpu: str, features: str, nontemporal: bool) -> str:
+    """The cache key of ``src`` compiled for (``cpu``, ``features``): a sha256 in hex."""
+    text = repr((FORMAT, _versions(), cpu, features, bool(nontemporal), src))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _dir() -> Path | None:
+    d = cache_dir() if config.DISK_CACHE.value else None
+    return None if d is None else d / SUBDIR
+
+
+def _bad(path: Path, stamp: object, why: str) -> None:
+    _warn_once(("kernel file", stamp), f"eqgrad: ignored the cached kernel {path}: {why} (the kernel is "
+                                       f"compiled again and the file rewritten)")
+
+
+def load(key: str) -> tuple[bytes, int] | None:
+    """(object code, non-temporal stores made) stored under ``key``, or None: a miss (a bad file
+    warns once, see the module)."""
+    d = _dir()
+    if d is None:
+        return None
+    path = d / f"{key}.o"
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as e:
+        _bad(path, str(path), f"cannot be opened ({_why(e)})")
+        return None
+    try:
+        st = os.fstat(fd)
+        stamp = (str(path), st.st_mtime_ns, st.st_size)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
+            _bad(path, stamp, f"expected a regular file of this user (uid {os.getuid()}) writable only by it, got "
+                              f"uid {st.st_uid} mode {stat.filemode(st.st_mode)}: object code is executed")
+            return None
+        with os.fdopen(os.dup(fd), "rb") as fh:
+            data = fh.read()
+    except OSError as e:
+        _bad(path, str(path), f"cannot be read ({_why(e)})")
+        return None
+    finally:
+        os.close(fd)
+    why, obj, nt = _parse(data, key)
+    if why is not None:
+        _bad(path, stamp, why)
+        return None
+    with contextlib.suppress(OSError):
+        os.utime(path)                     # recently used: evicted last
+    GlobalCounters.kernel_disk_hits += 1
+    return obj, nt
+
+
+def unusable(key: str, why: str) -> None:
+    """A file that passed the checks did not load into an engine (``why``): warn once; the
+    recompiled kernel replaces it."""
+    d = _dir()
+    if d is not None:
+        path = d / f"{key}.o"
+        _bad(path, (str(path), "load", why), f"its object code does not load ({why})")
+
+
+def _parse(data: bytes, key: str) -> tuple[str | None, bytes, int]:
+    """(why the file is bad or None, the object's bytes, non-temporal stores)."""
+    if not data.startswith(MAGIC):
+        return f"expected a file starting with {MAGIC!r}, got {data[:len(MAGIC)]!r}", b"", 0
+    end = data.find(b"\n", len(MAGIC))
+    if end < 0:
+        return "no header line", b"", 0
+    try:
+        head = json.loads(data[len(MAGIC):end])
+    except ValueError as e:
+        return f"a header that is not JSON ({e})", b"", 0
+    obj = data[end + 1:]
+    if not isinstance(head, dict):
+        return f"expected a header object, got {type(head).__name__}", b"", 0
+    if head.get("key") != key:
+        return f"written for another key ({str(head.get('key'))[:16]}...)", b"", 0
+    if head.get("size") != len(obj):
+        return f"expected {head.get('size')!r} bytes of object code, got {len(obj)} (truncated?)", b"", 0
+    if head.get("sha256") != hashlib.sha256(obj).hexdigest():
+        return "the object code's sha256 is not the header's (the file was altered)", b"", 0
+    nt = head.get("nontemporal_stores")
+    if type(nt) is not int or nt < 0:
+        return f"expected nontemporal_stores to be an integer >= 0, got {nt!r}", b"", 0
+    return None, obj, nt
+
+
+def store(key: str, obj: bytes, nontemporal_stores: int) -> Path | None:
+    """Write the object code under ``key`` (atomically), then keep the directory within
+    EQGRAD_KERNEL_CACHE_BYTES; the file, or None when not kept (caching off, the bound, or an
+    OSError, which warns once)."""
+    d = _dir()
+    if d is None:
+        return None
+    path = d / f"{key}.o"
+    head = json.dumps({"key": key, "sha256": hashlib.sha256(obj).hexdigest(), "size": len(obj),
+                       "nontemporal_stores": nontemporal_stores}, separators=(",", ":")).encode()
+    data = MAGIC + head + b"\n" + obj
+    bound = config.KERNEL_CACHE_BYTES.value
+    try:
+        d.mkdir(mode=0o700, exist_ok=True)
+        _write_atomic(path, data, durable=False)       # read back only through its sha256
+        with _lock:
+            if d not in _estimate:
+                _estimate[d] = _scan_bytes(d)
+            else:
+                _estimate[d] += len(data)
+            over = _estimate[d] > bound
+        if over:
+            left = evict(d, bound)
+            with _lock:
+                _estimate[d] = left
+    except OSError as e:
+        _warn_once(("kernel store", str(d)), f"eqgrad: could not store a compiled kernel in {d} ({_why(e)}); "
+                                             f"kernels are compiled again in the next process")
+        return None
+    return path if path.exists() else None
+
+
+def _files(d: Path) -> list[tuple[int, int, Path]]:
+    """(mtime, size, path) of the kernel files in ``d``; stale temporary files are deleted."""
+    out = []
+    now = time.time()
+    with os.scandir(d) as it:
+        for e in it:
+            try:
+                st = e.stat(follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            if e.name.startswith(".") and e.name.endswith(".tmp"):
+                if now - st.st_mtime > STALE_TMP_SECONDS:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(e.path)
+            elif e.name.endswith(".o") and stat.S_ISREG(st.st_mode):
+                out.append((st.st_mtime_ns, st.st_size, Path(e.path)))
+    return out
+
+
+def _scan_bytes(d: Path) -> int:
+    return sum(size for _, size, _ in _files(d))
+
+
+def evict(d: Path, bound: int) -> int:
+    """Delete the least recently used kernel files of ``d`` (oldest mtime first) until they hold at
+    most ``bound`` bytes; the bytes that remain. A file another process deleted first is skipped."""
+    files = _files(d)
+    total = sum(size for _, size, _ in files)
+    for _, size, p in sorted(files, key=lambda f: f[0]):
+        if total <= bound:
+            break
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(p)
+        total -= size
+    return total
