@@ -23,10 +23,12 @@ from eqgrad.devices.opencl import OpenCLRenderer
 from eqgrad.devices.render import VALUE_OPS, MissingRule, required_ops
 from eqgrad.dtype import DType, bool_, float32, int32
 from eqgrad.graph.interp import run_loop
+from eqgrad.graph.program import linearize
 from eqgrad.graph.loopir import FLOAT64, INDEX, LOOP_ALU_OPS, LInst, LoopKernel, Table, verify
 from eqgrad.lower.decomp import DECOMPOSITIONS, ERF_ULP, SIN_ABS_ERR, SIN_REL_ERR, Builder, Val, decompose, decomposed_for
 from eqgrad.lower.lowering import lower_kernel
 from eqgrad.ops import ALU_OPS
+from eqgrad.rules import rulebook
 from conftest import DEVICES
 
 HAS_OPENCL = "OPENCL" in DEVICES
@@ -294,10 +296,14 @@ def test_decompose_renumbers_inside_loops_and_accumulators():
     """A lowered softmax (exp2 inside reduce loops, accumulators): decomposed, the interpreter gives
     the op table's result; a kernel without those ops is returned as it is."""
     x = np.random.default_rng(3).standard_normal((4, 40)).astype(np.float32)
-    Tensor(x, device="NUMPY").softmax(-1).realize()
+    y = Tensor(x, device="NUMPY").softmax(-1)
+    prog = linearize([y.lazydata], inspected=rulebook.DEFAULT.config().inspected_constants)
+    y.realize()
     plan = engine.last_plan.plan
     bufs = [np.zeros(int(np.prod(s)), d.np) for s, d in plan.buffers]
     bufs[0][:] = x.ravel()
+    for i, (v, _) in enumerate(prog.params):          # the runtime parameters (log2(e)) follow the input
+        bufs[len(prog.inputs) + i][:] = v
     for k in plan.kernels:
         lk = lower_kernel(k, plan)
         dk = decompose(lk, LLVM_OPS)

@@ -310,7 +310,12 @@ class GreedyExtractor:
                                + "; ".join(kc.why for kc in cur.kernels.values() if not kc.legal))
         self._remember(cur.total, choice)
         st = PlanState(self.ev, choice, cur)
-        passes = self.max_passes if len(self.realize_of) < 400 else 1
+        # every program gets all its passes: one pass for programs of 400+ producers dated from when
+        # a move evaluated the whole plan. A later pass revisits the early greedy inlining (a
+        # residual stream inlined into every later layer's kernels); LLaMA-shaped 30-layer step:
+        # predicted 24.84 -> 24.50 ms, 427 -> 394 kernels, 87 -> 50 distinct kernel sources (what
+        # LLVM compiles), extraction 2.2 -> 5.3 s (EQGRAD_EXTRACT_TIME still bounds it)
+        passes = self.max_passes
         deadline = None if self.time_limit is None else time.perf_counter() + self.time_limit
         stopped = ""
         for pass_no in range(passes):
