@@ -158,3 +158,45 @@ def test_explain_of_a_resized_plan_compiles_its_own_sizes():
     ex = eqgrad.explain(y)
     assert ex.compiled.egraph is not None
     assert all(s[0] == 12 for s, _ in ex.plan.buffers[ex.plan.n_inputs:] if len(s) == 2 and s[1] in (16, 10))
+
+
+# ------------------------------------------------------------------ repeated kernels lower once
+
+def test_repeated_layers_lower_once(monkeypatch):
+    from eqgrad.devices import _rendered
+    from eqgrad.lower import lowering
+    calls = []
+    real = lowering.lower_kernel
+
+    def counting(k, plan, upcast=None, options=None):
+        calls.append(k.name)
+        return real(k, plan, upcast, options)
+    monkeypatch.setattr(lowering, "lower_kernel", counting)
+    _rendered.clear()
+    engine.clear_cache()
+    rng = np.random.default_rng(0)
+    ws = [Tensor(rng.standard_normal((32, 32)).astype(np.float32)).realize() for _ in range(6)]
+    x = _x(8, 32)
+    outs = [((x @ w).relu() * 0.5).softmax(-1) for w in ws]      # six layers of one structure, side by side
+    eqgrad.realize(*outs)
+    plan = engine.last_plan.plan
+    # every layer's kernels have one structure: lowered once for the first layer, reused for five
+    assert len(plan.kernels) % 6 == 0 and len(calls) == len(plan.kernels) // 6, (len(calls), len(plan.kernels))
+    for o, w in zip(outs, ws):
+        h = np.maximum(x.numpy() @ w.numpy(), 0) * 0.5
+        e = np.exp(h - h.max(-1, keepdims=True))
+        np.testing.assert_allclose(o.numpy(), e / e.sum(-1, keepdims=True), rtol=1e-5, atol=1e-6)
+
+
+def test_kernels_that_differ_in_a_sign_of_zero_do_not_share_their_lowering():
+    from eqgrad.devices import kernel_structure
+    from eqgrad.graph.plan import Kernel, KernelPlan, KNode
+    f32 = eqgrad.float32
+
+    def plan(c: float, out: int = 1) -> KernelPlan:
+        ast = KNode("ADD", (KNode("BUF", (), 0, (4,), f32), KNode("CONST", (), c, (4,), f32)), None, (4,), f32)
+        bufs = [((4,), f32)] * (out + 1)
+        return KernelPlan(bufs, 1, [Kernel("k0", out, ast, (0,))], [out])
+    a, b, c = plan(0.0), plan(-0.0), plan(0.0, out=2)
+    assert kernel_structure(a.kernels[0], a) != kernel_structure(b.kernels[0], b)
+    assert kernel_structure(a.kernels[0], a) == kernel_structure(c.kernels[0], c)   # buffer ids do not matter
