@@ -163,7 +163,7 @@ def test_explain_of_a_resized_plan_compiles_its_own_sizes():
 # ------------------------------------------------------------------ repeated kernels lower once
 
 def test_repeated_layers_lower_once(monkeypatch):
-    from eqgrad.devices import _rendered
+    from eqgrad.devices import _lowered
     from eqgrad.lower import lowering
     calls = []
     real = lowering.lower_kernel
@@ -172,7 +172,7 @@ def test_repeated_layers_lower_once(monkeypatch):
         calls.append(k.name)
         return real(k, plan, upcast, options)
     monkeypatch.setattr(lowering, "lower_kernel", counting)
-    _rendered.clear()
+    _lowered.clear()
     engine.clear_cache()
     rng = np.random.default_rng(0)
     ws = [Tensor(rng.standard_normal((32, 32)).astype(np.float32)).realize() for _ in range(6)]

@@ -202,45 +202,45 @@ def kernel_structure(k: Any, plan: Any) -> tuple:
     return tuple(items), params
 
 
-class RenderedKernels:
-    """Lowered and rendered kernels by structure, least recently used dropped past ``MAX_ENTRIES``
-    or ``MAX_BYTES`` of source: the loop IR and the text, never compiled code (a device keeps its
-    compiled programs itself)."""
+class LoweredKernels:
+    """Lowered kernels (loop IR) by structure, least recently used dropped past ``MAX_ENTRIES`` or
+    ``MAX_INSTS`` loop-IR instructions in all: never compiled code or rendered text (a device
+    keeps its compiled programs itself; a renderer's output depends on its own settings)."""
     MAX_ENTRIES = 2048
-    MAX_BYTES = 32 << 20
+    MAX_INSTS = 2_000_000
 
     def __init__(self) -> None:
-        self._items: OrderedDict[tuple, tuple[Any, str]] = OrderedDict()
-        self._bytes = 0
+        self._items: OrderedDict[tuple, Any] = OrderedDict()
+        self._insts = 0
         self._lock = threading.Lock()
 
-    def get(self, key: tuple) -> tuple[Any, str] | None:
+    def get(self, key: tuple) -> Any:
         with self._lock:
             hit = self._items.get(key)
             if hit is not None:
                 self._items.move_to_end(key)
             return hit
 
-    def put(self, key: tuple, value: tuple[Any, str]) -> None:
+    def put(self, key: tuple, lk: Any) -> None:
         with self._lock:
             if key in self._items:
                 return
-            self._items[key] = value
-            self._bytes += len(value[1])
-            while len(self._items) > self.MAX_ENTRIES or self._bytes > self.MAX_BYTES:
-                _, (_, src) = self._items.popitem(last=False)
-                self._bytes -= len(src)
+            self._items[key] = lk
+            self._insts += len(lk.insts)
+            while len(self._items) > self.MAX_ENTRIES or self._insts > self.MAX_INSTS:
+                _, old = self._items.popitem(last=False)
+                self._insts -= len(old.insts)
 
     def clear(self) -> None:
         with self._lock:
             self._items.clear()
-            self._bytes = 0
+            self._insts = 0
 
     def after_fork_in_child(self) -> None:
         self._lock = threading.Lock()
 
 
-_rendered = RenderedKernels()
+_lowered = LoweredKernels()
 
 
 class Device:
@@ -269,20 +269,19 @@ class Device:
 
         Lowering is a function of the kernel's structure alone (its body with buffers numbered as
         its parameters, the parameters' shapes and dtypes, the lanes), so the result is kept by
-        that structure (``RenderedKernels``): the repeated layers of a model lower once (a
+        that structure (``LoweredKernels``): the repeated layers of a model lower once (a
         LLaMA-shaped 30-layer step: 394 kernels, 50 distinct bodies), and so do the kernels a
         resized plan did not change."""
         lower = lowering.lower_kernel               # looked up at call time (tests patch it)
-        key = (kernel_structure(k, plan), render, language, upcast, lower)
-        memo = _rendered
-        hit = memo.get(key)
-        if hit is None:
+        key = (kernel_structure(k, plan), upcast, lower)
+        lk = _lowered.get(key)
+        if lk is None:
             lk = lower(k, plan, upcast)
             lk.name = "eqk"
-            src = render(lk)
-            memo.put(key, (lk, src))
-        else:
-            lk, src = hit
+            _lowered.put(key, lk)
+        # rendering is not kept: a renderer has settings of its own (OpenCL's reduce_group), and it
+        # is the cheap part (41-60 ms of a 4-layer MLP step's 0.35-0.44 s of lowering and rendering)
+        src = render(lk)
         if config.DEBUG.value >= 5:
             print(f"--- loop IR {k.name}\n{lk}")
         if config.DEBUG.value >= 4:
@@ -321,7 +320,7 @@ def _after_fork_in_child() -> None:
     global _devices_lock
     _devices_lock = threading.RLock()      # a parent thread may have held them at the fork
     pool._lock = threading.RLock()
-    _rendered.after_fork_in_child()
+    _lowered.after_fork_in_child()
     for name, dev in list(_devices.items()):
         if not dev.after_fork_in_child():
             del _devices[name]
