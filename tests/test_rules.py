@@ -11,6 +11,7 @@ from eqgrad.rules import rulebook
 from eqgrad.tools.check import check_rule, check_rules
 from eqgrad.rules.rulebook import RulebookError, all_rules, load_rulebook
 from eqgrad.rules.stats import collect
+from eqgrad.rules.book import RULEBOOK_DIR
 
 
 @pytest.fixture(autouse=True)
@@ -172,3 +173,12 @@ def test_command_line_check_reports_unsound_rules(tmp_path):
     path = write(tmp_path, "bad.egg", '(ruleset bad)\n(rewrite (Add a b) (Mul a b) :ruleset bad :name "add-is-mul")\n')
     out = subprocess.run([sys.executable, "-m", "eqgrad", "rules", "check", str(path)], capture_output=True, text=True)
     assert out.returncode == 1 and "UNSOUND" in out.stdout and "add-is-mul" in out.stdout
+
+
+def test_command_line_check_of_a_builtin_rulebook_checks_it():
+    """`rules check rulebooks/movement.egg` said every rule name was "already used" (the file was
+    validated as a user rulebook next to itself)."""
+    out = subprocess.run([sys.executable, "-m", "eqgrad", "rules", "check", "-n", "4", str(RULEBOOK_DIR / "movement.egg")],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "movement.egg" in out.stdout and "unsound" not in out.stdout.lower()

@@ -164,5 +164,8 @@ def load_files(paths: list[str | Path]) -> tuple[list[Rulebook], Path | None]:
     if schedules:
         validate_whole(books, schedules[0])
     else:
-        validate(books)
+        # a built-in rulebook named on the command line (`rules check rulebooks/movement.egg`) is
+        # checked as itself, not validated as a user rulebook next to itself ("already used")
+        builtin = {p.resolve() for p in builtin_paths()}
+        validate([b for b in books if Path(b.path).resolve() not in builtin])
     return books, (schedules[0] if schedules else None)
