@@ -29,8 +29,10 @@ import json
 import math
 import os
 import platform
+import stat
 import tempfile
 import threading
+import time
 import warnings
 from pathlib import Path
 from typing import Any, Callable
@@ -311,3 +313,43 @@ def machine_key(device: str) -> str:
     a measured plan) is not used for another. The host's keys stay as they were before the flag."""
     cpu = config.CPU.value if device == "LLVM" else "host"
     return machine_id() if cpu == "host" else f"{machine_id()}|{cpu}"
+
+
+STALE_TMP_SECONDS = 3600.0       # a writer's temporary file older than this was left by a killed process
+
+
+def cache_files(d: Path, suffix: str) -> list[tuple[int, int, Path]]:
+    """(mtime in ns, size, path) of the regular files of ``d`` ending in ``suffix`` (the plan and
+    kernel caches' entries); temporary files that a killed writer left (``_write_atomic``'s
+    ``.NAME.*.tmp``, older than STALE_TMP_SECONDS) are deleted on the way. A file another process
+    deletes meanwhile is skipped."""
+    out = []
+    now = time.time()
+    with os.scandir(d) as it:
+        for e in it:
+            try:
+                st = e.stat(follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            if e.name.startswith(".") and e.name.endswith(".tmp"):
+                if now - st.st_mtime > STALE_TMP_SECONDS:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(e.path)
+            elif e.name.endswith(suffix) and stat.S_ISREG(st.st_mode):
+                out.append((st.st_mtime_ns, st.st_size, Path(e.path)))
+    return out
+
+
+def evict_lru(d: Path, bound: int, suffix: str) -> int:
+    """Delete the least recently used ``suffix`` files of ``d`` (oldest mtime first) until they
+    hold at most ``bound`` bytes; the bytes that remain. Other processes may evict at the same
+    time: a file already gone is skipped."""
+    files = cache_files(d, suffix)
+    total = sum(size for _, size, _ in files)
+    for _, size, p in sorted(files, key=lambda f: f[0]):
+        if total <= bound:
+            break
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(p)
+        total -= size
+    return total

@@ -34,17 +34,15 @@ import json
 import os
 import stat
 import threading
-import time
 from pathlib import Path
 
 from eqgrad import config
-from eqgrad.cache import _warn_once, _why, _write_atomic, cache_dir
+from eqgrad.cache import _warn_once, _why, _write_atomic, cache_dir, cache_files, evict_lru
 from eqgrad.counters import GlobalCounters
 
 FORMAT = 1
 SUBDIR = "kernels"
 MAGIC = b"EQGRAD-KERNEL-OBJECT 1\n"
-STALE_TMP_SECONDS = 3600.0       # a writer's temporary file older than this was left by a killed process
 _LLVM_PY = Path(__file__).with_name("llvm.py")
 
 _lock = threading.Lock()
@@ -185,38 +183,11 @@ def store(key: str, obj: bytes, nontemporal_stores: int) -> Path | None:
     return path if path.exists() else None
 
 
-def _files(d: Path) -> list[tuple[int, int, Path]]:
-    """(mtime, size, path) of the kernel files in ``d``; stale temporary files are deleted."""
-    out = []
-    now = time.time()
-    with os.scandir(d) as it:
-        for e in it:
-            try:
-                st = e.stat(follow_symlinks=False)
-            except FileNotFoundError:
-                continue
-            if e.name.startswith(".") and e.name.endswith(".tmp"):
-                if now - st.st_mtime > STALE_TMP_SECONDS:
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(e.path)
-            elif e.name.endswith(".o") and stat.S_ISREG(st.st_mode):
-                out.append((st.st_mtime_ns, st.st_size, Path(e.path)))
-    return out
-
-
 def _scan_bytes(d: Path) -> int:
-    return sum(size for _, size, _ in _files(d))
+    return sum(size for _, size, _ in cache_files(d, ".o"))
 
 
 def evict(d: Path, bound: int) -> int:
-    """Delete the least recently used kernel files of ``d`` (oldest mtime first) until they hold at
-    most ``bound`` bytes; the bytes that remain. A file another process deleted first is skipped."""
-    files = _files(d)
-    total = sum(size for _, size, _ in files)
-    for _, size, p in sorted(files, key=lambda f: f[0]):
-        if total <= bound:
-            break
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(p)
-        total -= size
-    return total
+    """Delete the least recently used kernel files of ``d`` until they hold at most ``bound``
+    bytes (cache.evict_lru); the bytes that remain."""
+    return evict_lru(d, bound, ".o")

@@ -49,12 +49,11 @@ import hashlib
 import importlib.metadata
 import json
 import os
-import time
 from pathlib import Path
 from typing import Any
 
 from eqgrad import config
-from eqgrad.cache import _warn_once, _why, _write_atomic, cache_dir, machine_key
+from eqgrad.cache import _warn_once, _why, _write_atomic, cache_dir, evict_lru, machine_key
 from eqgrad.extract import ExtractSettings, effective, extractor_name, settings_key
 from eqgrad.extract.cost import default_cost
 from eqgrad.graph.plan import KernelPlan, plan_difference, plan_from_data, plan_to_data
@@ -64,7 +63,6 @@ from eqgrad.rules.saturate import PhaseReport, SaturationReport
 
 FORMAT = 1                       # of the files; a file of another format is not read
 SUBDIR = "plans"
-STALE_TMP_SECONDS = 3600.0       # a writer's temporary file older than this was left by a killed process
 _ROOT = Path(__file__).resolve().parents[1]      # the eqgrad package
 
 
@@ -177,31 +175,9 @@ def store(key: str, value: dict) -> Path | None:
 
 
 def evict(d: Path, bound: int) -> int:
-    """Delete the least recently used plan files of ``d`` (oldest mtime first) until they hold at
-    most ``bound`` bytes, and temporary files that a killed writer left; the bytes that remain.
-    Other processes may evict at the same time: a file already gone is skipped."""
-    files: list[tuple[int, int, Path]] = []
-    now = time.time()
-    with os.scandir(d) as it:
-        for e in it:
-            try:
-                st = e.stat(follow_symlinks=False)
-            except FileNotFoundError:
-                continue
-            if e.name.startswith(".") and e.name.endswith(".tmp"):
-                if now - st.st_mtime > STALE_TMP_SECONDS:
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(e.path)
-            elif e.name.endswith(".json") and e.is_file(follow_symlinks=False):
-                files.append((st.st_mtime_ns, st.st_size, Path(e.path)))
-    total = sum(size for _, size, _ in files)
-    for _, size, p in sorted(files, key=lambda f: f[0]):
-        if total <= bound:
-            break
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(p)
-        total -= size
-    return total
+    """Delete the least recently used plan files of ``d`` until they hold at most ``bound`` bytes,
+    and temporary files that a killed writer left (cache.evict_lru); the bytes that remain."""
+    return evict_lru(d, bound, ".json")
 
 
 # ------------------------------------------------------------------ plans

@@ -260,31 +260,20 @@ class PlanEvaluator:
         return out
 
     def is_acyclic(self, choice: Choice) -> bool:
-        state: dict[int, int] = {}
-        for r in self.g.roots:
-            stack = [(r, iter(choice[r].children))]
-            if state.get(r) == 2:
-                continue
-            state[r] = 1
-            while stack:
-                c, it = stack[-1]
-                nxt = next(it, None)
-                if nxt is None:
-                    state[c] = 2
-                    stack.pop()
-                elif state.get(nxt) == 1:
-                    return False
-                elif nxt not in state:
-                    state[nxt] = 1
-                    stack.append((nxt, iter(choice[nxt].children)))
-        return True
+        """No cycle among the chosen nodes reachable from the roots."""
+        return _acyclic_from(choice, self.g.roots)
 
 
 def globally_acyclic(choice: Choice) -> bool:
     """No cycle among the chosen nodes of *any* classes, reachable from the roots or not (stronger
     than :meth:`PlanEvaluator.is_acyclic`): what PlanState's reference counting relies on."""
+    return _acyclic_from(choice, choice)
+
+
+def _acyclic_from(choice: Choice, starts) -> bool:
+    """Iterative three-colour DFS over the chosen nodes from each of ``starts``."""
     state: dict[int, int] = {}
-    for r in choice:
+    for r in starts:
         if r in state:
             continue
         state[r] = 1
