@@ -303,6 +303,10 @@ RESIZE = Flag("EQGRAD_RESIZE", 1, _integer_in(0, 1), "0 or 1",
               "1: a program that differs from a cached one only in sizes (a new batch, a longer "
               "sequence) reuses its plan rewritten for the new sizes, with no saturation or "
               "extraction (graph/resize.py); 0: compile every new size")
+SIZE_ARGS = Flag("EQGRAD_SIZE_ARGS", 1, _integer_in(0, 1), "0 or 1",
+                 "1: on the LLVM device, a kernel seen at more than two sizes (a growing sequence) "
+                 "compiles once more with its sizes as arguments and runs that code for every later "
+                 "size (devices/sizeargs.py); 0: compile each size's own code")
 POOL_BYTES = Flag("EQGRAD_POOL_BYTES", 1 << 30, _bytes_at_least(0), "a size in bytes >= 0 (e.g. 1G, 256M, 0)",
                   "freed host buffers kept for reuse by later realizes (0 disables; "
                   "eqgrad.devices.clear_pool() empties the pool)")

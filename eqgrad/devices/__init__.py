@@ -272,13 +272,7 @@ class Device:
         that structure (``LoweredKernels``): the repeated layers of a model lower once (a
         LLaMA-shaped 30-layer step: 394 kernels, 50 distinct bodies), and so do the kernels a
         resized plan did not change."""
-        lower = lowering.lower_kernel               # looked up at call time (tests patch it)
-        key = (kernel_structure(k, plan), upcast, lower)
-        lk = _lowered.get(key)
-        if lk is None:
-            lk = lower(k, plan, upcast)
-            lk.name = "eqk"
-            _lowered.put(key, lk)
+        lk = self.lowered_kernel(k, plan, upcast)
         # rendering is not kept: a renderer has settings of its own (OpenCL's reduce_group), and it
         # is the cheap part (41-60 ms of a 4-layer MLP step's 0.35-0.44 s of lowering and rendering)
         src = render(lk)
@@ -287,6 +281,17 @@ class Device:
         if config.DEBUG.value >= 4:
             print(f"--- {language} {k.name}\n{src}")
         return lk, src
+
+    def lowered_kernel(self, k: Any, plan: Any, upcast: Any = None) -> Any:
+        """One kernel's loop IR, named ``eqk``, lowered once per structure (``render_kernel``)."""
+        lower = lowering.lower_kernel               # looked up at call time (tests patch it)
+        key = (kernel_structure(k, plan), upcast, lower)
+        lk = _lowered.get(key)
+        if lk is None:
+            lk = lower(k, plan, upcast)
+            lk.name = "eqk"
+            _lowered.put(key, lk)
+        return lk
 
     # ------------------------------------------------------------------ memory (host devices)
     def alloc(self, shape: Shape, dtype: DType) -> Any:

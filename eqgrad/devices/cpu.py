@@ -17,7 +17,9 @@ holds its programs, and each plan's new programs share one MCJIT engine (llvm.Co
 machine code is unmapped when the last of them is gone -- when eqgrad.engine's plan cache drops the
 plan (and no JIT, explain() result or other plan still holds it). ``programs`` finds a program
 that is still alive by source, nontemporal and target, so plans share their common kernels;
-it holds none of them. Object code is cached on disk across processes (kernelcache.py).
+it holds none of them. Object code is cached on disk across processes (kernelcache.py). A kernel
+family whose sizes keep changing (a growing sequence) gets one program that takes its sizes as an
+argument (sizeargs.py, ``build_member``).
 """
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ import itertools
 import time
 import weakref
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable
+from typing import Any, Callable
 
 from eqgrad import config
 from eqgrad.graph.plan import KernelPlan
@@ -34,7 +36,8 @@ from eqgrad.devices import Buffer, Device
 from eqgrad.lower.passes import LowerOptions
 from eqgrad.lower.split import split_reduction
 from eqgrad.ops import numel
-from eqgrad.devices.llvm import COMPILE_LOCK, CodeEngine, LLVMProgram, compiler, render_llvm, streaming_store
+from eqgrad.devices.llvm import LLVM_OPS, COMPILE_LOCK, CodeEngine, LLVMProgram, compiler, render_llvm, streaming_store
+from eqgrad.devices.sizeargs import Families
 from eqgrad import progress
 from eqgrad.counters import GlobalCounters, log_kernel
 from eqgrad.errors import CompileError, DeviceError
@@ -122,11 +125,13 @@ class LLVMDevice(Device):
         # the programs alive, by (source, nontemporal, target): a plan's run holds its own
         self.programs: weakref.WeakValueDictionary[tuple, LLVMProgram] = weakref.WeakValueDictionary()
         self._pool: ThreadPoolExecutor | None = None
+        self.families = Families(LLVM_OPS)        # kernels whose sizes keep changing (sizeargs.py)
 
     def after_fork_in_child(self) -> bool:
         # the inherited pool's threads do not exist in the child, but its idle count says they do:
         # a submitted chunk would wait forever. Compiled programs (plain memory) stay valid.
         self._pool = None
+        self.families.after_fork_in_child()
         return True
 
     def pool(self, threads: int) -> ThreadPoolExecutor:
@@ -135,13 +140,13 @@ class LLVMDevice(Device):
         return self._pool
 
     def program(self, src: str, lk, nontemporal: bool = False, target: Target | None = None,
-                engine: CodeEngine | None = None) -> LLVMProgram:
+                engine: CodeEngine | None = None, sized: bool = False) -> LLVMProgram:
         """The live program of this source, or a new one loaded into ``engine`` (None: its own)."""
         key = (src, nontemporal, target)
         with COMPILE_LOCK:
             prg = self.programs.get(key)
             if prg is None:
-                prg = self.programs[key] = LLVMProgram(lk, src, nontemporal, target, engine)
+                prg = self.programs[key] = LLVMProgram(lk, src, nontemporal, target, engine, sized)
         return prg
 
     def build(self, k, plan: KernelPlan, upcast=None, target: Target | None = None,
@@ -161,6 +166,38 @@ class LLVMDevice(Device):
                                f"{str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}; "
                                f"its LLVM IR {where}") from e
         return src, prg, n
+
+    def build_member(self, k, plan: KernelPlan, upcast=None, target: Target | None = None,
+                     engine: CodeEngine | None = None) -> tuple[Any, int]:
+        """``build`` through the kernel's size family (sizeargs.py): the live program of the same
+        loop IR, or the family's sized program bound to this kernel's sizes, or a new program --
+        sized when the family's sizes keep changing. Returns (program, extent of its split loop)."""
+        lk = self.lowered_kernel(k, plan, upcast)
+        n = lk.insts[lk.parallel_ranges()[0]].arg if lk.parallel else 1
+        dk, shape = self.families.shape_of(lk)
+        shape_out, dt = plan.buffers[k.out]
+        key = (shape.skeleton, streaming_store(lk, numel(shape_out) * dt.itemsize), target)
+        prg = self.families.find(key, shape)
+        if prg is not None:
+            if config.DEBUG.value >= 4:
+                self.render_kernel(k, plan, render_llvm, "LLVM IR", upcast)     # prints it
+            return prg, n
+        sized = self.families.plan(key, shape) if config.SIZE_ARGS.value else None
+        if sized is None:
+            _, prg, n = self.build(k, plan, upcast, target, engine)
+            self.families.add(key, shape, prg)
+            return prg, n
+        src = render_llvm(dk, sized)
+        if config.DEBUG.value >= 4:
+            print(f"--- LLVM IR {k.name} (sized: {len(sized)} sizes are arguments)\n{src}")
+        try:
+            prg = self.program(src, dk, False, target, engine, sized=True)
+        except Exception as e:
+            where = save_failed_source(k.name, ".ll", src)
+            raise CompileError(f"LLVM device: kernel {k.name} ({k.ast.render()[:80]}) failed to compile "
+                               f"as a sized program: {str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}; "
+                               f"its LLVM IR {where}") from e
+        return self.families.add_sized(key, shape, sized, prg), n
 
     def launch(self, k, prg: LLVMProgram, ptrs: list[int], n: int, threads: int) -> None:
         """Run the split loop [0, n) on one thread or, for a kernel predicted above PARALLEL_MIN,
@@ -224,7 +261,7 @@ class LLVMDevice(Device):
                 upcast, tried = search_upcast(k, plan, beam, config.BEAM_TIME.value, build)
                 if config.DEBUG.value >= 2:
                     print(f"  search {k.name}: picked {upcast or 'heuristic'} from {tried}")
-            _, prg, n = self.build(k, plan, upcast, target, engine)
+            prg, n = self.build_member(k, plan, upcast, target, engine)
             steps.append((k, prg, (k.out, *k.inputs), n))
 
         def run(bufs: list[Buffer]) -> None:

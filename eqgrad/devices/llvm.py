@@ -217,8 +217,11 @@ class _Kernel:
     """One kernel being rendered: a method per structural instruction (loops, accumulators,
     memory); every other instruction is its LLVM_OPS rule. Values are SSA names."""
 
-    def __init__(self, k: LoopKernel) -> None:
+    def __init__(self, k: LoopKernel, sized: dict[int, int] | None = None) -> None:
         self.k, self.c = k, _Ctx()
+        # instruction id -> slot of the i64 array %sz that holds its value (index CONSTs and RANGE
+        # extents of a sized program, devices/sizeargs.py); the others are literals
+        self.sized = sized or {}
         self.val: dict[int, str] = {}
         self.kinds: dict[int, str] = {}
         self.allocas: list[str] = []
@@ -236,11 +239,11 @@ class _Kernel:
         self.set(i, f"%p{x.arg}", _name(x.dtype))
 
     def CONST(self, i: int, x: LInst) -> None:
-        self.set(i, _const(x.arg, x.dtype), _name(x.dtype))
+        self.set(i, f"%sz{self.sized[i]}" if i in self.sized else _const(x.arg, x.dtype), _name(x.dtype))
 
     def RANGE(self, i: int, x: LInst) -> None:
         self.allocas.append(f"  %r{i}.p = alloca i64")
-        start, end = ("%lo", "%hi") if i == self.split else ("0", str(x.arg))
+        start, end = ("%lo", "%hi") if i == self.split else ("0", f"%sz{self.sized[i]}" if i in self.sized else str(x.arg))
         self.c.lines += [f"  store i64 {start}, ptr %r{i}.p", f"  br label %L{i}.cond", f"L{i}.cond:",
                          f"  %r{i} = load i64, ptr %r{i}.p", f"  %r{i}.c = icmp slt i64 %r{i}, {end}",
                          f"  br i1 %r{i}.c, label %L{i}.body, label %L{i}.exit", f"L{i}.body:"]
@@ -303,10 +306,15 @@ class _Kernel:
         args = ", ".join(f"ptr noalias {'' if w else 'readonly '}%p{i}" for i, (_, _, w) in enumerate(k.params))
         # every kernel takes [lo, hi) of its outermost parallel loop, so the runtime can split it
         # across threads (a kernel without parallel loops ignores them)
+        entry = list(self.allocas)
+        if self.sized:        # a sized program reads its sizes from one more argument, first thing
+            args += ", ptr noalias readonly %sz"
+            for s in sorted(set(self.sized.values())):
+                entry += [f"  %sz{s}.p = getelementptr inbounds i64, ptr %sz, i64 {s}", f"  %sz{s} = load i64, ptr %sz{s}.p"]
         args += ", i64 %lo, i64 %hi"
         body = "\n".join(c.lines)
         return (f"; kernel {k.name}\n" + "\n".join(sorted(c.decls)) + "\n\n"
-                f"define void @{k.name}({args}) nounwind {{\nentry:\n" + "\n".join(self.allocas) + "\n"
+                f"define void @{k.name}({args}) nounwind {{\nentry:\n" + "\n".join(entry) + "\n"
                 f"{body}\n  ret void\n}}\n\n" + _LOOP_MD[k.loop_vectorize])
 
 
@@ -314,10 +322,12 @@ _STRUCTURE = {op: getattr(_Kernel, op) for op in
               ("PARAM", "CONST", "RANGE", "ENDRANGE", "DEFACC", "ACCUM", "ACCREAD", "LOAD", "STORE")}
 
 
-def render_llvm(k: LoopKernel) -> str:
-    """LLVM IR of ``k``, after rewriting the ops LLVM_OPS lacks (lower/decomp.py)."""
+def render_llvm(k: LoopKernel, sized: dict[int, int] | None = None) -> str:
+    """LLVM IR of ``k``, after rewriting the ops LLVM_OPS lacks (lower/decomp.py). ``sized`` maps
+    instruction ids of ``k`` -- which must then be decomposed already -- to the slot of the extra
+    argument array that holds their value at run time (devices/sizeargs.py)."""
     k = decompose(k, LLVM_OPS)
-    r = _Kernel(k)
+    r = _Kernel(k, sized)
     for i, x in enumerate(k.insts):
         _STRUCTURE.get(x.op, _Kernel.value)(r, i, x)
     return r.text()
@@ -530,7 +540,7 @@ class CodeEngine:
 
     def __del__(self) -> None:
         engine, self._engine = self._engine, None
-        if engine is None or sys.is_finalizing():
+        if engine is None or sys is None or sys.is_finalizing():      # (sys: None late in shutdown)
             return
         # never wait in a finalizer: the thread that holds the lock may be waiting for this one
         if COMPILE_LOCK.acquire(blocking=False):
@@ -565,6 +575,8 @@ _VEC_STORE = re.compile(r"(store <(4|8|16) x (?:float|i32)> %[\w.]+, ptr %[\w.]+
 def streaming_store(k: LoopKernel, out_bytes: int) -> bool:
     """One parallel loop whose only store writes element ``i`` at iteration ``i`` (so vector stores
     from a loop start that is a multiple of 16 are 64-byte aligned), with an output of NT_MIN+ bytes."""
+    if out_bytes < NT_MIN or not k.loop_vectorize or k.parallel != 1:
+        return False
     ranges = [i for i, x in enumerate(k.insts) if x.op == "RANGE"]
     stores = [x for x in k.insts if x.op == "STORE"]
     return (k.loop_vectorize and k.parallel == 1 and len(ranges) == 1 and len(stores) == 1
@@ -580,11 +592,13 @@ class LLVMProgram:
     symbols are unique in an engine and an object file defines the symbol its key names."""
 
     def __init__(self, k: LoopKernel, src: str, nontemporal: bool = False, target: tuple[str, str] | None = None,
-                 engine: CodeEngine | None = None):
+                 engine: CodeEngine | None = None, sized: bool = False):
         self.name, self.src, self.nontemporal = k.name, src, nontemporal
         self.compiler = compiler(target)
         self.engine = engine if engine is not None else CodeEngine(self.compiler)
-        self._sig = ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * len(k.params)), ctypes.c_int64, ctypes.c_int64)
+        # a sized program (render_llvm's ``sized``) takes its size array after the buffers
+        n_ptrs = len(k.params) + bool(sized)
+        self._sig = ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * n_ptrs), ctypes.c_int64, ctypes.c_int64)
         self.fn, stores = self._load(nontemporal)
         self.nontemporal_stores = stores if nontemporal else 0       # vector stores made NT
         self._plain: Any = None if not nontemporal else False     # compiled on first misaligned output

@@ -1,0 +1,186 @@
+"""Sizes that keep changing become kernel arguments: a kernel family compiles once for all its sizes.
+
+A plan resized for new sizes (graph/resize.py) lowers its changed kernels again, and each lowers
+to the loop IR it had before except for some index constants and loop extents: a KV cache that
+grows by one position a step changes a reduction's extent, a stride and a pad offset, and nothing
+else. Those kernels form a *family*: loop IR equal instruction for instruction once the values
+of the index ``CONST``s and the ``RANGE`` extents are left out (the *skeleton*; the leading
+parallel loop's extent is left out of the program already, as ``[lo, hi)`` are arguments).
+
+The first ``CONCRETE_SIZES`` size vectors of a family compile as usual, with their sizes as
+literals: a batch size and the last partial batch, say, each get code specialized to their
+constants (LLVM turns a division by a constant into a multiply, unrolls a short loop whose trip
+count it knows). A family seen with more size vectors than that has sizes that keep changing; the
+next new one compiles a *sized* program, where every position whose value differs between the
+family's vectors is read at run time from an i64 array argument (``render_llvm(sized=...)``), and
+every later size vector that differs only in those positions runs that program with its own
+values: it is lowered (to find out that it is a member) but neither rendered nor compiled.
+
+Sound by construction: a member's loop IR is the sized program's loop IR with its values put back
+in, instruction for instruction; anything else about it that the sizes change (a lane count, a
+simplification that removed an instruction, two constants that CSE merged at one size and not at
+another) changes the skeleton, and the kernel compiles as usual.
+
+``EQGRAD_SIZE_ARGS=0`` turns sized programs off (every size compiles its own code).
+"""
+from __future__ import annotations
+
+import threading
+import weakref
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from eqgrad.graph.loopir import INDEX, LoopKernel
+from eqgrad.lower.decomp import decompose
+
+CONCRETE_SIZES = 2       # size vectors of a family compiled with literal sizes before a sized program
+MAX_FAMILIES = 1024      # families remembered (least recently used dropped); each holds weak references only
+
+
+class Skeleton:
+    """A loop kernel's instructions without their sizes, hashed once (a family is looked up for
+    every kernel of every prepared plan, and a long tuple hashes anew each time)."""
+    __slots__ = ("items", "_hash")
+
+    def __init__(self, items: tuple) -> None:
+        self.items, self._hash = items, hash(items)
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Skeleton) and self._hash == other._hash and self.items == other.items
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What the family bookkeeping needs of one (decomposed) loop kernel."""
+    skeleton: Skeleton            # the loop IR without its sizes: the family's key
+    positions: tuple[int, ...]    # instruction ids whose value is a size
+    values: tuple[int, ...]       # those values, in that order
+
+
+def split_sizes(lk: LoopKernel) -> Shape:
+    """The loop kernel's skeleton and its sizes: every index ``CONST`` and every ``RANGE`` but the
+    split one (whose extent the program takes as ``[lo, hi)`` already)."""
+    split = lk.parallel_ranges()[0] if lk.parallel else None
+    items: list[Any] = []
+    positions, values = [], []
+    for i, x in enumerate(lk.insts):
+        if i == split:                      # its extent is the launch's, not the program's
+            items.append((x.op, x.dtype, x.src))
+        elif (x.op == "CONST" and x.dtype == INDEX) or x.op == "RANGE":
+            positions.append(i)
+            values.append(int(x.arg))
+            items.append((x.op, x.dtype, x.src))
+        else:
+            items.append(x)
+    params = tuple((d.name, w) for _, d, w in lk.params)
+    return Shape(Skeleton((tuple(items), params, lk.parallel, lk.loop_vectorize)), tuple(positions), tuple(values))
+
+
+class Sized:
+    """A sized program bound to one member's values: called like the program itself."""
+    __slots__ = ("program", "sizes", "_addr", "nontemporal")
+
+    def __init__(self, program: Any, sizes: list[int]) -> None:
+        self.program = program
+        self.sizes = np.array(sizes or [0], dtype=np.int64)     # kept alive with the binding
+        self._addr = self.sizes.ctypes.data
+        self.nontemporal = False
+
+    def __call__(self, *ptrs: int, lo: int, hi: int) -> None:
+        self.program(*ptrs, self._addr, lo=lo, hi=hi)
+
+
+class _Family:
+    __slots__ = ("concrete", "sized", "slots", "fixed")
+
+    def __init__(self) -> None:
+        self.concrete: OrderedDict[tuple[int, ...], Any] = OrderedDict()   # values -> weakref to its program
+        self.sized: Any = None                       # weakref to the sized program
+        self.slots: tuple[int, ...] = ()             # indices into Shape.positions that it reads
+        self.fixed: tuple[tuple[int, int], ...] = ()  # (index, value) of the sizes compiled into it
+
+
+class Families:
+    """The families a device has compiled, by (skeleton, whatever else keys its programs).
+    ``native``: the renderer's op table (loop kernels are decomposed for it before comparing)."""
+
+    def __init__(self, native: Any) -> None:
+        self.native = native
+        self._items: OrderedDict[tuple, _Family] = OrderedDict()
+        self._lock = threading.Lock()
+        self._shapes: dict[int, tuple[LoopKernel, LoopKernel, Shape]] = {}     # by id of the lowered kernel
+
+    def shape_of(self, lk: LoopKernel) -> tuple[LoopKernel, Shape]:
+        """``lk`` decomposed for the renderer and its Shape, worked out once per loop kernel (the
+        lowering keeps a kernel's loop IR by structure, so a repeated kernel is the same object)."""
+        hit = self._shapes.get(id(lk))
+        if hit is None or hit[0] is not lk:
+            dk = decompose(lk, self.native)
+            hit = (lk, dk, split_sizes(dk))
+            self._shapes[id(lk)] = hit
+            weakref.finalize(lk, self._shapes.pop, id(lk), None)
+        return hit[1], hit[2]
+
+    def after_fork_in_child(self) -> None:
+        self._lock = threading.Lock()
+
+    def _family(self, key: tuple) -> _Family:
+        fam = self._items.get(key)
+        if fam is None:
+            fam = self._items[key] = _Family()
+            while len(self._items) > MAX_FAMILIES:
+                self._items.popitem(last=False)
+        self._items.move_to_end(key)
+        return fam
+
+    def find(self, key: tuple, shape: Shape) -> Any:
+        """The live program for these values (a concrete one, or the sized one bound to them), or
+        None: then ``plan`` says what to compile."""
+        with self._lock:
+            fam = self._family(key)
+            ref = fam.concrete.get(shape.values)
+            prg = ref() if ref is not None else None
+            if prg is not None:
+                return prg
+            sized = fam.sized() if fam.sized is not None else None
+            if sized is None or any(shape.values[j] != v for j, v in fam.fixed):
+                return None
+            return Sized(sized, [shape.values[j] for j in fam.slots])
+
+    def plan(self, key: tuple, shape: Shape) -> dict[int, int] | None:
+        """None: compile this member with its sizes as literals (and ``add`` it); else the sized
+        program to compile, as render_llvm's ``sized`` (instruction id -> slot)."""
+        with self._lock:
+            fam = self._family(key)
+            seen = [v for v in fam.concrete if v != shape.values]
+            if len(seen) < CONCRETE_SIZES:
+                return None
+            vectors = seen + [shape.values]
+            slots = tuple(j for j in range(len(shape.values)) if len({v[j] for v in vectors}) > 1)
+            return {shape.positions[j]: n for n, j in enumerate(slots)} if slots else None
+
+    def add(self, key: tuple, shape: Shape, program: Any) -> None:
+        with self._lock:
+            concrete = self._family(key).concrete
+            concrete[shape.values] = weakref.ref(program)
+            while len(concrete) > 2 * CONCRETE_SIZES:
+                concrete.popitem(last=False)
+
+    def add_sized(self, key: tuple, shape: Shape, sized: dict[int, int], program: Any) -> Sized:
+        """Record the sized program just compiled for ``shape`` and return it bound to its values."""
+        slots = tuple(shape.positions.index(i) for i, _ in sorted(sized.items(), key=lambda t: t[1]))
+        with self._lock:
+            fam = self._family(key)
+            fam.sized, fam.slots = weakref.ref(program), slots
+            fam.fixed = tuple((j, v) for j, v in enumerate(shape.values) if j not in set(slots))
+        return Sized(program, [shape.values[j] for j in slots])
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
