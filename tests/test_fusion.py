@@ -5,6 +5,7 @@ import pytest
 import eqgrad
 from eqgrad import GlobalCounters, Tensor
 from eqgrad import engine
+from eqgrad.lower.lowering import sum_error_terms
 
 rng = np.random.default_rng(0)
 
@@ -30,7 +31,11 @@ def test_row_sum_is_one_kernel():
     a = _t(8, 32)
     out = a.sum(1)
     assert kernels(out) == 1
-    np.testing.assert_allclose(out.numpy(), a.numpy().sum(1), rtol=1e-5)
+    # a float sum's order is the device's (docs/semantics.md, "Float sums"): the contract is the
+    # bound depth * u * sum|x| there, not a relative tolerance (these rows cancel to ~0.05 of sum|x|)
+    x = a.numpy().astype(np.float64)
+    bound = sum_error_terms(32) * 2.0 ** -24 * np.abs(x).sum(1)
+    assert np.all(np.abs(out.numpy() - x.sum(1)) <= bound), (out.numpy() - x.sum(1), bound)
 
 
 @pytest.mark.parametrize("shape", [(64, 128), (512, 1000)])

@@ -364,20 +364,24 @@ def test_worker_directory_is_removed_when_the_process_ends(private_tmp, how):
     code = ("import eqgrad, numpy as np, sys, time\n"
             "(eqgrad.Tensor(np.ones((3, 3), np.float32)) * 5.0 + 1.0).numpy()\n"
             "print('up', flush=True)\n"
-            "time.sleep(0 if sys.argv[1] == 'exit' else 60)\n")
+            "sys.stdin.readline()\n")                      # runs until told to exit (or killed)
     env = dict(os.environ, TMPDIR=str(private_tmp), EQGRAD_CACHE_DIR=str(private_tmp.parent / "cache"))
     p = subprocess.Popen([sys.executable, "-c", code, how], env=env, stdout=subprocess.PIPE,
-                         cwd=str(Path(__file__).resolve().parents[1]))
+                         stdin=subprocess.PIPE, cwd=str(Path(__file__).resolve().parents[1]))
     try:
         assert p.stdout.readline().strip() == b"up"
         assert len(_leftovers(private_tmp)) == 1          # the worker's, while it runs
         if how == "sigkill":
             p.kill()
+        else:
+            p.stdin.write(b"exit\n")
+            p.stdin.flush()
         p.wait(timeout=60)
     finally:
         if p.poll() is None:
             p.kill()
         p.stdout.close()
+        p.stdin.close()
     deadline = time.monotonic() + 20                       # the orphaned worker sees EOF and cleans up
     while _leftovers(private_tmp) and time.monotonic() < deadline:
         time.sleep(0.1)
