@@ -282,7 +282,8 @@ ILP_MAX_CLASSES = Flag("EQGRAD_ILP_MAX_CLASSES", 300, _integer_in(0), "an intege
                        "above this many e-classes the ILP extractor falls back to greedy")
 THREADS = Flag("EQGRAD_THREADS", max(1, min(os.cpu_count() or 1, MAX_THREADS)), _integer_in(1, MAX_THREADS),
                f"an integer from 1 to {MAX_THREADS}",
-               "CPU threads a large LLVM kernel is split across (1 disables threading)")
+               "CPU threads a large LLVM kernel is split across; above 1, a plan's new kernels also "
+               "compile two at a time, here and in a compile worker (1 disables both)")
 BEAM = Flag("EQGRAD_BEAM", 0, _integer_in(0), "an integer >= 0",
             "k: try up to k register-lane settings per kernel on the device and keep the fastest "
             "(cached on disk per kernel and machine; 0 = heuristics only)")

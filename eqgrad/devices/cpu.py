@@ -36,7 +36,9 @@ from eqgrad.devices import Buffer, Device
 from eqgrad.lower.passes import LowerOptions
 from eqgrad.lower.split import split_reduction
 from eqgrad.ops import numel
-from eqgrad.devices.llvm import LLVM_OPS, COMPILE_LOCK, CodeEngine, LLVMProgram, compiler, render_llvm, streaming_store
+from eqgrad.devices import compilepool, kernelcache
+from eqgrad.devices.llvm import (LLVM_OPS, COMPILE_LOCK, PREFETCHED, CodeEngine, LLVMProgram, compiler, render_llvm,
+                                 streaming_store)
 from eqgrad.devices.sizeargs import Families
 from eqgrad import progress
 from eqgrad.counters import GlobalCounters, log_kernel
@@ -167,22 +169,29 @@ class LLVMDevice(Device):
                                f"its LLVM IR {where}") from e
         return src, prg, n
 
-    def build_member(self, k, plan: KernelPlan, upcast=None, target: Target | None = None,
-                     engine: CodeEngine | None = None) -> tuple[Any, int]:
-        """``build`` through the kernel's size family (sizeargs.py): the live program of the same
-        loop IR, or the family's sized program bound to this kernel's sizes, or a new program --
-        sized when the family's sizes keep changing. Returns (program, extent of its split loop)."""
+    def _member(self, k, plan: KernelPlan, upcast, target: Target | None) -> tuple:
+        """What ``build_member`` decides for a kernel, without compiling: (loop kernel, extent of its
+        split loop, it decomposed, its Shape, its family key, the live program or None, the sized
+        program to compile or None)."""
         lk = self.lowered_kernel(k, plan, upcast)
         n = lk.insts[lk.parallel_ranges()[0]].arg if lk.parallel else 1
         dk, shape = self.families.shape_of(lk)
         shape_out, dt = plan.buffers[k.out]
         key = (shape.skeleton, streaming_store(lk, numel(shape_out) * dt.itemsize), target)
         prg = self.families.find(key, shape)
+        sized = self.families.plan(key, shape) if prg is None and config.SIZE_ARGS.value else None
+        return lk, n, dk, shape, key, prg, sized
+
+    def build_member(self, k, plan: KernelPlan, upcast=None, target: Target | None = None,
+                     engine: CodeEngine | None = None) -> tuple[Any, int]:
+        """``build`` through the kernel's size family (sizeargs.py): the live program of the same
+        loop IR, or the family's sized program bound to this kernel's sizes, or a new program --
+        sized when the family's sizes keep changing. Returns (program, extent of its split loop)."""
+        lk, n, dk, shape, key, prg, sized = self._member(k, plan, upcast, target)
         if prg is not None:
             if config.DEBUG.value >= 4:
                 self.render_kernel(k, plan, render_llvm, "LLVM IR", upcast)     # prints it
             return prg, n
-        sized = self.families.plan(key, shape) if config.SIZE_ARGS.value else None
         if sized is None:
             _, prg, n = self.build(k, plan, upcast, target, engine)
             self.families.add(key, shape, prg)
@@ -198,6 +207,42 @@ class LLVMDevice(Device):
                                f"as a sized program: {str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}; "
                                f"its LLVM IR {where}") from e
         return self.families.add_sized(key, shape, sized, prg), n
+
+    def prefetch(self, plan: KernelPlan, target: Target | None) -> list[str]:
+        """Compile the object code of the plan's new kernels two at a time, here and in the
+        compile worker (compilepool.py), before ``prepare`` builds them one by one -- which then
+        load it as they load disk-cache hits (``llvm.PREFETCHED``). Kernels alive in another plan
+        or on disk are not compiled. Returns the keys it added (``prepare`` drops what is left)."""
+        c = compiler(target)
+        jobs, job_keys, keys = [], [], []
+        for k in plan.kernels:
+            lk, _, dk, _, _, prg, sized = self._member(k, plan, None, target)
+            if prg is not None:
+                continue
+            if sized is None:
+                shape_out, dt = plan.buffers[k.out]
+                src, nt = render_llvm(lk), streaming_store(lk, numel(shape_out) * dt.itemsize)
+            else:
+                src, nt = render_llvm(dk, sized), False
+            if (src, nt, target) in self.programs:
+                continue
+            key = kernelcache.kernel_key(src, c.cpu, c.features, nt)
+            if key in keys or key in job_keys or key in PREFETCHED:
+                continue
+            hit = kernelcache.load(key)
+            if hit is not None:
+                PREFETCHED[key] = hit
+                keys.append(key)
+                continue
+            jobs.append((src, lk.name, f"eqk_{key[:32]}", nt))
+            job_keys.append(key)
+        if len(jobs) >= 2:
+            done = compilepool.pool().compile_all((c.cpu, c.features), jobs, lambda j: c.object_code(*j))
+            for key, result in zip(job_keys, done):
+                kernelcache.store(key, *result)
+                PREFETCHED[key] = result
+            keys += job_keys
+        return keys
 
     def launch(self, k, prg: LLVMProgram, ptrs: list[int], n: int, threads: int) -> None:
         """Run the split loop [0, n) on one thread or, for a kernel predicted above PARALLEL_MIN,
@@ -246,6 +291,7 @@ class LLVMDevice(Device):
         target = runnable_target(config.CPU.value)
         plan, scratch = self.split(plan, threads)
         engine = CodeEngine(compiler(target))     # this plan's new programs (its MCJIT engine made on the first)
+        fetched = self.prefetch(plan, target) if beam == 0 and threads > 1 and config.DEBUG.value < 4 else []
         steps = []
         for i, k in enumerate(plan.kernels):
             progress.update(done=i)
@@ -263,6 +309,8 @@ class LLVMDevice(Device):
                     print(f"  search {k.name}: picked {upcast or 'heuristic'} from {tried}")
             prg, n = self.build_member(k, plan, upcast, target, engine)
             steps.append((k, prg, (k.out, *k.inputs), n))
+        for key in fetched:                       # object code no build took (a kernel that failed)
+            PREFETCHED.pop(key, None)
 
         def run(bufs: list[Buffer]) -> None:
             dbg = config.DEBUG.value

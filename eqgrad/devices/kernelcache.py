@@ -4,8 +4,9 @@ One file per kernel, ``<cache_dir>/kernels/<key>.o`` (eqgrad/cache.py: the direc
 and the safe writes of issue 9). The key (``kernel_key``) is a sha256 of everything the machine
 code depends on: the kernel's LLVM IR, the target CPU's name and features, whether stores were
 made non-temporal, llvmlite's and LLVM's versions, eqgrad's version and a digest of
-devices/llvm.py (the O3 pipeline and the post-optimization rewrite live there, so an edited
-checkout misses rather than loads code of the compiler before the edit). The function's symbol
+devices/llvm.py and devices/llvm_worker.py (the renderer, the O3 pipeline and the
+post-optimization rewrite live there, so an edited checkout misses rather than loads code of the
+compiler before the edit). The function's symbol
 is named by the key, so an object file defines exactly the symbol its key names.
 
 A file is ``MAGIC``, one JSON header line ``{"key", "sha256", "size", "nontemporal_stores"}``,
@@ -43,7 +44,7 @@ from eqgrad.counters import GlobalCounters
 FORMAT = 1
 SUBDIR = "kernels"
 MAGIC = b"EQGRAD-KERNEL-OBJECT 1\n"
-_LLVM_PY = Path(__file__).with_name("llvm.py")
+_LLVM_PY = (Path(__file__).with_name("llvm.py"), Path(__file__).with_name("llvm_worker.py"))
 
 _lock = threading.Lock()
 _estimate: dict[Path, int] = {}  # directory -> bytes it held at this process's last scan + bytes written since
@@ -51,14 +52,14 @@ _estimate: dict[Path, int] = {}  # directory -> bytes it held at this process's 
 
 @functools.lru_cache(maxsize=1)
 def _versions() -> str:
-    """llvmlite's and LLVM's versions, eqgrad's, and a digest of devices/llvm.py (read once)."""
+    """llvmlite's and LLVM's versions, eqgrad's, and a digest of devices/llvm*.py (read once)."""
     import llvmlite
     import llvmlite.binding as llvm
     try:
         eqgrad_version = importlib.metadata.version("eqgrad")
     except importlib.metadata.PackageNotFoundError:
         eqgrad_version = "?"
-    digest = hashlib.sha256(_LLVM_PY.read_bytes()).hexdigest()
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in _LLVM_PY)).hexdigest()
     return f"llvmlite {llvmlite.__version__} LLVM {'.'.join(map(str, llvm.llvm_version_info))} eqgrad {eqgrad_version} llvm.py {digest}"
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
-import re
 import struct
 import sys
 import threading
@@ -28,7 +27,7 @@ from typing import Any, Callable
 import numpy as np
 
 from eqgrad.counters import GlobalCounters
-from eqgrad.devices import kernelcache
+from eqgrad.devices import kernelcache, llvm_worker
 from eqgrad.devices.render import MissingRule, Operation
 from eqgrad.graph.loopir import INDEX, LInst, LoopKernel
 from eqgrad.lower.decomp import decompose
@@ -393,19 +392,6 @@ def host_target() -> tuple[str, str]:
     return llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten()
 
 
-def _free_pass_manager(mpm: Any) -> None:
-    """Free an O3 module pass manager. In llvmlite 0.50 ``ModulePassManager`` finds ``_dispose`` on
-    ``ObjectRef`` (a no-op) before ``NewPassManager``'s, so a dropped one is never freed: ~70 KB per
-    compile (2,000 compiles of a small kernel: +142 MB RSS; +4 MB when freed here). A llvmlite
-    whose class frees itself is left to do so."""
-    from llvmlite.binding import ffi, newpassmanagers
-    if type(mpm)._dispose is not ffi.ObjectRef._dispose:
-        mpm.close()
-        return
-    newpassmanagers.NewPassManager._dispose(mpm)
-    mpm.detach()
-
-
 class LLVMCompiler:
     """Compiles LLVM IR text at O3 for one target CPU to object code. ``target`` is (LLVM CPU
     name, feature string), as devices/cpu.py resolves EQGRAD_CPU; None is the host's name and
@@ -427,48 +413,21 @@ class LLVMCompiler:
         self.tm = self.target_machine()                  # for the optimization pipeline and codegen
 
     def target_machine(self):
-        """A new target machine for this target. (An llvmlite engine takes ownership of the target
-        machine it is created with, so engines must never share one: two engines freeing one
-        target machine corrupt the heap.)"""
-        return self.llvm.Target.from_default_triple().create_target_machine(
-            opt=3, cpu=self.cpu, features=self.features, codemodel="jitdefault")
+        """A new target machine for this target (engines must never share one: llvm_worker.py)."""
+        return llvm_worker.target_machine(self.llvm, self.cpu, self.features)
 
     def optimize(self, mod):
         """Run the O3 pipeline for this target on a parsed module (in place); returns it."""
-        llvm = self.llvm
-        pto = llvm.create_pipeline_tuning_options(speed_level=3)
-        pto.loop_vectorization = True
-        pto.slp_vectorization = True
-        pto.loop_unrolling = True
-        pb = llvm.create_pass_builder(self.tm, pto)
-        mpm = pb.getModulePassManager()
-        try:
-            mpm.run(mod, pb)
-        finally:
-            _free_pass_manager(mpm)
-        return mod
+        return llvm_worker.optimize(self.llvm, self.tm, mod)
 
     @_serialized
     def object_code(self, src: str, name: str, symbol: str, nontemporal: bool = False) -> tuple[bytes, int]:
         """Optimize (O3, for the target) and compile ``src`` with its function ``name`` renamed
         ``symbol``; returns (the object code, how many vector stores were made non-temporal).
-        ``nontemporal``: see ``streaming_store`` (the caller guarantees the alignment it claims)."""
-        llvm = self.llvm
-        mod = llvm.parse_assembly(src.replace(f"@{name}(", f"@{symbol}("))
-        mod.verify()
-        self.optimize(mod)
-        hits = 0
-        if nontemporal:
-            text = str(mod)
-            md = 1 + max((int(m) for m in re.findall(r"!(\d+)", text)), default=0)
-            # a <N x float> store at a multiple of N from a 64-byte aligned base is 4N-byte aligned
-            # (the vector width is the target's: 16 lanes with AVX-512, 8 with AVX2, 4 with SSE)
-            text, hits = _VEC_STORE.subn(lambda m: f"{m[1]}, align {4 * int(m[2])}, !nontemporal !{md}", text)
-            if hits:
-                mod = llvm.parse_assembly(text + f"\n!{md} = !{{i32 1}}\n")
-                mod.verify()
+        ``nontemporal``: see ``streaming_store`` (the caller guarantees the alignment it claims).
+        The compile worker runs the same function (llvm_worker.compile_object)."""
         GlobalCounters.kernels_compiled += 1
-        return self.tm.emit_object(mod), hits
+        return llvm_worker.compile_object(self.llvm, self.tm, src, name, symbol, nontemporal)
 
     @_serialized
     def assembly(self, src: str) -> str:
@@ -487,6 +446,9 @@ def compiler(target: tuple[str, str] | None = None) -> LLVMCompiler:
         return _compilers[target]
 
 
+# object code compiled ahead for the kernels of plans being prepared (cpu.py ``prefetch``), by kernel
+# key: LLVMProgram takes it as it takes a disk-cache hit
+PREFETCHED: dict[str, tuple[bytes, int]] = {}
 _engines: "weakref.WeakSet[CodeEngine]" = weakref.WeakSet()
 _unfreed: list[Any] = []        # MCJIT engines dropped while another thread held COMPILE_LOCK
 
@@ -569,7 +531,6 @@ def live_code() -> tuple[int, int]:
 # outputs of NT_MIN bytes or more are page-aligned mappings (hostmem.py), the thread split cuts
 # at multiples of 16 elements (cpu.py), and a misaligned output runs a plain copy of the kernel.
 NT_MIN = 4 << 20
-_VEC_STORE = re.compile(r"(store <(4|8|16) x (?:float|i32)> %[\w.]+, ptr %[\w.]+), align 4(?=\n)")
 
 
 def streaming_store(k: LoopKernel, out_bytes: int) -> bool:
@@ -607,7 +568,7 @@ class LLVMProgram:
         c = self.compiler
         key = kernelcache.kernel_key(self.src, c.cpu, c.features, nontemporal)
         symbol = f"eqk_{key[:32]}"
-        hit = kernelcache.load(key)
+        hit = PREFETCHED.pop(key, None) or kernelcache.load(key)
         if hit is not None:
             try:
                 return self._sig(self.engine.load(symbol, hit[0])), hit[1]

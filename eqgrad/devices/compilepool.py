@@ -1,0 +1,203 @@
+"""A plan's new kernels compiled two at a time: here and in a compile worker process.
+
+Once saturation and extraction are fast, LLVM's O3 and codegen are most of a cold compile (the
+MLP training step: ~0.6 of 1.3 s; a LLaMA-shaped 30-layer step: 9 of 19 s), the cost is per
+kernel (30 kernels in one module: 5.8 s against 5.1 s one by one), and llvmlite cannot compile
+in two threads of one process (one global LLVM context). So when a plan needs two or more new
+kernels and ``EQGRAD_THREADS`` is above 1, ``compile_all`` hands them out one at a time, largest
+first, to this process and to a worker (llvm_worker.py, run as a script that imports only
+llvmlite: ready in ~0.15 s, started on the first such plan and kept for the process, like the
+saturation worker). The worker runs the same ``compile_object`` as this process, so its object
+code is the same bytes; it is loaded like object code from the disk cache (llvm.py
+``LLVMProgram``). Any failure of the worker -- it died, hangs, answered with an error -- only
+means this process compiles those kernels itself, and a worker that failed is started afresh
+on the next plan.
+"""
+from __future__ import annotations
+
+import atexit
+import itertools
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from multiprocessing.connection import Connection
+from typing import Callable
+
+from eqgrad.counters import GlobalCounters
+from eqgrad.devices import llvm_worker
+
+Job = tuple[str, str, str, bool]          # (LLVM IR, function name, symbol, nontemporal)
+Result = tuple[bytes, int]                # (object code, vector stores made non-temporal)
+JOB_TIMEOUT = 300.0                       # seconds the worker may take for one kernel before it is given up
+
+
+class CompilePool:
+    """One worker process and its channel. ``compile_all`` never fails because of the worker."""
+
+    def __init__(self) -> None:
+        self._proc: subprocess.Popen | None = None
+        self._send: Connection | None = None
+        self._recv: Connection | None = None
+        self._ready = False
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()          # one plan's compile at a time uses the worker
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def _start(self) -> None:
+        r1, w1 = os.pipe()
+        r2, w2 = os.pipe()
+        try:
+            proc = subprocess.Popen([sys.executable, llvm_worker.__file__, str(r1), str(w2)], pass_fds=(r1, w2),
+                                    stdin=subprocess.DEVNULL, cwd=tempfile.gettempdir())
+        except BaseException:
+            for fd in (r1, w1, r2, w2):
+                os.close(fd)
+            raise
+        os.close(r1)
+        os.close(w2)
+        self._proc, self._ready = proc, False
+        self._send, self._recv = Connection(w1, readable=False), Connection(r2, writable=False)
+
+    def _running(self) -> bool:
+        """Whether a worker runs (started here when none did); the caller holds the lock."""
+        if self._proc is None or self._proc.poll() is not None:
+            self.close()
+            try:
+                self._start()
+            except OSError:
+                return False
+        return True
+
+    def close(self) -> None:
+        """End the worker (a later plan starts another)."""
+        proc, conns = self._proc, (self._send, self._recv)
+        self._proc = self._send = self._recv = None
+        if proc is not None and proc.poll() is None:
+            try:
+                conns[0].send(None)
+                proc.wait(timeout=2)
+            except (OSError, ValueError, subprocess.TimeoutExpired):
+                proc.kill()
+                proc.wait()
+        for c in conns:
+            if c is not None:
+                c.close()
+
+    def forget(self) -> None:
+        """In a forked child: the parent's worker is not ours (closed here, never signalled)."""
+        for c in (self._send, self._recv):
+            if c is not None:
+                try:
+                    c.close()
+                except OSError:
+                    pass
+        if self._proc is not None:
+            self._proc.returncode = 0          # not our child: never wait for it, never kill it
+        self._proc = self._send = self._recv = None
+        self._lock = threading.Lock()
+
+    def _reply(self, rid: int | str) -> tuple[bool, object]:
+        """The worker's answer to ``rid`` (or its ready message); raises EOFError when it is gone
+        or does not answer within JOB_TIMEOUT."""
+        deadline = time.monotonic() + JOB_TIMEOUT
+        while time.monotonic() < deadline:
+            if self._recv.poll(0.05):
+                got, ok, value = self._recv.recv()
+                if got == rid:
+                    return ok, value
+                continue                        # an answer to a job given up earlier
+            if self._proc.poll() is not None:
+                raise EOFError("the compile worker exited")
+        raise EOFError(f"the compile worker did not answer in {JOB_TIMEOUT:.0f} s")
+
+    def _remote(self, target: tuple[str, str], job: Job) -> Result | None:
+        """One job compiled by the worker, or None (then it is compiled here)."""
+        try:
+            if not self._ready:
+                self._reply("ready")
+                self._ready = True
+            rid = next(self._ids)
+            self._send.send((rid, target, job))
+            ok, value = self._reply(rid)
+        except (EOFError, OSError, ValueError):
+            self.close()
+            return None
+        return value if ok else None           # (an error there: here it raises with its context)
+
+    def compile_all(self, target: tuple[str, str], jobs: list[Job], local: Callable[[Job], Result]) -> list[Result]:
+        """The object code of every job, in order: this thread and the worker each take the next
+        largest job until none is left; what the worker does not deliver is compiled here."""
+        if len(jobs) < 2 or not self._lock.acquire(blocking=False):
+            return [local(j) for j in jobs]
+        try:
+            if not self._running():
+                return [local(j) for j in jobs]
+            order = _Shared(sorted(range(len(jobs)), key=lambda i: -len(jobs[i][0])))
+            out: list[Result | None] = [None] * len(jobs)
+            remote: list[int] = []
+            missed: list[int] = []
+
+            def helper() -> None:
+                for i in order:
+                    r = self._remote(target, jobs[i])
+                    if r is None:
+                        missed.append(i)
+                        return
+                    out[i] = r
+                    remote.append(i)
+            t = threading.Thread(target=helper, name="eqgrad-compile", daemon=True)
+            t.start()
+            try:
+                for i in order:
+                    out[i] = local(jobs[i])
+            finally:
+                t.join()
+            for i in missed:
+                out[i] = local(jobs[i])
+            GlobalCounters.kernels_compiled += len(remote)
+            return out                           # type: ignore[return-value]
+        finally:
+            self._lock.release()
+
+
+class _Shared:
+    """An iterator that two threads take from, each item once."""
+
+    def __init__(self, items: list[int]) -> None:
+        self._it, self._lock = iter(items), threading.Lock()
+
+    def __iter__(self) -> "_Shared":
+        return self
+
+    def __next__(self) -> int:
+        with self._lock:
+            return next(self._it)
+
+
+_pool: CompilePool | None = None
+_pool_lock = threading.Lock()
+
+
+def pool() -> CompilePool:
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = CompilePool()
+            atexit.register(_pool.close)
+        return _pool
+
+
+def _after_fork_in_child() -> None:
+    global _pool_lock
+    _pool_lock = threading.Lock()
+    if _pool is not None:
+        _pool.forget()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
