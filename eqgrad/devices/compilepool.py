@@ -116,12 +116,22 @@ class CompilePool:
                 raise EOFError("the compile worker exited")
         raise EOFError(f"the compile worker did not answer in {JOB_TIMEOUT:.0f} s")
 
-    def _remote(self, target: tuple[str, str], job: Job) -> Result | None:
-        """One job compiled by the worker, or None (then it is compiled here)."""
+    def _wait_ready(self) -> bool:
+        """Wait until the worker has started (its first message); False when it failed."""
         try:
             if not self._ready:
                 self._reply("ready")
                 self._ready = True
+            return True
+        except (EOFError, OSError, ValueError):
+            self.close()
+            return False
+
+    def _remote(self, target: tuple[str, str], job: Job) -> Result | None:
+        """One job compiled by the worker, or None (then it is compiled here)."""
+        if not self._wait_ready():
+            return None
+        try:
             rid = next(self._ids)
             self._send.send((rid, target, job))
             ok, value = self._reply(rid)
@@ -130,54 +140,107 @@ class CompilePool:
             return None
         return value if ok else None           # (an error there: here it raises with its context)
 
-    def compile_all(self, target: tuple[str, str], jobs: list[Job], local: Callable[[Job], Result]) -> list[Result]:
-        """The object code of every job, in order: this thread and the worker each take the next
-        largest job until none is left; what the worker does not deliver is compiled here."""
-        if len(jobs) < 2 or not self._lock.acquire(blocking=False):
-            return [local(j) for j in jobs]
-        try:
-            if not self._running():
-                return [local(j) for j in jobs]
-            order = _Shared(sorted(range(len(jobs)), key=lambda i: -len(jobs[i][0])))
-            out: list[Result | None] = [None] * len(jobs)
-            remote: list[int] = []
-            missed: list[int] = []
-
-            def helper() -> None:
-                for i in order:
-                    r = self._remote(target, jobs[i])
-                    if r is None:
-                        missed.append(i)
-                        return
-                    out[i] = r
-                    remote.append(i)
-            t = threading.Thread(target=helper, name="eqgrad-compile", daemon=True)
-            t.start()
-            try:
-                for i in order:
-                    out[i] = local(jobs[i])
-            finally:
-                t.join()
-            for i in missed:
-                out[i] = local(jobs[i])
-            GlobalCounters.kernels_compiled += len(remote)
-            return out                           # type: ignore[return-value]
-        finally:
+    def batch(self, target: tuple[str, str], local: Callable[[Job], Result], worker: bool = True) -> "Batch":
+        """A Batch of jobs for ``target``; with ``worker``, the worker takes part (started if it
+        does not run) unless another thread's batch is using it."""
+        use = worker and self._lock.acquire(blocking=False)
+        if use and not self._running():
             self._lock.release()
+            use = False
+        return Batch(self, target, local, use)
+
+    def compile_all(self, target: tuple[str, str], jobs: list[Job], local: Callable[[Job], Result]) -> list[Result]:
+        """The object code of every job, in order (a Batch of them all)."""
+        b = self.batch(target, local, worker=len(jobs) >= 2)
+        for j in jobs:
+            b.add(j)
+        return b.finish()
 
 
-class _Shared:
-    """An iterator that two threads take from, each item once."""
+class Batch:
+    """Jobs compiled as they are added: the worker, once it is ready, takes the largest waiting job
+    whenever it is free, while the caller goes on adding (lowering and rendering the next
+    kernels); ``finish`` compiles what is still waiting here, largest first, waits for the
+    worker's last, and compiles here whatever the worker did not deliver."""
 
-    def __init__(self, items: list[int]) -> None:
-        self._it, self._lock = iter(items), threading.Lock()
+    def __init__(self, pool: CompilePool, target: tuple[str, str], local: Callable[[Job], Result], worker: bool) -> None:
+        self.pool, self.target, self.local = pool, target, local
+        self.jobs: list[Job] = []
+        self.out: dict[int, Result] = {}
+        self.waiting: list[int] = []
+        self.missed: list[int] = []
+        self.remote = 0
+        self.closed = False
+        self.cond = threading.Condition()
+        self.thread: threading.Thread | None = None
+        if worker:
+            self.thread = threading.Thread(target=self._helper, name="eqgrad-compile", daemon=True)
+            self.thread.start()
 
-    def __iter__(self) -> "_Shared":
-        return self
+    def add(self, job: Job) -> None:
+        with self.cond:
+            self.waiting.append(len(self.jobs))
+            self.jobs.append(job)
+            self.cond.notify()
 
-    def __next__(self) -> int:
-        with self._lock:
-            return next(self._it)
+    def _take(self) -> int:
+        """The largest waiting job (the caller holds ``cond``)."""
+        i = max(self.waiting, key=lambda j: len(self.jobs[j][0]))
+        self.waiting.remove(i)
+        return i
+
+    def _helper(self) -> None:
+        try:
+            if not self.pool._wait_ready():
+                return
+            while True:
+                with self.cond:
+                    while not self.waiting and not self.closed:
+                        self.cond.wait()
+                    if not self.waiting:
+                        return
+                    i = self._take()
+                r = self.pool._remote(self.target, self.jobs[i])
+                if r is None:
+                    self.missed.append(i)
+                    return
+                self.out[i] = r
+                self.remote += 1
+        finally:
+            self.pool._lock.release()
+
+    def cancel(self) -> None:
+        """Drop the waiting jobs and wait for the worker's current one (after an error)."""
+        with self.cond:
+            self.waiting.clear()
+            self.closed = True
+            self.cond.notify_all()
+        if self.thread is not None:
+            self.thread.join()
+
+    def finish(self) -> list[Result]:
+        """The object code of every job added, in order."""
+        with self.cond:
+            self.closed = True
+            self.cond.notify_all()
+        try:
+            while True:
+                with self.cond:
+                    if not self.waiting:
+                        break
+                    i = self._take()
+                self.out[i] = self.local(self.jobs[i])
+        except BaseException:
+            with self.cond:
+                self.waiting.clear()             # the worker stops after its current job
+            raise
+        finally:
+            if self.thread is not None:
+                self.thread.join()
+        for i in self.missed:
+            self.out[i] = self.local(self.jobs[i])
+        GlobalCounters.kernels_compiled += self.remote
+        return [self.out[i] for i in range(len(self.jobs))]
 
 
 _pool: CompilePool | None = None

@@ -214,34 +214,39 @@ class LLVMDevice(Device):
         load it as they load disk-cache hits (``llvm.PREFETCHED``). Kernels alive in another plan
         or on disk are not compiled. Returns the keys it added (``prepare`` drops what is left)."""
         c = compiler(target)
-        jobs, job_keys, keys = [], [], []
-        for k in plan.kernels:
-            lk, _, dk, _, _, prg, sized = self._member(k, plan, None, target)
-            if prg is not None:
-                continue
-            if sized is None:
-                shape_out, dt = plan.buffers[k.out]
-                src, nt = render_llvm(lk), streaming_store(lk, numel(shape_out) * dt.itemsize)
-            else:
-                src, nt = render_llvm(dk, sized), False
-            if (src, nt, target) in self.programs:
-                continue
-            key = kernelcache.kernel_key(src, c.cpu, c.features, nt)
-            if key in keys or key in job_keys or key in PREFETCHED:
-                continue
-            hit = kernelcache.load(key)
-            if hit is not None:
-                PREFETCHED[key] = hit
-                keys.append(key)
-                continue
-            jobs.append((src, lk.name, f"eqk_{key[:32]}", nt))
-            job_keys.append(key)
-        if len(jobs) >= 2:
-            done = compilepool.pool().compile_all((c.cpu, c.features), jobs, lambda j: c.object_code(*j))
-            for key, result in zip(job_keys, done):
-                kernelcache.store(key, *result)
-                PREFETCHED[key] = result
-            keys += job_keys
+        # the worker compiles while this thread lowers and renders the next kernels
+        batch = compilepool.pool().batch((c.cpu, c.features), lambda j: c.object_code(*j), worker=len(plan.kernels) >= 2)
+        job_keys, keys = [], []
+        try:
+            for k in plan.kernels:
+                lk, _, dk, _, _, prg, sized = self._member(k, plan, None, target)
+                if prg is not None:
+                    continue
+                if sized is None:
+                    shape_out, dt = plan.buffers[k.out]
+                    src, nt = render_llvm(lk), streaming_store(lk, numel(shape_out) * dt.itemsize)
+                else:
+                    src, nt = render_llvm(dk, sized), False
+                if (src, nt, target) in self.programs:
+                    continue
+                key = kernelcache.kernel_key(src, c.cpu, c.features, nt)
+                if key in keys or key in job_keys or key in PREFETCHED:
+                    continue
+                hit = kernelcache.load(key)
+                if hit is not None:
+                    PREFETCHED[key] = hit
+                    keys.append(key)
+                    continue
+                batch.add((src, lk.name, f"eqk_{key[:32]}", nt))
+                job_keys.append(key)
+        except BaseException:
+            batch.cancel()
+            raise
+        done = batch.finish()
+        for key, result in zip(job_keys, done):
+            kernelcache.store(key, *result)
+            PREFETCHED[key] = result
+        keys += job_keys
         return keys
 
     def launch(self, k, prg: LLVMProgram, ptrs: list[int], n: int, threads: int) -> None:
