@@ -304,6 +304,10 @@ RESIZE = Flag("EQGRAD_RESIZE", 1, _integer_in(0, 1), "0 or 1",
               "1: a program that differs from a cached one only in sizes (a new batch, a longer "
               "sequence) reuses its plan rewritten for the new sizes, with no saturation or "
               "extraction (graph/resize.py); 0: compile every new size")
+REGIONS = Flag("EQGRAD_REGIONS", 1, _integer_in(0, 1), "0 or 1",
+               "1: a program whose layers repeat (cut where one tensor flows on) is planned region by "
+               "region, each distinct region saturated and extracted once (engine/regions.py); 0: "
+               "plan every program whole")
 SIZE_ARGS = Flag("EQGRAD_SIZE_ARGS", 1, _integer_in(0, 1), "0 or 1",
                  "1: on the LLVM device, a kernel seen at more than two sizes (a growing sequence) "
                  "compiles once more with its sizes as arguments and runs that code for every later "

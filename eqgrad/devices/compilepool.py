@@ -140,7 +140,7 @@ class CompilePool:
             return None
         return value if ok else None           # (an error there: here it raises with its context)
 
-    def batch(self, target: tuple[str, str], local: Callable[[Job], Result], worker: bool = True) -> "Batch":
+    def batch(self, target: tuple[str, str], local: Callable[[Job], Result | None], worker: bool = True) -> "Batch":
         """A Batch of jobs for ``target``; with ``worker``, the worker takes part (started if it
         does not run) unless another thread's batch is using it."""
         use = worker and self._lock.acquire(blocking=False)
@@ -163,10 +163,11 @@ class Batch:
     kernels); ``finish`` compiles what is still waiting here, largest first, waits for the
     worker's last, and compiles here whatever the worker did not deliver."""
 
-    def __init__(self, pool: CompilePool, target: tuple[str, str], local: Callable[[Job], Result], worker: bool) -> None:
+    def __init__(self, pool: CompilePool, target: tuple[str, str], local: Callable[[Job], Result | None],
+                 worker: bool) -> None:
         self.pool, self.target, self.local = pool, target, local
         self.jobs: list[Job] = []
-        self.out: dict[int, Result] = {}
+        self.out: dict[int, Result | None] = {}
         self.waiting: list[int] = []
         self.missed: list[int] = []
         self.remote = 0
@@ -218,8 +219,8 @@ class Batch:
         if self.thread is not None:
             self.thread.join()
 
-    def finish(self) -> list[Result]:
-        """The object code of every job added, in order."""
+    def finish(self) -> list[Result | None]:
+        """The object code of every job added, in order (None where ``local`` gave None)."""
         with self.cond:
             self.closed = True
             self.cond.notify_all()

@@ -215,7 +215,12 @@ class LLVMDevice(Device):
         or on disk are not compiled. Returns the keys it added (``prepare`` drops what is left)."""
         c = compiler(target)
         # the worker compiles while this thread lowers and renders the next kernels
-        batch = compilepool.pool().batch((c.cpu, c.features), lambda j: c.object_code(*j), worker=len(plan.kernels) >= 2)
+        def local(job: compilepool.Job) -> compilepool.Result | None:
+            try:
+                return c.object_code(*job)
+            except Exception:           # the kernel's build compiles it again and raises, with its source
+                return None
+        batch = compilepool.pool().batch((c.cpu, c.features), local, worker=len(plan.kernels) >= 2)
         job_keys, keys = [], []
         try:
             for k in plan.kernels:
@@ -244,6 +249,8 @@ class LLVMDevice(Device):
             raise
         done = batch.finish()
         for key, result in zip(job_keys, done):
+            if result is None:
+                continue
             kernelcache.store(key, *result)
             PREFETCHED[key] = result
         keys += job_keys

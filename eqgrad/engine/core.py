@@ -13,7 +13,7 @@ import threading
 import time
 from collections import OrderedDict
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import numpy as np
@@ -23,7 +23,8 @@ from eqgrad.cache import machine_key
 from eqgrad.counters import EqgradWarning, GlobalCounters
 from eqgrad.devices import Buffer, get_device
 from eqgrad.engine import diskcache
-from eqgrad.extract import ExtractSettings, extractor_name, make_extractor
+from eqgrad.engine import regions
+from eqgrad.extract import ExtractSettings, extractor_name, make_extractor, settings_key
 from eqgrad.extract.egraph import EGraph, from_json, from_program
 from eqgrad.extract.plan import build_plan
 from eqgrad.graph.plan import KernelPlan
@@ -109,16 +110,22 @@ def compile_plan(prog: Program, rules: RuleConfig, extraction: ExtractSettings |
 
 
 def _compile(prog: Program, rules: RuleConfig, extraction: ExtractSettings | None, saturator: Saturator | None,
-             disk: bool) -> CompiledPlan:
+             disk: bool, prepare: bool = True) -> CompiledPlan:
+    """``compile_plan``'s work; ``prepare=False`` (a region of a program, _compile_regions) stops at
+    the plan: no device code (``run`` is None), no disk cache, not counted as a compiled plan."""
     device = prog.device
     dev = get_device(device)
     dbg = config.DEBUG.value
     t0 = time.perf_counter()
-    key = diskcache.plan_key(prog, rules, extraction, saturator) if diskcache.enabled() else None
+    key = diskcache.plan_key(prog, rules, extraction, saturator) if diskcache.enabled() and prepare else None
     if key is not None and disk:
         hit = diskcache.load_plan(key)
         if hit is not None:
             return _from_disk(hit, dev, t0, dbg)
+    if disk and prepare and config.REGIONS.value:
+        regs = regions.split(prog)
+        if regs is not None:
+            return _compile_regions(prog, regs, rules, extraction, saturator, dev, key, dbg)
     t0 = time.perf_counter()
     emitted = emit_program(prog)
     if dbg >= 6:
@@ -154,18 +161,68 @@ def _compile(prog: Program, rules: RuleConfig, extraction: ExtractSettings | Non
     choice, ev = result.choice, result.evaluation
     plan = build_plan(g, choice, specs, ev.kernels, n_params=n_params)
     t2 = time.perf_counter()
-    progress.phase("compiling kernels", total=len(plan.kernels))
-    run = dev.prepare(plan)
+    run: Any = None
+    if prepare:
+        progress.phase("compiling kernels", total=len(plan.kernels))
+        run = dev.prepare(plan)
     t3 = time.perf_counter()
     if config.VERIFY.value and (err := diskcache.round_trip_error(plan)) is not None:
         raise AssertionError(f"the plan read back from its JSON (engine/diskcache.py) differs: {err}\n{plan.describe()}")
     if key is not None and diskcache.why_not_stored(report, result.info) is None:
         diskcache.store_plan(key, plan, report, result.extractor)
-    GlobalCounters.plans_compiled += 1
+    GlobalCounters.plans_compiled += prepare
     GlobalCounters.saturate_seconds += t1 - t0
     GlobalCounters.extract_seconds += t2 - t1
     GlobalCounters.compile_seconds += t3 - t2
     cp = CompiledPlan(plan, run, report, g, dict(saturate=t1 - t0, extract=t2 - t1, compile=t3 - t2), result)
+    if dbg >= 3:
+        print(report)
+        print(plan.describe())
+    return cp
+
+
+# region plans by (rules, settings, region structure): a region's plan is a function of these alone
+_REGION_PLANS: OrderedDict[tuple, tuple[KernelPlan, SaturationReport, dict]] = OrderedDict()
+REGION_PLANS_MAX = 256
+
+
+def _compile_regions(prog: Program, regs: list, rules: RuleConfig, extraction: ExtractSettings | None,
+                     saturator: Saturator | None, dev: Any, key: str | None, dbg: int) -> CompiledPlan:
+    """``prog`` planned region by region (regions.py): each distinct region saturated and extracted
+    once (and kept for later programs), the plans stitched, the whole prepared once."""
+    t0 = time.perf_counter()
+    settings = settings_key(prog.device, extraction)
+    plans, reports, sat, ext = [], [], 0.0, 0.0
+    for r in regs:
+        rkey = (rules.key, settings, r.program.key)
+        hit = _REGION_PLANS.get(rkey)
+        if hit is None:
+            cp = _compile(r.program, rules, extraction, saturator, disk=False, prepare=False)
+            hit = (cp.plan, cp.report, cp.result.info if cp.result is not None else {})
+            sat += cp.seconds["saturate"]
+            ext += cp.seconds["extract"]
+            _REGION_PLANS[rkey] = hit
+            while len(_REGION_PLANS) > REGION_PLANS_MAX:
+                _REGION_PLANS.popitem(last=False)
+        else:
+            _REGION_PLANS.move_to_end(rkey)
+        plans.append(hit[0])
+        reports.append(hit)
+    plan = regions.stitch(prog, regs, plans)
+    t2 = time.perf_counter()
+    progress.phase("compiling kernels", total=len(plan.kernels))
+    run = dev.prepare(plan)
+    t3 = time.perf_counter()
+    worst = next((rep for _, rep, _ in reports if rep.stop_reason != "completed"), reports[0][1])
+    report = replace(worst, detail=(worst.detail + "; " if worst.detail else "") + plan.notes[0])
+    if config.VERIFY.value and (err := diskcache.round_trip_error(plan)) is not None:
+        raise AssertionError(f"the plan read back from its JSON (engine/diskcache.py) differs: {err}\n{plan.describe()}")
+    if key is not None and all(diskcache.why_not_stored(rep, info) is None for _, rep, info in reports):
+        diskcache.store_plan(key, plan, report, "regions")
+    GlobalCounters.plans_compiled += 1
+    GlobalCounters.compile_seconds += t3 - t2
+    cp = CompiledPlan(plan, run, report, None, dict(saturate=sat, extract=ext, compile=t3 - t2,
+                                                    regions=t2 - t0 - sat - ext))
     if dbg >= 3:
         print(report)
         print(plan.describe())
