@@ -116,3 +116,16 @@ def test_one_thread_compiles_everything_here(two_threads, monkeypatch):
     pool.close()
     assert realize_and_check(6) >= 6
     assert pool.pid is None, "no worker is started with EQGRAD_THREADS=1"
+
+
+def test_a_plan_with_nothing_new_to_compile_starts_no_worker(two_threads):
+    """(A second process whose kernels are all on disk must not pay for a worker's start.)"""
+    pool = two_threads
+    outs, _ = distinct_kernels(7)
+    eqgrad.realize(*outs)
+    plan, keep = engine.last_plan.plan, engine.last_plan.run      # its programs stay alive
+    pool.close()
+    c0 = GlobalCounters.kernels_compiled
+    get_device("LLVM").prepare(plan)
+    assert GlobalCounters.kernels_compiled == c0 and pool.pid is None
+    del keep

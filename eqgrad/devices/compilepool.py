@@ -116,12 +116,18 @@ class CompilePool:
                 raise EOFError("the compile worker exited")
         raise EOFError(f"the compile worker did not answer in {JOB_TIMEOUT:.0f} s")
 
-    def _wait_ready(self) -> bool:
-        """Wait until the worker has started (its first message); False when it failed."""
+    def _wait_ready(self, give_up: Callable[[], bool] = lambda: False) -> bool:
+        """Wait until the worker has started (its first message); False when it failed, or as soon
+        as ``give_up()`` says the wait is no longer worth it (the worker then gets ready alone)."""
         try:
-            if not self._ready:
-                self._reply("ready")
-                self._ready = True
+            while not self._ready:
+                if self._recv.poll(0.01):
+                    got, _, _ = self._recv.recv()
+                    self._ready = got == "ready"
+                elif self._proc.poll() is not None:
+                    raise EOFError("the compile worker exited")
+                elif give_up():
+                    return False
             return True
         except (EOFError, OSError, ValueError):
             self.close()
@@ -141,13 +147,18 @@ class CompilePool:
         return value if ok else None           # (an error there: here it raises with its context)
 
     def batch(self, target: tuple[str, str], local: Callable[[Job], Result | None], worker: bool = True) -> "Batch":
-        """A Batch of jobs for ``target``; with ``worker``, the worker takes part (started if it
-        does not run) unless another thread's batch is using it."""
-        use = worker and self._lock.acquire(blocking=False)
-        if use and not self._running():
+        """A Batch of jobs for ``target``; with ``worker``, the worker takes part from the first job
+        on (started then if it does not run) unless another thread's batch is using it."""
+        return Batch(self, target, local, worker)
+
+    def _join(self) -> bool:
+        """Take the worker for one batch (started if it does not run); False if it is busy or fails."""
+        if not self._lock.acquire(blocking=False):
+            return False
+        if not self._running():
             self._lock.release()
-            use = False
-        return Batch(self, target, local, use)
+            return False
+        return True
 
     def compile_all(self, target: tuple[str, str], jobs: list[Job], local: Callable[[Job], Result]) -> list[Result]:
         """The object code of every job, in order (a Batch of them all)."""
@@ -174,15 +185,18 @@ class Batch:
         self.closed = False
         self.cond = threading.Condition()
         self.thread: threading.Thread | None = None
-        if worker:
-            self.thread = threading.Thread(target=self._helper, name="eqgrad-compile", daemon=True)
-            self.thread.start()
+        self.worker = worker                  # still to be asked for (on the first job)
 
     def add(self, job: Job) -> None:
         with self.cond:
             self.waiting.append(len(self.jobs))
             self.jobs.append(job)
             self.cond.notify()
+        if self.worker:
+            self.worker = False
+            if self.pool._join():
+                self.thread = threading.Thread(target=self._helper, name="eqgrad-compile", daemon=True)
+                self.thread.start()
 
     def _take(self) -> int:
         """The largest waiting job (the caller holds ``cond``)."""
@@ -192,7 +206,8 @@ class Batch:
 
     def _helper(self) -> None:
         try:
-            if not self.pool._wait_ready():
+            # a worker still starting is not waited for once nothing is left for it
+            if not self.pool._wait_ready(lambda: self.closed and not self.waiting):
                 return
             while True:
                 with self.cond:

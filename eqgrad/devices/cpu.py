@@ -128,6 +128,7 @@ class LLVMDevice(Device):
         self.programs: weakref.WeakValueDictionary[tuple, LLVMProgram] = weakref.WeakValueDictionary()
         self._pool: ThreadPoolExecutor | None = None
         self.families = Families(LLVM_OPS)        # kernels whose sizes keep changing (sizeargs.py)
+        self._sources: dict[int, tuple] = {}       # id of a loop kernel -> (it, its LLVM IR), from prefetch
 
     def after_fork_in_child(self) -> bool:
         # the inherited pool's threads do not exist in the child, but its idle count says they do:
@@ -155,7 +156,12 @@ class LLVMDevice(Device):
               engine: CodeEngine | None = None) -> tuple[str, LLVMProgram, int]:
         """Lower, render and compile one kernel for ``target`` (None: the host) into ``engine``
         (None: an engine of its own); returns (source, program, extent of its split loop)."""
-        lk, src = self.render_kernel(k, plan, render_llvm, "LLVM IR", upcast)
+        lk = self.lowered_kernel(k, plan, upcast)
+        pre = self._sources.get(id(lk))                 # rendered by this prepare's prefetch
+        if pre is not None and pre[0] is lk:
+            src = pre[1]
+        else:
+            lk, src = self.render_kernel(k, plan, render_llvm, "LLVM IR", upcast)
         # the split loop's extent is not in the source ([lo, hi) are arguments), so kernels that
         # differ only in it share a program: the extent belongs to the step, not the program
         n = lk.insts[lk.parallel_ranges()[0]].arg if lk.parallel else 1
@@ -230,6 +236,7 @@ class LLVMDevice(Device):
                 if sized is None:
                     shape_out, dt = plan.buffers[k.out]
                     src, nt = render_llvm(lk), streaming_store(lk, numel(shape_out) * dt.itemsize)
+                    self._sources[id(lk)] = (lk, src)
                 else:
                     src, nt = render_llvm(dk, sized), False
                 if (src, nt, target) in self.programs:
@@ -323,6 +330,7 @@ class LLVMDevice(Device):
             steps.append((k, prg, (k.out, *k.inputs), n))
         for key in fetched:                       # object code no build took (a kernel that failed)
             PREFETCHED.pop(key, None)
+        self._sources.clear()
 
         def run(bufs: list[Buffer]) -> None:
             dbg = config.DEBUG.value
