@@ -210,7 +210,12 @@ def _cuda_corpus() -> list[tuple[str, str]]:
         lk.name = "eqk"
         out.append((case.replace("-", "_"), r.render(lk)))
     for name, shape in (("grid4d", (2, 3, 4, 5)), ("flat", (70000, 2, 2))):
-        plan = op_plan("ADD", [float32, float32], float32, shape)
+        # x + y.T over the last two axes: a transposed read keeps the kernel's loops (an elementwise
+        # kernel over whole buffers is lowered as one flat loop, lower/collapse.py)
+        perm = tuple(range(len(shape) - 2)) + (len(shape) - 1, len(shape) - 2)
+        yt = _buf(1, tuple(shape[p] for p in perm), float32)
+        ast = KNode("ADD", (_buf(0, shape, float32), KNode("PERMUTE", (yt,), perm, shape, float32)), None, shape, float32)
+        plan = KernelPlan([(shape, float32), (yt.shape, float32), (shape, float32)], 2, [Kernel("k0", 2, ast, (0, 1))], [2])
         lk = lower_kernel(plan.kernels[0], plan)
         lk.name = "eqk"
         assert r.launch(lk).mode == name[:4]
