@@ -21,6 +21,7 @@ class GlobalCounters:
     plans_resized = 0         # plan cache misses served by resizing a plan of other sizes (graph/resize.py)
     kernels_compiled = 0      # LLVM kernels optimized and compiled to object code (devices/llvm.py)
     kernel_disk_hits = 0      # LLVM kernels whose object code was read from disk (devices/kernelcache.py)
+    lowered_disk_hits = 0     # LLVM kernels whose source was read from disk instead of lowered (the same)
     # seconds spent in compile_plan's phases, summed over its calls: saturation (with inserting
     # the program), extraction (with building the plan), the device's compile (``prepare``), and
     # reading plans from the disk cache
@@ -32,7 +33,7 @@ class GlobalCounters:
     @classmethod
     def reset(cls) -> None:
         cls.kernel_count = cls.realize_count = cls.plans_compiled = cls.saturations = cls.disk_hits = 0
-        cls.plans_resized = cls.kernels_compiled = cls.kernel_disk_hits = 0
+        cls.plans_resized = cls.kernels_compiled = cls.kernel_disk_hits = cls.lowered_disk_hits = 0
         cls.saturate_seconds = cls.extract_seconds = cls.compile_seconds = cls.load_seconds = 0.0
 
 

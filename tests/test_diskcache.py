@@ -420,6 +420,10 @@ CHILD = textwrap.dedent("""
     import eqgrad
     from eqgrad import GlobalCounters, Tensor, nn, optim
     import eqgrad.nn.functional as F
+    from eqgrad.lower import lowering
+    lowered = []
+    real_lower = lowering.lower_kernel
+    lowering.lower_kernel = lambda *a, **k: lowered.append(1) or real_lower(*a, **k)
 
     eqgrad.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), Tensor.relu, nn.Linear(16, 4))
@@ -442,7 +446,9 @@ CHILD = textwrap.dedent("""
             v = diskcache.load("race")
             race.append(v is not None and v["who"] in "ab" and len(v["pad"]) >= 1000)
     print(json.dumps(dict(losses=[float(v).hex() for v in losses], w=w.tobytes().hex(), race=all(race),
-                          saturations=GlobalCounters.saturations, disk_hits=GlobalCounters.disk_hits)))
+                          saturations=GlobalCounters.saturations, disk_hits=GlobalCounters.disk_hits,
+                          lowered=len(lowered), lowered_disk_hits=GlobalCounters.lowered_disk_hits,
+                          compiled=GlobalCounters.kernels_compiled)))
 """)
 
 
@@ -463,6 +469,9 @@ def test_a_second_process_does_not_saturate_and_gives_the_same_numbers(tmp_path)
     assert first["saturations"] >= 1 and first["disk_hits"] == 0
     assert second["saturations"] == 0 and second["disk_hits"] == first["saturations"]
     assert (second["losses"], second["w"]) == (first["losses"], first["w"])
+    # nor lowers nor compiles: each kernel's source and object code are read back
+    assert first["lowered"] > 0 and first["compiled"] > 0
+    assert second["lowered"] == 0 and second["compiled"] == 0 and second["lowered_disk_hits"] > 0, second
 
 
 def test_two_processes_writing_at_once_do_not_corrupt(tmp_path, monkeypatch):

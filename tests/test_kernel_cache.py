@@ -330,3 +330,18 @@ def test_plans_the_cache_dropped_free_their_kernels_and_a_jit_keeps_its_own(monk
     assert GlobalCounters.plans_compiled == compiled, "the last three plans are still cached"
     np.testing.assert_allclose(f(Tensor(xs)).numpy(), np.maximum(xs * 2 + 1, 0).sum(0), rtol=1e-5)
     engine.clear_cache()
+
+
+def test_a_lowered_kernel_kept_on_disk_is_read_back_and_a_tampered_one_is_not(tmp_path, monkeypatch):
+    """The sources kept for later processes (kernelcache.store_lowered) are checked like object code."""
+    monkeypatch.setenv("EQGRAD_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("EQGRAD_DISK_CACHE", "1")
+    key = kernelcache.lowered_key(("a kernel's structure",), "cpu", "+f")
+    assert kernelcache.load_lowered(key) is None
+    kernelcache.store_lowered(key, "define void @eqk() {\n  ret void\n}\n", 7, False, 2)
+    assert kernelcache.load_lowered(key) == {"src": "define void @eqk() {\n  ret void\n}\n", "n": 7,
+                                             "nontemporal": False, "n_params": 2}
+    path = tmp_path / "lowered" / f"{key}.ll"
+    path.write_bytes(path.read_bytes().replace(b"ret void", b"ret vOid"))        # same size, other bytes
+    with pytest.warns(CacheWarning, match="sha256"):
+        assert kernelcache.load_lowered(key) is None

@@ -282,6 +282,10 @@ class Device:
             print(f"--- {language} {k.name}\n{src}")
         return lk, src
 
+    def has_lowered(self, k: Any, plan: Any, upcast: Any = None) -> bool:
+        """Whether this process keeps the kernel's loop IR (``lowered_kernel`` would not lower)."""
+        return _lowered.get((kernel_structure(k, plan), upcast, lowering.lower_kernel)) is not None
+
     def lowered_kernel(self, k: Any, plan: Any, upcast: Any = None) -> Any:
         """One kernel's loop IR, named ``eqk``, lowered once per structure (``render_kernel``)."""
         lower = lowering.lower_kernel               # looked up at call time (tests patch it)

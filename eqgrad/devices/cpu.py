@@ -28,11 +28,11 @@ import itertools
 import time
 import weakref
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 from eqgrad import config
 from eqgrad.graph.plan import KernelPlan
-from eqgrad.devices import Buffer, Device
+from eqgrad.devices import Buffer, Device, kernel_structure
 from eqgrad.lower.passes import LowerOptions
 from eqgrad.lower.split import split_reduction
 from eqgrad.ops import numel
@@ -120,6 +120,12 @@ def runnable_target(value: str) -> Target | None:
     return target
 
 
+class _Signature(NamedTuple):
+    """What LLVMProgram reads of a loop kernel, for a source kept on disk (``_from_disk``)."""
+    name: str
+    params: tuple
+
+
 class LLVMDevice(Device):
     name = "LLVM"
 
@@ -129,6 +135,7 @@ class LLVMDevice(Device):
         self._pool: ThreadPoolExecutor | None = None
         self.families = Families(LLVM_OPS)        # kernels whose sizes keep changing (sizeargs.py)
         self._sources: dict[int, tuple] = {}       # id of a loop kernel -> (it, its LLVM IR), from prefetch
+        self._disk: dict[int, tuple] = {}          # id of a kernel -> (it, _from_disk's answer), per prepare
 
     def after_fork_in_child(self) -> bool:
         # the inherited pool's threads do not exist in the child, but its idle count says they do:
@@ -167,7 +174,8 @@ class LLVMDevice(Device):
         n = lk.insts[lk.parallel_ranges()[0]].arg if lk.parallel else 1
         try:
             shape, dt = plan.buffers[k.out]
-            prg = self.program(src, lk, streaming_store(lk, numel(shape) * dt.itemsize), target, engine)
+            nt = streaming_store(lk, numel(shape) * dt.itemsize)
+            prg = self.program(src, lk, nt, target, engine)
         except Exception as e:
             where = save_failed_source(k.name, ".ll", src)      # never raises: it must not hide this error
             raise CompileError(f"LLVM device: kernel {k.name} ({k.ast.render()[:80]}) failed to compile: "
@@ -188,19 +196,55 @@ class LLVMDevice(Device):
         sized = self.families.plan(key, shape) if prg is None and config.SIZE_ARGS.value else None
         return lk, n, dk, shape, key, prg, sized
 
+    def _from_disk(self, k, plan: KernelPlan, target: Target | None) -> dict | None:
+        """The kernel as an earlier process lowered and rendered it (kernelcache.load_lowered:
+        source, split extent, streaming stores, parameters), when this process has not lowered it;
+        None otherwise. Looked up once per prepare (``_disk``)."""
+        if id(k) in self._disk:
+            return self._disk[id(k)][1]
+        hit = None
+        if config.DISK_CACHE.value and config.DEBUG.value < 4 and not self.has_lowered(k, plan):
+            c = compiler(target)
+            hit = kernelcache.load_lowered(kernelcache.lowered_key(kernel_structure(k, plan), c.cpu, c.features))
+        self._disk[id(k)] = (k, hit)
+        return hit
+
+    def _keep_lowered(self, k, plan: KernelPlan, target: Target | None, prg: Any, n: int) -> None:
+        """Keep the kernel's source on disk for later processes (``_from_disk``); a sized program's
+        members are not kept (a later process compiles them as their sizes come)."""
+        if config.DISK_CACHE.value and isinstance(prg, LLVMProgram):
+            c = compiler(target)
+            kernelcache.store_lowered(kernelcache.lowered_key(kernel_structure(k, plan), c.cpu, c.features),
+                                      prg.src, n, prg.nontemporal, prg.n_params)
+
     def build_member(self, k, plan: KernelPlan, upcast=None, target: Target | None = None,
                      engine: CodeEngine | None = None) -> tuple[Any, int]:
         """``build`` through the kernel's size family (sizeargs.py): the live program of the same
         loop IR, or the family's sized program bound to this kernel's sizes, or a new program --
-        sized when the family's sizes keep changing. Returns (program, extent of its split loop)."""
+        sized when the family's sizes keep changing -- or, for a kernel an earlier process lowered,
+        the program of the source it kept. Returns (program, extent of its split loop)."""
+        ix = self._from_disk(k, plan, target) if upcast is None else None
+        if ix is not None:
+            sig = _Signature("eqk", (None,) * ix["n_params"])
+            try:
+                return self.program(ix["src"], sig, ix["nontemporal"], target, engine), ix["n"]
+            except Exception as e:
+                where = save_failed_source(k.name, ".ll", ix["src"])
+                raise CompileError(f"LLVM device: kernel {k.name} ({k.ast.render()[:80]}) failed to compile: "
+                                   f"{str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}; "
+                                   f"its LLVM IR {where}") from e
         lk, n, dk, shape, key, prg, sized = self._member(k, plan, upcast, target)
         if prg is not None:
             if config.DEBUG.value >= 4:
                 self.render_kernel(k, plan, render_llvm, "LLVM IR", upcast)     # prints it
+            if upcast is None:
+                self._keep_lowered(k, plan, target, prg, n)
             return prg, n
         if sized is None:
             _, prg, n = self.build(k, plan, upcast, target, engine)
             self.families.add(key, shape, prg)
+            if upcast is None:
+                self._keep_lowered(k, plan, target, prg, n)
             return prg, n
         src = render_llvm(dk, sized)
         if config.DEBUG.value >= 4:
@@ -230,6 +274,22 @@ class LLVMDevice(Device):
         job_keys, keys = [], []
         try:
             for k in plan.kernels:
+                ix = self._from_disk(k, plan, target)
+                if ix is not None:
+                    src, nt, name = ix["src"], ix["nontemporal"], "eqk"
+                    if (src, nt, target) in self.programs:
+                        continue
+                    key = kernelcache.kernel_key(src, c.cpu, c.features, nt)
+                    if key in keys or key in job_keys or key in PREFETCHED:
+                        continue
+                    hit = kernelcache.load(key)
+                    if hit is not None:
+                        PREFETCHED[key] = hit
+                        keys.append(key)
+                        continue
+                    batch.add((src, name, f"eqk_{key[:32]}", nt))
+                    job_keys.append(key)
+                    continue
                 lk, _, dk, _, _, prg, sized = self._member(k, plan, None, target)
                 if prg is not None:
                     continue
@@ -331,6 +391,7 @@ class LLVMDevice(Device):
         for key in fetched:                       # object code no build took (a kernel that failed)
             PREFETCHED.pop(key, None)
         self._sources.clear()
+        self._disk.clear()
 
         def run(bufs: list[Buffer]) -> None:
             dbg = config.DEBUG.value

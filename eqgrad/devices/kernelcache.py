@@ -23,7 +23,9 @@ A hit touches its file (least recently used is evicted first). The directory is 
 ``EQGRAD_KERNEL_CACHE_BYTES``: each process counts the bytes it writes on top of its last scan
 and scans (deleting the oldest files by mtime) only when that estimate passes the bound, so a
 plan of hundreds of kernels costs one scan, not one per kernel. ``EQGRAD_DISK_CACHE=0`` turns
-the cache off, as it does the plan cache (engine/diskcache.py).
+the cache off, as it does the plan cache (engine/diskcache.py). Lowered kernels' sources
+(``store_lowered``, below) are ``<cache_dir>/lowered/<key>.ll`` files of the same format, kept
+within the same bound on their own.
 """
 from __future__ import annotations
 
@@ -38,11 +40,12 @@ import threading
 from pathlib import Path
 
 from eqgrad import config
-from eqgrad.cache import _warn_once, _why, _write_atomic, cache_dir, cache_files, evict_lru
+from eqgrad.cache import _warn_once, _why, _write_atomic, cache_dir, cache_files, evict_lru, source_digest
 from eqgrad.counters import GlobalCounters
 
 FORMAT = 1
 SUBDIR = "kernels"
+SUBDIRS = {".o": SUBDIR, ".ll": "lowered"}     # object code; lowered kernels' sources (below)
 MAGIC = b"EQGRAD-KERNEL-OBJECT 1\n"
 _LLVM_PY = (Path(__file__).with_name("llvm.py"), Path(__file__).with_name("llvm_worker.py"))
 
@@ -69,9 +72,9 @@ def kernel_key(src: str, cpu: str, features: str, nontemporal: bool) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def _dir() -> Path | None:
+def _dir(sub: str = SUBDIR) -> Path | None:
     d = cache_dir() if config.DISK_CACHE.value else None
-    return None if d is None else d / SUBDIR
+    return None if d is None else d / sub
 
 
 def _bad(path: Path, stamp: object, why: str) -> None:
@@ -82,10 +85,17 @@ def _bad(path: Path, stamp: object, why: str) -> None:
 def load(key: str) -> tuple[bytes, int] | None:
     """(object code, non-temporal stores made) stored under ``key``, or None: a miss (a bad file
     warns once, see the module)."""
-    d = _dir()
+    hit = _load(key)
+    if hit is not None:
+        GlobalCounters.kernel_disk_hits += 1
+    return hit
+
+
+def _load(key: str, suffix: str = ".o") -> tuple[bytes, int] | None:
+    d = _dir(SUBDIRS[suffix])
     if d is None:
         return None
-    path = d / f"{key}.o"
+    path = d / f"{key}{suffix}"
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
     except (FileNotFoundError, NotADirectoryError):
@@ -113,7 +123,6 @@ def load(key: str) -> tuple[bytes, int] | None:
         return None
     with contextlib.suppress(OSError):
         os.utime(path)                     # recently used: evicted last
-    GlobalCounters.kernel_disk_hits += 1
     return obj, nt
 
 
@@ -152,14 +161,14 @@ def _parse(data: bytes, key: str) -> tuple[str | None, bytes, int]:
     return None, obj, nt
 
 
-def store(key: str, obj: bytes, nontemporal_stores: int) -> Path | None:
+def store(key: str, obj: bytes, nontemporal_stores: int, suffix: str = ".o") -> Path | None:
     """Write the object code under ``key`` (atomically), then keep the directory within
     EQGRAD_KERNEL_CACHE_BYTES; the file, or None when not kept (caching off, the bound, or an
     OSError, which warns once)."""
-    d = _dir()
+    d = _dir(SUBDIRS[suffix])
     if d is None:
         return None
-    path = d / f"{key}.o"
+    path = d / f"{key}{suffix}"
     head = json.dumps({"key": key, "sha256": hashlib.sha256(obj).hexdigest(), "size": len(obj),
                        "nontemporal_stores": nontemporal_stores}, separators=(",", ":")).encode()
     data = MAGIC + head + b"\n" + obj
@@ -169,12 +178,12 @@ def store(key: str, obj: bytes, nontemporal_stores: int) -> Path | None:
         _write_atomic(path, data, durable=False)       # read back only through its sha256
         with _lock:
             if d not in _estimate:
-                _estimate[d] = _scan_bytes(d)
+                _estimate[d] = _scan_bytes(d, suffix)
             else:
                 _estimate[d] += len(data)
             over = _estimate[d] > bound
         if over:
-            left = evict(d, bound)
+            left = evict(d, bound, suffix)
             with _lock:
                 _estimate[d] = left
     except OSError as e:
@@ -184,11 +193,52 @@ def store(key: str, obj: bytes, nontemporal_stores: int) -> Path | None:
     return path if path.exists() else None
 
 
-def _scan_bytes(d: Path) -> int:
-    return sum(size for _, size, _ in cache_files(d, ".o"))
+# ------------------------------------------------------------------ lowered kernels
+# A later process that reads a plan from disk would still lower and render each kernel only to
+# find its source's object code here. So the source is kept too, by the kernel's structure
+# (devices.kernel_structure: its body with buffers numbered by parameter, their shapes and dtypes,
+# the lanes) and eqgrad's own sources (cache.source_digest: the lowering, the renderer): a file
+# like an object file (the same checks), whose payload is JSON {"src", "n", "nontemporal",
+# "n_params"}. A miss of any kind only means the kernel is lowered.
+
+def lowered_key(structure: object, cpu: str, features: str) -> str:
+    text = repr(("lowered", FORMAT, source_digest(), _versions(), cpu, features, structure))
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
-def evict(d: Path, bound: int) -> int:
+def load_lowered(key: str) -> dict | None:
+    """What ``store_lowered`` kept under ``key`` (checked), or None."""
+    hit = _load(key, ".ll")
+    if hit is None:
+        return None
+    try:
+        v = json.loads(hit[0])
+    except ValueError:
+        return None
+    ok = (isinstance(v, dict) and isinstance(v.get("src"), str) and type(v.get("n")) is int and v["n"] >= 1
+          and type(v.get("nontemporal")) is bool and type(v.get("n_params")) is int and v["n_params"] >= 1)
+    if not ok:
+        _bad(_dir(SUBDIRS[".ll"]) / f"{key}.ll", (key, "lowered"), "a lowered kernel's entry without src, n, nontemporal, n_params")
+        return None
+    GlobalCounters.lowered_disk_hits += 1
+    return v
+
+
+_stored: set[str] = set()       # lowered keys this process stored (each is written once)
+
+
+def store_lowered(key: str, src: str, n: int, nontemporal: bool, n_params: int) -> None:
+    if key in _stored or len(_stored) > 100_000:
+        return
+    _stored.add(key)
+    store(key, json.dumps({"src": src, "n": n, "nontemporal": nontemporal, "n_params": n_params}).encode(), 0, ".ll")
+
+
+def _scan_bytes(d: Path, suffix: str = ".o") -> int:
+    return sum(size for _, size, _ in cache_files(d, suffix))
+
+
+def evict(d: Path, bound: int, suffix: str = ".o") -> int:
     """Delete the least recently used kernel files of ``d`` until they hold at most ``bound``
     bytes (cache.evict_lru); the bytes that remain."""
-    return evict_lru(d, bound, ".o")
+    return evict_lru(d, bound, suffix)

@@ -558,6 +558,7 @@ class LLVMProgram:
         self.compiler = compiler(target)
         self.engine = engine if engine is not None else CodeEngine(self.compiler)
         # a sized program (render_llvm's ``sized``) takes its size array after the buffers
+        self.n_params = len(k.params)
         n_ptrs = len(k.params) + bool(sized)
         self._sig = ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * n_ptrs), ctypes.c_int64, ctypes.c_int64)
         self.fn, stores = self._load(nontemporal)

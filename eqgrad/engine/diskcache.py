@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from eqgrad import config
-from eqgrad.cache import _warn_once, _why, _write_atomic, cache_dir, evict_lru, machine_key
+from eqgrad.cache import _warn_once, _why, _write_atomic, cache_dir, evict_lru, machine_key, source_digest
 from eqgrad.extract import ExtractSettings, effective, extractor_name, settings_key
 from eqgrad.extract.cost import default_cost
 from eqgrad.graph.plan import KernelPlan, plan_difference, plan_from_data, plan_to_data
@@ -63,7 +63,6 @@ from eqgrad.rules.saturate import PhaseReport, SaturationReport
 
 FORMAT = 1                       # of the files; a file of another format is not read
 SUBDIR = "plans"
-_ROOT = Path(__file__).resolve().parents[1]      # the eqgrad package
 
 
 def enabled() -> bool:
@@ -72,11 +71,8 @@ def enabled() -> bool:
 
 @functools.lru_cache(maxsize=1)
 def code_digest() -> str:
-    """sha256 of eqgrad's source files and rulebooks (by path and content) and egglog's version:
-    read once per process (~70 files: 7 ms on an idle core, 30 ms on a busy one)."""
-    h = hashlib.sha256()
-    for p in sorted(p for p in _ROOT.rglob("*") if p.suffix in (".py", ".egg") and p.is_file()):
-        h.update(str(p.relative_to(_ROOT)).encode() + b"\0" + p.read_bytes() + b"\0")
+    """sha256 of eqgrad's sources and rulebooks (cache.source_digest) and egglog's version."""
+    h = hashlib.sha256(source_digest().encode())
     try:
         h.update(importlib.metadata.version("egglog").encode())
     except importlib.metadata.PackageNotFoundError:
