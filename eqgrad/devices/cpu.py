@@ -199,23 +199,27 @@ class LLVMDevice(Device):
     def _from_disk(self, k, plan: KernelPlan, target: Target | None) -> dict | None:
         """The kernel as an earlier process lowered and rendered it (kernelcache.load_lowered:
         source, split extent, streaming stores, parameters), when this process has not lowered it;
-        None otherwise. Looked up once per prepare (``_disk``)."""
+        None otherwise. Looked up once per prepare (``_disk``: the kernel, the answer, its structure
+        when this process had not lowered it -- then ``_keep_lowered`` keeps it)."""
         if id(k) in self._disk:
             return self._disk[id(k)][1]
-        hit = None
-        if config.DISK_CACHE.value and config.DEBUG.value < 4 and not self.has_lowered(k, plan):
-            c = compiler(target)
-            hit = kernelcache.load_lowered(kernelcache.lowered_key(kernel_structure(k, plan), c.cpu, c.features))
-        self._disk[id(k)] = (k, hit)
+        hit = new = None
+        if config.DISK_CACHE.value and config.DEBUG.value < 4:
+            structure = kernel_structure(k, plan)
+            if not self.has_lowered(k, plan):
+                c = compiler(target)
+                new = kernelcache.lowered_key(structure, c.cpu, c.features)
+                hit = kernelcache.load_lowered(new)
+        self._disk[id(k)] = (k, hit, new)
         return hit
 
-    def _keep_lowered(self, k, plan: KernelPlan, target: Target | None, prg: Any, n: int) -> None:
-        """Keep the kernel's source on disk for later processes (``_from_disk``); a sized program's
-        members are not kept (a later process compiles them as their sizes come)."""
-        if config.DISK_CACHE.value and isinstance(prg, LLVMProgram):
-            c = compiler(target)
-            kernelcache.store_lowered(kernelcache.lowered_key(kernel_structure(k, plan), c.cpu, c.features),
-                                      prg.src, n, prg.nontemporal, prg.n_params)
+    def _keep_lowered(self, k, prg: Any, n: int) -> None:
+        """Keep the source of a kernel this prepare lowered on disk for later processes
+        (``_from_disk``); kernels lowered before were kept then, and a sized program's members are
+        not kept (a later process compiles them as their sizes come)."""
+        entry = self._disk.get(id(k))
+        if entry is not None and entry[2] is not None and isinstance(prg, LLVMProgram):
+            kernelcache.store_lowered(entry[2], prg.src, n, prg.nontemporal, prg.n_params)
 
     def build_member(self, k, plan: KernelPlan, upcast=None, target: Target | None = None,
                      engine: CodeEngine | None = None) -> tuple[Any, int]:
@@ -238,13 +242,13 @@ class LLVMDevice(Device):
             if config.DEBUG.value >= 4:
                 self.render_kernel(k, plan, render_llvm, "LLVM IR", upcast)     # prints it
             if upcast is None:
-                self._keep_lowered(k, plan, target, prg, n)
+                self._keep_lowered(k, prg, n)
             return prg, n
         if sized is None:
             _, prg, n = self.build(k, plan, upcast, target, engine)
             self.families.add(key, shape, prg)
             if upcast is None:
-                self._keep_lowered(k, plan, target, prg, n)
+                self._keep_lowered(k, prg, n)
             return prg, n
         src = render_llvm(dk, sized)
         if config.DEBUG.value >= 4:
