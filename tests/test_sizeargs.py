@@ -136,3 +136,17 @@ def test_families_compile_concrete_first_then_one_sized_program():
     # a stride the sized program has as a literal: not a member; the next plan makes it an argument
     other = split_sizes(kernel(8, 7))
     assert fams.find(key, other) is None and fams.plan(key, other) == {4: 0, 5: 1}
+
+
+def test_the_bookkeeping_keeps_no_loop_kernel_alive():
+    """(The lowering's memo drops kernels past its bound; what families derived from them goes too.)"""
+    import weakref
+    fams = Families(native={})
+    for extent in (3, 4):
+        lk = kernel(extent, 5)
+        fams.shape_of(lk)
+        ref = weakref.ref(lk)
+        del lk
+        gc.collect()
+        assert ref() is None
+    assert not fams._shapes

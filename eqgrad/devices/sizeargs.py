@@ -114,18 +114,21 @@ class Families:
         self.native = native
         self._items: OrderedDict[tuple, _Family] = OrderedDict()
         self._lock = threading.Lock()
-        self._shapes: dict[int, tuple[LoopKernel, LoopKernel, Shape]] = {}     # by id of the lowered kernel
+        # by id of the lowered kernel: (a weak reference to it, it decomposed, its Shape); an entry
+        # goes with its kernel (the lowering's memo drops kernels past its bound)
+        self._shapes: dict[int, tuple[Any, LoopKernel | None, Shape]] = {}
 
     def shape_of(self, lk: LoopKernel) -> tuple[LoopKernel, Shape]:
         """``lk`` decomposed for the renderer and its Shape, worked out once per loop kernel (the
         lowering keeps a kernel's loop IR by structure, so a repeated kernel is the same object)."""
         hit = self._shapes.get(id(lk))
-        if hit is None or hit[0] is not lk:
+        if hit is None or hit[0]() is not lk:
             dk = decompose(lk, self.native)
-            hit = (lk, dk, split_sizes(dk))
+            # (decompose returns ``lk`` itself when it has nothing to rewrite: not held strongly)
+            hit = (weakref.ref(lk), None if dk is lk else dk, split_sizes(dk))
             self._shapes[id(lk)] = hit
             weakref.finalize(lk, self._shapes.pop, id(lk), None)
-        return hit[1], hit[2]
+        return (lk if hit[1] is None else hit[1]), hit[2]
 
     def after_fork_in_child(self) -> None:
         self._lock = threading.Lock()
