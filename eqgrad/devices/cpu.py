@@ -374,7 +374,25 @@ class LLVMDevice(Device):
         target = runnable_target(config.CPU.value)
         plan, scratch = self.split(plan, threads)
         engine = CodeEngine(compiler(target))     # this plan's new programs (its MCJIT engine made on the first)
+        try:
+            steps = self._build_all(plan, target, engine, beam, threads)
+        finally:
+            self._sources.clear()
+            self._disk.clear()
+        return self._runner(steps, scratch, threads)
+
+    def _build_all(self, plan: KernelPlan, target: Target | None, engine: CodeEngine, beam: int,
+                   threads: int) -> list[tuple]:
+        """Every kernel's (kernel, program, buffer ids, split extent), in plan order."""
         fetched = self.prefetch(plan, target) if beam == 0 and threads > 1 and config.DEBUG.value < 4 else []
+        try:
+            return self._build_each(plan, target, engine, beam, threads)
+        finally:
+            for key in fetched:                   # object code no build took (a kernel that failed)
+                PREFETCHED.pop(key, None)
+
+    def _build_each(self, plan: KernelPlan, target: Target | None, engine: CodeEngine, beam: int,
+                    threads: int) -> list[tuple]:
         steps = []
         for i, k in enumerate(plan.kernels):
             progress.update(done=i)
@@ -392,11 +410,9 @@ class LLVMDevice(Device):
                     print(f"  search {k.name}: picked {upcast or 'heuristic'} from {tried}")
             prg, n = self.build_member(k, plan, upcast, target, engine)
             steps.append((k, prg, (k.out, *k.inputs), n))
-        for key in fetched:                       # object code no build took (a kernel that failed)
-            PREFETCHED.pop(key, None)
-        self._sources.clear()
-        self._disk.clear()
+        return steps
 
+    def _runner(self, steps: list[tuple], scratch: list, threads: int) -> Callable[[list[Buffer]], None]:
         def run(bufs: list[Buffer]) -> None:
             dbg = config.DEBUG.value
             if scratch:
