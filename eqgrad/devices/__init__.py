@@ -282,9 +282,11 @@ class Device:
             print(f"--- {language} {k.name}\n{src}")
         return lk, src
 
-    def has_lowered(self, k: Any, plan: Any, upcast: Any = None) -> bool:
-        """Whether this process keeps the kernel's loop IR (``lowered_kernel`` would not lower)."""
-        return _lowered.get((kernel_structure(k, plan), upcast, lowering.lower_kernel)) is not None
+    def has_lowered(self, k: Any, plan: Any, upcast: Any = None, structure: Any = None) -> bool:
+        """Whether this process keeps the kernel's loop IR (``lowered_kernel`` would not lower);
+        ``structure``: ``kernel_structure(k, plan)`` when the caller has it already."""
+        structure = kernel_structure(k, plan) if structure is None else structure
+        return _lowered.get((structure, upcast, lowering.lower_kernel)) is not None
 
     def lowered_kernel(self, k: Any, plan: Any, upcast: Any = None) -> Any:
         """One kernel's loop IR, named ``eqk``, lowered once per structure (``render_kernel``)."""

@@ -4,7 +4,7 @@ Once saturation and extraction are fast, LLVM's O3 and codegen are most of a col
 MLP training step: ~0.6 of 1.3 s; a LLaMA-shaped 30-layer step: 9 of 19 s), the cost is per
 kernel (30 kernels in one module: 5.8 s against 5.1 s one by one), and llvmlite cannot compile
 in two threads of one process (one global LLVM context). So when a plan needs two or more new
-kernels and ``EQGRAD_THREADS`` is above 1, ``compile_all`` hands them out one at a time, largest
+kernels and ``EQGRAD_THREADS`` is above 1, a ``Batch`` hands them out one at a time, largest
 first, to this process and to a worker (llvm_worker.py, run as a script that imports only
 llvmlite: ready in ~0.15 s, started on the first such plan and kept for the process, like the
 saturation worker). The worker runs the same ``compile_object`` as this process, so its object
@@ -35,7 +35,7 @@ JOB_TIMEOUT = 300.0                       # seconds the worker may take for one 
 
 
 class CompilePool:
-    """One worker process and its channel. ``compile_all`` never fails because of the worker."""
+    """One worker process and its channel. A batch never fails because of the worker."""
 
     def __init__(self) -> None:
         self._proc: subprocess.Popen | None = None

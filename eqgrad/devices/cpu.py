@@ -120,6 +120,18 @@ def runnable_target(value: str) -> Target | None:
     return target
 
 
+def _compiled(k, src: str, make: Callable[[], Any], what: str = "") -> Any:
+    """``make()`` (a program compiled from ``src``), or the CompileError naming the kernel, what
+    went wrong and where its LLVM IR was saved."""
+    try:
+        return make()
+    except Exception as e:
+        where = save_failed_source(k.name, ".ll", src)      # never raises: it must not hide this error
+        raise CompileError(f"LLVM device: kernel {k.name} ({k.ast.render()[:80]}) failed to compile{what}: "
+                           f"{str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}; "
+                           f"its LLVM IR {where}") from e
+
+
 class _Signature(NamedTuple):
     """What LLVMProgram reads of a loop kernel, for a source kept on disk (``_from_disk``)."""
     name: str
@@ -160,10 +172,11 @@ class LLVMDevice(Device):
         return prg
 
     def build(self, k, plan: KernelPlan, upcast=None, target: Target | None = None,
-              engine: CodeEngine | None = None) -> tuple[str, LLVMProgram, int]:
-        """Lower, render and compile one kernel for ``target`` (None: the host) into ``engine``
-        (None: an engine of its own); returns (source, program, extent of its split loop)."""
-        lk = self.lowered_kernel(k, plan, upcast)
+              engine: CodeEngine | None = None, lk=None) -> tuple[str, LLVMProgram, int]:
+        """Lower (unless ``lk``, its loop IR, is given), render and compile one kernel for ``target``
+        (None: the host) into ``engine`` (None: an engine of its own); returns (source, program,
+        extent of its split loop)."""
+        lk = self.lowered_kernel(k, plan, upcast) if lk is None else lk
         pre = self._sources.get(id(lk))                 # rendered by this prepare's prefetch
         if pre is not None and pre[0] is lk:
             src = pre[1]
@@ -172,16 +185,9 @@ class LLVMDevice(Device):
         # the split loop's extent is not in the source ([lo, hi) are arguments), so kernels that
         # differ only in it share a program: the extent belongs to the step, not the program
         n = lk.insts[lk.parallel_ranges()[0]].arg if lk.parallel else 1
-        try:
-            shape, dt = plan.buffers[k.out]
-            nt = streaming_store(lk, numel(shape) * dt.itemsize)
-            prg = self.program(src, lk, nt, target, engine)
-        except Exception as e:
-            where = save_failed_source(k.name, ".ll", src)      # never raises: it must not hide this error
-            raise CompileError(f"LLVM device: kernel {k.name} ({k.ast.render()[:80]}) failed to compile: "
-                               f"{str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}; "
-                               f"its LLVM IR {where}") from e
-        return src, prg, n
+        shape, dt = plan.buffers[k.out]
+        nt = streaming_store(lk, numel(shape) * dt.itemsize)
+        return src, _compiled(k, src, lambda: self.program(src, lk, nt, target, engine)), n
 
     def _member(self, k, plan: KernelPlan, upcast, target: Target | None) -> tuple:
         """What ``build_member`` decides for a kernel, without compiling: (loop kernel, extent of its
@@ -206,7 +212,7 @@ class LLVMDevice(Device):
         hit = new = None
         if config.DISK_CACHE.value and config.DEBUG.value < 4:
             structure = kernel_structure(k, plan)
-            if not self.has_lowered(k, plan):
+            if not self.has_lowered(k, plan, structure=structure):
                 c = compiler(target)
                 new = kernelcache.lowered_key(structure, c.cpu, c.features)
                 hit = kernelcache.load_lowered(new)
@@ -230,13 +236,7 @@ class LLVMDevice(Device):
         ix = self._from_disk(k, plan, target) if upcast is None else None
         if ix is not None:
             sig = _Signature("eqk", (None,) * ix["n_params"])
-            try:
-                return self.program(ix["src"], sig, ix["nontemporal"], target, engine), ix["n"]
-            except Exception as e:
-                where = save_failed_source(k.name, ".ll", ix["src"])
-                raise CompileError(f"LLVM device: kernel {k.name} ({k.ast.render()[:80]}) failed to compile: "
-                                   f"{str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}; "
-                                   f"its LLVM IR {where}") from e
+            return _compiled(k, ix["src"], lambda: self.program(ix["src"], sig, ix["nontemporal"], target, engine)), ix["n"]
         lk, n, dk, shape, key, prg, sized = self._member(k, plan, upcast, target)
         if prg is not None:
             if config.DEBUG.value >= 4:
@@ -245,7 +245,7 @@ class LLVMDevice(Device):
                 self._keep_lowered(k, prg, n)
             return prg, n
         if sized is None:
-            _, prg, n = self.build(k, plan, upcast, target, engine)
+            _, prg, n = self.build(k, plan, upcast, target, engine, lk)
             self.families.add(key, shape, prg)
             if upcast is None:
                 self._keep_lowered(k, prg, n)
@@ -253,13 +253,7 @@ class LLVMDevice(Device):
         src = render_llvm(dk, sized)
         if config.DEBUG.value >= 4:
             print(f"--- LLVM IR {k.name} (sized: {len(sized)} sizes are arguments)\n{src}")
-        try:
-            prg = self.program(src, dk, False, target, engine, sized=True)
-        except Exception as e:
-            where = save_failed_source(k.name, ".ll", src)
-            raise CompileError(f"LLVM device: kernel {k.name} ({k.ast.render()[:80]}) failed to compile "
-                               f"as a sized program: {str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}; "
-                               f"its LLVM IR {where}") from e
+        prg = _compiled(k, src, lambda: self.program(src, dk, False, target, engine, sized=True), " as a sized program")
         return self.families.add_sized(key, shape, sized, prg), n
 
     def prefetch(self, plan: KernelPlan, target: Target | None) -> list[str]:
@@ -280,29 +274,17 @@ class LLVMDevice(Device):
             for k in plan.kernels:
                 ix = self._from_disk(k, plan, target)
                 if ix is not None:
-                    src, nt, name = ix["src"], ix["nontemporal"], "eqk"
-                    if (src, nt, target) in self.programs:
-                        continue
-                    key = kernelcache.kernel_key(src, c.cpu, c.features, nt)
-                    if key in keys or key in job_keys or key in PREFETCHED:
-                        continue
-                    hit = kernelcache.load(key)
-                    if hit is not None:
-                        PREFETCHED[key] = hit
-                        keys.append(key)
-                        continue
-                    batch.add((src, name, f"eqk_{key[:32]}", nt))
-                    job_keys.append(key)
-                    continue
-                lk, _, dk, _, _, prg, sized = self._member(k, plan, None, target)
-                if prg is not None:
-                    continue
-                if sized is None:
-                    shape_out, dt = plan.buffers[k.out]
-                    src, nt = render_llvm(lk), streaming_store(lk, numel(shape_out) * dt.itemsize)
-                    self._sources[id(lk)] = (lk, src)
+                    src, nt = ix["src"], ix["nontemporal"]
                 else:
-                    src, nt = render_llvm(dk, sized), False
+                    lk, _, dk, _, _, prg, sized = self._member(k, plan, None, target)
+                    if prg is not None:
+                        continue
+                    if sized is None:
+                        shape_out, dt = plan.buffers[k.out]
+                        src, nt = render_llvm(lk), streaming_store(lk, numel(shape_out) * dt.itemsize)
+                        self._sources[id(lk)] = (lk, src)
+                    else:
+                        src, nt = render_llvm(dk, sized), False
                 if (src, nt, target) in self.programs:
                     continue
                 key = kernelcache.kernel_key(src, c.cpu, c.features, nt)
@@ -313,7 +295,7 @@ class LLVMDevice(Device):
                     PREFETCHED[key] = hit
                     keys.append(key)
                     continue
-                batch.add((src, lk.name, f"eqk_{key[:32]}", nt))
+                batch.add((src, "eqk", f"eqk_{key[:32]}", nt))      # every kernel's function is eqk
                 job_keys.append(key)
         except BaseException:
             batch.cancel()
