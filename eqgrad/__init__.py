@@ -5,6 +5,8 @@
     [4.0, 6.0]
 """
 from eqgrad.config import Context
+from eqgrad.rules.saturate import prestart as _prestart
+_prestart()                 # the saturation worker starts now, while the rest of eqgrad imports
 from eqgrad.dtype import bool_, float32, int32, DType, ConversionWarning
 from eqgrad.cache import CacheWarning
 from eqgrad.counters import EqgradWarning, GlobalCounters

@@ -308,6 +308,10 @@ REGIONS = Flag("EQGRAD_REGIONS", 1, _integer_in(0, 1), "0 or 1",
                "1: a program whose layers repeat (cut where one tensor flows on) is planned region by "
                "region, each distinct region saturated and extracted once (engine/regions.py); 0: "
                "plan every program whole")
+PRESTART = Flag("EQGRAD_PRESTART", 1, _integer_in(0, 1), "0 or 1",
+                "1: importing eqgrad starts the saturation worker in the background (not in a "
+                "multiprocessing child, nor with EQGRAD_OPT=0); 0: it starts at the first tensor made "
+                "from data")
 SIZE_ARGS = Flag("EQGRAD_SIZE_ARGS", 1, _integer_in(0, 1), "0 or 1",
                  "1: on the LLVM device, a kernel seen at more than two sizes (a growing sequence) "
                  "compiles once more with its sizes as arguments and runs that code for every later "

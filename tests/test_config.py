@@ -34,6 +34,7 @@ CASES: dict[str, tuple[list, list]] = {
                    [("host", "host"), (" X86-64-v2 ", "x86-64-v2"), ("x86-64-v3, -fma", "x86-64-v3,-fma")]),
     "EQGRAD_PLAN_CACHE": (["0", "-1", "1.5"], [("1", 1), ("512", 512)]),
     "EQGRAD_RESIZE": (["2", "-1", "yes", 0.5], [("0", 0), ("1", 1)]),
+    "EQGRAD_PRESTART": (["2", "-1", "on", 0.5], [("0", 0), ("1", 1)]),
     "EQGRAD_SIZE_ARGS": (["2", "-1", "on", 0.5], [("0", 0), ("1", 1)]),
     "EQGRAD_REGIONS": (["2", "-1", "yes", 0.5], [("0", 0), ("1", 1)]),
     "EQGRAD_PROGRESS": (["-1", "nan", "inf", "soon", True], [("0", 0.0), ("2", 2.0), ("0.5", 0.5)]),

@@ -446,3 +446,85 @@ def test_the_first_tensor_starts_the_worker_in_the_background(opt):
                          timeout=120)
     assert out.returncode == 0, out.stderr
     assert f"worker {opt == '1'}" in out.stdout
+
+
+_PRESTART_SCRIPT = """
+import eqgrad
+from eqgrad.rules import saturate
+print("at import", saturate._default is not None and saturate._default.pid is not None)
+t = eqgrad.Tensor([1.0, 2.0])
+print("at first tensor", saturate._default is not None and saturate._default.pid is not None)
+assert (t + 1).tolist() == [2.0, 3.0]
+"""
+
+
+@pytest.mark.parametrize("prestart,opt,at_import,at_tensor", [("1", "1", True, True), ("0", "1", False, True),
+                                                              ("1", "0", False, False)])
+def test_import_starts_the_worker_unless_told_not_to(prestart, opt, at_import, at_tensor):
+    """Issue 14: ``import eqgrad`` starts the saturation worker, so its ~0.15 s start overlaps the
+    rest of the import instead of a first realize (first realize, median of 9 fresh processes:
+    0.59 -> 0.48 s). EQGRAD_PRESTART=0 leaves it to the first tensor; EQGRAD_OPT=0 starts none."""
+    env = {**os.environ, "EQGRAD_PRESTART": prestart, "EQGRAD_OPT": opt}
+    out = subprocess.run([sys.executable, "-c", _PRESTART_SCRIPT], capture_output=True, text=True, env=env,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert f"at import {at_import}" in out.stdout and f"at first tensor {at_tensor}" in out.stdout
+
+
+_CHILD_SCRIPT = """
+import multiprocessing as mp
+
+def child(q):
+    import eqgrad
+    from eqgrad.rules import saturate
+    q.put(saturate._default is not None)
+
+if __name__ == "__main__":
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    p = ctx.Process(target=child, args=(q,))
+    p.start()
+    print("child started a worker:", q.get(timeout=60))
+    p.join(60)
+"""
+
+
+def test_a_multiprocessing_child_does_not_start_a_worker_at_import(tmp_path):
+    """A pool of spawned workers that import eqgrad (a data loader, say) would start one egglog
+    worker each at import; a multiprocessing child starts it at its first tensor instead."""
+    script = tmp_path / "spawn_child.py"
+    script.write_text(_CHILD_SCRIPT)
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                         cwd=str(Path(__file__).resolve().parents[1]))
+    assert out.returncode == 0, out.stderr
+    assert "child started a worker: False" in out.stdout
+
+
+def test_a_process_that_only_imports_leaves_no_worker_behind(private_tmp):
+    """The prestarted worker of a process that ends at once (still importing egglog) is ended with
+    it, and its directory removed."""
+    env = dict(os.environ, TMPDIR=str(private_tmp))
+    out = subprocess.run([sys.executable, "-c", "import eqgrad"], env=env, capture_output=True, text=True,
+                         timeout=60, cwd=str(Path(__file__).resolve().parents[1]))
+    assert out.returncode == 0, out.stderr
+    deadline = time.monotonic() + 20
+    while _leftovers(private_tmp) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _leftovers(private_tmp) == []
+
+
+def test_the_caller_works_while_the_worker_saturates():
+    """``run(idle=f)`` calls f once the request is sent (the engine sets up the device's compiler
+    there); an exception from f is dropped and the saturation still answers."""
+    calls = []
+
+    def idle():
+        calls.append(time.perf_counter())
+        raise RuntimeError("the caller's own failure")
+    sat = Saturator()
+    try:
+        js, rep = sat.run(TINY, timeout=60, idle=idle)
+        assert rep.stop_reason == "completed" and js is not None
+        assert len(calls) == 1
+    finally:
+        sat.close()

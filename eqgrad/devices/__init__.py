@@ -261,6 +261,10 @@ class Device:
     def prepare(self, plan: Any) -> Callable[[list[Buffer]], None]:
         raise NotImplementedError
 
+    def warm(self) -> None:
+        """Set up what the first compile waits for (LLVM: its compiler), ahead of it: the engine
+        calls this while the saturation worker works on the first program (never raises)."""
+
     def render_kernel(self, k: Any, plan: Any, render: Callable[[Any], str], language: str,
                       upcast: Any = None) -> tuple[Any, str]:
         """Lower one kernel to loop IR and render it (``DEBUG>=5`` prints the loop IR, ``>=4`` the

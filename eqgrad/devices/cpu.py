@@ -156,6 +156,12 @@ class LLVMDevice(Device):
         self.families.after_fork_in_child()
         return True
 
+    def warm(self) -> None:
+        try:
+            compiler(runnable_target(config.CPU.value)).warm()
+        except Exception:          # an unusable EQGRAD_CPU: raised, with its message, by the compile
+            pass
+
     def pool(self, threads: int) -> ThreadPoolExecutor:
         if self._pool is None or self._pool._max_workers != threads - 1:
             self._pool = ThreadPoolExecutor(max_workers=max(1, threads - 1), thread_name_prefix="eqgrad-cpu")

@@ -410,6 +410,7 @@ class LLVMCompiler:
                 llvm.initialize_native_asmprinter()
                 LLVMCompiler._initialized = True
         self.cpu, self.features = target or host_target()
+        self._warm = False
         self.tm = self.target_machine()                  # for the optimization pipeline and codegen
 
     def target_machine(self):
@@ -428,6 +429,16 @@ class LLVMCompiler:
         The compile worker runs the same function (llvm_worker.compile_object)."""
         GlobalCounters.kernels_compiled += 1
         return llvm_worker.compile_object(self.llvm, self.tm, src, name, symbol, nontemporal)
+
+    @_serialized
+    def warm(self) -> None:
+        """Compile one tiny function and drop it (once): LLVM sets up its pass pipelines and code
+        generator on the first compile (~25 ms), which a first realize would otherwise wait for."""
+        if self._warm:
+            return
+        self._warm = True
+        src = "define void @eqwarm(ptr %p) {\n  store float 1.0, ptr %p\n  ret void\n}\n"
+        llvm_worker.compile_object(self.llvm, self.tm, src, "eqwarm", "eqwarm")
 
     @_serialized
     def assembly(self, src: str) -> str:

@@ -46,7 +46,6 @@ import contextlib
 import dataclasses
 import functools
 import hashlib
-import importlib.metadata
 import json
 import os
 from pathlib import Path
@@ -72,6 +71,7 @@ def enabled() -> bool:
 @functools.lru_cache(maxsize=1)
 def code_digest() -> str:
     """sha256 of eqgrad's sources and rulebooks (cache.source_digest) and egglog's version."""
+    import importlib.metadata          # here: importing it costs ~20 ms, a first realize's tenth
     h = hashlib.sha256(source_digest().encode())
     try:
         h.update(importlib.metadata.version("egglog").encode())

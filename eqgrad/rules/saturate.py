@@ -35,6 +35,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from eqgrad import config
 from eqgrad.rules.book import BUILTIN_RULEBOOKS, RULEBOOK_DIR, RuleConfig, builtin_config, split_schedule
@@ -159,7 +160,7 @@ class Saturator:
             self._close_unlocked()
 
     def _close_unlocked(self) -> None:
-        if self._proc is not None:
+        if self._proc is not None and not self._unanswered:      # still starting: nothing to finish
             try:
                 self._send.send(None)
                 self._proc.wait(timeout=2)
@@ -198,7 +199,8 @@ class Saturator:
         self._proc = self._conn = self._send = self._tmp = None
         self._lock = threading.Lock()      # a parent thread may have held it at the fork
 
-    def _request(self, kind: str, args: tuple, timeout: float) -> dict | SaturationReport:
+    def _request(self, kind: str, args: tuple, timeout: float,
+                 idle: Callable[[], None] | None = None) -> dict | SaturationReport:
         with self._lock:
             rid = next(self._ids)
             t0 = time.perf_counter()
@@ -211,6 +213,11 @@ class Saturator:
                     self._start()
                 fresh = self._unanswered       # started here or by warm(), and not yet ready
                 self._send.send((kind, rid, *args))
+                if idle is not None:           # the caller's work that overlaps the worker's
+                    try:
+                        idle()
+                    except Exception:
+                        pass
                 # a fresh worker first imports egglog: that start-up is not the program's fault
                 deadline = time.monotonic() + timeout + (10.0 if fresh else 0.0)
                 while True:
@@ -276,13 +283,16 @@ class Saturator:
         return None if res["ok"] else res["error"]
 
     def run(self, program: str, timeout: float | None = None, node_limit: int | None = None,
-            rules=None) -> tuple[str | None, SaturationReport]:
+            rules=None, idle: Callable[[], None] | None = None) -> tuple[str | None, SaturationReport]:
+        """Saturate ``program`` (egglog text) with ``rules`` (default: the built-in books); returns
+        (the e-graph as JSON or None, the report). ``idle``: called once the request is sent, to
+        do work of the caller's while the worker saturates (its exceptions are dropped)."""
         timeout = config.SATURATION_TIMEOUT.value if timeout is None else timeout
         node_limit = config.EGRAPH_NODES.value if node_limit is None else node_limit
         cfg = rules or self.fixed or builtin_config()      # the engine passes the session's active rules
         phases = schedule_phases(cfg)
         t0 = time.perf_counter()
-        res = self._request("run", (program, node_limit, cfg.books, phases, cfg.generated), timeout)
+        res = self._request("run", (program, node_limit, cfg.books, phases, cfg.generated), timeout, idle)
         if isinstance(res, SaturationReport):
             return None, res
         if not res["ok"]:
@@ -329,6 +339,21 @@ def default_saturator() -> Saturator:
                 _default = Saturator()
                 atexit.register(reset_saturator)      # end the worker with the process
     return _default
+
+
+def prestart() -> None:
+    """Called once by ``import eqgrad``: start the default worker in the background, so that its
+    start (a Python process importing egglog, ~0.15 s) overlaps the rest of the import and the
+    caller's graph building instead of delaying the first saturation (issue 14). Not with
+    EQGRAD_PRESTART=0 or EQGRAD_OPT=0, and not in a ``multiprocessing`` child, where a pool of
+    workers that import eqgrad would each start one. Never raises: a worker that cannot start now
+    (or a flag that does not parse) is reported at the first saturation, as without a prestart."""
+    try:
+        import multiprocessing
+        if config.PRESTART.value and config.OPT.value and multiprocessing.parent_process() is None:
+            default_saturator().warm()
+    except Exception:
+        pass
 
 
 def reset_saturator() -> None:
