@@ -156,7 +156,9 @@ class LLVMDevice(Device):
         self.families.after_fork_in_child()
         return True
 
-    def warm(self) -> None:
+    def warm(self, kernels: int = 1) -> None:
+        if kernels >= 2 and config.THREADS.value > 1:
+            compilepool.pool().warm()          # it compiles a plan's kernels with this process
         try:
             compiler(runnable_target(config.CPU.value)).warm()
         except Exception:          # an unusable EQGRAD_CPU: raised, with its message, by the compile
