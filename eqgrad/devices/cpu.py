@@ -289,7 +289,11 @@ class LLVMDevice(Device):
                         continue
                     if sized is None:
                         shape_out, dt = plan.buffers[k.out]
-                        src, nt = render_llvm(lk), streaming_store(lk, numel(shape_out) * dt.itemsize)
+                        pre = self._sources.get(id(lk))
+                        # rendered once per loop kernel (a plan's repeated kernels share theirs),
+                        # from its decomposition (render_llvm would decompose it again)
+                        src = pre[1] if pre is not None and pre[0] is lk else render_llvm(dk)
+                        nt = streaming_store(lk, numel(shape_out) * dt.itemsize)
                         self._sources[id(lk)] = (lk, src)
                     else:
                         src, nt = render_llvm(dk, sized), False

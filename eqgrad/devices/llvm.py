@@ -29,7 +29,7 @@ import numpy as np
 from eqgrad.counters import GlobalCounters
 from eqgrad.devices import kernelcache, llvm_worker
 from eqgrad.devices.render import MissingRule, Operation
-from eqgrad.graph.loopir import INDEX, LInst, LoopKernel
+from eqgrad.graph.loopir import INDEX, LInst, LoopKernel, Table
 from eqgrad.lower.decomp import decompose
 
 LT = {"float32": "float", "float64": "double", "int32": "i32", "bool": "i1", INDEX: "i64"}     # register types
@@ -61,6 +61,7 @@ class _Ctx:
         self.lines: list[str] = []
         self.n = 0
         self.decls: set[str] = set()
+        self.tables: set[str] = set()       # names of the constant tables declared
 
     def tmp(self) -> str:
         self.n += 1
@@ -174,11 +175,21 @@ def _muladd(c: _Ctx, o: Operation, a: list[str]) -> str:
     return c(f"fadd contract {t} {c(f'fmul contract {t} {a[0]}, {a[1]}')}, {a[2]}")
 
 
+@functools.lru_cache(maxsize=16)
+def _table_decl(t: Table, dt: Any) -> str:
+    """A table's global constant: rendered once per process (sin's 1,024 doubles took ~4 ms, and a
+    kernel of 2,000 chained ops reads the table 1,000 times: 1.5-2 s of its compile, issue 14)."""
+    ty = LT[dt]
+    return (f"@{t.name} = private unnamed_addr constant [{len(t.values)} x {ty}] ["
+            + ", ".join(f"{ty} {_const(v, dt)}" for v in t.values) + "]")
+
+
 def _table(c: _Ctx, o: Operation, a: list[str]) -> str:
     t, ty = o.arg, LT[o.dst]
     size = f"[{len(t.values)} x {ty}]"
-    c.decls.add(f"@{t.name} = private unnamed_addr constant {size} ["
-                + ", ".join(f"{ty} {_const(v, o.dst)}" for v in t.values) + "]")
+    if t.name not in c.tables:           # once per kernel
+        c.tables.add(t.name)
+        c.decls.add(_table_decl(t, o.dst))
     p = c(f"getelementptr inbounds {size}, ptr @{t.name}, i64 0, {LT[o.src]} {a[0]}")
     return c(f"load {ty}, ptr {p}")
 
