@@ -329,3 +329,33 @@ def test_decomposed_c_is_textually_sound_for_every_dialect():
     base = CStyleRenderer()
     base.code_for_op = r.code_for_op
     assert "static const double sin_tbl[1024]" in base.render(_one_op("SIN", [float32], float32))
+
+
+def _lowered(t: Tensor) -> LoopKernel:
+    t.realize()
+    plan = engine.last_plan.plan
+    (k,) = plan.kernels
+    lk = lower_kernel(k, plan)
+    lk.name = "eqk"
+    return lk
+
+
+def test_llvm_unrolls_only_innermost_loops():
+    """Issue 14: a loop that holds another loop gets ``llvm.loop.unroll.disable`` (LLVM's O3 unrolled
+    nests of short constant loops hundreds of times: a conv weight gradient's 150 lines of IR took 1 s
+    to compile), innermost loops keep LLVM's unrolling and vectorizing; the results do not change."""
+    x = np.random.default_rng(0).standard_normal((4, 6, 8, 16)).astype(np.float32)
+    t = (Tensor(x, device="NUMPY") * 2.0).sum(axis=(1, 3))          # loops nested in loops
+    lk = _lowered(t)
+    src = render_llvm(lk)
+    ranges = [i for i, x in enumerate(lk.insts) if x.op == "RANGE"]
+    latch = {r: next(line for line in src.splitlines() if line.strip().startswith(f"br label %L{r}.cond, !llvm.loop"))
+             for r in ranges}
+    closes = {x.src[0]: i for i, x in enumerate(lk.insts) if x.op == "ENDRANGE"}
+    holds_loop = {r: any(r < q < closes[r] for q in ranges) for r in ranges}
+    assert any(holds_loop.values()) and not all(holds_loop.values())
+    for r in ranges:
+        assert latch[r].endswith("!4") == holds_loop[r], (r, latch[r])
+    assert '!5 = !{!"llvm.loop.unroll.disable"}' in src and "!4 = distinct !{!4, !1" in src
+    got = (Tensor(x) * 2.0).sum(axis=(1, 3)).numpy()
+    np.testing.assert_allclose(got, (x * 2).sum(axis=(1, 3)), rtol=1e-5, atol=1e-5)

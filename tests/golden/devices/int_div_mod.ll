@@ -70,4 +70,6 @@ L4.exit:
 !1 = !{!"llvm.loop.mustprogress"}
 !2 = !{!"llvm.loop.interleave.count", i32 4}
 !3 = distinct !{!3, !1, !2}
+!4 = distinct !{!4, !1, !5}
+!5 = !{!"llvm.loop.unroll.disable"}
 

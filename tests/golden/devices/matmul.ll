@@ -111,4 +111,6 @@ L11.exit:
 !0 = distinct !{!0, !1, !2}
 !1 = !{!"llvm.loop.mustprogress"}
 !2 = !{!"llvm.loop.vectorize.width", i32 1}
+!4 = distinct !{!4, !1, !2, !5}
+!5 = !{!"llvm.loop.unroll.disable"}
 

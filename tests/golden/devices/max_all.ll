@@ -35,7 +35,7 @@ L4.body:
 L4.exit:
   %r3.n = add nuw nsw i64 %r3, 1
   store i64 %r3.n, ptr %r3.p
-  br label %L3.cond, !llvm.loop !0
+  br label %L3.cond, !llvm.loop !4
 L3.exit:
   %t7 = load float, ptr %a2
   %t8 = getelementptr inbounds float, ptr %p0, i64 0
@@ -47,4 +47,6 @@ L3.exit:
 !1 = !{!"llvm.loop.mustprogress"}
 !2 = !{!"llvm.loop.interleave.count", i32 4}
 !3 = distinct !{!3, !1, !2}
+!4 = distinct !{!4, !1, !5}
+!5 = !{!"llvm.loop.unroll.disable"}
 

@@ -38,7 +38,7 @@ L4.exit:
   store float %t7, ptr %t8
   %r2.n = add nuw nsw i64 %r2, 1
   store i64 %r2.n, ptr %r2.p
-  br label %L2.cond, !llvm.loop !0
+  br label %L2.cond, !llvm.loop !4
 L2.exit:
   ret void
 }
@@ -47,4 +47,6 @@ L2.exit:
 !1 = !{!"llvm.loop.mustprogress"}
 !2 = !{!"llvm.loop.interleave.count", i32 4}
 !3 = distinct !{!3, !1, !2}
+!4 = distinct !{!4, !1, !5}
+!5 = !{!"llvm.loop.unroll.disable"}
 
