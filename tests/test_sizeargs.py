@@ -150,3 +150,40 @@ def test_the_bookkeeping_keeps_no_loop_kernel_alive():
         gc.collect()
         assert ref() is None
     assert not fams._shapes
+
+
+def test_members_share_one_skeleton_object():
+    """Members of a family get the same Skeleton object, so their lookups compare by identity (a
+    growing KV cache compared ~200 instructions at each of 24 lookups a decode step); a kernel of
+    another family keeps its own, and interning keeps no skeleton alive."""
+    import weakref
+    fams = Families(native={})
+    lks = [kernel(e, 5) for e in (3, 4, 9)]
+    shapes = [fams.shape_of(lk)[1] for lk in lks]
+    assert shapes[0].skeleton is shapes[1].skeleton is shapes[2].skeleton
+    assert [s.values for s in shapes] == [(3, 5), (4, 5), (9, 5)]
+    other = fams.shape_of(kernel(3, 5, scale=3.0))[1]
+    assert other.skeleton is not shapes[0].skeleton and other.skeleton != shapes[0].skeleton
+    ref = weakref.ref(shapes[0].skeleton)
+    del lks, shapes, other
+    gc.collect()
+    assert ref() is None
+    assert all(r() is None for bucket in fams._skeletons.values() for r in bucket)
+
+
+def test_a_prepare_works_out_each_kernels_structure_once(fresh_llvm, monkeypatch):
+    """The LLVM device's prefetch and build passes ask for each kernel's structure (its lowering
+    memo's key, the disk cache's key) several times; a prepare computes it once per kernel."""
+    import eqgrad.devices as devices
+    calls = []
+    real = devices.kernel_structure
+    monkeypatch.setattr(devices, "kernel_structure", lambda k, plan: calls.append(id(k)) or real(k, plan))
+    monkeypatch.setenv("EQGRAD_THREADS", "2")
+    outs, want = decode(13)
+    eqgrad.realize(*outs)
+    for o, w in zip(outs, want):
+        np.testing.assert_allclose(o.numpy(), w, rtol=1e-5, atol=1e-5)
+    plan = engine.last_plan.plan
+    assert len(plan.kernels) >= 2 and calls
+    assert len(calls) == len(set(calls)), "a kernel's structure was computed twice in one prepare"
+    assert get_device("LLVM")._structures == {}, "the memo is the prepare's only"

@@ -290,13 +290,29 @@ class Device:
     def has_lowered(self, k: Any, plan: Any, upcast: Any = None, structure: Any = None) -> bool:
         """Whether this process keeps the kernel's loop IR (``lowered_kernel`` would not lower);
         ``structure``: ``kernel_structure(k, plan)`` when the caller has it already."""
-        structure = kernel_structure(k, plan) if structure is None else structure
+        structure = self.structure(k, plan) if structure is None else structure
         return _lowered.get((structure, upcast, lowering.lower_kernel)) is not None
+
+    # a device that prepares a plan's kernels in several passes sets a dict here for the duration
+    # of a prepare (LLVM: prefetch, then build), so each kernel's structure is worked out once
+    _structures: dict | None = None
+
+    def structure(self, k: Any, plan: Any) -> tuple:
+        """``kernel_structure(k, plan)``, remembered for this prepare where the device keeps a memo."""
+        memo = self._structures
+        if memo is None:
+            return kernel_structure(k, plan)
+        hit = memo.get(id(k))
+        if hit is not None and hit[0] is k and hit[1] is plan:
+            return hit[2]
+        s = kernel_structure(k, plan)
+        memo[id(k)] = (k, plan, s)
+        return s
 
     def lowered_kernel(self, k: Any, plan: Any, upcast: Any = None) -> Any:
         """One kernel's loop IR, named ``eqk``, lowered once per structure (``render_kernel``)."""
         lower = lowering.lower_kernel               # looked up at call time (tests patch it)
-        key = (kernel_structure(k, plan), upcast, lower)
+        key = (self.structure(k, plan), upcast, lower)
         lk = _lowered.get(key)
         if lk is None:
             lk = lower(k, plan, upcast)

@@ -32,7 +32,7 @@ from typing import Any, Callable, NamedTuple
 
 from eqgrad import config
 from eqgrad.graph.plan import KernelPlan
-from eqgrad.devices import Buffer, Device, kernel_structure
+from eqgrad.devices import Buffer, Device
 from eqgrad.lower.passes import LowerOptions
 from eqgrad.lower.split import split_reduction
 from eqgrad.ops import numel
@@ -148,6 +148,7 @@ class LLVMDevice(Device):
         self.families = Families(LLVM_OPS)        # kernels whose sizes keep changing (sizeargs.py)
         self._sources: dict[int, tuple] = {}       # id of a loop kernel -> (it, its LLVM IR), from prefetch
         self._disk: dict[int, tuple] = {}          # id of a kernel -> (it, _from_disk's answer), per prepare
+        self._structures = {}                      # id of a kernel -> (it, plan, structure), per prepare
 
     def after_fork_in_child(self) -> bool:
         # the inherited pool's threads do not exist in the child, but its idle count says they do:
@@ -219,7 +220,7 @@ class LLVMDevice(Device):
             return self._disk[id(k)][1]
         hit = new = None
         if config.DISK_CACHE.value and config.DEBUG.value < 4:
-            structure = kernel_structure(k, plan)
+            structure = self.structure(k, plan)
             if not self.has_lowered(k, plan, structure=structure):
                 c = compiler(target)
                 new = kernelcache.lowered_key(structure, c.cpu, c.features)
@@ -373,6 +374,7 @@ class LLVMDevice(Device):
         finally:
             self._sources.clear()
             self._disk.clear()
+            self._structures.clear()
         return self._runner(steps, scratch, threads)
 
     def _build_all(self, plan: KernelPlan, target: Target | None, engine: CodeEngine, beam: int,

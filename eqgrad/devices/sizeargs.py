@@ -43,7 +43,7 @@ MAX_FAMILIES = 1024      # families remembered (least recently used dropped); ea
 class Skeleton:
     """A loop kernel's instructions without their sizes, hashed once (a family is looked up for
     every kernel of every prepared plan, and a long tuple hashes anew each time)."""
-    __slots__ = ("items", "_hash")
+    __slots__ = ("items", "_hash", "__weakref__")
 
     def __init__(self, items: tuple) -> None:
         self.items, self._hash = items, hash(items)
@@ -117,6 +117,10 @@ class Families:
         # by id of the lowered kernel: (a weak reference to it, it decomposed, its Shape); an entry
         # goes with its kernel (the lowering's memo drops kernels past its bound)
         self._shapes: dict[int, tuple[Any, LoopKernel | None, Shape]] = {}
+        # one Skeleton object per distinct skeleton: a member's key is then found by identity, not
+        # by comparing its ~200 instructions at each of a prepare's half-dozen lookups (a growing
+        # KV cache: 24 comparisons a decode step, ~4 ms); by hash, held weakly
+        self._skeletons: dict[int, list[weakref.ref]] = {}
 
     def shape_of(self, lk: LoopKernel) -> tuple[LoopKernel, Shape]:
         """``lk`` decomposed for the renderer and its Shape, worked out once per loop kernel (the
@@ -124,11 +128,32 @@ class Families:
         hit = self._shapes.get(id(lk))
         if hit is None or hit[0]() is not lk:
             dk = decompose(lk, self.native)
+            shape = split_sizes(dk)
+            canon = self._canonical(shape.skeleton)
+            if canon is not shape.skeleton:
+                shape = Shape(canon, shape.positions, shape.values)
             # (decompose returns ``lk`` itself when it has nothing to rewrite: not held strongly)
-            hit = (weakref.ref(lk), None if dk is lk else dk, split_sizes(dk))
+            hit = (weakref.ref(lk), None if dk is lk else dk, shape)
             self._shapes[id(lk)] = hit
             weakref.finalize(lk, self._shapes.pop, id(lk), None)
         return (lk if hit[1] is None else hit[1]), hit[2]
+
+    def _canonical(self, sk: Skeleton) -> Skeleton:
+        """The Skeleton object equal to ``sk`` that a live kernel's Shape holds, else ``sk`` itself.
+        (No weakref callbacks: one could run inside this lock, from a collection it triggers.)"""
+        with self._lock:
+            h = hash(sk)
+            bucket = [r for r in self._skeletons.get(h, ()) if r() is not None]
+            for ref in bucket:
+                o = ref()
+                if o is not None and o == sk:
+                    return o
+            bucket.append(weakref.ref(sk))
+            self._skeletons[h] = bucket
+            if len(self._skeletons) > 2 * MAX_FAMILIES:     # sweep the buckets of dead skeletons
+                self._skeletons = {k: b for k, b in self._skeletons.items()
+                                   if any(r() is not None for r in b)}
+            return sk
 
     def after_fork_in_child(self) -> None:
         self._lock = threading.Lock()
