@@ -310,6 +310,32 @@ def source_digest() -> str:
     return h.hexdigest()
 
 
+@functools.lru_cache(maxsize=None)
+def dist_version(name: str) -> str:
+    """The installed version of the distribution ``name`` (for cache keys), read from the name of
+    its ``.dist-info`` directory next to the package, as importlib.metadata does, without importing
+    that (~20 ms of a first realize: it loads the email package); importlib.metadata where the
+    directory is elsewhere (an editable install). "?" when it is not installed."""
+    import importlib.util
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        spec = None
+    if spec is not None and spec.origin:
+        site = os.path.dirname(os.path.dirname(spec.origin))
+        try:
+            found = [e for e in os.listdir(site) if e.startswith(name + "-") and e.endswith(".dist-info")]
+        except OSError:
+            found = []
+        if len(found) == 1:
+            return found[0][len(name) + 1:-len(".dist-info")]
+    import importlib.metadata
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return "?"
+
+
 def machine_id() -> str:
     """This machine, for keys of on-disk caches (read once per process: it is asked on every realize)."""
     cpu = ""

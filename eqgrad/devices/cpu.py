@@ -27,8 +27,7 @@ import functools
 import itertools
 import time
 import weakref
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 from eqgrad import config
 from eqgrad.graph.plan import KernelPlan
@@ -44,6 +43,9 @@ from eqgrad import progress
 from eqgrad.counters import GlobalCounters, log_kernel
 from eqgrad.errors import CompileError, DeviceError
 from eqgrad.cache import save_failed_source
+
+if TYPE_CHECKING:
+    from concurrent.futures import ThreadPoolExecutor
 from eqgrad.devices.search import search_upcast
 
 
@@ -166,6 +168,7 @@ class LLVMDevice(Device):
             pass
 
     def pool(self, threads: int) -> ThreadPoolExecutor:
+        from concurrent.futures import ThreadPoolExecutor     # here: 8 ms of a first realize's import
         if self._pool is None or self._pool._max_workers != threads - 1:
             self._pool = ThreadPoolExecutor(max_workers=max(1, threads - 1), thread_name_prefix="eqgrad-cpu")
         return self._pool

@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from eqgrad import config
-from eqgrad.cache import _warn_once, _why, _write_atomic, cache_dir, evict_lru, machine_key, source_digest
+from eqgrad.cache import _warn_once, _why, _write_atomic, cache_dir, dist_version, evict_lru, machine_key, source_digest
 from eqgrad.extract import ExtractSettings, effective, extractor_name, settings_key
 from eqgrad.extract.cost import default_cost
 from eqgrad.graph.plan import KernelPlan, plan_difference, plan_from_data, plan_to_data
@@ -71,12 +71,8 @@ def enabled() -> bool:
 @functools.lru_cache(maxsize=1)
 def code_digest() -> str:
     """sha256 of eqgrad's sources and rulebooks (cache.source_digest) and egglog's version."""
-    import importlib.metadata          # here: importing it costs ~20 ms, a first realize's tenth
     h = hashlib.sha256(source_digest().encode())
-    try:
-        h.update(importlib.metadata.version("egglog").encode())
-    except importlib.metadata.PackageNotFoundError:
-        h.update(b"egglog ?")
+    h.update(dist_version("egglog").encode())
     return h.hexdigest()
 
 

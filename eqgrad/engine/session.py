@@ -92,6 +92,8 @@ class ResizablePlans:
         self._lock = threading.Lock()
 
 
+_RNG_LOCK = threading.Lock()
+
 class Session:
     """The engine's state; ``with session:`` makes it current for a block in this thread.
 
@@ -122,8 +124,8 @@ class Session:
         self._saturator = saturator
         self.plan_cache = PlanCache()
         self._resizable = ResizablePlans()
-        self.rng = np.random.default_rng(seed)
-        self._local = threading.local()      # per thread: last_plan, capture_hooks
+        self._seed, self._rng = seed, None     # the generator is made on first use (importing
+        self._local = threading.local()         # numpy.random is ~14 ms of a fresh process's first realize)      # per thread: last_plan, capture_hooks
         _sessions.add(self)
 
     def __repr__(self) -> str:
@@ -157,9 +159,22 @@ class Session:
     def device(self, name: str) -> Device:
         return get_device(name)
 
+    @property
+    def rng(self) -> np.random.Generator:
+        """This session's generator (``Tensor.rand``/``randn`` without a ``seed``)."""
+        if self._rng is None:
+            with _RNG_LOCK:                      # two threads' first draws share one generator
+                if self._rng is None:
+                    self._rng = np.random.default_rng(self._seed)
+        return self._rng
+
+    @rng.setter
+    def rng(self, value: np.random.Generator) -> None:
+        self._rng = value
+
     def manual_seed(self, seed: int) -> None:
         """Seed this session's generator (``Tensor.rand``/``randn`` without a ``seed``)."""
-        self.rng = np.random.default_rng(seed)
+        self._seed, self._rng = seed, None
 
     def clear_cache(self) -> None:
         self.plan_cache.clear()
