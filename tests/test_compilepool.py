@@ -129,39 +129,3 @@ def test_a_plan_with_nothing_new_to_compile_starts_no_worker(two_threads):
     get_device("LLVM").prepare(plan)
     assert GlobalCounters.kernels_compiled == c0 and pool.pid is None
     del keep
-
-
-def test_the_worker_is_started_while_a_program_saturates(two_threads, monkeypatch):
-    """Issue 14: the engine calls ``Device.warm`` while the saturation worker works on a program;
-    the LLVM device then starts the compile worker (not waiting for it) when the plan will have
-    two or more kernels and EQGRAD_THREADS allows, so the worker is ready when they compile."""
-    import time
-    pool, dev = two_threads, get_device("LLVM")
-    pool.close()
-    dev.warm(1)
-    assert pool.pid is None, "a one-kernel plan compiles here: no worker"
-    t0 = time.perf_counter()
-    dev.warm(6)
-    assert pool.pid is not None
-    assert time.perf_counter() - t0 < 5.0           # started, not waited for (its start is ~0.15 s)
-    pid = pool.pid
-    dev.warm(6)
-    assert pool.pid == pid, "a running worker is kept"
-    assert realize_and_check(8) >= 6 and pool.pid == pid       # and used by the next plan
-    pool.close()
-    monkeypatch.setenv("EQGRAD_THREADS", "1")
-    dev.warm(6)
-    assert pool.pid is None, "no worker with EQGRAD_THREADS=1"
-
-
-def test_the_engine_warms_the_device_during_saturation(monkeypatch):
-    """The engine's ``idle`` callback reaches the device with the plan's outputs and reductions."""
-    seen = []
-    dev = get_device("LLVM")
-    monkeypatch.setattr(type(dev), "warm", lambda self, kernels=1: seen.append(kernels))
-    engine.clear_cache()
-    x = Tensor(np.arange(12, dtype=np.float32).reshape(3, 4) + 91.0)
-    a, b = (x * 2).sum(1), (x - 1).max(0)
-    eqgrad.realize(a, b)
-    np.testing.assert_allclose(a.numpy(), (np.arange(12, dtype=np.float32).reshape(3, 4) + 91.0).dot(np.full(4, 2.0, np.float32)))
-    assert seen and seen[0] == 4            # two outputs, two reductions

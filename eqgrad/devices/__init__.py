@@ -261,10 +261,9 @@ class Device:
     def prepare(self, plan: Any) -> Callable[[list[Buffer]], None]:
         raise NotImplementedError
 
-    def warm(self, kernels: int = 1) -> None:
+    def warm(self) -> None:
         """Set up what the first compile waits for (LLVM: its compiler), ahead of it: the engine
-        calls this while the saturation worker works on a program (never raises). ``kernels``:
-        about how many kernels that program's plan will have (its outputs and reductions)."""
+        calls this while the saturation worker works on the first program (never raises)."""
 
     def render_kernel(self, k: Any, plan: Any, render: Callable[[Any], str], language: str,
                       upcast: Any = None) -> tuple[Any, str]:

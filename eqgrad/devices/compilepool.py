@@ -6,9 +6,8 @@ kernel (30 kernels in one module: 5.8 s against 5.1 s one by one), and llvmlite 
 in two threads of one process (one global LLVM context). So when a plan needs two or more new
 kernels and ``EQGRAD_THREADS`` is above 1, a ``Batch`` hands them out one at a time, largest
 first, to this process and to a worker (llvm_worker.py, run as a script that imports only
-llvmlite: ready in ~0.15 s, started while the first program with two or more outputs and
-reductions saturates (``LLVMDevice.warm``), else by the first such plan, and kept for the process,
-like the saturation worker). The worker runs the same ``compile_object`` as this process, so its object
+llvmlite: ready in ~0.15 s, started on the first such plan and kept for the process, like the
+saturation worker). The worker runs the same ``compile_object`` as this process, so its object
 code is the same bytes; it is loaded like object code from the disk cache (llvm.py
 ``LLVMProgram``). Any failure of the worker -- it died, hangs, answered with an error -- only
 means this process compiles those kernels itself, and a worker that failed is started afresh
@@ -74,17 +73,6 @@ class CompilePool:
             except OSError:
                 return False
         return True
-
-    def warm(self) -> None:
-        """Start the worker now, without waiting for it, unless it runs or a batch is using it: the
-        LLVM device calls this while the first program saturates, so that the worker (a Python
-        process importing llvmlite, ~0.15 s) is ready when that plan's kernels are compiled."""
-        if not self._lock.acquire(blocking=False):
-            return
-        try:
-            self._running()
-        finally:
-            self._lock.release()
 
     def close(self) -> None:
         """End the worker (a later plan starts another)."""

@@ -159,9 +159,7 @@ class LLVMDevice(Device):
         self.families.after_fork_in_child()
         return True
 
-    def warm(self, kernels: int = 1) -> None:
-        if kernels >= 2 and config.THREADS.value > 1:
-            compilepool.pool().warm()          # it compiles a plan's kernels with this process
+    def warm(self) -> None:
         try:
             compiler(runnable_target(config.CPU.value)).warm()
         except Exception:          # an unusable EQGRAD_CPU: raised, with its message, by the compile

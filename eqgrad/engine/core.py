@@ -29,7 +29,6 @@ from eqgrad.extract.egraph import EGraph, from_json, from_program
 from eqgrad.extract.plan import build_plan
 from eqgrad.graph.plan import KernelPlan
 from eqgrad.graph.program import Program
-from eqgrad.ops import REDUCE_OPS
 from eqgrad.rules.ir import emit_program
 from eqgrad.rules.rulebook import RuleConfig
 from eqgrad.rules.saturate import SaturationReport, Saturator, default_saturator
@@ -136,11 +135,8 @@ def _compile(prog: Program, rules: RuleConfig, extraction: ExtractSettings | Non
     g: EGraph | None = None
     if config.OPT.value:
         progress.phase("saturating")
-        # the device's compiler (and compile worker) is set up while the worker saturates: a first
-        # realize's ~0.1 s (Device.warm)
-        kernels = len(prog.roots) + sum(n.op in REDUCE_OPS for n in prog.nodes)
-        js, report = (saturator or default_saturator()).run(emitted.text, rules=rules,
-                                                            idle=lambda: dev.warm(kernels))
+        # the device's compiler is set up while the worker saturates (a first realize's ~0.1 s)
+        js, report = (saturator or default_saturator()).run(emitted.text, rules=rules, idle=dev.warm)
         GlobalCounters.saturations += 1
         record(report)
         if js is not None:
