@@ -4,6 +4,7 @@
     >>> ((Tensor([1.0, 2.0]) + 1) * 2).tolist()
     [4.0, 6.0]
 """
+from eqgrad import config
 from eqgrad.config import Context
 from eqgrad.rules.saturate import prestart as _prestart
 _prestart()                 # the saturation worker starts now, while the rest of eqgrad imports
@@ -28,4 +29,4 @@ __all__ = ["Tensor", "Context", "explain", "GlobalCounters", "manual_seed", "DTy
            "ConversionWarning", "CacheWarning"]
 __all__ += ["Session", "realize", "no_grad", "enable_grad", "set_grad_enabled", "is_grad_enabled", "jit", "nn", "optim",
             "AutogradError", "JitError", "CompileError"]
-__version__ = "0.1.0"
+__version__ = config.VERSION

@@ -57,7 +57,7 @@ def _versions() -> str:
     """llvmlite's and LLVM's versions, eqgrad's, and a digest of devices/llvm*.py (read once)."""
     import llvmlite
     import llvmlite.binding as llvm
-    from eqgrad import __version__ as eqgrad_version     # pyproject.toml's (tests/test_docs.py)
+    eqgrad_version = config.VERSION
     digest = hashlib.sha256(b"".join(p.read_bytes() for p in _LLVM_PY)).hexdigest()
     return f"llvmlite {llvmlite.__version__} LLVM {'.'.join(map(str, llvm.llvm_version_info))} eqgrad {eqgrad_version} llvm.py {digest}"
 
