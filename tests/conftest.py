@@ -108,3 +108,16 @@ def check(fn_eqgrad: Callable[..., Tensor], fn_numpy: Callable[..., Any], inputs
         warnings.simplefilter("ignore", RuntimeWarning)        # e.g. NumPy's "Degrees of freedom <= 0"
         expected = fn_numpy(*inputs)
     compare(fn_eqgrad(*tensors), expected, device, dtype, rtol, atol)
+
+
+def lowered_only_kernel(t: Tensor):
+    """Realize ``t`` (a one-kernel program) and return that kernel's loop IR, named ``eqk`` as the
+    devices name it (for tests that render or inspect loop IR)."""
+    from eqgrad import engine
+    from eqgrad.lower.lowering import lower_kernel
+    t.realize()
+    plan = engine.last_plan.plan
+    (k,) = plan.kernels
+    lk = lower_kernel(k, plan)
+    lk.name = "eqk"
+    return lk

@@ -29,7 +29,7 @@ from eqgrad.lower.decomp import DECOMPOSITIONS, ERF_ULP, SIN_ABS_ERR, SIN_REL_ER
 from eqgrad.lower.lowering import lower_kernel
 from eqgrad.ops import ALU_OPS
 from eqgrad.rules import rulebook
-from conftest import DEVICES
+from conftest import DEVICES, lowered_only_kernel
 
 HAS_OPENCL = "OPENCL" in DEVICES
 
@@ -331,22 +331,13 @@ def test_decomposed_c_is_textually_sound_for_every_dialect():
     assert "static const double sin_tbl[1024]" in base.render(_one_op("SIN", [float32], float32))
 
 
-def _lowered(t: Tensor) -> LoopKernel:
-    t.realize()
-    plan = engine.last_plan.plan
-    (k,) = plan.kernels
-    lk = lower_kernel(k, plan)
-    lk.name = "eqk"
-    return lk
-
-
 def test_llvm_unrolls_only_innermost_loops():
     """Issue 14: a loop that holds another loop gets ``llvm.loop.unroll.disable`` (LLVM's O3 unrolled
     nests of short constant loops hundreds of times: a conv weight gradient's 150 lines of IR took 1 s
     to compile), innermost loops keep LLVM's unrolling and vectorizing; the results do not change."""
     x = np.random.default_rng(0).standard_normal((4, 6, 8, 16)).astype(np.float32)
     t = (Tensor(x, device="NUMPY") * 2.0).sum(axis=(1, 3))          # loops nested in loops
-    lk = _lowered(t)
+    lk = lowered_only_kernel(t)
     src = render_llvm(lk)
     ranges = [i for i, x in enumerate(lk.insts) if x.op == "RANGE"]
     latch = {r: next(line for line in src.splitlines() if line.strip().startswith(f"br label %L{r}.cond, !llvm.loop"))

@@ -8,12 +8,12 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from eqgrad import Tensor, engine
+from eqgrad import Tensor
 from eqgrad.devices.cuda import CUDARenderer
 from eqgrad.devices.llvm import compiler, render_llvm
 from eqgrad.devices.opencl import OpenCLRenderer
 from eqgrad.lower.decomp import ERF_ULP, SIN_ABS_ERR, SIN_REL_ERR, SIN_TABLE, TWO_OVER_PI, TWO_OVER_PI_BITS
-from eqgrad.lower.lowering import lower_kernel
+from conftest import lowered_only_kernel
 
 
 def test_exp2_relative_error_over_range(device):
@@ -160,12 +160,7 @@ def test_two_over_pi_bits():
 
 
 def _sin_kernel():
-    Tensor(np.zeros(4096, np.float32), device="NUMPY").sin().realize()
-    plan = engine.last_plan.plan
-    (k,) = plan.kernels
-    lk = lower_kernel(k, plan)
-    lk.name = "eqk"
-    return lk
+    return lowered_only_kernel(Tensor(np.zeros(4096, np.float32), device="NUMPY").sin())
 
 
 def test_sin_kernel_is_vectorized_on_llvm():
