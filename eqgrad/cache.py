@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import importlib.util
 import json
 import math
 import os
@@ -316,7 +317,6 @@ def dist_version(name: str) -> str:
     its ``.dist-info`` directory next to the package, as importlib.metadata does, without importing
     that (~20 ms of a first realize: it loads the email package); importlib.metadata where the
     directory is elsewhere (an editable install). "?" when it is not installed."""
-    import importlib.util
     try:
         spec = importlib.util.find_spec(name)
     except (ImportError, ValueError):
@@ -329,10 +329,10 @@ def dist_version(name: str) -> str:
             found = []
         if len(found) == 1:
             return found[0][len(name) + 1:-len(".dist-info")]
-    import importlib.metadata
+    from importlib import metadata
     try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
         return "?"
 
 

@@ -20,9 +20,10 @@ from dataclasses import dataclass
 from collections.abc import MutableMapping
 from typing import Any, Callable, Iterator
 
+VERSION = "0.1.0"      # eqgrad's version (eqgrad.__version__; pyproject.toml's, tests/test_docs.py)
+
 # the longest wait eqgrad hands to the OS: Connection.poll() raises OverflowError past 2**31 ms
 # (~24.8 days), so time limits stop well below that
-VERSION = "0.1.0"      # eqgrad's version (eqgrad.__version__; pyproject.toml's, tests/test_docs.py)
 MAX_SECONDS = 1e6
 MAX_THREADS = 1024
 

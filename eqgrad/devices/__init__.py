@@ -263,7 +263,8 @@ class Device:
 
     def warm(self) -> None:
         """Set up what the first compile waits for (LLVM: its compiler), ahead of it: the engine
-        calls this while the saturation worker works on the first program (never raises)."""
+        calls this while the saturation worker works on a program (never raises; after the first
+        call it does nothing)."""
 
     def render_kernel(self, k: Any, plan: Any, render: Callable[[Any], str], language: str,
                       upcast: Any = None) -> tuple[Any, str]:

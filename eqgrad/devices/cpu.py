@@ -43,10 +43,10 @@ from eqgrad import progress
 from eqgrad.counters import GlobalCounters, log_kernel
 from eqgrad.errors import CompileError, DeviceError
 from eqgrad.cache import save_failed_source
+from eqgrad.devices.search import search_upcast
 
 if TYPE_CHECKING:
     from concurrent.futures import ThreadPoolExecutor
-from eqgrad.devices.search import search_upcast
 
 
 PARALLEL_MIN = 60e-6      # predicted seconds above which a kernel is split across threads

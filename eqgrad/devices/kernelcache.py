@@ -57,9 +57,8 @@ def _versions() -> str:
     """llvmlite's and LLVM's versions, eqgrad's, and a digest of devices/llvm*.py (read once)."""
     import llvmlite
     import llvmlite.binding as llvm
-    eqgrad_version = config.VERSION
     digest = hashlib.sha256(b"".join(p.read_bytes() for p in _LLVM_PY)).hexdigest()
-    return f"llvmlite {llvmlite.__version__} LLVM {'.'.join(map(str, llvm.llvm_version_info))} eqgrad {eqgrad_version} llvm.py {digest}"
+    return f"llvmlite {llvmlite.__version__} LLVM {'.'.join(map(str, llvm.llvm_version_info))} eqgrad {config.VERSION} llvm.py {digest}"
 
 
 def kernel_key(src: str, cpu: str, features: str, nontemporal: bool) -> str:

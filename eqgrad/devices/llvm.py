@@ -371,8 +371,8 @@ def _outer_loops(k: LoopKernel) -> set[int]:
     gradient: 4 x 4 x 16 x 16 taps) was replicated hundreds of times: 150 lines of IR took 1 s
     to compile into 25 KB of code. With the outer loops kept, the innermost loop is still
     vectorized, interleaved and unrolled. Measured with both versions of every kernel compiled in
-    one process and run in turn (15 runs each, 2-core EPYC): LLVM compile of a small ResNet training step's 49 kernels 12.2 s ->
-    6.4 s; run time of that step, a BERT forward, a LLaMA-shaped decode step, a 4-layer MLP step,
+    one process and run in turn (15 runs each, 2-core EPYC): LLVM compile of a small ResNet
+    training step's 49 kernels 12.2 s -> 6.4 s; run time of that step, a BERT forward, a LLaMA-shaped decode step, a 4-layer MLP step,
     512/1024 matmuls, attention and a conv 0.97-1.03x (total 0.98-1.00x)."""
     out, stack = set(), []
     for i, x in enumerate(k.insts):

@@ -92,7 +92,8 @@ class ResizablePlans:
         self._lock = threading.Lock()
 
 
-_RNG_LOCK = threading.Lock()
+_RNG_LOCK = threading.Lock()       # a session's generator is made once (Session.rng)
+
 
 class Session:
     """The engine's state; ``with session:`` makes it current for a block in this thread.
@@ -124,8 +125,10 @@ class Session:
         self._saturator = saturator
         self.plan_cache = PlanCache()
         self._resizable = ResizablePlans()
-        self._seed, self._rng = seed, None     # the generator is made on first use (importing
-        self._local = threading.local()         # numpy.random is ~14 ms of a fresh process's first realize)      # per thread: last_plan, capture_hooks
+        # the generator is made on first use (``rng``): importing numpy.random is ~14 ms of a fresh
+        # process's first realize
+        self._seed, self._rng = seed, None
+        self._local = threading.local()      # per thread: last_plan, capture_hooks
         _sessions.add(self)
 
     def __repr__(self) -> str:

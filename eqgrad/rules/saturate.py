@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import atexit
 import itertools
+import multiprocessing
 import os
 import shutil
 import subprocess
@@ -349,7 +350,6 @@ def prestart() -> None:
     workers that import eqgrad would each start one. Never raises: a worker that cannot start now
     (or a flag that does not parse) is reported at the first saturation, as without a prestart."""
     try:
-        import multiprocessing
         if config.PRESTART.value and config.OPT.value and multiprocessing.parent_process() is None:
             default_saturator().warm()
     except Exception:
