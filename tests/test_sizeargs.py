@@ -4,6 +4,12 @@ later size runs it -- with the numbers of NumPy, and of the code compiled for th
 from __future__ import annotations
 
 import gc
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,7 +17,7 @@ import pytest
 import eqgrad
 from eqgrad import GlobalCounters, Tensor, engine
 from eqgrad.devices import get_device
-from eqgrad.devices.sizeargs import CONCRETE_SIZES, Families, Sized, split_sizes
+from eqgrad.devices.sizeargs import CONCRETE_SIZES, SPECULATE_MIN, Families, Sized, split_sizes
 from eqgrad.graph.loopir import INDEX, LInst, LoopKernel
 from eqgrad.dtype import float32
 
@@ -65,6 +71,67 @@ def test_a_growing_cache_compiles_its_kernels_once_more_then_never(fresh_llvm):
     assert sum(c == 0 for c in later) >= len(later) - 2 and sum(later) <= compiled[0], compiled
 
 
+def column_sums(rows: int, seed: int = 0) -> tuple[int, np.ndarray, np.ndarray]:
+    """Realize ``(x * 2).sum(0)`` for x of shape (rows, 24); (kernels compiled, result, NumPy's)."""
+    x = np.random.default_rng(seed + rows).standard_normal((rows, 24)).astype(np.float32)
+    c0 = GlobalCounters.kernels_compiled
+    out = (Tensor(x) * 2).sum(0).numpy()
+    return GlobalCounters.kernels_compiled - c0, out, (x.astype(np.float64) * 2).sum(0)
+
+
+def test_a_long_reduction_takes_a_new_length_without_compiling(fresh_llvm):
+    """A reduction loop of SPECULATE_MIN or more iterations reads its extent at run time from the
+    first compile on: the last partial batch (64 rows, then 29, then 40) compiles nothing."""
+    compiled = []
+    for rows in (64, 29, 40, 64):
+        c, got, want = column_sums(rows)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+        compiled.append(c)
+    assert compiled[0] > 0 and compiled[1:] == [0, 0, 0], compiled
+
+
+def test_a_short_reduction_keeps_its_literal_extent(fresh_llvm):
+    """Below SPECULATE_MIN the extent stays a literal (LLVM unrolls such a loop completely): a new
+    short length compiles, as before sized programs, until the family's sizes keep changing."""
+    assert SPECULATE_MIN > 5
+    compiled = []
+    for rows in (3, 5):
+        c, got, want = column_sums(rows)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+        compiled.append(c)
+    assert all(c > 0 for c in compiled), compiled
+
+
+CHILD = textwrap.dedent("""
+    import json, numpy as np
+    from eqgrad import GlobalCounters, Tensor
+    outs = []
+    for rows in (64, 29):
+        x = np.random.default_rng(rows).standard_normal((rows, 24)).astype(np.float32)
+        outs.append((Tensor(x) * 2).sum(0).numpy().tolist())
+    print(json.dumps(dict(compiled=GlobalCounters.kernels_compiled, lowered=GlobalCounters.lowered_disk_hits, outs=outs)))
+""")
+
+
+def test_a_sized_programs_members_are_read_back_by_a_second_process(tmp_path):
+    """A kernel that runs a sized program is kept on disk with its sizes (kernelcache.store_lowered):
+    a second process neither lowers nor compiles it, and gets the same bits."""
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, EQGRAD_CACHE_DIR=str(tmp_path), EQGRAD_DISK_CACHE="1", PYTHONPATH=str(root))
+    runs = []
+    for _ in range(2):
+        r = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-3000:]
+        runs.append(json.loads(r.stdout.strip().splitlines()[-1]))
+    first, second = runs
+    assert first["compiled"] > 0 and second["compiled"] == 0, runs
+    assert second["lowered"] >= 2, runs            # both lengths' kernels, sized member included
+    assert second["outs"] == first["outs"]
+    for rows, out in zip((64, 29), first["outs"]):
+        x = np.random.default_rng(rows).standard_normal((rows, 24)).astype(np.float32)
+        np.testing.assert_allclose(out, (x.astype(np.float64) * 2).sum(0), rtol=1e-5, atol=1e-5)
+
+
 def test_with_size_args_off_every_length_compiles(fresh_llvm, monkeypatch):
     monkeypatch.setenv("EQGRAD_SIZE_ARGS", "0")
     compiled = run_steps(range(5, 12))
@@ -111,6 +178,7 @@ def test_split_sizes_leaves_out_sizes_and_only_sizes():
     a, b = split_sizes(kernel(3, 5)), split_sizes(kernel(7, 9, split=100))
     assert a.skeleton == b.skeleton and hash(a.skeleton) == hash(b.skeleton)   # the split extent is the launch's
     assert a.positions == (4, 5) and a.values == (3, 5) and b.values == (7, 9)
+    assert a.reductions == () and split_sizes(kernel(SPECULATE_MIN, 5)).reductions == (0,)  # the RANGE at 4
     assert split_sizes(kernel(3, 5, scale=3.0)).skeleton != a.skeleton     # a float constant is structure
 
 
@@ -136,6 +204,22 @@ def test_families_compile_concrete_first_then_one_sized_program():
     # a stride the sized program has as a literal: not a member; the next plan makes it an argument
     other = split_sizes(kernel(8, 7))
     assert fams.find(key, other) is None and fams.plan(key, other) == {4: 0, 5: 1}
+
+
+def test_a_long_reduction_is_sized_from_the_first_compile_and_the_programs_are_kept_apart():
+    """The first member of a family with a long reduction loop compiles sized in that extent; a
+    member that differs in a literal (a stride) compiles its own, and both stay found."""
+    fams = Families(native={})
+    key = ("k",)
+    a, b, c = (split_sizes(kernel(e, s)) for e, s in ((64, 5), (29, 7), (40, 5)))
+    assert fams.plan(key, a) == {4: 0} and fams.plan(key, a, speculate=False) is None
+    pa, pb = _Program(), _Program()
+    fams.add_sized(key, a, {4: 0}, pa)
+    assert fams.find(key, b) is None and fams.plan(key, b) == {4: 0}     # one other size seen: literal stride
+    fams.add_sized(key, b, {4: 0}, pb)
+    hit_c, hit_b = fams.find(key, c), fams.find(key, split_sizes(kernel(50, 7)))
+    assert hit_c.program is pa and list(hit_c.sizes) == [40]
+    assert hit_b.program is pb and list(hit_b.sizes) == [50]
 
 
 def test_the_bookkeeping_keeps_no_loop_kernel_alive():

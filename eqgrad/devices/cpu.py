@@ -38,7 +38,7 @@ from eqgrad.ops import numel
 from eqgrad.devices import compilepool, kernelcache
 from eqgrad.devices.llvm import (LLVM_OPS, COMPILE_LOCK, PREFETCHED, CodeEngine, LLVMProgram, compiler, render_llvm,
                                  streaming_store)
-from eqgrad.devices.sizeargs import Families
+from eqgrad.devices.sizeargs import Families, Sized
 from eqgrad import progress
 from eqgrad.counters import GlobalCounters, log_kernel
 from eqgrad.errors import CompileError, DeviceError
@@ -207,9 +207,12 @@ class LLVMDevice(Device):
         n = lk.insts[lk.parallel_ranges()[0]].arg if lk.parallel else 1
         dk, shape = self.families.shape_of(lk)
         shape_out, dt = plan.buffers[k.out]
-        key = (shape.skeleton, streaming_store(lk, numel(shape_out) * dt.itemsize), target)
+        nt = streaming_store(lk, numel(shape_out) * dt.itemsize)
+        key = (shape.skeleton, nt, target)
         prg = self.families.find(key, shape)
-        sized = self.families.plan(key, shape) if prg is None and config.SIZE_ARGS.value else None
+        # (a sized program does not use streaming stores: a kernel that would keeps its literal
+        # reduction extents until its sizes keep changing)
+        sized = self.families.plan(key, shape, speculate=not nt) if prg is None and config.SIZE_ARGS.value else None
         return lk, n, dk, shape, key, prg, sized
 
     def _from_disk(self, k, plan: KernelPlan, target: Target | None) -> dict | None:
@@ -231,11 +234,16 @@ class LLVMDevice(Device):
 
     def _keep_lowered(self, k, prg: Any, n: int) -> None:
         """Keep the source of a kernel this prepare lowered on disk for later processes
-        (``_from_disk``); kernels lowered before were kept then, and a sized program's members are
-        not kept (a later process compiles them as their sizes come)."""
+        (``_from_disk``), with its sizes when it runs a sized program; kernels lowered before were
+        kept then."""
         entry = self._disk.get(id(k))
-        if entry is not None and entry[2] is not None and isinstance(prg, LLVMProgram):
+        if entry is None or entry[2] is None:
+            return
+        if isinstance(prg, LLVMProgram):
             kernelcache.store_lowered(entry[2], prg.src, n, prg.nontemporal, prg.n_params)
+        elif isinstance(prg, Sized) and isinstance(prg.program, LLVMProgram):
+            kernelcache.store_lowered(entry[2], prg.program.src, n, False, prg.program.n_params,
+                                      sizes=[int(v) for v in prg.sizes])
 
     def build_member(self, k, plan: KernelPlan, upcast=None, target: Target | None = None,
                      engine: CodeEngine | None = None) -> tuple[Any, int]:
@@ -246,7 +254,10 @@ class LLVMDevice(Device):
         ix = self._from_disk(k, plan, target) if upcast is None else None
         if ix is not None:
             sig = _Signature("eqk", (None,) * ix["n_params"])
-            return _compiled(k, ix["src"], lambda: self.program(ix["src"], sig, ix["nontemporal"], target, engine)), ix["n"]
+            sizes = ix.get("sizes")
+            prg = _compiled(k, ix["src"], lambda: self.program(ix["src"], sig, ix["nontemporal"], target, engine,
+                                                               sized=sizes is not None))
+            return (prg if sizes is None else Sized(prg, sizes)), ix["n"]
         lk, n, dk, shape, key, prg, sized = self._member(k, plan, upcast, target)
         if prg is not None:
             if config.DEBUG.value >= 4:
@@ -264,7 +275,10 @@ class LLVMDevice(Device):
         if config.DEBUG.value >= 4:
             print(f"--- LLVM IR {k.name} (sized: {len(sized)} sizes are arguments)\n{src}")
         prg = _compiled(k, src, lambda: self.program(src, dk, False, target, engine, sized=True), " as a sized program")
-        return self.families.add_sized(key, shape, sized, prg), n
+        bound = self.families.add_sized(key, shape, sized, prg)
+        if upcast is None:
+            self._keep_lowered(k, bound, n)
+        return bound, n
 
     def prefetch(self, plan: KernelPlan, target: Target | None) -> list[str]:
         """Compile the object code of the plan's new kernels two at a time, here and in the

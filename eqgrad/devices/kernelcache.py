@@ -211,9 +211,11 @@ def load_lowered(key: str) -> dict | None:
     except ValueError:
         return None
     ok = (isinstance(v, dict) and isinstance(v.get("src"), str) and type(v.get("n")) is int and v["n"] >= 1
-          and type(v.get("nontemporal")) is bool and type(v.get("n_params")) is int and v["n_params"] >= 1)
+          and type(v.get("nontemporal")) is bool and type(v.get("n_params")) is int and v["n_params"] >= 1
+          and (v.get("sizes") is None or (isinstance(v["sizes"], list) and all(type(x) is int for x in v["sizes"]))))
     if not ok:
-        _bad(_dir(SUBDIRS[".ll"]) / f"{key}.ll", (key, "lowered"), "a lowered kernel's entry without src, n, nontemporal, n_params")
+        _bad(_dir(SUBDIRS[".ll"]) / f"{key}.ll", (key, "lowered"),
+             "a lowered kernel's entry without src, n, nontemporal, n_params (or with sizes that are not integers)")
         return None
     GlobalCounters.lowered_disk_hits += 1
     return v
@@ -222,11 +224,16 @@ def load_lowered(key: str) -> dict | None:
 _stored: set[str] = set()       # lowered keys this process stored (each is written once)
 
 
-def store_lowered(key: str, src: str, n: int, nontemporal: bool, n_params: int) -> None:
+def store_lowered(key: str, src: str, n: int, nontemporal: bool, n_params: int, sizes: list[int] | None = None) -> None:
+    """Keep a lowered kernel's LLVM IR under its structure's key; ``sizes``: the values it passes to
+    a sized program (devices/sizeargs.py), whose source this is."""
     if key in _stored or len(_stored) > 100_000:
         return
     _stored.add(key)
-    store(key, json.dumps({"src": src, "n": n, "nontemporal": nontemporal, "n_params": n_params}).encode(), 0, ".ll")
+    entry = {"src": src, "n": n, "nontemporal": nontemporal, "n_params": n_params}
+    if sizes is not None:
+        entry["sizes"] = sizes
+    store(key, json.dumps(entry).encode(), 0, ".ll")
 
 
 def _scan_bytes(d: Path, suffix: str = ".o") -> int:
