@@ -59,8 +59,14 @@ class Lowerer:
         for b in kernel.inputs:
             self.param_of[b] = len(self.params)
             self.params.append((f"b{b}", plan.buffers[b][1], False))
-        self.insts: list[LInst] = []
-        self.scopes: list[dict[Any, int]] = [{}]
+        # the PARAM instructions first: parameter i is instruction i, as LOAD and STORE name it
+        self.insts: list[LInst] = [LInst("PARAM", d, (), i) for i, (_, d, _) in enumerate(self.params)]
+        # scoped CSE: what is emitted (instructions, rendered nodes) by key, in one dict, and the
+        # keys each open loop added, dropped when it closes -- a key lives in one scope only (it is
+        # found before it could be added again), so this is a stack of dicts looked up with one
+        # hash instead of one per open loop
+        self.memo: dict[Any, Any] = {}
+        self.scope_keys: list[list[Any]] = [[]]
         self.vars: dict[str, int] = {}
         self.n_ranges = 0
         self.has_reduce: dict[int, bool] = reduce_map(kernel.ast)
@@ -69,15 +75,16 @@ class Lowerer:
 
     # ------------------------------------------------------------------ emission with scoped CSE
     def emit(self, op: str, dtype: Any, src: tuple[int, ...] = (), arg: Any = None, cse: bool = True) -> int:
-        key = ("i", op, dtype, src, arg)
         if cse:
-            for sc in reversed(self.scopes):
-                if key in sc:
-                    return sc[key]
+            key = ("i", op, dtype, src, arg)
+            hit = self.memo.get(key)
+            if hit is not None:
+                return hit
         self.insts.append(LInst(op, dtype, src, arg))
         i = len(self.insts) - 1
         if cse:
-            self.scopes[-1][key] = i
+            self.memo[key] = i
+            self.scope_keys[-1].append(key)
         return i
 
     def const(self, v: Any, dtype: Any) -> int:
@@ -88,12 +95,14 @@ class Lowerer:
         self.n_ranges += 1
         rid = self.emit("RANGE", INDEX, (), extent, cse=False)
         self.vars[name] = rid
-        self.scopes.append({})
+        self.scope_keys.append([])
         return Lin.var(name, extent)
 
     def close_range(self, lin: Lin) -> None:
         name = lin.terms[0][0].name
-        self.scopes.pop()
+        memo = self.memo
+        for key in self.scope_keys.pop():
+            del memo[key]
         self.emit("ENDRANGE", None, (self.vars[name],), cse=False)
 
     # ------------------------------------------------------------------ index expressions
@@ -138,11 +147,12 @@ class Lowerer:
     # ------------------------------------------------------------------ the recursive index function
     def render(self, n: KNode, idx: tuple[Lin, ...], valid: int | None) -> int:
         key = ("n", id(n), idx, valid)
-        for sc in reversed(self.scopes):
-            if key in sc:
-                return sc[key]
+        hit = self.memo.get(key)
+        if hit is not None:
+            return hit
         v = self._render(n, idx, valid)
-        self.scopes[-1][key] = v
+        self.memo[key] = v
+        self.scope_keys[-1].append(key)
         return v
 
     def _render(self, n: KNode, idx: tuple[Lin, ...], valid: int | None) -> int:
@@ -202,11 +212,12 @@ class Lowerer:
         if not self.has_reduce[id(n)]:
             return tuple(self.render(n, i, v) for i, v in zip(idxs, valids))
         key = ("l", id(n), idxs, valids)
-        for sc in reversed(self.scopes):
-            if key in sc:
-                return sc[key]
+        hit = self.memo.get(key)
+        if hit is not None:
+            return hit
         out = self._render_lanes(n, idxs, valids)
-        self.scopes[-1][key] = out
+        self.memo[key] = out
+        self.scope_keys[-1].append(key)
         return out
 
     def _render_lanes(self, n: KNode, idxs: tuple, valids: tuple) -> tuple[int, ...]:
@@ -334,7 +345,7 @@ class Lowerer:
 
     def emit_kernel(self, s: Schedule) -> LoopKernel:
         """The loop IR of the kernel under schedule ``s``."""
-        if self.insts:
+        if len(self.insts) > len(self.params):
             raise RuntimeError("Lowerer.emit_kernel: this Lowerer has already emitted; make a new one")
         self.sched = s
         self._blocked = {id(n) for n in s.blocked}
@@ -377,22 +388,7 @@ class Lowerer:
                 self.emit("STORE", None, (0, self.index(flat_index(idx, root.shape)), v), cse=False)
         for r in reversed(loops):
             self.close_range(r)
-        return LoopKernel(self.kernel.name, self.params, self._params_first(), loop_vectorize=not up,
-                          parallel=s.parallel)
-
-    def _params_first(self) -> list[LInst]:
-        """Prefix PARAM instructions and renumber: loads/stores refer to parameters by number."""
-        shift = len(self.params)
-        head = [LInst("PARAM", d, (), i) for i, (_, d, _) in enumerate(self.params)]
-        out = []
-        for x in self.insts:
-            if x.op == "LOAD":
-                out.append(LInst("LOAD", x.dtype, (x.src[0], x.src[1] + shift), None))
-            elif x.op == "STORE":
-                out.append(LInst("STORE", None, (0, x.src[1] + shift, x.src[2] + shift), None))
-            else:
-                out.append(LInst(x.op, x.dtype, tuple(s + shift for s in x.src), x.arg))
-        return head + out
+        return LoopKernel(self.kernel.name, self.params, self.insts, loop_vectorize=not up, parallel=s.parallel)
 
 
 def _zero(dt: DType) -> Any:
