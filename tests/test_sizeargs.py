@@ -114,8 +114,9 @@ CHILD = textwrap.dedent("""
 
 
 def test_a_sized_programs_members_are_read_back_by_a_second_process(tmp_path):
-    """A kernel that runs a sized program is kept on disk with its sizes (kernelcache.store_lowered):
-    a second process neither lowers nor compiles it, and gets the same bits."""
+    """A kernel that compiled a sized program is kept on disk with its sizes (kernelcache.store_lowered):
+    a second process reads it back without lowering it; a later member of the family is lowered
+    again but not compiled (the object code is on disk by its source); the same bits."""
     root = Path(__file__).resolve().parents[1]
     env = dict(os.environ, EQGRAD_CACHE_DIR=str(tmp_path), EQGRAD_DISK_CACHE="1", PYTHONPATH=str(root))
     runs = []
@@ -125,7 +126,7 @@ def test_a_sized_programs_members_are_read_back_by_a_second_process(tmp_path):
         runs.append(json.loads(r.stdout.strip().splitlines()[-1]))
     first, second = runs
     assert first["compiled"] > 0 and second["compiled"] == 0, runs
-    assert second["lowered"] >= 2, runs            # both lengths' kernels, sized member included
+    assert second["lowered"] >= 1, runs            # the kernel that compiled the sized program
     assert second["outs"] == first["outs"]
     for rows, out in zip((64, 29), first["outs"]):
         x = np.random.default_rng(rows).standard_normal((rows, 24)).astype(np.float32)

@@ -234,8 +234,8 @@ class LLVMDevice(Device):
 
     def _keep_lowered(self, k, prg: Any, n: int) -> None:
         """Keep the source of a kernel this prepare lowered on disk for later processes
-        (``_from_disk``), with its sizes when it runs a sized program; kernels lowered before were
-        kept then."""
+        (``_from_disk``), with its sizes when it compiled a sized program; kernels lowered before
+        were kept then."""
         entry = self._disk.get(id(k))
         if entry is None or entry[2] is None:
             return
@@ -262,7 +262,10 @@ class LLVMDevice(Device):
         if prg is not None:
             if config.DEBUG.value >= 4:
                 self.render_kernel(k, plan, render_llvm, "LLVM IR", upcast)     # prints it
-            if upcast is None:
+            if upcast is None and not isinstance(prg, Sized):
+                # (a sized program's later members are not kept: a growing sequence would write
+                # the same source again at every length; a later process lowers them, and finds
+                # the object code on disk by its source)
                 self._keep_lowered(k, prg, n)
             return prg, n
         if sized is None:
