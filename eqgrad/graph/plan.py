@@ -29,8 +29,14 @@ class KNode:
     dtype: DType
 
     def walk(self) -> list["KNode"]:
-        """Topological order (sources first), each node once."""
-        return topological([self], lambda n: n.src)
+        """Topological order (sources first), each node once. Worked out once per node (a body is
+        immutable; resizing, lowering, its passes and the checks each walk a kernel's body: 1,300
+        walks to lower a 300-kernel corpus); a new list each call."""
+        order = self.__dict__.get("_walk")
+        if order is None:
+            order = topological([self], lambda n: n.src)
+            object.__setattr__(self, "_walk", order)
+        return list(order)
 
     def buffers(self) -> tuple[int, ...]:
         """The plan buffers this body reads, in first-use order (a kernel's ``inputs``)."""
