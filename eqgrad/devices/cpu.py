@@ -148,7 +148,8 @@ class LLVMDevice(Device):
         self.programs: weakref.WeakValueDictionary[tuple, LLVMProgram] = weakref.WeakValueDictionary()
         self._pool: ThreadPoolExecutor | None = None
         self.families = Families(LLVM_OPS)        # kernels whose sizes keep changing (sizeargs.py)
-        self._sources: dict[int, tuple] = {}       # id of a loop kernel -> (it, its LLVM IR), from prefetch
+        # id of a loop kernel (or ("sized", id, slots)) -> (it, its LLVM IR), from this prepare's prefetch
+        self._sources: dict[Any, tuple] = {}
         self._disk: dict[int, tuple] = {}          # id of a kernel -> (it, _from_disk's answer), per prepare
         self._structures = {}                      # id of a kernel -> (it, plan, structure), per prepare
 
@@ -215,6 +216,18 @@ class LLVMDevice(Device):
         sized = self.families.plan(key, shape, speculate=not nt) if prg is None and config.SIZE_ARGS.value else None
         return lk, n, dk, shape, key, prg, sized
 
+    def _sized_source(self, dk, sized: dict[int, int]) -> str:
+        """``render_llvm(dk, sized)``, rendered once per prepare: a model's repeated layers share
+        the loop kernel, and none of them finds the family's sized program before the first is
+        built (a 30-layer decoder rendered each of its sized kernels 30 times in prefetch)."""
+        key = ("sized", id(dk), tuple(sorted(sized.items())))
+        pre = self._sources.get(key)
+        if pre is not None and pre[0] is dk:
+            return pre[1]
+        src = render_llvm(dk, sized)
+        self._sources[key] = (dk, src)
+        return src
+
     def _from_disk(self, k, plan: KernelPlan, target: Target | None) -> dict | None:
         """The kernel as an earlier process lowered and rendered it (kernelcache.load_lowered:
         source, split extent, streaming stores, parameters), when this process has not lowered it;
@@ -274,7 +287,7 @@ class LLVMDevice(Device):
             if upcast is None:
                 self._keep_lowered(k, prg, n)
             return prg, n
-        src = render_llvm(dk, sized)
+        src = self._sized_source(dk, sized)
         if config.DEBUG.value >= 4:
             print(f"--- LLVM IR {k.name} (sized: {len(sized)} sizes are arguments)\n{src}")
         prg = _compiled(k, src, lambda: self.program(src, dk, False, target, engine, sized=True), " as a sized program")
@@ -315,7 +328,7 @@ class LLVMDevice(Device):
                         nt = streaming_store(lk, numel(shape_out) * dt.itemsize)
                         self._sources[id(lk)] = (lk, src)
                     else:
-                        src, nt = render_llvm(dk, sized), False
+                        src, nt = self._sized_source(dk, sized), False
                 if (src, nt, target) in self.programs:
                     continue
                 key = kernelcache.kernel_key(src, c.cpu, c.features, nt)

@@ -31,7 +31,8 @@ the extents of its reduction loops of at least ``SPECULATE_MIN`` iterations at r
 A short reduction loop (a 3x3 window, a loop over lanes) keeps its literal extent, which LLVM
 unrolls completely; a long one runs as a loop either way (measured in one process, each plan's
 kernels sized and not -- MLP, ResNet and BERT steps, matmul, softmax, layernorm, attention, conv:
-the same run time within 1-2 %, the noise). A kernel that writes with streaming stores compiles as before
+the same run time within 1-2 %, the noise; such kernels compile 20-70 % slower, as LLVM adds
+remainder loops for a trip count it does not know: docs/devices.md). A kernel that writes with streaming stores compiles as before
 (a sized program does not use them).
 
 ``EQGRAD_SIZE_ARGS=0`` turns sized programs off (every size compiles its own code).
