@@ -29,11 +29,11 @@ each differing from its family in that one extent, nothing else. So a kernel's f
 the extents of its reduction loops of at least ``SPECULATE_MIN`` iterations at run time
 (``Shape.reductions``); the next batch size runs them with its own extents and compiles nothing.
 A short reduction loop (a 3x3 window, a loop over lanes) keeps its literal extent, which LLVM
-unrolls completely; a long one runs as a loop either way (measured in one process, each plan's
-kernels sized and not -- MLP, ResNet and BERT steps, matmul, softmax, layernorm, attention, conv:
-the same run time within 1-2 %, the noise; such kernels compile 20-70 % slower, as LLVM adds
-remainder loops for a trip count it does not know: docs/devices.md). A kernel that writes with streaming stores compiles as before
-(a sized program does not use them).
+unrolls completely; a long one runs as a loop either way. Measured in one process, each plan's
+kernels sized and not (MLP, ResNet and BERT steps, matmul, softmax, layernorm, attention, conv):
+the same run time within 1-2 %, the noise; but such kernels compile 20-70 % slower, as LLVM adds
+remainder loops for a trip count it does not know (docs/devices.md). A kernel that writes with
+streaming stores compiles as before (a sized program does not use them).
 
 ``EQGRAD_SIZE_ARGS=0`` turns sized programs off (every size compiles its own code).
 """
@@ -217,8 +217,8 @@ class Families:
     def plan(self, key: tuple, shape: Shape, speculate: bool = True) -> dict[int, int] | None:
         """None: compile this member with its sizes as literals (and ``add`` it); else the sized
         program to compile, as render_llvm's ``sized`` (instruction id -> slot): the member's long
-        reduction extents (if ``speculate``), and once the family has been compiled for CONCRETE_SIZES other size
-        vectors, every size that differs between them."""
+        reduction extents (if ``speculate``), and, once the family has been compiled for
+        CONCRETE_SIZES other size vectors, every size that differs between them."""
         with self._lock:
             fam = self._family(key)
             seen = [v for v in fam.seen if v != shape.values]
