@@ -251,6 +251,33 @@ def test_extractors_choose_the_plans_of_full_evaluation(name):
             assert alts_a == alts_b and alts_a
 
 
+class _NoSkipGreedy(GreedyExtractor):
+    skip_rejected = False
+
+
+class _NoSkipImprove(ImproveExtractor):
+    skip_rejected = False
+
+
+@pytest.mark.parametrize("name", sorted(PROGRAMS) + RANDOM)
+def test_skipping_rejected_moves_chooses_the_same_plans(name):
+    """A rejected move is evaluated again only when something its evaluation read has changed
+    (greedy._Rejected): the search takes the same moves, so the plans are the same."""
+    g, specs = saturated(name)
+    skipped = 0
+    for params in (DeviceParams(), DeviceParams(launch=5e-5, peak=5e9), DeviceParams(row_fusion=False)):
+        cost = CostModel(params)
+        for fast, slow in ((GreedyExtractor, _NoSkipGreedy), (ImproveExtractor, _NoSkipImprove)):
+            a, b = fast(g, cost, specs).extract(), slow(g, cost, specs).extract()
+            assert a.choice == b.choice
+            _same(a.evaluation, b.evaluation)
+            assert b.info["skipped"] == 0
+            assert a.info["evaluations"] + a.info["skipped"] >= b.info["evaluations"]
+            skipped += a.info["skipped"]
+    if not name.startswith("random"):
+        assert skipped > 0         # every real program's last pass re-visits moves it rejected
+
+
 def _toggle_by_scanning(ex: GreedyExtractor, choice, prod, inline):
     """The toggle as it was: every class of the choice scanned for the producer's edges."""
     r = ex.realize_of.get(prod)

@@ -129,24 +129,30 @@ class PlanEvaluator:
         chosen node the cost depends on (no other entry of ``choice`` is read)."""
         self.kernels_costed += 1
         g, p = self.g, self.cost.params
-        size, weight, elementwise = self._numel, self._flops, self._elementwise
-        # body in topological order (consumers first): iterative DFS post-order, reversed
+        size, weight, elementwise, shapes = self._numel, self._flops, self._elementwise, g.shapes
+        # body in topological order (consumers first): iterative DFS post-order, reversed. A class
+        # is pushed as c, and again as ~c (< 0) to be emitted once its children are done; the
+        # chosen nodes are looked up once, here (the hot loop of extraction, issue 14)
         order: list[int] = []
+        nodes_of: dict[int, ENode] = {}
         seen: set[int] = set()
-        stack: list[tuple[int, bool]] = [(k, False)]
+        stack: list[int] = [k]
         while stack:
-            c, done = stack.pop()
-            if done:
-                order.append(c)
+            c = stack.pop()
+            if c < 0:
+                order.append(~c)
                 continue
             if c in seen:
                 continue
             seen.add(c)
-            stack.append((c, True))
-            n = choice[c]
-            if n.op in _LEAVES or (n.op == "REALIZE" and c != k):
+            stack.append(~c)
+            n = nodes_of[c] = choice[c]
+            op = n.op
+            if op in _LEAVES or (op == "REALIZE" and c != k):
                 continue
-            stack.extend((ch, False) for ch in n.children if ch not in seen)
+            for ch in n.children:
+                if ch not in seen:
+                    stack.append(ch)
         order.reverse()
         read = seen                        # the body and its leaves; the Realize leaves' inner classes below
         ev: dict[int, float] = {k: size[k]}
@@ -166,51 +172,63 @@ class PlanEvaluator:
         hoisted = inner_reduce = False
         deps: list[int] = []
         fused: list[str] = []
+        row_fusion, size_k = p.row_fusion, size[k]
         for c in order:
             e = ev.get(c, 0)
-            n = choice[c]
-            if n.op == "BUF":
-                inputs[n.arg[0]] = max(inputs.get(n.arg[0], 0), e)
+            n = nodes_of[c]
+            op = n.op
+            if op == "BUF":
+                pos = n.arg[0]
+                old = inputs.get(pos, 0)
+                inputs[pos] = e if e > old else old         # max(old, e), as written before
                 continue
-            if n.op in _SCALARS:
+            if op in _SCALARS:
                 continue
-            if n.op == "REALIZE" and c != k:
+            if op == "REALIZE" and c != k:
                 inner = n.children[0]
                 read.add(inner)
-                if choice[inner].op == "BUF":
-                    pos = choice[inner].arg[0]
-                    inputs[pos] = max(inputs.get(pos, 0), e)
-                elif choice[inner].op not in _SCALARS:
-                    loads[inner] = max(loads.get(inner, 0), e)
+                ni = choice[inner]
+                if ni.op == "BUF":
+                    pos = ni.arg[0]
+                    old = inputs.get(pos, 0)
+                    inputs[pos] = e if e > old else old
+                elif ni.op not in _SCALARS:
+                    old = loads.get(inner, 0)
+                    loads[inner] = e if e > old else old
                     deps.append(inner)
                 continue
             nodes += 1
-            fused.append(n.op)
-            if n.op == "CONTIGUOUS" and c != k:
+            fused.append(op)
+            if op == "CONTIGUOUS" and c != k:
                 legal, why = False, "a Contiguous is inlined into a consumer"
             mult = 1
-            reduce = n.op in REDUCE_OPS
+            reduce = op in REDUCE_OPS
+            size_c = size[c]
             if reduce:
                 inner_reduce = inner_reduce or nested.get(c, True)
-                mult = size[n.children[0]] // max(1, size[c])
-                if e > size[c]:       # (an empty reduction under a Pad is read e > 0 times, masked)
-                    legal, why = False, f"reduction {n.op} recomputed {e / max(1, size[c]):.0f}x per element"
-            flops += weight[n.op] * e * max(1, mult)
-            if n.op == "PAD" and e > size[k]:
+                mult = size[n.children[0]] // max(1, size_c)
+                if e > size_c:       # (an empty reduction under a Pad is read e > 0 times, masked)
+                    legal, why = False, f"reduction {op} recomputed {e / max(1, size_c):.0f}x per element"
+            flops += weight[op] * e * max(1, mult)
+            if op == "PAD" and e > size_k:
                 flops += p.masked_read * e
             rg, nest = region.get(c), nested.get(c, True)
+            same_rg = rg if rg and op in elementwise else None    # regions pass through same-shape elementwise ops
+            shape_c = shapes[c] if rg else None
             for ch in n.children:
                 ce, cr, cn = e * mult, None, nest
-                if rg and n.op == "EXPAND" and all(_row_invariant(g.shapes[ch], g.shapes[c], t) for t in rg):
-                    ce, cn, hoisted = e * size[ch] / max(1, size[c]), False, True
+                if rg and op == "EXPAND" and all(_row_invariant(shapes[ch], shape_c, t) for t in rg):
+                    ce, cn, hoisted = e * size[ch] / max(1, size_c), False, True
                 elif reduce:
                     cn = True
-                    if p.row_fusion and not nest:      # a reduction inside another's loop is not hoisted from
-                        cr = frozenset({frozenset(d for d in n.arg if g.shapes[ch][d] > 1)})
-                elif rg and n.op in elementwise and g.shapes[ch] == g.shapes[c]:
-                    cr = rg
-                ev[ch] = max(ev.get(ch, 0), ce)
-                nested[ch] = nested.get(ch, False) or cn
+                    if row_fusion and not nest:      # a reduction inside another's loop is not hoisted from
+                        cr = frozenset({frozenset(d for d in n.arg if shapes[ch][d] > 1)})
+                elif same_rg is not None and shapes[ch] == shape_c:
+                    cr = same_rg
+                old = ev.get(ch, 0)
+                ev[ch] = ce if ce > old else old
+                if not nested.get(ch, False):
+                    nested[ch] = cn
                 if ch in region:
                     cr = None if cr is None or region[ch] is None else region[ch] | cr
                 region[ch] = cr
@@ -221,7 +239,7 @@ class PlanEvaluator:
             # no register lanes: a contraction inside them (softmax(q @ k)) would be recomputed
             # in every pass without lanes (measured 100x slower than materializing it)
             legal, why = False, "a reduction nested inside a row-fused kernel's passes"
-        nbytes = size[k] * g.dtypes[k].itemsize
+        nbytes = size_k * g.dtypes[k].itemsize
         for pos, reads in inputs.items():
             shape, dt = self.inputs[pos]
             nbytes += min(reads, numel(shape)) * dt.itemsize

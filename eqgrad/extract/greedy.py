@@ -36,7 +36,7 @@ from eqgrad import progress
 from eqgrad.ops import OPS, numel
 from eqgrad.extract.cost import CostModel
 from eqgrad.extract.egraph import EGraph, ENode
-from eqgrad.extract.evaluate import Choice, Evaluation, PlanEvaluator, PlanState
+from eqgrad.extract.evaluate import _ULPS, Choice, Evaluation, PlanEvaluator, PlanState
 
 INF = float("inf")
 
@@ -76,6 +76,7 @@ class Result:
 class GreedyExtractor:
     name = "greedy"
     flips = False
+    skip_rejected = True      # don't evaluate a rejected move again while nothing it read changed (_Rejected)
 
     def __init__(self, g: EGraph, cost: CostModel, inputs: list[tuple], max_passes: int = 4,
                  keep_candidates: int = 0, time_limit: float | None = None):
@@ -318,6 +319,10 @@ class GreedyExtractor:
         passes = self.max_passes
         deadline = None if self.time_limit is None else time.perf_counter() + self.time_limit
         stopped = ""
+        # rejected moves whose evaluation could not have changed are not evaluated again (the last
+        # pass, which finds nothing by definition, is mostly skips); off when candidates are kept,
+        # since a skipped move is not remembered as a candidate of the new plan
+        seen = _Rejected() if self.skip_rejected and not self.keep else None
         for pass_no in range(passes):
             improved = False
             specs = self._move_specs(st.choice)
@@ -332,18 +337,25 @@ class GreedyExtractor:
                 _, changes, safe = self._apply(st, spec)      # applied to the current (updated) plan
                 if changes is None:
                     continue
+                if seen is not None and seen.rejects(spec, changes, st, cur.total):
+                    continue
                 ev = self._evaluate(st, changes, safe)
                 if ev.legal and self.keep:
                     self._remember(ev.total, {**st.choice, **changes})
                 if ev.legal and ev.total < cur.total * (1 - 1e-9):
+                    if seen is not None:
+                        seen.accepted(st, ev)
                     st, cur, improved = self._accept(st, ev, changes), ev, True
+                elif seen is not None:
+                    seen.rejected(spec, changes, st, ev)
             if not improved or stopped:
                 break
         self._state = st
         choice = dict(st.choice)
         cands = sorted(self._candidates.values(), key=lambda t: t[0])[:self.keep] if self.keep else []
+        info = dict(evaluations=self.ev.evaluations, skipped=seen.skipped if seen is not None else 0)
         return Result(choice, cur, self.name, alternatives_of=lambda: self.alternatives_from(choice),
-                      candidates=cands, info=dict(evaluations=self.ev.evaluations, **({"stopped": stopped} if stopped else {})))
+                      candidates=cands, info=dict(info, **({"stopped": stopped} if stopped else {})))
 
     def alternatives_from(self, choice: Choice) -> list[Alternative]:
         """Every single move from ``choice``, evaluated: legal ones cheapest first, then illegal ones."""
@@ -359,6 +371,80 @@ class GreedyExtractor:
             alts.append(Alternative(move, ev.total, ev.n_kernels, ev.legal, ev.why))
         alts.sort(key=lambda a: (not a.legal, a.total))
         return alts
+
+
+class _Rejected:
+    """The rejected moves of a local search, and what their evaluations depended on, so that a move
+    is evaluated again only when that may have changed ("don't-look bits").
+
+    An incremental evaluation (``PlanState.evaluate``) of a move reads: the chosen nodes of the
+    classes it changes and of every class the re-costed kernels read, who reads the changed
+    classes, and the costs, dependencies and reference counts of the kernels it touches (re-costed,
+    dropped, or whose count it changes). An accepted move *touches* the classes it changes and
+    every class read by a kernel it re-costs or drops (before or after: their readers change), and
+    every kernel in its delta. A move rejected after ``n`` accepts, with the same changes now and
+    nothing it read touched since, has the same evaluation: the same legality and the same exact
+    change of the total, so whether it would be accepted now is known without evaluating it
+    (``rejects`` answers from that, and evaluates nothing). Moves evaluated from scratch (one that
+    may close a cycle) and plans with a total that is not finite are not remembered.
+    """
+
+    def __init__(self) -> None:
+        self.step = 0                                  # moves accepted so far
+        self.classes: dict[int, int] = {}              # class -> step of the last accept that touched it
+        self.kernels: dict[int, int] = {}              # kernel -> the same
+        self.moves: dict[tuple, tuple] = {}            # spec -> (changes, step, classes, kernels, legal, delta)
+        self.skipped = 0
+
+    def rejected(self, spec: tuple, changes: dict[int, ENode], st: PlanState, ev: Evaluation) -> None:
+        d = ev.delta
+        if d is None or d.version != st.version or d.exact is None or st.exact is None:
+            self.moves.pop(spec, None)
+            return
+        classes = set(changes)
+        for _, _, reads in d.fresh.values():
+            classes |= reads
+        kernels = set(d.fresh) | d.removed | set(d.refs)
+        for c in changes:
+            kernels.update(st.readers.get(c, ()))
+        self.moves[spec] = (dict(changes), self.step, classes, kernels, ev.legal, d.exact - st.exact)
+
+    def rejects(self, spec: tuple, changes: dict[int, ENode], st: PlanState, total: float) -> bool:
+        """Is ``spec`` (now giving ``changes``) known to be rejected from the current plan?"""
+        m = self.moves.get(spec)
+        if m is None or st.exact is None:
+            return False
+        old, step, classes, kernels, legal, delta = m
+        if len(old) != len(changes) or any(old.get(c) is not n for c, n in changes.items()):
+            return False
+        if step < self.step:
+            tc, tk = self.classes, self.kernels
+            if any(tc.get(c, -1) >= step for c in classes) or any(tk.get(k, -1) >= step for k in kernels):
+                return False
+        if legal and (st.exact + delta) / _ULPS < total * (1 - 1e-9):
+            return False          # it would be accepted now: evaluated (and accepted) by the caller
+        self.skipped += 1
+        return True
+
+    def accepted(self, st: PlanState, ev: Evaluation) -> None:
+        """Record what ``ev`` (about to be accepted into ``st``) touches."""
+        d = ev.delta
+        if d is None:                                  # a new state: nothing remembered holds
+            self.moves.clear()
+        else:
+            s, tc, tk = self.step, self.classes, self.kernels
+            for c in d.changed:
+                tc[c] = s
+            for k in list(d.fresh) + list(d.removed):
+                for c in st.reads.get(k, ()):
+                    tc[c] = s
+                tk[k] = s
+            for _, _, reads in d.fresh.values():
+                for c in reads:
+                    tc[c] = s
+            for k in d.refs:
+                tk[k] = s
+        self.step += 1
 
 
 def _cyclic_components(g: EGraph) -> dict[int, int]:
