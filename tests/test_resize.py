@@ -117,6 +117,39 @@ def test_kv_cache_grows():
     assert resolved[2] == resolved[3] == {8: (8, 9)}, resolved
 
 
+def test_unchanged_nodes_are_shared_and_structures_stay_right():
+    """A resized plan keeps the old plan's node objects where the new sizes change nothing (so a
+    kernel the new length does not touch keeps its body, and what was worked out for it), builds
+    new ones where they do, and a kernel's structure (the key its loop IR is kept by) is the one
+    worked out from scratch whether it came from the body's cache or not."""
+    from eqgrad.devices import kernel_structure
+    rng = np.random.default_rng(0)
+    ts, _ = attention_step(rng, 5)
+    first, plan = compiled(*ts)
+    ts, arrays = attention_step(rng, 9)
+    prog = program(*ts)
+    r = resize(first, plan, prog)
+    assert r.plan is not None, r.reason
+    kept = changed = 0
+    for ko, kn in zip(plan.kernels, r.plan.kernels):
+        old_nodes = {id(n) for n in ko.ast.walk()}
+        for n in kn.ast.walk():
+            if id(n) in old_nodes:       # shared: exactly the old node, its sizes unchanged
+                kept += 1
+            else:
+                changed += 1
+        same = kn.ast is ko.ast
+        assert same == (kn.ast.render() == ko.ast.render() and
+                        [n.shape for n in kn.ast.walk()] == [n.shape for n in ko.ast.walk()])
+    assert kept and changed
+    for k in plan.kernels + r.plan.kernels:
+        p = plan if k in plan.kernels else r.plan
+        cached = kernel_structure(k, p)
+        k.ast.__dict__.pop("_structure", None)
+        assert kernel_structure(k, p) == cached
+    close(run_llvm(r.plan, prog), attention_numpy(*arrays))
+
+
 def mlp_step(B: int, I: int = 64, H: int = 32, O: int = 10, seed: int = 0) -> list[Tensor]:
     """Loss and gradients of a 2-layer MLP (mean loss: 1/B is a runtime parameter, not structure)."""
     rng = np.random.default_rng(seed)

@@ -191,15 +191,24 @@ def kernel_structure(k: Any, plan: Any) -> tuple:
     """What lowering a kernel depends on: its body in topological order with each buffer named by
     its parameter position (the output 0, then the inputs), attributes by ``repr`` (so -0.0, NaN and
     0.0 stay apart), and the shapes and dtypes of its parameters."""
-    pos = {k.out: 0, **{b: i + 1 for i, b in enumerate(k.inputs)}}
-    index: dict[int, int] = {}
-    items = []
-    for n in k.ast.walk():
-        arg = pos[n.arg] if n.op == "BUF" else repr(n.arg)
-        items.append((n.op, arg, n.shape, n.dtype.name, tuple(index[id(s)] for s in n.src)))
-        index[id(n)] = len(items) - 1
-    params = tuple((tuple(plan.buffers[b][0]), plan.buffers[b][1].name) for b in (k.out, *k.inputs))
-    return tuple(items), params
+    # the body's part is kept on the body's root node (immutable, and shared by the kernels of a
+    # resized plan that did not change: graph/resize.py), for the buffers it was numbered with
+    ast, bufs = k.ast, (k.out, *k.inputs)
+    hit = ast.__dict__.get("_structure")
+    if hit is not None and hit[0] == bufs:
+        items = hit[1]
+    else:
+        pos = {b: i for i, b in enumerate(bufs)}
+        index: dict[int, int] = {}
+        out = []
+        for n in ast.walk():
+            arg = pos[n.arg] if n.op == "BUF" else repr(n.arg)
+            out.append((n.op, arg, n.shape, n.dtype.name, tuple(index[id(s)] for s in n.src)))
+            index[id(n)] = len(out) - 1
+        items = tuple(out)
+        object.__setattr__(ast, "_structure", (bufs, items))
+    params = tuple((tuple(plan.buffers[b][0]), plan.buffers[b][1].name) for b in bufs)
+    return items, params
 
 
 class LoweredKernels:

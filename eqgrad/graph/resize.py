@@ -554,7 +554,14 @@ class _Resizer:
             arg = tuple(s.value(t) for t in self.arg[id(n)])
         elif n.op in _PAIR_ARG:
             arg = tuple(tuple(s.value(t) for t in p) for p in self.arg[id(n)])
-        return KNode(n.op, tuple(memo[id(x)] for x in n.src), arg, shape, n.dtype)
+        src = tuple(memo[id(x)] for x in n.src)
+        # a node the new sizes leave as it was is the old node itself (bodies are immutable), so
+        # what is worked out per body -- its walk, its structure (devices.kernel_structure) --
+        # carries over to the kernels of the resized plan that did not change
+        if shape == n.shape and all(a is b for a, b in zip(src, n.src)) and \
+                (arg is n.arg or (n.op != "CONST" and arg == n.arg)):
+            return n
+        return KNode(n.op, src, arg, shape, n.dtype)
 
 
 def _traffic(k: Kernel, buffers: list[tuple[Shape, DType]]) -> int:
