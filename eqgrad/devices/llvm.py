@@ -222,6 +222,192 @@ LLVM_OPS: dict[str, Rule] = {
 }
 
 
+# ------------------------------------------------------------------ register lanes as vectors
+# A lane kernel (lower/passes.py "lanes") computes a block of output elements per iteration: per
+# lane, its own accumulators and its own copy of the body. Rendered one scalar per lane, an 8 x 16
+# block is 128 accumulators and 128 copies of the reduce body, which LLVM's SLP vectorizer packs
+# back into vectors: most of the compile time of the kernels that matter (the 64->128->10 MLP Adam
+# step: its two largest kernels, 1,400-1,900 lines each, took 320 of its 870 ms of LLVM, issue 14).
+# _Lanes finds, in the loop IR, the groups of ``vector_lanes`` consecutive lanes -- accumulators
+# (runs of DEFACCs) and output stores (runs of STOREs at consecutive addresses) -- and the value
+# trees feeding them; the renderer then emits each group as one <W x T> instruction. A tree node
+# is a vector op where all lanes have the same op (float and bool ops below), a vector load where
+# the lanes load consecutive elements, a splat where they share one scalar, a vector constant,
+# the accumulators' own vector, and anything else is packed from the lanes' scalars (correct,
+# and what SLP would have to do). LLVM legalizes <W x T> to the target's registers: two 256-bit
+# halves of a <16 x float> with AVX2, one 512-bit register with AVX-512 -- no width is a constant
+# here. Scalar instructions that only vector groups use are not emitted.
+_VEC_FLOAT = frozenset({"ADD", "MUL", "MULADD", "MAX", "NEG", "SQRT", "FLOOR", "TRUNC", "RINT", "RECIP",
+                        "CMPLT", "CMPEQ"})
+_VEC_BOOL = frozenset({"AND", "OR", "NEG", "ADD", "MUL"})
+_VEC_INTRINSIC = {"SQRT": "sqrt", "FLOOR": "floor", "TRUNC": "trunc", "RINT": "roundeven"}
+
+
+class _Lanes:
+    """The vector groups of one (decomposed) lane kernel, worked out before it is rendered."""
+
+    def __init__(self, k: LoopKernel, sized: dict[int, int]) -> None:
+        self.k, self.W, self.sized = k, k.vector_lanes, sized
+        insts, W = k.insts, k.vector_lanes
+        self.scope: list[int] = []          # per instruction: the innermost open RANGE (-1: none)
+        open_: list[int] = []
+        uses: dict[int, list[int]] = {}     # accumulator -> its ACCUMs and ACCREADs, in order
+        for i, x in enumerate(insts):
+            if x.op == "ENDRANGE":
+                open_.pop()
+            self.scope.append(open_[-1] if open_ else -1)
+            if x.op == "RANGE":
+                open_.append(i)
+            elif x.op in ("ACCUM", "ACCREAD"):
+                uses.setdefault(x.src[0], []).append(i)
+        self.trees: dict[tuple, tuple] = {}
+        self.leaves: set[int] = set()       # scalars the vector code reads
+        self.first_acc: dict[int, tuple] = {}       # first DEFACC of a chunk -> the chunk
+        self.acc_last: dict[int, tuple] = {}        # last ACCUM of a group -> (its ACCUMs in lane order)
+        self.read_first: dict[int, tuple] = {}      # first ACCREAD of a group -> (its ACCREADs in lane order)
+        self.store_last: dict[int, tuple] = {}      # last STORE of a group -> (its STOREs in lane order)
+        self.grouped: set[int] = set()              # every instruction that a group renders
+        # accumulators: runs of consecutive float DEFACCs with one initial value, W at a time
+        i = 0
+        while i < len(insts):
+            x = insts[i]
+            if x.op != "DEFACC" or _name(x.dtype) != "float32":
+                i += 1
+                continue
+            j = i
+            while j < len(insts) and insts[j].op == "DEFACC" and insts[j].dtype == x.dtype and insts[j].arg == x.arg:
+                j += 1
+            if (j - i) % W == 0:
+                for c0 in range(i, j, W):
+                    self._chunk(tuple(range(c0, c0 + W)), uses)
+            i = j
+        # (after every chunk: a blocked sum's fold reads another chunk's accumulators as a vector)
+        for g in self.acc_last.values():
+            self._tree(tuple(insts[u].src[1] for u in g))
+        # output stores: W consecutive STOREs to consecutive elements of one parameter, one loop
+        run: list[int] = []
+        for i, x in enumerate(insts):
+            if x.op == "STORE":
+                if run and not self._continues(run, i):
+                    run = []
+                if not run and self.kind(x.src[2]) != "float32":
+                    continue
+                run.append(i)
+                if len(run) == W:
+                    g = tuple(run)
+                    self.store_last[g[-1]] = g
+                    self.grouped.update(g)
+                    self._tree(tuple(insts[s].src[2] for s in g))
+                    self.leaves.add(insts[g[0]].src[1])
+                    run = []
+            elif x.op in ("RANGE", "ENDRANGE"):
+                run = []      # (a group's stores may move past loads: a kernel never reads its output)
+        # scalars still needed: those of the instructions no group renders, and the groups' leaves
+        need = set(self.leaves)
+        for i, x in enumerate(insts):
+            if x.op in ("STORE", "ACCUM") and i not in self.grouped:
+                need.update(x.src)
+        for i in range(len(insts) - 1, -1, -1):
+            if i in need and insts[i].op not in ("DEFACC", "PARAM"):
+                need.update(insts[i].src)
+        self.need = need
+
+    def _continues(self, run: list[int], i: int) -> bool:
+        insts = self.k.insts
+        a, b = insts[run[-1]], insts[i]
+        if b.src[0] != a.src[0] or self.scope[i] != self.scope[run[0]] or self.kind(b.src[2]) != "float32":
+            return False
+        (b0, o0), (b1, o1) = self._offset(a.src[1]), self._offset(b.src[1])
+        return b0 == b1 and o1 == o0 + 1
+
+    def kind(self, i: int) -> str:
+        return _name(self.k.insts[i].dtype)
+
+    def _offset(self, i: int) -> tuple[int | None, int]:
+        """An index instruction as (base instruction, constant offset)."""
+        x, insts = self.k.insts[i], self.k.insts
+        if x.op == "CONST" and i not in self.sized:
+            return None, int(x.arg)
+        if x.op == "ADD" and x.dtype == INDEX:
+            c = insts[x.src[1]]
+            if c.op == "CONST" and x.src[1] not in self.sized:
+                return x.src[0], int(c.arg)
+        return i, 0
+
+    def _chunk(self, accs: tuple[int, ...], uses: dict[int, list[int]]) -> None:
+        """Make ``accs`` (W lanes' accumulators) one vector if every lane uses its own the same way."""
+        insts, W = self.k.insts, self.W
+        per = [uses.get(a, []) for a in accs]
+        n = len(per[0])
+        if any(len(u) != n for u in per):
+            return
+        merged = sorted(u for us in per for u in us)
+        groups = []
+        for j in range(n):
+            g = tuple(u[j] for u in per)
+            xs = [insts[u] for u in g]
+            # the j-th uses of all lanes: adjacent among the chunk's uses, one op, one loop
+            if set(merged[j * W:(j + 1) * W]) != set(g) or len({(x.op, x.arg) for x in xs}) != 1 \
+                    or len({self.scope[u] for u in g}) != 1:
+                return
+            if xs[0].op == "ACCUM" and xs[0].arg not in ("ADD", "MAX"):
+                return
+            groups.append(g)
+        self.first_acc[accs[0]] = accs
+        self.grouped.update(accs)
+        for g in groups:
+            self.grouped.update(g)
+            if insts[g[0]].op == "ACCUM":
+                self.acc_last[max(g)] = g
+            else:
+                self.read_first[min(g)] = g
+                self.trees[g] = ("accread",)
+
+    def _tree(self, g: tuple[int, ...]) -> tuple:
+        hit = self.trees.get(g)
+        if hit is None:
+            hit = self.trees[g] = self._classify(g)
+        return hit
+
+    def _classify(self, g: tuple[int, ...]) -> tuple:
+        insts = self.k.insts
+        x0 = insts[g[0]]
+        kind = self.kind(g[0])
+        if all(i == g[0] for i in g):
+            if x0.op == "CONST" and g[0] not in self.sized:
+                return ("splat_const",)
+            self.leaves.add(g[0])
+            return ("splat",)
+        xs = [insts[i] for i in g]
+        if kind not in ("float32", "bool"):
+            pass
+        elif all(x.op == "CONST" for x in xs) and not any(i in self.sized for i in g):
+            return ("const",)
+        elif x0.op == "LOAD" and kind == "float32" and all(x.op == "LOAD" and x.src[0] == x0.src[0] for x in xs):
+            offs = [self._offset(x.src[1]) for x in xs]
+            if all(b == offs[0][0] and o == offs[0][1] + l for l, (b, o) in enumerate(offs)):
+                self.leaves.add(x0.src[1])
+                return ("load",)
+        elif all(x.op == x0.op and x.dtype == x0.dtype and x.arg == x0.arg for x in xs) and self._vectorizes(x0):
+            kids = tuple(tuple(insts[i].src[j] for i in g) for j in range(len(x0.src)))
+            for kg in kids:
+                self._tree(kg)
+            return ("op", kids)
+        self.leaves.update(g)
+        return ("pack",)
+
+    def _vectorizes(self, x: LInst) -> bool:
+        """Has this op a vector rule (``_Kernel.vector_op``) for its operands' kind?"""
+        src = self.kind(x.src[1] if x.op == "WHERE" else x.src[0]) if x.src else None
+        if x.op == "WHERE":
+            return src == "float32"
+        if x.op == "CAST":
+            return (src, _name(x.dtype)) in (("bool", "float32"), ("float32", "bool"))
+        if src == "float32":
+            return x.op in _VEC_FLOAT
+        return src == "bool" and x.op in _VEC_BOOL
+
+
 # ------------------------------------------------------------------ the kernel
 class _Kernel:
     """One kernel being rendered: a method per structural instruction (loops, accumulators,
@@ -243,6 +429,12 @@ class _Kernel:
         self.inner = _interleaved_loops(k) if k.loop_vectorize else set()
         # loops that hold another loop are never unrolled by LLVM (see _outer_loops)
         self.outer = _outer_loops(k)
+        # register lanes as vectors (see _Lanes); vector values by lane group, dropped with the
+        # loop they were emitted in (a value of a closed loop's body is not available after it)
+        lanes = _Lanes(k, self.sized) if k.vector_lanes >= 2 else None
+        self.lanes = lanes if lanes is not None and lanes.grouped else None
+        self.vmemo: dict[tuple, str] = {}
+        self.vscopes: list[list[tuple]] = [[]]
 
     def set(self, i: int, v: str, kd: str) -> None:
         self.val[i], self.kinds[i] = v, kd
@@ -254,6 +446,7 @@ class _Kernel:
         self.set(i, f"%sz{self.sized[i]}" if i in self.sized else _const(x.arg, x.dtype), _name(x.dtype))
 
     def RANGE(self, i: int, x: LInst) -> None:
+        self.vscopes.append([])
         self.allocas.append(f"  %r{i}.p = alloca i64")
         start, end = ("%lo", "%hi") if i == self.split else ("0", f"%sz{self.sized[i]}" if i in self.sized else str(x.arg))
         self.c.lines += [f"  store i64 {start}, ptr %r{i}.p", f"  br label %L{i}.cond", f"L{i}.cond:",
@@ -262,12 +455,22 @@ class _Kernel:
         self.set(i, f"%r{i}", INDEX)
 
     def ENDRANGE(self, i: int, x: LInst) -> None:
+        for g in self.vscopes.pop():
+            del self.vmemo[g]
         r = x.src[0]
         self.c.lines += [f"  %r{r}.n = add nuw nsw i64 %r{r}, 1", f"  store i64 %r{r}.n, ptr %r{r}.p",
                          f"  br label %L{r}.cond, !llvm.loop {'!3' if r in self.inner else '!4' if r in self.outer else '!0'}", f"L{r}.exit:"]
 
     def DEFACC(self, i: int, x: LInst) -> None:
         kd = _name(x.dtype)
+        if self.lanes is not None and i in self.lanes.grouped:
+            if i in self.lanes.first_acc:          # the chunk's one vector accumulator
+                vt = self.vt(kd)
+                self.allocas.append(f"  %a{i} = alloca {vt}")
+                self.c.lines.append(f"  store {vt} splat ({LT[kd]} {_const(x.arg, x.dtype)}), ptr %a{i}")
+                for a in self.lanes.first_acc[i]:
+                    self.set(a, f"%a{i}", kd)
+            return
         self.allocas.append(f"  %a{i} = alloca {LT[kd]}")
         self.c.lines.append(f"  store {LT[kd]} {_const(x.arg, x.dtype)}, ptr %a{i}")
         self.set(i, f"%a{i}", kd)
@@ -275,6 +478,17 @@ class _Kernel:
     def ACCUM(self, i: int, x: LInst) -> None:
         c = self.c
         acc, v = x.src
+        if self.lanes is not None and i in self.lanes.grouped:
+            g = self.lanes.acc_last.get(i)
+            if g is not None:                      # the group's last lane: one vector ACCUM
+                kd = self.kinds[acc]
+                vt = self.vt(kd)
+                val = self.vec(tuple(self.k.insts[u].src[1] for u in g))
+                cur = c(f"load {vt}, ptr {self.val[acc]}")
+                new = c(f"fadd reassoc nsz contract {vt} {cur}, {val}") if x.arg == "ADD" else \
+                    _intrinsic(c, f"llvm.maximum.v{self.lanes.W}f32", vt, cur, val)
+                c.lines.append(f"  store {vt} {new}, ptr {self.val[acc]}")
+            return
         kd = self.kinds[acc]
         ty = LT[kd]
         cur = c(f"load {ty}, ptr {self.val[acc]}")
@@ -287,9 +501,20 @@ class _Kernel:
 
     def ACCREAD(self, i: int, x: LInst) -> None:
         kd = _name(x.dtype)
+        if self.lanes is not None and i in self.lanes.grouped:
+            g = self.lanes.read_first.get(i)
+            if g is not None:                      # the group's first lane: one vector load
+                v = self.c(f"load {self.vt(kd)}, ptr {self.val[x.src[0]]}")
+                self.remember(g, v)
+                for lane, r in enumerate(g):       # lanes that scalar code reads
+                    if r in self.lanes.need:
+                        self.set(r, self.c(f"extractelement {self.vt(kd)} {v}, i64 {lane}"), kd)
+            return
         self.set(i, self.c(f"load {LT[kd]}, ptr {self.val[x.src[0]]}"), kd)
 
     def LOAD(self, i: int, x: LInst) -> None:
+        if self.lanes is not None and i not in self.lanes.need:
+            return
         c, kd = self.c, _name(x.dtype)
         p, idx = x.src
         ptr = c(f"getelementptr inbounds {MT[kd]}, ptr {self.val[p]}, i64 {self.val[idx]}")
@@ -299,12 +524,94 @@ class _Kernel:
     def STORE(self, i: int, x: LInst) -> None:
         c = self.c
         p, idx, v = x.src
+        if self.lanes is not None and i in self.lanes.grouped:
+            g = self.lanes.store_last.get(i)
+            if g is not None:                      # the group's last lane: one vector store
+                insts = self.k.insts
+                kd = self.kinds.get(insts[g[0]].src[2]) or _name(insts[insts[g[0]].src[2]].dtype)
+                val = self.vec(tuple(insts[s].src[2] for s in g))
+                ptr = c(f"getelementptr inbounds {MT[kd]}, ptr {self.val[p]}, i64 {self.val[insts[g[0]].src[1]]}")
+                c.lines.append(f"  store {self.vt(kd)} {val}, ptr {ptr}, align 4")
+            return
         kd = self.kinds[v]
         ptr = c(f"getelementptr inbounds {MT[kd]}, ptr {self.val[p]}, i64 {self.val[idx]}")
         sv = c(f"zext i1 {self.val[v]} to i8") if kd == "bool" else self.val[v]
         c.lines.append(f"  store {MT[kd]} {sv}, ptr {ptr}")
 
+    # ---------------------------------------------------------------- vectors (see _Lanes)
+    def vt(self, kd: str) -> str:
+        return f"<{self.lanes.W} x {LT[kd]}>"
+
+    def remember(self, g: tuple, v: str) -> None:
+        self.vmemo[g] = v
+        self.vscopes[-1].append(g)
+
+    def vec(self, g: tuple[int, ...]) -> str:
+        """The vector of lane group ``g``'s values, emitted here unless this loop has it already."""
+        hit = self.vmemo.get(g)
+        if hit is not None:
+            return hit
+        insts, c = self.k.insts, self.c
+        node = self.lanes.trees[g]
+        kd = _name(insts[g[0]].dtype)
+        vt, ty = self.vt(kd), LT[kd]
+        how = node[0]
+        if how == "splat_const":
+            return f"splat ({ty} {_const(insts[g[0]].arg, kd)})"        # a constant: nothing to emit
+        if how == "const":
+            return "<" + ", ".join(f"{ty} {_const(insts[i].arg, kd)}" for i in g) + ">"
+        if how == "splat":
+            one = c(f"insertelement {vt} poison, {ty} {self.val[g[0]]}, i64 0")
+            v = c(f"shufflevector {vt} {one}, {vt} poison, <{self.lanes.W} x i32> zeroinitializer")
+        elif how == "load":
+            x = insts[g[0]]
+            ptr = c(f"getelementptr inbounds {MT[kd]}, ptr {self.val[x.src[0]]}, i64 {self.val[x.src[1]]}")
+            v = c(f"load {vt}, ptr {ptr}, align 4")
+        elif how == "op":
+            v = self.vector_op(insts[g[0]], [self.vec(kg) for kg in node[1]], [_name(insts[kg[0]].dtype) for kg in node[1]])
+        else:                                      # "pack": from the lanes' scalars
+            v = "poison"
+            for lane, i in enumerate(g):
+                v = c(f"insertelement {vt} {v}, {ty} {self.val[i]}, i64 {lane}")
+        self.remember(g, v)
+        return v
+
+    def vector_op(self, x: LInst, a: list[str], kinds: list[str]) -> str:
+        """One op on <W x T> operands: the ops ``_Lanes._vectorizes`` admits, as LLVM_OPS renders
+        them on scalars (the same flags, the same NaN-propagating maximum)."""
+        c, op, W = self.c, x.op, self.lanes.W
+        src = kinds[1] if op == "WHERE" else kinds[0]
+        vt = self.vt(src)
+        if op == "WHERE":
+            return c(f"select <{W} x i1> {a[0]}, {vt} {a[1]}, {vt} {a[2]}")
+        if op == "CAST":
+            if src == "bool":
+                return c(f"uitofp <{W} x i1> {a[0]} to <{W} x float>")
+            return c(f"fcmp une {vt} {a[0]}, zeroinitializer")
+        if src == "bool":
+            instr = {"AND": "and", "MUL": "and", "OR": "or", "ADD": "or"}.get(op)
+            if instr is None:                      # NEG
+                return c(f"xor {vt} {a[0]}, splat (i1 true)")
+            return c(f"{instr} {vt} {a[0]}, {a[1]}")
+        if op in _VEC_INTRINSIC:
+            return _intrinsic(c, f"llvm.{_VEC_INTRINSIC[op]}.v{W}f32", vt, *a)
+        if op == "MAX":
+            return _intrinsic(c, f"llvm.maximum.v{W}f32", vt, *a)
+        if op == "MULADD":
+            return c(f"fadd contract {vt} {c(f'fmul contract {vt} {a[0]}, {a[1]}')}, {a[2]}")
+        if op == "NEG":
+            return c(f"fneg {vt} {a[0]}")
+        if op == "RECIP":
+            return c(f"fdiv {vt} splat (float 1.0), {a[0]}")
+        if op == "CMPLT":
+            return c(f"fcmp olt {vt} {a[0]}, {a[1]}")
+        if op == "CMPEQ":
+            return c(f"fcmp oeq {vt} {a[0]}, {a[1]}")
+        return c(f"{'fadd' if op == 'ADD' else 'fmul'} contract {vt} {a[0]}, {a[1]}")
+
     def value(self, i: int, x: LInst) -> None:
+        if self.lanes is not None and i not in self.lanes.need:
+            return                                 # only vector groups use it
         # the operands' kind picks the instruction (CMP* give bool from any kind; WHERE's condition is bool)
         src = self.kinds[x.src[1] if x.op == "WHERE" else x.src[0]]
         o = Operation(x.op, src, _name(x.dtype), x.arg)
@@ -385,7 +692,7 @@ def _outer_loops(k: LoopKernel) -> set[int]:
 
 
 # loop metadata: with explicit lanes the loop vectorizer must stay off (it would vectorize the
-# reduce loop with gathers); the SLP vectorizer packs the lanes instead. !3 marks interleaved loops.
+# reduce loop with gathers); the lanes are vectors already (_Lanes), or SLP packs what is left. !3 marks interleaved loops.
 _LOOP_MD = {
     True: ('!0 = distinct !{!0, !1}\n!1 = !{!"llvm.loop.mustprogress"}\n'
            f'!2 = !{{!"llvm.loop.interleave.count", i32 {INTERLEAVE}}}\n!3 = distinct !{{!3, !1, !2}}\n'

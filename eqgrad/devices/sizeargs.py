@@ -108,7 +108,7 @@ def split_sizes(lk: LoopKernel) -> Shape:
             items.append(x)
     params = tuple((d.name, w) for _, d, w in lk.params)
     reductions = tuple(j for j, (i, v) in enumerate(zip(positions, values)) if i in reduce and v >= SPECULATE_MIN)
-    return Shape(Skeleton((tuple(items), params, lk.parallel, lk.loop_vectorize)), tuple(positions), tuple(values),
+    return Shape(Skeleton((tuple(items), params, lk.parallel, lk.loop_vectorize, lk.vector_lanes)), tuple(positions), tuple(values),
                  reductions)
 
 

@@ -85,8 +85,13 @@ class LoopKernel:
     name: str
     params: list[tuple[str, DType, bool]]     # (name, element dtype, written)
     insts: list[LInst]
-    loop_vectorize: bool = True     # False when lanes are already explicit (SLP packs them instead)
+    loop_vectorize: bool = True     # False when lanes are already explicit (rendered as vectors instead)
     parallel: int = 0               # leading RANGEs whose iterations are independent (see above)
+    # register lanes: how many offsets the innermost upcast axis has (0: no lanes). A lane kernel's
+    # per-lane instructions come in that order, that axis fastest: its accumulators are runs of
+    # DEFACCs and its output STOREs runs of STOREs, in groups of this many consecutive lanes,
+    # which a renderer may emit as one vector each (llvm.py, _Lanes)
+    vector_lanes: int = 0
 
     def parallel_ranges(self) -> list[int]:
         """Instruction ids of the leading independent RANGEs, outermost first."""

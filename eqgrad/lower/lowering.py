@@ -207,7 +207,8 @@ class Lowerer:
     # A kernel whose output axes are upcast renders several output elements ("lanes") at once.
     # Subtrees without reductions are rendered lane by lane (CSE shares what the lanes have in
     # common); a reduction renders ONE loop nest with one accumulator per lane, so e.g. a matmul
-    # tile keeps its lanes' partial sums in registers and LLVM's SLP vectorizer packs them.
+    # tile keeps its lanes' partial sums in registers, and the LLVM renderer emits each group of
+    # ``vector_lanes`` consecutive lanes as one vector (devices/llvm.py, _Lanes).
     def render_lanes(self, n: KNode, idxs: tuple, valids: tuple) -> tuple[int, ...]:
         if not self.has_reduce[id(n)]:
             return tuple(self.render(n, i, v) for i, v in zip(idxs, valids))
@@ -388,7 +389,9 @@ class Lowerer:
                 self.emit("STORE", None, (0, self.index(flat_index(idx, root.shape)), v), cse=False)
         for r in reversed(loops):
             self.close_range(r)
-        return LoopKernel(self.kernel.name, self.params, self.insts, loop_vectorize=not up, parallel=s.parallel)
+        width = up.get(lane_axes[-1], root.shape[lane_axes[-1]]) if lane_axes else 0
+        return LoopKernel(self.kernel.name, self.params, self.insts, loop_vectorize=not up, parallel=s.parallel,
+                          vector_lanes=width)
 
 
 def _zero(dt: DType) -> Any:

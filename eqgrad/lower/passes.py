@@ -185,9 +185,11 @@ class SplitReductions(Pass):
 class Lanes(Pass):
     """Register lanes (upcast): the last output axis with more than one element is split into 16
     lanes (8 or 4 when 16 does not divide) and the axis before it into 8 (4, 2); a reduction then
-    renders one loop nest with one accumulator per lane, an 8x16 block that stays in registers,
-    and the kernel's loop vectorizer is switched off so that LLVM's SLP vectorizer packs the lanes
-    into vectors with FMAs. Measured: matmul 512 415 ms -> 5 ms (one lane axis); 8x16 lanes
+    renders one loop nest with one accumulator per lane, an 8x16 block meant to stay in registers,
+    and the kernel's loop vectorizer is switched off; the LLVM renderer emits the lanes of the last
+    axis as vectors (devices/llvm.py, _Lanes; before, LLVM's SLP vectorizer had to find them, and
+    on an AVX2 EPYC with llvmlite's LLVM 22 it left matmul 512's 128 lanes scalar). The block
+    size is a constant still (issue 15): 8 x 16 floats are 16 AVX2 registers of accumulators. Measured: matmul 512 415 ms -> 5 ms (one lane axis); 8x16 lanes
     matmul 1024 120 GFLOP/s; lanes on the innermost axis with more than one element: batched
     q @ k 121 ms -> 3 ms. Applies to kernels with a reduction that streams a load with unit stride
     along that axis (matmul, convolution, column sums) -- not to a broadcast operand such as a
