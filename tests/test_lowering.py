@@ -341,3 +341,27 @@ def test_validation_without_a_guilty_rule_says_so(monkeypatch):
     msg = str(e.value)
     assert "the mismatch is not caused by a rule: lowering or device (the plan without any rule differs" in msg
     assert "rules whose removal alone fixes it" not in msg
+
+
+def test_index_expressions_are_interned_and_released_between_lowerings(monkeypatch):
+    """Equal index expressions are one object (equality and hashing are identity, in C); the table
+    is emptied only between lowerings, and a kernel lowers to the same loop IR before and after."""
+    from eqgrad.lower import symbolic
+    from eqgrad.lower.symbolic import Div, Var
+    a = Lin.var("r0", 8) * 4 + Lin.var("r1", 4)
+    b = Lin.var("r1", 4) + Lin.var("r0", 8) * 4
+    assert a is b and (a // 4) is (b // 4) and (a // 4) is Lin.var("r0", 8)
+    assert Div(a, 3) is Div(b, 3) and Var("r0", 0, 7) is Var("r0", 0, 7)
+    assert Lin.num(5) is Lin((), 5)
+    x = Tensor(np.arange(24, dtype=np.float32).reshape(2, 3, 4)).permute(2, 0, 1).reshape(4, 6) * 2
+    x.realize()
+    k, plan = engine.last_plan.plan.kernels[-1], engine.last_plan.plan
+    before = str(lower_kernel(k, plan))
+    with symbolic.lowering():                  # inside a lowering nothing is released ...
+        monkeypatch.setattr(symbolic, "INTERN_MAX", 0)
+        with symbolic.lowering():
+            pass
+        assert a is Lin.var("r0", 8) * 4 + Lin.var("r1", 4)
+    assert Lin.var("r0", 8) * 4 + Lin.var("r1", 4) is not a      # ... and after the last, it is
+    assert Lin.num(5) is Lin((), 5)                                # (the small constants stay)
+    assert str(lower_kernel(k, plan)) == before

@@ -33,6 +33,7 @@ from eqgrad.lower.collapse import collapse
 from eqgrad.lower.indexing import MOVES, REDUCES, dry_sources, flat_index, hoistable, move_index, reduce_map, strides_of
 from eqgrad.lower.passes import LowerOptions, Schedule, describe_steps, run_passes
 from eqgrad.lower.sums import SUM_BLOCK, SUM_RADIX, sum_depth, sum_error_terms, sum_pieces
+from eqgrad.lower import symbolic
 from eqgrad.lower.symbolic import Div, Lin, Mod, Var
 from eqgrad.ops import numel, reduce_identity
 
@@ -416,4 +417,5 @@ def lower_kernel(kernel: Kernel, plan: KernelPlan, upcast: tuple[int, int] | Non
     options = options if options is not None else LowerOptions()
     if upcast is not None:
         options = replace(options, upcast=upcast)
-    return Lowerer(collapse(kernel), plan, options=options).lower()
+    with symbolic.lowering():          # (its interned index expressions stay until it is done)
+        return Lowerer(collapse(kernel), plan, options=options).lower()

@@ -17,29 +17,73 @@ of intermediate expressions, so truncation toward zero would be wrong there).
 """
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Union
 
 
-@dataclass(frozen=True)
+# Expressions are interned: equal expressions are one object, so equality is identity and hashing
+# is the object's address, both done in C. The emitter's CSE keys and move_index's memo are tuples
+# of index expressions, hashed and compared at every lookup: ~1,300 hashes per kernel, each a
+# Python call while expressions hashed their fields (a cached hash still cost the call: 15-20 %
+# of lowering). ``_INTERNED`` maps (kind, fields) to the one object; it is emptied, with
+# move_index's memo, only between lowerings (``release``), once it holds ``INTERN_MAX`` entries --
+# an expression kept across that (none is, in eqgrad) would only miss CSE, never be wrong.
+_INTERNED: dict[tuple, object] = {}
+INTERN_MAX = 500_000
+_active = [0]          # lowerings in progress (``lowering``), in any thread
+_active_lock = threading.Lock()
+
+
+def _interned(cls, key: tuple, fields: dict) -> object:
+    hit = _INTERNED.get(key)
+    if hit is None:
+        hit = object.__new__(cls)
+        hit.__dict__.update(fields)
+        hit = _INTERNED.setdefault(key, hit)        # (another thread may have made it first)
+    return hit
+
+
+class lowering:
+    """``with symbolic.lowering():`` -- a lowering is in progress: the interned expressions stay."""
+    def __enter__(self) -> None:
+        with _active_lock:
+            _active[0] += 1
+
+    def __exit__(self, *exc) -> None:
+        with _active_lock:
+            _active[0] -= 1
+            if not _active[0] and len(_INTERNED) > INTERN_MAX:
+                release()
+
+
+def release() -> None:
+    """Forget the interned expressions (and move_index's memo, which holds some); the small
+    constants are interned again."""
+    from eqgrad.lower import indexing
+    _INTERNED.clear()
+    indexing._MOVES_MEMO.clear()
+    for v, x in _NUMS.items():
+        _INTERNED[("L", (), v)] = x
+
+
+@dataclass(frozen=True, eq=False)
 class Var:
     name: str
     lo: int
     hi: int          # inclusive
 
+    def __new__(cls, name: str, lo: int, hi: int) -> "Var":
+        return _interned(cls, ("V", name, lo, hi), dict(name=name, lo=lo, hi=hi))
+
+    def __init__(self, *args) -> None:      # (fields set by __new__)
+        pass
+
+    def __reduce__(self):
+        return Var, (self.name, self.lo, self.hi)
+
     def __repr__(self) -> str:
         return self.name
-
-
-def _cached_hash(self) -> int:
-    """The hash of a frozen expression, computed once: the emitter's CSE keys and move_index's memo
-    are tuples of index expressions, hashed at every lookup (an MLP step's lowering hashed them
-    ~700,000 times, 15 % of its time, before they kept their hashes)."""
-    h = self.__dict__.get("_hash")
-    if h is None:
-        h = hash(tuple(getattr(self, f) for f in self.__dataclass_fields__))
-        object.__setattr__(self, "_hash", h)
-    return h
 
 
 def _sort_key(a: "Atom") -> str:
@@ -53,12 +97,19 @@ def _sort_key(a: "Atom") -> str:
     return k
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Div:
     x: "Lin"
     d: int
 
-    __hash__ = _cached_hash
+    def __new__(cls, x: "Lin", d: int) -> "Div":
+        return _interned(cls, ("D", x, d), dict(x=x, d=d))
+
+    def __init__(self, *args) -> None:
+        pass
+
+    def __reduce__(self):
+        return Div, (self.x, self.d)
 
     @property
     def bounds(self) -> tuple[int, int]:
@@ -69,12 +120,19 @@ class Div:
         return f"({self.x}//{self.d})"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Mod:
     x: "Lin"
     d: int
 
-    __hash__ = _cached_hash
+    def __new__(cls, x: "Lin", d: int) -> "Mod":
+        return _interned(cls, ("M", x, d), dict(x=x, d=d))
+
+    def __init__(self, *args) -> None:
+        pass
+
+    def __reduce__(self):
+        return Mod, (self.x, self.d)
 
     @property
     def bounds(self) -> tuple[int, int]:
@@ -94,16 +152,19 @@ def _atom_bounds(a: Atom) -> tuple[int, int]:
     return (a.lo, a.hi) if isinstance(a, Var) else a.bounds
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Lin:
     terms: tuple[tuple[Atom, int], ...]     # sorted by repr, no zero coefficients
     const: int = 0
 
-    __hash__ = _cached_hash
+    def __new__(cls, terms: tuple, const: int = 0) -> "Lin":
+        return _interned(cls, ("L", terms, const), dict(terms=terms, const=const))
 
-    def __init__(self, terms: tuple, const: int = 0) -> None:
-        # (frozen: fields set once, here -- one dict update instead of a setattr per field)
-        self.__dict__.update(terms=terms, const=const)
+    def __init__(self, *args) -> None:      # (fields set by __new__)
+        pass
+
+    def __reduce__(self):
+        return Lin, (self.terms, self.const)
 
     # -------------------------------------------------------------- construction
     @staticmethod
