@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Callable
 
 from eqgrad.graph.plan import KNode
+from eqgrad.lower import symbolic
 from eqgrad.lower.symbolic import Lin, substitute_free
 
 MOVES = ("RESHAPE", "PERMUTE", "EXPAND", "SHRINK", "FLIP")       # PAD is a move with a mask: apart
@@ -50,6 +51,7 @@ def flat_index(idx: Index, shape: tuple[int, ...]) -> Lin:
 # pass, 5,600 distinct), and a reshape's index costs ~40 us of Lin arithmetic. Bounded by clearing.
 _MOVES_MEMO: dict = {}
 _MOVES_MEMO_MAX = 65_536
+symbolic.on_release(_MOVES_MEMO.clear)       # its keys hold interned expressions
 
 
 def move_index(n: KNode, idx: Index) -> Index:

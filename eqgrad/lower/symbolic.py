@@ -57,12 +57,20 @@ class lowering:
                 release()
 
 
+_RELEASE_HOOKS: list = []      # memos that hold expressions (indexing's move_index memo), emptied with the table
+
+
+def on_release(fn) -> None:
+    """Call ``fn()`` whenever the interned expressions are forgotten (``release``)."""
+    _RELEASE_HOOKS.append(fn)
+
+
 def release() -> None:
-    """Forget the interned expressions (and move_index's memo, which holds some); the small
+    """Forget the interned expressions (and the memos that hold some, ``on_release``); the small
     constants are interned again."""
-    from eqgrad.lower import indexing
     _INTERNED.clear()
-    indexing._MOVES_MEMO.clear()
+    for fn in _RELEASE_HOOKS:
+        fn()
     for v, x in _NUMS.items():
         _INTERNED[("L", (), v)] = x
 
