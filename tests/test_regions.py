@@ -128,4 +128,70 @@ def test_small_programs_training_steps_and_chains_plan_whole():
     for w in ws:
         h = (h @ w).relu()
     h.sum().backward()
-    assert regions.split(program([w.grad for w in ws])) is None                                       # the backward reads every layer
+    assert regions.split(program([w.grad for w in ws])) is None              # its repeats spare too little
+
+
+def _train_step(n: int, seed: int = 0) -> tuple[list[Tensor], list[np.ndarray]]:
+    """An n-layer ReLU MLP's gradients and SGD-with-momentum updates (as tensors), and NumPy's."""
+    rng = np.random.default_rng(seed)
+    ws = [(rng.standard_normal((D, D)) / np.sqrt(D)).astype(np.float32) for _ in range(n)]
+    ms = [rng.standard_normal((D, D)).astype(np.float32) * 0.1 for _ in range(n)]
+    x0 = rng.standard_normal((4, D)).astype(np.float32)
+    wt = [Tensor(w, requires_grad=True) for w in ws]
+    h = Tensor(x0)
+    for w in wt:
+        h = (h @ w).relu()
+    (h * h).sum().backward()
+    outs = []
+    for w, m in zip(wt, ms):
+        mom = Tensor(m) * 0.9 + w.grad
+        outs += [w.grad, mom, w.detach() - mom * 0.01]
+    # NumPy: forward, then backward layer by layer
+    acts, hn = [x0], x0
+    for w in ws:
+        hn = np.maximum(hn @ w, 0)
+        acts.append(hn)
+    g, grads = 2 * acts[-1], [None] * n
+    for i in range(n - 1, -1, -1):
+        g = g * (acts[i + 1] > 0)
+        grads[i] = acts[i].T @ g
+        g = g @ ws[i].T
+    want = []
+    for w, m, gr in zip(ws, ms, grads):
+        mom = m * np.float32(0.9) + gr
+        want += [gr, mom, w - mom * np.float32(0.01)]
+    return outs, want
+
+
+def test_a_training_step_plans_its_repeated_layers_once(fresh, monkeypatch):
+    """A training step has no single-tensor cuts, but its layers repeat in the program's order
+    (each layer's forward, then each backward, then each update): ``periodic`` cuts the repeats,
+    the distinct ones are planned once, and the numbers are the whole plan's and NumPy's. No cut
+    materializes a view or a broadcast (a weight gradient's outer product): later regions
+    recompute those from the data they are made of."""
+    ts, want = _train_step(14)
+    prog = program(ts)
+    assert regions.cuts(prog) == [] or regions._split_at_cuts(prog) is None
+    found = regions.periodic(prog)
+    assert found is not None
+    bounds, inline = found
+    regs = regions.split(prog)
+    assert regs is not None and len({r.program.key for r in regs}) < len(regs) - 8
+    for r in regs:          # region outputs: never a view or broadcast unless the program outputs it
+        assert all(not inline[i] or i in prog.roots for i in r.roots)
+    s0 = GlobalCounters.saturations
+    got = run(ts)
+    assert any("planned by regions" in n for n in engine.last_plan.plan.notes)
+    assert GlobalCounters.saturations - s0 == len({r.program.key for r in regs})
+    kernels, predicted = len(engine.last_plan.plan.kernels), engine.last_plan.plan.predicted
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4)
+    monkeypatch.setenv("EQGRAD_REGIONS", "0")
+    engine.clear_cache()
+    whole = run(_train_step(14)[0])
+    for a, b in zip(got, whole):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    # what the cuts cost the plan: a few more kernels, a few per cent of predicted time at most
+    plan = engine.last_plan.plan
+    assert kernels <= len(plan.kernels) * 1.25 and predicted <= plan.predicted * 1.10, \
+        (kernels, len(plan.kernels), predicted, plan.predicted)

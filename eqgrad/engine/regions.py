@@ -18,10 +18,12 @@ The boundaries cost what the cut tensor costs: it is materialized (written once,
 next region's kernels), and no kernel fuses across it. For a transformer's residual stream that
 is the plan one wants anyway (the monolithic extraction of a 30-layer decoder recomputed the sum
 of every earlier residual branch in each layer's kernels: 50 distinct kernels where 16 repeat).
-Training steps have no cuts (the backward pass reads the forward's activations), nor do chains
-without reductions, so they plan whole. ``split`` returns None unless some region repeats and the
-repeats hold at least ``MIN_SAVED_NODES`` nodes: below that, planning the program whole costs
-little and keeps every fusion.
+Training steps have no such cuts (the backward pass reads the forward's activations); for them
+``periodic`` finds the repeats in the program's order instead (each layer's forward, backward and
+update) and cuts those, never materializing a view or a broadcast across a cut (``views``: a later
+region recomputes them). Chains without reductions plan whole. ``split`` returns None unless some
+region repeats and the repeats hold at least ``MIN_SAVED_NODES`` nodes: below that, planning the
+program whole costs little and keeps every fusion. docs/engine.md has what the cuts cost.
 """
 from __future__ import annotations
 
@@ -30,9 +32,11 @@ from dataclasses import dataclass
 from eqgrad.dtype import DType
 from eqgrad.graph.plan import Kernel, KernelPlan, KNode
 from eqgrad.graph.program import ConstLeaf, Input, Node, ParamLeaf, Program, Ref, is_node
-from eqgrad.ops import OPS, Shape
+from eqgrad.ops import OPS, Shape, numel
 
 MIN_SAVED_NODES = 128      # nodes that repeated regions must spare from planning before the program is cut
+PERIOD_REDUCTIONS = 4      # a repeat's length is looked for up to this many reductions ahead (periodic)
+MIN_STRETCH_NODES = 32     # nodes a stretch of repeats must spare to be cut out (periodic; the whole: MIN_SAVED_NODES)
 
 
 @dataclass(frozen=True)
@@ -77,17 +81,20 @@ def cuts(prog: Program) -> list[int]:
     return out
 
 
-def _region(prog: Program, start: int, end: int, later: set[int]) -> Region:
-    """The nodes [start, end) as a program; ``later``: nodes read after ``end`` or requested."""
+def _region(prog: Program, start: int, end: int, later: set[int], inline: list[bool] | None = None) -> Region:
+    """The nodes [start, end) as a program; ``later``: nodes read after ``end`` or requested.
+    ``inline``: per program node, whether a read of it from an earlier region copies it (and, the
+    same way, its sources) into this one instead of reading it as an input (``periodic``)."""
     inputs: list[Ref] = []
     in_pos: dict[object, int] = {}
     params: list[int] = []
     par_pos: dict[int, int] = {}
     nodes: list[Node] = []
+    local: dict[int, int] = {}             # program node -> its index in ``nodes``
 
     def ref(r: Ref) -> Ref:
-        if is_node(r) and r >= start:
-            return r - start
+        if is_node(r) and r in local:
+            return local[r]
         if isinstance(r, ConstLeaf):
             return r
         if isinstance(r, ParamLeaf):
@@ -95,6 +102,8 @@ def _region(prog: Program, start: int, end: int, later: set[int]) -> Region:
                 par_pos[r.index] = len(params)
                 params.append(r.index)
             return ParamLeaf(par_pos[r.index], r.shape, r.dtype)
+        if is_node(r) and inline is not None and inline[r]:
+            return add(r)                   # a view or broadcast of earlier data: recomputed here
         key = ("n", r) if is_node(r) else ("b", r.pos)
         if key not in in_pos:
             in_pos[key] = len(inputs)
@@ -102,19 +111,236 @@ def _region(prog: Program, start: int, end: int, later: set[int]) -> Region:
         shape, dtype = (prog.nodes[r].shape, prog.nodes[r].dtype) if is_node(r) else (r.shape, r.dtype)
         return Input(in_pos[key], shape, dtype)
 
-    for nd in prog.nodes[start:end]:
-        nodes.append(Node(nd.op, nd.arg, nd.shape, nd.dtype, tuple(ref(s) for s in nd.src)))
+    def add(i: int) -> int:
+        nd = prog.nodes[i]
+        src = tuple(ref(q) for q in nd.src)
+        nodes.append(Node(nd.op, nd.arg, nd.shape, nd.dtype, src))
+        local[i] = len(nodes) - 1
+        return local[i]
+
+    for i in range(start, end):
+        add(i)
     roots = [i for i in range(start, end) if i in later]
     specs = [Spec(prog.nodes[r].shape, prog.nodes[r].dtype) if is_node(r) else Spec(r.shape, r.dtype) for r in inputs]
-    sub = Program(nodes, specs, [i - start for i in roots], prog.device,    # type: ignore[arg-type]
+    sub = Program(nodes, specs, [local[i] for i in roots], prog.device,    # type: ignore[arg-type]
                   [prog.params[i] for i in params])
     return Region(start, end, inputs, params, roots, sub)
+
+
+def _leaf_sig(r: Ref) -> tuple:
+    """What two leaves must share to sit at the same place of two repeats of a layer."""
+    if isinstance(r, ConstLeaf):
+        return ("C", repr(r.value), r.shape, r.dtype.name)
+    return ("I" if isinstance(r, Input) else "P", r.shape, r.dtype.name)
+
+
+def _periods(prog: Program) -> list[int]:
+    """Candidate lengths of a repeated segment: the distances between a reduction and the next
+    few reductions of the same op and shape (a layer's matmul and the next layer's)."""
+    red = [i for i, nd in enumerate(prog.nodes) if _is_reduce(nd.op)]
+    out: set[int] = set()
+    for j, a in enumerate(red):
+        na = prog.nodes[a]
+        for b in red[j + 1:j + 1 + PERIOD_REDUCTIONS]:
+            nb = prog.nodes[b]
+            if (nb.op, nb.arg, nb.shape) == (na.op, na.arg, na.shape) and b - a >= 2:
+                out.add(b - a)
+    return sorted(out)
+
+
+def _runs(prog: Program, L: int) -> list[tuple[int, int]]:
+    """Maximal [a, e) where every node i matches node i + L: the same op, attribute, shape and
+    dtype, and sources that are both nodes (wherever they are: a layer's backward reads its own
+    forward's activation, a different distance back for each layer) or leaves alike. A cheap
+    filter: the repeats it suggests are kept only where their region programs' keys agree
+    (``periodic``), which compares the sources exactly."""
+    nodes, n = prog.nodes, len(prog.nodes)
+    runs, start = [], None
+    for i in range(n - L):
+        x, y = nodes[i], nodes[i + L]
+        ok = (x.op, x.arg, x.shape, x.dtype) == (y.op, y.arg, y.shape, y.dtype) and len(x.src) == len(y.src)
+        if ok:
+            for u, v in zip(x.src, y.src):
+                if is_node(u) != is_node(v) or (not is_node(u) and _leaf_sig(u) != _leaf_sig(v)):
+                    ok = False
+                    break
+        if ok and start is None:
+            start = i
+        elif not ok and start is not None:
+            runs.append((start, i))
+            start = None
+    if start is not None:
+        runs.append((start, n - L))
+    return [(a, e) for a, e in runs if e - a >= L]
+
+
+def views(prog: Program) -> list[bool]:
+    """Per node: a view or a broadcast -- a movement op, or an elementwise op with more elements
+    than the data it is made of (a weight gradient's (batch, out, in) outer product before its
+    sum). Planned whole, these fuse into their consumers; so a region that reads one from an
+    earlier region recomputes it from that data (``_region``'s ``inline``) rather than have a cut
+    materialize it -- the linearized order puts an activation's broadcast next to the activation,
+    and its use, the weight gradient, in the update, many layers later."""
+    data: list[int] = []
+    out: list[bool] = []
+    for nd in prog.nodes:
+        kind = OPS[nd.op].kind
+        srcs = [data[q] if is_node(q) else (numel(q.shape) if isinstance(q, Input) else 1) for q in nd.src]
+        data.append(numel(nd.shape) if kind == "reduce" or not srcs else max(srcs))
+        out.append(kind == "movement" or (kind in ("unary", "binary", "ternary") and numel(nd.shape) > data[-1]))
+    # and one elementwise op of values that are materialized anyway (two or more readers): a relu
+    # mask of a pre-activation is recomputed by the backward that reads it, as a whole plan does
+    readers = _readers(prog, out)
+    for i, nd in enumerate(prog.nodes):
+        if not out[i] and OPS[nd.op].kind in ("unary", "binary", "ternary") and any(is_node(q) for q in nd.src) \
+                and all(not is_node(q) or (not out[q] and len(readers[q]) >= 2) for q in nd.src):
+            out[i] = True
+    return out
+
+
+def _readers(prog: Program, inline: list[bool]) -> list[set[int]]:
+    """Per node: the nodes that read it where it is materialized (through views, which are
+    recomputed where they are read; a program output is materialized where it is)."""
+    n = len(prog.nodes)
+    roots = {r for r in prog.roots if is_node(r)}
+    readers: list[set[int]] = [set() for _ in range(n)]
+    for j in range(n - 1, -1, -1):
+        through = inline[j] and j not in roots
+        for q in prog.nodes[j].src:
+            if is_node(q):
+                readers[q] |= readers[j] if through else {j}
+    return readers
+
+
+def _materialized_uses(prog: Program, inline: list[bool]) -> list[int]:
+    """Per node: the last node that reads it where it is materialized -- directly, or through views
+    (which are recomputed where they are read); a program output: past the end."""
+    n = len(prog.nodes)
+    mlu = [-1] * n
+    roots = {r for r in prog.roots if is_node(r)}
+    for r in roots:
+        mlu[r] = n
+    for j in range(n - 1, -1, -1):
+        through = inline[j] and j not in roots        # (an output view is materialized where it is)
+        for q in prog.nodes[j].src:
+            if is_node(q):
+                mlu[q] = max(mlu[q], mlu[j] if through else j)
+    return mlu
+
+
+def _outputs(lo: int, hi: int, inline: list[bool], mlu: list[int], roots: set) -> set[int]:
+    """A region's outputs: what later regions read (views only when the program outputs them)."""
+    return {i for i in range(lo, hi) if (mlu[i] >= hi and not inline[i]) or i in roots}
+
+
+def periodic(prog: Program) -> tuple[list[int], list[bool]] | None:
+    """Region bounds that cut each run of a repeated segment once per repeat (and the views the
+    regions recompute, ``views``), or None.
+
+    A training step has no single-tensor cuts (``cuts``: the backward pass reads the forward's
+    activations), but its layers still repeat in the program's order: the forward of each hidden
+    layer, then the backward of each, then each parameter's update. For each candidate length
+    (``_periods``) the runs of nodes that match the node that length later (``_runs``) suggest
+    repeats of one segment. A repeat is cut where it materializes the fewest elements (its values
+    read after it, views excepted: a layer's activation, which its backward reads anyway); it must
+    hold a reduction; and only stretches of at least two consecutive repeats whose region programs
+    have equal keys are kept. The rest of the program -- the input layer, the loss, what lies
+    between stretches -- is one region per gap. Candidates are taken largest saving first, without
+    overlaps."""
+    n = len(prog.nodes)
+    inline = views(prog)
+    mlu = _materialized_uses(prog, inline)
+    roots = set(prog.roots)
+
+    # a value with two or more materialized readers (a pre-activation: its relu and its backward)
+    # is materialized anyway, planned whole; one with a single reader (a matmul's sum before its
+    # bias) would fuse into it
+    readers = _readers(prog, inline)
+
+    def crossing(lo: int, hi: int) -> int:
+        """Elements a cut after [lo, hi) materializes that a whole plan would not: its values read
+        after it by a single reader (the program's outputs are materialized wherever cuts fall)."""
+        return sum(numel(prog.nodes[i].shape) for i in _outputs(lo, hi, inline, mlu, roots)
+                   if i not in roots and len(readers[i]) < 2)
+
+    cands = []
+    for L in _periods(prog):
+        for a, e in _runs(prog, L):
+            cands.append(((e - a) // L * L, L, a, e))
+    cands.sort(key=lambda c: (-c[0], c[1], c[2]))
+    taken: list[tuple[int, int]] = []
+    stretches: list[tuple[int, int, int]] = []     # (start, period, repeats)
+    for saved, L, a, e in cands:
+        if saved < MIN_STRETCH_NODES:
+            break
+        best = None
+        for o in range(L):
+            reps = (e - a - o) // L + 1
+            if reps < 2:
+                break
+            if not any(_is_reduce(prog.nodes[i].op) for i in range(a + o, a + o + L)):
+                continue
+            c = crossing(a + o, a + o + L)
+            if best is None or c < best[0]:
+                best = (c, o, reps)
+        if best is None:
+            continue
+        _, o, reps = best
+        start = a + o
+        keys = [_region(prog, start + j * L, start + (j + 1) * L,
+                        _outputs(start + j * L, start + (j + 1) * L, inline, mlu, roots), inline).program.key
+                for j in range(reps)]
+        j = 0
+        while j < reps:                          # stretches of equal consecutive keys
+            m = j
+            while m + 1 < reps and keys[m + 1] == keys[j]:
+                m += 1
+            lo, hi = start + j * L, start + (m + 1) * L
+            if m > j and (m - j) * L >= MIN_STRETCH_NODES and all(hi <= t0 or lo >= t1 for t0, t1 in taken):
+                taken.append((lo, hi))
+                stretches.append((lo, L, m - j + 1))
+            j = m + 1
+    if not stretches:
+        return None
+    bounds = {0, n}
+    for lo, L, reps in stretches:
+        bounds.update(lo + j * L for j in range(reps + 1))
+    return sorted(bounds), inline
+
+
+def _periodic_regions(prog: Program, bounds: list[int], inline: list[bool]) -> list[Region]:
+    n = len(prog.nodes)
+    mlu = _materialized_uses(prog, inline)
+    roots = set(prog.roots)
+    return [_region(prog, a, b, _outputs(a, b, inline, mlu, roots), inline) for a, b in zip(bounds, bounds[1:])]
+
+
+def _saved(regions: list[Region]) -> int:
+    seen: set[tuple] = set()
+    saved = 0
+    for r in regions:
+        k = r.program.key
+        if k in seen:
+            saved += r.end - r.start
+        seen.add(k)
+    return saved
 
 
 def split(prog: Program) -> list[Region] | None:
     """The program's regions, or None when planning it whole is the better deal (see above)."""
     if not prog.nodes or not all(is_node(r) for r in prog.roots):
         return None
+    regs = _split_at_cuts(prog)
+    if regs is None:
+        found = periodic(prog)
+        if found is not None:
+            regs = _periodic_regions(prog, *found)
+            if _saved(regs) < MIN_SAVED_NODES:
+                regs = None
+    return regs
+
+
+def _split_at_cuts(prog: Program) -> list[Region] | None:
     bounds = [0]
     has_reduce = False
     cut_at = set(cuts(prog))
