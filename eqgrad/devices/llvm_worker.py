@@ -5,7 +5,8 @@ vectorization, unrolling), non-temporal stores where asked, codegen. ``LLVMCompi
 runs it in this process; the compile worker runs the same function in a second one, so a plan's
 new kernels compile two at a time (compilepool.py has the parent side and why).
 
-This file is also the worker's *script* (``python .../eqgrad/devices/llvm_worker.py R W``): it
+This file is also the worker's *script* (``python -S .../eqgrad/devices/llvm_worker.py R W PATH``,
+PATH the parent's ``sys.path`` as JSON, which finds llvmlite without the site module): it
 imports nothing of eqgrad and nothing beyond the standard library until llvmlite, so the worker is
 ready in ~0.15 s, where importing eqgrad takes ~0.5 s. Its protocol, on two pipes of
 ``multiprocessing.connection`` messages: the parent sends ``(id, (cpu, features), (src, name,
@@ -83,6 +84,9 @@ def compile_object(llvm: Any, tm: Any, src: str, name: str, symbol: str, nontemp
 def main() -> None:
     """The worker process (run as a script by compilepool.py with its two pipe fds)."""
     from multiprocessing.connection import Connection
+    if len(sys.argv) > 3:      # started with -S: the parent's sys.path finds llvmlite
+        import json
+        sys.path += [p for p in json.loads(sys.argv[3]) if p not in sys.path]
     import llvmlite.binding as llvm
     llvm.initialize_native_target()
     llvm.initialize_native_asmprinter()

@@ -43,7 +43,9 @@ def main() -> None:
     try:
         conn_in = Connection(int(sys.argv[1]), writable=False)
         conn_out = Connection(int(sys.argv[2]), readable=False)
-        mem_limit, declarations, generated, books = conn_in.recv()
+        mem_limit, declarations, generated, books, *rest = conn_in.recv()
+        if rest:      # started with -S (no site: ~35 ms of a start): the parent's path finds egglog
+            sys.path += [p for p in rest[0] if p not in sys.path]
         _worker_main(conn_in, conn_out, mem_limit, tmp, declarations, generated, books)
     except (EOFError, OSError):          # the parent went away
         pass
