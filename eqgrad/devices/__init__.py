@@ -270,10 +270,10 @@ class Device:
     def prepare(self, plan: Any) -> Callable[[list[Buffer]], None]:
         raise NotImplementedError
 
-    def warm(self) -> None:
+    def warm(self, nodes: int = 0) -> None:
         """Set up what the first compile waits for (LLVM: its compiler), ahead of it: the engine
-        calls this while the saturation worker works on a program (never raises; after the first
-        call it does nothing)."""
+        calls this while the saturation worker works on a program of ``nodes`` nodes (never
+        raises; what is set up once is not set up again)."""
 
     def render_kernel(self, k: Any, plan: Any, render: Callable[[Any], str], language: str,
                       upcast: Any = None) -> tuple[Any, str]:

@@ -154,6 +154,17 @@ class CompilePool:
         on (started then if it does not run) unless another thread's batch is using it."""
         return Batch(self, target, local, worker)
 
+    def prestart(self) -> None:
+        """Start the worker now if none runs and no batch uses it, without waiting for it: its
+        start (~0.1-0.15 s: Python, llvmlite, LLVM's set-up) then overlaps the caller's
+        saturation and extraction instead of the first kernels' compile."""
+        if not self._lock.acquire(blocking=False):
+            return
+        try:
+            self._running()
+        finally:
+            self._lock.release()
+
     def _join(self) -> bool:
         """Take the worker for one batch (started if it does not run); False if it is busy or fails."""
         if not self._lock.acquire(blocking=False):

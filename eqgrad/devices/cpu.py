@@ -52,6 +52,7 @@ if TYPE_CHECKING:
 PARALLEL_MIN = 60e-6      # predicted seconds above which a kernel is split across threads
 CHUNKS_PER_THREAD = 4     # pieces of the split loop per thread, taken in turn (launch)
 CHUNK_MIN = 4             # iterations of the split loop per piece, at least (times the grain)
+WARM_POOL_NODES = 16      # program nodes from which warm() starts the compile worker (a smaller one rarely plans 2+ kernels)
 
 Target = tuple[str, str]  # (LLVM CPU name, LLVM feature string)
 
@@ -160,11 +161,15 @@ class LLVMDevice(Device):
         self.families.after_fork_in_child()
         return True
 
-    def warm(self) -> None:
+    def warm(self, nodes: int = 0) -> None:
         try:
             compiler(runnable_target(config.CPU.value)).warm()
         except Exception:          # an unusable EQGRAD_CPU: raised, with its message, by the compile
             pass
+        # a program big enough to plan several kernels compiles two at a time (compilepool.py):
+        # its worker starts now, not when the first kernels are ready
+        if nodes >= WARM_POOL_NODES and config.THREADS.value > 1:
+            compilepool.pool().prestart()
 
     def pool(self, threads: int) -> ThreadPoolExecutor:
         from concurrent.futures import ThreadPoolExecutor     # here: 8 ms of a first realize's import
