@@ -26,6 +26,7 @@ from typing import Any
 # A <N x float> store at a multiple of N from a 64-byte aligned base is 4N-byte aligned (the vector
 # width is the target's: 16 lanes with AVX-512, 8 with AVX2, 4 with SSE); llvm.py's streaming_store
 # says when the runtime guarantees that.
+_ACCUMULATOR = re.compile(r"^  %a\d+ = alloca ", re.M)      # llvm.py's DEFACC
 _VEC_STORE = re.compile(r"(store <(4|8|16) x (?:float|i32)> %[\w.]+, ptr %[\w.]+), align 4(?=\n)")
 
 
@@ -49,11 +50,11 @@ def free_pass_manager(mpm: Any) -> None:
     mpm.detach()
 
 
-def optimize(llvm: Any, tm: Any, mod: Any) -> Any:
+def optimize(llvm: Any, tm: Any, mod: Any, slp: bool = True) -> Any:
     """Run the O3 pipeline for ``tm``'s target on a parsed module (in place); returns it."""
     pto = llvm.create_pipeline_tuning_options(speed_level=3)
     pto.loop_vectorization = True
-    pto.slp_vectorization = True
+    pto.slp_vectorization = slp
     pto.loop_unrolling = True
     pb = llvm.create_pass_builder(tm, pto)
     mpm = pb.getModulePassManager()
@@ -64,12 +65,22 @@ def optimize(llvm: Any, tm: Any, mod: Any) -> Any:
     return mod
 
 
+def wants_slp(src: str) -> bool:
+    """Does this kernel need LLVM's SLP vectorizer? Not an elementwise one -- loops without an
+    accumulator (``%aN = alloca``) or lanes, which the loop vectorizer vectorizes whole: there SLP
+    searched the vectorized body for more, 35 % of the LLVM time of a 2,000-op chain's largest
+    kernel (0.30 of 0.90 s). A lane kernel keeps it (it packs the lanes the renderer could not
+    emit as vectors, ``llvm._Lanes``), and so does a reduction: without it, the row-fused layer
+    norm with weight and bias ran 15-25 % slower (bench_core, 2 runs each)."""
+    return '"llvm.loop.vectorize.width", i32 1' in src or _ACCUMULATOR.search(src) is not None
+
+
 def compile_object(llvm: Any, tm: Any, src: str, name: str, symbol: str, nontemporal: bool = False) -> tuple[bytes, int]:
     """Optimize (O3, for ``tm``'s target) and compile ``src`` with its function ``name`` renamed
     ``symbol``; returns (the object code, how many vector stores were made non-temporal)."""
     mod = llvm.parse_assembly(src.replace(f"@{name}(", f"@{symbol}("))
     mod.verify()
-    optimize(llvm, tm, mod)
+    optimize(llvm, tm, mod, slp=wants_slp(src))
     hits = 0
     if nontemporal:
         text = str(mod)
