@@ -528,7 +528,7 @@ class _Kernel:
             g = self.lanes.store_last.get(i)
             if g is not None:                      # the group's last lane: one vector store
                 insts = self.k.insts
-                kd = self.kinds.get(insts[g[0]].src[2]) or _name(insts[insts[g[0]].src[2]].dtype)
+                kd = _name(insts[insts[g[0]].src[2]].dtype)
                 val = self.vec(tuple(insts[s].src[2] for s in g))
                 ptr = c(f"getelementptr inbounds {MT[kd]}, ptr {self.val[p]}, i64 {self.val[insts[g[0]].src[1]]}")
                 c.lines.append(f"  store {self.vt(kd)} {val}, ptr {ptr}, align 4")

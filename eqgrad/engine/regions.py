@@ -212,20 +212,11 @@ def _readers(prog: Program, inline: list[bool]) -> list[set[int]]:
     return readers
 
 
-def _materialized_uses(prog: Program, inline: list[bool]) -> list[int]:
-    """Per node: the last node that reads it where it is materialized -- directly, or through views
-    (which are recomputed where they are read); a program output: past the end."""
+def _materialized_uses(prog: Program, readers: list[set[int]]) -> list[int]:
+    """Per node: the last of its materialized readers (``_readers``); a program output: past the end."""
     n = len(prog.nodes)
-    mlu = [-1] * n
     roots = {r for r in prog.roots if is_node(r)}
-    for r in roots:
-        mlu[r] = n
-    for j in range(n - 1, -1, -1):
-        through = inline[j] and j not in roots        # (an output view is materialized where it is)
-        for q in prog.nodes[j].src:
-            if is_node(q):
-                mlu[q] = max(mlu[q], mlu[j] if through else j)
-    return mlu
+    return [n if i in roots else max(rs, default=-1) for i, rs in enumerate(readers)]
 
 
 def _outputs(lo: int, hi: int, inline: list[bool], mlu: list[int], roots: set) -> set[int]:
@@ -249,13 +240,12 @@ def periodic(prog: Program) -> tuple[list[int], list[bool]] | None:
     overlaps."""
     n = len(prog.nodes)
     inline = views(prog)
-    mlu = _materialized_uses(prog, inline)
-    roots = set(prog.roots)
-
     # a value with two or more materialized readers (a pre-activation: its relu and its backward)
     # is materialized anyway, planned whole; one with a single reader (a matmul's sum before its
     # bias) would fuse into it
     readers = _readers(prog, inline)
+    mlu = _materialized_uses(prog, readers)
+    roots = set(prog.roots)
 
     def crossing(lo: int, hi: int) -> int:
         """Elements a cut after [lo, hi) materializes that a whole plan would not: its values read
@@ -309,13 +299,13 @@ def periodic(prog: Program) -> tuple[list[int], list[bool]] | None:
 
 
 def _periodic_regions(prog: Program, bounds: list[int], inline: list[bool]) -> list[Region]:
-    n = len(prog.nodes)
-    mlu = _materialized_uses(prog, inline)
+    mlu = _materialized_uses(prog, _readers(prog, inline))
     roots = set(prog.roots)
     return [_region(prog, a, b, _outputs(a, b, inline, mlu, roots), inline) for a, b in zip(bounds, bounds[1:])]
 
 
 def _saved(regions: list[Region]) -> int:
+    """Nodes that planning each distinct region once spares: those of every repeat after the first."""
     seen: set[tuple] = set()
     saved = 0
     for r in regions:
@@ -331,13 +321,9 @@ def split(prog: Program) -> list[Region] | None:
     if not prog.nodes or not all(is_node(r) for r in prog.roots):
         return None
     regs = _split_at_cuts(prog)
-    if regs is None:
-        found = periodic(prog)
-        if found is not None:
-            regs = _periodic_regions(prog, *found)
-            if _saved(regs) < MIN_SAVED_NODES:
-                regs = None
-    return regs
+    if regs is None and (found := periodic(prog)) is not None:
+        regs = _periodic_regions(prog, *found)
+    return regs if regs is not None and _saved(regs) >= MIN_SAVED_NODES else None
 
 
 def _split_at_cuts(prog: Program) -> list[Region] | None:
@@ -365,16 +351,7 @@ def _split_at_cuts(prog: Program) -> list[Region] | None:
         # a region outputs its nodes that a later region reads, and the requested ones
         out = {i for i in range(a, b) if last_use.get(i, -1) >= b or i in roots}
         regions.append(_region(prog, a, b, out))
-    seen: dict[tuple, int] = {}
-    saved = 0
-    for r in regions:
-        k = r.program.key
-        if k in seen:
-            saved += r.end - r.start
-        seen[k] = seen.get(k, 0) + 1
-    if saved < MIN_SAVED_NODES:
-        return None
-    return regions
+    return regions if _saved(regions) >= MIN_SAVED_NODES else None
 
 
 def stitch(prog: Program, regions: list[Region], plans: list[KernelPlan]) -> KernelPlan:

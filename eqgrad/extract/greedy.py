@@ -404,9 +404,7 @@ class _Rejected:
         classes = set(changes)
         for _, _, reads in d.fresh.values():
             classes |= reads
-        kernels = set(d.fresh) | d.removed | set(d.refs)
-        for c in changes:
-            kernels.update(st.readers.get(c, ()))
+        kernels = set(d.fresh) | d.removed | set(d.refs)      # (the re-costed readers are in fresh or removed)
         self.moves[spec] = (dict(changes), self.step, classes, kernels, ev.legal, d.exact - st.exact)
 
     def rejects(self, spec: tuple, changes: dict[int, ENode], st: PlanState, total: float) -> bool:

@@ -44,6 +44,16 @@ def _interned(cls, key: tuple, fields: dict) -> object:
     return hit
 
 
+class _Interned:
+    """An interned expression: made by its class's ``__new__`` through ``_interned``, which sets
+    its fields (the dataclasses say ``init=False``); copied and pickled by its fields, so a copy
+    is the interned object again."""
+    _FIELDS: tuple[str, ...] = ()
+
+    def __reduce__(self):
+        return type(self), tuple(getattr(self, f) for f in self._FIELDS)
+
+
 class lowering:
     """``with symbolic.lowering():`` -- a lowering is in progress: the interned expressions stay."""
     def __enter__(self) -> None:
@@ -75,20 +85,15 @@ def release() -> None:
         _INTERNED[("L", (), v)] = x
 
 
-@dataclass(frozen=True, eq=False)
-class Var:
+@dataclass(frozen=True, eq=False, init=False)
+class Var(_Interned):
     name: str
     lo: int
     hi: int          # inclusive
+    _FIELDS = ("name", "lo", "hi")
 
     def __new__(cls, name: str, lo: int, hi: int) -> "Var":
         return _interned(cls, ("V", name, lo, hi), dict(name=name, lo=lo, hi=hi))
-
-    def __init__(self, *args) -> None:      # (fields set by __new__)
-        pass
-
-    def __reduce__(self):
-        return Var, (self.name, self.lo, self.hi)
 
     def __repr__(self) -> str:
         return self.name
@@ -105,19 +110,14 @@ def _sort_key(a: "Atom") -> str:
     return k
 
 
-@dataclass(frozen=True, eq=False)
-class Div:
+@dataclass(frozen=True, eq=False, init=False)
+class Div(_Interned):
     x: "Lin"
     d: int
+    _FIELDS = ("x", "d")
 
     def __new__(cls, x: "Lin", d: int) -> "Div":
         return _interned(cls, ("D", x, d), dict(x=x, d=d))
-
-    def __init__(self, *args) -> None:
-        pass
-
-    def __reduce__(self):
-        return Div, (self.x, self.d)
 
     @property
     def bounds(self) -> tuple[int, int]:
@@ -128,19 +128,14 @@ class Div:
         return f"({self.x}//{self.d})"
 
 
-@dataclass(frozen=True, eq=False)
-class Mod:
+@dataclass(frozen=True, eq=False, init=False)
+class Mod(_Interned):
     x: "Lin"
     d: int
+    _FIELDS = ("x", "d")
 
     def __new__(cls, x: "Lin", d: int) -> "Mod":
         return _interned(cls, ("M", x, d), dict(x=x, d=d))
-
-    def __init__(self, *args) -> None:
-        pass
-
-    def __reduce__(self):
-        return Mod, (self.x, self.d)
 
     @property
     def bounds(self) -> tuple[int, int]:
@@ -160,19 +155,14 @@ def _atom_bounds(a: Atom) -> tuple[int, int]:
     return (a.lo, a.hi) if isinstance(a, Var) else a.bounds
 
 
-@dataclass(frozen=True, eq=False)
-class Lin:
+@dataclass(frozen=True, eq=False, init=False)
+class Lin(_Interned):
     terms: tuple[tuple[Atom, int], ...]     # sorted by repr, no zero coefficients
     const: int = 0
+    _FIELDS = ("terms", "const")
 
     def __new__(cls, terms: tuple, const: int = 0) -> "Lin":
         return _interned(cls, ("L", terms, const), dict(terms=terms, const=const))
-
-    def __init__(self, *args) -> None:      # (fields set by __new__)
-        pass
-
-    def __reduce__(self):
-        return Lin, (self.terms, self.const)
 
     # -------------------------------------------------------------- construction
     @staticmethod
