@@ -6,8 +6,10 @@
 """
 from eqgrad import config
 from eqgrad.config import Context
+from eqgrad.rules import launch as _launch
+_launch.prestart()          # the saturation worker starts now: it loads egglog while eqgrad imports
 from eqgrad.rules.saturate import prestart as _prestart
-_prestart()                 # the saturation worker starts now, while the rest of eqgrad imports
+_prestart()                 # ... and is sent the IR and the rules to load as soon as they are known
 from eqgrad.dtype import bool_, float32, int32, DType, ConversionWarning
 from eqgrad.cache import CacheWarning
 from eqgrad.counters import EqgradWarning, GlobalCounters

@@ -33,19 +33,19 @@ def test_killed_worker_falls_back_with_a_warning(monkeypatch):
     saturate.reset_saturator()
     sat = saturate.default_saturator()
     sat.run("(let $v0 (Const 1.0 \"float32\" (vec-empty)))\n", timeout=30)       # worker up
-    real_send = saturate.Connection.send
+    real_send = saturate.Channel.send
 
     def send_then_die(conn, obj):
         real_send(conn, obj)
         if isinstance(obj, tuple) and obj and obj[0] == "run" and sat._proc is not None:
             os.kill(sat._proc.pid, signal.SIGKILL)
-    monkeypatch.setattr(saturate.Connection, "send", send_then_die)
+    monkeypatch.setattr(saturate.Channel, "send", send_then_die)
     x = np.random.default_rng(0).standard_normal((4, 4)).astype(np.float32) * 0.1
     with pytest.warns(EqgradWarning, match="worker died"):
         got = _prog(Tensor(x), 41).numpy()
     np.testing.assert_allclose(got, _ref(x, 41), rtol=1e-4, atol=1e-4)
     assert engine.last_plan.report.stop_reason == "worker died"
-    monkeypatch.setattr(saturate.Connection, "send", real_send)
+    monkeypatch.setattr(saturate.Channel, "send", real_send)
     out = Tensor(x) * 2 + 1
     np.testing.assert_allclose(out.numpy(), x * 2 + 1, rtol=1e-6)
     assert engine.last_plan.report.stop_reason == "completed"

@@ -75,7 +75,7 @@ class _Interrupt:
 
     def __init__(self, monkeypatch, point: str):
         self.point, self.fired = point, False
-        real_send, real_poll, real_recv = saturate.Connection.send, saturate.Connection.poll, saturate.Connection.recv
+        real_send, real_poll, real_recv = saturate.Channel.send, saturate.Channel.poll, saturate.Channel.recv
         me = self
 
         def send(conn, obj):
@@ -107,9 +107,9 @@ class _Interrupt:
                 me.fired = True
                 raise KeyboardInterrupt
             return res
-        monkeypatch.setattr(saturate.Connection, "send", send)
-        monkeypatch.setattr(saturate.Connection, "poll", poll)
-        monkeypatch.setattr(saturate.Connection, "recv", recv)
+        monkeypatch.setattr(saturate.Channel, "send", send)
+        monkeypatch.setattr(saturate.Channel, "poll", poll)
+        monkeypatch.setattr(saturate.Channel, "recv", recv)
 
 
 @pytest.mark.parametrize("point", ["before send", "after send", "poll", "before recv", "after recv"])
@@ -129,7 +129,7 @@ def test_sigint_while_saturating_leaves_the_channel_clean(monkeypatch):
     is in the same process group), at several delays after a request went out; then 20 programs."""
     engine.clear_cache()
     main = threading.main_thread().ident
-    real_send = saturate.Connection.send
+    real_send = saturate.Channel.send
     delays = [0.0, 0.001, 0.005, 0.02, 0.06, 0.15]
     state = dict(delay=None, timer=None)
 
@@ -151,7 +151,7 @@ def test_sigint_while_saturating_leaves_the_channel_clean(monkeypatch):
             state["timer"].start()
     old = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        monkeypatch.setattr(saturate.Connection, "send", send)
+        monkeypatch.setattr(saturate.Channel, "send", send)
         x = np.random.default_rng(1).standard_normal((4, 4)).astype(np.float32)
         interrupted, errors = 0, []
         for k, d in enumerate(delays):
@@ -171,7 +171,7 @@ def test_sigint_while_saturating_leaves_the_channel_clean(monkeypatch):
                 state["timer"].join()
         assert not errors, errors
         assert interrupted == len(delays)
-        monkeypatch.setattr(saturate.Connection, "send", real_send)
+        monkeypatch.setattr(saturate.Channel, "send", real_send)
         _all_right_after_interrupts()
     finally:
         signal.signal(signal.SIGINT, old)
@@ -527,4 +527,50 @@ def test_the_caller_works_while_the_worker_saturates():
         assert rep.stop_reason == "completed" and js is not None
         assert len(calls) == 1
     finally:
+        sat.close()
+
+
+# ------------------------------------------------------------------ the channel and the early start
+
+def test_the_channel_carries_big_and_nested_messages_and_reports_the_end():
+    """worker.Channel (marshal over a pipe, issue 14): a message bigger than the pipe's buffer
+    arrives whole, nested values keep their types, ``poll`` waits at most its timeout, and a closed
+    end is an EOFError, not a hang."""
+    from eqgrad.rules.worker import Channel
+    r, w = os.pipe()
+    rx, tx = Channel(r), Channel(w)
+    big = "(let $v0 x)\n" * 400_000                      # ~5 MB, far beyond a pipe's 64 KiB
+    msgs = [dict(id=3, ok=True, json=big, phases=[dict(name="fusion", seconds=0.5, matches={"a": 2})]),
+            ("run", 7, None, -1.5, (("book.egg", "text"),), [("phase", "cmds")], True)]
+    t = threading.Thread(target=lambda: [tx.send(m) for m in msgs])
+    t.start()
+    try:
+        assert rx.recv() == msgs[0] and rx.recv() == msgs[1]
+    finally:
+        t.join(30)
+    t0 = time.monotonic()
+    assert rx.poll(0.2) is False and 0.15 < time.monotonic() - t0 < 5
+    tx.close()
+    assert rx.poll(0) is True                             # the end is there to read ...
+    with pytest.raises(EOFError):                         # ... as an error
+        rx.recv()
+    rx.close()
+
+
+def test_the_worker_loads_egglog_before_the_parent_sends_its_texts():
+    """``import eqgrad`` starts the worker before it imports the rest of eqgrad (launch.py): a
+    worker started that way waits for its texts with egglog loaded, and is ready on a first
+    request sent long after its start."""
+    from eqgrad.rules import launch
+    early = launch.start()
+    sat = Saturator()
+    try:
+        time.sleep(0.5)                 # the worker has loaded egglog's extension and waits
+        assert early[0].poll() is None
+        launch._early = early
+        js, rep = sat.run(TINY, timeout=60)
+        assert sat.pid == early[0].pid and rep.stop_reason == "completed" and js is not None
+        assert launch.take() is None                     # adopted once
+    finally:
+        launch._early = None
         sat.close()

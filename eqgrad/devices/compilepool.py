@@ -24,8 +24,10 @@ import sys
 import tempfile
 import threading
 import time
-from multiprocessing.connection import Connection
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:
+    from multiprocessing.connection import Connection
 
 from eqgrad.counters import GlobalCounters
 from eqgrad.devices import llvm_worker
@@ -65,6 +67,7 @@ class CompilePool:
         os.close(r1)
         os.close(w2)
         self._proc, self._ready = proc, False
+        from multiprocessing.connection import Connection   # here: ~8 ms of every first realize's import
         self._send, self._recv = Connection(w1, readable=False), Connection(r2, writable=False)
 
     def _running(self) -> bool:

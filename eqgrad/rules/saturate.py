@@ -24,15 +24,12 @@ from __future__ import annotations
 
 import atexit
 import itertools
-import multiprocessing
 import os
 import shutil
 import subprocess
 import sys
 import threading
 import weakref
-from multiprocessing.connection import Connection
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,7 +39,8 @@ from eqgrad import config
 from eqgrad.rules.book import BUILTIN_RULEBOOKS, RULEBOOK_DIR, RuleConfig, builtin_config, split_schedule
 from eqgrad.rules.families import generated_rulebooks
 from eqgrad.rules.ir import declarations
-from eqgrad.rules import worker
+from eqgrad.rules import launch
+from eqgrad.rules.worker import Channel
 
 SCHEDULE = "schedule.egg"
 
@@ -115,8 +113,8 @@ class Saturator:
             self.fixed = RuleConfig(tuple(str(p) for p in (rulebooks or [RULEBOOK_DIR / r for r in BUILTIN_RULEBOOKS])),
                                     str(schedule or RULEBOOK_DIR / SCHEDULE))
         self._proc: subprocess.Popen | None = None
-        self._conn: Connection | None = None
-        self._send: Connection | None = None
+        self._conn: Channel | None = None
+        self._send: Channel | None = None
         self._tmp: str | None = None              # the worker's temporary directory
         self._mem: int | None = None              # the memory limit the worker was started with
         self._unanswered = False                  # started, and no reply yet: still importing egglog
@@ -130,32 +128,13 @@ class Saturator:
         return self._proc.pid if self._proc is not None else None
 
     def _start(self) -> None:
-        # A plain subprocess, not multiprocessing: spawn/forkserver would re-import the user's
-        # __main__ in the worker, and fork would copy LLVM's and the caller's threads.
-        tmp = tempfile.mkdtemp(prefix="eqgrad-egg-")
-        r1, w1 = os.pipe()
-        r2, w2 = os.pipe()
-        try:
-            # the worker is a script that imports nothing of eqgrad (worker.py): ready in ~0.1 s where
-            # importing the package and egglog's Python API took ~1 s. In its own directory, so
-            # nothing in the caller's working directory can shadow what it imports.
-            # -S: no site module (the venv's .pth files, the editable install's finder): ~35 ms of
-            # a start that the first realize waits for; the worker gets this process's sys.path
-            proc = subprocess.Popen([sys.executable, "-S", worker.__file__, str(r1), str(w2), tmp],
-                                    pass_fds=(r1, w2), stdin=subprocess.DEVNULL, cwd=tmp)
-        except BaseException:
-            for fd in (r1, w1, r2, w2):
-                os.close(fd)
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        os.close(r1)
-        os.close(w2)
-        self._proc, self._tmp = proc, tmp
-        self._send = Connection(w1, readable=False)
-        self._conn = Connection(r2, writable=False)
+        # the worker ``import eqgrad`` started (launch.py), or a new one; either is loading egglog
+        # and waits for the texts it is to load
+        proc, tmp, send, conn = launch.take() or launch.start()
+        self._proc, self._tmp, self._send, self._conn = proc, tmp, send, conn
         self._mem = config.EGRAPH_MEMORY.value     # the worker's rlimit is set once, at its start
-        self._send.send((self._mem, declarations(), generated_rulebooks(), (self.fixed or builtin_config()).books,
-                         list(sys.path)))
+        self._send.send((self._mem, declarations(), generated_rulebooks(),
+                         tuple(map(tuple, (self.fixed or builtin_config()).books))))
         self._unanswered = True
 
     def close(self) -> None:
@@ -346,14 +325,12 @@ def default_saturator() -> Saturator:
 
 
 def prestart() -> None:
-    """Called once by ``import eqgrad``: start the default worker in the background, so that its
-    start (a Python process importing egglog, ~0.15 s) overlaps the rest of the import and the
-    caller's graph building instead of delaying the first saturation (issue 14). Not with
-    EQGRAD_PRESTART=0 or EQGRAD_OPT=0, and not in a ``multiprocessing`` child, where a pool of
-    workers that import eqgrad would each start one. Never raises: a worker that cannot start now
-    (or a flag that does not parse) is reported at the first saturation, as without a prestart."""
+    """Called by ``import eqgrad`` as soon as this module is imported: the default saturator adopts
+    the worker that ``launch.prestart`` started at the beginning of the import (issue 14) and sends
+    it the IR and the rules to load, so that it is ready by the first realize. Never raises: a
+    worker that failed is reported at the first saturation, as without a prestart."""
     try:
-        if config.PRESTART.value and config.OPT.value and multiprocessing.parent_process() is None:
+        if launch.prestarted():
             default_saturator().warm()
     except Exception:
         pass

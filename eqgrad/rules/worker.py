@@ -5,8 +5,12 @@ It is started as a *script* (``python .../eqgrad/rules/worker.py``), not as a mo
 package, and imports nothing from eqgrad: importing eqgrad (numpy, llvmlite, the whole framework)
 and the ``egglog`` package's Python API took ~1 s of a fresh process's first realize, and the
 worker needs neither -- the parent sends it the texts it needs (the IR declarations and the
-generated rule families) at its start, and it loads egglog's Rust extension by itself
-(``load_bindings``). Started so, it is ready in ~0.1 s.
+generated rule families) once it has them, and it loads egglog's Rust extension by itself
+(``load_bindings``) before that, while the parent still imports eqgrad (launch.py starts it first
+thing). Started so, and with a channel of its own (``Channel``), it has egglog loaded ~45 ms after
+its start and is ready ~0.1 s after that (a first realize's worker: ready ~0.33 s into a fresh
+process, where it was ~0.45 s with the start after half of the import and multiprocessing's
+channel).
 """
 from __future__ import annotations
 
@@ -15,16 +19,64 @@ import sys
 if __name__ == "__main__" and sys.path and sys.path[0] == __import__("os").path.dirname(__file__):
     del sys.path[0]        # a script's folder goes first on sys.path: eqgrad/rules must not shadow anything
 
-import importlib.util
-import re
-import shutil
-import signal
+import marshal
+import os
 import time
-from multiprocessing.connection import Connection
-from pathlib import Path
+
+# Only modules Python has loaded already at start-up, and marshal: the worker's start is on a first
+# realize's path (issue 14), and multiprocessing.connection, pathlib, shutil and re were ~60 ms of it
+
+
+class Channel:
+    """One direction of the pipe between the parent (saturate.py) and the worker: each message is
+    a ``marshal``'d value (None, bool, numbers, str, lists, tuples, dicts) sent as its length (8
+    bytes, little-endian) and its bytes. Both ends run the same Python, so marshal's format is
+    theirs; it is not multiprocessing's pickle channel because importing that took ~30 ms of the
+    worker's start. Blocking; ``poll`` waits with a timeout (the parent's)."""
+    __slots__ = ("fd",)
+
+    def __init__(self, fd: int):
+        self.fd = fd
+
+    def fileno(self) -> int:
+        return self.fd
+
+    def send(self, obj) -> None:
+        data = marshal.dumps(obj)
+        for chunk in (len(data).to_bytes(8, "little"), data):
+            view = memoryview(chunk)
+            while view:
+                view = view[os.write(self.fd, view):]
+
+    def _read(self, n: int) -> bytearray:
+        buf = bytearray(n)
+        view, got = memoryview(buf), 0
+        while got < n:
+            k = os.readv(self.fd, [view[got:]])
+            if k == 0:
+                raise EOFError("the other end of the worker's channel closed")
+            got += k
+        return buf
+
+    def recv(self):
+        return marshal.loads(self._read(int.from_bytes(self._read(8), "little")))
+
+    def poll(self, timeout: float | None = 0.0) -> bool:
+        """Is a message (or the end of the channel) there to read, waiting up to ``timeout`` seconds
+        (None: for ever)?"""
+        import select                       # the parent's side only
+        p = select.poll()
+        p.register(self.fd, select.POLLIN)
+        return bool(p.poll(None if timeout is None else max(0, int(timeout * 1000 + 0.999))))
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            fd, self.fd = self.fd, -1
+            os.close(fd)
 
 
 def _rule_name(key: str) -> str:
+    import re                  # loaded by egglog's extension already
     m = re.search(r':name\s+"([^"]+)"', key)
     return m.group(1) if m else " ".join(key.split())[:60]
 
@@ -36,20 +88,24 @@ def _size(eg, bindings) -> int:
 
 
 def main() -> None:
-    """Entry point of the worker process (run as a script by ``Saturator``, with two pipe fds and the
-    temporary directory it may use, which it removes when it ends)."""
+    """Entry point of the worker process, run as a script (launch.py) with two pipe fds, the
+    temporary directory it may use (removed when it ends) and the parent's ``sys.path`` (started
+    with -S, no site module: ~35 ms of a start; the parent's path finds egglog). egglog's extension
+    loads first, while the parent is still importing eqgrad; then the parent's first message
+    brings the texts to load."""
+    import signal
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    tmp = Path(sys.argv[3])
+    tmp = sys.argv[3]
+    sys.path += [p for p in sys.argv[4:] if p not in sys.path]
     try:
-        conn_in = Connection(int(sys.argv[1]), writable=False)
-        conn_out = Connection(int(sys.argv[2]), readable=False)
-        mem_limit, declarations, generated, books, *rest = conn_in.recv()
-        if rest:      # started with -S (no site: ~35 ms of a start): the parent's path finds egglog
-            sys.path += [p for p in rest[0] if p not in sys.path]
-        _worker_main(conn_in, conn_out, mem_limit, tmp, declarations, generated, books)
+        conn_in, conn_out = Channel(int(sys.argv[1])), Channel(int(sys.argv[2]))
+        bindings = load_bindings()
+        mem_limit, declarations, generated, books = conn_in.recv()
+        _worker_main(bindings, conn_in, conn_out, mem_limit, tmp, declarations, generated, books)
     except (EOFError, OSError):          # the parent went away
         pass
     finally:
+        import shutil
         shutil.rmtree(tmp, ignore_errors=True)
 
 
@@ -59,13 +115,19 @@ def load_bindings():
     never uses; the extension alone loads in ~30 ms. Falls back to the package import when the
     extension cannot be found or loaded that way."""
     try:
-        spec = importlib.util.find_spec("egglog")          # locates the package without importing it
-        for folder in (spec.submodule_search_locations or []) if spec else []:
-            for f in sorted(Path(folder).glob("bindings*.so")) + sorted(Path(folder).glob("bindings*.pyd")):
-                ext = importlib.util.spec_from_file_location("egglog.bindings", f)
-                mod = importlib.util.module_from_spec(ext)
-                ext.loader.exec_module(mod)
-                return mod
+        from importlib.machinery import EXTENSION_SUFFIXES, ExtensionFileLoader, ModuleSpec
+        for entry in sys.path:
+            folder = os.path.join(entry or ".", "egglog")
+            if not os.path.isfile(os.path.join(folder, "__init__.py")):
+                continue
+            for name in sorted(os.listdir(folder)):
+                if name.startswith("bindings.") and any(name.endswith(x) for x in EXTENSION_SUFFIXES):
+                    path = os.path.join(folder, name)
+                    loader = ExtensionFileLoader("egglog.bindings", path)
+                    mod = loader.create_module(ModuleSpec("egglog.bindings", loader, origin=path))
+                    loader.exec_module(mod)
+                    return mod
+            break                        # the first egglog on the path is the one an import finds
     except Exception:        # any surprise: the ordinary import below
         pass
     from egglog import bindings
@@ -120,20 +182,24 @@ def _run_phases(eg, bindings, phases: list[tuple[str, str]], node_limit: int) ->
     return reports, stop
 
 
-def _worker_main(conn_in, conn, mem_limit: int, tmp: Path, declarations: str, generated: str,
+def _write(path: str, text: str) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+
+
+def _worker_main(bindings, conn_in, conn, mem_limit: int, tmp: str, declarations: str, generated: str,
                  books: list[tuple[str, str]]) -> None:
     """Serve requests until the parent sends None. ``books``: the rulebooks the first run will most
     likely use (the built-in ones), loaded before the worker says it is ready."""
     if mem_limit > 0:
         import resource
         resource.setrlimit(resource.RLIMIT_AS, (mem_limit, mem_limit))
-    bindings = load_bindings()
     # eqgrad's own texts are loaded with Include: the fast path for big programs (DESIGN.md), and for
     # the generated families 25 ms a request where parse_program takes 75 ms
-    decl, gen = tmp / "declarations.egg", tmp / "generated.egg"
-    decl.write_text(declarations)
-    gen.write_text(generated)
-    prog = tmp / "program.egg"
+    decl, gen = os.path.join(tmp, "declarations.egg"), os.path.join(tmp, "generated.egg")
+    _write(decl, declarations)
+    _write(gen, generated)
+    prog = os.path.join(tmp, "program.egg")
     span = bindings.RustSpan("", 0, 0)
     # The e-graph holding the declarations and the rules of the last run, saved with (push) before a
     # program is inserted and restored with (pop) after: building it took ~120 ms of a one-op
@@ -144,9 +210,9 @@ def _worker_main(conn_in, conn, mem_limit: int, tmp: Path, declarations: str, ge
 
     def fresh(generated: bool):
         eg = bindings.EGraph()
-        eg.run_program(bindings.Include(span, str(decl)))
+        eg.run_program(bindings.Include(span, decl))
         if generated:
-            eg.run_program(bindings.Include(span, str(gen)))
+            eg.run_program(bindings.Include(span, gen))
         return eg
 
     push, pop = bindings.Push(1), bindings.Pop(span, 1)
@@ -181,8 +247,8 @@ def _worker_main(conn_in, conn, mem_limit: int, tmp: Path, declarations: str, ge
             eg = base
             eg.run_program(push)
             try:
-                prog.write_text(program)
-                eg.run_program(bindings.Include(span, str(prog)))
+                _write(prog, program)
+                eg.run_program(bindings.Include(span, prog))
                 before = _size(eg, bindings)
                 reports, stop = _run_phases(eg, bindings, phases, node_limit)
                 js = eg.serialize([]).to_json()
