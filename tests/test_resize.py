@@ -150,6 +150,38 @@ def test_unchanged_nodes_are_shared_and_structures_stay_right():
     close(run_llvm(r.plan, prog), attention_numpy(*arrays))
 
 
+def test_a_kept_body_is_not_lowered_or_built_again(monkeypatch):
+    """The LLVM device builds a body once: a resized plan's kernels whose bodies resize kept (no
+    size of theirs changed) run the programs built for the old plan, and only the changed kernels
+    go through lowering, the size families and the disk cache again (devices/cpu.py
+    ``build_member``); the results stay right."""
+    from eqgrad.devices import cpu
+    rng = np.random.default_rng(1)
+    w = Tensor(rng.standard_normal((8, 8)).astype(np.float32)).realize()
+
+    def step(T: int) -> tuple[list[Tensor], list[np.ndarray]]:
+        x = Tensor(rng.standard_normal((T, 8)).astype(np.float32)).realize()
+        ts = [(x * 2).sum(0), (x.exp() + 1).max(1), (w.exp() * 3).sum(1)]
+        wn, xn = w.numpy(), x.numpy()
+        return ts, [(xn * 2).sum(0), (np.exp(xn) + 1).max(1), (np.exp(wn) * 3).sum(1)]
+    ts, want = step(5)
+    first, plan = compiled(*ts)
+    close(run_llvm(plan, first), want)
+    ts, want = step(9)
+    prog = program(*ts)
+    r = resize(first, plan, prog)
+    assert r.plan is not None, r.reason
+    kept = [kn for ko, kn in zip(plan.kernels, r.plan.kernels) if kn.ast is ko.ast]
+    assert kept and len(kept) < len(plan.kernels)
+    built = []
+    real = cpu.LLVMDevice._build_member
+    monkeypatch.setattr(cpu.LLVMDevice, "_build_member",
+                        lambda self, k, *a: built.append(k.ast) or real(self, k, *a))
+    close(run_llvm(r.plan, prog), want)
+    assert built and not any(b is k.ast for b in built for k in kept)
+    assert len(built) <= len(r.plan.kernels) - len(kept) + 2      # (+ a split reduction's two kernels)
+
+
 def mlp_step(B: int, I: int = 64, H: int = 32, O: int = 10, seed: int = 0) -> list[Tensor]:
     """Loss and gradients of a 2-layer MLP (mean loss: 1/B is a runtime parameter, not structure)."""
     rng = np.random.default_rng(seed)

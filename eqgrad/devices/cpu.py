@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 from eqgrad import config
 from eqgrad.graph.plan import KernelPlan
 from eqgrad.devices import Buffer, Device
+from eqgrad.lower import lowering
 from eqgrad.lower.passes import LowerOptions
 from eqgrad.lower.split import split_reduction
 from eqgrad.ops import numel
@@ -153,6 +154,7 @@ class LLVMDevice(Device):
         self._sources: dict[Any, tuple] = {}
         self._disk: dict[int, tuple] = {}          # id of a kernel -> (it, _from_disk's answer), per prepare
         self._structures = {}                      # id of a kernel -> (it, plan, structure), per prepare
+        self._members: dict[int, tuple] = {}       # id of a kernel -> (it, plan, target, _member's answer), per prepare
 
     def after_fork_in_child(self) -> bool:
         # the inherited pool's threads do not exist in the child, but its idle count says they do:
@@ -208,12 +210,20 @@ class LLVMDevice(Device):
     def _member(self, k, plan: KernelPlan, upcast, target: Target | None) -> tuple:
         """What ``build_member`` decides for a kernel, without compiling: (loop kernel, extent of its
         split loop, it decomposed, its Shape, its family key, the live program or None, the sized
-        program to compile or None)."""
-        lk = self.lowered_kernel(k, plan, upcast)
-        n = lk.insts[lk.parallel_ranges()[0]].arg if lk.parallel else 1
-        dk, shape = self.families.shape_of(lk)
-        shape_out, dt = plan.buffers[k.out]
-        nt = streaming_store(lk, numel(shape_out) * dt.itemsize)
+        program to compile or None). The loop kernel and its decomposition are worked out once per
+        prepare (prefetch, then the build); the family is asked each time (a kernel built earlier
+        in this prepare may have given it the program)."""
+        hit = self._members.get(id(k)) if upcast is None else None
+        if hit is not None and hit[0] is k and hit[1] is plan and hit[2] == target:
+            lk, n, dk, shape, nt = hit[3]
+        else:
+            lk = self.lowered_kernel(k, plan, upcast)
+            n = lk.insts[lk.parallel_ranges()[0]].arg if lk.parallel else 1
+            dk, shape = self.families.shape_of(lk)
+            shape_out, dt = plan.buffers[k.out]
+            nt = streaming_store(lk, numel(shape_out) * dt.itemsize)
+            if upcast is None:
+                self._members[id(k)] = (k, plan, target, (lk, n, dk, shape, nt))
         key = (shape.skeleton, nt, target)
         prg = self.families.find(key, shape)
         # (a sized program does not use streaming stores: a kernel that would keeps its literal
@@ -269,6 +279,42 @@ class LLVMDevice(Device):
         loop IR, or the family's sized program bound to this kernel's sizes, or a new program --
         sized when the family's sizes keep changing -- or, for a kernel an earlier process lowered,
         the program of the source it kept. Returns (program, extent of its split loop)."""
+        memo = self._memo_key(target) if upcast is None else None
+        if memo is not None:
+            hit = self._built(k, memo)
+            if hit is not None:
+                return hit
+            prg, n = self._build_member(k, plan, upcast, target, engine)
+            object.__setattr__(k.ast, "_llvm_member", (self, memo, weakref.ref(prg), n))
+            return prg, n
+        return self._build_member(k, plan, upcast, target, engine)
+
+    def _memo_key(self, target: Target | None) -> tuple | None:
+        """What a kernel's built program depends on besides its body, for ``build_member``'s memo
+        (None: no memo, with DEBUG>=4, which prints each kernel's source as it is built).
+
+        A kernel's program and split extent are a function of its body (its buffers' shapes and
+        dtypes are its reads' and its root's) and of these, so they are kept on the body: a body
+        that a resized plan shares with the plan it came from (graph/resize.py keeps a kernel's
+        body where no size of it changes: 28 of a decoder step's 32 kernels when the KV cache
+        grows) is not looked up again -- its loop IR, size family, disk entry -- in every prepare.
+        The lowering function is part of the key, as it is of the loop IR's (tests patch it)."""
+        if config.DEBUG.value >= 4:
+            return None
+        return target, config.SIZE_ARGS.value, config.THREADS.value, lowering.lower_kernel
+
+    def _built(self, k, memo: tuple | None) -> tuple[Any, int] | None:
+        """(program, split extent) of the kernel's body as built for an earlier plan, while that
+        program is alive (the memo holds it weakly: a program lives as long as the plans that
+        run it, not as long as a body)."""
+        hit = k.ast.__dict__.get("_llvm_member") if memo is not None else None
+        if hit is None or hit[0] is not self or hit[1] != memo:
+            return None
+        prg = hit[2]()
+        return None if prg is None else (prg, hit[3])
+
+    def _build_member(self, k, plan: KernelPlan, upcast, target: Target | None,
+                      engine: CodeEngine | None) -> tuple[Any, int]:
         ix = self._from_disk(k, plan, target) if upcast is None else None
         if ix is not None:
             sig = _Signature("eqk", (None,) * ix["n_params"])
@@ -316,7 +362,10 @@ class LLVMDevice(Device):
         batch = compilepool.pool().batch((c.cpu, c.features), local, worker=len(plan.kernels) >= 2)
         job_keys, keys = [], []
         try:
+            memo = self._memo_key(target)
             for k in plan.kernels:
+                if self._built(k, memo) is not None:
+                    continue                        # built for an earlier plan: nothing to compile
                 ix = self._from_disk(k, plan, target)
                 if ix is not None:
                     src, nt = ix["src"], ix["nontemporal"]
@@ -386,11 +435,17 @@ class LLVMDevice(Device):
         if threads < 2:
             return plan, []
         kernels, extra = [], []
+        options = LowerOptions(threads=threads, parallel_min=PARALLEL_MIN)
         for k in plan.kernels:
-            # the "split reductions" pass decides (lower/passes.py); the device allocates the scratch
-            sp = split_reduction(k, len(plan.buffers) + len(extra),
-                                 LowerOptions(threads=threads, parallel_min=PARALLEL_MIN))
+            # the "split reductions" pass decides (lower/passes.py); the device allocates the scratch.
+            # A body it leaves alone says so on itself, for the plans that share it (graph/resize.py)
+            unsplit = (options, k.predicted)
+            if k.ast.__dict__.get("_unsplit") == unsplit:
+                kernels.append(k)
+                continue
+            sp = split_reduction(k, len(plan.buffers) + len(extra), options)
             if sp is None:
+                object.__setattr__(k.ast, "_unsplit", unsplit)
                 kernels.append(k)
                 continue
             extra.append((sp[0].ast.shape, sp[0].ast.dtype))
@@ -411,6 +466,7 @@ class LLVMDevice(Device):
             self._sources.clear()
             self._disk.clear()
             self._structures.clear()
+            self._members.clear()
         return self._runner(steps, scratch, threads)
 
     def _build_all(self, plan: KernelPlan, target: Target | None, engine: CodeEngine, beam: int,

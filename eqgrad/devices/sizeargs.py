@@ -114,7 +114,7 @@ def split_sizes(lk: LoopKernel) -> Shape:
 
 class Sized:
     """A sized program bound to one member's values: called like the program itself."""
-    __slots__ = ("program", "sizes", "_addr", "nontemporal")
+    __slots__ = ("program", "sizes", "_addr", "nontemporal", "__weakref__")
 
     def __init__(self, program: Any, sizes: list[int]) -> None:
         self.program = program
