@@ -123,12 +123,48 @@ def test_small_programs_training_steps_and_chains_plan_whole():
     for _ in range(300):
         x = (x * 1.01 + 0.5).sin()
     assert regions.split(program([x])) is None                               # no reduction: one region
+    assert regions.split(program([x]), max_nodes=1000) is None               # ... that fits a kernel
     ws = [Tensor(w, requires_grad=True) for w, _ in weights(8)]
     h = Tensor(np.ones((4, D), np.float32))
     for w in ws:
         h = (h @ w).relu()
     h.sum().backward()
     assert regions.split(program([w.grad for w in ws])) is None              # its repeats spare too little
+
+
+def _chain(n: int) -> tuple[Tensor, np.ndarray]:
+    x0 = np.linspace(-1, 1, 64, dtype=np.float32).reshape(8, 8)
+    x, xn = Tensor(x0).realize(), x0
+    for i in range(n):
+        x = (x * 1.01 + 0.5).sin().transpose(0, 1) if i % 2 else (x * 1.01 + 0.5).sin()
+        xn = np.sin(xn * np.float32(1.01) + np.float32(0.5)).astype(np.float32)
+        xn = xn.T if i % 2 else xn
+    return x, xn
+
+
+def test_a_long_elementwise_chain_is_cut_where_the_kernel_cap_would_cut_it(fresh, monkeypatch):
+    """An elementwise chain longer than the largest kernel body (DeviceParams.max_nodes) is cut by
+    the extractor anyway; where it repeats, regions cut it every largest multiple of its period that
+    fits the cap, so one region is saturated and extracted for all its repeats -- with at most a
+    few more kernels than the whole program's plan and the same numbers."""
+    x, want = _chain(200)                                        # 7 nodes a repeat of 2 steps: 700 nodes
+    prog = program([x])
+    regs = regions.split(prog, max_nodes=160)
+    assert regs is not None and all(r.end - r.start <= 160 for r in regs)
+    assert len({r.program.key for r in regs}) <= 4 and len(regs) >= len(prog.nodes) // 160
+    got = run([x])[0]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    plan = engine.current_session().last_plan.plan
+    assert "planned by regions" in plan.notes[0]
+    check_plan(plan)
+    engine.clear_cache()
+    _REGION_PLANS.clear()
+    monkeypatch.setenv("EQGRAD_REGIONS", "0")
+    x, _ = _chain(200)
+    np.testing.assert_allclose(run([x])[0], got, rtol=1e-6, atol=1e-6)
+    whole = engine.current_session().last_plan.plan
+    assert len(plan.kernels) <= len(whole.kernels) + 2
+    assert plan.predicted <= whole.predicted * 1.05
 
 
 def _train_step(n: int, seed: int = 0) -> tuple[list[Tensor], list[np.ndarray]]:

@@ -24,7 +24,7 @@ from eqgrad.counters import EqgradWarning, GlobalCounters
 from eqgrad.devices import Buffer, get_device
 from eqgrad.engine import diskcache
 from eqgrad.engine import regions
-from eqgrad.extract import ExtractSettings, extractor_name, make_extractor, settings_key
+from eqgrad.extract import ExtractSettings, cost_model, extractor_name, make_extractor, settings_key
 from eqgrad.extract.egraph import EGraph, from_json, from_program
 from eqgrad.extract.plan import build_plan
 from eqgrad.graph.plan import KernelPlan
@@ -123,7 +123,7 @@ def _compile(prog: Program, rules: RuleConfig, extraction: ExtractSettings | Non
         if hit is not None:
             return _from_disk(hit, dev, t0, dbg)
     if disk and prepare and config.REGIONS.value:
-        regs = regions.split(prog)
+        regs = regions.split(prog, cost_model(prog.device, extraction).params.max_nodes)
         if regs is not None:
             return _compile_regions(prog, regs, rules, extraction, saturator, dev, key, dbg)
     t0 = time.perf_counter()

@@ -21,7 +21,9 @@ of every earlier residual branch in each layer's kernels: 50 distinct kernels wh
 Training steps have no such cuts (the backward pass reads the forward's activations); for them
 ``periodic`` finds the repeats in the program's order instead (each layer's forward, backward and
 update) and cuts those, never materializing a view or a broadcast across a cut (``views``: a later
-region recomputes them). Chains without reductions plan whole. ``split`` returns None unless some
+region recomputes them). A chain without reductions is cut only where it is longer than a kernel
+body may be (``max_nodes``), every largest multiple of its period that fits one; a shorter one
+plans whole. ``split`` returns None unless some
 region repeats and the repeats hold at least ``MIN_SAVED_NODES`` nodes: below that, planning the
 program whole costs little and keeps every fusion. docs/engine.md has what the cuts cost.
 """
@@ -36,6 +38,8 @@ from eqgrad.ops import OPS, Shape, numel
 
 MIN_SAVED_NODES = 128      # nodes that repeated regions must spare from planning before the program is cut
 PERIOD_REDUCTIONS = 4      # a repeat's length is looked for up to this many reductions ahead (periodic)
+CHAIN_PERIOD_MAX = 256     # ... and in a stretch without reductions, up to this many nodes ahead
+CHAIN_SAMPLES = 64         # nodes of a program whose next occurrences suggest such lengths (bounds the work)
 MIN_STRETCH_NODES = 32     # nodes a stretch of repeats must spare to be cut out (periodic; the whole: MIN_SAVED_NODES)
 
 
@@ -148,12 +152,40 @@ def _periods(prog: Program) -> list[int]:
     return sorted(out)
 
 
-def _runs(prog: Program, L: int) -> list[tuple[int, int]]:
+def _chain_periods(prog: Program, max_nodes: int) -> set[int]:
+    """Repeat lengths for the stretches of a program without reductions: a multiple of a period
+    of the stretch's ops (the distance from a node to the next few nodes of the same op, attribute,
+    shape and dtype), the largest that fits a kernel body (``max_nodes``, the cost model's cap:
+    an elementwise chain longer than that is cut by the extractor anyway, so cutting it every
+    that-many nodes costs at most one cut in ``max_nodes // period``)."""
+    nodes, n = prog.nodes, len(prog.nodes)
+    sig = [(nd.op, nd.arg, nd.shape, nd.dtype) for nd in nodes]
+    out: set[int] = set()
+    for i in range(0, n, max(1, n // CHAIN_SAMPLES)):
+        if _is_reduce(nodes[i].op):
+            continue
+        seen = 0
+        for j in range(i + 1, min(n, i + 1 + CHAIN_PERIOD_MAX)):
+            if _is_reduce(nodes[j].op):
+                break
+            if sig[j] == sig[i]:
+                L = j - i
+                if L <= max_nodes:
+                    out.add(max_nodes // L * L)
+                seen += 1
+                if seen == PERIOD_REDUCTIONS:
+                    break
+    return out
+
+
+def _runs(prog: Program, L: int, chain: bool = False) -> list[tuple[int, int]]:
     """Maximal [a, e) where every node i matches node i + L: the same op, attribute, shape and
     dtype, and sources that are both nodes (wherever they are: a layer's backward reads its own
     forward's activation, a different distance back for each layer) or leaves alike. A cheap
     filter: the repeats it suggests are kept only where their region programs' keys agree
-    (``periodic``), which compares the sources exactly."""
+    (``periodic``), which compares the sources exactly. ``chain``: a realized input of node i also
+    matches a node read by node i + L (a chain's first op reads the input where its repeats read
+    the op before them: a cut makes that an input of their region too)."""
     nodes, n = prog.nodes, len(prog.nodes)
     runs, start = [], None
     for i in range(n - L):
@@ -161,6 +193,8 @@ def _runs(prog: Program, L: int) -> list[tuple[int, int]]:
         ok = (x.op, x.arg, x.shape, x.dtype) == (y.op, y.arg, y.shape, y.dtype) and len(x.src) == len(y.src)
         if ok:
             for u, v in zip(x.src, y.src):
+                if chain and isinstance(u, Input) and is_node(v):
+                    continue
                 if is_node(u) != is_node(v) or (not is_node(u) and _leaf_sig(u) != _leaf_sig(v)):
                     ok = False
                     break
@@ -224,7 +258,7 @@ def _outputs(lo: int, hi: int, inline: list[bool], mlu: list[int], roots: set) -
     return {i for i in range(lo, hi) if (mlu[i] >= hi and not inline[i]) or i in roots}
 
 
-def periodic(prog: Program) -> tuple[list[int], list[bool]] | None:
+def periodic(prog: Program, max_nodes: int | None = None) -> tuple[list[int], list[bool]] | None:
     """Region bounds that cut each run of a repeated segment once per repeat (and the views the
     regions recompute, ``views``), or None.
 
@@ -254,8 +288,9 @@ def periodic(prog: Program) -> tuple[list[int], list[bool]] | None:
                    if i not in roots and len(readers[i]) < 2)
 
     cands = []
-    for L in _periods(prog):
-        for a, e in _runs(prog, L):
+    chain = _chain_periods(prog, max_nodes) if max_nodes else set()
+    for L in sorted(set(_periods(prog)) | chain):
+        for a, e in _runs(prog, L, L in chain):
             cands.append(((e - a) // L * L, L, a, e))
     cands.sort(key=lambda c: (-c[0], c[1], c[2]))
     taken: list[tuple[int, int]] = []
@@ -268,7 +303,7 @@ def periodic(prog: Program) -> tuple[list[int], list[bool]] | None:
             reps = (e - a - o) // L + 1
             if reps < 2:
                 break
-            if not any(_is_reduce(prog.nodes[i].op) for i in range(a + o, a + o + L)):
+            if L not in chain and not any(_is_reduce(prog.nodes[i].op) for i in range(a + o, a + o + L)):
                 continue
             c = crossing(a + o, a + o + L)
             if best is None or c < best[0]:
@@ -316,12 +351,14 @@ def _saved(regions: list[Region]) -> int:
     return saved
 
 
-def split(prog: Program) -> list[Region] | None:
-    """The program's regions, or None when planning it whole is the better deal (see above)."""
+def split(prog: Program, max_nodes: int | None = None) -> list[Region] | None:
+    """The program's regions, or None when planning it whole is the better deal (see above).
+    ``max_nodes``: the largest kernel body the extractor forms (DeviceParams.max_nodes), which
+    lets a long elementwise chain be cut (``periodic``); None: such chains plan whole."""
     if not prog.nodes or not all(is_node(r) for r in prog.roots):
         return None
     regs = _split_at_cuts(prog)
-    if regs is None and (found := periodic(prog)) is not None:
+    if regs is None and (found := periodic(prog, max_nodes)) is not None:
         regs = _periodic_regions(prog, *found)
     return regs if regs is not None and _saved(regs) >= MIN_SAVED_NODES else None
 
