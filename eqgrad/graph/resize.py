@@ -77,6 +77,10 @@ def _known(op: str, arg: Any) -> bool:
 # ------------------------------------------------------------------ the size-free key
 
 
+_ABSTRACT: dict[tuple, tuple] = {}       # shape -> its sizes abstracted (a program repeats its shapes)
+_ABSTRACT_MAX = 4096
+
+
 class _Sizes:
     """A program's sizes in walk order, and their abstraction for the key."""
 
@@ -84,8 +88,16 @@ class _Sizes:
         self.values: list[int] = []
 
     def shape(self, s: Shape) -> tuple:
-        self.values += s
-        return tuple(d if d in (0, 1) else SIZE for d in s)
+        self.values.extend(s)
+        try:
+            hit = _ABSTRACT.get(s)
+        except TypeError:                  # a shape given as a list
+            return tuple(d if d in (0, 1) else SIZE for d in s)
+        if hit is None:
+            if len(_ABSTRACT) >= _ABSTRACT_MAX:
+                _ABSTRACT.clear()
+            hit = _ABSTRACT[s] = tuple(d if d in (0, 1) else SIZE for d in s)
+        return hit
 
     def arg(self, op: str, arg: Any) -> Any:
         if op in _SHAPE_ARG:
