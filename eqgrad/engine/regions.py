@@ -40,6 +40,7 @@ MIN_SAVED_NODES = 128      # nodes that repeated regions must spare from plannin
 PERIOD_REDUCTIONS = 4      # a repeat's length is looked for up to this many reductions ahead (periodic)
 CHAIN_PERIOD_MAX = 256     # ... and in a stretch without reductions, up to this many nodes ahead
 CHAIN_SAMPLES = 64         # nodes of a program whose next occurrences suggest such lengths (bounds the work)
+CHAIN_PHASES = 4           # phases of a chain's repeat tried, cheapest cut first, for repeats of equal programs
 MIN_STRETCH_NODES = 32     # nodes a stretch of repeats must spare to be cut out (periodic; the whole: MIN_SAVED_NODES)
 
 
@@ -164,16 +165,17 @@ def _chain_periods(prog: Program, max_nodes: int) -> set[int]:
     for i in range(0, n, max(1, n // CHAIN_SAMPLES)):
         if _is_reduce(nodes[i].op):
             continue
-        seen = 0
+        found: list[int] = []
         for j in range(i + 1, min(n, i + 1 + CHAIN_PERIOD_MAX)):
             if _is_reduce(nodes[j].op):
                 break
             if sig[j] == sig[i]:
                 L = j - i
-                if L <= max_nodes:
+                # (a multiple of a shorter distance gives a shorter repeat of the same period)
+                if L <= max_nodes and not any(L % f == 0 for f in found):
                     out.add(max_nodes // L * L)
-                seen += 1
-                if seen == PERIOD_REDUCTIONS:
+                found.append(L)
+                if len(found) == PERIOD_REDUCTIONS:
                     break
     return out
 
@@ -298,23 +300,26 @@ def periodic(prog: Program, max_nodes: int | None = None) -> tuple[list[int], li
     for saved, L, a, e in cands:
         if saved < MIN_STRETCH_NODES:
             break
-        best = None
+        phases = []
         for o in range(L):
             reps = (e - a - o) // L + 1
             if reps < 2:
                 break
             if L not in chain and not any(_is_reduce(prog.nodes[i].op) for i in range(a + o, a + o + L)):
                 continue
-            c = crossing(a + o, a + o + L)
-            if best is None or c < best[0]:
-                best = (c, o, reps)
-        if best is None:
+            phases.append((crossing(a + o, a + o + L), o, reps))
+        if not phases:
             continue
-        _, o, reps = best
-        start = a + o
-        keys = [_region(prog, start + j * L, start + (j + 1) * L,
-                        _outputs(start + j * L, start + (j + 1) * L, inline, mlu, roots), inline).program.key
-                for j in range(reps)]
+        # the phase that materializes the least; for a chain, the next cheapest ones too while its
+        # repeats' programs differ (a cut after a view: the next repeat recomputes the view)
+        phases.sort(key=lambda t: t[:2])
+        for _, o, reps in phases[:CHAIN_PHASES if L in chain else 1]:
+            start = a + o
+            keys = [_region(prog, start + j * L, start + (j + 1) * L,
+                            _outputs(start + j * L, start + (j + 1) * L, inline, mlu, roots), inline).program.key
+                    for j in range(reps)]
+            if keys[0] == keys[1]:
+                break
         j = 0
         while j < reps:                          # stretches of equal consecutive keys
             m = j
@@ -330,6 +335,18 @@ def periodic(prog: Program, max_nodes: int | None = None) -> tuple[list[int], li
     bounds = {0, n}
     for lo, L, reps in stretches:
         bounds.update(lo + j * L for j in range(reps + 1))
+    for lo, L, reps in stretches:
+        if L not in chain:
+            continue
+        # a chain's gap that fits one kernel with the repeat next to it joins that repeat (a region
+        # of its own would be a kernel of its own; the joined repeat is planned apart, once)
+        hi = lo + reps * L
+        before = max((b for b in bounds if b < lo), default=None)
+        if before is not None and lo - before + L <= max_nodes:
+            bounds.discard(lo)
+        after = min((b for b in bounds if b > hi), default=None)
+        if after is not None and after - hi + L <= max_nodes:
+            bounds.discard(hi)
     return sorted(bounds), inline
 
 
