@@ -223,6 +223,18 @@ def test_a_long_reduction_is_sized_from_the_first_compile_and_the_programs_are_k
     assert hit_b.program is pb and list(hit_b.sizes) == [50]
 
 
+def test_a_member_that_shares_a_live_skeleton_keeps_its_long_reductions():
+    """shape_of gives a family's members one Skeleton object; the member that takes the live one
+    keeps its reduction loops' positions (they were dropped with the skeleton swap, so a later
+    member's long extents compiled as literals)."""
+    fams = Families(native={})
+    first, second = kernel(64, 5), kernel(40, 5)
+    _, a = fams.shape_of(first)
+    _, b = fams.shape_of(second)
+    assert b.skeleton is a.skeleton
+    assert a.reductions == b.reductions == (0,) == split_sizes(second).reductions
+
+
 def test_the_bookkeeping_keeps_no_loop_kernel_alive():
     """(The lowering's memo drops kernels past its bound; what families derived from them goes too.)"""
     import weakref

@@ -162,7 +162,7 @@ class Families:
             shape = split_sizes(dk)
             canon = self._canonical(shape.skeleton)
             if canon is not shape.skeleton:
-                shape = Shape(canon, shape.positions, shape.values)
+                shape = Shape(canon, shape.positions, shape.values, shape.reductions)
             # (decompose returns ``lk`` itself when it has nothing to rewrite: not held strongly)
             hit = (weakref.ref(lk), None if dk is lk else dk, shape)
             self._shapes[id(lk)] = hit
