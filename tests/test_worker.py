@@ -574,3 +574,27 @@ def test_the_worker_loads_egglog_before_the_parent_sends_its_texts():
     finally:
         launch._early = None
         sat.close()
+
+
+def test_working_says_whether_the_worker_is_still_on_the_request():
+    """``Saturator.working()``, asked from a request's ``idle`` (the engine's device warm-up skips
+    its costly part once the answer is in, devices/cpu.py): True until the reply arrives, then
+    False, and the reply is still the request's; False outside a request."""
+    sat = Saturator()
+    seen = []
+
+    def idle():
+        seen.append(sat.working())
+        t0 = time.monotonic()
+        while sat.working() and time.monotonic() - t0 < 30:
+            time.sleep(0.005)
+        seen.append(sat.working())
+    try:
+        sat.run(TINY, timeout=60)                        # the worker has started
+        assert sat.working() is False
+        js, rep = sat.run(TINY, timeout=60, idle=idle)
+        assert rep.stop_reason == "completed" and js is not None
+        assert len(seen) == 2 and seen[-1] is False
+        assert sat.working() is False
+    finally:
+        sat.close()

@@ -270,10 +270,12 @@ class Device:
     def prepare(self, plan: Any) -> Callable[[list[Buffer]], None]:
         raise NotImplementedError
 
-    def warm(self, nodes: int = 0) -> None:
+    def warm(self, nodes: int = 0, waiting: Callable[[], bool] | None = None) -> None:
         """Set up what the first compile waits for (LLVM: its compiler), ahead of it: the engine
         calls this while the saturation worker works on a program of ``nodes`` nodes (never
-        raises; what is set up once is not set up again)."""
+        raises; what is set up once is not set up again). ``waiting()``: is the worker still at
+        it? Set-up that pays only while waiting -- it moves work off the first compile but costs
+        more than it moves -- is skipped once it says no (None: do it all)."""
 
     def render_kernel(self, k: Any, plan: Any, render: Callable[[Any], str], language: str,
                       upcast: Any = None) -> tuple[Any, str]:

@@ -164,9 +164,15 @@ class LLVMDevice(Device):
         self.families.after_fork_in_child()
         return True
 
-    def warm(self, nodes: int = 0) -> None:
+    def warm(self, nodes: int = 0, waiting: Callable[[], bool] | None = None) -> None:
         try:
-            compiler(runnable_target(config.CPU.value)).warm()
+            c = compiler(runnable_target(config.CPU.value))
+            # LLVM's first compile sets up its pass pipelines and code generator: a tiny compile
+            # ahead of it moves ~3 ms off the first kernel but costs ~25 ms itself, worth it only
+            # while the worker is still saturating (a one-op program's answer comes before
+            # llvmlite has even loaded: the first realize's critical path)
+            if waiting is None or waiting():
+                c.warm()
         except Exception:          # an unusable EQGRAD_CPU: raised, with its message, by the compile
             pass
         # a program big enough to plan several kernels compiles two at a time (compilepool.py):

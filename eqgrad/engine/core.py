@@ -136,8 +136,8 @@ def _compile(prog: Program, rules: RuleConfig, extraction: ExtractSettings | Non
     if config.OPT.value:
         progress.phase("saturating")
         # the device's compiler is set up while the worker saturates (a first realize's ~0.1 s)
-        js, report = (saturator or default_saturator()).run(emitted.text, rules=rules,
-                                                            idle=lambda: dev.warm(len(prog.nodes)))
+        sat = saturator or default_saturator()
+        js, report = sat.run(emitted.text, rules=rules, idle=lambda: dev.warm(len(prog.nodes), sat.working))
         GlobalCounters.saturations += 1
         record(report)
         if js is not None:

@@ -118,6 +118,7 @@ class Saturator:
         self._tmp: str | None = None              # the worker's temporary directory
         self._mem: int | None = None              # the memory limit the worker was started with
         self._unanswered = False                  # started, and no reply yet: still importing egglog
+        self._idle = False                        # a request's idle callback is running (working())
         self._lock = threading.Lock()             # one request at a time on the channel
         self._ids = itertools.count(1)
         _instances.add(self)
@@ -197,10 +198,13 @@ class Saturator:
                 fresh = self._unanswered       # started here or by warm(), and not yet ready
                 self._send.send((kind, rid, *args))
                 if idle is not None:           # the caller's work that overlaps the worker's
+                    self._idle = True
                     try:
                         idle()
                     except Exception:
                         pass
+                    finally:
+                        self._idle = False
                 # a fresh worker first imports egglog: that start-up is not the program's fault
                 deadline = time.monotonic() + timeout + (10.0 if fresh else 0.0)
                 while True:
@@ -224,6 +228,14 @@ class Saturator:
                 # in flight: the worker may still be saturating it and the pipe may hold half a message
                 self._kill()
                 raise
+
+    def working(self) -> bool:
+        """Called by a request's ``idle`` (run(idle=...)): is the worker still on that request (no
+        reply has arrived yet)? False outside one."""
+        try:
+            return self._idle and self._conn is not None and not self._conn.poll(0)
+        except (OSError, ValueError):
+            return False
 
     def ready(self) -> bool:
         """Is a worker running and done starting (it says so once it has loaded egglog), so that a
