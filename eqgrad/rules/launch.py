@@ -7,11 +7,13 @@ from ``eqgrad/__init__.py``): the worker loads egglog while the parent imports t
 texts to load. Until then the worker waits for them; a process that never saturates closes the
 pipe when it ends, and the worker ends with it (and removes its directory).
 
-This module imports only what ``eqgrad.config`` imports already, so that the start comes first.
+This module imports only config and standard modules already loaded by then (tempfile brings shutil), so that
+the start comes first.
 """
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -76,34 +78,48 @@ def take() -> Started | None:
     global _early
     early, _early = _early, None
     if early is not None and early[0].poll() is not None:
-        _discard(early)
+        end(early)
         return None
     return early
 
 
-def _discard(early: Started) -> None:
-    proc, tmp, send, conn = early
+def end(started: Started) -> None:
+    """Kill the worker if it still runs, close its channel and remove its directory (a part that
+    is None is skipped)."""
+    proc, tmp, send, conn = started
+    try:
+        for c in (send, conn):
+            if c is not None:
+                c.close()
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def forget(started: Started) -> None:
+    """In a forked child: drop the parent's worker without touching it (no message, no kill, its
+    directory stays): the child's copies of the pipe ends are closed, so the worker still ends
+    with the parent."""
+    proc, _, send, conn = started
     for c in (send, conn):
-        c.close()
-    if proc.poll() is None:
-        proc.kill()
-        proc.wait(timeout=10)
-    import shutil
-    shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _after_fork_in_child() -> None:
-    """A forked child never adopts its parent's prestarted worker: it closes its copies of the
-    pipe (so that the worker still ends with the parent) and starts its own on first use."""
-    global _early
-    early, _early = _early, None
-    if early is not None:
-        early[0].returncode = 0        # not our child: never wait for it, never kill it
-        for c in early[2:]:
+        if c is not None:
             try:
                 c.close()
             except OSError:
                 pass
+    if proc is not None:
+        proc.returncode = 0        # not our child: never wait for it, never kill it
+
+
+def _after_fork_in_child() -> None:
+    """A forked child never adopts its parent's prestarted worker; it starts its own on first use."""
+    global _early
+    early, _early = _early, None
+    if early is not None:
+        forget(early)
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

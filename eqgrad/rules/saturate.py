@@ -25,7 +25,6 @@ from __future__ import annotations
 import atexit
 import itertools
 import os
-import shutil
 import subprocess
 import sys
 import threading
@@ -155,31 +154,14 @@ class Saturator:
     def _kill(self) -> None:
         """Kill the worker (if any), close the channel and remove the worker's directory. The state
         is cleared first, so an interrupt in here still leaves a clean start for the next request."""
-        proc, tmp, conns = self._proc, self._tmp, (self._send, self._conn)
+        started = (self._proc, self._tmp, self._send, self._conn)
         self._proc = self._conn = self._send = self._tmp = None
-        try:
-            for c in conns:
-                if c is not None:
-                    c.close()
-            if proc is not None and proc.poll() is None:
-                proc.kill()
-                proc.wait(timeout=10)
-        finally:
-            if tmp is not None:
-                shutil.rmtree(tmp, ignore_errors=True)
+        launch.end(started)
 
     def _forget(self) -> None:
-        """In a forked child: drop the parent's worker without touching it (no message, no kill,
-        its directory stays): the child's copies of the pipe ends are closed, and the child starts
-        its own worker on first use."""
-        for c in (self._send, self._conn):
-            if c is not None:
-                try:
-                    c.close()
-                except OSError:
-                    pass
-        if self._proc is not None:
-            self._proc.returncode = 0      # not our child: never wait for it, never kill it
+        """In a forked child: drop the parent's worker without touching it (launch.forget); the
+        child starts its own worker on first use."""
+        launch.forget((self._proc, self._tmp, self._send, self._conn))
         self._proc = self._conn = self._send = self._tmp = None
         self._lock = threading.Lock()      # a parent thread may have held it at the fork
 
