@@ -7,8 +7,8 @@ from ``eqgrad/__init__.py``): the worker loads egglog while the parent imports t
 texts to load. Until then the worker waits for them; a process that never saturates closes the
 pipe when it ends, and the worker ends with it (and removes its directory).
 
-This module imports only config and standard modules already loaded by then (tempfile brings shutil), so that
-the start comes first.
+This module imports only config and the standard modules config loads (and tempfile, which brings
+shutil), so that the start comes first.
 """
 from __future__ import annotations
 
