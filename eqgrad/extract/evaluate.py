@@ -213,17 +213,6 @@ class PlanEvaluator:
             if op == "PAD" and e > size_k:
                 flops += p.masked_read * e
             rg, nest = region.get(c), nested.get(c, True)
-            if not rg and not reduce:
-                # outside every region, not a reduction (most of a long elementwise chain's body):
-                # each child is read as often as this node, in no region
-                ce = e * mult
-                for ch in n.children:
-                    old = ev.get(ch, 0)
-                    ev[ch] = ce if ce > old else old
-                    if not nested.get(ch, False):
-                        nested[ch] = nest
-                    region[ch] = None
-                continue
             same_rg = rg if rg and op in elementwise else None    # regions pass through same-shape elementwise ops
             shape_c = shapes[c] if rg else None
             for ch in n.children:
