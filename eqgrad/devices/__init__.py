@@ -45,7 +45,7 @@ from eqgrad.config import DEVICE_ALIASES
 from eqgrad import config
 from eqgrad.config import POOL_BYTES
 from eqgrad.dtype import to_dtype
-from eqgrad.lower import lowering
+from eqgrad.lower import lowering, trace
 
 # device name -> "module:class" inside this package (names and aliases: eqgrad/config.py)
 DEVICES = {
@@ -326,7 +326,10 @@ class Device:
         key = (self.structure(k, plan), upcast, lower)
         lk = _lowered.get(key)
         if lk is None:
-            lk = lower(k, plan, upcast)
+            if upcast is None and lower is lowering.lower_kernel and config.SIZE_ARGS.value:
+                lk = trace.TRACES.lower(k, plan, lower)     # a body whose sizes keep changing lowers once
+            else:
+                lk = lower(k, plan, upcast)
             lk.name = "eqk"
             _lowered.put(key, lk)
         return lk

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 from eqgrad import config
 from eqgrad.graph.plan import KernelPlan
 from eqgrad.devices import Buffer, Device
-from eqgrad.lower import lowering
+from eqgrad.lower import lowering, trace
 from eqgrad.lower.passes import LowerOptions
 from eqgrad.lower.split import split_reduction
 from eqgrad.ops import numel
@@ -258,7 +258,9 @@ class LLVMDevice(Device):
         if id(k) in self._disk:
             return self._disk[id(k)][1]
         hit = new = None
-        if config.DISK_CACHE.value and config.DEBUG.value < 4:
+        # (a body whose sizes keep changing lowers from its trace faster than a disk lookup, and
+        # a sized program's later members are not kept there: _keep_lowered)
+        if config.DISK_CACHE.value and config.DEBUG.value < 4 and not trace.TRACES.has_traces(k, plan):
             structure = self.structure(k, plan)
             if not self.has_lowered(k, plan, structure=structure):
                 c = compiler(target)

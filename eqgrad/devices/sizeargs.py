@@ -158,7 +158,12 @@ class Families:
         lowering keeps a kernel's loop IR by structure, so a repeated kernel is the same object)."""
         hit = self._shapes.get(id(lk))
         if hit is None or hit[0]() is not lk:
-            dk = decompose(lk, self.native)
+            traced = lk.__dict__.get("traced")          # lowered by a trace (lower/trace.py)
+            dk = traced[0].decomposed(self.native, traced[1]) if traced is not None else None
+            if dk is None:
+                dk = decompose(lk, self.native)
+            else:
+                dk.name = lk.name
             shape = split_sizes(dk)
             canon = self._canonical(shape.skeleton)
             if canon is not shape.skeleton:

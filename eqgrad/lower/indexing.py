@@ -56,6 +56,8 @@ symbolic.on_release(_MOVES_MEMO.clear)       # its keys hold interned expression
 
 def move_index(n: KNode, idx: Index) -> Index:
     """The index of ``n``'s source read at ``n``'s index ``idx`` (``n`` a movement op but PAD)."""
+    if symbolic._tracing[0]:            # its keys are shapes: a traced size would match a plain one
+        return _move_index(n, idx)
     key = (n.op, n.arg, n.shape, n.src[0].shape, idx)
     try:
         hit = _MOVES_MEMO.get(key)

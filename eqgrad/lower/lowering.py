@@ -322,11 +322,13 @@ class Lowerer:
     def lower(self) -> LoopKernel:
         """Run the kernel passes and emit their schedule. Under ``EQGRAD_VERIFY`` the loop IR is
         emitted and verified with no pass and after every pass that changed the schedule (a
-        change of the parallel loops only reuses the instructions), and the last one is returned."""
+        change of the parallel loops only reuses the instructions), and the last one is returned.
+        (A traced lowering, lower/trace.py, is not: its sizes are symbols; each loop kernel
+        instantiated from it is verified instead.)"""
         steps = run_passes(self.kernel, self.options)
         if config.DEBUG.value >= 5:
             print(describe_steps(self.kernel, steps))
-        if not config.VERIFY.value:
+        if not config.VERIFY.value or symbolic.tracing_here():
             return self.emit_kernel(steps[-1].schedule if steps else Schedule())
         at = Schedule()
         lk = self.emit_kernel(at)

@@ -36,6 +36,8 @@ _active_lock = threading.Lock()
 
 
 def _interned(cls, key: tuple, fields: dict) -> object:
+    if _tracing[0] and _holds_symbol(key):
+        key = (key, "traced")       # never equal to an expression of plain sizes (``tracing``)
     hit = _INTERNED.get(key)
     if hit is None:
         hit = object.__new__(cls)
@@ -52,6 +54,46 @@ class _Interned:
 
     def __reduce__(self):
         return type(self), tuple(getattr(self, f) for f in self._FIELDS)
+
+
+# ``with tracing():`` -- a lowering of a kernel whose sizes are symbols (lower/trace.py) is in
+# progress. Its expressions hold trace.Sym numbers, which hash and compare equal to their values:
+# interned under plain keys, an expression holding one would be handed to a lowering of plain
+# sizes (in this thread or another) that asked for an equal-valued expression. So while a trace
+# runs, a key that holds a non-int number is interned apart, and move_index's memo (keyed by
+# shapes) is bypassed. One trace at a time.
+_tracing = [0]
+_trace_lock = threading.Lock()
+SYMBOLS: tuple[type, ...] = ()        # trace.Sym, set by lower/trace.py
+
+
+_here = threading.local()
+
+
+class tracing:
+    def __enter__(self) -> None:
+        _trace_lock.acquire()
+        _tracing[0] += 1
+        _here.on = True
+
+    def __exit__(self, *exc) -> None:
+        _here.on = False
+        _tracing[0] -= 1
+        _trace_lock.release()
+
+
+def tracing_here() -> bool:
+    """Whether this thread is lowering a kernel whose sizes are symbols (``tracing``)."""
+    return getattr(_here, "on", False)
+
+
+def _holds_symbol(key: tuple) -> bool:
+    kind = key[0]
+    if kind == "L":
+        return type(key[2]) is not int or any(type(c) is not int for _, c in key[1])
+    if kind == "V":
+        return type(key[2]) is not int or type(key[3]) is not int
+    return type(key[2]) is not int
 
 
 class lowering:
@@ -167,6 +209,8 @@ class Lin(_Interned):
     # -------------------------------------------------------------- construction
     @staticmethod
     def num(v: int) -> "Lin":
+        if _tracing[0] and isinstance(v, SYMBOLS):     # (int() would fix a traced size's value)
+            return Lin((), v)
         v = int(v)
         hit = _NUMS.get(v)
         return hit if hit is not None else Lin((), v)

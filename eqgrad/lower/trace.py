@@ -1,0 +1,551 @@
+"""A kernel whose sizes keep changing is lowered once, with its sizes as symbols, and then
+instantiated for each new size vector by checking the guards its lowering recorded.
+
+A growing KV cache changes, every step, the sizes of the few kernels that read it (attention's
+two products and softmax, the cache's ``cat``), and nothing else about them. Those kernels
+compile once per family already (devices/sizeargs.py: a *sized* program reads its sizes at run
+time), but each new size vector was still lowered from scratch to find out that it is a member:
+~1.5 ms a kernel, two thirds of a decode step's cost above the fixed-shape step's.
+
+Here the third size vector of a kernel body (``CONCRETE`` earlier ones lowered as usual) is
+lowered with every size that differed between them replaced by a :class:`Sym`: a number that
+knows its value and also an expression over the body's size symbols. Arithmetic on a ``Sym``
+gives a ``Sym``; every *observation* of its value -- a comparison, ``bool``, ``int``/``index``
+(``range``, a list's length), a float operation -- returns the concrete answer and records it as
+a guard (``(s0 + 1) // 16 < 4 is True``). The lowering's output (the loop IR) then holds ``Sym``s
+where it holds sizes. A later body with the same structure instantiates that *trace* when every
+guard holds for its sizes: each ``Sym`` of the loop IR is replaced by its expression's value, and
+nothing is lowered.
+
+Why it is sound: the lowering is deterministic Python, and the only inputs that differ between
+two size vectors are the symbolized sizes. Every way Python code can learn something of a
+number's value goes through its special methods, and each of those records a guard or
+specializes (records ``s == value``); so if every guard holds for new sizes, the lowering run on
+them would have taken the same decisions, and its loop IR is the trace's with the new values put
+in. Two kinds of use learn nothing of the value and record nothing: a ``repr`` (the lowering sorts
+an index expression's terms by theirs; a ``Sym`` prints its expression, not its value, so the
+order does not depend on the value) and a hash (a ``Sym`` hashes as its value, so a memo or the
+interning table finds an equal number's entry and ``==`` then records a guard; a miss only means
+an expression is built again instead of shared). The expressions are bounded (``MAX_DEPTH``,
+``MAX_CHARS``: deeper ones specialize), the guards are compiled into one Python function
+(``Trace.check``), and a trace that fails or raises falls back to the usual lowering.
+
+Indexing's interned expressions (lower/symbolic.py) that hold a ``Sym`` are interned under keys of
+their own (``symbolic.tracing``), so no lowering of plain sizes, in any thread, is handed one.
+
+Off with ``EQGRAD_SIZE_ARGS=0``, with sized programs (every size vector lowers and compiles its
+own code).
+"""
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import replace
+from itertools import islice
+from typing import Any, Callable
+
+import numpy as np
+
+from eqgrad.graph.loopir import LInst, LoopKernel
+from eqgrad.graph.plan import Kernel, KernelPlan, KNode
+from eqgrad import config
+from eqgrad.lower import symbolic
+from eqgrad.lower.decomp import decompose
+from eqgrad.lower.lowering import verify_emitted
+
+CONCRETE = 2            # size vectors of a body lowered as usual before its sizes are symbols
+MAX_TRACES = 4          # traces kept per body structure, newest first (a size crossing a lane multiple
+                        # takes the other branch of a guard: that region gets a trace of its own)
+MAX_TRIES = 2           # traces of a body attempted before one has been instantiated for new sizes
+MAX_BODIES = 512        # body structures remembered (least recently used dropped)
+MAX_DEPTH = 40          # a Sym's expression nests at most this deep (Python's parser nests ~200) ...
+MAX_CHARS = 400         # ... and is at most this long; beyond, the value is specialized
+
+
+class TraceError(Exception):
+    """A traced lowering did something a trace cannot represent: it is lowered as usual."""
+
+
+class Sym:
+    """A size that is also an expression over a trace's symbols (see the module docstring)."""
+    __slots__ = ("v", "e", "d", "t")
+
+    def __init__(self, v: int, e: str, d: int, t: "_Recorder") -> None:
+        self.v, self.e, self.d, self.t = v, e, d, t
+
+    # -------------------------------------------------------------- observations: guards
+    def _guard(self, cond: str, result: bool) -> bool:
+        self.t.guards[cond] = result
+        return result
+
+    def specialize(self) -> int:
+        self.t.guards[f"{self.e}=={self.v}"] = True
+        return self.v
+
+    def __bool__(self) -> bool:
+        return self._guard(f"{self.e}!=0", self.v != 0)
+
+    def __index__(self) -> int:
+        return self.specialize()
+
+    __int__ = __index__
+
+    def __float__(self) -> float:
+        return float(self.specialize())
+
+    def __hash__(self) -> int:           # learns nothing: == decides (module docstring)
+        return hash(self.v)
+
+    def __repr__(self) -> str:           # learns nothing: the expression, not the value
+        return f"<{self.e}>"
+
+    __str__ = __repr__
+
+    def __format__(self, spec: str) -> str:
+        if spec:
+            return format(self.specialize(), spec)
+        return repr(self)
+
+    def _cmp(self, o: Any, op: str, f: Callable[[Any, Any], bool]) -> Any:
+        if type(o) is Sym:
+            if o.t is not self.t:
+                return NotImplemented if op not in ("==", "!=") else (op == "!=")
+            return self._guard(f"{self.e}{op}{o.e}", f(self.v, o.v))
+        o = _plain(o)
+        if o is NotImplemented:
+            return NotImplemented
+        return self._guard(f"{self.e}{op}{o!r}", f(self.v, o))
+
+    def __eq__(self, o: Any) -> Any:
+        return self._cmp(o, "==", lambda a, b: a == b)
+
+    def __ne__(self, o: Any) -> Any:
+        return self._cmp(o, "!=", lambda a, b: a != b)
+
+    def __lt__(self, o: Any) -> Any:
+        return self._cmp(o, "<", lambda a, b: a < b)
+
+    def __le__(self, o: Any) -> Any:
+        return self._cmp(o, "<=", lambda a, b: a <= b)
+
+    def __gt__(self, o: Any) -> Any:
+        return self._cmp(o, ">", lambda a, b: a > b)
+
+    def __ge__(self, o: Any) -> Any:
+        return self._cmp(o, ">=", lambda a, b: a >= b)
+
+    # -------------------------------------------------------------- arithmetic: expressions
+    def _op(self, o: Any, op: str, f: Callable[[Any, Any], Any], flip: bool = False) -> Any:
+        if type(o) is Sym:
+            if o.t is not self.t:
+                raise TraceError("sizes of two traces meet")
+            a, b = (o, self) if flip else (self, o)
+            return self.t.make(f(a.v, b.v), f"({a.e}{op}{b.e})", max(a.d, b.d) + 1)
+        o = _plain(o)
+        if o is NotImplemented:
+            return NotImplemented
+        if isinstance(o, float):             # a float result is a value, not a size
+            v = self.specialize()
+            return f(o, v) if flip else f(v, o)
+        a_e, b_e = (repr(o), self.e) if flip else (self.e, repr(o))
+        a_v, b_v = (o, self.v) if flip else (self.v, o)
+        return self.t.make(f(a_v, b_v), f"({a_e}{op}{b_e})", self.d + 1)
+
+    def __add__(self, o): return self if (type(o) is int and o == 0) else self._op(o, "+", lambda a, b: a + b)
+    def __radd__(self, o): return self if (type(o) is int and o == 0) else self._op(o, "+", lambda a, b: a + b, True)
+    def __sub__(self, o): return self if (type(o) is int and o == 0) else self._op(o, "-", lambda a, b: a - b)
+    def __rsub__(self, o): return self._op(o, "-", lambda a, b: a - b, True)
+
+    def __mul__(self, o):
+        if type(o) is int and o in (0, 1):
+            return self if o == 1 else 0     # x * 0 is 0 whatever x is
+        return self._op(o, "*", lambda a, b: a * b)
+
+    def __rmul__(self, o):
+        if type(o) is int and o in (0, 1):
+            return self if o == 1 else 0
+        return self._op(o, "*", lambda a, b: a * b, True)
+
+    def __floordiv__(self, o): return self if (type(o) is int and o == 1) else self._op(o, "//", lambda a, b: a // b)
+    def __rfloordiv__(self, o): return self._op(o, "//", lambda a, b: a // b, True)
+    def __mod__(self, o): return self._op(o, "%", lambda a, b: a % b)
+    def __rmod__(self, o): return self._op(o, "%", lambda a, b: a % b, True)
+    def __and__(self, o): return self._op(o, "&", lambda a, b: a & b)
+    def __rand__(self, o): return self._op(o, "&", lambda a, b: a & b, True)
+    def __or__(self, o): return self._op(o, "|", lambda a, b: a | b)
+    def __ror__(self, o): return self._op(o, "|", lambda a, b: a | b, True)
+    def __xor__(self, o): return self._op(o, "^", lambda a, b: a ^ b)
+    def __rxor__(self, o): return self._op(o, "^", lambda a, b: a ^ b, True)
+    def __lshift__(self, o): return self._op(o, "<<", lambda a, b: a << b)
+    def __rlshift__(self, o): return self._op(o, "<<", lambda a, b: a << b, True)
+    def __rshift__(self, o): return self._op(o, ">>", lambda a, b: a >> b)
+    def __rrshift__(self, o): return self._op(o, ">>", lambda a, b: a >> b, True)
+
+    def __divmod__(self, o): return self // o, self % o
+    def __rdivmod__(self, o): return o // self, o % self
+
+    def __truediv__(self, o): return self.specialize() / o
+    def __rtruediv__(self, o): return o / self.specialize()
+    def __pow__(self, o, mod=None): return pow(self.specialize(), o, mod)
+    def __rpow__(self, o): return o ** self.specialize()
+
+    def __neg__(self): return self.t.make(-self.v, f"(-{self.e})", self.d + 1)
+    def __pos__(self): return self
+    def __abs__(self): return self.t.make(abs(self.v), f"abs({self.e})", self.d + 1)
+    def __invert__(self): return self.t.make(~self.v, f"(~{self.e})", self.d + 1)
+
+    def __round__(self, n=None): return round(self.specialize(), n)
+    def __trunc__(self): return self.specialize()
+    def __floor__(self): return self.specialize()
+    def __ceil__(self): return self.specialize()
+
+
+def _plain(o: Any) -> Any:
+    """``o`` as a plain number an expression can hold, or NotImplemented."""
+    t = type(o)
+    if t is int or t is float:
+        return o
+    if t is bool:
+        return int(o)
+    if isinstance(o, np.integer):
+        return int(o)
+    if isinstance(o, np.floating):
+        return float(o)
+    return NotImplemented
+
+
+symbolic.SYMBOLS = (Sym,)
+
+
+class _Recorder:
+    """The guards and the expression bound of one traced lowering."""
+
+    def __init__(self) -> None:
+        self.guards: dict[str, bool] = {}
+
+    def make(self, v: Any, e: str, d: int) -> Any:
+        if type(v) is not int:
+            raise TraceError(f"a size operation gave {type(v).__name__}")
+        if d > MAX_DEPTH or len(e) > MAX_CHARS:
+            self.guards[f"{e}=={v}"] = True
+            return v
+        return Sym(v, e, d, self)
+
+
+# ------------------------------------------------------------------ the sizes of a kernel body
+
+class _Hole:
+    """Where ``_flat`` took ints out: one int, or a run of ``n`` (a shape)."""
+    __slots__ = ("n",)
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __repr__(self) -> str:
+        return f"_{self.n}"
+
+
+_HOLE = _Hole(-1)                          # one int
+_RUNS = [_Hole(n) for n in range(16)]      # a tuple of n ints
+_LIST = _Hole(-2)                          # (_LIST, items): a list
+_INT = {int}
+
+
+def _flat(x: Any, out: list[int]) -> Any:
+    """``x``'s structure with every int put in ``out`` (a ``_Hole`` in its place)."""
+    t = type(x)
+    if t is int:
+        out.append(x)
+        return _HOLE
+    if t is tuple:
+        if len(x) < 16 and set(map(type, x)) <= _INT:
+            out.extend(x)
+            return _RUNS[len(x)]
+        return tuple(_flat(y, out) for y in x)
+    if t is list:
+        return (_LIST, tuple(_flat(y, out) for y in x))
+    return x
+
+
+def _fill(skel: Any, it) -> Any:
+    t = type(skel)
+    if t is _Hole:
+        return next(it) if skel is _HOLE else tuple(islice(it, skel.n))
+    if t is tuple:
+        if skel and skel[0] is _LIST:
+            return [_fill(s, it) for s in skel[1]]
+        return tuple(_fill(s, it) for s in skel)
+    return skel
+
+
+def body_sizes(k: Kernel, plan: KernelPlan) -> tuple[tuple, tuple[int, ...]]:
+    """(structure with its sizes left out, the sizes): every int of its nodes' shapes and movement
+    arguments and of its buffers' shapes. A kernel's lowering depends on these and nothing else
+    of the plan (devices.kernel_structure is the lowering's own memo key)."""
+    ast, bufs = k.ast, (k.out, *k.inputs)
+    hit = ast.__dict__.get("_trace_sizes")
+    if hit is not None and hit[0] == bufs and hit[1] is plan:
+        return hit[2]
+    pos = {b: i for i, b in enumerate(bufs)}
+    index: dict[int, int] = {}
+    items, sizes = [], []
+    for n in ast.walk():
+        if n.op == "BUF":
+            arg = ("buf", pos[n.arg])
+        elif n.op == "CONST":
+            arg = ("const", repr(n.arg))
+        else:
+            arg = _flat(n.arg, sizes)
+        items.append((n.op, arg, _flat(n.shape, sizes), n.dtype.name, tuple(index[id(s)] for s in n.src)))
+        index[id(n)] = len(items) - 1
+    params = tuple((_flat(tuple(plan.buffers[b][0]), sizes), plan.buffers[b][1].name) for b in bufs)
+    out = ((tuple(items), params), tuple(sizes))
+    object.__setattr__(ast, "_trace_sizes", (bufs, plan, out))
+    return out
+
+
+def _rebuilt(k: Kernel, plan: KernelPlan, values: list[Any]) -> tuple[Kernel, KernelPlan]:
+    """``k`` and ``plan`` with the body's sizes (``body_sizes`` order) replaced by ``values``."""
+    it = iter(values)
+    new: dict[int, KNode] = {}
+    for n in k.ast.walk():
+        arg = n.arg if n.op in ("BUF", "CONST") else _fill(_flat(n.arg, []), it)
+        shape = _fill(_flat(n.shape, []), it)
+        new[id(n)] = KNode(n.op, tuple(new[id(s)] for s in n.src), arg, shape, n.dtype)
+    buffers = list(plan.buffers)
+    for b in (k.out, *k.inputs):
+        shp, dt = plan.buffers[b]
+        buffers[b] = (_fill(_flat(tuple(shp), []), it), dt)
+    return replace(k, ast=new[id(k.ast)]), replace(plan, buffers=buffers, kernels=[])
+
+
+# ------------------------------------------------------------------ traces
+
+class _Holes:
+    """Where a loop kernel of a trace holds sizes, and a function of the symbols giving their values."""
+
+    def __init__(self, lk: LoopKernel, names: str) -> None:
+        self.lk = lk
+        self.holes: list[tuple[int, str]] = []         # (instruction id, or -1 for a field, field)
+        exprs: list[str] = []
+        for i, x in enumerate(lk.insts):
+            if _has_sym(x.arg):
+                self.holes.append((i, "arg"))
+                exprs.append(_expr(x.arg))
+            if _has_sym(x.src) or _has_sym(x.dtype):
+                raise TraceError("an instruction's sources or dtype hold a size")
+        for f in ("parallel", "vector_lanes"):
+            v = getattr(lk, f)
+            if type(v) is Sym:
+                self.holes.append((-1, f))
+                exprs.append(v.e)
+            elif type(v) is not int:
+                raise TraceError(f"loop kernel field {f} is {type(v).__name__}")
+        if _has_sym(lk.params):
+            raise TraceError("a parameter holds a size")
+        scope: dict[str, Any] = {}
+        exec(compile(f"def values({names}):\n return ({''.join(e + ', ' for e in exprs)})\n",   # noqa: S102
+                     "<eqgrad trace>", "exec"), scope)       # (our own expressions)
+        self.values = scope["values"]
+
+    def instantiate(self, env: tuple[int, ...]) -> LoopKernel:
+        insts = list(self.lk.insts)
+        fields: dict[str, int] = {}
+        for (i, f), v in zip(self.holes, self.values(*env)):
+            if i < 0:
+                fields[f] = v
+            else:
+                x = insts[i]
+                insts[i] = LInst(x.op, x.dtype, x.src, list(v) if type(x.arg) is list else v)
+        return replace(self.lk, insts=insts, params=list(self.lk.params), **fields)
+
+
+class Trace:
+    """One symbolic lowering: which sizes are which symbol, its guards and its loop IR."""
+
+    def __init__(self, groups: list[tuple[int, ...]], fixed: dict[int, int], guards: dict[str, bool],
+                 lk: LoopKernel) -> None:
+        self.groups, self.fixed = groups, fixed
+        self.names = ", ".join(f"s{j}" for j in range(len(groups)))
+        conds = [f"({c})" if r else f"not ({c})" for c, r in guards.items()]
+        scope: dict[str, Any] = {}
+        exec(compile(f"def check({self.names}):\n return {' and '.join(conds) or 'True'}\n",      # noqa: S102
+                     "<eqgrad trace>", "exec"), scope)
+        self.check = scope["check"]
+        self.n_guards = len(guards)
+        self.ir = _Holes(lk, self.names)
+        self._decomposed: dict[frozenset, _Holes | None] = {}
+        self._lock = threading.Lock()
+
+    def env(self, sizes: tuple[int, ...]) -> tuple[int, ...] | None:
+        """The symbols' values for ``sizes`` when this trace's structure applies to them, else None
+        (the guards are ``check``'s)."""
+        for p, v in self.fixed.items():
+            if sizes[p] != v:
+                return None
+        out = []
+        for g in self.groups:
+            v = sizes[g[0]]
+            for p in g[1:]:
+                if sizes[p] != v:
+                    return None
+            out.append(v)
+        return tuple(out)
+
+    def instantiate(self, env: tuple[int, ...]) -> LoopKernel | None:
+        """The loop IR for the symbols' values ``env``, or None when a guard fails. It remembers
+        where it came from (``decomposed``)."""
+        try:
+            if not self.check(*env):
+                return None
+            lk = self.ir.instantiate(env)
+        except (ArithmeticError, ValueError):
+            return None
+        if config.VERIFY.value:
+            verify_emitted(lk, "instantiated from its trace")
+        lk.traced = (self, env)
+        return lk
+
+    def decomposed(self, native: Any, env: tuple[int, ...]) -> LoopKernel | None:
+        """``decompose(lk, native)`` of an instantiation, from the trace's own loop IR decomposed
+        once (a decode step's softmax rewrote its exp2 into ~200 instructions at every length);
+        None when the decomposition holds a size where it cannot be put back."""
+        key = frozenset(native)
+        with self._lock:
+            if key not in self._decomposed:
+                try:
+                    dk = decompose(self.ir.lk, native)
+                    self._decomposed[key] = None if dk is self.ir.lk else _Holes(dk, self.names)
+                except TraceError:
+                    self._decomposed[key] = None
+            h = self._decomposed[key]
+        return None if h is None else h.instantiate(env)
+
+
+def _has_sym(x: Any) -> bool:
+    t = type(x)
+    if t is Sym:
+        return True
+    if t is tuple or t is list:
+        return any(_has_sym(y) for y in x)
+    return False
+
+
+def _expr(x: Any) -> str:
+    """A Python expression of the value ``x`` holds (a Sym, or a tuple holding some)."""
+    t = type(x)
+    if t is Sym:
+        return x.e
+    if t is tuple or t is list:
+        return "(" + "".join(_expr(y) + ", " for y in x) + ")"
+    if t in (int, float, bool, str) or x is None:
+        return repr(x)
+    raise TraceError(f"an instruction's argument {type(x).__name__} holds a size")
+
+
+class _Body:
+    __slots__ = ("seen", "traces", "tries", "hits")
+
+    def __init__(self) -> None:
+        self.seen: OrderedDict[tuple[int, ...], None] = OrderedDict()
+        self.traces: list[Trace] = []
+        self.tries = self.hits = 0      # traces attempted, and instantiated: a body whose traces
+                                        # never apply (a size specialized) stops being traced
+
+
+class Traces:
+    """Traced lowerings by body structure (``lower``); one per process, ``TRACES``."""
+
+    def __init__(self) -> None:
+        self._bodies: OrderedDict[tuple, _Body] = OrderedDict()
+        self._lock = threading.Lock()
+        self.hits = self.traced = self.failed = 0
+
+    def lower(self, k: Kernel, plan: KernelPlan, lower: Callable[[Kernel, KernelPlan], LoopKernel]) -> LoopKernel:
+        """``lower(k, plan)``, or a trace of this body's structure instantiated for its sizes."""
+        skel, sizes = body_sizes(k, plan)
+        with self._lock:
+            body = self._bodies.get(skel)
+            if body is None:
+                body = self._bodies[skel] = _Body()
+                while len(self._bodies) > MAX_BODIES:
+                    self._bodies.popitem(last=False)
+            self._bodies.move_to_end(skel)
+            traces = list(body.traces)
+            seen = [s for s in body.seen if s != sizes]
+        for tr in traces:
+            env = tr.env(sizes)
+            if env is not None:
+                lk = tr.instantiate(env)
+                if lk is not None:
+                    self.hits += 1
+                    body.hits += 1
+                    return lk
+        if len(seen) >= CONCRETE and (body.hits or body.tries < MAX_TRIES):
+            body.tries += 1
+            tr = self._trace(k, plan, seen[-CONCRETE:] + [sizes], lower)
+            if tr is not None:
+                with self._lock:
+                    body.traces.insert(0, tr)
+                    del body.traces[MAX_TRACES:]
+                    body.seen.clear()
+                env = tr.env(sizes)
+                lk = tr.instantiate(env) if env is not None else None
+                if lk is not None:
+                    return lk
+        lk = lower(k, plan)
+        with self._lock:
+            body.seen[sizes] = None
+            body.seen.move_to_end(sizes)
+            while len(body.seen) > 2 * CONCRETE:
+                body.seen.popitem(last=False)
+        return lk
+
+    def has_traces(self, k: Kernel, plan: KernelPlan) -> bool:
+        """Whether bodies of ``k``'s structure have been traced: their sizes keep changing, and a
+        new one lowers from a trace in a fraction of a millisecond."""
+        body = self._bodies.get(body_sizes(k, plan)[0])
+        return body is not None and bool(body.traces)
+
+    def _trace(self, k: Kernel, plan: KernelPlan, vectors: list[tuple[int, ...]],
+               lower: Callable[[Kernel, KernelPlan], LoopKernel]) -> Trace | None:
+        """Lower ``k`` with the sizes that differ between ``vectors`` (the last is ``k``'s) as
+        symbols: positions whose values agree in every vector share one."""
+        sizes = vectors[-1]
+        by_column: dict[tuple[int, ...], list[int]] = {}
+        fixed: dict[int, int] = {}
+        for p in range(len(sizes)):
+            col = tuple(v[p] for v in vectors)
+            if len(set(col)) == 1:
+                fixed[p] = sizes[p]
+            else:
+                by_column.setdefault(col, []).append(p)
+        groups = [tuple(ps) for ps in by_column.values()]
+        rec = _Recorder()
+        values: list[Any] = list(sizes)
+        for j, g in enumerate(groups):
+            s = Sym(sizes[g[0]], f"s{j}", 0, rec)
+            for p in g:
+                values[p] = s
+        try:
+            sk, splan = _rebuilt(k, plan, values)
+            with symbolic.tracing():
+                lk = lower(sk, splan)
+            tr = Trace(groups, fixed, dict(rec.guards), lk)
+        except Exception as e:    # anything a trace cannot follow: lowered as usual
+            if config.DEBUG.value >= 5:
+                print(f"trace: kernel {k.name} is lowered as usual ({type(e).__name__}: {e})")
+            self.failed += 1
+            return None
+        self.traced += 1
+        if config.DEBUG.value >= 5:
+            print(f"trace: kernel {k.name}: {len(groups)} size symbol(s), {tr.n_guards} guard(s), "
+                  f"{len(tr.ir.holes)} size(s) in its loop IR")
+        return tr
+
+    def clear(self) -> None:
+        with self._lock:
+            self._bodies.clear()
+
+
+TRACES = Traces()

@@ -1,0 +1,274 @@
+"""A kernel body whose sizes keep changing is lowered once with its sizes as symbols, and each later
+size vector instantiates that trace when the guards it recorded hold (eqgrad/lower/trace.py): the
+loop IR must be the one the lowering gives for those sizes, in every case the corpus covers, and a
+guard that fails must fall back to the lowering."""
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+import pytest
+
+import eqgrad
+from eqgrad import Tensor, engine
+from eqgrad.devices import get_device
+from eqgrad.graph.interp import run_loop
+from eqgrad.lower import symbolic, trace
+from eqgrad.lower.lowering import lower_kernel
+from eqgrad.lower.trace import Sym, Traces, TraceError, _Recorder, body_sizes
+import eqgrad.nn.functional as F
+
+
+# ------------------------------------------------------------------ the numbers themselves
+
+def test_a_sym_computes_like_its_value_and_records_what_is_observed():
+    rec = _Recorder()
+    n = Sym(12, "s0", 0, rec)
+    m = (n + 4) * 2 // 3 - n % 5
+    assert isinstance(m, Sym) and m.v == (12 + 4) * 2 // 3 - 12 % 5
+    assert eval(f"lambda s0: {m.e}")(12) == m.v and eval(f"lambda s0: {m.e}")(40) == (40 + 4) * 2 // 3 - 40 % 5
+    assert not rec.guards                                   # arithmetic observes nothing
+    assert (n < 16) is True and (n >= 13) is False and bool(n) is True
+    assert rec.guards == {"s0<16": True, "s0>=13": False, "s0!=0": True}
+    assert list(range(n)) == list(range(12))                 # a C-level use of the value specializes
+    assert rec.guards["s0==12"] is True
+    assert hash(n) == hash(12) and "12" not in repr(n)       # repr shows the expression, not the value
+    assert n * 0 == 0 and type(n * 0) is int and n * 1 is n and n + 0 is n
+    assert isinstance(n / 4, float) and n / 4 == 3.0         # a float of a size is a value: specialized
+
+
+def test_sizes_of_different_traces_do_not_mix():
+    a, b = Sym(3, "s0", 0, _Recorder()), Sym(3, "s0", 0, _Recorder())
+    with pytest.raises(TraceError):
+        a + b
+    assert (a == b) is False
+
+
+def test_an_expression_too_deep_becomes_its_value():
+    rec = _Recorder()
+    x = Sym(1, "s0", 0, rec)
+    for _ in range(trace.MAX_DEPTH + 5):
+        x = x * 3 + 1 if isinstance(x, Sym) else x
+    assert type(x) is int
+    assert any(r for c, r in rec.guards.items() if c.endswith(f"=={x}") or "==" in c)
+
+
+# ------------------------------------------------------------------ the corpus: every size, the lowering's own IR
+
+def _decode(T: int) -> list[Tensor]:
+    rng = np.random.default_rng(T)
+    D = 8
+    cache, new, q = (Tensor(rng.standard_normal(s).astype(np.float32)) for s in ((1, T, D), (1, 1, D), (1, 1, D)))
+    k = cache.cat(new, dim=1)
+    att = ((q @ k.transpose(-1, -2)) * (1 / np.sqrt(D))).softmax(-1) @ k
+    side = k.flip(1).pad(((0, 0), (2, 1), (0, 0))).reshape(1, -1).sum(1)
+    return [att, side, k]
+
+
+def _matmul(n: int) -> list[Tensor]:
+    rng = np.random.default_rng(n)
+    a, b = (Tensor(rng.standard_normal(s).astype(np.float32)) for s in ((n, 24), (24, n + 3)))
+    return [(a @ b).relu()]
+
+
+def _norms(n: int) -> list[Tensor]:
+    x = Tensor(np.random.default_rng(n).standard_normal((n, 40)).astype(np.float32))
+    return [x.softmax(-1), F.layer_norm(x, (40,)), (x * 2).sum(0), x.T.max(1)]
+
+
+def _conv(n: int) -> list[Tensor]:
+    rng = np.random.default_rng(n)
+    x = Tensor(rng.standard_normal((2, 3, n, n + 1)).astype(np.float32))
+    w = Tensor(rng.standard_normal((4, 3, 3, 3)).astype(np.float32))
+    return [F.conv2d(x, w, padding=1).relu(), x.reshape(2, 3, -1).mean(-1)]
+
+
+CORPUS = {"decode": (_decode, [5, 6, 7, 8, 9, 13, 16, 17, 31, 32, 33, 64]),
+          "matmul": (_matmul, [5, 6, 7, 9, 16, 17, 29, 32, 33, 48]),
+          "norms": (_norms, [3, 4, 5, 7, 8, 15, 16, 17, 100]),
+          "conv": (_conv, [4, 5, 6, 7, 8, 11, 16])}
+
+
+def _plans(make, sizes) -> list:
+    out = []
+    for n in sizes:
+        ts = make(n)
+        eqgrad.realize(*ts)
+        out.append(engine.last_plan.plan)
+    return out
+
+
+def _runs_alike(lk, ref, k, plan, seed: int = 0) -> None:
+    """Both loop kernels, run by the (bounds-checked) loop-IR interpreter on the same inputs, write
+    the same output."""
+    rng = np.random.default_rng(seed)
+    bufs = [rng.standard_normal(plan.buffers[b][0]).astype(plan.buffers[b][1].np).reshape(-1) for b in (k.out, *k.inputs)]
+    a, b = [x.copy() for x in bufs], [x.copy() for x in bufs]
+    run_loop(lk, a)
+    run_loop(ref, b)
+    np.testing.assert_array_equal(a[0], b[0])
+
+
+@pytest.mark.parametrize("name", sorted(CORPUS))
+def test_a_traced_body_lowers_to_the_loop_ir_of_its_sizes(name):
+    """Instruction for instruction, except where the lowering at those sizes shares two equal
+    constants that the trace keeps apart (a size that happens to equal another number: the decode
+    step's total length 8 and its head size 8) -- the same program, one instruction longer."""
+    make, sizes = CORPUS[name]
+    tr = Traces()
+    plans = _plans(make, sizes)
+    checked, unshared = 0, 0
+    for plan in plans:
+        for k in plan.kernels:
+            lk = tr.lower(k, plan, lower_kernel)
+            ref = lower_kernel(k, plan)
+            assert (lk.params, lk.parallel, lk.vector_lanes, lk.loop_vectorize) == \
+                   (ref.params, ref.parallel, ref.vector_lanes, ref.loop_vectorize)
+            if lk.insts != ref.insts:
+                assert lk.__dict__.get("traced") is not None and len(lk.insts) > len(ref.insts), k.ast.render()
+                _runs_alike(lk, ref, k, plan)
+                unshared += 1
+            checked += 1
+    assert tr.failed == 0
+    assert tr.traced >= 1 and tr.hits >= tr.traced, (tr.traced, tr.hits)   # lowered once, then instantiated
+    assert checked > tr.hits and unshared <= 2, unshared
+
+
+def test_an_instantiated_kernel_computes_what_the_lowered_one_does():
+    """Run both in the loop-IR interpreter (bounds-checked) on the same buffers."""
+    tr = Traces()
+    plans = _plans(_decode, [5, 6, 7, 11, 12, 20])
+    ran = 0
+    for plan in plans[3:]:
+        for k in plan.kernels:
+            lk = tr.lower(k, plan, lower_kernel)
+            if lk.__dict__.get("traced") is None:
+                continue
+            _runs_alike(lk, lower_kernel(k, plan), k, plan, ran)
+            ran += 1
+    assert ran >= 3
+
+
+def test_a_guard_that_fails_falls_back_to_the_lowering():
+    """Lanes: 16 of a last axis that 16 divides, fewer otherwise -- a trace made at 17, 18, 19
+    columns does not apply at 32, which lowers as usual (and the result is still its own IR)."""
+    tr = Traces()
+    for n in (17, 18, 19, 20, 32, 21):
+        eqgrad.realize(*_matmul(n - 3))
+        plan = engine.last_plan.plan
+        for k in plan.kernels:
+            lk = tr.lower(k, plan, lower_kernel)
+            assert lk.insts == lower_kernel(k, plan).insts
+    assert tr.traced >= 1 and tr.hits >= 1
+
+
+def test_traced_expressions_are_never_handed_to_a_plain_lowering():
+    tr = Traces()
+    plans = _plans(_decode, [5, 6, 7, 8])
+    for plan in plans:
+        for k in plan.kernels:
+            tr.lower(k, plan, lower_kernel)
+    assert tr.traced >= 1
+    for key in list(symbolic._INTERNED):
+        if not (len(key) == 2 and key[1] == "traced"):
+            assert not trace._has_sym(key), key
+    for plan in plans:             # the same sizes lowered plainly: no Sym anywhere in their IR
+        for k in plan.kernels:
+            lk = lower_kernel(k, plan)
+            assert not any(trace._has_sym(x.arg) for x in lk.insts)
+
+
+def test_body_sizes_keeps_the_structure_apart_from_the_sizes():
+    eqgrad.realize(*_decode(5))
+    p5 = engine.last_plan.plan
+    eqgrad.realize(*_decode(9))
+    p9 = engine.last_plan.plan
+    s5 = {body_sizes(k, p5)[0]: body_sizes(k, p5)[1] for k in p5.kernels}
+    s9 = {body_sizes(k, p9)[0]: body_sizes(k, p9)[1] for k in p9.kernels}
+    assert s5.keys() == s9.keys()
+    assert any(s5[k] != s9[k] for k in s5)
+    for k in p5.kernels:           # rebuilt with its own sizes, a body is the same body
+        sk, splan = trace._rebuilt(k, p5, list(body_sizes(k, p5)[1]))
+        assert sk.ast.render() == k.ast.render()
+        assert [splan.buffers[b] for b in (k.out, *k.inputs)] == [p5.buffers[b] for b in (k.out, *k.inputs)]
+
+
+def test_the_device_lowers_a_growing_cache_from_traces(monkeypatch):
+    engine.clear_cache()
+    gc.collect()
+    get_device("LLVM").families.clear()
+    trace.TRACES.clear()
+    h0 = trace.TRACES.hits
+    for T in range(5, 20):
+        ts = _decode(T)
+        eqgrad.realize(*ts)
+    assert trace.TRACES.hits - h0 >= 10
+    # the answers are still NumPy's (a traced kernel runs the sized program with its sizes)
+    rng = np.random.default_rng(19)
+    cache, new, q = (rng.standard_normal(s).astype(np.float32) for s in ((1, 19, 8), (1, 1, 8), (1, 1, 8)))
+    kn = np.concatenate([cache, new], axis=1)
+    s = q @ kn.transpose(0, 2, 1) / np.sqrt(8)
+    e = np.exp(s - s.max(-1, keepdims=True))
+    np.testing.assert_allclose(ts[0].numpy(), (e / e.sum(-1, keepdims=True)) @ kn, rtol=1e-5, atol=1e-5)
+    monkeypatch.setenv("EQGRAD_SIZE_ARGS", "0")            # off with sized programs
+    h1 = trace.TRACES.hits
+    for T in range(20, 24):
+        eqgrad.realize(*_decode(T))
+    assert trace.TRACES.hits == h1
+
+
+def _template(rng: np.random.Generator):
+    """A random chain of movement ops (and maybe a sum) over an input whose second axis has size
+    ``n``: a function of n giving the tensor, valid for every n >= 4."""
+    rank = int(rng.integers(2, 4))
+    fixed = [int(rng.integers(1, 4)) for _ in range(rank)]
+    steps = []
+    for _ in range(int(rng.integers(2, 6))):
+        op = rng.choice(["permute", "flip", "pad", "shrink", "merge", "sum", "mul"])
+        steps.append((op, int(rng.integers(0, 1 << 30))))
+
+    def make(n: int) -> Tensor:
+        shape = list(fixed)
+        shape[1] = n
+        x = Tensor(np.arange(1, int(np.prod(shape)) + 1, dtype=np.float32).reshape(shape))
+        for op, seed in steps:
+            r = np.random.default_rng(seed)
+            nd = len(x.shape)
+            if op == "permute":
+                x = x.permute(*[int(a) for a in r.permutation(nd)])
+            elif op == "flip":
+                x = x.flip(int(r.integers(0, nd)))
+            elif op == "pad":
+                a = int(r.integers(0, nd))
+                x = x.pad(tuple((int(r.integers(0, 3)), int(r.integers(0, 3))) if d == a else (0, 0) for d in range(nd)))
+            elif op == "shrink":
+                a = int(np.argmax(x.shape))            # the longest axis: at least n >= 4
+                x = x.shrink(tuple((1, s - 1) if d == a else None for d, s in enumerate(x.shape)))
+            elif op == "merge" and nd >= 2:
+                a = int(r.integers(0, nd - 1))
+                x = x.reshape(*x.shape[:a], x.shape[a] * x.shape[a + 1], *x.shape[a + 2:])
+            elif op == "sum" and nd >= 2:
+                x = x.sum(int(r.integers(0, nd)))
+            elif op == "mul":
+                x = x * 3 + 1
+        return x
+    return make
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_random_movement_chains_lower_alike_from_their_traces(seed):
+    rng = np.random.default_rng([7, seed])
+    make = _template(rng)
+    sizes = [int(v) for v in rng.choice(np.arange(4, 40), size=7, replace=False)]
+    tr = Traces()
+    for n in sizes:
+        t = make(n)
+        eqgrad.realize(t)
+        plan = engine.last_plan.plan
+        for k in plan.kernels:
+            lk = tr.lower(k, plan, lower_kernel)
+            ref = lower_kernel(k, plan)
+            if lk.insts != ref.insts or lk.vector_lanes != ref.vector_lanes or lk.parallel != ref.parallel:
+                assert lk.__dict__.get("traced") is not None
+                _runs_alike(lk, ref, k, plan, n)
+    assert tr.failed == 0
