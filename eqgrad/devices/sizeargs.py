@@ -86,6 +86,12 @@ class Shape:
 def split_sizes(lk: LoopKernel) -> Shape:
     """The loop kernel's skeleton and its sizes: every index ``CONST`` and every ``RANGE`` but the
     split one (whose extent the program takes as ``[lo, hi)`` already)."""
+    return _split_sizes(lk)[0]
+
+
+def _split_sizes(lk: LoopKernel) -> tuple[Shape, frozenset[int]]:
+    """``split_sizes`` and the indices into its positions of the reduction loops (whatever their
+    extent)."""
     split = lk.parallel_ranges()[0] if lk.parallel else None
     items: list[Any] = []
     positions, values = [], []
@@ -107,9 +113,10 @@ def split_sizes(lk: LoopKernel) -> Shape:
         else:
             items.append(x)
     params = tuple((d.name, w) for _, d, w in lk.params)
-    reductions = tuple(j for j, (i, v) in enumerate(zip(positions, values)) if i in reduce and v >= SPECULATE_MIN)
+    loops = frozenset(j for j, i in enumerate(positions) if i in reduce)
+    reductions = tuple(j for j in sorted(loops) if values[j] >= SPECULATE_MIN)
     return Shape(Skeleton((tuple(items), params, lk.parallel, lk.loop_vectorize, lk.vector_lanes)), tuple(positions), tuple(values),
-                 reductions)
+                 reductions), loops
 
 
 class Sized:
@@ -152,6 +159,10 @@ class Families:
         # by comparing its ~200 instructions at each of a prepare's half-dozen lookups (a growing
         # KV cache: 24 comparisons a decode step, ~4 ms); by hash, held weakly
         self._skeletons: dict[int, list[weakref.ref]] = {}
+        # by id of a trace's holes (lower/trace.py): (a weak reference to them, the skeleton of
+        # every instance -- None when it is not the same for all --, the positions, the reduction
+        # loops among them)
+        self._by_holes: dict[int, tuple] = {}
 
     def shape_of(self, lk: LoopKernel) -> tuple[LoopKernel, Shape]:
         """``lk`` decomposed for the renderer and its Shape, worked out once per loop kernel (the
@@ -159,20 +170,54 @@ class Families:
         hit = self._shapes.get(id(lk))
         if hit is None or hit[0]() is not lk:
             traced = lk.__dict__.get("traced")          # lowered by a trace (lower/trace.py)
-            dk = traced[0].decomposed(self.native, traced[1]) if traced is not None else None
-            if dk is None:
-                dk = decompose(lk, self.native)
+            holes = None
+            if traced is not None:
+                dk, holes = traced[0].decomposed(self.native, traced[1])
+                if dk is None:
+                    dk, holes = decompose(lk, self.native), traced[0].ir
+                    if dk is not lk:       # (a decomposition the trace could not instantiate)
+                        holes = None
+                else:
+                    dk.name = lk.name
             else:
-                dk.name = lk.name
-            shape = split_sizes(dk)
-            canon = self._canonical(shape.skeleton)
-            if canon is not shape.skeleton:
-                shape = Shape(canon, shape.positions, shape.values, shape.reductions)
+                dk = decompose(lk, self.native)
+            shape = self._traced_shape(dk, holes) if holes is not None else None
+            if shape is None:
+                shape = split_sizes(dk)
+                canon = self._canonical(shape.skeleton)
+                if canon is not shape.skeleton:
+                    shape = Shape(canon, shape.positions, shape.values, shape.reductions)
             # (decompose returns ``lk`` itself when it has nothing to rewrite: not held strongly)
             hit = (weakref.ref(lk), None if dk is lk else dk, shape)
             self._shapes[id(lk)] = hit
             weakref.finalize(lk, self._shapes.pop, id(lk), None)
         return (lk if hit[1] is None else hit[1]), hit[2]
+
+    def _traced_shape(self, dk: LoopKernel, holes: Any) -> Shape | None:
+        """The Shape of a loop kernel instantiated from a trace's ``holes`` (lower/trace.py): when
+        every size the trace put in is at one of the Shape's positions, every instance has the same
+        skeleton and positions, so they are worked out for the first one and only the values are
+        read for the others (a decode step's attention: ~0.1 ms a kernel instead of a walk of its
+        instructions and a comparison with its family's). None: work it out as usual."""
+        memo = self._by_holes.get(id(holes))
+        if memo is not None and memo[0]() is holes:
+            _, skeleton, positions, loops = memo
+            if skeleton is None:
+                return None
+            insts = dk.insts
+            values = tuple(int(insts[i].arg) for i in positions)
+            return Shape(skeleton, positions, values, tuple(j for j in sorted(loops) if values[j] >= SPECULATE_MIN))
+        shape, loops = _split_sizes(dk)
+        at = set(shape.positions)
+        if dk.parallel:
+            at.add(dk.parallel_ranges()[0])
+        fits = all(f == "arg" and i in at for i, f in holes.holes)
+        skeleton = self._canonical(shape.skeleton) if fits else None
+        self._by_holes[id(holes)] = (weakref.ref(holes), skeleton, shape.positions, loops)
+        weakref.finalize(holes, self._by_holes.pop, id(holes), None)
+        if skeleton is None:
+            return None
+        return Shape(skeleton, shape.positions, shape.values, shape.reductions)
 
     def _canonical(self, sk: Skeleton) -> Skeleton:
         """The Skeleton object equal to ``sk`` that a live kernel's Shape holds, else ``sk`` itself.

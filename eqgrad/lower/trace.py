@@ -406,10 +406,12 @@ class Trace:
         lk.traced = (self, env)
         return lk
 
-    def decomposed(self, native: Any, env: tuple[int, ...]) -> LoopKernel | None:
+    def decomposed(self, native: Any, env: tuple[int, ...]) -> tuple[LoopKernel | None, "_Holes | None"]:
         """``decompose(lk, native)`` of an instantiation, from the trace's own loop IR decomposed
-        once (a decode step's softmax rewrote its exp2 into ~200 instructions at every length);
-        None when the decomposition holds a size where it cannot be put back."""
+        once (a decode step's softmax rewrote its exp2 into ~200 instructions at every length),
+        and the holes it was instantiated from (the same object for every instance: what a
+        caller keeps per family); (None, None) when nothing is decomposed (the instance itself is
+        the decomposition, instantiated from ``ir``) or the decomposition cannot be instantiated."""
         key = frozenset(native)
         with self._lock:
             if key not in self._decomposed:
@@ -419,7 +421,7 @@ class Trace:
                 except TraceError:
                     self._decomposed[key] = None
             h = self._decomposed[key]
-        return None if h is None else h.instantiate(env)
+        return (None, None) if h is None else (h.instantiate(env), h)
 
 
 def _has_sym(x: Any) -> bool:
