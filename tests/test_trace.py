@@ -13,6 +13,7 @@ import eqgrad
 from eqgrad import Tensor, engine
 from eqgrad.devices import get_device
 from eqgrad.graph.interp import run_loop
+from eqgrad.graph.loopir import LoopKernel
 from eqgrad.lower import symbolic, trace
 from eqgrad.lower.lowering import lower_kernel
 from eqgrad.lower.trace import Sym, Traces, TraceError, _Recorder, body_sizes
@@ -272,3 +273,11 @@ def test_random_movement_chains_lower_alike_from_their_traces(seed):
                 assert lk.__dict__.get("traced") is not None
                 _runs_alike(lk, ref, k, plan, n)
     assert tr.failed == 0
+
+
+def test_a_guard_against_an_infinite_float_is_valid_python():
+    rec = _Recorder()
+    n = Sym(5, "s0", 0, rec)
+    assert (n < float("inf")) is True and (n == float("nan")) is False
+    tr = trace.Trace([(0,)], {}, dict(rec.guards), LoopKernel("k", [], []))
+    assert tr.check(7) is True

@@ -38,6 +38,7 @@ own code).
 """
 from __future__ import annotations
 
+import math
 import threading
 from collections import OrderedDict
 from dataclasses import replace
@@ -114,7 +115,7 @@ class Sym:
         o = _plain(o)
         if o is NotImplemented:
             return NotImplemented
-        return self._guard(f"{self.e}{op}{o!r}", f(self.v, o))
+        return self._guard(f"{self.e}{op}{_literal(o)}", f(self.v, o))
 
     def __eq__(self, o: Any) -> Any:
         return self._cmp(o, "==", lambda a, b: a == b)
@@ -147,7 +148,7 @@ class Sym:
         if isinstance(o, float):             # a float result is a value, not a size
             v = self.specialize()
             return f(o, v) if flip else f(v, o)
-        a_e, b_e = (repr(o), self.e) if flip else (self.e, repr(o))
+        a_e, b_e = (_literal(o), self.e) if flip else (self.e, _literal(o))
         a_v, b_v = (o, self.v) if flip else (self.v, o)
         return self.t.make(f(a_v, b_v), f"({a_e}{op}{b_e})", self.d + 1)
 
@@ -198,6 +199,11 @@ class Sym:
     def __trunc__(self): return self.specialize()
     def __floor__(self): return self.specialize()
     def __ceil__(self): return self.specialize()
+
+
+def _literal(o: int | float) -> str:
+    """``o`` as Python source (``repr`` of inf or NaN is not)."""
+    return repr(o) if type(o) is int or math.isfinite(o) else f"float({str(o)!r})"
 
 
 def _plain(o: Any) -> Any:
@@ -283,8 +289,9 @@ def body_sizes(k: Kernel, plan: KernelPlan) -> tuple[tuple, tuple[int, ...]]:
     arguments and of its buffers' shapes. A kernel's lowering depends on these and nothing else
     of the plan (devices.kernel_structure is the lowering's own memo key)."""
     ast, bufs = k.ast, (k.out, *k.inputs)
+    specs = tuple(plan.buffers[b] for b in bufs)
     hit = ast.__dict__.get("_trace_sizes")
-    if hit is not None and hit[0] == bufs and hit[1] is plan:
+    if hit is not None and hit[0] == bufs and hit[1] == specs:
         return hit[2]
     pos = {b: i for i, b in enumerate(bufs)}
     index: dict[int, int] = {}
@@ -298,9 +305,9 @@ def body_sizes(k: Kernel, plan: KernelPlan) -> tuple[tuple, tuple[int, ...]]:
             arg = _flat(n.arg, sizes)
         items.append((n.op, arg, _flat(n.shape, sizes), n.dtype.name, tuple(index[id(s)] for s in n.src)))
         index[id(n)] = len(items) - 1
-    params = tuple((_flat(tuple(plan.buffers[b][0]), sizes), plan.buffers[b][1].name) for b in bufs)
+    params = tuple((_flat(tuple(shp), sizes), dt.name) for shp, dt in specs)
     out = ((tuple(items), params), tuple(sizes))
-    object.__setattr__(ast, "_trace_sizes", (bufs, plan, out))
+    object.__setattr__(ast, "_trace_sizes", (bufs, specs, out))
     return out
 
 
@@ -399,7 +406,7 @@ class Trace:
             if not self.check(*env):
                 return None
             lk = self.ir.instantiate(env)
-        except (ArithmeticError, ValueError):
+        except Exception:          # (a division by a size that is now 0, say): lowered as usual
             return None
         if config.VERIFY.value:
             verify_emitted(lk, "instantiated from its trace")
