@@ -336,6 +336,7 @@ def dist_version(name: str) -> str:
         return "?"
 
 
+@functools.lru_cache(maxsize=None)
 def machine_id() -> str:
     """This machine, for keys of on-disk caches (read once per process: it is asked on every realize)."""
     cpu = ""
