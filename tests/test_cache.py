@@ -292,3 +292,30 @@ def test_device_params_refuse_values_that_would_divide_by_zero():
         (field, v), = bad.items()
         with pytest.raises(ValueError, match=rf"DeviceParams.{field}: expected .*got {v!r}"):
             DeviceParams(**bad)
+
+
+_OPENS: list | None = None
+
+
+def _audit(event: str, args: tuple) -> None:
+    if _OPENS is not None and event == "open":
+        _OPENS.append(args[0])
+
+
+def test_a_cached_realize_opens_no_file():
+    """What keys the plan cache (the machine, the flags, the calibration's stamp) is read without
+    opening a file on every realize (the machine id was read from /proc/cpuinfo each time once,
+    half of a cached realize's cost)."""
+    global _OPENS
+    import sys
+    x = eqgrad.Tensor(np.ones(8, np.float32)).realize()
+    (x * 3).realize()                      # compiled and cached
+    sys.addaudithook(_audit)               # (hooks stay for the process: it records only while _OPENS is a list)
+    _OPENS = []
+    try:
+        for _ in range(20):
+            (x * 3).realize()
+        opened = list(_OPENS)
+    finally:
+        _OPENS = None
+    assert opened == [], opened
