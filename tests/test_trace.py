@@ -282,3 +282,17 @@ def test_a_guard_against_an_infinite_float_is_valid_python():
     assert (n < float("inf")) is True and (n == float("nan")) is False
     tr = trace.Trace([(0,)], {}, dict(rec.guards), LoopKernel("k", [], []))
     assert tr.check(7) is True
+
+
+def test_a_body_whose_traces_never_apply_stops_being_traced():
+    """A lowering that specializes on a size (here: a ``range`` over it) records ``s == value``, so
+    its trace applies to no other size: after ``MAX_TRIES`` traces the body is lowered as usual."""
+    def specializing(k, plan):
+        list(range(plan.buffers[k.out][0][0]))
+        return LoopKernel("k", [], [])
+    tr = Traces()
+    for n in range(4, 16):
+        eqgrad.realize(*_matmul(n))
+        plan = engine.last_plan.plan
+        tr.lower(plan.kernels[0], plan, specializing)
+    assert tr.hits == 0 and tr.traced == trace.MAX_TRIES, (tr.traced, tr.hits)

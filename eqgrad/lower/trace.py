@@ -57,7 +57,8 @@ from eqgrad.lower.lowering import verify_emitted
 CONCRETE = 2            # size vectors of a body lowered as usual before its sizes are symbols
 MAX_TRACES = 4          # traces kept per body structure, newest first (a size crossing a lane multiple
                         # takes the other branch of a guard: that region gets a trace of its own)
-MAX_TRIES = 2           # traces of a body attempted before one has been instantiated for new sizes
+MAX_TRIES = 2           # traces of a body attempted beyond one per instantiation of its traces (a
+                        # body whose traces do not pay for themselves stops being traced)
 MAX_BODIES = 512        # body structures remembered (least recently used dropped)
 MAX_DEPTH = 40          # a Sym's expression nests at most this deep (Python's parser nests ~200) ...
 MAX_CHARS = 400         # ... and is at most this long; beyond, the value is specialized
@@ -458,8 +459,7 @@ class _Body:
     def __init__(self) -> None:
         self.seen: OrderedDict[tuple[int, ...], None] = OrderedDict()
         self.traces: list[Trace] = []
-        self.tries = self.hits = 0      # traces attempted, and instantiated: a body whose traces
-                                        # never apply (a size specialized) stops being traced
+        self.tries = self.hits = 0      # traces attempted, and instances of them (``MAX_TRIES``)
 
 
 class Traces:
@@ -490,7 +490,7 @@ class Traces:
                     self.hits += 1
                     body.hits += 1
                     return lk
-        if len(seen) >= CONCRETE and (body.hits or body.tries < MAX_TRIES):
+        if len(seen) >= CONCRETE and body.tries < MAX_TRIES + body.hits:
             body.tries += 1
             tr = self._trace(k, plan, seen[-CONCRETE:] + [sizes], lower)
             if tr is not None:
