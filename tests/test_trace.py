@@ -296,3 +296,34 @@ def test_a_body_whose_traces_never_apply_stops_being_traced():
         plan = engine.last_plan.plan
         tr.lower(plan.kernels[0], plan, specializing)
     assert tr.hits == 0 and tr.traced == trace.MAX_TRIES, (tr.traced, tr.hits)
+
+
+def test_threads_that_trace_and_lower_at_once_get_right_answers():
+    """Two threads realize growing decode steps (one traces while the other lowers plain sizes and
+    instantiates): the interned expressions of a trace never reach the other's lowering."""
+    import threading
+    engine.clear_cache()
+    devices._lowered.clear()
+    trace.TRACES.clear()
+    errors: list[BaseException] = []
+
+    def run(D: int, lengths) -> None:
+        try:
+            for T in lengths:
+                rng = np.random.default_rng(T + 100 * D)
+                cache, new, q = (rng.standard_normal(s).astype(np.float32) for s in ((1, T, D), (1, 1, D), (1, 1, D)))
+                k = Tensor(cache).cat(Tensor(new), dim=1)
+                got = ((Tensor(q) @ k.transpose(-1, -2)) * 0.5).softmax(-1).numpy()
+                kn = np.concatenate([cache, new], axis=1)
+                s = q @ kn.transpose(0, 2, 1) * 0.5
+                e = np.exp(s - s.max(-1, keepdims=True))
+                np.testing.assert_allclose(got, e / e.sum(-1, keepdims=True), rtol=1e-5, atol=1e-6)
+        except BaseException as e:        # noqa: BLE001 -- reported below
+            errors.append(e)
+    threads = [threading.Thread(target=run, args=(D, range(3, 23))) for D in (4, 6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert trace.TRACES.hits > 0
