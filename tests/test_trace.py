@@ -327,3 +327,28 @@ def test_threads_that_trace_and_lower_at_once_get_right_answers():
         t.join()
     assert not errors, errors
     assert trace.TRACES.hits > 0
+
+
+def test_kernels_of_one_plan_at_other_sizes_count_as_one_plan():
+    """A model's layers share bodies at other widths; their lane decisions rarely agree, so sizes
+    count as changing only between plans: a trace needs two earlier plans, not two kernels."""
+    def program(scale: int) -> list[Tensor]:
+        rng = np.random.default_rng(scale)
+        return [(Tensor(rng.standard_normal((n, 24), dtype=np.float32)) @
+                 Tensor(rng.standard_normal((24, n + 3), dtype=np.float32))).relu() for n in (5 * scale, 7 * scale, 9 * scale)]
+    tr = Traces()
+    plans = []
+    for scale in (1, 2, 3):
+        eqgrad.realize(*program(scale))
+        plans.append(engine.last_plan.plan)
+    shapes = {body_sizes(k, plans[0])[0] for k in plans[0].kernels}
+    assert len(shapes) < len(plans[0].kernels)          # one body at several sizes in one plan
+    for plan in plans[:2]:
+        for k in plan.kernels:
+            tr.lower(k, plan, lower_kernel)
+    assert tr.traced == 0
+    for k in plans[2].kernels:                          # the third plan may trace; right either way
+        lk = tr.lower(k, plans[2], lower_kernel)
+        ref = lower_kernel(k, plans[2])
+        if lk.insts != ref.insts:
+            _runs_alike(lk, ref, k, plans[2])

@@ -54,7 +54,8 @@ from eqgrad.lower import symbolic
 from eqgrad.lower.decomp import decompose
 from eqgrad.lower.lowering import verify_emitted
 
-CONCRETE = 2            # size vectors of a body lowered as usual before its sizes are symbols
+CONCRETE = 2            # size vectors of a body lowered as usual, for as many earlier plans, before
+                        # its sizes are symbols
 MAX_TRACES = 4          # traces kept per body structure, newest first (a size crossing a lane multiple
                         # takes the other branch of a guard: that region gets a trace of its own)
 MAX_TRIES = 2           # traces of a body attempted beyond one per instantiation of its traces (a
@@ -457,7 +458,11 @@ class _Body:
     __slots__ = ("seen", "traces", "tries", "hits")
 
     def __init__(self) -> None:
-        self.seen: OrderedDict[tuple[int, ...], None] = OrderedDict()
+        # size vectors lowered as usual, oldest first, each with the id of the plan it was lowered
+        # for: sizes that keep changing change between plans (a growing sequence, new batch sizes),
+        # while the kernels of one plan that share a body (a model's layers of other widths) rarely
+        # share its lane decisions, so their vectors count as one
+        self.seen: OrderedDict[tuple[int, ...], int] = OrderedDict()
         self.traces: list[Trace] = []
         self.tries = self.hits = 0      # traces attempted, and instances of them (``MAX_TRIES``)
 
@@ -481,7 +486,9 @@ class Traces:
                     self._bodies.popitem(last=False)
             self._bodies.move_to_end(skel)
             traces = list(body.traces)
-            seen = [s for s in body.seen if s != sizes]
+            here = id(plan)
+            seen = [s for s, p in body.seen.items() if s != sizes and p != here]
+            plans = len({p for p in body.seen.values() if p != here})
         for tr in traces:
             env = tr.env(sizes)
             if env is not None:
@@ -490,7 +497,7 @@ class Traces:
                     self.hits += 1
                     body.hits += 1
                     return lk
-        if len(seen) >= CONCRETE and body.tries < MAX_TRIES + body.hits:
+        if len(seen) >= CONCRETE and plans >= CONCRETE and body.tries < MAX_TRIES + body.hits:
             body.tries += 1
             tr = self._trace(k, plan, seen[-CONCRETE:] + [sizes], lower)
             if tr is not None:
@@ -504,7 +511,7 @@ class Traces:
                     return lk
         lk = lower(k, plan)
         with self._lock:
-            body.seen[sizes] = None
+            body.seen[sizes] = here
             body.seen.move_to_end(sizes)
             while len(body.seen) > 2 * CONCRETE:
                 body.seen.popitem(last=False)
