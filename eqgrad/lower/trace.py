@@ -7,7 +7,8 @@ compile once per family already (devices/sizeargs.py: a *sized* program reads it
 time), but each new size vector was still lowered from scratch to find out that it is a member:
 ~1.5 ms a kernel, two thirds of a decode step's cost above the fixed-shape step's.
 
-Here the third size vector of a kernel body (``CONCRETE`` earlier ones lowered as usual) is
+Here the third size vector of a kernel body (``CONCRETE`` earlier ones lowered as usual, for as
+many earlier plans: the kernels of one plan that share a body at other widths count as one) is
 lowered with every size that differed between them replaced by a :class:`Sym`: a number that
 knows its value and also an expression over the body's size symbols. Arithmetic on a ``Sym``
 gives a ``Sym``; every *observation* of its value -- a comparison, ``bool``, ``int``/``index``
