@@ -170,16 +170,8 @@ class Families:
         hit = self._shapes.get(id(lk))
         if hit is None or hit[0]() is not lk:
             traced = lk.__dict__.get("traced")          # lowered by a trace (lower/trace.py)
-            holes = None
-            if traced is not None:
-                dk, holes = traced[0].decomposed(self.native, traced[1])
-                if dk is None:
-                    dk, holes = decompose(lk, self.native), traced[0].ir
-                    if dk is not lk:       # (a decomposition the trace could not instantiate)
-                        holes = None
-                else:
-                    dk.name = lk.name
-            else:
+            dk, holes = traced[0].decomposed(lk, self.native) if traced is not None else (None, None)
+            if dk is None:
                 dk = decompose(lk, self.native)
             shape = self._traced_shape(dk, holes) if holes is not None else None
             if shape is None:

@@ -416,22 +416,28 @@ class Trace:
         lk.traced = (self, env)
         return lk
 
-    def decomposed(self, native: Any, env: tuple[int, ...]) -> tuple[LoopKernel | None, "_Holes | None"]:
-        """``decompose(lk, native)`` of an instantiation, from the trace's own loop IR decomposed
-        once (a decode step's softmax rewrote its exp2 into ~200 instructions at every length),
-        and the holes it was instantiated from (the same object for every instance: what a
-        caller keeps per family); (None, None) when nothing is decomposed (the instance itself is
-        the decomposition, instantiated from ``ir``) or the decomposition cannot be instantiated."""
+    def decomposed(self, lk: LoopKernel, native: Any) -> tuple[LoopKernel | None, "_Holes | None"]:
+        """``decompose(lk, native)`` of ``lk``, an instance of this trace, from the trace's own loop
+        IR decomposed once (a decode step's softmax rewrote its exp2 into ~200 instructions at
+        every length), and the holes it was instantiated from (the same object for every instance:
+        what a caller keeps per family). ``lk`` itself with ``ir`` when nothing is decomposed;
+        (None, None) when the decomposition cannot be instantiated."""
         key = frozenset(native)
         with self._lock:
             if key not in self._decomposed:
                 try:
                     dk = decompose(self.ir.lk, native)
-                    self._decomposed[key] = None if dk is self.ir.lk else _Holes(dk, self.names)
+                    self._decomposed[key] = self.ir if dk is self.ir.lk else _Holes(dk, self.names)
                 except TraceError:
                     self._decomposed[key] = None
             h = self._decomposed[key]
-        return (None, None) if h is None else (h.instantiate(env), h)
+        if h is None:
+            return None, None
+        if h is self.ir:
+            return lk, h
+        dk = h.instantiate(lk.traced[1])
+        dk.name = lk.name
+        return dk, h
 
 
 def _has_sym(x: Any) -> bool:
