@@ -189,26 +189,12 @@ class Buffer:
 
 def kernel_structure(k: Any, plan: Any) -> tuple:
     """What lowering a kernel depends on: its body in topological order with each buffer named by
-    its parameter position (the output 0, then the inputs), attributes by ``repr`` (so -0.0, NaN and
-    0.0 stay apart), and the shapes and dtypes of its parameters."""
-    # the body's part is kept on the body's root node (immutable, and shared by the kernels of a
-    # resized plan that did not change: graph/resize.py), for the buffers it was numbered with
-    ast, bufs = k.ast, (k.out, *k.inputs)
-    hit = ast.__dict__.get("_structure")
-    if hit is not None and hit[0] == bufs:
-        items = hit[1]
-    else:
-        pos = {b: i for i, b in enumerate(bufs)}
-        index: dict[int, int] = {}
-        out = []
-        for n in ast.walk():
-            arg = pos[n.arg] if n.op == "BUF" else repr(n.arg)
-            out.append((n.op, arg, n.shape, n.dtype.name, tuple(index[id(s)] for s in n.src)))
-            index[id(n)] = len(out) - 1
-        items = tuple(out)
-        object.__setattr__(ast, "_structure", (bufs, items))
-    params = tuple((tuple(plan.buffers[b][0]), plan.buffers[b][1].name) for b in bufs)
-    return items, params
+    its parameter position (the output 0, then the inputs), attributes with their sizes taken out
+    and constants by ``repr`` (so -0.0, NaN and 0.0 stay apart), the shapes and dtypes of its
+    parameters, and those sizes: ``trace.body_sizes``, which the traced lowering keys its traces by
+    (one walk of the body for both; kept on the body's root node, for the buffers and parameter
+    shapes it was worked out with)."""
+    return trace.body_sizes(k, plan)
 
 
 class LoweredKernels:

@@ -87,10 +87,11 @@ class KernelPlan:
         return "\n".join(lines)
 
 
-def check_plan(plan: KernelPlan) -> None:
-    """Structural invariants every plan must meet (used by tests and on validation)."""
+def check_plan(plan: KernelPlan, orders: list[list[KNode]] | None = None) -> None:
+    """Structural invariants every plan must meet (used by tests and on validation). ``orders``:
+    the nodes of each kernel's body to check the ops of (default: every node, ``walk()``)."""
     written = set(range(plan.n_inputs))
-    for k in plan.kernels:
+    for i, k in enumerate(plan.kernels):
         for b in k.inputs:
             if b not in written:
                 raise AssertionError(f"{k.name} reads b{b} before it is written")
@@ -100,7 +101,7 @@ def check_plan(plan: KernelPlan) -> None:
         shp, dt = plan.buffers[k.out]
         if k.ast.shape != shp or k.ast.dtype != dt:
             raise AssertionError(f"{k.name}: body {k.ast.shape} {k.ast.dtype} != buffer {shp} {dt}")
-        for n in k.ast.walk():
+        for n in (orders[i] if orders is not None else k.ast.walk()):
             if n.op not in OPS:
                 raise AssertionError(f"{k.name}: unknown op {n.op}")
 

@@ -676,8 +676,9 @@ def verify(plan: KernelPlan, prog: "Program | ProgramSizes", orders: list[list[K
     """Raise AssertionError unless ``plan`` is a well-formed plan for ``prog``'s inputs and roots:
     ``check_plan``; every node's attribute valid for its sources and its shape its op's shape rule;
     every read of a buffer with the buffer's shape; the input buffers the program's, each output
-    the shape and dtype of its root. ``orders``: each kernel body's ``walk()``, if known."""
-    check_plan(plan)
+    the shape and dtype of its root. ``orders``: each kernel body's ``walk()``, if known, or the
+    part of it to check (resize: an unchanged body's reads; the rest is the old plan's, checked)."""
+    check_plan(plan, orders)
     ps = _sizes_of(prog)
     got = [(tuple(s), d) for s, d in plan.buffers[:plan.n_inputs]]
     if got != list(ps.input_specs):

@@ -260,6 +260,24 @@ _LIST = _Hole(-2)                          # (_LIST, items): a list
 _INT = {int}
 
 
+class _Exact:
+    """A float of a node's attribute in a skeleton: equal only to the same float, bit for bit as
+    ``repr`` tells (0.0 and -0.0 are different bodies; a NaN equals itself)."""
+    __slots__ = ("v", "r")
+
+    def __init__(self, v: float) -> None:
+        self.v, self.r = v, repr(v)
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is _Exact and other.r == self.r
+
+    def __hash__(self) -> int:
+        return hash(self.r)
+
+    def __repr__(self) -> str:
+        return self.r
+
+
 def _flat(x: Any, out: list[int]) -> Any:
     """``x``'s structure with every int put in ``out`` (a ``_Hole`` in its place)."""
     t = type(x)
@@ -273,6 +291,8 @@ def _flat(x: Any, out: list[int]) -> Any:
         return tuple(_flat(y, out) for y in x)
     if t is list:
         return (_LIST, tuple(_flat(y, out) for y in x))
+    if t is float:
+        return _Exact(x)
     return x
 
 
@@ -280,6 +300,8 @@ def _fill(skel: Any, it) -> Any:
     t = type(skel)
     if t is _Hole:
         return next(it) if skel is _HOLE else tuple(islice(it, skel.n))
+    if t is _Exact:
+        return skel.v
     if t is tuple:
         if skel and skel[0] is _LIST:
             return [_fill(s, it) for s in skel[1]]
@@ -290,7 +312,9 @@ def _fill(skel: Any, it) -> Any:
 def body_sizes(k: Kernel, plan: KernelPlan) -> tuple[tuple, tuple[int, ...]]:
     """(structure with its sizes left out, the sizes): every int of its nodes' shapes and movement
     arguments and of its buffers' shapes. A kernel's lowering depends on these and nothing else
-    of the plan (devices.kernel_structure is the lowering's own memo key)."""
+    of the plan: the pair is the lowering's memo key too (devices.kernel_structure), so a body is
+    walked once for both. Buffers are named by parameter position (the output 0, then the
+    inputs), constants by ``repr`` (so -0.0, NaN and 0.0 stay apart), as are floats elsewhere."""
     ast, bufs = k.ast, (k.out, *k.inputs)
     specs = tuple(plan.buffers[b] for b in bufs)
     hit = ast.__dict__.get("_trace_sizes")
