@@ -294,6 +294,10 @@ THREADS = Flag("EQGRAD_THREADS", max(1, min(os.cpu_count() or 1, MAX_THREADS)), 
                f"an integer from 1 to {MAX_THREADS}",
                "CPU threads a large LLVM kernel is split across; above 1, a plan's new kernels also "
                "compile two at a time, here and in a compile worker (1 disables both)")
+BLAS = Flag("EQGRAD_BLAS", 1, _integer_in(0, 1), "0 or 1",
+            "1: on the LLVM device, a kernel whose body is a contraction with unit-stride operands "
+            "(a matmul in any layout, batched or broadcast, with elementwise ops after it) runs its "
+            "contraction through the BLAS SciPy ships (devices/blas.py); 0: every kernel is generated")
 BEAM = Flag("EQGRAD_BEAM", 0, _integer_in(0), "an integer >= 0",
             "k: try up to k register-lane settings per kernel on the device and keep the fastest "
             "(cached on disk per kernel and machine; 0 = heuristics only)")

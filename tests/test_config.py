@@ -36,6 +36,7 @@ CASES: dict[str, tuple[list, list]] = {
     "EQGRAD_RESIZE": (["2", "-1", "yes", 0.5], [("0", 0), ("1", 1)]),
     "EQGRAD_PRESTART": (["2", "-1", "on", 0.5], [("0", 0), ("1", 1)]),
     "EQGRAD_SIZE_ARGS": (["2", "-1", "on", 0.5], [("0", 0), ("1", 1)]),
+    "EQGRAD_BLAS": (["2", "-1", "yes", 0.5], [("0", 0), ("1", 1)]),
     "EQGRAD_REGIONS": (["2", "-1", "yes", 0.5], [("0", 0), ("1", 1)]),
     "EQGRAD_PROGRESS": (["-1", "nan", "inf", "soon", True], [("0", 0.0), ("2", 2.0), ("0.5", 0.5)]),
     "EQGRAD_POOL_BYTES": (["-1", "-1M", "nanM", "1.5", "big"], [("0", 0), ("1M", 1 << 20), ("1G", 1 << 30)]),

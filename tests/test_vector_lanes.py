@@ -130,6 +130,7 @@ def _llvm_sources(monkeypatch) -> list[str]:
 @pytest.mark.parametrize("what", ["matmul", "matmul_t", "long_k", "max", "odd", "relu", "relu_grad"])
 def test_lane_kernels_use_vector_accumulators_and_match_numpy(what, monkeypatch, tmp_path):
     monkeypatch.setenv("EQGRAD_CACHE_DIR", str(tmp_path))      # compiled here, so its source is seen
+    monkeypatch.setenv("EQGRAD_BLAS", "0")                      # the generated contraction kernels
     seen = _llvm_sources(monkeypatch)
     rng = np.random.default_rng(2)
     a = rng.standard_normal((64, 96), dtype=np.float32)

@@ -35,8 +35,9 @@ from eqgrad.devices import Buffer, Device
 from eqgrad.lower import lowering, trace
 from eqgrad.lower.passes import LowerOptions
 from eqgrad.lower.split import split_reduction
+from eqgrad.lower import contraction
 from eqgrad.ops import numel
-from eqgrad.devices import compilepool, kernelcache
+from eqgrad.devices import blas, compilepool, kernelcache
 from eqgrad.devices.llvm import (LLVM_OPS, COMPILE_LOCK, PREFETCHED, CodeEngine, LLVMProgram, compiler, render_llvm,
                                  streaming_store)
 from eqgrad.devices.sizeargs import Families, Sized
@@ -376,8 +377,8 @@ class LLVMDevice(Device):
         try:
             memo = self._memo_key(target)
             for k in plan.kernels:
-                if self._built(k, memo) is not None:
-                    continue                        # built for an earlier plan: nothing to compile
+                if self._built(k, memo) is not None or self.gemm_of(k) is not None:
+                    continue                        # built for an earlier plan, or the BLAS's: nothing to compile
                 ix = self._from_disk(k, plan, target)
                 if ix is not None:
                     src, nt = ix["src"], ix["nontemporal"]
@@ -442,20 +443,32 @@ class LLVMDevice(Device):
             prg(*ptrs, lo=0, hi=n)
 
     def split(self, plan: KernelPlan, threads: int) -> tuple[KernelPlan, list]:
-        """The plan with each large full reduction split into parallel partials (lower/split.py),
-        and the (shape, dtype) of the scratch buffers that adds (allocated per run)."""
-        if threads < 2:
+        """The plan with each large full reduction split into parallel partials (lower/split.py)
+        and each contraction with elementwise ops after it split into the contraction, which the
+        BLAS runs, and the rest (lower/contraction.py); and the (shape, dtype) of the scratch
+        buffers that adds (allocated per run)."""
+        blas_on = bool(config.BLAS.value)          # (the library loads at the first contraction)
+        if threads < 2 and not blas_on:
             return plan, []
         kernels, extra = [], []
         options = LowerOptions(threads=threads, parallel_min=PARALLEL_MIN)
         for k in plan.kernels:
-            # the "split reductions" pass decides (lower/passes.py); the device allocates the scratch.
-            # A body it leaves alone says so on itself, for the plans that share it (graph/resize.py)
-            unsplit = (options, k.predicted)
+            # a body the device leaves alone says so on itself, for the plans that share it
+            # (graph/resize.py)
+            unsplit = (options, k.predicted, blas_on)
             if k.ast.__dict__.get("_unsplit") == unsplit:
                 kernels.append(k)
                 continue
-            sp = split_reduction(k, len(plan.buffers) + len(extra), options)
+            if blas_on:
+                found = self._contraction(k)
+                if found is not None and not contraction.is_pure(k.ast, found[0]):
+                    sp = contraction.split_epilogue(k, found[0], len(plan.buffers) + len(extra))
+                    extra.append((found[0].shape, found[0].dtype))
+                    object.__setattr__(sp[0].ast, "_gemm", (self._gemm_key(), found[1]))
+                    kernels += sp
+                    continue
+            # the "split reductions" pass decides (lower/passes.py); the device allocates the scratch
+            sp = split_reduction(k, len(plan.buffers) + len(extra), options) if threads > 1 else None
             if sp is None:
                 object.__setattr__(k.ast, "_unsplit", unsplit)
                 kernels.append(k)
@@ -465,6 +478,41 @@ class LLVMDevice(Device):
         if not extra:
             return plan, []
         return KernelPlan(plan.buffers + extra, plan.n_inputs, kernels, plan.outputs, plan.predicted, plan.notes), extra
+
+    # ------------------------------------------------------------------ contractions by the BLAS
+    def blas(self) -> blas.Blas | None:
+        """The BLAS when contractions use it (``EQGRAD_BLAS``, and SciPy's loads), else None.
+        SciPy's is loaded at the first contraction, not by a program without one."""
+        return blas.blas() if config.BLAS.value else None
+
+    @staticmethod
+    def _gemm_key() -> tuple:
+        return (config.BLAS.value, config.THREADS.value)
+
+    def _contraction(self, k) -> tuple | None:
+        """(the reduction, its Gemm) when the BLAS runs the contraction of ``k``'s body and the
+        GEMM pays (``blas.pays``), else None; worked out once per body."""
+        memo = k.ast.__dict__.get("_contraction")
+        key = self._gemm_key()
+        if memo is not None and memo[0] == key:
+            return memo[1]
+        found = contraction.find_contraction(k.ast)
+        if found is not None and (self.blas() is None or not blas.pays(found[1], k.predicted, config.THREADS.value)):
+            found = None
+        object.__setattr__(k.ast, "_contraction", (key, found))
+        return found
+
+    def gemm_of(self, k) -> Any:
+        """The Gemm the BLAS runs as kernel ``k`` (a pure contraction), or None."""
+        if not config.BLAS.value:
+            return None
+        hit = k.ast.__dict__.get("_gemm")
+        if hit is not None and hit[0] == self._gemm_key():
+            return hit[1]
+        found = self._contraction(k)
+        g = found[1] if found is not None and contraction.is_pure(k.ast, found[0]) else None
+        object.__setattr__(k.ast, "_gemm", (self._gemm_key(), g))
+        return g
 
     def prepare(self, plan: KernelPlan) -> Callable[[list[Buffer]], None]:
         threads = max(1, config.THREADS.value)
@@ -498,6 +546,11 @@ class LLVMDevice(Device):
         steps = []
         for i, k in enumerate(plan.kernels):
             progress.update(done=i)
+            g = self.gemm_of(k)
+            if g is not None:
+                prg = blas.GemmProgram(k.name, g, (k.out, *k.inputs), self.blas(), threads)
+                steps.append((k, prg, (k.out, *k.inputs), g.batches))
+                continue
             upcast = None
             if beam > 0:
                 candidates: list[LLVMProgram] = []     # alive until the pick is built below

@@ -95,6 +95,7 @@ def settings_key(device: str, settings: ExtractSettings | None = None) -> tuple:
                                  in for LLVM only: the kernel search picks each kernel's lanes
       EQGRAD_CPU                 in for LLVM only: the compiled steps are machine code for that target
                                  (lowering itself does not read it: LLVM picks the vector width)
+      EQGRAD_BLAS                in for LLVM only: it decides whether a contraction's step calls the BLAS
       rulebooks and schedule (EQGRAD_RULEBOOKS, EQGRAD_SCHEDULE, eqgrad.rules.use)
                                  in, as ``rules.key`` (a hash of the text of every file) next to this
       DEBUG                      out: it only prints
@@ -119,7 +120,7 @@ def settings_key(device: str, settings: ExtractSettings | None = None) -> tuple:
     extractor = s.extractor or config.EXTRACTOR.value
     ilp = (config.ILP_TIME.value, config.ILP_MAX_CLASSES.value) if extractor == "ilp" else None
     search = config.EXTRACT_TIME.value          # a search stopped at its limit may choose another plan
-    llvm = ((config.THREADS.value, config.BEAM.value, config.BEAM_TIME.value, config.CPU.value)
+    llvm = ((config.THREADS.value, config.BEAM.value, config.BEAM_TIME.value, config.CPU.value, config.BLAS.value)
             if device == "LLVM" else None)
     fn = s.cost_fn or default_cost
     try:

@@ -1,0 +1,262 @@
+"""Contractions through the BLAS (lower/contraction.py reads a kernel body as a GEMM,
+devices/blas.py runs it): which bodies are GEMMs and with which strides, and that the LLVM device
+gives NumPy's (and torch's) numbers through that path -- every layout of a matmul, batched and
+broadcast operands, slices, elementwise ops after it, matrix-vector products, gradients, one and
+two threads -- and the generated kernels' numbers with ``EQGRAD_BLAS=0``."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import eqgrad
+from eqgrad import Tensor, engine
+from eqgrad.devices import blas
+from eqgrad.lower.contraction import find_contraction, is_pure, match_contraction
+
+pytestmark = pytest.mark.skipif(blas.blas() is None, reason="SciPy's BLAS does not load here")
+
+
+def body(t: Tensor):
+    """The body of the one kernel ``t``'s plan has (asserted)."""
+    plan = eqgrad.explain(t).plan
+    assert len(plan.kernels) == 1, plan.describe()
+    return plan.kernels[0].ast
+
+
+def rnd(*shape: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed + sum(shape)).standard_normal(shape).astype(np.float32)
+
+
+@pytest.fixture
+def gemm_calls(monkeypatch):
+    """The number of BLAS program calls made (a list of one count). Every contraction the BLAS
+    can run goes to it (its measured call cost set to 0: these tests' products are small, and
+    which path pays is ``test_what_pays``'s)."""
+    monkeypatch.setattr(blas, "speeds", lambda threads: (0.0, 1e11))
+    engine.clear_cache()
+    calls = [0]
+    orig = blas.GemmProgram.__call__
+
+    def counted(self, *ptrs, lo, hi):
+        calls[0] += 1
+        return orig(self, *ptrs, lo=lo, hi=hi)
+    monkeypatch.setattr(blas.GemmProgram, "__call__", counted)
+    return calls
+
+
+# ------------------------------------------------------------------ what is a GEMM
+def test_a_matmul_is_a_gemm_with_its_strides():
+    a, b = Tensor(rnd(6, 5)), Tensor(rnd(5, 7))
+    found = find_contraction(body(a @ b))
+    assert found is not None and is_pure(body(a @ b), found[0])
+    g = found[1]
+    assert (g.m, g.n, g.k, g.sx_m, g.sx_k, g.sy_k, g.sy_n, g.sc_m, g.batch) == (6, 7, 5, 5, 1, 7, 1, 7, ())
+
+
+def test_a_transposed_weight_is_read_in_place():
+    """torch's Linear layout: W (out, in) read as W.T, no copy (its k stride is 1)."""
+    x, w = Tensor(rnd(4, 3)), Tensor(rnd(8, 3))
+    g = find_contraction(body(x @ w.T))[1]
+    assert (g.m, g.n, g.k, g.sy_k, g.sy_n) == (4, 8, 3, 1, 3)
+
+
+def test_leading_axes_of_an_input_merge_into_rows():
+    x, w = Tensor(rnd(2, 5, 3)), Tensor(rnd(3, 4))
+    g = find_contraction(body(x @ w))[1]
+    assert (g.m, g.n, g.k, g.batch) == (10, 4, 3, ())
+
+
+def test_batched_attention_scores_with_the_transpose_in_the_graph():
+    q, k = Tensor(rnd(2, 3, 6, 4)), Tensor(rnd(2, 3, 6, 4, seed=1))
+    t = (q @ k.transpose(-1, -2)) * 0.5
+    red, g = find_contraction(body(t))
+    assert not is_pure(body(t), red)           # the scale is an epilogue
+    assert (g.m, g.n, g.k, g.sy_k, g.sy_n, g.batch) == (6, 6, 4, 1, 4, ((6, 36, 24, 24),))
+
+
+def test_a_slice_is_an_offset():
+    a, b = Tensor(rnd(8, 9)), Tensor(rnd(6, 8))
+    g = find_contraction(body(a[2:6, 1:7] @ b[:, 2:6]))[1]
+    assert (g.x_off, g.y_off, g.sx_m, g.sy_k) == (2 * 9 + 1, 2, 9, 8)
+
+
+@pytest.mark.parametrize("make,ref", [
+    (lambda a, b: a.pad(((1, 0), (0, 0))) @ b,          # a pad that is read is a mask, not a stride
+     lambda a, b: np.pad(a, ((1, 0), (0, 0))) @ b),
+    (lambda a, b: a.flip(1) @ b, lambda a, b: a[:, ::-1] @ b),           # a negative stride
+    (lambda a, b: a.exp() @ b, lambda a, b: np.exp(a) @ b),              # a prologue on an operand
+    (lambda a, b: (a @ b).sum(), lambda a, b: (a @ b).sum()),            # a second reduction
+    (lambda a, b: a[:, ::2] @ b[::2], lambda a, b: a[:, ::2] @ b[::2]),  # strided along both axes
+], ids=["pad", "flip", "prologue", "second-reduction", "strided"])
+def test_what_is_not_a_gemm(make, ref):
+    a, b = rnd(4, 4), rnd(4, 4, seed=2)
+    t = make(Tensor(a), Tensor(b))
+    plan = eqgrad.explain(t).plan
+    assert all(find_contraction(k.ast) is None for k in plan.kernels), plan.describe()
+    np.testing.assert_allclose(t.numpy(), ref(a, b), rtol=1e-5, atol=1e-5)
+
+
+def test_a_sum_of_squares_per_row_is_left_to_the_generated_kernel():
+    x = Tensor(rnd(8, 32))
+    red, = [n for n in body((x * x).sum(-1)).walk() if n.op == "RSUM"]
+    g = match_contraction(red)
+    assert g is not None and (g.m, g.n, g.k, g.batches) == (1, 1, 32, 8)
+    assert not blas.pays(g, predicted=1.0, threads=1)
+
+
+def test_what_pays(monkeypatch):
+    """The BLAS runs a contraction whose calls each do at least a call's cost of arithmetic at the
+    measured rate, or whose calls and arithmetic all come in below the generated kernel's
+    predicted time; a reduction (one output per batch index) never."""
+    monkeypatch.setattr(blas, "speeds", lambda threads: (1e-6, 1e11))      # 1 us a call, 100 GFLOP/s
+    q, k = Tensor(rnd(32, 12, 15, 32)), Tensor(rnd(32, 12, 15, 32, seed=1))
+    small = find_contraction(body(q @ k.transpose(-1, -2)))[1]             # 14,400 flops a call: 0.14 us
+    assert not blas.pays(small, predicted=1e-4, threads=2)                 # 384 calls: 0.44 ms
+    assert blas.pays(small, predicted=1.0, threads=2)                      # ... unless the kernel is slower
+    big = find_contraction(body(Tensor(rnd(64, 64)) @ Tensor(rnd(64, 64, seed=1))))[1]   # 524,288: 5.2 us
+    assert blas.pays(big, predicted=0.0, threads=2)
+    row = match_contraction([n for n in body((q * q).sum(-1)).walk() if n.op == "RSUM"][0])
+    assert not blas.pays(row, predicted=1.0, threads=2)
+
+
+def test_the_measured_speeds_are_sane():
+    call, rate = blas.speeds(1)
+    assert 0 < call < 1e-3 and 1e8 < rate < 1e14
+
+
+def test_int_contractions_are_not_gemms():
+    a, b = Tensor(np.arange(12, dtype=np.int32).reshape(3, 4)), Tensor(np.arange(8, dtype=np.int32).reshape(4, 2))
+    assert find_contraction(body(a @ b)) is None
+    np.testing.assert_array_equal((a @ b).numpy(), a.numpy() @ b.numpy())
+
+
+# ------------------------------------------------------------------ numbers
+LAYOUTS = {
+    "nn": (lambda a, b: a @ b, (33, 17), (17, 29)),
+    "nt": (lambda a, b: a @ b.T, (33, 17), (29, 17)),
+    "tn": (lambda a, b: a.T @ b, (17, 33), (17, 29)),
+    "tt": (lambda a, b: a.T @ b.T, (17, 33), (29, 17)),
+    "vec-mat": (lambda a, b: a @ b.T, (1, 40), (23, 40)),
+    "mat-vec": (lambda a, b: a @ b, (23, 40), (40, 1)),
+    "mat-vec-t": (lambda a, b: a.T @ b, (40, 23), (40, 1)),
+    "batched": (lambda a, b: a @ b, (3, 2, 9, 7), (3, 2, 7, 5)),
+    "batched-t": (lambda a, b: a @ b.transpose(-1, -2), (3, 2, 9, 7), (3, 2, 5, 7)),
+    "broadcast-batch": (lambda a, b: a @ b, (4, 9, 7), (7, 5)),
+    "broadcast-left": (lambda a, b: a @ b, (9, 7), (4, 7, 5)),
+    "broadcast-heads": (lambda a, b: a @ b, (2, 1, 6, 7), (1, 3, 7, 4)),
+    "linear-3d": (lambda a, b: a @ b.T, (2, 15, 12), (20, 12)),
+    "slices": (lambda a, b: a[1:9, 2:12] @ b[3:13, 1:7], (10, 14), (16, 12)),
+    "permuted": (lambda a, b: a.permute(1, 0, 2) @ b, (7, 3, 5), (3, 5, 4)),
+}
+
+
+def _np_of(make, a, b):
+    return make(Tensor(a), Tensor(b)).numpy(), make(_NP(a), _NP(b))
+
+
+class _NP:
+    """NumPy arrays with the Tensor spellings the layouts use."""
+
+    def __init__(self, a: np.ndarray) -> None:
+        self.a = a
+
+    def __matmul__(self, o): return self.a @ (o.a if isinstance(o, _NP) else o)
+    def __rmatmul__(self, o): return o @ self.a
+    def __getitem__(self, i): return _NP(self.a[i])
+
+    @property
+    def T(self): return _NP(self.a.T)
+    def transpose(self, i, j): return _NP(np.swapaxes(self.a, i, j))
+    def permute(self, *p): return _NP(self.a.transpose(p))
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_layouts_give_numpys_numbers(layout, threads, gemm_calls):
+    make, sa, sb = LAYOUTS[layout]
+    a, b = rnd(*sa), rnd(*sb, seed=5)
+    with eqgrad.Context(THREADS=threads):
+        got, want = _np_of(make, a, b)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert gemm_calls[0] >= 1
+
+
+@pytest.mark.parametrize("layout", ["nt", "batched-t", "vec-mat"])
+def test_without_the_blas_the_generated_kernel_gives_the_same_numbers(layout, gemm_calls):
+    make, sa, sb = LAYOUTS[layout]
+    a, b = rnd(*sa), rnd(*sb, seed=5)
+    with eqgrad.Context(BLAS=0):
+        got, want = _np_of(make, a, b)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert gemm_calls[0] == 0
+
+
+def test_epilogues_run_after_the_gemm(gemm_calls):
+    """Bias and activation (a Linear layer), attention's scale: the contraction goes to the BLAS
+    and the rest is a generated kernel reading it."""
+    x, w, bias = rnd(24, 16), rnd(40, 16, seed=1), rnd(40, seed=2)
+    got = (Tensor(x) @ Tensor(w).T + Tensor(bias)).relu().numpy()
+    np.testing.assert_allclose(got, np.maximum(x @ w.T + bias, 0), rtol=1e-5, atol=1e-5)
+    q, k = rnd(2, 3, 8, 4), rnd(2, 3, 8, 4, seed=3)
+    att = ((Tensor(q) @ Tensor(k).transpose(-1, -2)) * 0.5).softmax(-1).numpy()
+    s = q @ k.swapaxes(-1, -2) * 0.5
+    e = np.exp(s - s.max(-1, keepdims=True))
+    np.testing.assert_allclose(att, e / e.sum(-1, keepdims=True), rtol=1e-5, atol=1e-6)
+    assert gemm_calls[0] >= 2
+
+
+def test_random_layouts(gemm_calls):
+    """Random sizes, operand orientations and broadcast batch axes."""
+    rng = np.random.default_rng(7)
+    for _ in range(30):
+        m, n, k = (int(v) for v in rng.integers(1, 24, 3))
+        batch = tuple(int(v) for v in rng.integers(1, 4, rng.integers(0, 3)))
+        ta, tb = bool(rng.integers(2)), bool(rng.integers(2))
+        ba = tuple(1 if rng.integers(3) == 0 else d for d in batch)
+        bb = tuple(1 if rng.integers(3) == 0 else d for d in batch)
+        a = rng.standard_normal(ba + ((k, m) if ta else (m, k))).astype(np.float32)
+        b = rng.standard_normal(bb + ((n, k) if tb else (k, n))).astype(np.float32)
+        A, B = Tensor(a), Tensor(b)
+        A, a2 = (A.transpose(-1, -2), np.swapaxes(a, -1, -2)) if ta else (A, a)
+        B, b2 = (B.transpose(-1, -2), np.swapaxes(b, -1, -2)) if tb else (B, b)
+        np.testing.assert_allclose((A @ B).numpy(), a2 @ b2, rtol=1e-5, atol=1e-5,
+                                   err_msg=f"m={m} n={n} k={k} batch={ba}/{bb} ta={ta} tb={tb}")
+    assert gemm_calls[0] > 0
+
+
+def test_gradients_of_a_linear_layer_match_torch(gemm_calls):
+    torch = pytest.importorskip("torch")
+    x, w, bias = rnd(12, 10), rnd(7, 10, seed=1), rnd(7, seed=2)
+    X, W, Bi = (Tensor(v, requires_grad=True) for v in (x, w, bias))
+    loss = (X @ W.T + Bi).relu().square().sum()
+    loss.backward()
+    tx, tw, tb = (torch.tensor(v, requires_grad=True) for v in (x, w, bias))
+    tl = torch.nn.functional.linear(tx, tw, tb).relu().square().sum()
+    tl.backward()
+    np.testing.assert_allclose(loss.numpy(), tl.detach().numpy(), rtol=1e-5)
+    for mine, theirs in ((X, tx), (W, tw), (Bi, tb)):
+        np.testing.assert_allclose(mine.grad.numpy(), theirs.grad.numpy(), rtol=1e-4, atol=1e-5)
+    assert gemm_calls[0] >= 2
+
+
+def test_empty_and_large_k(gemm_calls):
+    a, b = rnd(0, 5), rnd(5, 3)
+    assert (Tensor(a) @ Tensor(b)).numpy().shape == (0, 3)
+    a, b = rnd(3, 5000), rnd(5000, 2, seed=1)
+    np.testing.assert_allclose((Tensor(a) @ Tensor(b)).numpy(), a.astype(np.float64) @ b, rtol=1e-4, atol=1e-3)
+
+
+def test_the_library_names_its_kernel():
+    assert isinstance(blas.blas().corename(), str) and blas.blas().corename()
+
+
+def test_a_jitted_step_replays_the_blas_program(gemm_calls):
+    w = Tensor(rnd(16, 8))
+
+    @eqgrad.jit
+    def step(x):
+        return (x @ w.T).relu()
+    for i in range(4):
+        x = rnd(5, 8, seed=10 + i)
+        np.testing.assert_allclose(step(Tensor(x)).numpy(), np.maximum(x @ w.numpy().T, 0), rtol=1e-5, atol=1e-6)
+    assert gemm_calls[0] >= 4
