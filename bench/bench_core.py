@@ -6,10 +6,16 @@ Workloads (full size / --quick size):
   softmax      softmax over the last axis of (4096,1024) ((256,1024)) float32
   layernorm    (x-mean)/sqrt(var+1e-5) over the last axis, same shapes, no affine, composed
   layernorm_affine  each framework's layer norm with weight and bias (1024,), same shapes
+  matmul64/128/256  square n x n @ n x n (n / 4) float32
   matmul512    512x512 @ 512x512 (128x128) float32
   matmul1024   1024x1024 @ 1024x1024 (256x256) float32
   matmul2048   2048x2048 @ 2048x2048 (512x512) float32
   conv2d       batch 32, 32 -> 64 channels, 32x32, 3x3, padding 1 (batch 2)
+  linear480_t / linear512_t  x @ W.T, torch's Linear layout: x (480 | 512, 384), W (1536, 384) (rows / 16, W (96, 384))
+  linear480 / linear512      x @ W with W (384, 1536) contiguous (same /16)
+  matvec1536 / matvec49152   a decode step's x (1, 576) @ W.T, W (1536 | 49152, 576) (W rows / 16)
+  attention_t15 / attention_t128  softmax(q @ k.transpose(-1, -2) / sqrt(32)) @ v with the transpose in the
+               graph, batch 32, heads 12, seq 15 | 128, dim 32 (batch 2)
   attention    softmax(q @ k^T / 8) @ v, batch 8, heads 8, seq 256, dim 64 (2, 2, 64, 64)
 
 Per workload and framework it reports the median wall time over --reps timed
@@ -71,6 +77,12 @@ def layernorm_affine(F, x, w, b): return F.layer_norm(x, w, b)
 
 def matmul(F, a, b): return a @ b
 
+def linear_t(F, x, w): return x @ w.T          # torch's Linear layout: W (out, in), read transposed
+
+def attention_t(F, q, k, v):
+  # k.transpose in the graph, as a model writes it (attention passes K already transposed)
+  return F.softmax((q @ F.swap(k)) * (1.0 / np.sqrt(q.shape[-1]))) @ v
+
 def conv2d(F, x, w): return F.conv2d(x, w)      # stride 1, padding 1
 
 def attention(F, q, kt, v):
@@ -91,6 +103,8 @@ class Workload:
 def _mm_flops(s): return 2 * np.prod(s[0]) * s[1][-1]
 def _conv_flops(s): return 2 * s[0][0] * s[1][0] * s[0][2] * s[0][3] * np.prod(s[1][1:])
 def _attn_flops(s): return 2 * 2 * np.prod(s[0]) * s[1][-1]
+def _lin_flops(s): return 2 * np.prod(s[0]) * s[1][0]
+def _attn_t_flops(s): return 2 * 2 * np.prod(s[0]) * s[1][-2]
 
 N_EW = 16 * 1024 * 1024
 WORKLOADS = [
@@ -98,11 +112,27 @@ WORKLOADS = [
   Workload("softmax", softmax, ((4096, 1024),), ((256, 1024),)),
   Workload("layernorm", layernorm, ((4096, 1024),), ((256, 1024),)),
   Workload("layernorm_affine", layernorm_affine, ((4096, 1024), (1024,), (1024,)), ((256, 1024), (1024,), (1024,))),
+  Workload("matmul64", matmul, ((64, 64),) * 2, ((16, 16),) * 2, matmul_tol=True, flops=_mm_flops),
+  Workload("matmul128", matmul, ((128, 128),) * 2, ((32, 32),) * 2, matmul_tol=True, flops=_mm_flops),
+  Workload("matmul256", matmul, ((256, 256),) * 2, ((64, 64),) * 2, matmul_tol=True, flops=_mm_flops),
   Workload("matmul512", matmul, ((512, 512),) * 2, ((128, 128),) * 2, matmul_tol=True, flops=_mm_flops),
   Workload("matmul1024", matmul, ((1024, 1024),) * 2, ((256, 256),) * 2, matmul_tol=True, flops=_mm_flops),
   Workload("matmul2048", matmul, ((2048, 2048),) * 2, ((512, 512),) * 2, matmul_tol=True, flops=_mm_flops),
   Workload("conv2d", conv2d, ((32, 32, 32, 32), (64, 32, 3, 3)), ((2, 32, 32, 32), (64, 32, 3, 3)), matmul_tol=True,
            flops=_conv_flops),
+  Workload("linear480_t", linear_t, ((480, 384), (1536, 384)), ((30, 384), (96, 384)), matmul_tol=True,
+           flops=_lin_flops),
+  Workload("linear480", matmul, ((480, 384), (384, 1536)), ((30, 384), (384, 96)), matmul_tol=True, flops=_mm_flops),
+  Workload("linear512_t", linear_t, ((512, 384), (1536, 384)), ((32, 384), (96, 384)), matmul_tol=True,
+           flops=_lin_flops),
+  Workload("linear512", matmul, ((512, 384), (384, 1536)), ((32, 384), (384, 96)), matmul_tol=True, flops=_mm_flops),
+  Workload("matvec1536", linear_t, ((1, 576), (1536, 576)), ((1, 576), (96, 576)), matmul_tol=True, flops=_lin_flops),
+  Workload("matvec49152", linear_t, ((1, 576), (49152, 576)), ((1, 576), (3072, 576)), matmul_tol=True,
+           flops=_lin_flops),
+  Workload("attention_t15", attention_t, ((32, 12, 15, 32),) * 3, ((2, 12, 15, 32),) * 3, matmul_tol=True,
+           flops=_attn_t_flops),
+  Workload("attention_t128", attention_t, ((32, 12, 128, 32),) * 3, ((2, 12, 128, 32),) * 3, matmul_tol=True,
+           flops=_attn_t_flops),
   Workload("attention", attention, ((8, 8, 256, 64), (8, 8, 64, 256), (8, 8, 256, 64)),
            ((2, 2, 64, 64), (2, 2, 64, 64), (2, 2, 64, 64)), matmul_tol=True, flops=_attn_flops),
 ]
@@ -147,6 +177,8 @@ class NumpyFW(Framework):
     d = x - m
     return d / np.sqrt((d * d).mean(axis=-1, keepdims=True) + 1e-5) * w + b
   @staticmethod
+  def swap(x): return np.swapaxes(x, -1, -2)
+  @staticmethod
   def conv2d(x, w):         # im2col by a strided view, then one BLAS contraction
     xp = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
     win = np.lib.stride_tricks.sliding_window_view(xp, w.shape[2:], axis=(2, 3))   # (n, c, h, w, kh, kw)
@@ -170,6 +202,7 @@ class TorchFW(Framework):
   def softmax(self, x): return self.torch.softmax(x, dim=-1)
   def layer_norm(self, x, w, b): return self.torch.nn.functional.layer_norm(x, x.shape[-1:], w, b)
   def conv2d(self, x, w): return self.torch.nn.functional.conv2d(x, w, padding=1)
+  def swap(self, x): return x.transpose(-1, -2)
   def info(self): return {"version": self.torch.__version__, "threads": self.torch.get_num_threads()}
   def to_input(self, arr): return self.torch.from_numpy(arr)
   def to_numpy(self, out): return out.numpy()
@@ -194,6 +227,8 @@ class LazyTensorFW(Framework):
     return e / e.sum(axis=-1, keepdim=True)
   @staticmethod
   def conv2d(x, w): return x.conv2d(w, padding=1)
+  @staticmethod
+  def swap(x): return x.transpose(-1, -2)
   def to_numpy(self, out): return out.numpy()
 
 

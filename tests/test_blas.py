@@ -30,9 +30,9 @@ def rnd(*shape: int, seed: int = 0) -> np.ndarray:
 @pytest.fixture
 def gemm_calls(monkeypatch):
     """The number of BLAS program calls made (a list of one count). Every contraction the BLAS
-    can run goes to it (its measured call cost set to 0: these tests' products are small, and
-    which path pays is ``test_what_pays``'s)."""
-    monkeypatch.setattr(blas, "speeds", lambda threads: (0.0, 1e11))
+    can run goes to it (these tests' products are small; which path pays is ``test_what_pays``'s
+    and ``test_a_batch_of_products_is_timed_once_per_machine``'s)."""
+    monkeypatch.setattr(blas, "pays", lambda g, predicted, threads: max(g.m, g.n) >= blas.GEMM_MIN)
     engine.clear_cache()
     calls = [0]
     orig = blas.GemmProgram.__call__
@@ -260,3 +260,21 @@ def test_a_jitted_step_replays_the_blas_program(gemm_calls):
         x = rnd(5, 8, seed=10 + i)
         np.testing.assert_allclose(step(Tensor(x)).numpy(), np.maximum(x @ w.numpy().T, 0), rtol=1e-5, atol=1e-6)
     assert gemm_calls[0] >= 4
+
+
+def test_a_batch_of_products_is_timed_once_per_machine(tmp_path, monkeypatch):
+    """Batched products that pay for their calls are timed against the generated kernel; the
+    choice is kept in the cache directory and not measured again (in this or a later process)."""
+    monkeypatch.setenv("EQGRAD_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(blas, "speeds", lambda threads: (1e-9, 1e11))       # every product pays its calls
+    puts = []
+    real_put = blas.CHOICES.put
+    monkeypatch.setattr(blas.CHOICES, "put", lambda key, v: (puts.append(v), real_put(key, v)))
+    q, k = rnd(4, 3, 32, 16), rnd(4, 3, 32, 16, seed=1)
+    want = q @ k.swapaxes(-1, -2)
+    for _ in range(2):
+        engine.clear_cache()
+        got = (Tensor(q) @ Tensor(k).transpose(-1, -2)).numpy()
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert len(puts) == 1 and isinstance(puts[0], bool)
+    assert (tmp_path / "gemm.json").exists()

@@ -21,10 +21,12 @@ from __future__ import annotations
 import ctypes
 import functools
 import threading
+import time
 from typing import Any
 
 import numpy as np
 
+from eqgrad.cache import JsonCache
 from eqgrad.lower.contraction import Gemm, lead
 
 _VP = ctypes.c_void_p
@@ -36,20 +38,32 @@ GEMM_MIN = 2
 SPEED_N = 256          # the side of the GEMM ``speeds`` times (34 MFLOP: ~0.2 ms at 150 GFLOP/s)
 
 
-def pays(g: Gemm, predicted: float, threads: int) -> bool:
+def pays(g: Gemm, predicted: float, threads: int) -> bool | None:
     """Whether the BLAS runs contraction ``g`` rather than a generated kernel, from two numbers
-    measured on this machine (``speeds``): the cost of a call and the BLAS's rate. It does where
-    each call's arithmetic at that rate takes at least as long as the call itself (so the calls
-    cost at most half the time: a matmul of 43^3 and up, a matrix-vector product of 1536 x 576,
-    attention over 128 tokens), or where all of its calls and arithmetic come in below the cost
-    model's ``predicted`` seconds for the generated kernel. Many small products (attention over
-    15 tokens: 384 GEMMs of 15 x 15 x 32, 4.9 us a call) lose to one generated kernel by 4x on the
-    calls alone."""
+    measured on this machine (``speeds``): the cost of a call and the BLAS's rate. True for one
+    product (no batch) whose arithmetic at that rate takes at least as long as a call (a matmul of
+    43^3 and up, a matrix-vector product of 1536 x 576: 2-3x faster than the generated kernels at
+    every size measured, docs/lowering.md). False where the calls cost more than their arithmetic
+    and, with it, more than the cost model's ``predicted`` seconds for the generated kernel (many
+    small products: attention over 15 tokens, 384 GEMMs of 15 x 15 x 32, lose by 4x on the calls
+    alone), and for a reduction (one output per batch index). None for a batch of products large
+    enough to pay for their calls: which is faster depends on the layout (attention over 128
+    tokens: the BLAS 2.4x faster for q @ k^T, the generated kernel 2x faster for p @ v), so the
+    device times both (``LLVMDevice._measured``, cached per machine)."""
     if max(g.m, g.n) < GEMM_MIN or blas() is None:
         return False
     call, rate = speeds(threads)
     per_call = g.flops / g.batches / rate
-    return per_call >= call or g.batches * (call + per_call) < predicted
+    if per_call < call:
+        return g.batches * (call + per_call) < predicted
+    return True if g.batches == 1 else None
+
+
+def _check_choice(v: object) -> str | None:
+    return None if isinstance(v, bool) else f"expected true or false, got {v!r}"
+
+
+CHOICES = JsonCache("gemm", 1, check=_check_choice)     # measured: BLAS (true) or generated, per contraction
 
 
 @functools.lru_cache(maxsize=None)
@@ -70,7 +84,6 @@ def speeds(threads: int) -> tuple[float, float]:
     """(seconds a call of a tiny GEMM costs through GemmProgram, FLOP/s of a SPEED_N-cubed GEMM on
     ``threads`` threads), measured once per process the first time a contraction is planned
     (~3 ms): the median of 7 runs of 64 calls, and the best of 5 runs of the large product."""
-    import time
     lib = blas()
     out = []
     for n, calls, runs in ((2, 64, 7), (SPEED_N, 1, 5)):

@@ -24,13 +24,16 @@ argument (sizeargs.py, ``build_member``).
 from __future__ import annotations
 
 import functools
+import hashlib
 import itertools
 import time
 import weakref
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
+import numpy as np
+
 from eqgrad import config
-from eqgrad.graph.plan import KernelPlan
+from eqgrad.graph.plan import Kernel, KernelPlan
 from eqgrad.devices import Buffer, Device
 from eqgrad.lower import lowering, trace
 from eqgrad.lower.passes import LowerOptions
@@ -44,7 +47,7 @@ from eqgrad.devices.sizeargs import Families, Sized
 from eqgrad import progress
 from eqgrad.counters import GlobalCounters, log_kernel
 from eqgrad.errors import CompileError, DeviceError
-from eqgrad.cache import save_failed_source
+from eqgrad.cache import machine_key, save_failed_source
 from eqgrad.devices.search import search_upcast
 
 if TYPE_CHECKING:
@@ -377,7 +380,7 @@ class LLVMDevice(Device):
         try:
             memo = self._memo_key(target)
             for k in plan.kernels:
-                if self._built(k, memo) is not None or self.gemm_of(k) is not None:
+                if self._built(k, memo) is not None or self.gemm_of(k, plan) is not None:
                     continue                        # built for an earlier plan, or the BLAS's: nothing to compile
                 ix = self._from_disk(k, plan, target)
                 if ix is not None:
@@ -460,7 +463,7 @@ class LLVMDevice(Device):
                 kernels.append(k)
                 continue
             if blas_on:
-                found = self._contraction(k)
+                found = self._contraction(k, plan, threads)
                 if found is not None and not contraction.is_pure(k.ast, found[0]):
                     sp = contraction.split_epilogue(k, found[0], len(plan.buffers) + len(extra))
                     extra.append((found[0].shape, found[0].dtype))
@@ -489,27 +492,69 @@ class LLVMDevice(Device):
     def _gemm_key() -> tuple:
         return (config.BLAS.value, config.THREADS.value)
 
-    def _contraction(self, k) -> tuple | None:
-        """(the reduction, its Gemm) when the BLAS runs the contraction of ``k``'s body and the
-        GEMM pays (``blas.pays``), else None; worked out once per body."""
+    def _contraction(self, k, plan: KernelPlan, threads: int) -> tuple | None:
+        """(the reduction, its Gemm) when the BLAS runs the contraction of ``k``'s body
+        (``blas.pays``, or timed: ``_measured``), else None; worked out once per body."""
         memo = k.ast.__dict__.get("_contraction")
         key = self._gemm_key()
         if memo is not None and memo[0] == key:
             return memo[1]
         found = contraction.find_contraction(k.ast)
-        if found is not None and (self.blas() is None or not blas.pays(found[1], k.predicted, config.THREADS.value)):
+        if found is not None and self.blas() is not None:
+            verdict = blas.pays(found[1], k.predicted, threads)
+            if verdict is None:
+                verdict = self._measured(k, found[0], found[1], plan, threads)
+            if not verdict:
+                found = None
+        else:
             found = None
         object.__setattr__(k.ast, "_contraction", (key, found))
         return found
 
-    def gemm_of(self, k) -> Any:
+    def _measured(self, k, red, g, plan: KernelPlan, threads: int) -> bool:
+        """Whether the BLAS runs contraction ``g`` (the reduction ``red`` of kernel ``k``) faster
+        than the generated kernel of ``red`` alone: both timed on random inputs (the median of 3
+        runs after one), once per contraction (its sizes and strides), thread count and machine
+        (``gemm.json`` in the cache directory, as the kernel search's picks)."""
+        ckey = hashlib.sha256(repr((g, threads, machine_key("LLVM"))).encode()).hexdigest()[:24]
+        hit = blas.CHOICES.get(ckey, None)
+        if hit is not None:
+            return hit
+        tmp = KernelPlan(plan.buffers + [(red.shape, red.dtype)], plan.n_inputs, [], [], 0.0)
+        kk = Kernel(f"{k.name}m", len(plan.buffers), red, red.buffers(), k.predicted, k.nbytes, k.flops)
+        rng = np.random.default_rng(0)
+        bufs = [Buffer.from_numpy(rng.standard_normal(tmp.buffers[b][0]).astype(np.float32), self.name)
+                for b in (kk.out, *kk.inputs)]
+        ptrs = [b.ptr for b in bufs]
+        target = runnable_target(config.CPU.value)
+        gen, n = self.build_member(kk, tmp, None, target, None)
+        lib = blas.GemmProgram(kk.name, g, (kk.out, *kk.inputs), self.blas(), threads)
+
+        def median(run) -> float:
+            run()
+            ts = []
+            for _ in range(3):
+                t0 = time.perf_counter()
+                run()
+                ts.append(time.perf_counter() - t0)
+            return sorted(ts)[1]
+        t_gen = median(lambda: self.launch(kk, gen, ptrs, n, threads))
+        t_blas = median(lambda: self.launch(kk, lib, ptrs, g.batches, threads))
+        verdict = t_blas < t_gen
+        if config.DEBUG.value >= 2:
+            print(f"  BLAS or generated for {k.name} ({g.batches} x {g.m}x{g.n}x{g.k}): BLAS {t_blas * 1e6:.0f} us, "
+                  f"generated {t_gen * 1e6:.0f} us: {'BLAS' if verdict else 'generated'}")
+        blas.CHOICES.put(ckey, verdict)
+        return verdict
+
+    def gemm_of(self, k, plan: KernelPlan) -> Any:
         """The Gemm the BLAS runs as kernel ``k`` (a pure contraction), or None."""
         if not config.BLAS.value:
             return None
         hit = k.ast.__dict__.get("_gemm")
         if hit is not None and hit[0] == self._gemm_key():
             return hit[1]
-        found = self._contraction(k)
+        found = self._contraction(k, plan, config.THREADS.value)
         g = found[1] if found is not None and contraction.is_pure(k.ast, found[0]) else None
         object.__setattr__(k.ast, "_gemm", (self._gemm_key(), g))
         return g
@@ -546,7 +591,7 @@ class LLVMDevice(Device):
         steps = []
         for i, k in enumerate(plan.kernels):
             progress.update(done=i)
-            g = self.gemm_of(k)
+            g = self.gemm_of(k, plan)
             if g is not None:
                 prg = blas.GemmProgram(k.name, g, (k.out, *k.inputs), self.blas(), threads)
                 steps.append((k, prg, (k.out, *k.inputs), g.batches))
