@@ -9,10 +9,13 @@ is built with, so no library path or symbol name is guessed. Those are the Fortr
 ``C^T = Y^T X^T``, so Y is the first operand. OpenBLAS picks its kernels for the CPU it runs on
 (DYNAMIC_ARCH: ``corename()`` names the one in use), so nothing here is tuned to one machine.
 
-Threads: OpenBLAS's own pool runs a single large GEMM on ``EQGRAD_THREADS`` threads; a batched
-contraction that the device splits across its threads (cpu.py ``launch``) runs each piece on one
-OpenBLAS thread (``openblas_set_num_threads_local`` where the library has it), so the two pools
-do not oversubscribe the cores.
+Threads: every call runs on one OpenBLAS thread (``openblas_set_num_threads_local``, restored
+after the call, so a user's own SciPy calls keep their threads), and the device's threads share
+the calls as they share a generated kernel's loop (cpu.py ``launch``): a batch by batch index, a
+single product cut into one block of rows (or columns) per thread. OpenBLAS's own pool is never
+woken. It would be: its workers spin for ~0.1 s after each call, and on two cores a CNN step whose
+one GEMM ran on them took 114 ms against 68 ms without the BLAS, every generated kernel after the
+GEMM running slower, a plain sum 10x.
 
 ``EQGRAD_BLAS=0`` (config.py) turns it off: every contraction is a generated kernel.
 """
@@ -39,24 +42,23 @@ SPEED_N = 256          # the side of the GEMM ``speeds`` times (34 MFLOP: ~0.2 m
 
 
 def pays(g: Gemm, predicted: float, threads: int) -> bool | None:
-    """Whether the BLAS runs contraction ``g`` rather than a generated kernel, from two numbers
-    measured on this machine (``speeds``): the cost of a call and the BLAS's rate. True for one
-    product (no batch) whose arithmetic at that rate takes at least as long as a call (a matmul of
-    43^3 and up, a matrix-vector product of 1536 x 576: 2-3x faster than the generated kernels at
-    every size measured, docs/lowering.md). False where the calls cost more than their arithmetic
-    and, with it, more than the cost model's ``predicted`` seconds for the generated kernel (many
-    small products: attention over 15 tokens, 384 GEMMs of 15 x 15 x 32, lose by 4x on the calls
-    alone), and for a reduction (one output per batch index). None for a batch of products large
-    enough to pay for their calls: which is faster depends on the layout (attention over 128
-    tokens: the BLAS 2.4x faster for q @ k^T, the generated kernel 2x faster for p @ v), so the
-    device times both (``LLVMDevice._measured``, cached per machine)."""
+    """Whether the BLAS runs contraction ``g`` rather than a generated kernel: False for a
+    reduction (one output per batch index); for products whose calls cost more than their
+    arithmetic (``speeds``: the cost of a call and the BLAS's rate, measured on this machine),
+    whether all the calls and arithmetic, shared by ``threads``, come in below the cost model's
+    ``predicted`` seconds for the generated kernel (attention over 15 tokens: 384 products of
+    15 x 15 x 32 at 4.9 us a call lose to one generated kernel by 4x on the calls alone); None
+    otherwise: which is faster then depends on the shape and layout (attention over 128 tokens: the
+    BLAS 2.5x faster for q @ k^T, the generated kernel 1.6x faster for p @ v; a Linear's input
+    gradient with k = 10: the generated kernel 7x faster), so the device times both
+    (``LLVMDevice._measured``, cached per machine)."""
     if max(g.m, g.n) < GEMM_MIN or blas() is None:
         return False
-    call, rate = speeds(threads)
+    call, rate = speeds()
     per_call = g.flops / g.batches / rate
     if per_call < call:
-        return g.batches * (call + per_call) < predicted
-    return True if g.batches == 1 else None
+        return g.batches * (call + per_call) / threads < predicted
+    return None
 
 
 def _check_choice(v: object) -> str | None:
@@ -80,22 +82,22 @@ def blas() -> "Blas | None":
 
 
 @functools.lru_cache(maxsize=None)
-def speeds(threads: int) -> tuple[float, float]:
+def speeds() -> tuple[float, float]:
     """(seconds a call of a tiny GEMM costs through GemmProgram, FLOP/s of a SPEED_N-cubed GEMM on
-    ``threads`` threads), measured once per process the first time a contraction is planned
-    (~3 ms): the median of 7 runs of 64 calls, and the best of 5 runs of the large product."""
+    one thread), measured once per process the first time a contraction is planned (~3 ms): the
+    median of 7 runs of 64 calls, and the best of 5 runs of the large product."""
     lib = blas()
     out = []
     for n, calls, runs in ((2, 64, 7), (SPEED_N, 1, 5)):
         a, b, c = (np.ones((n, n), np.float32) for _ in range(3))
         g = Gemm(n, n, n, 1, 2, 0, 0, n, 1, n, 1, n, 1, ((calls, 0, 0, 0),) if calls > 1 else ())
-        prg = GemmProgram("speed", g, (0, 1, 2), lib, threads)
+        prg = GemmProgram("speed", g, (0, 1, 2), lib, 1)
         ptrs = (c.ctypes.data, a.ctypes.data, b.ctypes.data)
-        prg(*ptrs, lo=0, hi=g.batches)
+        prg(*ptrs, lo=0, hi=prg.units)
         ts = []
         for _ in range(runs):
             t0 = time.perf_counter()
-            prg(*ptrs, lo=0, hi=g.batches)
+            prg(*ptrs, lo=0, hi=prg.units)
             ts.append(time.perf_counter() - t0)
         out.append(sorted(ts)[runs // 2] / calls if calls > 1 else min(ts))
     return out[0], 2 * SPEED_N ** 3 / max(out[1], 1e-9)
@@ -154,24 +156,25 @@ class Blas:
         self._corename = corename
         self._threads = 0
         self._lock = threading.Lock()
-        self._local = threading.local()
 
     def corename(self) -> str:
         """The name of the kernel set the library chose for this CPU (OpenBLAS), or ``unknown``."""
         return self._corename().decode() if self._corename is not None else "unknown"
 
-    def threads(self, n: int) -> None:
-        """Use ``n`` threads for one call (a no-op where the library has no thread control)."""
-        if n != self._threads and self._set_threads is not None:
+    def one_thread(self) -> int | None:
+        """Make this thread's calls run on one OpenBLAS thread; returns what to restore (None:
+        nothing). A library without a per-thread setting is set to one thread for all."""
+        if self._set_local is not None:
+            return self._set_local(1)
+        if self._set_threads is not None and not self._threads:
             with self._lock:
-                self._set_threads(ctypes.c_int(n))
-                self._threads = n
+                self._set_threads(ctypes.c_int(1))
+                self._threads = 1
+        return None
 
-    def local_threads(self, n: int) -> None:
-        """Threads for the calls of this thread only (a piece of a split batch: 1)."""
-        if self._set_local is not None and getattr(self._local, "n", None) != n:
-            self._set_local(n)
-            self._local.n = n
+    def restore(self, prev: int | None) -> None:
+        if prev is not None and prev != 1:
+            self._set_local(prev)
 
 
 class _Ref:
@@ -198,67 +201,81 @@ class _Ref:
 
 class GemmProgram:
     """A contraction kernel run by the BLAS: called as an LLVMProgram is, with the kernel's
-    buffer pointers (its output first) and a range [lo, hi) of batch indices."""
+    buffer pointers (its output first) and a range [lo, hi) of its ``units`` -- the calls: one per
+    batch index, or, for fewer batch indices than ``threads``, one per block of rows (columns,
+    where there are more of those) of each product, ``threads`` blocks, so the device's threads
+    share a single product."""
     nontemporal = False
     nontemporal_stores = 0
 
     def __init__(self, name: str, g: Gemm, params: tuple[int, ...], lib: Blas, threads: int) -> None:
-        self.name, self.gemm, self.lib, self.threads = name, g, lib, threads
-        self.batches = g.batches
-        self.pos = (0, params.index(g.x), params.index(g.y))
-        offs = np.zeros((self.batches, 3), np.int64)
+        self.name, self.gemm, self.lib = name, g, lib
+        pos = (0, params.index(g.x), params.index(g.y))
+        self.pos = pos
+        offs = np.zeros((g.batches, 3), np.int64)
         if g.batch:
             idx = np.indices([e for e, *_ in g.batch]).reshape(len(g.batch), -1).T
             offs = idx @ np.array([[c, x, y] for _, c, x, y in g.batch], np.int64)
         offs[:, 1] += g.x_off
         offs[:, 2] += g.y_off
-        self.offs = (offs * 4).tolist()           # bytes (float32)
-        r = self._ref = _Ref()
+        self._ref = _Ref()
+        self.ldc = g.sc_m if g.m > 1 else max(1, g.n)
+        # blocks of the larger side, for the threads to share one product
+        side = "m" if g.m >= g.n else "n"
+        size = g.m if side == "m" else g.n
+        blocks = threads if g.batches < threads and size >= 2 * threads else 1
+        cuts = [size * i // blocks for i in range(blocks + 1)]
+        templates: dict[int, tuple] = {}
+        units = []
+        for b0, (oc, ox, oy) in enumerate(offs.tolist()):
+            for lo, hi in zip(cuts, cuts[1:]):
+                if side == "m":
+                    d = (lo * self.ldc, lo * g.sx_m, 0)
+                    shape = (hi - lo, g.n)
+                else:
+                    d = (lo, 0, lo * g.sy_n)
+                    shape = (g.m, hi - lo)
+                t = templates.get(shape[0] * 1_000_003 + shape[1])
+                if t is None:
+                    t = templates[shape[0] * 1_000_003 + shape[1]] = self._template(g, *shape)
+                units.append((4 * (oc + d[0]), 4 * (ox + d[1]), 4 * (oy + d[2]), t))
+        self._units = units
+        self.units = len(units)
+        self.kind = units[0][3][0] if units else "gemm"
+
+    def _template(self, g: Gemm, M: int, N: int) -> tuple:
+        """(kind, function, arguments with None where the pointers go, the slots of X, Y and C)."""
+        r = self._ref
         one, zero = r.f32(1.0), r.f32(0.0)
-        M, N, K = g.m, g.n, g.k
-        ldc = g.sc_m if M > 1 else max(1, N)
-        if N == 1 or M == 1:
-            # sgemv: y := op(A) x, A the matrix operand, x the vector one
-            if N == 1:       # C[m] = X[m, :] . Y[:]
-                mat, vec, rows, s_row, s_k, inc_v, inc_out = 1, 2, M, g.sx_m, g.sx_k, g.sy_k, ldc
-            else:            # C[n] = Y[:, n] . X[:]
-                mat, vec, rows, s_row, s_k, inc_v, inc_out = 2, 1, N, g.sy_n, g.sy_k, g.sx_k, 1
-            # op(A)[i, k] with A stored column-major
+        K = g.k
+        if g.n == 1 or g.m == 1:
+            # sgemv: y := op(A) x, A the matrix operand, x the vector one; op(A)[i, k] with A
+            # stored column-major
+            if g.n == 1:       # C[m] = X[m, :] . Y[:]
+                rows, s_row, s_k, inc_v, inc_out, slots = M, g.sx_m, g.sx_k, g.sy_k, self.ldc, (4, 6, 9)
+            else:              # C[n] = Y[:, n] . X[:]
+                rows, s_row, s_k, inc_v, inc_out, slots = N, g.sy_n, g.sy_k, g.sx_k, 1, (6, 4, 9)
             how = lead(rows, K, s_row, s_k)
             assert how is not None, "match_contraction only gives operands with a unit stride"
             trans, lda = how
             m_, n_ = (rows, K) if trans == "N" else (K, rows)
-            self.kind = "gemv"
-            self.order = (mat, vec)
-            self.args = [r.char(trans), r.int(m_), r.int(n_), one, None, r.int(lda), None, r.int(max(1, inc_v)),
-                         zero, None, r.int(max(1, inc_out))]
-            self.fn = lib.sgemv
-        else:
-            a = lead(N, K, g.sy_n, g.sy_k)            # op(A) = Y^T: N x K
-            b = lead(K, M, g.sx_k, g.sx_m)            # op(B) = X^T: K x M
-            assert a is not None and b is not None, "match_contraction only gives operands with a unit stride"
-            self.kind = "gemm"
-            self.args = [r.char(a[0]), r.char(b[0]), r.int(N), r.int(M), r.int(K), one, None, r.int(a[1]), None,
-                         r.int(b[1]), zero, None, r.int(ldc)]
-            self.fn = lib.sgemm
+            args = [r.char(trans), r.int(m_), r.int(n_), one, None, r.int(lda), None, r.int(max(1, inc_v)),
+                    zero, None, r.int(max(1, inc_out))]
+            return "gemv", self.lib.sgemv, args, slots
+        a = lead(N, K, g.sy_n, g.sy_k)            # op(A) = Y^T: N x K
+        b = lead(K, M, g.sx_k, g.sx_m)            # op(B) = X^T: K x M
+        assert a is not None and b is not None, "match_contraction only gives operands with a unit stride"
+        args = [r.char(a[0]), r.char(b[0]), r.int(N), r.int(M), r.int(K), one, None, r.int(a[1]), None,
+                r.int(b[1]), zero, None, r.int(self.ldc)]
+        return "gemm", self.lib.sgemm, args, (8, 6, 11)
 
     def __call__(self, *ptrs: int, lo: int, hi: int) -> None:
-        lib, args, fn, offs = self.lib, self.args, self.fn, self.offs
-        if hi - lo < self.batches:
-            lib.local_threads(1)                  # a piece of a batch split across the device's threads
-        else:
-            lib.local_threads(self.threads)
-            lib.threads(self.threads)
         pc, px, py = ptrs[self.pos[0]], ptrs[self.pos[1]], ptrs[self.pos[2]]
-        if self.kind == "gemm":
-            for b in range(lo, hi):
-                oc, ox, oy = offs[b]
-                args[6], args[8], args[11] = py + oy, px + ox, pc + oc
+        prev = self.lib.one_thread()
+        try:
+            for oc, ox, oy, (_, fn, tmpl, (sx, sy, sc)) in self._units[lo:hi]:
+                args = list(tmpl)          # (a copy per call: the device's threads share the units)
+                args[sx], args[sy], args[sc] = px + ox, py + oy, pc + oc
                 fn(*args)
-        else:
-            mat_is_x = self.order[0] == 1
-            for b in range(lo, hi):
-                oc, ox, oy = offs[b]
-                pm, pv = (px + ox, py + oy) if mat_is_x else (py + oy, px + ox)
-                args[4], args[6], args[9] = pm, pv, pc + oc
-                fn(*args)
+        finally:
+            self.lib.restore(prev)

@@ -539,7 +539,7 @@ class LLVMDevice(Device):
                 ts.append(time.perf_counter() - t0)
             return sorted(ts)[1]
         t_gen = median(lambda: self.launch(kk, gen, ptrs, n, threads))
-        t_blas = median(lambda: self.launch(kk, lib, ptrs, g.batches, threads))
+        t_blas = median(lambda: self.launch(kk, lib, ptrs, lib.units, threads))
         verdict = t_blas < t_gen
         if config.DEBUG.value >= 2:
             print(f"  BLAS or generated for {k.name} ({g.batches} x {g.m}x{g.n}x{g.k}): BLAS {t_blas * 1e6:.0f} us, "
@@ -594,7 +594,7 @@ class LLVMDevice(Device):
             g = self.gemm_of(k, plan)
             if g is not None:
                 prg = blas.GemmProgram(k.name, g, (k.out, *k.inputs), self.blas(), threads)
-                steps.append((k, prg, (k.out, *k.inputs), g.batches))
+                steps.append((k, prg, (k.out, *k.inputs), prg.units))
                 continue
             upcast = None
             if beam > 0:
