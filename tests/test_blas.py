@@ -278,3 +278,17 @@ def test_a_batch_of_products_is_timed_once_per_machine(tmp_path, monkeypatch):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     assert len(puts) == 1 and isinstance(puts[0], bool)
     assert (tmp_path / "gemm.json").exists()
+
+
+def test_a_scipy_without_the_wheels_library_is_reached_through_cython_blas(monkeypatch):
+    """Where SciPy links another BLAS (no ``scipy.libs`` OpenBLAS), its cython_blas pointers are
+    used: the same products, the same numbers."""
+    monkeypatch.setattr(blas, "_wheel_library", lambda: None)
+    lib = blas.Blas()
+    a, b = rnd(9, 7), rnd(7, 5, seed=1)
+    c = np.zeros((9, 5), np.float32)
+    x, y = Tensor(a), Tensor(b)
+    g = find_contraction(body(x @ y))[1]
+    prg = blas.GemmProgram("k", g, (2, 0, 1), lib, 1)
+    prg(c.ctypes.data, a.ctypes.data, b.ctypes.data, lo=0, hi=prg.units)
+    np.testing.assert_allclose(c, a @ b, rtol=1e-5, atol=1e-5)

@@ -2,9 +2,10 @@
 
 ``lower/contraction.py`` reads a kernel body as a (batched) ``C = X @ Y`` with element strides;
 here that becomes calls of the BLAS's ``sgemm`` (``sgemv`` when one side is a single row or
-column: a decode step's matrix-vector products), one per batch index, through the function
-pointers ``scipy.linalg.cython_blas`` exports -- SciPy's public, stable interface to the BLAS it
-is built with, so no library path or symbol name is guessed. Those are the Fortran entry points
+column: a decode step's matrix-vector products), one per batch index, through the functions of the
+OpenBLAS library a SciPy wheel ships (``scipy.libs``, opened directly: importing ``scipy.linalg``
+costs ~0.19 s), or, for a SciPy built against another BLAS, through the pointers
+``scipy.linalg.cython_blas`` exports. Those are the Fortran entry points
 (column-major, every argument by reference): row-major ``C = X Y`` is column-major
 ``C^T = Y^T X^T``, so Y is the first operand. OpenBLAS picks its kernels for the CPU it runs on
 (DYNAMIC_ARCH: ``corename()`` names the one in use), so nothing here is tuned to one machine.
@@ -23,6 +24,9 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import glob
+import importlib.util
+import os
 import threading
 import time
 from typing import Any
@@ -50,7 +54,9 @@ def pays(g: Gemm, predicted: float, threads: int) -> bool | None:
     15 x 15 x 32 at 4.9 us a call lose to one generated kernel by 4x on the calls alone); None
     otherwise: which is faster then depends on the shape and layout (attention over 128 tokens: the
     BLAS 2.5x faster for q @ k^T, the generated kernel 1.6x faster for p @ v; a Linear's input
-    gradient with k = 10: the generated kernel 7x faster), so the device times both
+    gradient with k = 10: the generated kernel 7x faster with the ops after it fused; a rule by
+    arithmetic intensity would need the DRAM bandwidth, whose measurement cost 0.4 s of page
+    faults), so the device times both
     (``LLVMDevice._measured``, cached per machine)."""
     if max(g.m, g.n) < GEMM_MIN or blas() is None:
         return False
@@ -128,6 +134,23 @@ def _library_of(addr: int) -> ctypes.CDLL | None:
         return None
 
 
+def _wheel_library() -> ctypes.CDLL | None:
+    """The OpenBLAS a SciPy wheel ships (``scipy.libs/libscipy_openblas*.so`` beside the package),
+    opened without importing SciPy: ``scipy.linalg`` takes ~0.19 s to import, paid by every
+    process that plans a contraction. None where it is not there (SciPy from conda or a
+    distribution links the system's BLAS, found through cython_blas instead)."""
+    spec = importlib.util.find_spec("scipy")        # finds the package without running it
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    root = os.path.dirname(list(spec.submodule_search_locations)[0])
+    for path in sorted(glob.glob(os.path.join(root, "scipy.libs", "libscipy_openblas*.so*"))):
+        try:
+            return ctypes.CDLL(path)
+        except OSError:
+            continue
+    return None
+
+
 def _symbol(lib: ctypes.CDLL | None, *names: str) -> Any:
     for n in names:
         f = getattr(lib, n, None) if lib is not None else None
@@ -140,11 +163,18 @@ class Blas:
     """The BLAS SciPy is built with: sgemm and sgemv, and its thread controls where it has them."""
 
     def __init__(self) -> None:
-        from scipy.linalg import cython_blas
-        caps = cython_blas.__pyx_capi__
-        self.sgemm = ctypes.CFUNCTYPE(None, *([_VP] * 13))(_capsule(caps["sgemm"]))
-        self.sgemv = ctypes.CFUNCTYPE(None, *([_VP] * 11))(_capsule(caps["sgemv"]))
-        lib = _library_of(_capsule(caps["sgemm"]))
+        lib = _wheel_library()
+        gemm, gemv = _symbol(lib, "scipy_sgemm_", "sgemm_"), _symbol(lib, "scipy_sgemv_", "sgemv_")
+        if gemm is not None and gemv is not None:
+            addr_gemm = ctypes.cast(gemm, _VP).value
+            addr_gemv = ctypes.cast(gemv, _VP).value
+        else:                   # a SciPy built against another BLAS: the one cython_blas names
+            from scipy.linalg import cython_blas
+            caps = cython_blas.__pyx_capi__
+            addr_gemm, addr_gemv = _capsule(caps["sgemm"]), _capsule(caps["sgemv"])
+            lib = _library_of(addr_gemm)
+        self.sgemm = ctypes.CFUNCTYPE(None, *([_VP] * 13))(addr_gemm)
+        self.sgemv = ctypes.CFUNCTYPE(None, *([_VP] * 11))(addr_gemv)
         self._set_threads = _symbol(lib, "scipy_openblas_set_num_threads", "openblas_set_num_threads",
                                     "scipy_openblas_set_num_threads64_", "openblas_set_num_threads64_")
         self._set_local = _symbol(lib, "openblas_set_num_threads_local", "scipy_openblas_set_num_threads_local")
