@@ -11,6 +11,7 @@ import pytest
 import eqgrad
 from eqgrad import Tensor, engine
 from eqgrad.devices import blas
+from eqgrad.devices.cpu import LLVMDevice
 from eqgrad.lower.contraction import find_contraction, is_pure, match_contraction
 
 pytestmark = pytest.mark.skipif(blas.blas() is None, reason="SciPy's BLAS does not load here")
@@ -33,6 +34,7 @@ def gemm_calls(monkeypatch):
     can run goes to it (these tests' products are small; which path pays is ``test_what_pays``'s
     and ``test_a_batch_of_products_is_timed_once_per_machine``'s)."""
     monkeypatch.setattr(blas, "pays", lambda g, predicted, threads: max(g.m, g.n) >= blas.GEMM_MIN)
+    monkeypatch.setattr(LLVMDevice, "_measured", lambda self, k, found, plan, threads: True)
     engine.clear_cache()
     calls = [0]
     orig = blas.GemmProgram.__call__
@@ -48,35 +50,36 @@ def gemm_calls(monkeypatch):
 def test_a_matmul_is_a_gemm_with_its_strides():
     a, b = Tensor(rnd(6, 5)), Tensor(rnd(5, 7))
     found = find_contraction(body(a @ b))
-    assert found is not None and is_pure(body(a @ b), found[0])
-    g = found[1]
+    assert found is not None and is_pure(body(a @ b), found.red) and not found.packs
+    g = found.gemm
     assert (g.m, g.n, g.k, g.sx_m, g.sx_k, g.sy_k, g.sy_n, g.sc_m, g.batch) == (6, 7, 5, 5, 1, 7, 1, 7, ())
 
 
 def test_a_transposed_weight_is_read_in_place():
     """torch's Linear layout: W (out, in) read as W.T, no copy (its k stride is 1)."""
     x, w = Tensor(rnd(4, 3)), Tensor(rnd(8, 3))
-    g = find_contraction(body(x @ w.T))[1]
+    g = find_contraction(body(x @ w.T)).gemm
     assert (g.m, g.n, g.k, g.sy_k, g.sy_n) == (4, 8, 3, 1, 3)
 
 
 def test_leading_axes_of_an_input_merge_into_rows():
     x, w = Tensor(rnd(2, 5, 3)), Tensor(rnd(3, 4))
-    g = find_contraction(body(x @ w))[1]
+    g = find_contraction(body(x @ w)).gemm
     assert (g.m, g.n, g.k, g.batch) == (10, 4, 3, ())
 
 
 def test_batched_attention_scores_with_the_transpose_in_the_graph():
     q, k = Tensor(rnd(2, 3, 6, 4)), Tensor(rnd(2, 3, 6, 4, seed=1))
     t = (q @ k.transpose(-1, -2)) * 0.5
-    red, g = find_contraction(body(t))
+    f = find_contraction(body(t))
+    red, g = f.red, f.gemm
     assert not is_pure(body(t), red)           # the scale is an epilogue
     assert (g.m, g.n, g.k, g.sy_k, g.sy_n, g.batch) == (6, 6, 4, 1, 4, ((6, 36, 24, 24),))
 
 
 def test_a_slice_is_an_offset():
     a, b = Tensor(rnd(8, 9)), Tensor(rnd(6, 8))
-    g = find_contraction(body(a[2:6, 1:7] @ b[:, 2:6]))[1]
+    g = find_contraction(body(a[2:6, 1:7] @ b[:, 2:6])).gemm
     assert (g.x_off, g.y_off, g.sx_m, g.sy_k) == (2 * 9 + 1, 2, 9, 8)
 
 
@@ -85,15 +88,26 @@ def test_a_slice_is_an_offset():
      lambda a, b: np.pad(a, ((1, 0), (0, 0))) @ b),
     (lambda a, b: a.flip(1) @ b, lambda a, b: a[:, ::-1] @ b),           # a negative stride
     (lambda a, b: a.exp() @ b, lambda a, b: np.exp(a) @ b),              # a prologue on an operand
-    (lambda a, b: (a @ b).sum(), lambda a, b: (a @ b).sum()),            # a second reduction
     (lambda a, b: a[:, ::2] @ b[::2], lambda a, b: a[:, ::2] @ b[::2]),  # strided along both axes
-], ids=["pad", "flip", "prologue", "second-reduction", "strided"])
-def test_what_is_not_a_gemm(make, ref):
-    a, b = rnd(4, 4), rnd(4, 4, seed=2)
+], ids=["pad", "flip", "prologue", "strided"])
+def test_operands_that_are_not_views_are_packed_first(make, ref, gemm_calls):
+    """The operand is materialized (below its broadcast) by a kernel of its own, then the GEMM
+    reads it."""
+    a, b = rnd(6, 8), rnd(8, 5, seed=2)
     t = make(Tensor(a), Tensor(b))
-    plan = eqgrad.explain(t).plan
-    assert all(find_contraction(k.ast) is None for k in plan.kernels), plan.describe()
+    found = [f for f in (find_contraction(k.ast) for k in eqgrad.explain(t).plan.kernels) if f is not None]
+    assert len(found) == 1 and len(found[0].packs) >= 1
+    u = found[0].packs[0]
+    assert int(np.prod(u.shape)) <= 7 * 8, u.shape          # the operand, not the (6, 5, 8) product
     np.testing.assert_allclose(t.numpy(), ref(a, b), rtol=1e-5, atol=1e-5)
+    assert gemm_calls[0] >= 1
+
+
+def test_a_contraction_under_a_second_reduction_is_not_a_gemm():
+    a, b = rnd(4, 4), rnd(4, 4, seed=2)
+    t = (Tensor(a) @ Tensor(b)).sum()
+    assert all(find_contraction(k.ast) is None for k in eqgrad.explain(t).plan.kernels)
+    np.testing.assert_allclose(t.numpy(), (a @ b).sum(), rtol=1e-5, atol=1e-5)
 
 
 def test_a_sum_of_squares_per_row_is_left_to_the_generated_kernel():
@@ -110,10 +124,10 @@ def test_what_pays(monkeypatch):
     do not is timed both ways by the device (None); a reduction (one output per batch index) never."""
     monkeypatch.setattr(blas, "speeds", lambda: (1e-6, 1e11))      # 1 us a call, 100 GFLOP/s
     q, k = Tensor(rnd(32, 12, 15, 32)), Tensor(rnd(32, 12, 15, 32, seed=1))
-    small = find_contraction(body(q @ k.transpose(-1, -2)))[1]             # 14,400 flops a call: 0.14 us
+    small = find_contraction(body(q @ k.transpose(-1, -2))).gemm             # 14,400 flops a call: 0.14 us
     assert not blas.pays(small, predicted=1e-4, threads=2)                 # 384 calls: 0.44 ms
     assert blas.pays(small, predicted=1.0, threads=2)                      # ... unless the kernel is slower
-    big = find_contraction(body(Tensor(rnd(64, 64)) @ Tensor(rnd(64, 64, seed=1))))[1]   # 524,288: 5.2 us
+    big = find_contraction(body(Tensor(rnd(64, 64)) @ Tensor(rnd(64, 64, seed=1)))).gemm   # 524,288: 5.2 us
     assert blas.pays(big, predicted=0.0, threads=2) is None                # timed by the device
     row = match_contraction([n for n in body((q * q).sum(-1)).walk() if n.op == "RSUM"][0])
     assert not blas.pays(row, predicted=1.0, threads=2)
@@ -288,7 +302,21 @@ def test_a_scipy_without_the_wheels_library_is_reached_through_cython_blas(monke
     a, b = rnd(9, 7), rnd(7, 5, seed=1)
     c = np.zeros((9, 5), np.float32)
     x, y = Tensor(a), Tensor(b)
-    g = find_contraction(body(x @ y))[1]
+    g = find_contraction(body(x @ y)).gemm
     prg = blas.GemmProgram("k", g, (2, 0, 1), lib, 1)
     prg(c.ctypes.data, a.ctypes.data, b.ctypes.data, lo=0, hi=prg.units)
     np.testing.assert_allclose(c, a @ b, rtol=1e-5, atol=1e-5)
+
+
+def test_a_contraction_written_transposed(gemm_calls):
+    """A weight gradient written in the weight's (out, in) layout: the GEMM writes C with the
+    root's strides, no copy (and a layout no GEMM can write goes through a scratch buffer)."""
+    a, b = rnd(12, 9), rnd(12, 7, seed=1)
+    t = (Tensor(a).T @ Tensor(b)).T                   # (7, 9) = b.T @ a
+    f = find_contraction(body(t))
+    assert f is not None and f.pure, f
+    np.testing.assert_allclose(t.numpy(), b.T @ a, rtol=1e-5, atol=1e-5)
+    x = rnd(2, 3, 4, 5)
+    t2 = (Tensor(x) @ Tensor(x).transpose(-1, -2)).permute(1, 2, 0, 3)
+    np.testing.assert_allclose(t2.numpy(), (x @ x.swapaxes(-1, -2)).transpose(1, 2, 0, 3), rtol=1e-5, atol=1e-5)
+    assert gemm_calls[0] >= 2

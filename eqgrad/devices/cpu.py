@@ -464,11 +464,21 @@ class LLVMDevice(Device):
                 continue
             if blas_on:
                 found = self._contraction(k, plan, threads)
-                if found is not None and not contraction.is_pure(k.ast, found[0]):
-                    sp = contraction.split_epilogue(k, found[0], len(plan.buffers) + len(extra))
-                    extra.append((found[0].shape, found[0].dtype))
-                    object.__setattr__(sp[0].ast, "_gemm", (self._gemm_key(), found[1]))
-                    kernels += sp
+                if found is not None and (found.packs or not found.pure):
+                    first = len(plan.buffers) + len(extra)
+                    ids = list(range(first, first + len(found.packs)))
+                    extra += [(u.shape, u.dtype) for u in found.packs]
+                    kernels += contraction.pack_kernels(k, found, first)
+                    body, g = contraction.with_buffers(found, ids)
+                    if found.pure:
+                        ast = contraction.replaced(k.ast, found.red, body)
+                        kernels.append(Kernel(k.name, k.out, ast, ast.buffers(), k.predicted, k.nbytes, k.flops))
+                    else:
+                        sp = contraction.split_epilogue(k, found.red, len(plan.buffers) + len(extra), body)
+                        extra.append((found.red.shape, found.red.dtype))
+                        kernels += sp
+                        ast = sp[0].ast
+                    object.__setattr__(ast, "_gemm", (self._gemm_key(), g))
                     continue
             # the "split reductions" pass decides (lower/passes.py); the device allocates the scratch
             sp = split_reduction(k, len(plan.buffers) + len(extra), options) if threads > 1 else None
@@ -492,8 +502,8 @@ class LLVMDevice(Device):
     def _gemm_key() -> tuple:
         return (config.BLAS.value, config.THREADS.value)
 
-    def _contraction(self, k, plan: KernelPlan, threads: int) -> tuple | None:
-        """(the reduction, its Gemm) when the BLAS runs the contraction of ``k``'s body
+    def _contraction(self, k, plan: KernelPlan, threads: int) -> contraction.Found | None:
+        """The contraction of ``k``'s body (lower/contraction.py) when the BLAS runs it
         (``blas.pays``, or timed: ``_measured``), else None; worked out once per body."""
         memo = k.ast.__dict__.get("_contraction")
         key = self._gemm_key()
@@ -501,9 +511,9 @@ class LLVMDevice(Device):
             return memo[1]
         found = contraction.find_contraction(k.ast)
         if found is not None and self.blas() is not None:
-            verdict = blas.pays(found[1], k.predicted, threads)
-            if verdict is None:
-                verdict = self._measured(k, found[0], found[1], plan, threads)
+            verdict = blas.pays(found.gemm, k.predicted, threads)
+            if verdict is not False and (verdict is None or found.packs):     # (packing costs: timed)
+                verdict = self._measured(k, found, plan, threads)
             if not verdict:
                 found = None
         else:
@@ -511,60 +521,76 @@ class LLVMDevice(Device):
         object.__setattr__(k.ast, "_contraction", (key, found))
         return found
 
-    def _measured(self, k, red, g, plan: KernelPlan, threads: int) -> bool:
-        """Whether the BLAS runs contraction ``g`` (the reduction ``red`` of kernel ``k``) faster
-        than the generated kernel ``k`` runs with all of its body: both timed on random inputs
-        (the median of 3 runs after one), once per kernel structure, thread count and machine
-        (``gemm.json`` in the cache directory, as the kernel search's picks). The generated side
-        includes the ops after the contraction, the BLAS side not (they are a separate streaming
-        kernel there, ~10 % of a Linear layer's GEMM); a generated kernel that wins is the one
-        built here (its program stays alive for the build, in the memo on its body)."""
+    def _measured(self, k, found: contraction.Found, plan: KernelPlan, threads: int) -> bool:
+        """Whether the BLAS runs the contraction ``found`` of kernel ``k`` (with the kernels that
+        materialize its packed operands first) faster than the generated kernel ``k`` runs with
+        all of its body: both timed on random inputs (the median of 3 runs after one), once per
+        kernel structure, thread count and machine (``gemm.json`` in the cache directory, as the
+        kernel search's picks). The generated side includes the ops after the contraction, the
+        BLAS side not (they are a separate streaming kernel there, ~10 % of a Linear layer's
+        GEMM)."""
+        g = found.gemm
         ckey = hashlib.sha256(repr((self.structure(k, plan), g, threads, machine_key("LLVM"))).encode()).hexdigest()[:24]
         hit = blas.CHOICES.get(ckey, None)
         if hit is not None:
             return hit
         rng = np.random.default_rng(0)
-
-        def random(b: int, shape=None) -> Buffer:
-            shape = plan.buffers[b][0] if shape is None else shape
-            return Buffer.from_numpy(rng.standard_normal(shape).astype(plan.buffers[b][1].np), self.name)
-        bufs = {b: random(b) for b in (k.out, *k.inputs)}
-        scratch = Buffer.from_numpy(np.zeros(red.shape, np.float32), self.name)
+        first = len(plan.buffers)
+        ids = list(range(first, first + len(found.packs)))
+        tmp = KernelPlan(plan.buffers + [(u.shape, u.dtype) for u in found.packs], plan.n_inputs, [], [], 0.0)
+        packs = contraction.pack_kernels(k, found, first)
+        body, g = contraction.with_buffers(found, ids)
+        bufs = {b: Buffer.from_numpy(rng.standard_normal(tmp.buffers[b][0]).astype(tmp.buffers[b][1].np), self.name)
+                for b in {k.out, *k.inputs, *ids}}
+        scratch = Buffer.from_numpy(np.zeros(found.red.shape, np.float32), self.name)
         target = runnable_target(config.CPU.value)
         gen, n = self.build_member(k, plan, None, target, None)
-        ins = red.buffers()
+        built = [(pk, *self.build_member(pk, tmp, None, target, None)) for pk in packs]
+        ins = body.buffers()
         lib = blas.GemmProgram(f"{k.name}g", g, (-1, *ins), self.blas(), threads)
         gen_ptrs = [bufs[b].ptr for b in (k.out, *k.inputs)]
         lib_ptrs = [scratch.ptr] + [bufs[b].ptr for b in ins]
 
-        def median(run) -> float:
+        def median(run, best: float = float("inf")) -> float:
             run()
-            ts = []
-            for _ in range(3):
+            t0 = time.perf_counter()
+            run()
+            first = time.perf_counter() - t0
+            if first > 4 * best:            # hopeless: no more runs
+                return first
+            ts = [first]
+            for _ in range(2):
                 t0 = time.perf_counter()
                 run()
                 ts.append(time.perf_counter() - t0)
             return sorted(ts)[1]
+
+        def with_blas() -> None:
+            for pk, prg, m in built:
+                self.launch(pk, prg, [bufs[b].ptr for b in (pk.out, *pk.inputs)], m, threads)
+            self.launch(k, lib, lib_ptrs, lib.units, threads)
         t_gen = median(lambda: self.launch(k, gen, gen_ptrs, n, threads))
-        t_blas = median(lambda: self.launch(k, lib, lib_ptrs, lib.units, threads))
+        t_blas = median(with_blas, t_gen)
         verdict = t_blas < t_gen
         if config.DEBUG.value >= 2:
-            print(f"  BLAS or generated for {k.name} ({g.batches} x {g.m}x{g.n}x{g.k}): BLAS {t_blas * 1e6:.0f} us, "
+            print(f"  BLAS or generated for {k.name} ({g.batches} x {g.m}x{g.n}x{g.k}"
+                  f"{f', {len(packs)} packed' if packs else ''}): BLAS {t_blas * 1e6:.0f} us, "
                   f"generated {t_gen * 1e6:.0f} us: {'BLAS' if verdict else 'generated'}")
         blas.CHOICES.put(ckey, verdict)
         return verdict
 
     def gemm_of(self, k, plan: KernelPlan) -> Any:
-        """The Gemm the BLAS runs as kernel ``k`` (a pure contraction), or None."""
+        """The Gemm the BLAS runs as kernel ``k`` (a pure contraction of buffers), or None."""
         if not config.BLAS.value:
             return None
         hit = k.ast.__dict__.get("_gemm")
         if hit is not None and hit[0] == self._gemm_key():
             return hit[1]
         found = self._contraction(k, plan, config.THREADS.value)
-        g = found[1] if found is not None and contraction.is_pure(k.ast, found[0]) else None
+        g = found.gemm if found is not None and not found.packs and found.pure else None
         object.__setattr__(k.ast, "_gemm", (self._gemm_key(), g))
         return g
+
 
     def prepare(self, plan: KernelPlan) -> Callable[[list[Buffer]], None]:
         threads = max(1, config.THREADS.value)

@@ -24,7 +24,7 @@ The device decides whether a GEMM pays (devices/blas.py); this module only says 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from eqgrad.dtype import float32
 from eqgrad.graph.plan import Kernel, KNode
@@ -34,6 +34,7 @@ from eqgrad.lower.symbolic import Lin, Var
 from eqgrad.ops import OPS
 
 GEMM_MOVES = ("RESHAPE", "PERMUTE", "EXPAND", "SHRINK")
+PACK_MAX = 2        # a packed operand's elements, at most, per element of the buffers it reads
 
 
 @dataclass(frozen=True)
@@ -66,12 +67,6 @@ class Gemm:
     @property
     def flops(self) -> int:
         return 2 * self.m * self.n * self.k * self.batches
-
-
-def _strip_reshapes(n: KNode) -> KNode:
-    while n.op == "RESHAPE":
-        n = n.src[0]
-    return n
 
 
 def _operand(n: KNode, names: list[str], rank: int) -> tuple[int, int, list[int]] | None:
@@ -117,9 +112,43 @@ def _merge(axes: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
     return out
 
 
-def match_contraction(red: KNode) -> Gemm | None:
+def _out_strides(root: KNode, red: KNode) -> list[int] | None:
+    """Where each element of ``red`` lands in the root's buffer, as a stride per axis of ``red``,
+    for a root that is ``red`` under reshapes and permutes (a weight gradient written transposed);
+    None when that is not affine in ``red``'s index."""
+    chain = []
+    n = root
+    while n is not red:
+        if n.op not in ("RESHAPE", "PERMUTE"):
+            return None
+        chain.append(n)
+        n = n.src[0]
+    names = [f"out{d}" for d in range(len(red.shape))]
+    with symbolic.lowering():
+        idx = tuple(Lin.var(names[d], e) for d, e in enumerate(red.shape))
+        for m in reversed(chain):               # from red up: each op's inverse maps up a level
+            src = m.src[0]
+            if m.op == "RESHAPE":
+                inv = KNode("RESHAPE", (m,), src.shape, src.shape, m.dtype)
+            else:
+                q = [0] * len(m.arg)
+                for i, p in enumerate(m.arg):
+                    q[p] = i
+                inv = KNode("PERMUTE", (m,), tuple(q), src.shape, m.dtype)
+            idx = move_index(inv, idx)
+        flat = flat_index(idx, root.shape)
+    sc = [0] * len(red.shape)
+    for atom, c in flat.terms:
+        if not isinstance(atom, Var) or atom.name not in names:
+            return None
+        sc[names.index(atom.name)] = c
+    return sc
+
+
+def match_contraction(red: KNode, sc: list[int] | None = None) -> Gemm | None:
     """The GEMM that computes reduction ``red`` (an RSUM of a MUL of two moved float32 buffers),
-    written contiguously in ``red``'s shape, or None (see the module docstring)."""
+    written with element strides ``sc`` per axis of ``red`` (default: contiguously in ``red``'s
+    shape), or None (see the module docstring)."""
     if red.op != "RSUM" or red.dtype != float32 or red.src[0].op != "MUL":
         return None
     prod = red.src[0]
@@ -132,7 +161,7 @@ def match_contraction(red: KNode) -> Gemm | None:
         b = _operand(prod.src[1], names, rank)
     if a is None or b is None:
         return None
-    sc = strides_of(red.shape)
+    sc = strides_of(red.shape) if sc is None else sc
     ks, ms, ns, bs = [], [], [], []
     for d, e in enumerate(prod.shape):
         if e == 1:
@@ -218,42 +247,150 @@ def _elementwise(n: KNode) -> bool:
     return op is not None and op.kind in ("unary", "binary", "ternary") and all(s.shape == n.shape for s in n.src)
 
 
-def find_contraction(root: KNode) -> tuple[KNode, Gemm] | None:
-    """The body's one reduction when it is a GEMM (``match_contraction``) whose value reaches the
-    root through elementwise ops and reshapes only, with the GEMM; None otherwise (a body with
-    another reduction, a prologue on an operand, a contraction read at a moved index)."""
+@dataclass(frozen=True)
+class Found:
+    """A contraction in a kernel body: the reduction ``red``; the operand values to materialize
+    first (``packs``: each becomes a kernel of its own writing a contiguous scratch buffer, named
+    here by the placeholder ids -1, -2); ``red`` with those operands read from their buffers
+    (``packed``); and the GEMM of ``packed``, writing the kernel's output itself when ``pure``,
+    else a scratch buffer in ``red``'s shape that the rest of the body reads (``split_epilogue``)."""
+    red: KNode
+    packs: tuple[KNode, ...]
+    packed: KNode
+    gemm: Gemm
+    pure: bool = False            # the root is ``red`` under reshapes and permutes: the GEMM writes it
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def _pack_operand(o: KNode, placeholder: int) -> tuple[KNode, KNode] | None:
+    """(the value to materialize, the operand reading it back) for an operand that is not an
+    affine view of a buffer: a computed operand (relu's mask times a gradient) or a view with a
+    mask (a padded im2col). What is materialized is the operand below its broadcast, so it is
+    written once, not once per element of the product."""
+    u = o.src[0] if o.op == "EXPAND" else o
+    if u.dtype != float32 or u.op == "BUF":
+        return None
+    # only a pack at most twice what it reads (a padded operand, a relu mask and a gradient): an
+    # im2col (a convolution's padded windows, 9x its input for 3x3) would write and read back far
+    # more than the generated kernel reads
+    if _numel(u.shape) > PACK_MAX * sum(_numel(n.shape) for n in u.walk() if n.op == "BUF"):
+        return None
+    leaf = KNode("BUF", (), placeholder, u.shape, u.dtype)
+    return u, (KNode("EXPAND", (leaf,), o.arg, o.shape, o.dtype) if o.op == "EXPAND" else leaf)
+
+
+def find_contraction(root: KNode) -> Found | None:
+    """The body's one reduction when it is a GEMM (``match_contraction``), after materializing
+    an operand that is not an affine view (``_pack_operand``), and its value reaches the root
+    through elementwise ops, reshapes and permutes only; None otherwise (a body with another
+    reduction, a contraction read at a moved index, a product of no GEMM's shape)."""
     reds = [n for n in root.walk() if n.op in ("RSUM", "RMAX")]
     if len(reds) != 1:
         return None
     red = reds[0]
-    g = match_contraction(red)
-    if g is None:
+    if red.op != "RSUM" or red.dtype != float32 or red.src[0].op != "MUL":
         return None
+    reach = _reaches(root, red)
     for n in root.walk():
-        if n is red or id(n) not in _reaches(root, red):
+        if n is red or id(n) not in reach:
             continue
-        if n.op != "RESHAPE" and not _elementwise(n):
+        if n.op not in ("RESHAPE", "PERMUTE") and not _elementwise(n):
             return None
-    return red, g
+    sc = _out_strides(root, red) if is_pure(root, red) else None
+
+    def gemm_of(r: KNode) -> tuple[Gemm | None, bool]:
+        # written in place where the root's layout allows it, else into a scratch buffer that
+        # the rest of the body (a permuted copy) reads
+        g = match_contraction(r, sc) if sc is not None else None
+        return (g, True) if g is not None else (match_contraction(r), False)
+    g, pure = gemm_of(red)
+    if g is not None:
+        return Found(red, (), red, g, pure)
+    prod = red.src[0]
+    names = [f"gemm{d}" for d in range(len(prod.shape))]
+    with symbolic.lowering():
+        affine = [_operand(o, names, len(prod.shape)) is not None for o in prod.src]
+    # operands that are not views must be packed; where both are views but one has no unit
+    # stride (a ``::2`` slice), try packing either, then both
+    need = [i for i, ok in enumerate(affine) if not ok]
+    tries = [need] if need else [[0], [1], [0, 1]]
+    for which in tries:
+        packs, srcs = [], []
+        for i, o in enumerate(prod.src):
+            if i not in which:
+                srcs.append(o)
+                continue
+            pk = _pack_operand(o, -1 - len(packs))
+            if pk is None:
+                break
+            packs.append(pk[0])
+            srcs.append(pk[1])
+        else:
+            packed = KNode("RSUM", (KNode("MUL", tuple(srcs), prod.arg, prod.shape, prod.dtype),), red.arg,
+                           red.shape, red.dtype)
+            g, pure = gemm_of(packed)
+            if g is not None:
+                return Found(red, tuple(packs), packed, g, pure)
+    return None
+
+
+def with_buffers(f: Found, ids: list[int]) -> tuple[KNode, Gemm]:
+    """``f.packed`` and its GEMM with the packs' placeholder buffers -1, -2 named ``ids``."""
+    memo: dict[int, KNode] = {}
+    for n in f.packed.walk():
+        if n.op == "BUF" and n.arg < 0:
+            memo[id(n)] = KNode("BUF", (), ids[-1 - n.arg], n.shape, n.dtype)
+        else:
+            srcs = tuple(memo[id(s)] for s in n.src)
+            memo[id(n)] = n if srcs == n.src else KNode(n.op, srcs, n.arg, n.shape, n.dtype)
+    g = f.gemm
+    name = lambda b: ids[-1 - b] if b < 0 else b
+    return memo[id(f.packed)], replace(g, x=name(g.x), y=name(g.y))
 
 
 def is_pure(root: KNode, red: KNode) -> bool:
-    """Whether the body is the contraction itself, under reshapes only."""
-    return _strip_reshapes(root) is red
+    """Whether the body is the contraction itself, under reshapes and permutes only."""
+    while root.op in ("RESHAPE", "PERMUTE"):
+        root = root.src[0]
+    return root is red
 
 
-def split_epilogue(k: Kernel, red: KNode, new_buffer: int) -> tuple[Kernel, Kernel]:
-    """(the contraction ``red`` as a kernel writing buffer ``new_buffer``, the rest of ``k``
-    reading it there): a bias, an activation or a scale applied after the GEMM."""
-    gemm = Kernel(f"{k.name}g", new_buffer, red, red.buffers(), k.predicted, k.nbytes, k.flops)
-    memo: dict[int, KNode] = {id(red): KNode("BUF", (), new_buffer, red.shape, red.dtype)}
-    for n in k.ast.walk():
+def replaced(root: KNode, red: KNode, by: KNode) -> KNode:
+    """``root`` with node ``red`` replaced by ``by``."""
+    memo: dict[int, KNode] = {id(red): by}
+    for n in root.walk():
         if id(n) not in memo:
             srcs = tuple(memo[id(s)] for s in n.src)
             memo[id(n)] = n if srcs == n.src else KNode(n.op, srcs, n.arg, n.shape, n.dtype)
-    ast = memo[id(k.ast)]
+    return memo[id(root)]
+
+
+def split_epilogue(k: Kernel, red: KNode, new_buffer: int, body: KNode | None = None) -> tuple[Kernel, Kernel]:
+    """(the contraction ``red`` -- or ``body``, its packed form -- as a kernel writing buffer
+    ``new_buffer``, the rest of ``k`` reading it there): a bias, an activation or a scale
+    applied after the GEMM."""
+    body = red if body is None else body
+    gemm = Kernel(f"{k.name}g", new_buffer, body, body.buffers(), k.predicted, k.nbytes, k.flops)
+    ast = replaced(k.ast, red, KNode("BUF", (), new_buffer, red.shape, red.dtype))
     out_bytes = 1
     for s in ast.shape:
         out_bytes *= s
-    rest = Kernel(k.name, k.out, ast, ast.buffers(), 5e-6, 8 * out_bytes, 0)
+    rest = Kernel(k.name, k.out, ast, ast.buffers(), k.predicted, 8 * out_bytes, 0)
     return gemm, rest
+
+
+def pack_kernels(k: Kernel, f: Found, first_buffer: int) -> list[Kernel]:
+    """The kernels that materialize ``f``'s packed operands into buffers ``first_buffer``, ..."""
+    out = []
+    for i, u in enumerate(f.packs):
+        n = 1
+        for s in u.shape:
+            n *= s
+        out.append(Kernel(f"{k.name}p{i}", first_buffer + i, u, u.buffers(), k.predicted, 8 * n, 0))
+    return out
