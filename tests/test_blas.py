@@ -12,6 +12,7 @@ import eqgrad
 from eqgrad import Tensor, engine
 from eqgrad.devices import blas
 from eqgrad.devices.cpu import LLVMDevice
+from eqgrad.lower import trace
 from eqgrad.lower.contraction import find_contraction, is_pure, match_contraction
 
 pytestmark = pytest.mark.skipif(blas.blas() is None, reason="SciPy's BLAS does not load here")
@@ -281,6 +282,7 @@ def test_a_batch_of_products_is_timed_once_per_machine(tmp_path, monkeypatch):
     choice is kept in the cache directory and not measured again (in this or a later process)."""
     monkeypatch.setenv("EQGRAD_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(blas, "speeds", lambda: (1e-9, 1e11))       # every product pays its calls
+    trace.TRACES.clear()            # (bodies whose sizes kept changing in earlier tests are not looked at)
     puts = []
     real_put = blas.CHOICES.put
     monkeypatch.setattr(blas.CHOICES, "put", lambda key, v: (puts.append(v), real_put(key, v)))
@@ -290,8 +292,16 @@ def test_a_batch_of_products_is_timed_once_per_machine(tmp_path, monkeypatch):
         engine.clear_cache()
         got = (Tensor(q) @ Tensor(k).transpose(-1, -2)).numpy()
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
-    assert len(puts) == 1 and isinstance(puts[0], bool)
+    assert len(puts) == 1 and len(puts[0]) == 1 and isinstance(puts[0][0][1], bool)
     assert (tmp_path / "gemm.json").exists()
+    # another size of the same kernel within 4x of its flops takes the kept choice; one beyond
+    # it is timed, and both choices are kept
+    for n, timed in ((24, 1), (80, 2)):
+        q2, k2 = rnd(4, 3, n, 16), rnd(4, 3, n, 16, seed=1)
+        got = (Tensor(q2) @ Tensor(k2).transpose(-1, -2)).numpy()
+        np.testing.assert_allclose(got, q2 @ k2.swapaxes(-1, -2), rtol=1e-5, atol=1e-5)
+        assert len(puts) == timed, (n, puts)
+    assert len(puts[-1]) == 2
 
 
 def test_a_scipy_without_the_wheels_library_is_reached_through_cython_blas(monkeypatch):

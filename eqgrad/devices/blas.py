@@ -68,10 +68,13 @@ def pays(g: Gemm, predicted: float, threads: int) -> bool | None:
 
 
 def _check_choice(v: object) -> str | None:
-    return None if isinstance(v, bool) else f"expected true or false, got {v!r}"
+    if isinstance(v, list) and all(isinstance(e, list) and len(e) == 2 and type(e[0]) is int and isinstance(e[1], bool)
+                                   for e in v):
+        return None
+    return f"expected a list of [flops, true or false], got {v!r}"
 
 
-CHOICES = JsonCache("gemm", 1, check=_check_choice)     # measured: BLAS (true) or generated, per contraction
+CHOICES = JsonCache("gemm", 2, check=_check_choice)     # measured: [[flops, BLAS (true) or generated]] per structure
 
 
 @functools.lru_cache(maxsize=None)

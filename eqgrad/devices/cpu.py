@@ -57,6 +57,8 @@ if TYPE_CHECKING:
 PARALLEL_MIN = 60e-6      # predicted seconds above which a kernel is split across threads
 CHUNKS_PER_THREAD = 4     # pieces of the split loop per thread, taken in turn (launch)
 CHUNK_MIN = 4             # iterations of the split loop per piece, at least (times the grain)
+MEASURED_SPAN = 4         # a BLAS-or-generated choice holds for contractions of up to 4x (1/4x) its flops
+MEASURED_KEEP = 16        # choices kept per kernel structure (the latest)
 WARM_POOL_NODES = 16      # program nodes from which warm() starts the compile worker (a smaller one rarely plans 2+ kernels)
 
 Target = tuple[str, str]  # (LLVM CPU name, LLVM feature string)
@@ -509,7 +511,9 @@ class LLVMDevice(Device):
         key = self._gemm_key()
         if memo is not None and memo[0] == key:
             return memo[1]
-        found = contraction.find_contraction(k.ast)
+        # a body whose sizes keep changing (traced: a growing sequence's attention) lowers from its
+        # trace in a fraction of a millisecond; its contraction is not looked for again each step
+        found = contraction.find_contraction(k.ast) if not trace.TRACES.has_traces(k, plan) else None
         if found is not None and self.blas() is not None:
             verdict = blas.pays(found.gemm, k.predicted, threads)
             if verdict is not False and (verdict is None or found.packs):     # (packing costs: timed)
@@ -525,15 +529,20 @@ class LLVMDevice(Device):
         """Whether the BLAS runs the contraction ``found`` of kernel ``k`` (with the kernels that
         materialize its packed operands first) faster than the generated kernel ``k`` runs with
         all of its body: both timed on random inputs (the median of 3 runs after one), once per
-        kernel structure, thread count and machine (``gemm.json`` in the cache directory, as the
-        kernel search's picks). The generated side includes the ops after the contraction, the
+        kernel structure (sizes aside: within MEASURED_SPAN x of the flops), thread count and
+        machine (``gemm.json`` in the cache directory, as the kernel search's picks). The generated side includes the ops after the contraction, the
         BLAS side not (they are a separate streaming kernel there, ~10 % of a Linear layer's
         GEMM)."""
         g = found.gemm
-        ckey = hashlib.sha256(repr((self.structure(k, plan), g, threads, machine_key("LLVM"))).encode()).hexdigest()[:24]
-        hit = blas.CHOICES.get(ckey, None)
-        if hit is not None:
-            return hit
+        # kept per kernel structure without its sizes: a choice measured within MEASURED_SPAN x
+        # of this contraction's flops is this one's too (a new batch size, a longer sequence: the
+        # crossover between the two moves slowly with size), so a new size is rarely timed
+        skeleton = trace.body_sizes(k, plan)[0]
+        ckey = hashlib.sha256(repr((skeleton, found.packs != (), threads, machine_key("LLVM"))).encode()).hexdigest()[:24]
+        seen = blas.CHOICES.get(ckey, None) or []
+        near = [v for f, v in seen if max(f, g.flops) <= MEASURED_SPAN * max(1, min(f, g.flops))]
+        if near:
+            return near[0]
         rng = np.random.default_rng(0)
         first = len(plan.buffers)
         ids = list(range(first, first + len(found.packs)))
@@ -576,7 +585,7 @@ class LLVMDevice(Device):
             print(f"  BLAS or generated for {k.name} ({g.batches} x {g.m}x{g.n}x{g.k}"
                   f"{f', {len(packs)} packed' if packs else ''}): BLAS {t_blas * 1e6:.0f} us, "
                   f"generated {t_gen * 1e6:.0f} us: {'BLAS' if verdict else 'generated'}")
-        blas.CHOICES.put(ckey, verdict)
+        blas.CHOICES.put(ckey, (seen + [[g.flops, verdict]])[-MEASURED_KEEP:])
         return verdict
 
     def gemm_of(self, k, plan: KernelPlan) -> Any:
