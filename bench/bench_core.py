@@ -346,9 +346,15 @@ def measure_peaks(reps: int = 5) -> dict:
 def timeit_once(f) -> float:
   t0 = time.perf_counter(); f(); return time.perf_counter() - t0
 
+IDLE_S = 0.3       # seconds of idle before each framework's workload (bench_one)
+
+
 def bench_one(fw: Framework, w: Workload, arrays: list[np.ndarray], ref: np.ndarray, reps: int, warmup: int) -> Result:
   r = Result(w.name, fw.name)
   inputs = [fw.to_input(a) for a in arrays]
+  # the previous framework's BLAS threads (NumPy's and SciPy's OpenBLAS, torch's pool) spin for
+  # ~0.1 s after their last call and take cores from this one's first calls
+  time.sleep(IDLE_S)
   r.first_call_s, out = timed(fw, w, inputs)
   for _ in range(warmup): out = None; timed(fw, w, inputs)
   gc.collect()

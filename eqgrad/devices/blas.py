@@ -15,8 +15,10 @@ after the call, so a user's own SciPy calls keep their threads), and the device'
 the calls as they share a generated kernel's loop (cpu.py ``launch``): a batch by batch index, a
 single product cut into one block of rows (or columns) per thread. OpenBLAS's own pool is never
 woken. It would be: its workers spin for ~0.1 s after each call, and on two cores a CNN step whose
-one GEMM ran on them took 114 ms against 68 ms without the BLAS, every generated kernel after the
-GEMM running slower, a plain sum 10x.
+one GEMM ran on them took 90-114 ms against 48-68 ms, every generated kernel after the GEMM running
+slower, a plain sum 10x (``OPENBLAS_THREAD_TIMEOUT=4`` would stop the spinning, but only where
+eqgrad loads the library first). NumPy's own OpenBLAS (a separate copy) spins the same way after
+NumPy's products, and slows eqgrad's kernels that run within ~0.1 s of one.
 
 ``EQGRAD_BLAS=0`` (config.py) turns it off: every contraction is a generated kernel.
 """

@@ -528,7 +528,7 @@ class LLVMDevice(Device):
     def _measured(self, k, found: contraction.Found, plan: KernelPlan, threads: int) -> bool:
         """Whether the BLAS runs the contraction ``found`` of kernel ``k`` (with the kernels that
         materialize its packed operands first) faster than the generated kernel ``k`` runs with
-        all of its body: both timed on random inputs (the median of 3 runs after one), once per
+        all of its body: both timed on random inputs (medians of 3 runs each, in turns), once per
         kernel structure (sizes aside: within MEASURED_SPAN x of the flops), thread count and
         machine (``gemm.json`` in the cache directory, as the kernel search's picks). The generated side includes the ops after the contraction, the
         BLAS side not (they are a separate streaming kernel there, ~10 % of a Linear layer's
@@ -560,26 +560,28 @@ class LLVMDevice(Device):
         gen_ptrs = [bufs[b].ptr for b in (k.out, *k.inputs)]
         lib_ptrs = [scratch.ptr] + [bufs[b].ptr for b in ins]
 
-        def median(run, best: float = float("inf")) -> float:
-            run()
-            t0 = time.perf_counter()
-            run()
-            first = time.perf_counter() - t0
-            if first > 4 * best:            # hopeless: no more runs
-                return first
-            ts = [first]
-            for _ in range(2):
-                t0 = time.perf_counter()
-                run()
-                ts.append(time.perf_counter() - t0)
-            return sorted(ts)[1]
-
         def with_blas() -> None:
             for pk, prg, m in built:
                 self.launch(pk, prg, [bufs[b].ptr for b in (pk.out, *pk.inputs)], m, threads)
             self.launch(k, lib, lib_ptrs, lib.units, threads)
-        t_gen = median(lambda: self.launch(k, gen, gen_ptrs, n, threads))
-        t_blas = median(with_blas, t_gen)
+
+        def generated() -> None:
+            self.launch(k, gen, gen_ptrs, n, threads)
+
+        def timed(run) -> float:
+            t0 = time.perf_counter()
+            run()
+            return time.perf_counter() - t0
+        # in turns, so that a slow moment of a shared machine (another library's threads still
+        # spinning) falls on both; a BLAS 4x slower after one turn is not run again
+        generated(), with_blas()
+        ts_gen, ts_blas = [], []
+        for turn in range(3):
+            ts_gen.append(timed(generated))
+            ts_blas.append(timed(with_blas))
+            if turn == 0 and ts_blas[0] > 4 * ts_gen[0]:
+                break
+        t_gen, t_blas = sorted(ts_gen)[len(ts_gen) // 2], sorted(ts_blas)[len(ts_blas) // 2]
         verdict = t_blas < t_gen
         if config.DEBUG.value >= 2:
             print(f"  BLAS or generated for {k.name} ({g.batches} x {g.m}x{g.n}x{g.k}"
