@@ -307,7 +307,7 @@ def test_a_batch_of_products_is_timed_once_per_machine(tmp_path, monkeypatch):
 def test_a_scipy_without_the_wheels_library_is_reached_through_cython_blas(monkeypatch):
     """Where SciPy links another BLAS (no ``scipy.libs`` OpenBLAS), its cython_blas pointers are
     used: the same products, the same numbers."""
-    monkeypatch.setattr(blas, "_wheel_library", lambda: None)
+    monkeypatch.setattr(blas, "_wheel_library", lambda: (None, False))
     lib = blas.Blas()
     a, b = rnd(9, 7), rnd(7, 5, seed=1)
     c = np.zeros((9, 5), np.float32)

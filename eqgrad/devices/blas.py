@@ -10,14 +10,15 @@ costs ~0.19 s), or, for a SciPy built against another BLAS, through the pointers
 ``C^T = Y^T X^T``, so Y is the first operand. OpenBLAS picks its kernels for the CPU it runs on
 (DYNAMIC_ARCH: ``corename()`` names the one in use), so nothing here is tuned to one machine.
 
-Threads: every call runs on one OpenBLAS thread (``openblas_set_num_threads_local``, restored
-after the call, so a user's own SciPy calls keep their threads), and the device's threads share
-the calls as they share a generated kernel's loop (cpu.py ``launch``): a batch by batch index, a
-single product cut into one block of rows (or columns) per thread. OpenBLAS's own pool is never
-woken. It would be: its workers spin for ~0.1 s after each call, and on two cores a CNN step whose
-one GEMM ran on them took 90-114 ms against 48-68 ms, every generated kernel after the GEMM running
-slower, a plain sum 10x (``OPENBLAS_THREAD_TIMEOUT=4`` would stop the spinning, but only where
-eqgrad loads the library first). NumPy's own OpenBLAS (a separate copy) spins the same way after
+Threads (``openblas_set_num_threads_local`` per call, restored after it, so a user's own SciPy
+calls keep their setting): a batch of products is shared by the device's threads as a generated
+kernel's loop is (cpu.py ``launch``), one OpenBLAS thread per call. A single product runs on
+``EQGRAD_THREADS`` OpenBLAS threads where eqgrad loaded the library itself with
+``OPENBLAS_THREAD_TIMEOUT`` set (``Blas.quiet``); OpenBLAS's workers otherwise spin for ~0.1 s after
+each call, and on two cores a CNN step whose one GEMM ran on them took 90-114 ms against 48-68 ms,
+every generated kernel after the GEMM running slower, a plain sum 10x. Where SciPy had loaded it
+first, a single product is cut into one block per device thread instead (which reached only
+100-130 GFLOP/s for 1024^2 on two threads, against ~210 on OpenBLAS's). NumPy's own OpenBLAS (a separate copy) spins the same way after
 NumPy's products, and slows eqgrad's kernels that run within ~0.1 s of one.
 
 ``EQGRAD_BLAS=0`` (config.py) turns it off: every contraction is a generated kernel.
@@ -29,6 +30,7 @@ import functools
 import glob
 import importlib.util
 import os
+import sys
 import threading
 import time
 from typing import Any
@@ -139,21 +141,35 @@ def _library_of(addr: int) -> ctypes.CDLL | None:
         return None
 
 
-def _wheel_library() -> ctypes.CDLL | None:
+QUIET_TIMEOUT = "4"     # OPENBLAS_THREAD_TIMEOUT while eqgrad loads the library: workers sleep after 2^4 cycles
+
+
+def _wheel_library() -> tuple[ctypes.CDLL | None, bool]:
     """The OpenBLAS a SciPy wheel ships (``scipy.libs/libscipy_openblas*.so`` beside the package),
-    opened without importing SciPy: ``scipy.linalg`` takes ~0.19 s to import, paid by every
-    process that plans a contraction. None where it is not there (SciPy from conda or a
-    distribution links the system's BLAS, found through cython_blas instead)."""
+    opened without importing SciPy (``scipy.linalg`` takes ~0.19 s to import, paid by every
+    process that plans a contraction), and whether its threads sleep right after a call: where
+    eqgrad is the first to load it, it does so with ``OPENBLAS_THREAD_TIMEOUT`` set (the library
+    reads it once, when it is loaded; the variable is removed again), so that OpenBLAS's workers do
+    not spin for ~0.1 s after each product on cores eqgrad's next kernels need. (None, False) where
+    it is not there (SciPy from conda or a distribution links the system's BLAS, found through
+    cython_blas instead)."""
     spec = importlib.util.find_spec("scipy")        # finds the package without running it
     if spec is None or not spec.submodule_search_locations:
-        return None
+        return None, False
     root = os.path.dirname(list(spec.submodule_search_locations)[0])
+    first = "scipy.linalg" not in sys.modules and "OPENBLAS_THREAD_TIMEOUT" not in os.environ
     for path in sorted(glob.glob(os.path.join(root, "scipy.libs", "libscipy_openblas*.so*"))):
         try:
-            return ctypes.CDLL(path)
+            if first:
+                os.environ["OPENBLAS_THREAD_TIMEOUT"] = QUIET_TIMEOUT
+            try:
+                return ctypes.CDLL(path), first
+            finally:
+                if first:
+                    del os.environ["OPENBLAS_THREAD_TIMEOUT"]
         except OSError:
             continue
-    return None
+    return None, False
 
 
 def _symbol(lib: ctypes.CDLL | None, *names: str) -> Any:
@@ -168,7 +184,7 @@ class Blas:
     """The BLAS SciPy is built with: sgemm and sgemv, and its thread controls where it has them."""
 
     def __init__(self) -> None:
-        lib = _wheel_library()
+        lib, self.quiet = _wheel_library()
         gemm, gemv = _symbol(lib, "scipy_sgemm_", "sgemm_"), _symbol(lib, "scipy_sgemv_", "sgemv_")
         if gemm is not None and gemv is not None:
             addr_gemm = ctypes.cast(gemm, _VP).value
@@ -177,7 +193,7 @@ class Blas:
             from scipy.linalg import cython_blas
             caps = cython_blas.__pyx_capi__
             addr_gemm, addr_gemv = _capsule(caps["sgemm"]), _capsule(caps["sgemv"])
-            lib = _library_of(addr_gemm)
+            lib, self.quiet = _library_of(addr_gemm), False
         self.sgemm = ctypes.CFUNCTYPE(None, *([_VP] * 13))(addr_gemm)
         self.sgemv = ctypes.CFUNCTYPE(None, *([_VP] * 11))(addr_gemv)
         self._set_threads = _symbol(lib, "scipy_openblas_set_num_threads", "openblas_set_num_threads",
@@ -196,11 +212,12 @@ class Blas:
         """The name of the kernel set the library chose for this CPU (OpenBLAS), or ``unknown``."""
         return self._corename().decode() if self._corename is not None else "unknown"
 
-    def one_thread(self) -> int | None:
-        """Make this thread's calls run on one OpenBLAS thread; returns what to restore (None:
-        nothing). A library without a per-thread setting is set to one thread for all."""
+    def one_thread(self, n: int = 1) -> int | None:
+        """Make this thread's calls run on ``n`` OpenBLAS threads (1: the device's threads share
+        the calls); returns what to restore (None: nothing). A library without a per-thread setting
+        is set to one thread for all."""
         if self._set_local is not None:
-            return self._set_local(1)
+            return self._set_local(n)
         if self._set_threads is not None and not self._threads:
             with self._lock:
                 self._set_threads(ctypes.c_int(1))
@@ -208,7 +225,7 @@ class Blas:
         return None
 
     def restore(self, prev: int | None) -> None:
-        if prev is not None and prev != 1:
+        if prev is not None:
             self._set_local(prev)
 
 
@@ -258,7 +275,11 @@ class GemmProgram:
         # blocks of the larger side, for the threads to share one product
         side = "m" if g.m >= g.n else "n"
         size = g.m if side == "m" else g.n
-        blocks = threads if g.batches < threads and size >= 2 * threads else 1
+        # a single product: on the BLAS's threads where they sleep after a call (``Blas.quiet``),
+        # else cut into blocks that the device's threads share (slower: 1024^2 100-130 GFLOP/s on
+        # two threads against ~210)
+        self.blas_threads = threads if g.batches < threads and lib.quiet else 1
+        blocks = threads if g.batches < threads and size >= 2 * threads and not lib.quiet else 1
         cuts = [size * i // blocks for i in range(blocks + 1)]
         templates: dict[int, tuple] = {}
         units = []
@@ -306,7 +327,7 @@ class GemmProgram:
 
     def __call__(self, *ptrs: int, lo: int, hi: int) -> None:
         pc, px, py = ptrs[self.pos[0]], ptrs[self.pos[1]], ptrs[self.pos[2]]
-        prev = self.lib.one_thread()
+        prev = self.lib.one_thread(self.blas_threads)
         try:
             for oc, ox, oy, (_, fn, tmpl, (sx, sy, sc)) in self._units[lo:hi]:
                 args = list(tmpl)          # (a copy per call: the device's threads share the units)

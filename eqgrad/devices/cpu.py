@@ -162,6 +162,7 @@ class LLVMDevice(Device):
         self._structures = {}                      # id of a kernel -> (it, plan, structure), per prepare
         self._members: dict[int, tuple] = {}       # id of a kernel -> (it, plan, target, _member's answer), per prepare
         self._memo_now: tuple | None = None        # (target, _memo_key(target)) for the duration of a prepare
+        self._no_gemm: dict[tuple, int] = {}        # body skeleton -> largest size where it had no GEMM that pays
 
     def after_fork_in_child(self) -> bool:
         # the inherited pool's threads do not exist in the child, but its idle count says they do:
@@ -512,16 +513,25 @@ class LLVMDevice(Device):
         if memo is not None and memo[0] == key:
             return memo[1]
         # a body whose sizes keep changing (traced: a growing sequence's attention) lowers from its
-        # trace in a fraction of a millisecond; its contraction is not looked for again each step
-        found = contraction.find_contraction(k.ast) if not trace.TRACES.has_traces(k, plan) else None
-        if found is not None and self.blas() is not None:
-            verdict = blas.pays(found.gemm, k.predicted, threads)
-            if verdict is not False and (verdict is None or found.packs):     # (packing costs: timed)
+        # trace in a fraction of a millisecond: where its structure had no GEMM that pays at sizes
+        # within MEASURED_SPAN x of these, it is not looked at again each step (~0.25 ms a kernel)
+        skeleton, sizes = trace.body_sizes(k, plan)
+        scale = max(sizes, default=1)
+        seen = self._no_gemm.get(skeleton)
+        if seen is not None and max(seen, scale) <= MEASURED_SPAN * max(1, min(seen, scale)) \
+                and trace.TRACES.has_traces(k, plan):
+            found = None
+        else:
+            found = contraction.find_contraction(k.ast) if self.blas() is not None else None
+            verdict = False if found is None else blas.pays(found.gemm, k.predicted, threads)
+            if verdict is False:
+                if len(self._no_gemm) >= 4096:
+                    self._no_gemm.clear()
+                self._no_gemm[skeleton] = scale
+            elif verdict is None or found.packs:                     # (packing costs: timed)
                 verdict = self._measured(k, found, plan, threads)
             if not verdict:
                 found = None
-        else:
-            found = None
         object.__setattr__(k.ast, "_contraction", (key, found))
         return found
 
