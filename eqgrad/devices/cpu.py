@@ -162,6 +162,7 @@ class LLVMDevice(Device):
         self._structures = {}                      # id of a kernel -> (it, plan, structure), per prepare
         self._members: dict[int, tuple] = {}       # id of a kernel -> (it, plan, target, _member's answer), per prepare
         self._memo_now: tuple | None = None        # (target, _memo_key(target)) for the duration of a prepare
+        self._gemms: dict[tuple, Any] = {}          # (Gemm, buffer ids, threads) -> its BLAS program
         self._no_gemm: dict[tuple, int] = {}        # body skeleton -> largest size where it had no GEMM that pays
 
     def after_fork_in_child(self) -> bool:
@@ -469,19 +470,14 @@ class LLVMDevice(Device):
                 found = self._contraction(k, plan, threads)
                 if found is not None and (found.packs or not found.pure):
                     first = len(plan.buffers) + len(extra)
-                    ids = list(range(first, first + len(found.packs)))
-                    extra += [(u.shape, u.dtype) for u in found.packs]
-                    kernels += contraction.pack_kernels(k, found, first)
-                    body, g = contraction.with_buffers(found, ids)
-                    if found.pure:
-                        ast = contraction.replaced(k.ast, found.red, body)
-                        kernels.append(Kernel(k.name, k.out, ast, ast.buffers(), k.predicted, k.nbytes, k.flops))
-                    else:
-                        sp = contraction.split_epilogue(k, found.red, len(plan.buffers) + len(extra), body)
-                        extra.append((found.red.shape, found.red.dtype))
-                        kernels += sp
-                        ast = sp[0].ast
-                    object.__setattr__(ast, "_gemm", (self._gemm_key(), g))
+                    # kept on the body for the plans that share it (a resized plan's unchanged
+                    # kernels: their pieces' programs are then found by their bodies too)
+                    memo = k.ast.__dict__.get("_blas_split")
+                    if memo is None or memo[0] != (self._gemm_key(), first, k.name, k.out):
+                        memo = ((self._gemm_key(), first, k.name, k.out), *self._blas_split(k, found, first))
+                        object.__setattr__(k.ast, "_blas_split", memo)
+                    kernels += memo[1]
+                    extra += memo[2]
                     continue
             # the "split reductions" pass decides (lower/passes.py); the device allocates the scratch
             sp = split_reduction(k, len(plan.buffers) + len(extra), options) if threads > 1 else None
@@ -496,6 +492,35 @@ class LLVMDevice(Device):
         return KernelPlan(plan.buffers + extra, plan.n_inputs, kernels, plan.outputs, plan.predicted, plan.notes), extra
 
     # ------------------------------------------------------------------ contractions by the BLAS
+    def _blas_split(self, k, found: contraction.Found, first: int) -> tuple[list, list]:
+        """(the kernels, the scratch buffers from id ``first``) that run kernel ``k`` through the
+        BLAS: the packs, then the GEMM, then the ops after it (lower/contraction.py)."""
+        ids = list(range(first, first + len(found.packs)))
+        extra = [(u.shape, u.dtype) for u in found.packs]
+        kernels = contraction.pack_kernels(k, found, first)
+        body, g = contraction.with_buffers(found, ids)
+        if found.pure:
+            ast = contraction.replaced(k.ast, found.red, body)
+            kernels.append(Kernel(k.name, k.out, ast, ast.buffers(), k.predicted, k.nbytes, k.flops))
+        else:
+            sp = contraction.split_epilogue(k, found.red, first + len(extra), body)
+            extra.append((found.red.shape, found.red.dtype))
+            kernels += sp
+            ast = sp[0].ast
+        object.__setattr__(ast, "_gemm", (self._gemm_key(), g))
+        return kernels, extra
+
+    def gemm_program(self, k, g, threads: int) -> blas.GemmProgram:
+        """The BLAS program of kernel ``k`` (its Gemm ``g``), kept by what it depends on: a
+        resized plan's unchanged contractions are not set up again in every prepare."""
+        key = (g, (k.out, *k.inputs), threads)
+        prg = self._gemms.get(key)
+        if prg is None:
+            if len(self._gemms) >= 1024:
+                self._gemms.clear()
+            prg = self._gemms[key] = blas.GemmProgram(k.name, g, (k.out, *k.inputs), self.blas(), threads)
+        return prg
+
     def blas(self) -> blas.Blas | None:
         """The BLAS when contractions use it (``EQGRAD_BLAS``, and SciPy's loads), else None.
         SciPy's is loaded at the first contraction, not by a program without one."""
@@ -647,7 +672,7 @@ class LLVMDevice(Device):
             progress.update(done=i)
             g = self.gemm_of(k, plan)
             if g is not None:
-                prg = blas.GemmProgram(k.name, g, (k.out, *k.inputs), self.blas(), threads)
+                prg = self.gemm_program(k, g, threads)
                 steps.append((k, prg, (k.out, *k.inputs), prg.units))
                 continue
             upcast = None
