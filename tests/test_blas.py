@@ -10,7 +10,7 @@ import pytest
 
 import eqgrad
 from eqgrad import Tensor, engine
-from eqgrad.devices import blas
+from eqgrad.devices import blas, get_device
 from eqgrad.devices.cpu import LLVMDevice
 from eqgrad.lower import trace
 from eqgrad.lower.contraction import find_contraction, is_pure, match_contraction
@@ -36,6 +36,8 @@ def gemm_calls(monkeypatch):
     and ``test_a_batch_of_products_is_timed_once_per_machine``'s)."""
     monkeypatch.setattr(blas, "pays", lambda g, predicted, threads: max(g.m, g.n) >= blas.GEMM_MIN)
     monkeypatch.setattr(LLVMDevice, "_measured", lambda self, k, found, plan, threads: True)
+    # (what earlier tests left: bodies whose sizes kept changing and had no GEMM that paid)
+    monkeypatch.setattr(get_device("LLVM"), "_no_gemm", {})
     engine.clear_cache()
     calls = [0]
     orig = blas.GemmProgram.__call__
@@ -283,6 +285,7 @@ def test_a_batch_of_products_is_timed_once_per_machine(tmp_path, monkeypatch):
     monkeypatch.setenv("EQGRAD_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(blas, "speeds", lambda: (1e-9, 1e11))       # every product pays its calls
     trace.TRACES.clear()            # (bodies whose sizes kept changing in earlier tests are not looked at)
+    monkeypatch.setattr(get_device("LLVM"), "_no_gemm", {})
     puts = []
     real_put = blas.CHOICES.put
     monkeypatch.setattr(blas.CHOICES, "put", lambda key, v: (puts.append(v), real_put(key, v)))
