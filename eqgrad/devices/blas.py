@@ -82,16 +82,12 @@ CHOICES = JsonCache("gemm", 2, check=_check_choice)     # measured: [[flops, BLA
 
 
 @functools.lru_cache(maxsize=None)
-def _blas() -> "Blas | None":
+def blas() -> "Blas | None":
+    """The BLAS, or None where SciPy's cannot be loaded (generated kernels only)."""
     try:
         return Blas()
-    except Exception:           # no SciPy, or one without these exports: generated kernels only
+    except Exception:           # no SciPy, or one without these exports
         return None
-
-
-def blas() -> "Blas | None":
-    """The BLAS, or None where SciPy's cannot be loaded."""
-    return _blas()
 
 
 @functools.lru_cache(maxsize=None)

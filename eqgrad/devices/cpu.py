@@ -130,6 +130,11 @@ def runnable_target(value: str) -> Target | None:
     return target
 
 
+def _near(a: int, b: int) -> bool:
+    """Whether two sizes (or flop counts) are within MEASURED_SPAN x of each other."""
+    return max(a, b) <= MEASURED_SPAN * max(1, min(a, b))
+
+
 def _compiled(k, src: str, make: Callable[[], Any], what: str = "") -> Any:
     """``make()`` (a program compiled from ``src``), or the CompileError naming the kernel, what
     went wrong and where its LLVM IR was saved."""
@@ -500,7 +505,7 @@ class LLVMDevice(Device):
         kernels = contraction.pack_kernels(k, found, first)
         body, g = contraction.with_buffers(found, ids)
         if found.pure:
-            ast = contraction.replaced(k.ast, found.red, body)
+            ast = k.ast.replaced({id(found.red): body})
             kernels.append(Kernel(k.name, k.out, ast, ast.buffers(), k.predicted, k.nbytes, k.flops))
         else:
             sp = contraction.split_epilogue(k, found.red, first + len(extra), body)
@@ -537,17 +542,19 @@ class LLVMDevice(Device):
         key = self._gemm_key()
         if memo is not None and memo[0] == key:
             return memo[1]
+        if contraction.candidate(k.ast) is None or self.blas() is None:
+            object.__setattr__(k.ast, "_contraction", (key, None))
+            return None
         # a body whose sizes keep changing (traced: a growing sequence's attention) lowers from its
         # trace in a fraction of a millisecond: where its structure had no GEMM that pays at sizes
         # within MEASURED_SPAN x of these, it is not looked at again each step (~0.25 ms a kernel)
         skeleton, sizes = trace.body_sizes(k, plan)
         scale = max(sizes, default=1)
         seen = self._no_gemm.get(skeleton)
-        if seen is not None and max(seen, scale) <= MEASURED_SPAN * max(1, min(seen, scale)) \
-                and trace.TRACES.has_traces(k, plan):
+        if seen is not None and _near(seen, scale) and trace.TRACES.has_traces(k, plan):
             found = None
         else:
-            found = contraction.find_contraction(k.ast) if self.blas() is not None else None
+            found = contraction.find_contraction(k.ast)
             verdict = False if found is None else blas.pays(found.gemm, k.predicted, threads)
             if verdict is False:
                 if len(self._no_gemm) >= 4096:
@@ -565,9 +572,9 @@ class LLVMDevice(Device):
         materialize its packed operands first) faster than the generated kernel ``k`` runs with
         all of its body: both timed on random inputs (medians of 3 runs each, in turns), once per
         kernel structure (sizes aside: within MEASURED_SPAN x of the flops), thread count and
-        machine (``gemm.json`` in the cache directory, as the kernel search's picks). The generated side includes the ops after the contraction, the
-        BLAS side not (they are a separate streaming kernel there, ~10 % of a Linear layer's
-        GEMM)."""
+        machine (``gemm.json`` in the cache directory, as the kernel search's picks). The
+        generated side includes the ops after the contraction, the BLAS side not (they are a
+        separate streaming kernel there, ~10 % of a Linear layer's GEMM)."""
         g = found.gemm
         # kept per kernel structure without its sizes: a choice measured within MEASURED_SPAN x
         # of this contraction's flops is this one's too (a new batch size, a longer sequence: the
@@ -575,7 +582,7 @@ class LLVMDevice(Device):
         skeleton = trace.body_sizes(k, plan)[0]
         ckey = hashlib.sha256(repr((skeleton, found.packs != (), threads, machine_key("LLVM"))).encode()).hexdigest()[:24]
         seen = blas.CHOICES.get(ckey, None) or []
-        near = [v for f, v in seen if max(f, g.flops) <= MEASURED_SPAN * max(1, min(f, g.flops))]
+        near = [v for f, v in seen if _near(f, g.flops)]
         if near:
             return near[0]
         rng = np.random.default_rng(0)

@@ -38,6 +38,16 @@ class KNode:
             object.__setattr__(self, "_walk", order)
         return list(order)
 
+    def replaced(self, by: dict[int, "KNode"]) -> "KNode":
+        """This body with each node whose id is in ``by`` replaced by its value (the nodes above
+        rebuilt, the rest shared)."""
+        memo = dict(by)
+        for n in self.walk():
+            if id(n) not in memo:
+                srcs = tuple(memo[id(s)] for s in n.src)
+                memo[id(n)] = n if srcs == n.src else KNode(n.op, srcs, n.arg, n.shape, n.dtype)
+        return memo[id(self)]
+
     def buffers(self) -> tuple[int, ...]:
         """The plan buffers this body reads, in first-use order (a kernel's ``inputs``)."""
         return tuple(dict.fromkeys(n.arg for n in self.walk() if n.op == "BUF"))

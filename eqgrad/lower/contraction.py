@@ -31,7 +31,7 @@ from eqgrad.graph.plan import Kernel, KNode
 from eqgrad.lower import symbolic
 from eqgrad.lower.indexing import flat_index, move_index, strides_of
 from eqgrad.lower.symbolic import Lin, Var
-from eqgrad.ops import OPS
+from eqgrad.ops import OPS, numel
 
 GEMM_MOVES = ("RESHAPE", "PERMUTE", "EXPAND", "SHRINK")
 PACK_MAX = 2        # a packed operand's elements, at most, per element of the buffers it reads
@@ -69,6 +69,17 @@ class Gemm:
         return 2 * self.m * self.n * self.k * self.batches
 
 
+def _coefficients(flat: Lin, names: list[str]) -> list[int] | None:
+    """The coefficient of each variable ``names[d]`` in ``flat``, or None when ``flat`` holds
+    anything else (a division or modulo: not affine)."""
+    out = [0] * len(names)
+    for atom, c in flat.terms:
+        if not isinstance(atom, Var) or atom.name not in names:
+            return None
+        out[names.index(atom.name)] = c
+    return out
+
+
 def _operand(n: KNode, names: list[str], rank: int) -> tuple[int, int, list[int]] | None:
     """(buffer id, offset, stride per product axis) of a chain of movement ops over a float32
     buffer read at the product space's index, or None when it is not affine in that index."""
@@ -89,12 +100,8 @@ def _operand(n: KNode, names: list[str], rank: int) -> tuple[int, int, list[int]
         else:
             idx = move_index(mv, idx)
     flat = flat_index(idx, n.shape)
-    strides = [0] * rank
-    for atom, c in flat.terms:
-        if not isinstance(atom, Var) or atom.name not in names:
-            return None
-        strides[names.index(atom.name)] = c
-    if flat.const < 0 or any(s < 0 for s in strides):
+    strides = _coefficients(flat, names)
+    if strides is None or flat.const < 0 or any(s < 0 for s in strides):
         return None
     return n.arg, flat.const, strides
 
@@ -137,12 +144,7 @@ def _out_strides(root: KNode, red: KNode) -> list[int] | None:
                 inv = KNode("PERMUTE", (m,), tuple(q), src.shape, m.dtype)
             idx = move_index(inv, idx)
         flat = flat_index(idx, root.shape)
-    sc = [0] * len(red.shape)
-    for atom, c in flat.terms:
-        if not isinstance(atom, Var) or atom.name not in names:
-            return None
-        sc[names.index(atom.name)] = c
-    return sc
+    return _coefficients(flat, names)
 
 
 def match_contraction(red: KNode, sc: list[int] | None = None) -> Gemm | None:
@@ -261,13 +263,6 @@ class Found:
     pure: bool = False            # the root is ``red`` under reshapes and permutes: the GEMM writes it
 
 
-def _numel(shape: tuple[int, ...]) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
-
-
 def _pack_operand(o: KNode, placeholder: int) -> tuple[KNode, KNode] | None:
     """(the value to materialize, the operand reading it back) for an operand that is not an
     affine view of a buffer: a computed operand (relu's mask times a gradient) or a view with a
@@ -279,10 +274,20 @@ def _pack_operand(o: KNode, placeholder: int) -> tuple[KNode, KNode] | None:
     # only a pack at most twice what it reads (a padded operand, a relu mask and a gradient): an
     # im2col (a convolution's padded windows, 9x its input for 3x3) would write and read back far
     # more than the generated kernel reads
-    if _numel(u.shape) > PACK_MAX * sum(_numel(n.shape) for n in u.walk() if n.op == "BUF"):
+    if numel(u.shape) > PACK_MAX * sum(numel(n.shape) for n in u.walk() if n.op == "BUF"):
         return None
     leaf = KNode("BUF", (), placeholder, u.shape, u.dtype)
     return u, (KNode("EXPAND", (leaf,), o.arg, o.shape, o.dtype) if o.op == "EXPAND" else leaf)
+
+
+def candidate(root: KNode) -> KNode | None:
+    """The body's one reduction when it could be a contraction (a float32 sum of a product; no
+    other reduction), found without index arithmetic: most kernels stop here."""
+    reds = [n for n in root.walk() if n.op in ("RSUM", "RMAX")]
+    if len(reds) != 1:
+        return None
+    red = reds[0]
+    return red if red.op == "RSUM" and red.dtype == float32 and red.src[0].op == "MUL" else None
 
 
 def find_contraction(root: KNode) -> Found | None:
@@ -290,11 +295,8 @@ def find_contraction(root: KNode) -> Found | None:
     an operand that is not an affine view (``_pack_operand``), and its value reaches the root
     through elementwise ops, reshapes and permutes only; None otherwise (a body with another
     reduction, a contraction read at a moved index, a product of no GEMM's shape)."""
-    reds = [n for n in root.walk() if n.op in ("RSUM", "RMAX")]
-    if len(reds) != 1:
-        return None
-    red = reds[0]
-    if red.op != "RSUM" or red.dtype != float32 or red.src[0].op != "MUL":
+    red = candidate(root)
+    if red is None:
         return None
     reach = _reaches(root, red)
     for n in root.walk():
@@ -342,16 +344,11 @@ def find_contraction(root: KNode) -> Found | None:
 
 def with_buffers(f: Found, ids: list[int]) -> tuple[KNode, Gemm]:
     """``f.packed`` and its GEMM with the packs' placeholder buffers -1, -2 named ``ids``."""
-    memo: dict[int, KNode] = {}
-    for n in f.packed.walk():
-        if n.op == "BUF" and n.arg < 0:
-            memo[id(n)] = KNode("BUF", (), ids[-1 - n.arg], n.shape, n.dtype)
-        else:
-            srcs = tuple(memo[id(s)] for s in n.src)
-            memo[id(n)] = n if srcs == n.src else KNode(n.op, srcs, n.arg, n.shape, n.dtype)
+    body = f.packed.replaced({id(n): KNode("BUF", (), ids[-1 - n.arg], n.shape, n.dtype)
+                              for n in f.packed.walk() if n.op == "BUF" and n.arg < 0})
     g = f.gemm
     name = lambda b: ids[-1 - b] if b < 0 else b
-    return memo[id(f.packed)], replace(g, x=name(g.x), y=name(g.y))
+    return body, replace(g, x=name(g.x), y=name(g.y))
 
 
 def is_pure(root: KNode, red: KNode) -> bool:
@@ -361,27 +358,14 @@ def is_pure(root: KNode, red: KNode) -> bool:
     return root is red
 
 
-def replaced(root: KNode, red: KNode, by: KNode) -> KNode:
-    """``root`` with node ``red`` replaced by ``by``."""
-    memo: dict[int, KNode] = {id(red): by}
-    for n in root.walk():
-        if id(n) not in memo:
-            srcs = tuple(memo[id(s)] for s in n.src)
-            memo[id(n)] = n if srcs == n.src else KNode(n.op, srcs, n.arg, n.shape, n.dtype)
-    return memo[id(root)]
-
-
 def split_epilogue(k: Kernel, red: KNode, new_buffer: int, body: KNode | None = None) -> tuple[Kernel, Kernel]:
     """(the contraction ``red`` -- or ``body``, its packed form -- as a kernel writing buffer
     ``new_buffer``, the rest of ``k`` reading it there): a bias, an activation or a scale
     applied after the GEMM."""
     body = red if body is None else body
     gemm = Kernel(f"{k.name}g", new_buffer, body, body.buffers(), k.predicted, k.nbytes, k.flops)
-    ast = replaced(k.ast, red, KNode("BUF", (), new_buffer, red.shape, red.dtype))
-    out_bytes = 1
-    for s in ast.shape:
-        out_bytes *= s
-    rest = Kernel(k.name, k.out, ast, ast.buffers(), k.predicted, 8 * out_bytes, 0)
+    ast = k.ast.replaced({id(red): KNode("BUF", (), new_buffer, red.shape, red.dtype)})
+    rest = Kernel(k.name, k.out, ast, ast.buffers(), k.predicted, 8 * numel(ast.shape), 0)
     return gemm, rest
 
 
@@ -389,8 +373,5 @@ def pack_kernels(k: Kernel, f: Found, first_buffer: int) -> list[Kernel]:
     """The kernels that materialize ``f``'s packed operands into buffers ``first_buffer``, ..."""
     out = []
     for i, u in enumerate(f.packs):
-        n = 1
-        for s in u.shape:
-            n *= s
-        out.append(Kernel(f"{k.name}p{i}", first_buffer + i, u, u.buffers(), k.predicted, 8 * n, 0))
+        out.append(Kernel(f"{k.name}p{i}", first_buffer + i, u, u.buffers(), k.predicted, 8 * numel(u.shape), 0))
     return out

@@ -41,11 +41,6 @@ def split_reduction(k: Kernel, new_buffer: int, options: LowerOptions) -> tuple[
     final = KNode(red.op, (KNode("BUF", (), new_buffer, part_shape, red.dtype),), (lead,),
                   (1,) * len(split_shape), red.dtype)
     final = KNode("RESHAPE", (final,), red.shape, red.shape, red.dtype)
-    memo: dict[int, KNode] = {id(red): final}
-    for n in k.ast.walk():
-        if id(n) not in memo:
-            srcs = tuple(memo[id(s)] for s in n.src)
-            memo[id(n)] = n if srcs == n.src else KNode(n.op, srcs, n.arg, n.shape, n.dtype)
-    ast = memo[id(k.ast)]
+    ast = k.ast.replaced({id(red): final})
     k2 = Kernel(k.name, k.out, ast, ast.buffers(), 5e-6, 4 * p, p)
     return k1, k2
