@@ -6,6 +6,7 @@ import eqgrad
 from eqgrad import GlobalCounters, Tensor
 from eqgrad import engine
 from eqgrad.lower.lowering import sum_error_terms
+from conftest import data
 
 rng = np.random.default_rng(0)
 
@@ -186,6 +187,23 @@ def test_padded_convolution_materializes_the_padded_input():
     import torch
     ref = torch.nn.functional.conv2d(torch.from_numpy(x.numpy()), torch.from_numpy(w.numpy()), padding=1).numpy()
     np.testing.assert_allclose(out.numpy(), ref, rtol=1e-4, atol=1e-4)
+
+
+def test_a_contraction_is_not_hoisted_into_a_row_fused_kernel():
+    """max_pool2d's backward broadcasts the pooled gradient over each window; the convolution
+    input gradient above it, inlined there, would be rendered in a hoisted loop nest without
+    register lanes (cost.py: unlaned; measured 21 ms against ~1 ms as its own kernel): it stays a
+    kernel whose output is the contraction itself."""
+    import eqgrad.nn.functional as F
+    from eqgrad.lower.contraction import candidate
+    x, w = Tensor(data((4, 8, 8, 8)), requires_grad=True), _t(16, 8, 3, 3)
+    y = F.conv2d(F.max_pool2d(x, 2), w, padding=1)
+    (y * _t(*y.shape)).sum().backward()
+    x.grad.realize()
+    for k in engine.last_plan.plan.kernels:
+        if any(n.op == "RMAX" for n in k.ast.walk()):    # max-pool's backward: no contraction in it
+            assert not any(n.op == "RSUM" and n.src[0].op == "MUL" and candidate(n) is not None
+                           for n in k.ast.walk()), k.ast.render()[:300]
 
 
 def test_attention_scores_are_materialized_not_recomputed_per_pass():

@@ -65,11 +65,19 @@ CONV = [
     dict(cin=3, cout=2, k=(3, 2), dilation=2, padding=(2, 1)),
     dict(cin=4, cout=6, k=3, groups=2, padding=1),
     dict(cin=4, cout=4, k=1, groups=4, bias=False),
+    # the input gradient is a convolution of the zero-inserted, padded output gradient: strides that
+    # do not divide the input, padding beyond the window's reach (a crop), non-overlapping windows
+    dict(cin=2, cout=2, k=3, stride=(2, 3), padding=(0, 2), dilation=(2, 1)),
+    dict(cin=6, cout=6, k=1, padding=2, groups=3),
+    dict(cin=4, cout=4, k=2, stride=2, groups=4),
+    # the weight gradient's layout puts the channel axis that fills lanes last: here the outputs
+    dict(cin=3, cout=16, k=(5, 4), stride=3, padding=2),
 ]
 
 
 @needs_torch
-@pytest.mark.parametrize("cfg", CONV, ids=["plain", "stride_pad", "dilation_rect", "groups", "depthwise_1x1"])
+@pytest.mark.parametrize("cfg", CONV, ids=["plain", "stride_pad", "dilation_rect", "groups", "depthwise_1x1",
+                                           "stride_uneven", "pad_beyond_reach", "stride_eq_kernel", "outputs_last"])
 def test_conv2d(cfg):
     cfg = dict(cfg)
     cin, cout, k = cfg.pop("cin"), cfg.pop("cout"), cfg.pop("k")
@@ -173,6 +181,33 @@ def test_pooling(name, fn, tfn):
     check_fwd_bwd(fn, [data((2, 3, 7, 6), seed=9)], tfn)
 
 
+def test_conv2d_gradient_is_one_step_and_backward_twice_needs_retain_graph():
+    """conv2d records one autograd step (autograd.Composite), not its primitives; it behaves like
+    any other record (released by backward() unless retain_graph)."""
+    from eqgrad.errors import AutogradError
+    x, w = Tensor(data((1, 2, 5, 5), seed=7), requires_grad=True), Tensor(data((3, 2, 3, 3), seed=8), requires_grad=True)
+    out = F.conv2d(x, w, padding=1)
+    assert out._ctx.op == "CONV2D" and out._ctx.parents == (x, w)
+    loss = out.square().sum()
+    loss.backward(retain_graph=True)
+    g1 = w.grad.numpy().copy()
+    loss.backward()
+    np.testing.assert_allclose(w.grad.numpy(), 2 * g1, rtol=1e-5)
+    with pytest.raises(AutogradError, match="second time"):
+        loss.backward()
+    with eqgrad.no_grad():
+        assert F.conv2d(x, w)._ctx is None
+    assert F.conv2d(x.detach(), w.detach())._ctx is None
+
+
+def test_a_composite_gradient_of_the_wrong_arity_is_an_internal_error():
+    from eqgrad.errors import AutogradError
+    a = Tensor([1.0, 2.0], requires_grad=True)
+    y = Tensor._composite("TWICE", lambda t: t * 2, lambda g, out, srcs: (g, g), a)
+    with pytest.raises(AutogradError, match="gave 2 gradients for 1 inputs"):
+        y.sum().backward()
+
+
 def test_conv2d_errors():
     x = Tensor.ones(1, 4, 5, 5)
     with pytest.raises(ShapeError, match="weight .* expects 2 input channels"):
@@ -183,6 +218,8 @@ def test_conv2d_errors():
         F.conv2d(Tensor.ones(4, 5, 5), Tensor.ones(3, 4, 3, 3))
     with pytest.raises(ShapeError, match="does not fit the input"):
         F.conv2d(x, Tensor.ones(3, 4, 7, 7))
+    with pytest.raises(ShapeError, match="does not fit the input"):
+        F.conv2d(x, Tensor.ones(3, 4, 3, 3), stride=2, dilation=3)
 
 
 # ------------------------------------------------------------------ losses

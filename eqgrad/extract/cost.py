@@ -16,6 +16,12 @@
   on the CPU the per-lane masks stop the register lanes from using plain vector loads (measured:
   a 3x3 convolution with padding fused runs ~8x slower than on a materialized padded input), so
   materializing the padded tensor first is usually cheaper. GPUs predicate masks almost for free.
+- unlaned contractions: a sum of a product of broadcast operands (a matmul or convolution) that
+  is hoisted into a row-fused kernel (its result broadcast along the kernel's trailing output
+  axes, e.g. a convolution's input gradient fused into max-pool's backward) is rendered in its
+  own loop nest without register lanes (the lanes pass needs it at the kernel's root); its flops
+  cost ``unlaned`` times more. Measured (LLVM, Zen 5): 3.7 GFLOP/s fused against the 50 assumed
+  (~95 GFLOP/s when it was its own kernel), a 21 ms kernel predicted at 1.6 ms.
 - legality (the extractor is its authority, DESIGN.md): a reduction evaluated more often than it
   has output elements (i.e. recomputed under a broadcast) is illegal, as is a ``Contiguous`` that
   is not its kernel's output, or a body larger than ``max_nodes``.
@@ -50,12 +56,13 @@ class DeviceParams:
     peak: float = 50e9            # flops per second
     max_nodes: int = 160          # largest kernel body (nodes) the extractor will form
     masked_read: float = 8.0      # flops charged per Pad evaluation inside a reduction loop (see above)
+    unlaned: float = 12.0         # flops multiplier of a contraction hoisted into a row-fused kernel (above)
     row_fusion: bool = True       # reductions broadcast along trailing axes may share a kernel (below)
     source: str = "default"       # "default" or "calibrated <date>"
 
     def __post_init__(self) -> None:
         # a zero bandwidth or peak would divide by zero deep inside extraction: refuse it here
-        for f in ("launch", "bandwidth", "peak", "masked_read"):
+        for f in ("launch", "bandwidth", "peak", "masked_read", "unlaned"):
             x = getattr(self, f)
             if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or x < 0 \
                     or (x == 0 and f in ("bandwidth", "peak")):

@@ -32,6 +32,7 @@ Choice = dict[int, ENode]
 # and PARAM: a runtime scalar argument, costed exactly like a constant)
 _SCALARS = ("CONST", "PARAM")
 _LEAVES = ("BUF",) + _SCALARS
+_MOVES = frozenset(name for name, d in OPS.items() if d.kind == "movement")
 
 
 class Evaluation:
@@ -120,6 +121,21 @@ class PlanEvaluator:
         self._flops = {name: d.flops for name, d in OPS.items()}
         self._elementwise = {name for name, d in OPS.items() if d.kind in ("unary", "binary", "ternary")}
 
+    @staticmethod
+    def _contraction(nodes_of: dict[int, ENode], n: ENode) -> bool:
+        """Is reduction ``n`` a contraction: a sum of a product whose factors are broadcasts
+        (an Expand under movement ops only), as a matmul's or a convolution's?"""
+        src = nodes_of.get(n.children[0])
+        if src is None or src.op != "MUL":
+            return False
+        def broadcast(c: int) -> bool:
+            while (m := nodes_of.get(c)) is not None and m.op in _MOVES:
+                if m.op == "EXPAND":
+                    return True
+                c = m.children[0]
+            return False
+        return any(broadcast(ch) for ch in src.children)
+
     def kernel_cost(self, choice: Choice, k: int) -> tuple[KernelCost, list[int]]:
         kc, deps, _ = self.kernel_cost_reads(choice, k)
         return kc, deps
@@ -166,6 +182,10 @@ class PlanEvaluator:
         # variance) keeps them all; a class also reached outside any region gets None.
         region: dict[int, frozenset | None] = {k: frozenset({"out"}) if p.row_fusion else None}
         nested: dict[int, bool] = {k: False}     # evaluated inside a reduction loop (after hoisting)
+        # under_hoist[c]: c is below a row-invariant Expand (rendered in a hoisted loop nest);
+        # slow[c]: c is inside a contraction rendered there, without register lanes (unlaned)
+        under_hoist: set[int] = set()
+        slow: set[int] = set()
         loads: dict[int, float] = {}       # materialized producer class -> element reads
         inputs: dict[int, float] = {}      # input position -> element reads
         flops, nodes, legal, why = 0.0, 0, True, ""
@@ -209,16 +229,22 @@ class PlanEvaluator:
                 mult = size[n.children[0]] // max(1, size_c)
                 if e > size_c:       # (an empty reduction under a Pad is read e > 0 times, masked)
                     legal, why = False, f"reduction {op} recomputed {e / max(1, size_c):.0f}x per element"
-            flops += weight[op] * e * max(1, mult)
+            f = weight[op] * e * max(1, mult)
+            if c in slow:
+                f *= p.unlaned
+            elif reduce and c in under_hoist and op == "RSUM" and self._contraction(nodes_of, n):
+                f *= p.unlaned
+                slow.add(c)
+            flops += f
             if op == "PAD" and e > size_k:
                 flops += p.masked_read * e
             rg, nest = region.get(c), nested.get(c, True)
             same_rg = rg if rg and op in elementwise else None    # regions pass through same-shape elementwise ops
             shape_c = shapes[c] if rg else None
             for ch in n.children:
-                ce, cr, cn = e * mult, None, nest
+                ce, cr, cn, via = e * mult, None, nest, False
                 if rg and op == "EXPAND" and all(_row_invariant(shapes[ch], shape_c, t) for t in rg):
-                    ce, cn, hoisted = e * size[ch] / max(1, size_c), False, True
+                    ce, cn, hoisted, via = e * size[ch] / max(1, size_c), False, True, True
                 elif reduce:
                     cn = True
                     if row_fusion and not nest:      # a reduction inside another's loop is not hoisted from
@@ -227,6 +253,10 @@ class PlanEvaluator:
                     cr = same_rg
                 old = ev.get(ch, 0)
                 ev[ch] = ce if ce > old else old
+                if c in slow:
+                    slow.add(ch)
+                if via or c in under_hoist:
+                    under_hoist.add(ch)
                 if not nested.get(ch, False):
                     nested[ch] = cn
                 if ch in region:

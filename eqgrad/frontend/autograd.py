@@ -6,6 +6,13 @@ attribute, the source tensors and the LazyBuffers it was computed from. ``backwa
 records from the output back to the leaves and applies each primitive's gradient rule from the op
 table (``OpDef.grad`` in ``eqgrad/ops.py``), so every composite op gets its gradient for free.
 
+A few composite functions give their gradient as a whole instead (:class:`Composite`, as a
+``torch.autograd.Function``): where the primitives' gradients are right but compile to a poor
+program. Convolution is the one today (``nn/functional.py``): the gradient of its windows is a
+sum of overlapping windows (col2im), a movement-heavy kernel the lowering cannot vectorize, while
+the same input gradient written as a convolution of the padded output gradient is a contraction
+like the forward one (CNN step, LLVM, two Zen 5 cores: the input gradient 22 -> 2.1 ms).
+
 The records are kept apart from the lazy graph on purpose: ``realize`` turns LazyBuffers into
 buffers and forgets their sources, and a loss that was printed (realized) must still be
 differentiable. Gradients are lazy like everything else: ``backward`` builds graphs and runs
@@ -21,7 +28,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from eqgrad.errors import AutogradError
 from eqgrad.ops import OPS, NoGrad
@@ -41,6 +48,15 @@ class Ctx:
     srcs: tuple[LazyBuffer, ...]           # their values at the time (snapshots: a later assign does not change them)
     out: LazyBuffer | None
     freed: bool = False                    # a backward() without retain_graph went through it: released
+
+
+@dataclass(frozen=True, slots=True)
+class Composite:
+    """The gradient rule of a composite function, recorded in its :class:`Ctx` as ``arg`` (the
+    ``op`` is the function's name). ``grad(g, out, srcs)`` gets the output gradient, the output and
+    the inputs (LazyBuffers) and returns one gradient per input (None: none flows there); it is
+    checked like a primitive's (one gradient per input, of its shape)."""
+    grad: Callable[[LazyBuffer, LazyBuffer, tuple[LazyBuffer, ...]], tuple[LazyBuffer | None, ...]]
 
 
 class _GradMode:
@@ -110,10 +126,16 @@ def backward(root: "Tensor", gradient: LazyBuffer, retain_graph: bool = False) -
         if ctx is None:                                   # a leaf: accumulate
             t.grad = Tensor(g) if t.grad is None else Tensor(t.grad.lazydata.alu("ADD", g))
             continue
-        rule = OPS[ctx.op].grad
-        if isinstance(rule, NoGrad):
-            continue
-        src_grads = rule(g, ctx.out, ctx.srcs, ctx.arg)
+        if isinstance(ctx.arg, Composite):
+            src_grads = ctx.arg.grad(g, ctx.out, ctx.srcs)
+            if len(src_grads) != len(ctx.parents):
+                raise AutogradError(f"internal: the gradient of {ctx.op.lower()} gave {len(src_grads)} "
+                                    f"gradients for {len(ctx.parents)} inputs")
+        else:
+            rule = OPS[ctx.op].grad
+            if isinstance(rule, NoGrad):
+                continue
+            src_grads = rule(g, ctx.out, ctx.srcs, ctx.arg)
         for p, sg in zip(ctx.parents, src_grads):
             if sg is None or not p.requires_grad:
                 continue

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import threading
 import weakref
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -329,6 +329,19 @@ class Tensor:
                 (self.requires_grad or any(s.requires_grad for s in srcs)):
             t.requires_grad = True
             t._ctx = autograd.Ctx(op, arg, (self, *srcs), tuple(freeze(x) for x in (lb, *[s.lazydata for s in srcs])), out)
+        return t
+
+    @staticmethod
+    def _composite(name: str, forward: Callable[..., "Tensor"], grad: Callable, *inputs: "Tensor") -> "Tensor":
+        """``forward(*inputs)``, recorded for autograd as one step whose gradient is ``grad``
+        (``autograd.Composite``) instead of the primitives ``forward`` applies."""
+        with autograd.no_grad():
+            out = forward(*inputs)
+        t = Tensor(out.lazydata)
+        if autograd._GradMode.enabled and out.dtype.is_float and any(i.requires_grad for i in inputs):
+            t.requires_grad = True
+            t._ctx = autograd.Ctx(name, autograd.Composite(grad), inputs,
+                                  tuple(freeze(i.lazydata) for i in inputs), out.lazydata)
         return t
 
     # ------------------------------------------------------------------ creation

@@ -17,6 +17,7 @@ from typing import Sequence
 from eqgrad.dtype import int32
 from eqgrad.errors import DTypeError, ShapeError
 from eqgrad.frontend.tensor import Tensor
+from eqgrad.graph.lazy import LazyBuffer
 
 IntOr2 = int | Sequence[int]
 
@@ -126,14 +127,87 @@ def conv2d(x: Tensor, weight: Tensor, bias: Tensor | None = None, stride: IntOr2
     s, p, d = _pair(stride, "stride", "conv2d"), _pair(padding, "padding", "conv2d"), _pair(dilation, "dilation", "conv2d")
     if min(s) < 1 or min(d) < 1 or min(p) < 0:
         raise ShapeError(f"conv2d(): stride and dilation must be >= 1 and padding >= 0, got {s}, {d}, {p}")
+    oh, ow = ((i + 2 * pp - dd * (k - 1) - 1) // ss + 1 for i, pp, dd, k, ss in zip(x.shape[2:], p, d, (kh, kw), s))
+    if oh <= 0 or ow <= 0:
+        raise ShapeError(f"conv2d(): a {kh}x{kw} window (dilation {d}) does not fit the input {x.shape[2:]} "
+                         f"padded by {p}")
+    out = Tensor._composite("CONV2D", lambda a, b: _conv(a, b, s, p, d, groups),
+                            lambda g, _, srcs: _conv_grad(g, srcs, s, p, d, groups), x, weight)
+    return out + bias.reshape(1, cout, 1, 1) if bias is not None else out
+
+
+def _conv(x: Tensor, weight: Tensor, s: tuple[int, int], p: tuple[int, int], d: tuple[int, int],
+          groups: int) -> Tensor:
+    """The convolution as one multiply and one sum over windows (movement ops only)."""
+    n, cout, (kh, kw) = x.shape[0], weight.shape[0], weight.shape[2:]
+    wcin = weight.shape[1]
     xp = x.pad(((0, 0), (0, 0), (p[0], p[0]), (p[1], p[1])))
     w = _pool(xp, (kh, kw), s, d)                                    # (n, cin, oh, ow, kh, kw)
     oh, ow = w.shape[2:4]
     g, rc = groups, cout // groups
     w = w.reshape(n, g, wcin, 1, oh, ow, kh, kw).expand(n, g, wcin, rc, oh, ow, kh, kw)
     w = w.permute(0, 1, 3, 4, 5, 2, 6, 7)                            # (n, g, rc, oh, ow, wcin, kh, kw)
-    out = (w * weight.reshape(1, g, rc, 1, 1, wcin, kh, kw)).sum((5, 6, 7)).reshape(n, cout, oh, ow)
-    return out + bias.reshape(1, cout, 1, 1) if bias is not None else out
+    return (w * weight.reshape(1, g, rc, 1, 1, wcin, kh, kw)).sum((5, 6, 7)).reshape(n, cout, oh, ow)
+
+
+def _pad_or_crop(x: Tensor, edges: Sequence[tuple[int, int]]) -> Tensor:
+    """Pad the last axes by (before, after) each; a negative amount crops instead."""
+    lead = [None] * (x.ndim - len(edges))
+    x = x.pad(lead + [(max(a, 0), max(b, 0)) for a, b in edges])
+    return x.shrink(lead + [(-min(a, 0), n + min(b, 0)) for (a, b), n in zip(edges, x.shape[-len(edges):])])
+
+
+def _lane_room(c: int) -> int:
+    """How well ``c`` channels fill register lanes: the largest of the lowering's widths dividing it."""
+    from eqgrad.lower.passes import LANES_LAST
+    return next((w for w in LANES_LAST if c % w == 0), 1)
+
+
+def _conv_grad(g: LazyBuffer, srcs: tuple[LazyBuffer, ...], s: tuple[int, int], p: tuple[int, int],
+               d: tuple[int, int], groups: int) -> tuple[LazyBuffer, LazyBuffer]:
+    """The gradients of ``_conv``, each written as a contraction the lowering vectorizes like the
+    forward one (the primitives' gradients give a col2im sum of windows and a weight gradient
+    whose output axis is the 3-wide kernel column: CNN step 46 -> ms, docs/lowering.md).
+
+    Input: a convolution of the output gradient, zero-inserted by the stride and padded by the
+    window's reach, with the weights flipped and their channels swapped. Weight: the sum over
+    (batch, rows, columns) of the output gradient times the input's windows, computed in a
+    (kh, kw, group, ., .) layout whose last axis is a channel axis (lanes), from a channels-last
+    copy of the padded input (or of the gradient, when its channels fill lanes better)."""
+    x, weight, gt = Tensor(srcs[0]), Tensor(srcs[1]), Tensor(g)
+    n, cin, h, wd = x.shape
+    cout, wcin, kh, kw = weight.shape
+    oh, ow = gt.shape[2:]
+    G, rc = groups, cout // groups
+    # d input: zero-insert (stride), pad by the reach (k-1)*d less the forward padding, correlate
+    z = gt
+    if s != (1, 1):
+        z = z.reshape(n, cout, oh, 1, ow, 1).pad(((0, 0), (0, 0), (0, 0), (0, s[0] - 1), (0, 0), (0, s[1] - 1)))
+        z = z.reshape(n, cout, oh * s[0], ow * s[1]).shrink((None, None, (0, (oh - 1) * s[0] + 1), (0, (ow - 1) * s[1] + 1)))
+    reach = ((kh - 1) * d[0], (kw - 1) * d[1])
+    edges = [(r - pp, size + r - (r - pp) - length)
+             for r, pp, size, length in zip(reach, p, (h, wd), z.shape[2:])]
+    z = _pad_or_crop(z, edges)
+    wt = weight.reshape(G, rc, wcin, kh, kw).permute(0, 2, 1, 3, 4).reshape(cin, rc, kh, kw).flip((2, 3))
+    dx = _conv(z, wt, (1, 1), (0, 0), d, G)
+    # d weight: (kh, kw, G, rows, cols) with the lane-friendlier channel axis last
+    xp = x.pad(((0, 0), (0, 0), (p[0], p[0]), (p[1], p[1])))
+    co_last = _lane_room(rc) > _lane_room(wcin)
+    if co_last:
+        gt = gt.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
+    else:
+        xp = xp.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
+    win = _pool(xp, (kh, kw), s, d)                                  # (n, cin, oh, ow, kh, kw)
+    win = win.reshape(n, G, wcin, oh, ow, kh, kw).permute(5, 6, 1, 0, 3, 4, 2)   # (kh, kw, G, n, oh, ow, wcin)
+    gg = gt.reshape(n, G, rc, oh, ow).permute(1, 2, 0, 3, 4)                     # (G, rc, n, oh, ow)
+    if co_last:
+        prod = win.permute(0, 1, 2, 6, 3, 4, 5).reshape(kh, kw, G, wcin, n, oh, ow, 1) * \
+            gg.permute(0, 2, 3, 4, 1).reshape(1, 1, G, 1, n, oh, ow, rc)
+        dw = prod.sum((4, 5, 6)).contiguous().permute(2, 4, 3, 0, 1)            # (G, rc, wcin, kh, kw)
+    else:
+        prod = win.reshape(kh, kw, G, 1, n, oh, ow, wcin) * gg.reshape(1, 1, G, rc, n, oh, ow, 1)
+        dw = prod.sum((4, 5, 6)).contiguous().permute(2, 3, 4, 0, 1)            # (G, rc, wcin, kh, kw)
+    return dx.lazydata, dw.reshape(cout, wcin, kh, kw).lazydata
 
 
 def max_pool2d(x: Tensor, kernel_size: IntOr2, stride: IntOr2 | None = None, padding: IntOr2 = 0,
