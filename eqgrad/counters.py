@@ -5,7 +5,6 @@ print per-kernel lines, and the orchestrator imports the devices, never the othe
 """
 from __future__ import annotations
 
-import os
 from typing import Any
 
 
@@ -42,4 +41,4 @@ def log_kernel(k: Any, seconds: float) -> None:
     gbs = k.nbytes / seconds / 1e9 if seconds > 0 else 0.0
     gfl = k.flops / seconds / 1e9 if seconds > 0 else 0.0
     print(f"  {k.name:<5} {seconds * 1e6:10.1f} us  {gbs:7.2f} GB/s  {gfl:7.2f} GFLOP/s  "
-          f"(predicted {k.predicted * 1e6:.1f} us)  {k.ast.render()[:int(os.environ.get('K_RENDER', '100'))]}")
+          f"(predicted {k.predicted * 1e6:.1f} us)  {k.ast.render()[:100]}")
