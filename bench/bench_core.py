@@ -17,6 +17,16 @@ Workloads (full size / --quick size):
   attention_t15 / attention_t128  softmax(q @ k.transpose(-1, -2) / sqrt(32)) @ v with the transpose in the
                graph, batch 32, heads 12, seq 15 | 128, dim 32 (batch 2)
   attention    softmax(q @ k^T / 8) @ v, batch 8, heads 8, seq 256, dim 64 (2, 2, 64, 64)
+  attention_t128_sdpa  attention_t128 again, with torch's fused scaled_dot_product_attention
+  Training rows (eqgrad with @jit, torch eager; NumPy gives the reference loss, tinygrad is skipped):
+  cnn_step     Adam step of conv 3->16 3x3 pad 1, relu, conv 16->32, relu, flatten, Linear(32768, 10),
+               cross-entropy; batch 32, 32x32 images (batch 2)
+  cnn_pool_step  the same with max_pool2d(2) after the first conv and global average pooling before
+               Linear(32, 10)
+  ffn_step     Adam step of a transformer FFN: x (480, 384) -> Linear 1536, gelu(tanh) -> Linear 384,
+               mean squared error (30 rows)
+  layernorm_backward  d/dx of sum(layer_norm(x, w, b) * g), x (4096, 1024) ((256, 1024)), w, b, g
+  Torch runs on every usable core ("torch") and on one thread ("torch[1 thread]").
 
 Per workload and framework it reports the median wall time over --reps timed
 repetitions (after warm-up), the ratio to the first eqgrad column's median (to
@@ -89,6 +99,64 @@ def attention(F, q, kt, v):
   # batch 8, heads 8, seq 256, dim 64; K is passed transposed so every framework needs only @
   return F.softmax((q @ kt) * 0.125) @ v
 
+def attention_sdpa(F, q, k, v):
+  # torch: its fused attention; everyone else composes it as attention_t
+  return F.sdpa(q, k, v) if hasattr(F, "sdpa") else attention_t(F, q, k, v)
+
+
+# Training steps: every framework builds its model from the same NumPy arrays (the inputs) and
+# steps Adam with a learning rate so small (1e-10: each weight moves ~1e-10 a step, the CNN's loss
+# ~2e-6) that the loss after all the steps of a run is the first forward's to the check's
+# tolerance, so NumPy's forward loss checks every framework; the work of a step is the same at any
+# rate. The step is built once per framework (its first call includes building and compiling it).
+TRAIN_LR = 1e-10
+
+def _scaled(w: np.ndarray) -> np.ndarray:
+  fan_in = int(np.prod(w.shape[1:])) if w.ndim > 1 else 1
+  return (w / np.sqrt(fan_in)).astype(np.float32)
+
+def _labels(y: np.ndarray) -> np.ndarray:
+  return np.clip(((y + 1.0) * 5.0).astype(np.int64), 0, 9)
+
+def _np_conv(x, w, b):
+  xp = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
+  win = np.lib.stride_tricks.sliding_window_view(xp, w.shape[2:], axis=(2, 3))
+  return np.tensordot(win, w, axes=((1, 4, 5), (1, 2, 3))).transpose(0, 3, 1, 2) + b.reshape(1, -1, 1, 1)
+
+def _np_xent(logits, lab):
+  z = logits - logits.max(-1, keepdims=True)
+  return float((np.log(np.exp(z).sum(-1)) - z[np.arange(len(lab)), lab]).mean())
+
+def _np_gelu(x): return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
+
+def numpy_train(kind: str, a: list[np.ndarray]) -> np.ndarray:
+  """The loss of the first forward (the reference of a training row); layernorm_backward: d/dx."""
+  a = [np.asarray(v, np.float64) for v in a]
+  if kind in ("cnn_step", "cnn_pool_step"):
+    x, y, w1, b1, w2, b2, fw, fb = a
+    h = np.maximum(_np_conv(x, _scaled(w1), b1), 0)
+    if kind == "cnn_pool_step":
+      n, c, hh, ww = h.shape
+      h = h.reshape(n, c, hh // 2, 2, ww // 2, 2).max((3, 5))
+    h = np.maximum(_np_conv(h, _scaled(w2), b2), 0)
+    h = h.mean((2, 3)) if kind == "cnn_pool_step" else h.reshape(h.shape[0], -1)
+    return np.asarray(_np_xent(h @ _scaled(fw).T + fb, _labels(y)))
+  if kind == "ffn_step":
+    x, y, w1, b1, w2, b2 = a
+    h = _np_gelu(x @ _scaled(w1).T + b1)
+    return np.asarray(float(((h @ _scaled(w2).T + b2 - y) ** 2).mean()))
+  x, w, b, g = a                                  # layernorm_backward
+  m = x.mean(-1, keepdims=True); d = x - m; r = 1 / np.sqrt((d * d).mean(-1, keepdims=True) + 1e-5)
+  xh, gy = d * r, g * w
+  return r * (gy - gy.mean(-1, keepdims=True) - xh * (gy * xh).mean(-1, keepdims=True))
+
+def train_step(kind: str):
+  def fn(F, *inputs):
+    if F is NumpyFW: return numpy_train(kind, list(inputs))
+    return F.train(kind, inputs)()
+  fn.__name__ = kind
+  return fn
+
 
 @dataclass(frozen=True)
 class Workload:
@@ -98,6 +166,7 @@ class Workload:
   quick_shapes: tuple[tuple[int, ...], ...]    # --quick input shapes (1/16 of the elements)
   matmul_tol: bool = False                     # atol scaled by the result's magnitude
   flops: Callable | None = None                # shapes -> FLOPs (compute-bound rows: efficiency vs peak FLOP/s)
+  train: bool = False                          # a training row: NumPy is only its reference (not timed)
   # bandwidth-bound rows: efficiency = (input + output bytes) / time vs the measured DRAM bandwidth
 
 def _mm_flops(s): return 2 * np.prod(s[0]) * s[1][-1]
@@ -135,6 +204,18 @@ WORKLOADS = [
            flops=_attn_t_flops),
   Workload("attention", attention, ((8, 8, 256, 64), (8, 8, 64, 256), (8, 8, 256, 64)),
            ((2, 2, 64, 64), (2, 2, 64, 64), (2, 2, 64, 64)), matmul_tol=True, flops=_attn_flops),
+  Workload("attention_t128_sdpa", attention_sdpa, ((32, 12, 128, 32),) * 3, ((2, 12, 128, 32),) * 3, matmul_tol=True,
+           flops=_attn_t_flops),
+  Workload("cnn_step", train_step("cnn_step"),
+           ((32, 3, 32, 32), (32,), (16, 3, 3, 3), (16,), (32, 16, 3, 3), (32,), (10, 32 * 32 * 32), (10,)),
+           ((2, 3, 32, 32), (2,), (16, 3, 3, 3), (16,), (32, 16, 3, 3), (32,), (10, 32 * 32 * 32), (10,)), train=True),
+  Workload("cnn_pool_step", train_step("cnn_pool_step"),
+           ((32, 3, 32, 32), (32,), (16, 3, 3, 3), (16,), (32, 16, 3, 3), (32,), (10, 32), (10,)),
+           ((2, 3, 32, 32), (2,), (16, 3, 3, 3), (16,), (32, 16, 3, 3), (32,), (10, 32), (10,)), train=True),
+  Workload("ffn_step", train_step("ffn_step"), ((480, 384), (480, 384), (1536, 384), (1536,), (384, 1536), (384,)),
+           ((30, 384), (30, 384), (1536, 384), (1536,), (384, 1536), (384,)), train=True),
+  Workload("layernorm_backward", train_step("layernorm_backward"), ((4096, 1024), (1024,), (1024,), (4096, 1024)),
+           ((256, 1024), (1024,), (1024,), (256, 1024)), train=True),
 ]
 
 
@@ -160,6 +241,7 @@ class Framework:
   def force(self, out): return out
   def to_numpy(self, out) -> np.ndarray: return np.asarray(out)
   def kernel_count(self) -> int | None: return None
+  def enter(self): pass              # before its workload (torch: its thread count)
 
 
 class NumpyFW(Framework):
@@ -192,18 +274,56 @@ class NumpyFW(Framework):
 
 
 class TorchFW(Framework):
-  name = "torch"
+  def __init__(self, threads: int = 0):
+    self.threads, self.name = threads, "torch" if not threads else f"torch[{threads} thread{'s' * (threads > 1)}]"
   def setup(self):
     try: import torch
     except Exception as e: raise Skip(f"torch not importable: {e}")
     self.torch = torch
+    self.all_threads = torch.get_num_threads()
     self.exp, self.log, self.abs, self.sqrt = torch.exp, torch.log, torch.abs, torch.sqrt
+    self._steps = {}
+  def enter(self): self.torch.set_num_threads(self.threads or self.all_threads)
+  def sdpa(self, q, k, v): return self.torch.nn.functional.scaled_dot_product_attention(q, k, v)
+  def train(self, kind, inputs):
+    if kind not in self._steps: self._steps[kind] = self._build(kind, [t.numpy() for t in inputs])
+    return self._steps[kind]
+  def _build(self, kind, a):
+    torch, nnf = self.torch, self.torch.nn.functional
+    T = lambda v: torch.tensor(v, requires_grad=True)
+    if kind == "layernorm_backward":
+      x, w, b, g = T(a[0]), torch.tensor(a[1]), torch.tensor(a[2]), torch.tensor(a[3])
+      def step():
+        x.grad = None
+        (nnf.layer_norm(x, x.shape[-1:], w, b) * g).sum().backward()
+        return x.grad
+      return step
+    if kind == "ffn_step":
+      x, y = torch.tensor(a[0]), torch.tensor(a[1])
+      ps = [T(_scaled(a[2])), T(a[3]), T(_scaled(a[4])), T(a[5])]
+      def loss(): return (nnf.linear(nnf.gelu(nnf.linear(x, ps[0], ps[1]), approximate="tanh"), ps[2], ps[3]) - y).square().mean()
+    else:
+      x, lab = torch.tensor(a[0]), torch.tensor(_labels(a[1]))
+      ps = [T(_scaled(a[2])), T(a[3]), T(_scaled(a[4])), T(a[5]), T(_scaled(a[6])), T(a[7])]
+      pool = kind == "cnn_pool_step"
+      def loss():
+        h = torch.relu(nnf.conv2d(x, ps[0], ps[1], padding=1))
+        if pool: h = nnf.max_pool2d(h, 2)
+        h = torch.relu(nnf.conv2d(h, ps[2], ps[3], padding=1))
+        h = h.mean((2, 3)) if pool else h.flatten(1)
+        return nnf.cross_entropy(nnf.linear(h, ps[4], ps[5]), lab)
+    opt = torch.optim.Adam(ps, lr=TRAIN_LR)
+    def step():
+      opt.zero_grad()
+      out = loss(); out.backward(); opt.step()
+      return out.detach()
+    return step
   def mean(self, x): return x.mean(dim=-1, keepdim=True)
   def softmax(self, x): return self.torch.softmax(x, dim=-1)
   def layer_norm(self, x, w, b): return self.torch.nn.functional.layer_norm(x, x.shape[-1:], w, b)
   def conv2d(self, x, w): return self.torch.nn.functional.conv2d(x, w, padding=1)
   def swap(self, x): return x.transpose(-1, -2)
-  def info(self): return {"version": self.torch.__version__, "threads": self.torch.get_num_threads()}
+  def info(self): return {"version": self.torch.__version__, "threads": self.threads or self.all_threads}
   def to_input(self, arr): return self.torch.from_numpy(arr)
   def to_numpy(self, out): return out.numpy()
 
@@ -261,6 +381,7 @@ class TinygradFW(LazyTensorFW):
     return d
   @staticmethod
   def layer_norm(x, w, b): return x.layernorm(axis=-1, eps=1e-5) * w + b
+  def train(self, kind, inputs): raise Skip("training rows are written for eqgrad and torch")
   def to_input(self, arr): return self.Tensor(arr, device=self.device).realize()
   def force(self, out):
     out.realize()
@@ -285,6 +406,42 @@ class EqgradFW(LazyTensorFW):
     self.has_realize = hasattr(self.Tensor, "realize")
   def layer_norm(self, x, w, b): return self.eqgrad.nn.functional.layer_norm(x, x.shape[-1:], w, b)
   def conv2d(self, x, w): return self.eqgrad.nn.functional.conv2d(x, w, padding=1)
+  def train(self, kind, inputs):
+    steps = self.__dict__.setdefault("_steps", {})
+    if kind not in steps: steps[kind] = self._build(kind, [t.numpy() for t in inputs])
+    return steps[kind]
+  def _build(self, kind, a):
+    eqgrad, T = self.eqgrad, self.Tensor
+    F, optim = eqgrad.nn.functional, eqgrad.optim
+    P = lambda v: T(v, requires_grad=True, device=self.device)
+    if kind == "layernorm_backward":
+      x, w, b, g = P(a[0]), T(a[1], device=self.device), T(a[2], device=self.device), T(a[3], device=self.device)
+      def step():
+        x.grad = None
+        (F.layer_norm(x, x.shape[-1:], w, b) * g).sum().backward()
+        return x.grad
+      return step
+    if kind == "ffn_step":
+      X, Y = T(a[0], device=self.device), T(a[1], device=self.device)
+      ps = [P(_scaled(a[2])), P(a[3]), P(_scaled(a[4])), P(a[5])]
+      def loss(X, Y): return (F.linear(F.linear(X, ps[0], ps[1]).gelu("tanh"), ps[2], ps[3]) - Y).square().mean()
+    else:
+      X, Y = T(a[0], device=self.device), T(_labels(a[1]).astype(np.int32), device=self.device)
+      ps = [P(_scaled(a[2])), P(a[3]), P(_scaled(a[4])), P(a[5]), P(_scaled(a[6])), P(a[7])]
+      pool = kind == "cnn_pool_step"
+      def loss(X, Y):
+        h = F.conv2d(X, ps[0], ps[1], padding=1).relu()
+        if pool: h = F.max_pool2d(h, 2)
+        h = F.conv2d(h, ps[2], ps[3], padding=1).relu()
+        h = h.mean((2, 3)) if pool else h.flatten(1)
+        return F.cross_entropy(F.linear(h, ps[4], ps[5]), Y)
+    opt = optim.Adam(ps, lr=TRAIN_LR)
+    @eqgrad.jit
+    def jitted(X, Y):
+      opt.zero_grad()
+      out = loss(X, Y); out.backward(); opt.step(out)
+      return out
+    return lambda: jitted(X, Y)
   def info(self):
     d = {"version": getattr(self.eqgrad, "__version__", "dev"), "path": os.path.dirname(self.eqgrad.__file__),
          "kernel_count": "yes" if self.counters else "unavailable", "force": "realize()" if self.has_realize else "numpy()"}
@@ -351,6 +508,8 @@ IDLE_S = 0.3       # seconds of idle before each framework's workload (bench_one
 
 def bench_one(fw: Framework, w: Workload, arrays: list[np.ndarray], ref: np.ndarray, reps: int, warmup: int) -> Result:
   r = Result(w.name, fw.name)
+  if w.train and isinstance(fw, NumpyFW): raise Skip("the reference (forward loss) of a training row")
+  fw.enter()
   inputs = [fw.to_input(a) for a in arrays]
   # the previous framework's BLAS threads (NumPy's and SciPy's OpenBLAS, torch's pool) spin for
   # ~0.1 s after their last call and take cores from this one's first calls
@@ -483,7 +642,7 @@ def main(argv=None) -> int:
   for n in names:
     if n == "eqgrad" and not args.no_eqgrad: candidates += [EqgradFW(d.strip().upper()) for d in args.eqgrad_devices.split(",") if d.strip()]
     elif n == "numpy": candidates.append(NumpyFW())
-    elif n == "torch": candidates.append(TorchFW())
+    elif n == "torch": candidates += [TorchFW(), TorchFW(threads=1)]
     elif n == "tinygrad": candidates += [TinygradFW(d.strip()) for d in args.tinygrad_devices.split(",") if d.strip()]
     elif n != "eqgrad": p.error(f"unknown framework {n!r}")
 
@@ -512,6 +671,8 @@ def main(argv=None) -> int:
       progress(f"running {w.name} / {fw.name}")
       try:
         r = bench_one(fw, w, arrays, ref, args.reps, args.warmup)
+      except Skip as e:
+        r = Result(w.name, fw.name, status="skipped", note=str(e))
       except Exception as e:
         r = Result(w.name, fw.name, status="error", note=f"{type(e).__name__}: {e}".splitlines()[0])
         if os.environ.get("BENCH_DEBUG"): traceback.print_exc()
@@ -520,7 +681,7 @@ def main(argv=None) -> int:
     shapes = [a.shape for a in arrays]
     for r in case:
       if base and r.median_s: r.ratio_vs_baseline = r.median_s / base.median_s
-      if r.median_s:
+      if r.median_s and not w.train:
         if w.flops:
           g = w.flops(shapes) / r.median_s / 1e9
           r.rate, r.efficiency = f"{g:.0f} GFLOP/s", g / peaks["gflops"]

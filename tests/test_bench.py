@@ -20,9 +20,14 @@ def test_bench_core_quick_run_matches_numpy(tmp_path, capsys):
     res = json.loads(out.read_text())["results"]
     names = {w.name for w in bench.WORKLOADS}
     assert {r["workload"] for r in res} == names
-    assert all(r["status"] == "ok" for r in res), [r for r in res if r["status"] != "ok"]
+    train = {w.name for w in bench.WORKLOADS if w.train}
+    assert {"cnn_step", "cnn_pool_step", "ffn_step", "layernorm_backward"} <= train
+    # NumPy is the reference of a training row (its forward loss), not a timed column
+    assert all(r["status"] == ("skipped" if r["workload"] in train and r["framework"] == "numpy" else "ok")
+               for r in res), [r for r in res if r["status"] != "ok"]
     eq = [r for r in res if r["framework"] == "eqgrad[LLVM]"]
-    assert all(r["kernels_per_run"] and r["efficiency"] is not None for r in eq)
+    assert all(r["kernels_per_run"] for r in eq)
+    assert all(r["efficiency"] is not None for r in eq if r["workload"] not in train)
 
 
 def test_bench_compile_quick_run_has_the_columns_and_a_right_chain(tmp_path, capsys):
