@@ -187,19 +187,28 @@ class JsonCache:
     def path(self) -> Path:
         return _directory() / f"{self.name}.json"
 
-    def load(self) -> dict[str, Any]:
-        """The good entries (a fresh dict the caller may change); none when caching is off."""
+    def stamp(self) -> tuple | None:
+        """What identifies the file's current contents: (path, mtime, size, inode), or None when
+        caching is off or there is no file. One ``stat``: a memo of anything derived from the
+        entries is keyed by it (a rewrite, by any process, changes it)."""
         d = cache_dir()
         if d is None:
-            return {}
+            return None
         if self._file[0] is not d:
             self._file = (d, str(d / f"{self.name}.json"))
         f = self._file[1]
         try:
             st = os.stat(f)
         except OSError:
+            return None
+        return (f, st.st_mtime_ns, st.st_size, st.st_ino)
+
+    def load(self) -> dict[str, Any]:
+        """The good entries (a fresh dict the caller may change); none when caching is off."""
+        stamp = self.stamp()
+        if stamp is None:
             return {}
-        stamp = (f, st.st_mtime_ns, st.st_size, st.st_ino)
+        f = stamp[0]
         if self._memo[0] != stamp:
             self._memo = (stamp, self._parse(f, stamp))
         return dict(self._memo[1])

@@ -217,6 +217,16 @@ class Flag:
 
 FLAGS: dict[str, Flag] = {}
 _UNSET = object()
+
+
+def raw_state(flags: tuple[Flag, ...]) -> tuple:
+    """What decides the values of ``flags`` in this thread, without parsing any: per flag its
+    ``Context`` override (or a marker) and its raw environment value. Equal states give equal
+    values, so a memo of anything computed from the flags may be keyed by it (two dict reads a flag;
+    a ``value`` read costs several times that). TypeError if an override is not hashable."""
+    ov = _overrides._var.get()
+    env = _ENVIRON if _ENVIRON is not None else os.environ
+    return tuple((ov.get(f.name, _UNSET), env.get(f._key)) for f in flags)
 # The environment as bytes -> bytes, the dict ``os.environ`` keeps on POSIX and updates with every
 # change made through it (``os.environ[...] =``, ``del``, ``monkeypatch.setenv``): a flag is read on
 # every realize (~16 of them), and ``os.environ.get`` encodes the name and decodes the value each

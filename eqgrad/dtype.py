@@ -12,6 +12,7 @@ file; docs/semantics.md, "Conversions from Python and NumPy"): exact, rounded to
 from __future__ import annotations
 
 import math
+import struct
 import warnings
 from dataclasses import dataclass
 
@@ -104,8 +105,19 @@ def cast_scalar(v: float | int | bool, dt: DType) -> float | int | bool:
         if isinstance(v, float):
             v = int(v) if np.isfinite(v) else 0
         return int(np.array(int(v) & 0xFFFFFFFF, dtype=np.uint32).astype(np.int32))
+    if type(v) is float and -FLOAT32_MAX <= v <= FLOAT32_MAX:
+        return _round32(v)                      # the common case, without NumPy (~0.2 against ~2 us)
     with np.errstate(over="ignore"):
         return float(np.float32(v))
+
+
+def _round32(v: float) -> float:
+    """A Python float within float32's finite range rounded to float32 (to nearest, ties to even,
+    as NumPy's conversion; ``struct`` raises only beyond the range, which the callers exclude)."""
+    return _F32.unpack(_F32.pack(v))[0]
+
+
+_F32 = struct.Struct("f")
 
 
 # ------------------------------------------------------------------ conversions from Python and NumPy
@@ -181,6 +193,8 @@ def convert_scalar(v: object, d: DType, op: str = "") -> bool | int | float:
     an explicit change of kind casts (float -> int32 truncates toward zero, any -> bool is ``!= 0``).
     An int outside int32, a finite value beyond float32 (it would become inf), and NaN/inf into
     int32 raise OverflowError/ValueError naming the value and the dtype."""
+    if type(v) is float and d is float32 and -FLOAT32_MAX <= v <= FLOAT32_MAX:
+        return _round32(v)                      # the common case (x * 0.5), checked by the range test
     if not isinstance(v, PY_SCALARS):
         raise TypeError(f"{_prefix(op)}expected a Python bool, int or float scalar, got {type(v).__name__}")
     if d is bool_:

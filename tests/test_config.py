@@ -194,3 +194,43 @@ def test_cost_function_and_parameters_are_in_the_key():
     assert keys[0] != keys[1] != base
     with using(cost_fn=fns[0]):
         assert settings_key("LLVM") == keys[0]
+
+
+def test_the_settings_key_memo_follows_the_environment_the_session_and_the_calibration(monkeypatch, tmp_path):
+    """settings_key is memoized on the raw state of the flags it reads, the session's extraction
+    settings (which a user may change in place) and the calibration file's stamp: each change is
+    seen at the next call."""
+    from eqgrad.engine.session import Session
+    from eqgrad.extract import ExtractSettings
+    from eqgrad.extract.cost import save_calibration
+    monkeypatch.setenv("EQGRAD_CACHE_DIR", str(tmp_path))
+    base = settings_key("LLVM")
+    monkeypatch.setenv("EQGRAD_EXTRACT_TIME", "31")
+    assert settings_key("LLVM") != base
+    monkeypatch.delenv("EQGRAD_EXTRACT_TIME")
+    assert settings_key("LLVM") == base
+    s = ExtractSettings()
+    assert settings_key("LLVM", s) == base
+    s.extractor = "improve"
+    assert settings_key("LLVM", s) != base
+    s.extractor = None
+    s.params["LLVM"] = DeviceParams(peak=1e9)
+    assert settings_key("LLVM", s) != base
+    assert Session(extraction=ExtractSettings()) is not None
+    save_calibration("LLVM", DeviceParams(launch=7e-6, bandwidth=9e9, peak=8e9, source="calibrated test"))
+    calibrated = settings_key("LLVM")
+    assert calibrated != base and calibrated[6].bandwidth == 9e9
+
+
+def test_the_settings_key_memo_covers_every_flag_it_reads(monkeypatch):
+    """Every flag ``_settings_key`` reads is in the memo's key (``_KEY_FLAGS``): a flag read but not
+    keyed would leave a stale key after it changed."""
+    from eqgrad import extract
+    read = set()
+    value = config.Flag.value
+    monkeypatch.setattr(config.Flag, "value", property(lambda f: (read.add(f.name), value.fget(f))[1]))
+    with eqgrad.Context(EXTRACTOR="ilp"):          # the ilp flags are read for ilp only
+        extract._settings_key("LLVM", extract.effective())
+    # the cache directory decides only which calibration file is read: keyed by its stamp (its path)
+    keyed = {f.name for f in extract._KEY_FLAGS} | {"EQGRAD_CACHE_DIR"}
+    assert read and read <= keyed, read - keyed

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 from eqgrad import config
-from eqgrad.extract.cost import CostFn, CostModel, DeviceParams, default_cost, params_for
+from eqgrad.extract.cost import CALIBRATIONS, CostFn, CostModel, DeviceParams, default_cost, params_for
 from eqgrad.extract.egraph import EGraph
 from eqgrad.extract.evaluate import Choice
 from eqgrad.extract.greedy import GreedyExtractor, ImproveExtractor, Result
@@ -70,6 +70,15 @@ def cost_model(device: str, settings: ExtractSettings | None = None) -> CostMode
     return CostModel(s.params.get(device) or params_for(device), s.cost_fn or default_cost)
 
 
+# the flags settings_key reads, and its answers by (device, settings, the flags' raw state, the
+# calibration file's stamp): a cached realize asks on every call, and reading 13 flags and building
+# the device parameters was ~15 us of a ~50 us realize
+_KEY_FLAGS = (config.OPT, config.SATURATION_TIMEOUT, config.EGRAPH_NODES, config.EGRAPH_MEMORY, config.EXTRACTOR,
+              config.ILP_TIME, config.ILP_MAX_CLASSES, config.EXTRACT_TIME, config.THREADS, config.BEAM,
+              config.BEAM_TIME, config.CPU, config.BLAS)
+_KEYS: dict[tuple, tuple] = {}
+
+
 def settings_key(device: str, settings: ExtractSettings | None = None) -> tuple:
     """Every setting that changes the plan compiled for ``device`` (with the extraction ``settings``
     of a session, None: ``DEFAULT``; the flags as this thread sees them): the plan cache key is
@@ -114,9 +123,24 @@ def settings_key(device: str, settings: ExtractSettings | None = None) -> tuple:
     The cost function is keyed by the object itself, not ``id()``: a new function may reuse a
     collected one's id.
     """
+    s = effective(settings)
+    try:
+        memo = (device, s.extractor, s.cost_fn, tuple(s.params.items()), config.raw_state(_KEY_FLAGS),
+                CALIBRATIONS.stamp())
+        hash(memo)
+    except TypeError:                    # an unhashable cost function or override: no memo
+        return _settings_key(device, s)
+    k = _KEYS.get(memo)
+    if k is None:
+        if len(_KEYS) >= 256:
+            _KEYS.clear()
+        k = _KEYS[memo] = _settings_key(device, s)
+    return k
+
+
+def _settings_key(device: str, s: ExtractSettings) -> tuple:
     opt = config.OPT.value
     sat = (config.SATURATION_TIMEOUT.value, config.EGRAPH_NODES.value, config.EGRAPH_MEMORY.value) if opt else None
-    s = effective(settings)
     extractor = s.extractor or config.EXTRACTOR.value
     ilp = (config.ILP_TIME.value, config.ILP_MAX_CLASSES.value) if extractor == "ilp" else None
     search = config.EXTRACT_TIME.value          # a search stopped at its limit may choose another plan

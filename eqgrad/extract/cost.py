@@ -141,8 +141,22 @@ def save_calibration(device: str, params: DeviceParams) -> Path | None:
     return CALIBRATIONS.put(f"{device}|{machine_key(device)}", asdict(params))
 
 
+_PARAMS: dict[tuple, DeviceParams] = {}     # (device, machine key, calibration file stamp) -> params_for's answer
+
+
 def params_for(device: str) -> DeviceParams:
-    """Calibrated parameters for this device and machine if present, else the defaults."""
+    """Calibrated parameters for this device and machine if present, else the defaults (memoized
+    on the calibration file's stamp: a cached realize asks on every call)."""
+    key = (device, machine_key(device), CALIBRATIONS.stamp())
+    p = _PARAMS.get(key)
+    if p is None:
+        if len(_PARAMS) >= 64:
+            _PARAMS.clear()
+        p = _PARAMS[key] = _params_for(device)
+    return p
+
+
+def _params_for(device: str) -> DeviceParams:
     e = load_calibrations().get(f"{device}|{machine_key(device)}")
     base = DEFAULT_PARAMS.get(device, DeviceParams())
     if not e:
