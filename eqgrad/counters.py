@@ -29,6 +29,10 @@ class GlobalCounters:
     extract_seconds = 0.0
     compile_seconds = 0.0
     load_seconds = 0.0
+    # a list to record every kernel run into (name, seconds, predicted seconds, flops, bytes), timed
+    # one by one as with DEBUG >= 2 but printing nothing (None: off); the cost model's check
+    # (bench/bench_model.py) reads it
+    kernel_log: list | None = None
 
     @classmethod
     def reset(cls) -> None:
@@ -37,7 +41,17 @@ class GlobalCounters:
         cls.saturate_seconds = cls.extract_seconds = cls.compile_seconds = cls.load_seconds = 0.0
 
 
-def log_kernel(k: Any, seconds: float) -> None:
+def timing_kernels(debug: int) -> bool:
+    """Are kernels timed one by one (DEBUG >= 2 prints them, ``kernel_log`` records them)?"""
+    return debug >= 2 or GlobalCounters.kernel_log is not None
+
+
+def log_kernel(k: Any, seconds: float, debug: int = 2) -> None:
+    log = GlobalCounters.kernel_log
+    if log is not None:
+        log.append((k.name, seconds, k.predicted, k.flops, k.nbytes))
+    if debug < 2:
+        return
     gbs = k.nbytes / seconds / 1e9 if seconds > 0 else 0.0
     gfl = k.flops / seconds / 1e9 if seconds > 0 else 0.0
     print(f"  {k.name:<5} {seconds * 1e6:10.1f} us  {gbs:7.2f} GB/s  {gfl:7.2f} GFLOP/s  "

@@ -57,3 +57,27 @@ def test_bench_compile_quick_run_has_the_columns_and_a_right_chain(tmp_path, cap
     assert rows["chain"]["result_ok"] is True and rows["chain"]["detail"]["ops"] == 40
     assert rows["scalar"]["detail"]["values"] == 8 and rows["scalar"]["result_ok"] is True
     assert "chain" in text and "first_realize" in text
+
+
+def test_bench_model_records_every_kernel_of_a_step(tmp_path, capsys):
+    """bench_model.py --quick: each workload's kernels are timed one by one through
+    GlobalCounters.kernel_log (printing nothing), pieces of one plan kernel summed into it."""
+    from eqgrad import GlobalCounters
+    path = Path(__file__).resolve().parent.parent / "bench" / "bench_model.py"
+    spec = importlib.util.spec_from_file_location("bench_model", path)
+    bench = importlib.util.module_from_spec(spec)
+    sys.modules["bench_model"] = bench
+    spec.loader.exec_module(bench)
+    out = tmp_path / "model.json"
+    rc = bench.main(["--quick", "--reps", "2", "--warmup", "0", "--only", "matmul512,ffn_step,bert_encoder",
+                     "--json", str(out)])
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    assert GlobalCounters.kernel_log is None
+    res = {r["workload"]: r for r in json.loads(out.read_text())["results"]}
+    assert set(res) == {"matmul512", "ffn_step", "bert_encoder"}
+    for r in res.values():
+        assert r["kernels"] == len(r["rows"]) > 0 and 0 <= r["within_2x"] <= r["kernels"]
+        assert all(k["measured_s"] > 0 and k["predicted_s"] > 0 and k["kernel"].startswith("k") for k in r["rows"])
+        assert len({k["kernel"] for k in r["rows"]}) == r["kernels"]          # one row per plan kernel
+    assert "kernels within 2x" in text and "  k" not in text.split("workload")[0]

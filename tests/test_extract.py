@@ -111,3 +111,55 @@ def test_random_programs_extract_to_valid_plans(seed):
     from eqgrad.engine import reference
     (ref,) = reference(linearize([y.lazydata]))
     np.testing.assert_allclose(out.reshape(ref.shape), ref, rtol=1e-4, atol=1e-4)
+
+
+def test_the_cost_model_sees_a_root_contraction_as_its_own_class():
+    """KernelStats.cflops: the flops of a contraction at the kernel's root (matmul, convolution;
+    its epilogue excluded), costed at DeviceParams.contraction; none for elementwise work, and
+    none for a contraction hoisted into a row-fused kernel (charged ``unlaned`` instead)."""
+    from eqgrad.extract import using
+    from eqgrad.extract.cost import KernelStats, default_cost
+    seen: list[KernelStats] = []
+
+    def record(s, p):
+        seen.append(s)
+        return default_cost(s, p)
+    rng = np.random.default_rng(5)
+    a, b = (Tensor(rng.standard_normal((24, 40), dtype=np.float32)), Tensor(rng.standard_normal((40, 56), dtype=np.float32)))
+    with using(cost_fn=record):
+        out = ((a @ b) + 1.0).relu()
+        out.realize()
+    np.testing.assert_allclose(out.numpy(), np.maximum(a.numpy() @ b.numpy() + 1, 0), rtol=1e-5, atol=1e-5)
+    fused = [s for s in seen if s.cflops > 0]
+    assert fused and all(s.cflops == 2 * 24 * 40 * 56 and s.flops >= s.cflops for s in fused)
+    assert any(s.flops > s.cflops for s in fused)          # the bias and relu fused after it: not the class
+    seen.clear()
+    with using(cost_fn=record):
+        (a * 2 + 1).exp().realize()
+    assert seen and all(s.cflops == 0 for s in seen)
+
+
+def test_the_contraction_rate_prices_only_contractions():
+    from eqgrad.extract.cost import DeviceParams, KernelStats, default_cost
+    p, fast = DeviceParams(), DeviceParams(contraction=500e9)
+    mm = KernelStats(nbytes=1e5, flops=2e8, nodes=5, cflops=2e8)
+    ew = KernelStats(nbytes=1e5, flops=2e8, nodes=5)
+    assert default_cost(mm, fast) < default_cost(mm, p) == default_cost(ew, p) == default_cost(ew, fast)
+    with pytest.raises(ValueError, match="contraction"):
+        DeviceParams(contraction=-1.0)
+
+
+def test_a_calibration_without_the_contraction_rate_reads_as_peak(tmp_path, monkeypatch):
+    import json
+    from eqgrad.cache import machine_key
+    from eqgrad.extract.cost import CALIBRATION_VERSION, params_for
+    monkeypatch.setenv("EQGRAD_CACHE_DIR", str(tmp_path))
+    entry = {"launch": 4e-6, "bandwidth": 3e10, "peak": 7e10, "source": "calibrated before the field"}
+    (tmp_path / "calibration.json").write_text(json.dumps(
+        {"version": CALIBRATION_VERSION, "entries": {f"LLVM|{machine_key('LLVM')}": entry}}))
+    p = params_for("LLVM")
+    assert (p.peak, p.contraction) == (7e10, 0.0)
+    entry["contraction"] = 2e11
+    (tmp_path / "calibration.json").write_text(json.dumps(
+        {"version": CALIBRATION_VERSION, "entries": {f"LLVM|{machine_key('LLVM')}": entry}}))
+    assert params_for("LLVM").contraction == 2e11

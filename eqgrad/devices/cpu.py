@@ -45,7 +45,7 @@ from eqgrad.devices.llvm import (LLVM_OPS, COMPILE_LOCK, PREFETCHED, CodeEngine,
                                  streaming_store)
 from eqgrad.devices.sizeargs import Families, Sized
 from eqgrad import progress
-from eqgrad.counters import GlobalCounters, log_kernel
+from eqgrad.counters import GlobalCounters, log_kernel, timing_kernels
 from eqgrad.errors import CompileError, DeviceError
 from eqgrad.cache import machine_key, save_failed_source
 from eqgrad.devices.search import search_upcast
@@ -701,12 +701,13 @@ class LLVMDevice(Device):
     def _runner(self, steps: list[tuple], scratch: list, threads: int) -> Callable[[list[Buffer]], None]:
         def run(bufs: list[Buffer]) -> None:
             dbg = config.DEBUG.value
+            timed = timing_kernels(dbg)
             if scratch:
                 bufs = list(bufs) + [Buffer.empty(s, d, self.name) for s, d in scratch]
             for k, prg, ids, n in steps:
-                t0 = time.perf_counter() if dbg >= 2 else 0.0
+                t0 = time.perf_counter() if timed else 0.0
                 self.launch(k, prg, [bufs[i].ptr for i in ids], n, threads)
                 GlobalCounters.kernel_count += 1
-                if dbg >= 2:
-                    log_kernel(k, time.perf_counter() - t0)
+                if timed:
+                    log_kernel(k, time.perf_counter() - t0, dbg)
         return run

@@ -30,7 +30,7 @@ from eqgrad.graph.plan import KernelPlan
 from eqgrad.ops import Shape, numel
 from eqgrad.devices import Buffer, Device
 from eqgrad.devices.cstyle import MATH64, CStyleRenderer
-from eqgrad.counters import GlobalCounters, log_kernel
+from eqgrad.counters import GlobalCounters, log_kernel, timing_kernels
 
 
 class CUDARenderer(CStyleRenderer):
@@ -163,18 +163,19 @@ class CUDADevice(Device):
 
         def run(bufs: list[Buffer]) -> None:
             dbg = config.DEBUG.value
+            timed = timing_kernels(dbg)
             for k, fn, grid, block, ids in steps:
-                t0 = time.perf_counter() if dbg >= 2 else 0.0
+                t0 = time.perf_counter() if timed else 0.0
                 try:
                     if grid[0]:
                         fn.prepared_call(grid, block, *[int(bufs[i].raw) for i in ids])
-                    if dbg >= 2:
+                    if timed:
                         self.cuda.Context.synchronize()
                 except self.cuda.Error as e:
                     raise self.failed(f"launching kernel {k.name} ({k.ast.render()[:80]})", e) from e
                 GlobalCounters.kernel_count += 1
-                if dbg >= 2:
-                    log_kernel(k, time.perf_counter() - t0)
+                if timed:
+                    log_kernel(k, time.perf_counter() - t0, dbg)
             try:
                 self.cuda.Context.synchronize()
             except self.cuda.Error as e:         # an error of a kernel that ran after its launch returned

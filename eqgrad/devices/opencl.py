@@ -32,7 +32,7 @@ from eqgrad.ops import Shape, numel
 from eqgrad.devices import Buffer, Device
 from eqgrad.devices.cstyle import CSTYLE_OPS, CStyleRenderer
 from eqgrad.lower.decomp import DECOMPOSITIONS
-from eqgrad.counters import GlobalCounters, log_kernel
+from eqgrad.counters import GlobalCounters, log_kernel, timing_kernels
 from eqgrad.cache import save_failed_source
 
 
@@ -192,18 +192,19 @@ class OpenCLDevice(Device):
 
         def run(bufs: list[Buffer]) -> None:
             dbg = config.DEBUG.value
+            timed = timing_kernels(dbg)
             for k, knl, gsize, lsize, ids in steps:
-                t0 = time.perf_counter() if dbg >= 2 else 0.0
+                t0 = time.perf_counter() if timed else 0.0
                 try:
                     if gsize:
                         self.launch(knl, gsize, lsize, [bufs[i].raw for i in ids])
-                    if dbg >= 2:
+                    if timed:
                         self.synchronize()
                 except self.cl.Error as e:
                     raise self.failed(f"launching kernel {k.name} ({k.ast.render()[:80]})", e) from e
                 GlobalCounters.kernel_count += 1
-                if dbg >= 2:
-                    log_kernel(k, time.perf_counter() - t0)
+                if timed:
+                    log_kernel(k, time.perf_counter() - t0, dbg)
             try:
                 self.synchronize()
             except self.cl.Error as e:          # an error of a kernel that ran after its launch returned

@@ -186,6 +186,8 @@ class PlanEvaluator:
         # slow[c]: c is inside a contraction rendered there, without register lanes (unlaned)
         under_hoist: set[int] = set()
         slow: set[int] = set()
+        fast: set[int] = set()             # inside a contraction at the root (cost.py: the class)
+        cflops = 0.0
         loads: dict[int, float] = {}       # materialized producer class -> element reads
         inputs: dict[int, float] = {}      # input position -> element reads
         flops, nodes, legal, why = 0.0, 0, True, ""
@@ -232,12 +234,20 @@ class PlanEvaluator:
             f = weight[op] * e * max(1, mult)
             if c in slow:
                 f *= p.unlaned
-            elif reduce and c in under_hoist and op == "RSUM" and self._contraction(nodes_of, n):
-                f *= p.unlaned
-                slow.add(c)
+            elif c in fast:
+                cflops += f
+            elif reduce and op == "RSUM" and self._contraction(nodes_of, n):
+                if c in under_hoist:
+                    f *= p.unlaned
+                    slow.add(c)
+                elif not nested.get(c, True):
+                    cflops += f
+                    fast.add(c)
             flops += f
             if op == "PAD" and e > size_k:
                 flops += p.masked_read * e
+                if c in fast:                 # the lanes it slows are the contraction's
+                    cflops += p.masked_read * e
             rg, nest = region.get(c), nested.get(c, True)
             same_rg = rg if rg and op in elementwise else None    # regions pass through same-shape elementwise ops
             shape_c = shapes[c] if rg else None
@@ -255,6 +265,8 @@ class PlanEvaluator:
                 ev[ch] = ce if ce > old else old
                 if c in slow:
                     slow.add(ch)
+                elif c in fast:
+                    fast.add(ch)
                 if via or c in under_hoist:
                     under_hoist.add(ch)
                 if not nested.get(ch, False):
@@ -275,7 +287,7 @@ class PlanEvaluator:
             nbytes += min(reads, numel(shape)) * dt.itemsize
         for c, reads in loads.items():
             nbytes += min(reads, size[c]) * g.dtypes[c].itemsize
-        t = self.cost.seconds(nbytes, flops, nodes)
+        t = self.cost.seconds(nbytes, flops, nodes, cflops)
         return KernelCost(t, int(nbytes), int(flops), nodes, legal, why, tuple(reversed(fused))), deps, read
 
     def evaluate(self, choice: Choice) -> Evaluation:

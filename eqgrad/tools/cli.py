@@ -83,7 +83,7 @@ def _tune_calibrate(args: argparse.Namespace) -> int:
     from eqgrad.extract.cost import save_calibration
     params = calibrate(args.device, progress=lambda msg: print(f"  {msg}", flush=True))
     print(f"{args.device}: launch {params.launch * 1e6:.1f} us, bandwidth {params.bandwidth / 1e9:.1f} GB/s, "
-          f"peak {params.peak / 1e9:.1f} GFLOP/s")
+          f"peak {params.peak / 1e9:.1f} GFLOP/s, contraction {params.contraction / 1e9:.1f} GFLOP/s")
     if not args.dry_run:
         where = save_calibration(args.device, params)
         print(f"saved to {where}" if where is not None else
@@ -191,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("dir", nargs="?", default="", help="write the files here (default: print a summary)")
     d.set_defaults(fn=_rules_dump)
     tune = sub.add_parser("tune", help="cost model and extraction tools").add_subparsers(dest="tcmd", required=True)
-    cal = tune.add_parser("calibrate", help="measure launch overhead, bandwidth and peak FLOP/s of a device")
+    cal = tune.add_parser("calibrate", help="measure launch overhead, bandwidth, peak and contraction FLOP/s of a device")
     cal.add_argument("--device", default="LLVM")
     cal.add_argument("--dry-run", action="store_true", help="measure and print, do not save")
     cal.set_defaults(fn=_tune_calibrate)

@@ -1,0 +1,160 @@
+#!/usr/bin/env python3
+"""Cost-model check: how close the extractor's predicted kernel times are to the measured ones.
+
+Runs bench_core's training rows (CNN, CNN with pooling, FFN, layernorm backward), its attention
+and Linear rows, and bench_compile's BERT-shaped encoder forward on eqgrad's LLVM device, records
+every kernel of the last --reps runs one by one (``GlobalCounters.kernel_log``: each kernel timed
+alone, as DEBUG=2 does, printing nothing), and reports per workload and overall the share of
+kernels whose prediction is within 2x of the median measured time (issue 15's target: >= 90 %),
+the predicted and measured sums, and the worst kernels.
+
+The parameters are the cost model's in effect: the defaults, or the calibration of this machine
+(``python -m eqgrad tune calibrate``; --calibrate runs it first, into the cache directory in use).
+
+  python bench/bench_model.py                    # defaults or the stored calibration
+  python bench/bench_model.py --calibrate        # calibrate this machine first
+  python bench/bench_model.py --only cnn_step --worst 10
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import re
+import statistics
+import sys
+from typing import Any, Callable
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO_ROOT = os.path.dirname(HERE)
+if importlib.util.find_spec("eqgrad") is None:
+  sys.path.insert(1, REPO_ROOT)
+
+
+def _load(name: str) -> Any:
+  spec = importlib.util.spec_from_file_location(name, os.path.join(HERE, f"{name}.py"))
+  mod = importlib.util.module_from_spec(spec)
+  sys.modules[name] = mod             # its dataclasses look their module up
+  spec.loader.exec_module(mod)
+  return mod
+
+
+CORE_ROWS = ("cnn_step", "cnn_pool_step", "ffn_step", "layernorm_backward", "attention_t128", "linear480_t",
+             "matmul512")
+
+
+def workloads(quick: bool) -> dict[str, Callable[[], Any]]:
+  """name -> a function that runs one step (realized) on eqgrad's LLVM device."""
+  core, comp = _load("bench_core"), _load("bench_compile")
+  fw = core.EqgradFW("LLVM")
+  fw.setup()
+  out: dict[str, Callable[[], Any]] = {}
+  for w in core.WORKLOADS:
+    if w.name in CORE_ROWS:
+      inputs = [fw.to_input(a) for a in core.make_inputs(w, quick)]
+      out[w.name] = (lambda w=w, inputs=inputs: fw.force(w.fn(fw, *inputs)))
+  from eqgrad import Tensor
+  import eqgrad.nn.functional as F
+  s = comp.QUICK if quick else comp.FULL
+  layers = [{k: Tensor(v) for k, v in p.items()} for p in comp.bert_weights(s)]
+  x = Tensor(np.random.default_rng(1).standard_normal((s.bert_batch, s.bert_tokens, s.bert_hidden), dtype=np.float32))
+  norm = lambda t, g, b: F.layer_norm(t, (s.bert_hidden,), g, b)
+  out["bert_encoder"] = lambda: comp.bert_forward(s, x, layers, F.linear, norm).realize()
+  return out
+
+
+def check(name: str, step: Callable[[], Any], reps: int, warmup: int) -> dict[str, Any]:
+  from eqgrad import GlobalCounters
+  for _ in range(1 + warmup):
+    step()
+  runs: list[list[tuple]] = []
+  for _ in range(reps):
+    GlobalCounters.kernel_log = log = []
+    try:
+      step()
+    finally:
+      GlobalCounters.kernel_log = None
+    runs.append(log)
+  # the pieces the device runs one plan kernel as (the BLAS's "k4g", its packs "k4p0", a split
+  # reduction's partials "k4a" and the rest "k4") carry that kernel's prediction: summed into it
+  base = lambda n: re.match(r"k\d+", n).group(0) if re.match(r"k\d+", n) else n
+  names = list(dict.fromkeys(base(e[0]) for e in runs[-1]))
+  per: dict[str, list[float]] = {n: [] for n in names}
+  info: dict[str, tuple] = {}
+  for r in runs:
+    sums: dict[str, float] = {}
+    for n, sec, pred, flops, nbytes in r:
+      b = base(n)
+      sums[b] = sums.get(b, 0.0) + sec
+      old = info.get(b, (0.0, 0, 0))
+      info[b] = (pred if n == b or not old[0] else old[0], old[1] + flops, old[2] + nbytes)
+    for b, sec in sums.items():
+      if b in per:
+        per[b].append(sec)
+  info = {b: (pred, flops / len(runs), nbytes / len(runs)) for b, (pred, flops, nbytes) in info.items()}
+  rows = []
+  for n in names:
+    m = statistics.median(per[n])
+    pred, flops, nbytes = info[n]
+    rows.append(dict(kernel=n, measured_s=m, predicted_s=pred, ratio=pred / m if m > 0 else float("inf"),
+                     gflops=flops / m / 1e9 if m > 0 else 0.0, gbs=nbytes / m / 1e9 if m > 0 else 0.0))
+  within = sum(1 for r in rows if 0.5 <= r["ratio"] <= 2.0)
+  return dict(workload=name, kernels=len(rows), within_2x=within, measured_s=sum(r["measured_s"] for r in rows),
+              predicted_s=sum(r["predicted_s"] for r in rows), rows=rows)
+
+
+def main(argv=None) -> int:
+  p = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--reps", type=int, default=5, help="recorded runs per workload (default 5: medians per kernel)")
+  p.add_argument("--warmup", type=int, default=2, help="unrecorded runs after the first (default 2)")
+  p.add_argument("--quick", action="store_true", help="bench_core's --quick sizes and a one-layer encoder")
+  p.add_argument("--only", default=None, help="comma-separated workloads: " + ",".join(CORE_ROWS + ("bert_encoder",)))
+  p.add_argument("--calibrate", action="store_true", help="calibrate the LLVM device first (stored in the cache)")
+  p.add_argument("--worst", type=int, default=3, help="worst-predicted kernels to print per workload (default 3)")
+  p.add_argument("--json", default=None, metavar="PATH", help="write every kernel's row as JSON")
+  args = p.parse_args(argv)
+  if args.reps < 1:
+    p.error("--reps must be >= 1")
+  from eqgrad.extract.cost import params_for, save_calibration
+  if args.calibrate:
+    from eqgrad.tools.calibrate import calibrate
+    save_calibration("LLVM", calibrate("LLVM", progress=lambda m: print(f"  calibrate: {m}", flush=True)))
+  prm = params_for("LLVM")
+  core = _load("bench_core")
+  print(f"CPU: {core.cpu_model()}; cost model {prm.source}: launch {prm.launch * 1e6:.1f} us, "
+        f"{prm.bandwidth / 1e9:.1f} GB/s, peak {prm.peak / 1e9:.1f} GFLOP/s, "
+        f"contraction {(prm.contraction or prm.peak) / 1e9:.1f} GFLOP/s")
+  todo = workloads(args.quick)
+  if args.only:
+    wanted = [s.strip() for s in args.only.split(",") if s.strip()]
+    unknown = [w for w in wanted if w not in todo]
+    if unknown:
+      p.error(f"unknown workload(s) {unknown}; choose from {sorted(todo)}")
+    todo = {k: v for k, v in todo.items() if k in wanted}
+  results = []
+  print(f"\n{'workload':<20} {'kernels':>7} {'within 2x':>10} {'predicted':>10} {'measured':>10}")
+  for name, step in todo.items():
+    r = check(name, step, args.reps, args.warmup)
+    results.append(r)
+    print(f"{name:<20} {r['kernels']:>7} {r['within_2x']:>6} ({100 * r['within_2x'] / max(1, r['kernels']):.0f}%)"
+          f" {r['predicted_s'] * 1e3:>8.2f}ms {r['measured_s'] * 1e3:>8.2f}ms")
+    worst = sorted(r["rows"], key=lambda x: -abs(np.log(max(x["ratio"], 1e-9))))[:args.worst]
+    for w in worst:
+      print(f"    {w['kernel']:<6} predicted {w['predicted_s'] * 1e6:9.1f} us  measured {w['measured_s'] * 1e6:9.1f} us"
+            f"  ({w['ratio']:.2f}x; {w['gflops']:.1f} GFLOP/s, {w['gbs']:.1f} GB/s)")
+  total = sum(r["kernels"] for r in results)
+  within = sum(r["within_2x"] for r in results)
+  print(f"\nall: {within}/{total} kernels within 2x ({100 * within / max(1, total):.0f}%; target >= 90%)")
+  if args.json:
+    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+    with open(args.json, "w") as f:
+      json.dump({"params": prm.__dict__, "results": results}, f, indent=1)
+    print(f"wrote {args.json}")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
