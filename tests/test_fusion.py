@@ -219,3 +219,25 @@ def test_attention_scores_are_materialized_not_recomputed_per_pass():
     np.testing.assert_allclose(out.numpy(), (e / e.sum(-1, keepdims=True)) @ v, rtol=1e-4, atol=1e-5)
     ops = [{n.op for n in k.ast.walk()} for k in engine.last_plan.plan.kernels]
     assert "RMAX" in ops[1] and sum(1 for n in engine.last_plan.plan.kernels[1].ast.walk() if n.op == "RSUM") == 1
+
+
+@pytest.mark.parametrize("peak", [50e9, 101e9])
+def test_a_broadcast_product_is_not_materialized_to_fuse_its_sum(peak):
+    """The convolution input gradient's sum, hoisted into max-pool's backward, counts as the
+    contraction it belongs to even when its product is materialized by another kernel (cost.py:
+    unlaned): otherwise greedy fused the sum there first and then materialized the whole product
+    (a CNN-with-pooling step under a calibration with peak 101 and contraction 267 GFLOP/s: a 151 MB
+    kernel, 5.5 -> 55 ms). No kernel writes more than a few times the largest tensor it reads."""
+    import eqgrad.nn.functional as F
+    from eqgrad.extract import using
+    from eqgrad.extract.cost import DeviceParams
+    from eqgrad.ops import numel
+    x, w = Tensor(data((8, 16, 16, 16), seed=3), requires_grad=True), _t(32, 16, 3, 3)
+    with using(params={"LLVM": DeviceParams(peak=peak, contraction=267e9, bandwidth=52e9)}):
+        y = F.conv2d(F.max_pool2d(x, 2), w, padding=1)
+        (y * _t(*y.shape)).sum().backward()
+        x.grad.realize()
+        plan = engine.last_plan.plan
+    sizes = dict(enumerate(numel(s) for s, _ in plan.buffers))
+    for k in plan.kernels:
+        assert numel(k.ast.shape) <= 4 * max(sizes[i] for i in k.inputs), k.ast.render()[:300]

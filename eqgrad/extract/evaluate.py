@@ -33,6 +33,12 @@ Choice = dict[int, ENode]
 _SCALARS = ("CONST", "PARAM")
 _LEAVES = ("BUF",) + _SCALARS
 _MOVES = frozenset(name for name, d in OPS.items() if d.kind == "movement")
+# a kernel without a reduction writing more than this many times the elements it reads is a
+# materialized broadcast (a window tensor, an outer product feeding a sum): charged masked_read
+# flops per element written, for the index arithmetic (pad masks, reshape div/mod) each costs.
+# Measured: a convolution input gradient's 151 MB product ran at 5 GB/s (1.35 G elements/s) where
+# the model had priced its bytes alone, and the greedy extractor chose such plans (docs/extraction.md)
+BROADCAST_WRITE = 4
 
 
 class Evaluation:
@@ -122,18 +128,35 @@ class PlanEvaluator:
         self._elementwise = {name for name, d in OPS.items() if d.kind in ("unary", "binary", "ternary")}
 
     @staticmethod
-    def _contraction(nodes_of: dict[int, ENode], n: ENode) -> bool:
+    def _contraction(nodes_of: dict[int, ENode], n: ENode, choice: Choice | None = None,
+                     read: set[int] | None = None) -> bool:
         """Is reduction ``n`` a contraction: a sum of a product whose factors are broadcasts
-        (an Expand under movement ops only), as a matmul's or a convolution's?"""
+        (an Expand under movement ops only), as a matmul's or a convolution's? With ``choice``,
+        also when the product is materialized by another kernel (a Realize of it): hoisted, such a
+        sum is as slow as the contraction it belongs to would be, and charging it so keeps greedy
+        from fusing the sum into a row-fused consumer first (smaller producers go first) and then
+        finding the product's inlining unlaned -- the plan that materialized the whole product
+        (a CNN-with-pooling step: 151 MB, 5.5 -> 55 ms)."""
         src = nodes_of.get(n.children[0])
+        look: dict[int, ENode] = nodes_of
+        if src is not None and src.op == "REALIZE" and choice is not None:
+            look = choice                  # the classes it looks at are the cost's dependencies
+            c = src.children[0]
+            if read is not None:
+                read.add(c)
+            src = choice.get(c)
         if src is None or src.op != "MUL":
             return False
         def broadcast(c: int) -> bool:
-            while (m := nodes_of.get(c)) is not None and m.op in _MOVES:
+            while True:
+                if look is choice and read is not None:
+                    read.add(c)
+                m = look.get(c)
+                if m is None or m.op not in _MOVES:
+                    return False
                 if m.op == "EXPAND":
                     return True
                 c = m.children[0]
-            return False
         return any(broadcast(ch) for ch in src.children)
 
     def kernel_cost(self, choice: Choice, k: int) -> tuple[KernelCost, list[int]]:
@@ -191,7 +214,7 @@ class PlanEvaluator:
         loads: dict[int, float] = {}       # materialized producer class -> element reads
         inputs: dict[int, float] = {}      # input position -> element reads
         flops, nodes, legal, why = 0.0, 0, True, ""
-        hoisted = inner_reduce = False
+        hoisted = inner_reduce = any_reduce = False
         deps: list[int] = []
         fused: list[str] = []
         row_fusion, size_k = p.row_fusion, size[k]
@@ -225,6 +248,7 @@ class PlanEvaluator:
                 legal, why = False, "a Contiguous is inlined into a consumer"
             mult = 1
             reduce = op in REDUCE_OPS
+            any_reduce = any_reduce or reduce
             size_c = size[c]
             if reduce:
                 inner_reduce = inner_reduce or nested.get(c, True)
@@ -236,7 +260,7 @@ class PlanEvaluator:
                 f *= p.unlaned
             elif c in fast:
                 cflops += f
-            elif reduce and op == "RSUM" and self._contraction(nodes_of, n):
+            elif reduce and op == "RSUM" and self._contraction(nodes_of, n, *((choice, read) if c in under_hoist else ())):
                 if c in under_hoist:
                     f *= p.unlaned
                     slow.add(c)
@@ -285,8 +309,13 @@ class PlanEvaluator:
         for pos, reads in inputs.items():
             shape, dt = self.inputs[pos]
             nbytes += min(reads, numel(shape)) * dt.itemsize
+        distinct = sum(min(reads, numel(self.inputs[pos][0])) for pos, reads in inputs.items()) + \
+            sum(min(reads, size[c]) for c, reads in loads.items())
         for c, reads in loads.items():
             nbytes += min(reads, size[c]) * g.dtypes[c].itemsize
+        if size_k > BROADCAST_WRITE * max(1, distinct) and not any_reduce:
+            # a materialized broadcast: each element written is index arithmetic over few inputs
+            flops += p.masked_read * size_k
         t = self.cost.seconds(nbytes, flops, nodes, cflops)
         return KernelCost(t, int(nbytes), int(flops), nodes, legal, why, tuple(reversed(fused))), deps, read
 

@@ -18,6 +18,7 @@ from eqgrad.dtype import int32
 from eqgrad.errors import DTypeError, ShapeError
 from eqgrad.frontend.tensor import Tensor
 from eqgrad.graph.lazy import LazyBuffer
+from eqgrad.lower.passes import LANES_LAST
 
 IntOr2 = int | Sequence[int]
 
@@ -159,7 +160,6 @@ def _pad_or_crop(x: Tensor, edges: Sequence[tuple[int, int]]) -> Tensor:
 
 def _lane_room(c: int) -> int:
     """How well ``c`` channels fill register lanes: the largest of the lowering's widths dividing it."""
-    from eqgrad.lower.passes import LANES_LAST
     return next((w for w in LANES_LAST if c % w == 0), 1)
 
 

@@ -54,14 +54,8 @@ def calibrate(device: str = "LLVM", reps: int = 7, progress: Callable[[str], Non
             y = y * 0.999 + 0.001
         return y
     t_fma, _ = timed(fma_chain)
-    # NOTE: peak stays the larger of the two rates. Measured with the FMA chain alone (Zen 5, two
-    # cores: 101 against 267 GFLOP/s), greedy extraction of the CNN-with-pooling step materialized
-    # a 151 MB broadcast product (the convolution input gradient's) to fuse its plain sum into
-    # max-pool's backward: 5.5 -> 55 ms. The model charges nothing for that kernel's index
-    # arithmetic (pad masks, reshape div/mod per element), which is what made it slow; until it
-    # does, elementwise work keeps the contraction's rate when that is higher (docs/extraction.md)
     contraction = 2 * m ** 3 / max(t_mm - launch, 1e-9)
-    peak = max(contraction, 128 * (1 << 18) / max(t_fma - launch, 1e-9))
+    peak = 128 * (1 << 18) / max(t_fma - launch, 1e-9)
     if progress:
         progress(f"peak {peak / 1e9:.1f} GFLOP/s, contraction {contraction / 1e9:.1f} GFLOP/s")
     params = replace(DEFAULT_PARAMS.get(device, DeviceParams()), launch=launch, bandwidth=bandwidth, peak=peak,
