@@ -226,7 +226,17 @@ def raw_state(flags: tuple[Flag, ...]) -> tuple:
     a ``value`` read costs several times that). TypeError if an override is not hashable."""
     ov = _overrides._var.get()
     env = _ENVIRON if _ENVIRON is not None else os.environ
+    if not ov:                                   # no Context block: the environment alone
+        return tuple([env.get(f._key) for f in flags])
     return tuple((ov.get(f.name, _UNSET), env.get(f._key)) for f in flags)
+
+
+def raw_env(name: str) -> Any:
+    """The environment variable ``name`` as stored (bytes on POSIX), or None: for memo keys, where
+    ``os.environ.get`` would encode the name and decode the value on every call."""
+    if _ENVIRON is not None:
+        return _ENVIRON.get(os.fsencode(name))
+    return os.environ.get(name)
 # The environment as bytes -> bytes, the dict ``os.environ`` keeps on POSIX and updates with every
 # change made through it (``os.environ[...] =``, ``del``, ``monkeypatch.setenv``): a flag is read on
 # every realize (~16 of them), and ``os.environ.get`` encodes the name and decodes the value each

@@ -37,7 +37,7 @@ from eqgrad.engine.validate import validate
 from eqgrad.extract import DEFAULT as DEFAULT_EXTRACTION, DeviceParams, ExtractSettings, settings_key
 from eqgrad.extract.cost import CostFn
 from eqgrad.graph.lazy import LazyBuffer
-from eqgrad.graph.program import Program, linearize
+from eqgrad.graph.program import Program, linearize, structure
 from eqgrad.graph.resize import ProgramSizes, program_sizes, resize
 from eqgrad.rules import rulebook
 from eqgrad.rules.rulebook import DEFAULT_PHASE, RuleConfig, RuleState
@@ -288,16 +288,22 @@ class Session:
             targets = [t for t in targets if not t.realized]     # another thread may have realized some
             if not targets:
                 return
-            prog = linearize(targets, device=device, inspected=rules.inspected_constants)
+            # the structure key in one walk; the Program itself only when the plan is not cached
+            skey, in_lbs, pvals = structure(targets, device=device, inspected=rules.inspected_constants)
+            cp = self.plan_cache.get((rules.key, settings_key(device, self.extraction), skey))
+            prog = None if cp is not None else linearize(targets, device=device, inspected=rules.inspected_constants)
             # host buffers come from the pool (devices/__init__.py); the intermediates go back to it as
             # soon as ``bufs`` is dropped at the end of this call, the outputs when no tensor holds them
-            bufs: list[Buffer] = [lb.buffer for lb in prog.inputs]
+            bufs: list[Buffer] = [lb.buffer for lb in in_lbs]
+            if config.VALIDATE.value and prog is None:
+                prog = linearize(targets, device=device, inspected=rules.inspected_constants)
         # the parameters' values, one element each, after the realized inputs (Program.input_specs);
         # the capture hooks see them as realized inputs that hold constants
-        params = [LazyBuffer.from_buffer(Buffer.from_numpy(np.asarray(v, dt.np), device)) for v, dt in prog.params]
+        params = [LazyBuffer.from_buffer(Buffer.from_numpy(np.asarray(v, dt.np), device)) for v, dt in pvals]
         bufs += [lb.buffer for lb in params]
-        inputs = prog.inputs + params
-        cp = self._cached_plan(prog, rules)
+        inputs = in_lbs + params
+        if cp is None:
+            cp = self._cached_plan(prog, rules)
         self._local.last_plan = cp
         plan = cp.plan
         for shape, dt in plan.buffers[len(inputs):]:

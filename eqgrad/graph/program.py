@@ -162,3 +162,54 @@ def linearize(targets: list[LazyBuffer], order: list[LazyBuffer] | None = None, 
         nodes.append(Node(lb.op, lb.arg, lb.shape, lb.dtype, srcs))
     roots = [ref(t) for t in targets]
     return Program(nodes, inputs, roots, device, params)
+
+
+def structure(targets: list[LazyBuffer], device: str = "", inspected: frozenset[float] | None = None
+              ) -> tuple[tuple, list[LazyBuffer], list[tuple[Any, DType]]]:
+    """``(linearize(...).key, .inputs, .params)`` in one walk, without building the Program: what
+    a realize needs when its plan is cached (the Program is built only on a miss). The walk is
+    ``toposort``'s (post-order, sources left to right) and refs are numbered as ``linearize``
+    numbers them, so the key is the same tuple (tests/test_program.py checks it on every program of
+    the test corpus it builds)."""
+    index: dict[int, int] = {}
+    pos: dict[int, int] = {}
+    inputs: list[LazyBuffer] = []
+    params: list[tuple[Any, DType]] = []
+    param_of: dict[int, int] = {}
+    items: list[tuple] = [(device,)]
+
+    def ref(lb: LazyBuffer) -> Any:
+        op = lb.op
+        if op == "CONST":
+            if is_structural(lb.arg, lb.dtype, inspected):
+                return ("C", repr(lb.arg), lb.shape, lb.dtype.name)
+            k = param_of.get(id(lb))
+            if k is None:
+                k = param_of[id(lb)] = len(params)
+                params.append((lb.arg, lb.dtype))
+            return ("P", k, lb.shape, lb.dtype.name)
+        if op == "BUF":
+            k = pos.get(id(lb))
+            if k is None:
+                k = pos[id(lb)] = len(inputs)
+                inputs.append(lb)
+            return ("B", k, lb.shape, lb.dtype.name)
+        return index[id(lb)]
+
+    seen: set[int] = set()
+    stack: list[tuple[LazyBuffer, bool]] = [(r, False) for r in reversed(targets)]
+    while stack:
+        lb, done = stack.pop()
+        if done:
+            if lb.op not in ("BUF", "CONST"):
+                index[id(lb)] = len(items) - 1
+                arg = lb.arg.name if isinstance(lb.arg, DType) else lb.arg
+                items.append((lb.op, arg, lb.shape, lb.dtype.name, tuple(ref(x) for x in lb.src)))
+            continue
+        if id(lb) in seen:
+            continue
+        seen.add(id(lb))
+        stack.append((lb, True))
+        stack.extend((x, False) for x in reversed(lb.src) if id(x) not in seen)
+    items.append(tuple(ref(t) for t in targets))
+    return tuple(items), inputs, params

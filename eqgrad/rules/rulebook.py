@@ -78,7 +78,7 @@ class RuleState:
         """The active configuration (memoized on this state and the environment variables)."""
         with self._lock:
             key = (tuple((str(rb.path), rb.digest, ph, it) for rb, ph, it in self.user), self.schedule,
-                   os.environ.get("EQGRAD_RULEBOOKS", ""), os.environ.get("EQGRAD_SCHEDULE", ""),
+                   config.raw_env("EQGRAD_RULEBOOKS"), config.raw_env("EQGRAD_SCHEDULE"),
                    config.EGRAPH_NODES.value)
             cfg = self._memo.get(key)
             if cfg is None:
