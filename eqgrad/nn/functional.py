@@ -146,8 +146,16 @@ def _conv(x: Tensor, weight: Tensor, s: tuple[int, int], p: tuple[int, int], d: 
     w = _pool(xp, (kh, kw), s, d)                                    # (n, cin, oh, ow, kh, kw)
     oh, ow = w.shape[2:4]
     g, rc = groups, cout // groups
-    w = w.reshape(n, g, wcin, 1, oh, ow, kh, kw).expand(n, g, wcin, rc, oh, ow, kh, kw)
-    w = w.permute(0, 1, 3, 4, 5, 2, 6, 7)                            # (n, g, rc, oh, ow, wcin, kh, kw)
+    if s == (1, 1):
+        w = w.reshape(n, g, wcin, 1, oh, ow, kh, kw).expand(n, g, wcin, rc, oh, ow, kh, kw)
+        w = w.permute(0, 1, 3, 4, 5, 2, 6, 7)                        # (n, g, rc, oh, ow, wcin, kh, kw)
+    else:
+        # strided windows are no view with a unit stride along the output row, so the plan
+        # materializes them (an im2col); built in (n, oh, ow, channel, kh, kw) order, that copy is
+        # a GEMM operand with one contiguous reduce axis (the BLAS runs it) instead of one whose
+        # channel axis is strided (stride 2, 32 -> 64 channels, 32x32, batch 32: 63 -> 2.8 ms)
+        w = w.permute(0, 2, 3, 1, 4, 5).reshape(n, 1, oh, ow, g, wcin, kh, kw)
+        w = w.expand(n, rc, oh, ow, g, wcin, kh, kw).permute(0, 4, 1, 2, 3, 5, 6, 7)
     return (w * weight.reshape(1, g, rc, 1, 1, wcin, kh, kw)).sum((5, 6, 7)).reshape(n, cout, oh, ow)
 
 
@@ -163,11 +171,34 @@ def _lane_room(c: int) -> int:
     return next((w for w in LANES_LAST if c % w == 0), 1)
 
 
+def _swapped(weight: Tensor, groups: int) -> Tensor:
+    """(C_out, C_in/g, kh, kw) -> (C_in, C_out/g, kh, kw) flipped in (kh, kw): the weights of the
+    convolution that is the input gradient's."""
+    cout, wcin, kh, kw = weight.shape
+    rc = cout // groups
+    return weight.reshape(groups, rc, wcin, kh, kw).permute(0, 2, 1, 3, 4).reshape(groups * wcin, rc, kh, kw).flip((2, 3))
+
+
+def _dilated_input_grad(gt: Tensor, weight: Tensor, size: tuple[int, int], s: tuple[int, int],
+                        p: tuple[int, int], d: tuple[int, int], groups: int) -> Tensor:
+    """The input gradient as one convolution of the output gradient, zero-inserted by the stride
+    and padded by the window's reach (k-1)*d less the forward padding (cropped where negative)."""
+    n, cout, oh, ow = gt.shape
+    kh, kw = weight.shape[2:]
+    z = gt
+    if s != (1, 1):
+        z = z.reshape(n, cout, oh, 1, ow, 1).pad(((0, 0), (0, 0), (0, 0), (0, s[0] - 1), (0, 0), (0, s[1] - 1)))
+        z = z.reshape(n, cout, oh * s[0], ow * s[1]).shrink((None, None, (0, (oh - 1) * s[0] + 1), (0, (ow - 1) * s[1] + 1)))
+    reach = ((kh - 1) * d[0], (kw - 1) * d[1])
+    edges = [(r - pp, n_ + r - (r - pp) - length) for r, pp, n_, length in zip(reach, p, size, z.shape[2:])]
+    return _conv(_pad_or_crop(z, edges), _swapped(weight, groups), (1, 1), (0, 0), d, groups)
+
+
 def _conv_grad(g: LazyBuffer, srcs: tuple[LazyBuffer, ...], s: tuple[int, int], p: tuple[int, int],
                d: tuple[int, int], groups: int) -> tuple[LazyBuffer, LazyBuffer]:
     """The gradients of ``_conv``, each written as a contraction the lowering vectorizes like the
     forward one (the primitives' gradients give a col2im sum of windows and a weight gradient
-    whose output axis is the 3-wide kernel column: CNN step 46 -> ms, docs/lowering.md).
+    whose output axis is the 3-wide kernel column: CNN step 46 -> 12 ms, docs/lowering.md).
 
     Input: a convolution of the output gradient, zero-inserted by the stride and padded by the
     window's reach, with the weights flipped and their channels swapped. Weight: the sum over
@@ -179,17 +210,11 @@ def _conv_grad(g: LazyBuffer, srcs: tuple[LazyBuffer, ...], s: tuple[int, int], 
     cout, wcin, kh, kw = weight.shape
     oh, ow = gt.shape[2:]
     G, rc = groups, cout // groups
-    # d input: zero-insert (stride), pad by the reach (k-1)*d less the forward padding, correlate
-    z = gt
-    if s != (1, 1):
-        z = z.reshape(n, cout, oh, 1, ow, 1).pad(((0, 0), (0, 0), (0, 0), (0, s[0] - 1), (0, 0), (0, s[1] - 1)))
-        z = z.reshape(n, cout, oh * s[0], ow * s[1]).shrink((None, None, (0, (oh - 1) * s[0] + 1), (0, (ow - 1) * s[1] + 1)))
-    reach = ((kh - 1) * d[0], (kw - 1) * d[1])
-    edges = [(r - pp, size + r - (r - pp) - length)
-             for r, pp, size, length in zip(reach, p, (h, wd), z.shape[2:])]
-    z = _pad_or_crop(z, edges)
-    wt = weight.reshape(G, rc, wcin, kh, kw).permute(0, 2, 1, 3, 4).reshape(cin, rc, kh, kw).flip((2, 3))
-    dx = _conv(z, wt, (1, 1), (0, 0), d, G)
+    # NOTE: a strided convolution's input gradient does s*s times the useful work here (the
+    # inserted zeros). Computing it by phases (s*s stride-1 convolutions with the taps that reach
+    # each residue of the input rows, interleaved) measured no faster: stride 2, 32 -> 64 channels,
+    # 32x32, batch 32: 7.8 against 8.1 ms, its phase kernels at 12-166 GFLOP/s
+    dx = _dilated_input_grad(gt, weight, (h, wd), s, p, d, groups)
     # d weight: (kh, kw, G, rows, cols) with the lane-friendlier channel axis last
     xp = x.pad(((0, 0), (0, 0), (p[0], p[0]), (p[1], p[1])))
     co_last = _lane_room(rc) > _lane_room(wcin)
