@@ -30,6 +30,17 @@ class DType:
     def __repr__(self) -> str:
         return f"eqgrad.{self.name}"
 
+    def __eq__(self, other: object) -> bool:
+        # the dtypes are module singletons (one copy per process unless unpickled): identity
+        # first, the fields after (graph building compares dtypes at every op). The dataclass
+        # still generates the field hash (frozen, and __eq__ written here)
+        if self is other:
+            return True
+        if other.__class__ is not DType:
+            return NotImplemented
+        return (self.rank, self.name, self.itemsize, self.llvm, self.np) == \
+            (other.rank, other.name, other.itemsize, other.llvm, other.np)
+
     @property
     def is_float(self) -> bool:
         return self.name.startswith("float")

@@ -451,9 +451,14 @@ def reduce_identity(op: str, dt: DType) -> float | int | bool:
     return _max_identity(np.dtype(dt.np))
 
 
+_ALLOWED: dict[str, tuple[DType, ...]] = {}      # op.dtypes ("fib") -> the dtypes, built once each
+
+
 def check_dtypes(op: OpDef, dtypes: list[DType]) -> None:
-    kinds = {"f": float32, "i": int32, "b": bool_}
-    allowed = [kinds[k] for k in op.dtypes]
+    allowed = _ALLOWED.get(op.dtypes)
+    if allowed is None:
+        kinds = {"f": float32, "i": int32, "b": bool_}
+        allowed = _ALLOWED[op.dtypes] = tuple(kinds[k] for k in op.dtypes)
     for d in dtypes:
         if d not in allowed:
             raise OpError(f"{op.name.lower()} expects {' or '.join(a.name for a in allowed)} input, got {d.name}")

@@ -39,7 +39,7 @@ class LazyBuffer:
         if len(shape) > MAX_RANK:
             raise OpError(f"{op.lower()}: tensors have at most {MAX_RANK} dimensions, got shape {shape}")
         if src:
-            src = tuple(freeze(s) for s in src)
+            src = tuple([freeze(s) for s in src])
         self.op, self.src, self.arg, self.shape, self.dtype, self.device = op, src, arg, shape, dtype, device
         self.buffer = buffer
         self.base: "weakref.ref[LazyBuffer] | None" = None   # a snapshot: the storage it froze
@@ -103,19 +103,20 @@ class LazyBuffer:
         d = OPS[op]
         if len(srcs) != d.arity:
             raise OpError(f"{op.lower()} takes {d.arity} sources, got {len(srcs)}")
-        shapes = [s.shape for s in srcs]
-        if any(s != shapes[0] for s in shapes):
-            raise OpError(f"{op.lower()}: source shapes must match, got {shapes}")
-        devices = {s.device for s in srcs}
-        if len(devices) != 1:
-            raise OpError(f"{op.lower()}: sources are on different devices {sorted(devices)}")
+        shape, device, dt0 = self.shape, self.device, self.dtype
+        for o in others:
+            if o.shape != shape:
+                raise OpError(f"{op.lower()}: source shapes must match, got {[s.shape for s in srcs]}")
+            if o.device != device:
+                raise OpError(f"{op.lower()}: sources are on different devices {sorted({s.device for s in srcs})}")
         dts = [s.dtype for s in srcs]
         if op == "WHERE":
             if dts[1] != dts[2]:
                 raise OpError(f"where: both branches must have one dtype, got {dts[1].name} and {dts[2].name}")
         elif op != "CAST":
-            if any(t != dts[0] for t in dts):
-                raise OpError(f"{op.lower()}: source dtypes must match, got {[t.name for t in dts]}")
+            for t in dts:
+                if t is not dt0 and t != dt0:
+                    raise OpError(f"{op.lower()}: source dtypes must match, got {[t.name for t in dts]}")
             check_dtypes(d, dts[:1])
         out_dtype = d.dtype_rule(dts, arg)
         if op == "CAST" and arg == self.dtype:
