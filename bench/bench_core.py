@@ -26,7 +26,11 @@ Workloads (full size / --quick size):
   ffn_step     Adam step of a transformer FFN: x (480, 384) -> Linear 1536, gelu(tanh) -> Linear 384,
                mean squared error (30 rows)
   layernorm_backward  d/dx of sum(layer_norm(x, w, b) * g), x (4096, 1024) ((256, 1024)), w, b, g
-  Torch runs on every usable core ("torch") and on one thread ("torch[1 thread]").
+  Torch runs on every usable core ("torch") and on one thread ("torch[1 thread]"), and so does
+  eqgrad on LLVM ("eqgrad[LLVM, 1 thread]": EQGRAD_THREADS=1 through eqgrad.Context).
+  NumPy's and eqgrad's OpenBLAS pick their kernels for the CPU unless OPENBLAS_CORETYPE says
+  otherwise; the header prints which set ran. To compare with the kernels chosen for this CPU:
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python bench/bench_core.py
 
 Per workload and framework it reports the median wall time over --reps timed
 repetitions (after warm-up), the ratio to the first eqgrad column's median (to
@@ -44,6 +48,7 @@ those inputs and forces it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import importlib.util
 import json
@@ -242,6 +247,7 @@ class Framework:
   def to_numpy(self, out) -> np.ndarray: return np.asarray(out)
   def kernel_count(self) -> int | None: return None
   def enter(self): pass              # before its workload (torch: its thread count)
+  def context(self): return contextlib.nullcontext()   # around each timed call (eqgrad: its thread count)
 
 
 class NumpyFW(Framework):
@@ -269,8 +275,15 @@ class NumpyFW(Framework):
     blas = {}
     try: blas = np.__config__.CONFIG["Build Dependencies"]["blas"]
     except Exception: pass
+    kernels = "?"
+    try:                  # which kernel set OpenBLAS chose for this CPU (OPENBLAS_CORETYPE overrides it)
+      import threadpoolctl
+      kernels = ",".join(i.get("architecture") or "?" for i in threadpoolctl.threadpool_info()
+                         if i.get("internal_api") == "openblas") or "?"
+    except Exception: pass
     return {"version": np.__version__, "blas": f"{blas.get('name', '?')} {blas.get('version', '')}".strip(),
-            "OPENBLAS_CORETYPE": os.environ.get("OPENBLAS_CORETYPE", "(unset)")}
+            "openblas_kernels": kernels, "OPENBLAS_CORETYPE": os.environ.get("OPENBLAS_CORETYPE", "(unset)"),
+            "OPENBLAS_L2_SIZE": os.environ.get("OPENBLAS_L2_SIZE", "(unset)")}
 
 
 class TorchFW(Framework):
@@ -391,8 +404,11 @@ class TinygradFW(LazyTensorFW):
 
 
 class EqgradFW(LazyTensorFW):
-  def __init__(self, device: str):
-    self.device, self.name = device, f"eqgrad[{device}]"
+  def __init__(self, device: str, threads: int = 0):
+    self.device, self.threads = device, threads
+    self.name = f"eqgrad[{device}]" if not threads else f"eqgrad[{device}, {threads} thread{'s' * (threads > 1)}]"
+  def context(self):
+    return self.eqgrad.Context(THREADS=self.threads) if self.threads else contextlib.nullcontext()
   def setup(self):
     try:
       import eqgrad
@@ -446,6 +462,12 @@ class EqgradFW(LazyTensorFW):
     d = {"version": getattr(self.eqgrad, "__version__", "dev"), "path": os.path.dirname(self.eqgrad.__file__),
          "kernel_count": "yes" if self.counters else "unavailable", "force": "realize()" if self.has_realize else "numpy()"}
     d["device"] = repr(self.dev)
+    if self.threads: d["threads"] = self.threads
+    if self.device == "LLVM":
+      try:
+        from eqgrad.devices import blas
+        d["blas_kernels"] = blas.blas().corename()
+      except Exception as e: d["blas_kernels"] = f"unavailable ({type(e).__name__})"
     return d
   def to_input(self, arr):
     t = self.Tensor(arr, device=self.device)
@@ -479,9 +501,10 @@ class Result:
 
 
 def timed(fw: Framework, w: Workload, inputs) -> tuple[float, Any]:
-  t0 = time.perf_counter()
-  out = fw.force(w.fn(fw, *inputs))
-  return time.perf_counter() - t0, out
+  with fw.context():
+    t0 = time.perf_counter()
+    out = fw.force(w.fn(fw, *inputs))
+    return time.perf_counter() - t0, out
 
 
 def measure_peaks(reps: int = 5) -> dict:
@@ -622,6 +645,7 @@ def main(argv=None) -> int:
   p.add_argument("--eqgrad-devices", default="LLVM,OPENCL",
                  help="eqgrad devices, one column each (default LLVM,OPENCL); the first is the baseline")
   p.add_argument("--no-eqgrad", action="store_true", help="skip the eqgrad column")
+  p.add_argument("--no-one-thread", action="store_true", help="skip the eqgrad[LLVM, 1 thread] column")
   p.add_argument("--json", default=None, metavar="PATH", help="write environment and results as JSON")
   p.add_argument("--peak-gflops", type=float, default=None, help="the machine's peak FLOP/s for 'of peak' (default: measured)")
   p.add_argument("--peak-gbs", type=float, default=None, help="the machine's DRAM bandwidth for 'of peak' (default: measured)")
@@ -640,7 +664,10 @@ def main(argv=None) -> int:
   names = [s.strip() for s in args.frameworks.split(",") if s.strip()]
   candidates: list[Framework] = []
   for n in names:
-    if n == "eqgrad" and not args.no_eqgrad: candidates += [EqgradFW(d.strip().upper()) for d in args.eqgrad_devices.split(",") if d.strip()]
+    if n == "eqgrad" and not args.no_eqgrad:
+      devs = [d.strip().upper() for d in args.eqgrad_devices.split(",") if d.strip()]
+      candidates += [EqgradFW(d) for d in devs]
+      if "LLVM" in devs and not args.no_one_thread: candidates.append(EqgradFW("LLVM", threads=1))
     elif n == "numpy": candidates.append(NumpyFW())
     elif n == "torch": candidates += [TorchFW(), TorchFW(threads=1)]
     elif n == "tinygrad": candidates += [TinygradFW(d.strip()) for d in args.tinygrad_devices.split(",") if d.strip()]
