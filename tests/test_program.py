@@ -33,11 +33,26 @@ def test_structure_is_linearize(name, inspected):
     targets = dict(_programs())[name]          # built afresh: the end of each case realizes them
     lbs = list({id(t.lazydata): t.lazydata for t in targets}.values())
     prog = linearize(lbs, device="LLVM", inspected=inspected)
-    key, inputs, params = structure(lbs, device="LLVM", inspected=inspected)
+    key, inputs, params, order = structure(lbs, device="LLVM", inspected=inspected)
     assert key == prog.key
+    assert linearize(lbs, order, device="LLVM", inspected=inspected).key == key
     assert [id(x) for x in inputs] == [id(x) for x in prog.inputs]
     assert params == prog.params
     if inspected is not None and name in ("elementwise", "shared", "params_distinct_nodes"):
         assert params                                     # the non-rule floats became parameters
     for t in targets:
         t.realize()
+
+
+
+@pytest.mark.parametrize("inspected", [None, frozenset({0.0, 1.0})], ids=["all_structural", "rules"])
+@pytest.mark.parametrize("name", NAMES)
+def test_structure_sizes_is_program_sizes(name, inspected):
+    """resize's ProgramSizes from the one-walk structure (no Program) equals program_sizes(prog)."""
+    from eqgrad.graph.resize import program_sizes, structure_sizes
+    targets = dict(_programs())[name]
+    lbs = list({id(t.lazydata): t.lazydata for t in targets}.values())
+    prog = linearize(lbs, device="LLVM", inspected=inspected)
+    key, inputs, params, _ = structure(lbs, device="LLVM", inspected=inspected)
+    specs = [(x.shape, x.dtype) for x in inputs] + [((), d) for _, d in params]
+    assert structure_sizes(key, specs, len(inputs)) == program_sizes(prog)

@@ -38,7 +38,7 @@ from eqgrad.extract import DEFAULT as DEFAULT_EXTRACTION, DeviceParams, ExtractS
 from eqgrad.extract.cost import CostFn
 from eqgrad.graph.lazy import LazyBuffer
 from eqgrad.graph.program import Program, linearize, structure
-from eqgrad.graph.resize import ProgramSizes, program_sizes, resize
+from eqgrad.graph.resize import ProgramSizes, program_sizes, resize, structure_sizes
 from eqgrad.rules import rulebook
 from eqgrad.rules.rulebook import DEFAULT_PHASE, RuleConfig, RuleState
 from eqgrad.rules.saturate import Saturator, default_saturator
@@ -244,21 +244,31 @@ class Session:
     def _cached_plan(self, prog: Program, rules: RuleConfig, resize: bool = True) -> CompiledPlan:
         """The compiled plan of ``prog``: cached, else resized from a cached plan of the same program
         at other sizes (``resize``, EQGRAD_RESIZE), else compiled."""
-        settings = settings_key(prog.device, self.extraction)
-        key = (rules.key, settings, prog.key)
+        key = (rules.key, settings_key(prog.device, self.extraction), prog.key)
         cp = self.plan_cache.get(key)
         if cp is None:
-            with core.COMPILE_LOCK:
-                cp = self.plan_cache.get(key)       # compiled by another thread while this one waited
-                if cp is None:
-                    ps = program_sizes(prog)
-                    skey = (rules.key, settings, ps.key)
-                    if resize and config.RESIZE.value:
-                        cp = self._resized(ps, skey, prog.device)
-                    if cp is None:
-                        cp = compile_plan(prog, rules, self.extraction, self._saturator)
-                    self.plan_cache[key] = cp
-                    self._resizable.add(skey, ps, cp)
+            cp = self._missed(key, program_sizes(prog), lambda: prog, rules, prog.device, resize)
+        return cp
+
+    def _missed(self, key: tuple, ps: ProgramSizes, program: Callable[[], Program | None], rules: RuleConfig,
+                device: str, resize: bool = True) -> CompiledPlan | None:
+        """The plan of a program missing from the plan cache (``key``, its sizes ``ps``): resized
+        from a cached plan of the same program at other sizes (``resize``, EQGRAD_RESIZE), else
+        compiled from ``program()`` (None: the program changed meanwhile; so does the answer)."""
+        with core.COMPILE_LOCK:
+            cp = self.plan_cache.get(key)           # compiled by another thread while this one waited
+            if cp is not None:
+                return cp
+            skey = (key[0], key[1], ps.key)
+            if resize and config.RESIZE.value:
+                cp = self._resized(ps, skey, device)
+            if cp is None:
+                prog = program()
+                if prog is None:
+                    return None
+                cp = compile_plan(prog, rules, self.extraction, self._saturator)
+            self.plan_cache[key] = cp
+            self._resizable.add(skey, ps, cp)
         return cp
 
     def _resized(self, ps: ProgramSizes, skey: tuple, device: str) -> CompiledPlan | None:
@@ -289,21 +299,38 @@ class Session:
             if not targets:
                 return
             # the structure key in one walk; the Program itself only when the plan is not cached
-            skey, in_lbs, pvals = structure(targets, device=device, inspected=rules.inspected_constants)
-            cp = self.plan_cache.get((rules.key, settings_key(device, self.extraction), skey))
-            prog = None if cp is not None else linearize(targets, device=device, inspected=rules.inspected_constants)
+            skey, in_lbs, pvals, order = structure(targets, device=device, inspected=rules.inspected_constants)
+            key = (rules.key, settings_key(device, self.extraction), skey)
+            cp = self.plan_cache.get(key)
+            prog = ps = None
+            if cp is None:
+                # a miss: its sizes from the structure; the Program only when no cached plan of
+                # other sizes may be resized (a growing KV cache's step never builds one)
+                ps = structure_sizes(skey, [(lb.shape, lb.dtype) for lb in in_lbs] + [((), dt) for _, dt in pvals],
+                                     len(in_lbs))
+                if not (config.RESIZE.value and self._resizable.candidates((key[0], key[1], ps.key))):
+                    prog = linearize(targets, order, device=device, inspected=rules.inspected_constants)
+                    prog.__dict__["key"] = skey        # the same tuple (Program.key is a cached_property)
             # host buffers come from the pool (devices/__init__.py); the intermediates go back to it as
             # soon as ``bufs`` is dropped at the end of this call, the outputs when no tensor holds them
             bufs: list[Buffer] = [lb.buffer for lb in in_lbs]
             if config.VALIDATE.value and prog is None:
-                prog = linearize(targets, device=device, inspected=rules.inspected_constants)
+                prog = linearize(targets, order, device=device, inspected=rules.inspected_constants)
         # the parameters' values, one element each, after the realized inputs (Program.input_specs);
         # the capture hooks see them as realized inputs that hold constants
         params = [LazyBuffer.from_buffer(Buffer.from_numpy(np.asarray(v, dt.np), device)) for v, dt in pvals]
         bufs += [lb.buffer for lb in params]
         inputs = in_lbs + params
         if cp is None:
-            cp = self._cached_plan(prog, rules)
+            def program() -> Program | None:
+                if prog is not None:
+                    return prog
+                with GRAPH_LOCK:                       # the resize was refused: build it now
+                    p = linearize(targets, device=device, inspected=rules.inspected_constants)
+                return p if p.key == skey else None    # another thread realized part of it meanwhile
+            cp = self._missed(key, ps, program, rules, device)
+            if cp is None:
+                return self._realize_on(device, targets)
         self._local.last_plan = cp
         plan = cp.plan
         for shape, dt in plan.buffers[len(inputs):]:

@@ -165,12 +165,12 @@ def linearize(targets: list[LazyBuffer], order: list[LazyBuffer] | None = None, 
 
 
 def structure(targets: list[LazyBuffer], device: str = "", inspected: frozenset[float] | None = None
-              ) -> tuple[tuple, list[LazyBuffer], list[tuple[Any, DType]]]:
-    """``(linearize(...).key, .inputs, .params)`` in one walk, without building the Program: what
-    a realize needs when its plan is cached (the Program is built only on a miss). The walk is
-    ``toposort``'s (post-order, sources left to right) and refs are numbered as ``linearize``
-    numbers them, so the key is the same tuple (tests/test_program.py checks it on every program of
-    the test corpus it builds)."""
+              ) -> tuple[tuple, list[LazyBuffer], list[tuple[Any, DType]], list[LazyBuffer]]:
+    """``(linearize(...).key, .inputs, .params, toposort(targets))`` in one walk, without building
+    the Program: what a realize needs when its plan is cached. On a miss the Program is built from
+    the returned order (``linearize(targets, order)``, no second walk). The walk is ``toposort``'s
+    (post-order, sources left to right) and refs are numbered as ``linearize`` numbers them, so the
+    key is the same tuple (tests/test_program.py checks it on every program of its corpus)."""
     index: dict[int, int] = {}
     pos: dict[int, int] = {}
     inputs: list[LazyBuffer] = []
@@ -197,19 +197,30 @@ def structure(targets: list[LazyBuffer], device: str = "", inspected: frozenset[
         return index[id(lb)]
 
     seen: set[int] = set()
+    order: list[LazyBuffer] = []
     stack: list[tuple[LazyBuffer, bool]] = [(r, False) for r in reversed(targets)]
+    pop, push, emit, add = stack.pop, stack.append, order.append, items.append
     while stack:
-        lb, done = stack.pop()
+        lb, done = pop()
         if done:
-            if lb.op not in ("BUF", "CONST"):
+            emit(lb)
+            op = lb.op
+            if op != "BUF" and op != "CONST":
                 index[id(lb)] = len(items) - 1
-                arg = lb.arg.name if isinstance(lb.arg, DType) else lb.arg
-                items.append((lb.op, arg, lb.shape, lb.dtype.name, tuple(ref(x) for x in lb.src)))
+                arg = lb.arg
+                if arg.__class__ is DType:
+                    arg = arg.name
+                add((op, arg, lb.shape, lb.dtype.name, tuple([ref(x) for x in lb.src])))
             continue
-        if id(lb) in seen:
+        i = id(lb)
+        if i in seen:
             continue
-        seen.add(id(lb))
-        stack.append((lb, True))
-        stack.extend((x, False) for x in reversed(lb.src) if id(x) not in seen)
+        seen.add(i)
+        push((lb, True))
+        src = lb.src
+        for k in range(len(src) - 1, -1, -1):
+            x = src[k]
+            if id(x) not in seen:
+                push((x, False))
     items.append(tuple(ref(t) for t in targets))
-    return tuple(items), inputs, params
+    return tuple(items), inputs, params, order

@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from itertools import product as cartesian
 from typing import Any, Union
 
-from eqgrad.dtype import DType, bool_, cast_scalar
+from eqgrad.dtype import DType, bool_, cast_scalar, float32, int32
 from eqgrad.graph.plan import Kernel, KernelPlan, KNode, check_plan
 from eqgrad.graph.program import ConstLeaf, Input, ParamLeaf, Program, Ref
 from eqgrad.ops import OPS, REDUCE_OPS, Shape, numel
@@ -159,6 +159,53 @@ def program_sizes(prog: Program) -> ProgramSizes:
     items.append(tuple(ref(r) for r in prog.roots))
     roots = tuple((*_ref_shape(prog, r), r.pos if isinstance(r, Input) else None) for r in prog.roots)
     return ProgramSizes(tuple(items), tuple(sz.values), tuple((tuple(s), d) for s, d in prog.input_specs), roots,
+                        frozenset(consts | {-v for v in consts}), folds, sums, unknown)
+
+
+_DTYPES = {d.name: d for d in (float32, int32, bool_)}
+
+
+def structure_sizes(key: tuple, input_specs: list[tuple[Shape, DType]], n_inputs: int) -> ProgramSizes:
+    """``program_sizes(prog)`` from what ``graph.program.structure`` gives (``prog.key`` and
+    ``prog.input_specs``, the realized inputs first), without the Program: a realize that resizes
+    a cached plan never builds one. The same walk over the same items, so the same result
+    (tests/test_program.py compares them)."""
+    sz = _Sizes()
+    consts: set[float] = set()
+    unknown = ""
+
+    def ref(r: Any) -> Any:
+        if r.__class__ is int:
+            return r
+        if r[0] == "C" and r[3] != "bool":
+            consts.add(float(r[1]))
+        return (r[0], r[1], sz.shape(r[2]), r[3])
+
+    const: list[bool] = []
+    folds = sums = False
+    nodes = key[1:-1]
+    items: list[tuple] = [(key[0][0], n_inputs, tuple(d.name for _, d in input_specs[n_inputs:]))]
+    for op, arg, shape, dtname, srcs in nodes:
+        if isinstance(arg, str) and arg in _DTYPES and (op in _ELEMENTWISE or op in _BOUNDARY):
+            pass                                   # a cast's dtype, by name in the key
+        elif _known(op, arg):
+            arg = sz.arg(op, arg)
+        else:
+            unknown = unknown or f"op {op} (attribute {arg!r}), whose sizes resize does not know"
+        items.append((op, arg, sz.shape(shape), dtname, tuple([ref(r) for r in srcs])))
+        c = True
+        for r in srcs:
+            if not (const[r] if r.__class__ is int else r[0] == "C"):
+                c = False
+                break
+        const.append(c)
+        folds |= c and op in _ELEMENTWISE
+        sums |= c and op in REDUCE_OPS
+    roots = key[-1]
+    items.append(tuple([ref(r) for r in roots]))
+    root_info = tuple((tuple(nodes[r][2]), _DTYPES[nodes[r][3]], None) if isinstance(r, int) else
+                      (tuple(r[2]), _DTYPES[r[3]], r[1] if r[0] == "B" else None) for r in roots)
+    return ProgramSizes(tuple(items), tuple(sz.values), tuple((tuple(sh), d) for sh, d in input_specs), root_info,
                         frozenset(consts | {-v for v in consts}), folds, sums, unknown)
 
 
