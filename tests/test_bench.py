@@ -6,12 +6,18 @@ import sys
 from pathlib import Path
 
 
+def _script(name: str):
+    """A bench/ script imported as a module (its dataclasses look their module up in sys.modules)."""
+    path = Path(__file__).resolve().parent.parent / "bench" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def test_bench_core_quick_run_matches_numpy(tmp_path, capsys):
-    path = Path(__file__).resolve().parent.parent / "bench" / "bench_core.py"
-    spec = importlib.util.spec_from_file_location("bench_core", path)
-    bench = importlib.util.module_from_spec(spec)
-    sys.modules["bench_core"] = bench          # its dataclasses look their module up
-    spec.loader.exec_module(bench)
+    bench = _script("bench_core")
     out = tmp_path / "core.json"
     rc = bench.main(["--quick", "--frameworks", "eqgrad,numpy", "--eqgrad-devices", "LLVM", "--reps", "1",
                      "--warmup", "0", "--peak-gflops", "100", "--peak-gbs", "10", "--json", str(out)])
@@ -34,11 +40,7 @@ def test_bench_compile_quick_run_has_the_columns_and_a_right_chain(tmp_path, cap
     """bench_compile.py --quick on its three cheapest cases, each in a fresh process: every row has the
     table's columns (the compile split from the wrapped compile_plan included) and the chain's result
     matches NumPy's."""
-    path = Path(__file__).resolve().parent.parent / "bench" / "bench_compile.py"
-    spec = importlib.util.spec_from_file_location("bench_compile", path)
-    bench = importlib.util.module_from_spec(spec)
-    sys.modules["bench_compile"] = bench
-    spec.loader.exec_module(bench)
+    bench = _script("bench_compile")
     out = tmp_path / "compile.json"
     rc = bench.main(["--quick", "--no-tinygrad", "--cases", "first_realize,chain,scalar", "--values", "8",
                      "--timeout", "300", "--json", str(out)])
@@ -63,11 +65,7 @@ def test_bench_model_records_every_kernel_of_a_step(tmp_path, capsys):
     """bench_model.py --quick: each workload's kernels are timed one by one through
     GlobalCounters.kernel_log (printing nothing), pieces of one plan kernel summed into it."""
     from eqgrad import GlobalCounters
-    path = Path(__file__).resolve().parent.parent / "bench" / "bench_model.py"
-    spec = importlib.util.spec_from_file_location("bench_model", path)
-    bench = importlib.util.module_from_spec(spec)
-    sys.modules["bench_model"] = bench
-    spec.loader.exec_module(bench)
+    bench = _script("bench_model")
     out = tmp_path / "model.json"
     rc = bench.main(["--quick", "--reps", "2", "--warmup", "0", "--only", "matmul512,ffn_step,bert_encoder",
                      "--json", str(out)])

@@ -52,7 +52,7 @@ from typing import Any, Union
 
 from eqgrad.dtype import DType, bool_, cast_scalar, float32, int32
 from eqgrad.graph.plan import Kernel, KernelPlan, KNode, check_plan
-from eqgrad.graph.program import ConstLeaf, Input, ParamLeaf, Program, Ref
+from eqgrad.graph.program import Program
 from eqgrad.ops import OPS, REDUCE_OPS, Shape, numel
 
 SIZE = "n"      # a size other than 0 and 1, in a size-free key
@@ -122,54 +122,17 @@ class ProgramSizes:
 
 
 def program_sizes(prog: Program) -> ProgramSizes:
-    """The sizes of ``prog`` and its size-free key, in one walk."""
-    sz = _Sizes()
-    consts: set[float] = set()
-    unknown = ""
-
-    def ref(r: Ref) -> Any:
-        nonlocal unknown
-        if isinstance(r, int):
-            return r
-        if isinstance(r, Input):
-            return ("B", r.pos, sz.shape(r.shape), r.dtype.name)
-        if isinstance(r, ParamLeaf):
-            return ("P", r.index, sz.shape(r.shape), r.dtype.name)
-        if isinstance(r, ConstLeaf):
-            if not isinstance(r.value, bool):
-                consts.add(float(r.value))
-            return ("C", repr(r.value), sz.shape(r.shape), r.dtype.name)
-        unknown = unknown or f"a leaf {type(r).__name__} that resize does not know"
-        return ("?", repr(r))
-
-    const: list[bool] = []          # node i computes from constants alone
-    folds = sums = False
-    items: list[tuple] = [(prog.device, len(prog.inputs), tuple(dt.name for _, dt in prog.params))]
-    for n in prog.nodes:
-        if _known(n.op, n.arg):
-            arg = sz.arg(n.op, n.arg)
-        else:
-            arg = n.arg
-            unknown = unknown or f"op {n.op} (attribute {n.arg!r}), whose sizes resize does not know"
-        items.append((n.op, arg, sz.shape(n.shape), n.dtype.name, tuple(ref(r) for r in n.src)))
-        c = all(const[r] if isinstance(r, int) else isinstance(r, ConstLeaf) for r in n.src)
-        const.append(c)
-        folds |= c and n.op in _ELEMENTWISE
-        sums |= c and n.op in REDUCE_OPS
-    items.append(tuple(ref(r) for r in prog.roots))
-    roots = tuple((*_ref_shape(prog, r), r.pos if isinstance(r, Input) else None) for r in prog.roots)
-    return ProgramSizes(tuple(items), tuple(sz.values), tuple((tuple(s), d) for s, d in prog.input_specs), roots,
-                        frozenset(consts | {-v for v in consts}), folds, sums, unknown)
+    """The sizes of ``prog`` and its size-free key, in one walk of its structure key."""
+    return structure_sizes(prog.key, prog.input_specs, len(prog.inputs))
 
 
 _DTYPES = {d.name: d for d in (float32, int32, bool_)}
 
 
 def structure_sizes(key: tuple, input_specs: list[tuple[Shape, DType]], n_inputs: int) -> ProgramSizes:
-    """``program_sizes(prog)`` from what ``graph.program.structure`` gives (``prog.key`` and
-    ``prog.input_specs``, the realized inputs first), without the Program: a realize that resizes
-    a cached plan never builds one. The same walk over the same items, so the same result
-    (tests/test_program.py compares them)."""
+    """The sizes of a program and its size-free key, from its structure key (``Program.key``, or
+    ``graph.program.structure``'s: the same tuple) and its input specs (the realized inputs first,
+    then the parameters): a realize that resizes a cached plan never builds the Program."""
     sz = _Sizes()
     consts: set[float] = set()
     unknown = ""
@@ -207,12 +170,6 @@ def structure_sizes(key: tuple, input_specs: list[tuple[Shape, DType]], n_inputs
                       (tuple(r[2]), _DTYPES[r[3]], r[1] if r[0] == "B" else None) for r in roots)
     return ProgramSizes(tuple(items), tuple(sz.values), tuple((tuple(sh), d) for sh, d in input_specs), root_info,
                         frozenset(consts | {-v for v in consts}), folds, sums, unknown)
-
-
-def _ref_shape(prog: Program, r: Ref) -> tuple[Shape, DType]:
-    if isinstance(r, int):
-        return tuple(prog.nodes[r].shape), prog.nodes[r].dtype
-    return tuple(r.shape), r.dtype
 
 
 def size_free_key(prog: Program) -> tuple:

@@ -159,13 +159,6 @@ def _conv(x: Tensor, weight: Tensor, s: tuple[int, int], p: tuple[int, int], d: 
     return (w * weight.reshape(1, g, rc, 1, 1, wcin, kh, kw)).sum((5, 6, 7)).reshape(n, cout, oh, ow)
 
 
-def _pad_or_crop(x: Tensor, edges: Sequence[tuple[int, int]]) -> Tensor:
-    """Pad the last axes by (before, after) each; a negative amount crops instead."""
-    lead = [None] * (x.ndim - len(edges))
-    x = x.pad(lead + [(max(a, 0), max(b, 0)) for a, b in edges])
-    return x.shrink(lead + [(-min(a, 0), n + min(b, 0)) for (a, b), n in zip(edges, x.shape[-len(edges):])])
-
-
 def _lane_room(c: int) -> int:
     """How well ``c`` channels fill register lanes: the largest of the lowering's widths dividing it."""
     return next((w for w in LANES_LAST if c % w == 0), 1)
@@ -182,7 +175,7 @@ def _swapped(weight: Tensor, groups: int) -> Tensor:
 def _dilated_input_grad(gt: Tensor, weight: Tensor, size: tuple[int, int], s: tuple[int, int],
                         p: tuple[int, int], d: tuple[int, int], groups: int) -> Tensor:
     """The input gradient as one convolution of the output gradient, zero-inserted by the stride
-    and padded by the window's reach (k-1)*d less the forward padding (cropped where negative)."""
+    and padded by the window's reach (k-1)*d less the forward padding (``pad`` crops where negative)."""
     n, cout, oh, ow = gt.shape
     kh, kw = weight.shape[2:]
     z = gt
@@ -191,7 +184,7 @@ def _dilated_input_grad(gt: Tensor, weight: Tensor, size: tuple[int, int], s: tu
         z = z.reshape(n, cout, oh * s[0], ow * s[1]).shrink((None, None, (0, (oh - 1) * s[0] + 1), (0, (ow - 1) * s[1] + 1)))
     reach = ((kh - 1) * d[0], (kw - 1) * d[1])
     edges = [(r - pp, n_ + r - (r - pp) - length) for r, pp, n_, length in zip(reach, p, size, z.shape[2:])]
-    return _conv(_pad_or_crop(z, edges), _swapped(weight, groups), (1, 1), (0, 0), d, groups)
+    return _conv(z.pad(((0, 0), (0, 0), *edges)), _swapped(weight, groups), (1, 1), (0, 0), d, groups)
 
 
 def _conv_grad(g: LazyBuffer, srcs: tuple[LazyBuffer, ...], s: tuple[int, int], p: tuple[int, int],
@@ -206,7 +199,7 @@ def _conv_grad(g: LazyBuffer, srcs: tuple[LazyBuffer, ...], s: tuple[int, int], 
     (kh, kw, group, ., .) layout whose last axis is a channel axis (lanes), from a channels-last
     copy of the padded input (or of the gradient, when its channels fill lanes better)."""
     x, weight, gt = Tensor(srcs[0]), Tensor(srcs[1]), Tensor(g)
-    n, cin, h, wd = x.shape
+    n, _, h, wd = x.shape
     cout, wcin, kh, kw = weight.shape
     oh, ow = gt.shape[2:]
     G, rc = groups, cout // groups
