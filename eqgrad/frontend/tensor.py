@@ -72,6 +72,11 @@ def _shape_arg(shape: tuple) -> tuple[int, ...]:
     """Accept f(2, 3) and f((2, 3))."""
     if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
         shape = tuple(shape[0])
+    for s in shape:             # the common case, Python ints, as given (graph building is per op)
+        if s.__class__ is not int:
+            break
+    else:
+        return shape
     out = []
     for s in shape:
         if not isinstance(s, (int, np.integer)) or isinstance(s, bool):
@@ -160,10 +165,10 @@ class Tensor:
 
     @property
     def ndim(self) -> int:
-        return len(self.shape)
+        return len(self.lazydata.shape)
 
     def numel(self) -> int:
-        return math.prod(self.shape)
+        return math.prod(self.lazydata.shape)
 
     def size(self, dim: int | None = None) -> int | tuple[int, ...]:
         return self.shape if dim is None else self.shape[self._axis(dim, "size")]
@@ -325,8 +330,13 @@ class Tensor:
         else:
             out = lb.alu(op, *[s.lazydata for s in srcs], arg=arg)
         t = Tensor(out)
-        if autograd._GradMode.enabled and out.dtype.is_float and \
-                (self.requires_grad or any(s.requires_grad for s in srcs)):
+        grad = self.requires_grad
+        if not grad:
+            for s in srcs:
+                if s.requires_grad:
+                    grad = True
+                    break
+        if grad and autograd._GradMode.enabled and out.dtype.is_float:
             t.requires_grad = True
             t._ctx = autograd.Ctx(op, arg, (self, *srcs), tuple(freeze(x) for x in (lb, *[s.lazydata for s in srcs])), out)
         return t
@@ -457,8 +467,12 @@ class Tensor:
             if other.device != self.device:
                 raise DeviceError(f"{op}: tensors are on different devices ({self.device} and {other.device}); "
                                   "move one with .to(device)")
-            d = dt.promote(self.dtype, other.dtype)
-            a, b = self.cast(d), other.cast(d)
+            d0, d1 = self.lazydata.dtype, other.lazydata.dtype
+            if d0 is d1:
+                a, b = self, other
+            else:
+                d = dt.promote(d0, d1)
+                a, b = self.cast(d), other.cast(d)
         elif isinstance(other, (bool, int, float, np.bool_, np.integer, np.floating)):
             d = dt.result_with_scalar(self.dtype, other)
             if isinstance(other, float) and not math.isfinite(other) and d is not float32:
@@ -999,6 +1013,17 @@ class Tensor:
     # ------------------------------------------------------------------ movement
     def reshape(self, *shape: Any) -> "Tensor":
         shape = _shape_arg(shape)
+        if shape and min(shape) < 0:
+            shape = self._inferred_reshape(shape)
+        if len(shape) > MAX_RANK:
+            raise ShapeError(f"reshape(): tensors have at most {MAX_RANK} dimensions, got shape {shape}")
+        if math.prod(shape) != self.numel():
+            raise ShapeError(f"reshape(): cannot reshape {self.shape} ({self.numel()} elements) into {shape} "
+                             f"({math.prod(shape)} elements)")
+        return self._apply("RESHAPE", arg=shape)
+
+    def _inferred_reshape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        """``shape`` with its -1 (at most one) replaced by the size that keeps the element count."""
         if sum(1 for s in shape if s == -1) > 1:
             raise ShapeError(f"reshape(): only one dimension can be -1, got {shape}")
         if any(s < -1 for s in shape):
@@ -1008,21 +1033,17 @@ class Tensor:
             if known == 0 or self.numel() % known:
                 raise ShapeError(f"reshape(): cannot reshape {self.shape} ({self.numel()} elements) into {shape}")
             shape = tuple(self.numel() // known if s == -1 else s for s in shape)
-        if len(shape) > MAX_RANK:
-            raise ShapeError(f"reshape(): tensors have at most {MAX_RANK} dimensions, got shape {shape}")
-        if math.prod(shape) != self.numel():
-            raise ShapeError(f"reshape(): cannot reshape {self.shape} ({self.numel()} elements) into {shape} "
-                             f"({math.prod(shape)} elements)")
-        return self._apply("RESHAPE", arg=shape)
+        return shape
 
     view = reshape
 
     def permute(self, *order: Any) -> "Tensor":
         order = _shape_arg(order)
-        if sorted(o % max(self.ndim, 1) if -self.ndim <= o < self.ndim else -99 for o in order) != list(range(self.ndim)):
-            raise AxisError(f"permute(): {order} is not a permutation of the {self.ndim} axes of shape {self.shape}")
-        order = tuple(o % self.ndim for o in order)
-        return self._apply("PERMUTE", arg=order)
+        n = len(self.lazydata.shape)
+        norm = tuple([o + n if -n <= o < 0 else o for o in order])
+        if sorted(norm) != list(range(n)):
+            raise AxisError(f"permute(): {order} is not a permutation of the {n} axes of shape {self.shape}")
+        return self._apply("PERMUTE", arg=norm)
 
     def transpose(self, dim0: int = -2, dim1: int = -1) -> "Tensor":
         if self.ndim < 2 and (dim0, dim1) == (-2, -1):

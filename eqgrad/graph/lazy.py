@@ -138,18 +138,23 @@ class LazyBuffer:
         return LazyBuffer(op, (self,), axes, new_shape, self.dtype, self.device)
 
     def movement(self, op: str, arg: Any) -> "LazyBuffer":
-        new_shape = tuple(int(s) for s in OPS[op].shape_rule([self.shape], arg))
-        if op in ("RESHAPE", "EXPAND") and new_shape == self.shape:
-            return self
-        if op == "PERMUTE" and tuple(arg) == tuple(range(len(self.shape))):
-            return self
-        if op in ("PAD", "SHRINK") and new_shape == self.shape and not any(arg[0]):
-            return self
-        if op == "FLIP" and not arg:
+        shape = self.shape
+        new_shape = tuple(map(int, OPS[op].shape_rule([shape], arg)))
+        same = op == "RESHAPE" or op == "EXPAND"
+        if same:
+            if new_shape == shape:
+                return self
+        elif op == "PERMUTE":
+            if tuple(arg) == tuple(range(len(shape))):
+                return self
+        elif op == "PAD" or op == "SHRINK":
+            if new_shape == shape and not any(arg[0]):
+                return self
+        elif op == "FLIP" and not arg:
             return self
         if self.op == "CONST" and op != "PAD":
             return LazyBuffer.const(self.arg, new_shape, self.dtype, self.device)
-        if self.op == op and op in ("RESHAPE", "EXPAND"):
+        if same and self.op == op:
             return self.src[0].movement(op, arg)
         return LazyBuffer(op, (self,), arg, new_shape, self.dtype, self.device)
 
