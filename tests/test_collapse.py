@@ -81,3 +81,98 @@ def test_kernels_that_read_across_elements_keep_their_loops():
     for ast in cases:
         k = Kernel("k0", 2, ast, ast.buffers())
         assert collapse(k) is k, ast.render()
+
+
+# ------------------------------------------------------------------ merge_axes: groups of axes
+
+def _expand(node: KNode, shape) -> KNode:
+    return KNode("EXPAND", (node,), tuple(shape), tuple(shape), node.dtype)
+
+
+def _one_kernel(ast: KNode, n_in: int, in_shapes) -> KernelPlan:
+    return KernelPlan([(tuple(s), float32) for s in in_shapes] + [(ast.shape, float32)], n_in,
+                      [Kernel("k0", n_in, ast, ast.buffers())], [n_in])
+
+
+def _loops(lk) -> list[int]:
+    return [x.arg for x in lk.insts if x.op == "RANGE"]
+
+
+def _merge_cases():
+    """(name, ast, input shapes, the loop extents merge_axes leaves)."""
+    s = (4, 6, 5, 7)
+    x, b = buf(0, s), buf(1, (1, 6, 1, 1))
+    bias = KNode("ADD", (x, _expand(b, s)), None, s, float32)
+    # a permute that keeps the last two axes together: (A, B, C, D) -> (A, C, D, B)
+    y = buf(0, (4, 6, 5, 7))
+    perm = KNode("EXP2", (KNode("PERMUTE", (y,), (0, 2, 3, 1), (4, 5, 7, 6), float32),), None, (4, 5, 7, 6), float32)
+    # a row broadcast over the leading two axes: (1, 1, 35) read over (4, 6, 35)
+    r = buf(1, (1, 1, 35))
+    rows = KNode("MUL", (buf(0, (4, 6, 35)), _expand(r, (4, 6, 35))), None, (4, 6, 35), float32)
+    # a shrink of the last axis, (4, 6, 9)[:, :, 1:8]: the rows stay apart from the window, the two
+    # leading axes (strides 54 and 9) merge
+    w = KNode("SHRINK", (buf(0, (4, 6, 9)),), ((0, 0, 1), (4, 6, 8)), (4, 6, 7), float32)
+    shrink = KNode("NEG", (w,), None, (4, 6, 7), float32)
+    return [("bias", bias, [s, (1, 6, 1, 1)], [4, 6, 35]),
+            ("permute", perm, [(4, 6, 5, 7)], [4, 35, 6]),
+            ("rows", rows, [(4, 6, 35), (1, 1, 35)], [24, 35]),
+            ("shrink", shrink, [(4, 6, 9)], [24, 7])]
+
+
+@pytest.mark.parametrize("name,ast,shapes,loops", _merge_cases(), ids=[c[0] for c in _merge_cases()])
+def test_merged_axes_loop_as_one_with_linear_reads_and_the_same_numbers(name, ast, shapes, loops):
+    plan = _one_kernel(ast, len(shapes), shapes)
+    k = plan.kernels[0]
+    lk = lower_kernel(k, plan)
+    assert _loops(lk) == loops
+    # every read folds back to a linear index: no division or modulo left in the loop IR
+    assert not any(x.op in ("IDIV", "MOD") for x in lk.insts), str(lk)
+    rng = np.random.default_rng(1)
+    arrays = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    want = np.asarray(run_kernel(k, list(arrays) + [None]))
+    np.testing.assert_allclose(run_llvm(plan, arrays), want.reshape(ast.shape), rtol=1e-6, atol=1e-6)
+
+
+def test_kernels_with_reductions_or_pads_keep_their_axes():
+    from eqgrad.lower.collapse import merge_axes
+    red = KNode("RSUM", (buf(0, (4, 6, 8)),), (1,), (4, 1, 8), float32)
+    pad = KNode("EXP2", (KNode("PAD", (buf(0, (3, 5, 7)),), ((1, 0), (0, 1), (0, 0)), (4, 6, 7), float32),), None,
+                (4, 6, 7), float32)
+    for ast in (red, pad):
+        k = Kernel("k0", 1, ast, ast.buffers())
+        assert merge_axes(k) is k, ast.render()
+
+
+def test_division_and_modulo_of_one_value_fold_back_into_it():
+    """k*d*(x // d) + k*(x % d) == k*x, nested groups too, for every value of the variables (floor
+    semantics, negative offsets included)."""
+    from eqgrad.lower.symbolic import Div, Lin, Mod, Var
+
+    def value(e: Lin, env: dict) -> int:
+        total = e.const
+        for a, c in e.terms:
+            if isinstance(a, Var):
+                v = env[a.name]
+            elif isinstance(a, Div):
+                v = value(a.x, env) // a.d
+            else:
+                v = value(a.x, env) % a.d
+            total += c * v
+        return total
+
+    r, j = Lin.var("r", 210), Lin.var("j", 5)
+    x = r * 3 + j - 7                         # negative for small r
+    exprs = [
+        (x // 6) * 6 + x % 6,
+        (r // 35) * 35 * 4 + ((r // 5) % 7) * 5 * 4 + (r % 5) * 4 + 1,      # (6, 7, 5) read as one axis
+        (x // 10) * 20 + (x % 10) * 2 - (x // 10) * 20,
+        (r // 5) * 3 + r % 5,                   # not foldable: stays, and stays right
+    ]
+    assert exprs[0] == x and exprs[1] == r * 4 + 1
+    for e in exprs:
+        for rv in range(210):
+            for jv in (0, 4):
+                env = {"r": rv, "j": jv}
+                xv = 3 * rv + jv - 7
+                ref = [(xv // 6) * 6 + xv % 6, 4 * rv + 1, 2 * (xv % 10), (rv // 5) * 3 + rv % 5][exprs.index(e)]
+                assert value(e, env) == ref

@@ -12,10 +12,22 @@ output, which suits the vectorizer and the thread split better than a short inne
 when anything in the body reads across elements: a reduction, a permute, a pad or shrink, an
 expand that is not of a one-element value, a reshape that is not of a whole buffer. Buffers are
 dense row-major (graph/plan.py), so reading ``b`` as ``(numel,)`` is reading it.
+
+``merge_axes`` does the same for the kernels ``collapse`` keeps, one group of adjacent output axes
+at a time: an elementwise kernel (no reduction, no pad) whose every buffer read steps along axis
+``d`` exactly ``shape[d+1]`` times as far as along axis ``d+1`` (both contiguous, both broadcast,
+or a transpose's inner pair) loops over the two as one. A bias added over ``(N, C, H, W)`` reads
+``x`` contiguously and ``b`` along ``C`` only, so it becomes ``(N, C, H*W)``: one inner loop of
+1024 iterations instead of 32 of 32 (docs/lowering.md has the measurements). The body
+is the old one under a ``RESHAPE`` to the merged shape: the emitter reads each old axis as a
+division and a modulo of the merged loop variable, which the index arithmetic folds back
+(``symbolic._recombine``) wherever the merge condition holds, so every read is linear again.
 """
 from __future__ import annotations
 
 from eqgrad.graph.plan import Kernel, KNode
+from eqgrad.lower.indexing import dry_sources, flat_index
+from eqgrad.lower.symbolic import Lin, Var
 from eqgrad.ops import OPS, numel
 
 _ELEMENTWISE = ("unary", "binary", "ternary")
@@ -70,4 +82,50 @@ def collapse(kernel: Kernel) -> Kernel:
         body = go(root)
     except _Keep:
         return kernel
+    return Kernel(kernel.name, kernel.out, body, kernel.inputs, kernel.predicted, kernel.nbytes, kernel.flops)
+
+
+_NO_MERGE = frozenset({"RSUM", "RMAX", "PAD"})     # reads across elements, or per-axis masks
+
+
+def merge_axes(kernel: Kernel) -> Kernel:
+    """The kernel over its output shape with mergeable adjacent axes merged (module docstring),
+    or the kernel itself when none merges."""
+    root = kernel.ast
+    shape = root.shape
+    axes = [d for d, e in enumerate(shape) if e > 1]
+    if len(axes) < 2 or 0 in shape:
+        return kernel
+    out = tuple(Lin.var(f"o{d}", e) for d, e in enumerate(shape))
+    names = {f"o{d}": d for d in axes}
+    coefs: list[dict[int, int]] = []           # per buffer read: output axis -> its stride
+    seen: set = set()
+    stack: list[tuple[KNode, tuple]] = [(root, out)]
+    while stack:
+        n, idx = stack.pop()
+        if n.op in _NO_MERGE:
+            return kernel
+        if (id(n), idx) in seen:
+            continue
+        seen.add((id(n), idx))
+        if n.op == "BUF":
+            c: dict[int, int] = {}
+            for a, k in flat_index(idx, n.shape).terms:
+                if type(a) is not Var:         # a reshape that splits an axis: not linear in it
+                    return kernel
+                c[names[a.name]] = k
+            coefs.append(c)
+        else:
+            stack.extend(dry_sources(n, idx, "r"))
+    groups = [[axes[0]]]
+    for d in axes[1:]:
+        p = groups[-1][-1]
+        if all(c.get(p, 0) == c.get(d, 0) * shape[d] for c in coefs):
+            groups[-1].append(d)
+        else:
+            groups.append([d])
+    if len(groups) == len(axes):
+        return kernel
+    merged = tuple(numel(tuple(shape[d] for d in g)) for g in groups)
+    body = KNode("RESHAPE", (root,), merged, merged, root.dtype)
     return Kernel(kernel.name, kernel.out, body, kernel.inputs, kernel.predicted, kernel.nbytes, kernel.flops)

@@ -29,7 +29,7 @@ from eqgrad import config
 from eqgrad.dtype import DType, bool_
 from eqgrad.graph.loopir import INDEX, NONNEG, LInst, LoopIRError, LoopKernel, verify
 from eqgrad.graph.plan import Kernel, KernelPlan, KNode
-from eqgrad.lower.collapse import collapse
+from eqgrad.lower.collapse import collapse, merge_axes
 from eqgrad.lower.indexing import MOVES, REDUCES, dry_sources, flat_index, hoistable, move_index, reduce_map, strides_of
 from eqgrad.lower.passes import LowerOptions, Schedule, describe_steps, run_passes
 from eqgrad.lower.sums import SUM_BLOCK, SUM_RADIX, sum_depth, sum_error_terms, sum_pieces
@@ -420,4 +420,4 @@ def lower_kernel(kernel: Kernel, plan: KernelPlan, upcast: tuple[int, int] | Non
     if upcast is not None:
         options = replace(options, upcast=upcast)
     with symbolic.lowering():          # (its interned index expressions stay until it is done)
-        return Lowerer(collapse(kernel), plan, options=options).lower()
+        return Lowerer(merge_axes(collapse(kernel)), plan, options=options).lower()

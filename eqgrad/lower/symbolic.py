@@ -17,6 +17,7 @@ of intermediate expressions, so truncation toward zero would be wrong there).
 """
 from __future__ import annotations
 
+import math
 import threading
 from dataclasses import dataclass
 from typing import Union
@@ -263,9 +264,14 @@ class Lin(_Interned):
         if not self.terms:
             return o if not self.const else Lin(o.terms, self.const + o.const)
         terms = dict(self.terms)
+        divmod_ = False
         for a, c in o.terms:
             terms[a] = terms.get(a, 0) + c
-        return Lin._make(terms, self.const + o.const)
+            divmod_ = divmod_ or type(a) is not Var
+        const = self.const + o.const
+        if divmod_:
+            const = _recombine(terms, const)
+        return Lin._make(terms, const)
 
     def __sub__(self, o: "Lin | int") -> "Lin":
         return self + (o * -1 if isinstance(o, Lin) else -o)
@@ -295,8 +301,20 @@ class Lin(_Interned):
         rlo, rhi = r.bounds
         if rlo // d == rhi // d:
             return Lin._make(quot, q_const + rlo // d)
-        # (x % (d*m)) // d with a Mod atom: leave as is
         q = Lin._make(quot, q_const)
+        if len(r.terms) > 1:
+            # (g*b + s) // d = b // (d/g) where g divides d and 0 <= s < g: a reshape's index of a
+            # merged axis group ((6*r + j) // 42 with 0 <= j < 6 is r // 7)
+            for g in sorted({math.gcd(c, d) for _, c in r.terms} - {1}, reverse=True):
+                big = {a: c // g for a, c in r.terms if c % g == 0}
+                small = Lin._make({a: c for a, c in r.terms if c % g}, r.const)
+                slo, shi = small.bounds
+                if 0 <= slo and shi < g:
+                    return q + Lin._make(big, 0) // (d // g)
+        if len(r.terms) == 1 and not r.const and r.terms[0][1] == 1 and type(r.terms[0][0]) is Div:
+            inner = r.terms[0][0]               # (x // a) // d = x // (a * d) (floor, a, d > 0)
+            return q + Lin(((Div(inner.x, inner.d * d), 1),), 0)
+        # (x % (d*m)) // d with a Mod atom: leave as is
         return q + Lin(((Div(r, d), 1),), 0)
 
     def __mod__(self, d: int) -> "Lin":
@@ -315,6 +333,35 @@ class Lin(_Interned):
                 and r.terms[0][0].d % d == 0:
             return r.terms[0][0].x % d
         return Lin(((Mod(r, d), 1),), 0)
+
+
+def _recombine(terms: dict, const: int) -> int:
+    """Fold ``k*d*(x // d) + k*(x % d)`` in ``terms`` back into ``k*x`` (exact under floor
+    semantics for every ``x``), in place, until none is left; returns the new constant. A loop over
+    merged output axes (lower/collapse.py ``merge_axes``) reads each axis of the original shape as
+    a division and a modulo of the merged variable: a contiguous operand's index then folds back to
+    the merged variable itself, and LLVM sees a unit-stride loop."""
+    changed = True
+    while changed:
+        changed = False
+        for m, k in list(terms.items()):
+            if type(m) is not Mod or not k or terms.get(m) != k:
+                continue
+            q = m.x // m.d
+            if len(q.terms) != 1 or q.terms[0][1] != 1:
+                continue
+            dv = q.terms[0][0]
+            if terms.get(dv, 0) != k * m.d:
+                continue
+            del terms[m]
+            del terms[dv]
+            # k*x = k*d*(x//d) + k*(x%d), and x//d = dv + q.const
+            for a, c in m.x.terms:
+                terms[a] = terms.get(a, 0) + k * c
+            const += k * m.x.const - k * m.d * q.const
+            changed = True
+            break
+    return const
 
 
 def _item_key(t: tuple) -> str:
