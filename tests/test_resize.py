@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import eqgrad
-from eqgrad import Tensor, engine
+from eqgrad import GlobalCounters, Tensor, engine
 from eqgrad.devices import Buffer, get_device
 from eqgrad.dtype import float32
 from eqgrad.graph.interp import run_kernel, run_program
@@ -502,3 +502,27 @@ def test_random_programs_resize_or_refuse():
     run()
     # the property is only worth something if resizing mostly happens
     assert sum(outcomes) >= len(outcomes) // 2, f"{sum(outcomes)} of {len(outcomes)} resized"
+
+
+def test_a_resized_plan_is_predicted_at_its_new_sizes():
+    """The device reads a kernel's prediction to choose threads and the BLAS: a plan resized from
+    8 rows to 8,192 must be predicted near what a full compile at 8,192 predicts, not at 8 rows'."""
+    rng = np.random.default_rng(0)
+    w = rand(rng, 256, 256)
+
+    def step(rows: int) -> Tensor:
+        return ((rand(rng, rows, 256) * 2 + 1).relu() * w.sum(0)).exp()
+
+    before = GlobalCounters.plans_resized
+    step(8).realize()
+    small = engine.last_plan.plan.predicted
+    step(8192).realize()
+    assert GlobalCounters.plans_resized == before + 1
+    resized = engine.last_plan.plan
+    with eqgrad.Context(EQGRAD_RESIZE=0):
+        step(8192).realize()
+    fresh = engine.last_plan.plan
+    assert resized.predicted > 20 * small
+    assert 0.5 < resized.predicted / fresh.predicted < 2.0
+    for kr, kf in zip(resized.kernels, fresh.kernels):
+        assert 0.5 < kr.predicted / kf.predicted < 2.0, (kr.ast.render()[:80], kr.predicted, kf.predicted)

@@ -34,8 +34,9 @@ from eqgrad.devices import Buffer, Device, get_device
 from eqgrad.engine import core
 from eqgrad.engine.core import CompiledPlan, PlanCache, compile_plan
 from eqgrad.engine.validate import validate
-from eqgrad.extract import DEFAULT as DEFAULT_EXTRACTION, DeviceParams, ExtractSettings, settings_key
-from eqgrad.extract.cost import CostFn
+from eqgrad.extract import DEFAULT as DEFAULT_EXTRACTION, DeviceParams, ExtractSettings, cost_model, settings_key
+from eqgrad.extract.cost import CostFn, rescaled
+from eqgrad.graph.plan import KernelPlan
 from eqgrad.graph.lazy import LazyBuffer
 from eqgrad.graph.program import Program, linearize, structure
 from eqgrad.graph.resize import ProgramSizes, program_sizes, resize, structure_sizes
@@ -282,6 +283,7 @@ class Session:
                 print(f"plan cache miss: {r.describe()}")
             if r.plan is None:
                 continue
+            self._repredict(old.plan, r.plan, device)
             run = get_device(device).prepare(r.plan)
             GlobalCounters.plans_resized += 1
             # the e-graph and the extractor's result describe the old sizes: a resized plan has none
@@ -289,6 +291,15 @@ class Session:
             return CompiledPlan(r.plan, run, old.report, None,
                                 dict(saturate=0.0, extract=0.0, compile=time.perf_counter() - t0))
         return None
+
+    def _repredict(self, old: KernelPlan, new: KernelPlan, device: str) -> None:
+        """The predicted seconds of a resized plan's kernels at their new sizes (``cost.rescaled``,
+        with this session's cost parameters): resize rescales bytes and flops only."""
+        p = cost_model(device, self.extraction).params
+        for ko, kn in zip(old.kernels, new.kernels):
+            if (kn.nbytes, kn.flops) != (ko.nbytes, ko.flops):
+                kn.predicted = rescaled(p, ko.predicted, ko.nbytes, ko.flops, kn.nbytes, kn.flops)
+        new.predicted = sum(k.predicted for k in new.kernels)
 
     def _realize_on(self, device: str, targets: list[LazyBuffer]) -> None:
         dbg = config.DEBUG.value

@@ -40,8 +40,10 @@ The result is checked on its own before it is returned: ``check_plan``, every no
 its op's shape rule of its sources and its op's argument valid (a reshape keeps the element count,
 an expand only grows axes of size 1, pads are non-negative, shrinks in range), every size 1 (or 0)
 exactly where the old plan had one, the input buffers equal to the new program's, the outputs its
-roots. Kernel ``predicted`` times are the old plan's; ``nbytes``/``flops`` are rescaled by the
-ratio of the kernel's buffer bytes and elementwise work (a note in ``plan.notes`` says so).
+roots. ``nbytes``/``flops`` are rescaled by the ratio of the kernel's buffer bytes and elementwise
+work (a note in ``plan.notes`` says so); kernel ``predicted`` times are the old plan's here, and the
+engine re-predicts them from the rescaled figures (``Session._repredict``, ``extract.cost.rescaled``)
+before the device reads them to choose threads and the BLAS.
 """
 from __future__ import annotations
 
@@ -581,8 +583,8 @@ class _Resizer:
         changed = dict(sorted(self.sigma.items()))
         if self.ambiguous:
             changed.update({a: b for a, b in sorted(self.ambiguous.items())})
-        out.notes.append(f"resized (graph/resize.py) for new sizes {changed}: kernel times are the old plan's "
-                         "predictions, bytes and FLOPs rescaled by the kernels' buffer sizes")
+        out.notes.append(f"resized (graph/resize.py) for new sizes {changed}: bytes and FLOPs rescaled by the "
+                         "kernels' buffer sizes, kernel times from the old plan's predictions (cost.rescaled)")
         return out
 
     def concrete(self, n: KNode, memo: dict[int, KNode]) -> KNode:
