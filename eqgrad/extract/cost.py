@@ -38,7 +38,7 @@ float32: unfused, 3 kernels each reading/writing ~8 MB: 3 * (5 us + 8e6/20e9 s) 
 1.2 ms; fused, one kernel reading 8 MB and writing 4 MB: 5 us + 12e6/20e9 s = 605 us -> fused wins.
 
 Parameters are per device. ``python -m eqgrad tune calibrate`` measures them on this machine
-(launch overhead with a one-element kernel, bandwidth with a large copy-like kernel, peak with a
+(launch overhead with a one-element kernel run after streaming kernels, bandwidth with a large copy-like kernel, peak with a
 matmul and an FMA chain) and stores them in ``~/.cache/eqgrad/calibration.json`` (or
 ``$EQGRAD_CACHE_DIR``), keyed by device and machine; :func:`params_for` prefers them to the
 defaults. Users can replace the whole function: ``eqgrad.extract.using(cost_fn=my_fn)`` where
