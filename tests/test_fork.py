@@ -15,7 +15,7 @@ import eqgrad.devices
 from eqgrad import Tensor, engine
 from eqgrad.rules import saturate
 
-BIG = (2048, 2048)          # 4M elements, split across threads (PARALLEL_MIN pinned: the measured threshold is the machine's)
+BIG = (2048, 2048)          # 4M elements, split across threads (PARALLEL_MIN pinned: the split is otherwise measured)
 HANG = 120.0                # seconds before a child counts as hung
 
 

@@ -157,8 +157,8 @@ def test_long_float_sums_are_blocked_and_accurate(device):
 def test_large_full_reductions_split_across_threads(what, monkeypatch):
     """With threads, a large reduction to one value becomes parallel partials plus a final
     reduction (lower/split.py); with one thread it stays one kernel. Same results either way.
-    (The split threshold is measured per machine, devices/cpu.py ``break_even``: pinned here, so
-    that the test does not depend on what this machine's threads cost.)"""
+    (Whether a kernel runs split is measured, devices/cpu.py ``launch``: pinned here, so that the
+    test does not depend on what this machine's threads cost.)"""
     import eqgrad.devices.cpu as cpu
     monkeypatch.setattr(cpu, "PARALLEL_MIN", 0.0)
     rng = np.random.default_rng(6)

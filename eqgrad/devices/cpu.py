@@ -1,19 +1,17 @@
 """The LLVM CPU device: plan -> loop IR per kernel -> LLVM IR -> machine code, run through ctypes.
 
-Threads: a kernel whose predicted time is above the device's split threshold (``split_min``)
-splits its outermost parallel loop (loop IR ``parallel``) into chunks that the ``EQGRAD_THREADS``
-threads take in turn; one is the calling thread, the others a small persistent pool. ctypes
-releases the GIL for the call, so the chunks really run at once; they write disjoint output
-elements. Handing work to the pool costs what waking a sleeping thread costs on this machine, which
-differs by two orders of magnitude between machines: ~10-20 us on a Zen 5 host, 100-300 us on a
-2-vCPU Emerald Rapids VM (a no-op job's round trip; there a 184K-element multiply took 41 us on
-one thread and 284 us split in two, a 1M-element one 393 against 724 us). So the threshold is
-measured, not assumed: ``break_even`` finds the shortest job that two threads finish sooner than
-one (cached per machine and thread count), and a kernel predicted above its one-thread time is
-split; one predicted below it runs on one thread, timed for its first ``SPLIT_PROBES`` runs, and is
-split from then on if it took longer (the cost model underestimates some kernels 5x: attention's
-products over 15 tokens, predicted 89 us, ran 400-650 us). ``PARALLEL_MIN``, when set (tests),
-replaces the measured threshold. A kernel that reduces a
+Threads: a kernel may split its outermost parallel loop (loop IR ``parallel``) into chunks that
+the ``EQGRAD_THREADS`` threads take in turn; one is the calling thread, the others a small
+persistent pool. ctypes releases the GIL for the call, so the chunks really run at once; they write
+disjoint output elements. Handing work to the pool costs what waking a sleeping thread costs on
+this machine, which differs by an order of magnitude between machines: ~10-20 us on a Zen 5 host,
+100-300 us on a 2-vCPU Emerald Rapids VM (a no-op job's round trip; there a 184K-element multiply
+took 41 us on one thread and 284 us split in two, a 1M-element one 393 against 724 us). So whether a
+kernel is split is measured, per kernel: ``launch`` runs each one both ways in turn for its first
+``SPLIT_PROBES`` runs (per loop extent within a factor of 2) and keeps the faster (a threshold
+on the predicted time would inherit the cost model's errors: it underestimates some kernels 5x).
+Kernels predicted below ``SPLIT_FLOOR`` always run on one thread, kernels predicted above ``SPLIT_SURE`` are always split; ``PARALLEL_MIN``, when
+set (tests), replaces the measurement by a threshold on the prediction. A kernel that reduces a
 large tensor to one value has no parallel loop; ``split`` first rewrites it into parallel partial
 reductions and a small final one (lower/split.py).
 
@@ -57,16 +55,19 @@ from eqgrad.devices.sizeargs import Families, Sized
 from eqgrad import progress
 from eqgrad.counters import GlobalCounters, log_kernel, timing_kernels
 from eqgrad.errors import CompileError, DeviceError
-from eqgrad.cache import JsonCache, machine_key, save_failed_source
+from eqgrad.cache import machine_key, save_failed_source
 from eqgrad.devices.search import search_upcast
 
 if TYPE_CHECKING:
     from concurrent.futures import ThreadPoolExecutor
 
 
-PARALLEL_MIN: float | None = None   # predicted seconds above which a kernel is split; None: measured (split_min)
-BREAK_EVEN_RUNS = 9       # timings of each size by ``break_even`` (medians), one and split alternating
-SPLIT_PROBES = 2          # one-thread runs ``launch`` times of a kernel predicted below the threshold (the fastest counts)
+PARALLEL_MIN: float | None = None   # predicted seconds above which a kernel is split; None: measured (launch)
+SPLIT_PROBES = 4          # first runs of a kernel timed by ``launch``, one thread and split in turn (the faster of each kind counts)
+SPLIT_FLOOR = 20e-6       # predicted seconds below which a kernel runs on one thread, unprobed: waking a
+                          # thread costs about that on a fast host (10-20 us), far more on a VM
+SPLIT_SURE = 10e-3        # predicted seconds above which a kernel is split, unprobed: 30x the dearest
+                          # wake-up measured (300 us), so one run on one thread would only cost time
 CHUNKS_PER_THREAD = 4     # pieces of the split loop per thread, taken in turn (launch)
 CHUNK_MIN = 4             # iterations of the split loop per piece, at least (times the grain)
 MEASURED_SPAN = 4         # a BLAS-or-generated choice holds for contractions of up to 4x (1/4x) its flops
@@ -76,12 +77,6 @@ WARM_POOL_NODES = 16      # program nodes from which warm() starts the compile w
 Target = tuple[str, str]  # (LLVM CPU name, LLVM feature string)
 
 
-def _check_seconds(v: object) -> str | None:
-    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 1
-    return None if ok else f"expected seconds in [0, 1], got {v!r}"
-
-
-BREAK_EVEN = JsonCache("split", 1, check=_check_seconds)     # measured split thresholds, per machine and thread count
 
 
 @functools.lru_cache(maxsize=None)
@@ -189,9 +184,8 @@ class LLVMDevice(Device):
         self._memo_now: tuple | None = None        # (target, _memo_key(target)) for the duration of a prepare
         self._gemms: dict[tuple, Any] = {}          # (Gemm, buffer ids, threads) -> its BLAS program
         self._no_gemm: dict[tuple, int] = {}        # body skeleton -> largest size where it had no GEMM that pays
-        self._split_min: dict[int, float] = {}      # threads -> split_min's answer
-        # program -> {split loop extent: (runs timed, the fastest)}: launch's probes of kernels
-        # predicted below the split threshold
+        # program -> {bit length of the split loop's extent: [runs timed, fastest on one thread,
+        # fastest split]}: launch's probes
         self._ran: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     def after_fork_in_child(self) -> bool:
@@ -216,67 +210,6 @@ class LLVMDevice(Device):
         # its worker starts now, not when the first kernels are ready
         if nodes >= WARM_POOL_NODES and config.THREADS.value > 1:
             compilepool.pool().prestart()
-
-    def split_min(self, threads: int) -> float:
-        """Predicted seconds above which a kernel is split across ``threads`` (module docstring):
-        ``PARALLEL_MIN`` where set, else the measured break-even (``break_even``)."""
-        if PARALLEL_MIN is not None:
-            return PARALLEL_MIN
-        if threads < 2:
-            return float("inf")
-        t = self._split_min.get(threads)
-        if t is None:
-            t = self._split_min[threads] = self.break_even(threads)
-        return t
-
-    def break_even(self, threads: int) -> float:
-        """The one-thread time of the shortest streaming job that runs faster split across
-        ``threads`` than on one, measured once per machine and thread count and cached
-        (``split.json`` in the cache directory): NumPy's ``exp`` over 8K, 16K, ... 4M float32s (a
-        compute-bound job that releases the GIL, as a kernel's ctypes call does), run alone and
-        through the same chunks and pool as a split kernel (``_split_run``), the median of
-        BREAK_EVEN_RUNS each, alternating, after a first untimed pass. It covers everything a split
-        costs -- waking the pool's thread, the futures, the GIL -- which a no-op job's round trip
-        underestimates 2-3x. Rounded to a
-        microsecond so that every process of the machine lowers with the same threshold.
-        ``inf`` when no size gains (a single core, or other work on the other cores), which is not
-        stored: the next process measures again."""
-        key = f"{machine_key(self.name)}|{threads}"
-        hit = BREAK_EVEN.get(key)
-        if hit is not None:
-            return hit
-        top = 1 << 22
-        x = np.full(top, 0.5, np.float32)
-        y = np.empty_like(x)                        # both touched: no page faults in the timings
-        found = float("inf")
-        size = 1 << 13
-        while size <= top:
-            def part(lo: int, hi: int) -> None:      # NumPy releases the GIL inside the ufunc's loop
-                np.exp(x[lo:hi], out=y[lo:hi])
-            one, split = [], []
-            for i in range(BREAK_EVEN_RUNS + 1):
-                t0 = time.perf_counter()
-                part(0, size)
-                t1 = time.perf_counter()
-                self._split_run(part, size, threads)
-                t2 = time.perf_counter()
-                if i:
-                    one.append(t1 - t0)
-                    split.append(t2 - t1)
-            one.sort()
-            split.sort()
-            if split[len(split) // 2] < one[len(one) // 2]:
-                found = one[len(one) // 2]
-                break
-            size *= 2
-        if not math.isfinite(found):
-            # no size gained: a single core, or other work on the others right now (a test run
-            # with a worker per core measured this): this process splits nothing, and the next
-            # one measures again
-            return found
-        v = round(found, 6)
-        BREAK_EVEN.put(key, v)
-        return v
 
     def pool(self, threads: int) -> ThreadPoolExecutor:
         from concurrent.futures import ThreadPoolExecutor     # here: 8 ms of a first realize's import
@@ -518,32 +451,44 @@ class LLVMDevice(Device):
         return keys
 
     def launch(self, k, prg: LLVMProgram, ptrs: list[int], n: int, threads: int) -> None:
-        """Run the split loop [0, n) on one thread or, for a kernel predicted above ``split_min``,
-        cut into up to CHUNKS_PER_THREAD chunks per thread that the threads take in turn from a
-        shared counter. Two contiguous halves were measured pathological for a row-fused layernorm
-        (4096 rows: 2.1 ms against 1.6 ms on one thread; two streams exactly 8 MB apart), chunks
-        taken in turn 0.84-0.94 ms; they also let a core slowed by other work take fewer chunks."""
-        if threads > 1 and n >= threads:
-            smin = self.split_min(threads)
-            if k.predicted <= smin:
-                # predicted short: run on one thread, and time the first SPLIT_PROBES runs; a kernel
-                # the cost model underestimated (measured above the threshold) is split from then on
-                ran = self._ran.get(prg)
-                if ran is None:
-                    ran = self._ran[prg] = {}
-                seen = ran.get(n)
-                if seen is None or seen[0] < SPLIT_PROBES:
-                    t0 = time.perf_counter()
-                    prg(*ptrs, lo=0, hi=n)
-                    t = time.perf_counter() - t0
-                    ran[n] = (1, t) if seen is None else (seen[0] + 1, min(seen[1], t))
-                    return
-                if seen[1] <= smin:
-                    prg(*ptrs, lo=0, hi=n)
-                    return
-            self._split_run(lambda lo, hi: prg(*ptrs, lo=lo, hi=hi), n, threads, 16 if prg.nontemporal else 1)
+        """Run the split loop [0, n) on one thread or cut into up to CHUNKS_PER_THREAD chunks per
+        thread that the threads take in turn from a shared counter (``_split_run``), whichever
+        this kernel's first SPLIT_PROBES runs measured faster (module docstring). Two contiguous
+        halves were measured pathological for a row-fused layernorm (4096 rows: 2.1 ms against 1.6
+        ms on one thread; two streams exactly 8 MB apart), chunks taken in turn 0.84-0.94 ms; they
+        also let a core slowed by other work take fewer chunks."""
+        if threads < 2 or n < threads or k.predicted <= (SPLIT_FLOOR if PARALLEL_MIN is None else PARALLEL_MIN):
+            prg(*ptrs, lo=0, hi=n)
+            return
+        split = lambda lo, hi: prg(*ptrs, lo=lo, hi=hi)         # noqa: E731
+        grain = 16 if prg.nontemporal else 1
+        if PARALLEL_MIN is not None or k.predicted > SPLIT_SURE:
+            self._split_run(split, n, threads, grain)
+            return
+        ran = self._ran.get(prg)
+        if ran is None:
+            ran = self._ran[prg] = {}
+        band = n.bit_length()            # extents within 2x share a decision: a growing sequence's
+        seen = ran.get(band)               # kernels are measured once per doubling, not per step
+        if seen is None:
+            seen = ran[band] = [0, math.inf, math.inf]
+        runs = seen[0]
+        if runs >= SPLIT_PROBES:
+            if seen[2] < seen[1]:
+                self._split_run(split, n, threads, grain)
+            else:
+                prg(*ptrs, lo=0, hi=n)
+            return
+        t0 = time.perf_counter()
+        if runs % 2:
+            self._split_run(split, n, threads, grain)
         else:
             prg(*ptrs, lo=0, hi=n)
+        t = time.perf_counter() - t0
+        seen[0] = runs + 1
+        i = 2 if runs % 2 else 1
+        if t < seen[i]:
+            seen[i] = t
 
     def _split_run(self, call: Callable[[int, int], None], n: int, threads: int, grain: int = 1) -> None:
         """``call(lo, hi)`` over [0, n) in chunks (multiples of ``grain``: streaming stores start
@@ -569,7 +514,9 @@ class LLVMDevice(Device):
         if threads < 2 and not blas_on:
             return plan, []
         kernels, extra = [], []
-        options = LowerOptions(threads=threads, parallel_min=self.split_min(threads))
+        # a full reduction is cut into parallel partials above SPLIT_FLOOR: whether the partials'
+        # kernel then runs split is launch's measurement
+        options = LowerOptions(threads=threads, parallel_min=SPLIT_FLOOR if PARALLEL_MIN is None else PARALLEL_MIN)
         for k in plan.kernels:
             # a body the device leaves alone says so on itself, for the plans that share it
             # (graph/resize.py)

@@ -147,7 +147,7 @@ class SplitReductions(Pass):
     No timing of its own was recorded: it gives a full sum or mean the thread split that other
     kernels get (LLVM, two cores: elementwise 16M 24 -> 13 ms, matmul 1024 111 -> 56 ms).
     Applies with more than one thread, for kernels predicted above the device's threading
-    threshold (``LowerOptions.parallel_min``: devices/cpu.py ``PARALLEL_MIN``)."""
+    threshold (``LowerOptions.parallel_min``: devices/cpu.py ``SPLIT_FLOOR``)."""
     name = "split reductions"
     stage = "plan"
 
