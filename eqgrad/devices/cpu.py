@@ -10,8 +10,9 @@ took 41 us on one thread and 284 us split in two, a 1M-element one 393 against 7
 kernel is split is measured, per kernel: ``launch`` runs each one both ways in turn for its first
 ``SPLIT_PROBES`` runs (per loop extent within a factor of 2) and keeps the faster (a threshold
 on the predicted time would inherit the cost model's errors: it underestimates some kernels 5x).
-Kernels predicted below ``SPLIT_FLOOR`` always run on one thread, kernels predicted above ``SPLIT_SURE`` are always split; ``PARALLEL_MIN``, when
-set (tests), replaces the measurement by a threshold on the prediction. A kernel that reduces a
+Kernels predicted below ``SPLIT_FLOOR`` always run on one thread, kernels predicted above
+``SPLIT_SURE`` are always split; ``PARALLEL_MIN``, when set (tests), replaces the measurement by a
+threshold on the prediction. A kernel that reduces a
 large tensor to one value has no parallel loop; ``split`` first rewrites it into parallel partial
 reductions and a small final one (lower/split.py).
 
@@ -75,8 +76,6 @@ MEASURED_KEEP = 16        # choices kept per kernel structure (the latest)
 WARM_POOL_NODES = 16      # program nodes from which warm() starts the compile worker (a smaller one rarely plans 2+ kernels)
 
 Target = tuple[str, str]  # (LLVM CPU name, LLVM feature string)
-
-
 
 
 @functools.lru_cache(maxsize=None)
@@ -460,10 +459,8 @@ class LLVMDevice(Device):
         if threads < 2 or n < threads or k.predicted <= (SPLIT_FLOOR if PARALLEL_MIN is None else PARALLEL_MIN):
             prg(*ptrs, lo=0, hi=n)
             return
-        split = lambda lo, hi: prg(*ptrs, lo=lo, hi=hi)         # noqa: E731
-        grain = 16 if prg.nontemporal else 1
         if PARALLEL_MIN is not None or k.predicted > SPLIT_SURE:
-            self._split_run(split, n, threads, grain)
+            self._split_run(prg, ptrs, n, threads)
             return
         ran = self._ran.get(prg)
         if ran is None:
@@ -475,13 +472,13 @@ class LLVMDevice(Device):
         runs = seen[0]
         if runs >= SPLIT_PROBES:
             if seen[2] < seen[1]:
-                self._split_run(split, n, threads, grain)
+                self._split_run(prg, ptrs, n, threads)
             else:
                 prg(*ptrs, lo=0, hi=n)
             return
         t0 = time.perf_counter()
         if runs % 2:
-            self._split_run(split, n, threads, grain)
+            self._split_run(prg, ptrs, n, threads)
         else:
             prg(*ptrs, lo=0, hi=n)
         t = time.perf_counter() - t0
@@ -490,16 +487,16 @@ class LLVMDevice(Device):
         if t < seen[i]:
             seen[i] = t
 
-    def _split_run(self, call: Callable[[int, int], None], n: int, threads: int, grain: int = 1) -> None:
-        """``call(lo, hi)`` over [0, n) in chunks (multiples of ``grain``: streaming stores start
-        64-byte aligned) that ``threads`` threads, this one included, take in turn."""
+    def _split_run(self, prg: LLVMProgram, ptrs: list[int], n: int, threads: int) -> None:
+        """``prg`` over [0, n) in chunks that ``threads`` threads, this one included, take in turn."""
+        grain = 16 if prg.nontemporal else 1          # streaming stores start 64-byte aligned
         m = max(threads, min(threads * CHUNKS_PER_THREAD, n // (grain * CHUNK_MIN)))
         cuts = [n * c // m // grain * grain for c in range(m)] + [n]
         nxt = itertools.count()                         # next() on a count is atomic under the GIL
 
         def work() -> None:
             while (c := next(nxt)) < m:
-                call(cuts[c], cuts[c + 1])
+                prg(*ptrs, lo=cuts[c], hi=cuts[c + 1])
         futs = [self.pool(threads).submit(work) for _ in range(1, threads)]
         work()
         for f in futs:

@@ -345,7 +345,7 @@ def _recombine(terms: dict, const: int) -> int:
     while changed:
         changed = False
         for m, k in list(terms.items()):
-            if type(m) is not Mod or not k or terms.get(m) != k:
+            if type(m) is not Mod or not k:
                 continue
             q = m.x // m.d
             if len(q.terms) != 1 or q.terms[0][1] != 1:

@@ -73,7 +73,6 @@ def calibrate(device: str = "LLVM", reps: int = 7, progress: Callable[[str], Non
     launch = _launch_in_context(tiny_run, device, reps, rng)
     if progress:
         progress(f"launch overhead {launch * 1e6:.1f} us ({tight * 1e6:.1f} us in a tight loop)")
-    if progress:
         progress(f"bandwidth {bandwidth / 1e9:.1f} GB/s")
     m = 512
     a = Tensor(rng.random((m, m), dtype=np.float32), device=device)
