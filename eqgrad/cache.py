@@ -59,6 +59,9 @@ _lock = threading.RLock()            # serializes cache writes (and the bookkeep
 # EQGRAD_CACHE_DIR's value -> the directory, or None when it cannot be used (checked once per process:
 # realize() asks on every call)
 _dirs: dict[Any, Path | None] = {}
+# how stale a stamp ``JsonCache.recent_stamp`` may return: another process's rewrite of the
+# calibration is seen by a running process's next realize after at most this long
+RECENT_STAMP_S = 1.0
 _warned: set[Any] = set()
 
 
@@ -182,6 +185,7 @@ class JsonCache:
         # call, so an unchanged file is not read again (a rewrite, by any process, is seen)
         self._memo: tuple[Any, dict[str, Any]] = (None, {})
         self._file: tuple[Any, str] = (None, "")
+        self._recent: tuple[Any, float, tuple | None] = (None, -math.inf, None)   # (directory, when, stamp)
 
     @property
     def path(self) -> Path:
@@ -202,6 +206,20 @@ class JsonCache:
         except OSError:
             return None
         return (f, st.st_mtime_ns, st.st_size, st.st_ino)
+
+    def recent_stamp(self, max_age: float = RECENT_STAMP_S) -> tuple | None:
+        """``stamp()``, taken again only when it is older than ``max_age`` seconds or the cache
+        directory changed: for what a cached realize keys on every call (the calibration), where a
+        ``stat`` was a tenth of the call. A ``put`` by this process is seen at once (it renews the
+        stamp); a rewrite by another process within ``max_age``."""
+        d = cache_dir()
+        r = self._recent
+        now = time.monotonic()
+        if r[0] is d and now - r[1] < max_age:
+            return r[2]
+        st = self.stamp()
+        self._recent = (d, now, st)
+        return st
 
     def load(self) -> dict[str, Any]:
         """The good entries (a fresh dict the caller may change); none when caching is off."""
@@ -272,6 +290,7 @@ class JsonCache:
                     _write_atomic(path, json.dumps({"version": self.version, "entries": entries}, indent=1))
                     st = os.stat(path)
                     self._memo = ((str(path), st.st_mtime_ns, st.st_size, st.st_ino), dict(entries))
+                    self._recent = (None, -math.inf, None)
                 finally:
                     os.close(lock_fd)                 # releases the flock
             except OSError as e:

@@ -231,6 +231,15 @@ def raw_state(flags: tuple[Flag, ...]) -> tuple:
     return tuple((ov.get(f.name, _UNSET), env.get(f._key)) for f in flags)
 
 
+def raw_env_reader(*names: str) -> Callable[[], tuple]:
+    """A function giving the environment variables ``names`` as stored (``raw_env`` of each, the
+    names encoded once): for memo keys read on every realize."""
+    if _ENVIRON is not None:
+        keys, env = tuple(os.fsencode(n) for n in names), _ENVIRON
+        return lambda: tuple([env.get(k) for k in keys])
+    return lambda: tuple([os.environ.get(n) for n in names])
+
+
 def raw_env(name: str) -> Any:
     """The environment variable ``name`` as stored (bytes on POSIX), or None: for memo keys, where
     ``os.environ.get`` would encode the name and decode the value on every call."""

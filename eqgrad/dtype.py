@@ -206,6 +206,11 @@ def convert_scalar(v: object, d: DType, op: str = "") -> bool | int | float:
     int32 raise OverflowError/ValueError naming the value and the dtype."""
     if type(v) is float and d is float32 and -FLOAT32_MAX <= v <= FLOAT32_MAX:
         return _round32(v)                      # the common case (x * 0.5), checked by the range test
+    if type(v) is int:                          # x + 1: exact in either dtype, no range check needed
+        if d is float32 and -2**24 <= v <= 2**24:
+            return float(v)
+        if d is int32 and INT32_MIN <= v <= INT32_MAX:
+            return v
     if not isinstance(v, PY_SCALARS):
         raise TypeError(f"{_prefix(op)}expected a Python bool, int or float scalar, got {type(v).__name__}")
     if d is bool_:

@@ -26,8 +26,8 @@ reuses it, so steady-state realizes do not page-fault fresh memory (first touch 
 """
 from __future__ import annotations
 
-import functools
 import importlib
+import math
 import os
 import sys
 import threading
@@ -110,6 +110,22 @@ def clear_pool() -> None:
     pool.clear()
 
 
+class _computed_once:
+    """``functools.cached_property`` without its lock (Python < 3.12 takes one on every first read,
+    a microsecond of each new output buffer): the value is computed on the first read and kept in
+    the instance's ``__dict__``, which later reads find first. Two threads' first reads may both
+    compute it; for a pure function of immutable state that is harmless."""
+
+    def __init__(self, fn: Callable[[Any], Any]):
+        self.fn, self.name, self.__doc__ = fn, fn.__name__, fn.__doc__
+
+    def __get__(self, obj: Any, cls: Any = None) -> Any:
+        if obj is None:
+            return self
+        v = obj.__dict__[self.name] = self.fn(obj)
+        return v
+
+
 @dataclass(eq=False)
 class Buffer:
     device: str
@@ -121,10 +137,11 @@ class Buffer:
 
     @staticmethod
     def empty(shape: Shape, dtype: DType, device: str) -> "Buffer":
-        shape = tuple(shape)
-        dev = get_device(device)
-        nbytes = numel(shape) * dtype.itemsize
-        if dev.host_memory and nbytes >= POOL_MIN_BYTES:
+        if shape.__class__ is not tuple:
+            shape = tuple(shape)
+        dev = _devices.get(device) or get_device(device)
+        nbytes = math.prod(shape) * dtype.itemsize
+        if nbytes >= POOL_MIN_BYTES and dev.host_memory:
             flat = pool.acquire(dev.name, nbytes)
             buf = Buffer(device, shape, dtype, flat.view(dtype.np).reshape(shape))
             buf._pooled = (dev.name, flat)
@@ -141,6 +158,15 @@ class Buffer:
                 pool.release(*self._pooled)
             except Exception:             # interpreter shutdown: module globals may be gone
                 pass
+
+    @staticmethod
+    def scalar(value: Any, dtype: DType, device: str) -> "Buffer":
+        """A new buffer of shape () holding ``value`` (already a value of ``dtype``): a plan's
+        parameter, made on every realize that has one (on a host device without a copy)."""
+        dev = _devices.get(device) or get_device(device)
+        if dev.host_memory:
+            return Buffer(device, (), dtype, np.array(value, dtype=dtype.np))
+        return Buffer.from_numpy(np.asarray(value, dtype.np), device)
 
     @staticmethod
     def from_numpy(a: np.ndarray, device: str) -> "Buffer":
@@ -181,7 +207,7 @@ class Buffer:
             raise DeviceError(f"a buffer on {self.device} lives in device memory; copy it with .numpy()")
         return self.raw
 
-    @functools.cached_property
+    @_computed_once
     def ptr(self) -> int:
         """The address of the host array (computed once: ``raw`` never changes; launches ask for it)."""
         return self.data.ctypes.data

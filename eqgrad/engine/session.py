@@ -34,8 +34,9 @@ from eqgrad.devices import Buffer, Device, get_device
 from eqgrad.engine import core
 from eqgrad.engine.core import CompiledPlan, PlanCache, compile_plan
 from eqgrad.engine.validate import validate
+from eqgrad import extract
 from eqgrad.extract import DEFAULT as DEFAULT_EXTRACTION, DeviceParams, ExtractSettings, cost_model, settings_key
-from eqgrad.extract.cost import CostFn, rescaled
+from eqgrad.extract.cost import CALIBRATIONS, CostFn, rescaled
 from eqgrad.graph.plan import KernelPlan
 from eqgrad.graph.lazy import LazyBuffer
 from eqgrad.graph.program import Program, linearize, structure
@@ -55,6 +56,16 @@ CaptureHook = Callable[[CompiledPlan, list[LazyBuffer], list[LazyBuffer], list[B
 GRAPH_LOCK = threading.Lock()
 
 _sessions: "weakref.WeakSet[Session]" = weakref.WeakSet()
+
+# What ``Session._context`` is memoized on besides the session's own state: the flags
+# ``settings_key`` reads (its ``_KEY_FLAGS``), the rules' environment (``RuleState.config``) and the
+# calibration's stamp; and DEBUG and EQGRAD_VALIDATE, which every realize reads. The plan cache is keyed by a small int per distinct (rules.key,
+# settings_key) pair, so a lookup hashes the program's structure and an int, not the device
+# parameters (a dataclass: a Python-level hash).
+_CONTEXT_FLAGS = extract._KEY_FLAGS + (config.EGRAPH_NODES, config.CACHE_DIR, config.DEBUG, config.VALIDATE)
+_rules_env = config.raw_env_reader("EQGRAD_RULEBOOKS", "EQGRAD_SCHEDULE")
+_CONTEXT_IDS: dict[tuple, int] = {}
+_CONTEXT_LOCK = threading.Lock()
 
 
 class ResizablePlans:
@@ -130,6 +141,7 @@ class Session:
         # process's first realize
         self._seed, self._rng = seed, None
         self._local = threading.local()      # per thread: last_plan, capture_hooks
+        self._contexts: dict[str, tuple] = {}     # device -> (state, RuleConfig, context id): _context
         _sessions.add(self)
 
     def __repr__(self) -> str:
@@ -211,6 +223,12 @@ class Session:
 
     def realize_lazy(self, lbs: Iterable[LazyBuffer]) -> None:
         """Compute the pending LazyBuffers ``lbs`` (one program per device) and turn them into buffers."""
+        if lbs.__class__ is not list:
+            lbs = list(lbs)
+        if len(lbs) == 1:                       # the common case: one tensor
+            if lbs[0].op != "BUF":
+                self._realize_on(lbs[0].device, lbs)
+            return
         targets = list({id(lb): lb for lb in lbs if not lb.realized}.values())
         if not targets:
             return
@@ -230,22 +248,44 @@ class Session:
         if len(devices) != 1:
             raise ValueError(f"explain: tensors on several devices {sorted(devices)}; explain one device at a time")
         device = devices.pop()
-        rules = self.rules.config()
+        rules, ctx, _, _ = self._context(device)
         with GRAPH_LOCK:
             prog = linearize(targets, device=device, inspected=rules.inspected_constants)
-        cp = self._cached_plan(prog, rules, resize=False)
+        cp = self._cached_plan(prog, rules, ctx, resize=False)
         if cp.egraph is None:
             # a resized plan (or one read from the disk cache) has no e-graph of its own sizes:
             # explain() and the tools need it (alternatives, the cost of each kernel), so compile
             with core.COMPILE_LOCK:
                 cp = compile_plan(prog, rules, self.extraction, self._saturator, disk=False)
-                self.plan_cache[(rules.key, settings_key(prog.device, self.extraction), prog.key)] = cp
+                self.plan_cache[(ctx, prog.key)] = cp
         return cp, device
 
-    def _cached_plan(self, prog: Program, rules: RuleConfig, resize: bool = True) -> CompiledPlan:
-        """The compiled plan of ``prog``: cached, else resized from a cached plan of the same program
-        at other sizes (``resize``, EQGRAD_RESIZE), else compiled."""
-        key = (rules.key, settings_key(prog.device, self.extraction), prog.key)
+    def _context(self, device: str) -> tuple[RuleConfig, int, int, bool]:
+        """The active rules, the id of ``(rules.key, settings_key(device, self.extraction))`` (what
+        the plan cache is keyed by next to the program's structure), DEBUG and EQGRAD_VALIDATE's
+        values. One memo check on every
+        realize: its state is everything those two read (this session's rules and extraction
+        settings as they are now, the thread's ``using`` and ``Context`` overrides, the
+        environment, the calibration's recent stamp), so any change is seen at the next realize."""
+        rs, s = self.rules, self.extraction
+        state = (config.raw_state(_CONTEXT_FLAGS), _rules_env(), extract._using.get(), rs, tuple(rs.user), rs.schedule,
+                 s, s.extractor, s.cost_fn, tuple(s.params.items()), CALIBRATIONS.recent_stamp())
+        m = self._contexts.get(device)
+        if m is not None and m[0] == state:
+            return m[1]
+        rules = rs.config()
+        pair = (rules.key, settings_key(device, s))
+        with _CONTEXT_LOCK:
+            ctx = _CONTEXT_IDS.setdefault(pair, len(_CONTEXT_IDS))
+        answer = (rules, ctx, config.DEBUG.value, bool(config.VALIDATE.value))
+        self._contexts[device] = (state, answer)
+        return answer
+
+    def _cached_plan(self, prog: Program, rules: RuleConfig, ctx: int, resize: bool = True) -> CompiledPlan:
+        """The compiled plan of ``prog`` under ``rules`` (``ctx``: their ``_context`` id): cached,
+        else resized from a cached plan of the same program at other sizes (``resize``,
+        EQGRAD_RESIZE), else compiled."""
+        key = (ctx, prog.key)
         cp = self.plan_cache.get(key)
         if cp is None:
             cp = self._missed(key, program_sizes(prog), lambda: prog, rules, prog.device, resize)
@@ -260,7 +300,7 @@ class Session:
             cp = self.plan_cache.get(key)           # compiled by another thread while this one waited
             if cp is not None:
                 return cp
-            skey = (key[0], key[1], ps.key)
+            skey = (key[0], ps.key)
             if resize and config.RESIZE.value:
                 cp = self._resized(ps, skey, device)
             if cp is None:
@@ -302,16 +342,15 @@ class Session:
         new.predicted = sum(k.predicted for k in new.kernels)
 
     def _realize_on(self, device: str, targets: list[LazyBuffer]) -> None:
-        dbg = config.DEBUG.value
         t0 = time.perf_counter()
-        rules = self.rules.config()
+        rules, ctx, dbg, validating = self._context(device)
         with GRAPH_LOCK:
             targets = [t for t in targets if not t.realized]     # another thread may have realized some
             if not targets:
                 return
             # the structure key in one walk; the Program itself only when the plan is not cached
             skey, in_lbs, pvals, order = structure(targets, device=device, inspected=rules.inspected_constants)
-            key = (rules.key, settings_key(device, self.extraction), skey)
+            key = (ctx, skey)
             cp = self.plan_cache.get(key)
             prog = ps = None
             if cp is None:
@@ -319,19 +358,18 @@ class Session:
                 # other sizes may be resized (a growing KV cache's step never builds one)
                 ps = structure_sizes(skey, [(lb.shape, lb.dtype) for lb in in_lbs] + [((), dt) for _, dt in pvals],
                                      len(in_lbs))
-                if not (config.RESIZE.value and self._resizable.candidates((key[0], key[1], ps.key))):
+                if not (config.RESIZE.value and self._resizable.candidates((ctx, ps.key))):
                     prog = linearize(targets, order, device=device, inspected=rules.inspected_constants)
                     prog.__dict__["key"] = skey        # the same tuple (Program.key is a cached_property)
             # host buffers come from the pool (devices/__init__.py); the intermediates go back to it as
             # soon as ``bufs`` is dropped at the end of this call, the outputs when no tensor holds them
             bufs: list[Buffer] = [lb.buffer for lb in in_lbs]
-            if config.VALIDATE.value and prog is None:
+            if validating and prog is None:
                 prog = linearize(targets, order, device=device, inspected=rules.inspected_constants)
-        # the parameters' values, one element each, after the realized inputs (Program.input_specs);
-        # the capture hooks see them as realized inputs that hold constants
-        params = [LazyBuffer.from_buffer(Buffer.from_numpy(np.asarray(v, dt.np), device)) for v, dt in pvals]
-        bufs += [lb.buffer for lb in params]
-        inputs = in_lbs + params
+        # the parameters' values, one element each, after the realized inputs (Program.input_specs)
+        if pvals:
+            bufs += [Buffer.scalar(v, dt, device) for v, dt in pvals]
+        n_in = len(bufs)
         if cp is None:
             def program() -> Program | None:
                 if prog is not None:
@@ -342,18 +380,24 @@ class Session:
             cp = self._missed(key, ps, program, rules, device)
             if cp is None:
                 return self._realize_on(device, targets)
-        self._local.last_plan = cp
+        local = self._local
+        local.last_plan = cp
         plan = cp.plan
-        for shape, dt in plan.buffers[len(inputs):]:
-            bufs.append(Buffer.empty(shape, dt, device))
+        empty = Buffer.empty
+        for shape, dt in plan.buffers[n_in:]:
+            bufs.append(empty(shape, dt, device))
         t1 = time.perf_counter()
         cp.run(bufs)
         t2 = time.perf_counter()
         GlobalCounters.realize_count += 1
-        if config.VALIDATE.value:
+        if validating:
             validate(targets, prog, [bufs[o] for o in plan.outputs], plan, cp.report, rules)
-        for hook in list(self.capture_hooks):
-            hook(cp, inputs, targets, bufs)
+        hooks = getattr(local, "capture_hooks", None)
+        if hooks:
+            # they see the parameters as realized inputs that hold constants
+            inputs = in_lbs + [LazyBuffer.from_buffer(b) for b in bufs[len(in_lbs):n_in]]
+            for hook in list(hooks):
+                hook(cp, inputs, targets, bufs)
         with GRAPH_LOCK:
             for t, o in zip(targets, plan.outputs):
                 # the buffer first: a thread that reads ``realized`` without the lock (the frontend

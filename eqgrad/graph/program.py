@@ -2,7 +2,7 @@
 
 ``linearize(targets)`` visits the unrealized subgraph once, in topological order, and gives a
 ``Program``: the computed nodes (sources first, each naming its sources by position), the realized
-buffers it reads (``inputs``, numbered by first use) and the requested targets (``roots``). Three
+buffers it reads (``inputs``, numbered in walk order) and the requested targets (``roots``). Three
 consumers read it and nothing else, so they cannot drift apart:
 
 - ``Program.key`` -- the structure key of the plan cache: ops, attributes, shapes, dtypes,
@@ -78,7 +78,7 @@ def is_node(r: Ref) -> bool:
 @dataclass
 class Program:
     nodes: list[Node]
-    inputs: list[LazyBuffer]            # realized leaves, by first use (the plan's first buffers)
+    inputs: list[LazyBuffer]            # realized leaves, in walk order (the plan's first buffers)
     roots: list[Ref]                    # one per requested target
     device: str = ""
     # (value, dtype) of each ParamLeaf, by index: the plan's input buffers after ``inputs`` (each
@@ -130,37 +130,28 @@ def linearize(targets: list[LazyBuffer], order: list[LazyBuffer] | None = None, 
     ``ParamLeaf`` (None: none does -- the tools that emit programs for a fixed rule set)."""
     if order is None:
         order = toposort(targets)
-    index: dict[int, int] = {}
-    pos: dict[int, int] = {}
+    index: dict[int, Ref] = {}          # id -> the ref of every leaf and node in ``order``
     inputs: list[LazyBuffer] = []
     nodes: list[Node] = []
     params: list[tuple[Any, DType]] = []
-    param_of: dict[int, int] = {}       # id(CONST LazyBuffer) -> its parameter's index
-
-    def ref(lb: LazyBuffer) -> Ref:
-        if lb.op == "CONST":
-            if is_structural(lb.arg, lb.dtype, inspected):
-                return ConstLeaf(lb.arg, lb.shape, lb.dtype)
-            # one parameter per constant node (not per value: the structure must not depend on
-            # which values happen to be equal)
-            if id(lb) not in param_of:
-                param_of[id(lb)] = len(params)
-                params.append((lb.arg, lb.dtype))
-            return ParamLeaf(param_of[id(lb)], lb.shape, lb.dtype)
-        if lb.op == "BUF":
-            if id(lb) not in pos:
-                pos[id(lb)] = len(inputs)
-                inputs.append(lb)
-            return Input(pos[id(lb)], lb.shape, lb.dtype)
-        return index[id(lb)]
-
+    # leaves are numbered in walk order, as ``structure`` numbers them; a constant node that no
+    # rule inspects is one parameter (one per node, not per value: the structure must not depend
+    # on which values happen to be equal)
     for lb in order:
-        if lb.op in ("BUF", "CONST"):
-            continue
-        srcs = tuple(ref(s) for s in lb.src)
-        index[id(lb)] = len(nodes)
-        nodes.append(Node(lb.op, lb.arg, lb.shape, lb.dtype, srcs))
-    roots = [ref(t) for t in targets]
+        op = lb.op
+        if op == "BUF":
+            index[id(lb)] = Input(len(inputs), lb.shape, lb.dtype)
+            inputs.append(lb)
+        elif op == "CONST":
+            if is_structural(lb.arg, lb.dtype, inspected):
+                index[id(lb)] = ConstLeaf(lb.arg, lb.shape, lb.dtype)
+            else:
+                index[id(lb)] = ParamLeaf(len(params), lb.shape, lb.dtype)
+                params.append((lb.arg, lb.dtype))
+        else:
+            index[id(lb)] = len(nodes)
+            nodes.append(Node(op, lb.arg, lb.shape, lb.dtype, tuple([index[id(s)] for s in lb.src])))
+    roots = [index[id(t)] for t in targets]
     return Program(nodes, inputs, roots, device, params)
 
 
@@ -170,57 +161,52 @@ def structure(targets: list[LazyBuffer], device: str = "", inspected: frozenset[
     the Program: what a realize needs when its plan is cached. On a miss the Program is built from
     the returned order (``linearize(targets, order)``, no second walk). The walk is ``toposort``'s
     (post-order, sources left to right) and refs are numbered as ``linearize`` numbers them, so the
-    key is the same tuple (tests/test_program.py checks it on every program of its corpus)."""
-    index: dict[int, int] = {}
-    pos: dict[int, int] = {}
+    key is the same tuple (tests/test_program.py checks it on every program of its corpus).
+
+    Every realize runs this, so it is written for speed (it was ~2.5 us a node): each node's ref is
+    worked out once, when the walk reaches it (a leaf's at once, a computed node's after its
+    sources), and kept in one dict that also marks what was visited; sources are then dict reads."""
+    refs: dict[int, Any] = {}            # id -> the ref (a leaf's key tuple, or a node's index); None: on the stack
     inputs: list[LazyBuffer] = []
     params: list[tuple[Any, DType]] = []
-    param_of: dict[int, int] = {}
-    items: list[tuple] = [(device,)]
-
-    def ref(lb: LazyBuffer) -> Any:
-        op = lb.op
-        if op == "CONST":
-            if is_structural(lb.arg, lb.dtype, inspected):
-                return ("C", repr(lb.arg), lb.shape, lb.dtype.name)
-            k = param_of.get(id(lb))
-            if k is None:
-                k = param_of[id(lb)] = len(params)
-                params.append((lb.arg, lb.dtype))
-            return ("P", k, lb.shape, lb.dtype.name)
-        if op == "BUF":
-            k = pos.get(id(lb))
-            if k is None:
-                k = pos[id(lb)] = len(inputs)
-                inputs.append(lb)
-            return ("B", k, lb.shape, lb.dtype.name)
-        return index[id(lb)]
-
-    seen: set[int] = set()
     order: list[LazyBuffer] = []
-    stack: list[tuple[LazyBuffer, bool]] = [(r, False) for r in reversed(targets)]
-    pop, push, emit, add = stack.pop, stack.append, order.append, items.append
+    items: list[tuple] = [(device,)]
+    get, emit, add = refs.get, order.append, items.append
+    stack: list[Any] = list(reversed(targets))
+    pop, push = stack.pop, stack.append
     while stack:
-        lb, done = pop()
-        if done:
+        lb = pop()
+        if lb.__class__ is tuple:                    # (node,): its sources are done
+            lb = lb[0]
             emit(lb)
-            op = lb.op
-            if op != "BUF" and op != "CONST":
-                index[id(lb)] = len(items) - 1
-                arg = lb.arg
-                if arg.__class__ is DType:
-                    arg = arg.name
-                add((op, arg, lb.shape, lb.dtype.name, tuple([ref(x) for x in lb.src])))
+            arg = lb.arg
+            if arg.__class__ is DType:
+                arg = arg.name
+            refs[id(lb)] = len(items) - 1
+            add((lb.op, arg, lb.shape, lb.dtype.name, tuple([refs[id(x)] for x in lb.src])))
             continue
         i = id(lb)
-        if i in seen:
+        if i in refs:
             continue
-        seen.add(i)
-        push((lb, True))
-        src = lb.src
-        for k in range(len(src) - 1, -1, -1):
-            x = src[k]
-            if id(x) not in seen:
-                push((x, False))
-    items.append(tuple(ref(t) for t in targets))
+        op = lb.op
+        if op == "BUF":
+            refs[i] = ("B", len(inputs), lb.shape, lb.dtype.name)
+            inputs.append(lb)
+            emit(lb)
+        elif op == "CONST":
+            if is_structural(lb.arg, lb.dtype, inspected):
+                refs[i] = ("C", repr(lb.arg), lb.shape, lb.dtype.name)
+            else:                                    # one parameter per constant node
+                refs[i] = ("P", len(params), lb.shape, lb.dtype.name)
+                params.append((lb.arg, lb.dtype))
+            emit(lb)
+        else:
+            refs[i] = None
+            push((lb,))
+            src = lb.src
+            for k in range(len(src) - 1, -1, -1):
+                x = src[k]
+                if id(x) not in refs:
+                    push(x)
+    add(tuple([refs[id(t)] for t in targets]))
     return tuple(items), inputs, params, order
