@@ -338,3 +338,74 @@ def test_bad_context_values():
     with pytest.raises(ValueError, match=r"DEBUG.*integer.*'loud'"):
         with eqgrad.Context(DEBUG="loud"):
             pass
+
+
+# ---------------------------------------------------------------------------- sizes (issue 38)
+
+def test_expand_rejects_negative_sizes_other_than_keep():
+    """-1 keeps an existing axis's size (torch); any other negative size was taken as given:
+    ``expand(-5, 3)`` had shape (-5, 3) and summed to 3.0."""
+    t = Tensor(np.ones((1, 3), np.float32), device="NUMPY")
+    with pytest.raises(ShapeError, match=r"expand.*invalid size -5 at axis 0 of \(-5, 3\).*\(1, 3\)"):
+        t.expand(-5, 3)
+    with pytest.raises(ShapeError, match=r"expand.*invalid size -2 at axis 1 of \(4, -2\)"):
+        t.expand(4, -2)
+    with pytest.raises(ShapeError, match=r"expand.*invalid size -1 at axis 0 of \(-1, 2, 3\)"):
+        t.expand(-1, 2, 3)                         # a new axis has no size to keep
+    assert t.expand(4, -1).shape == (4, 3) and t.expand(2, -1, -1).shape == (2, 1, 3)
+
+
+@pytest.mark.parametrize("make, pattern", [
+    (lambda: Tensor.zeros(2**62, 4), r"full\(\): shape \(4611686018427387904, 4\) of float32 is too large.*"
+                                     r"73786976294838206464 bytes.*2\*\*63 - 1.*axis 0 \(size 4611686018427387904\)"),
+    (lambda: Tensor.ones(10**10, 10**10), r"full\(\).*\(10000000000, 10000000000\).*axis 1 \(size 10000000000\)"),
+    (lambda: Tensor.full((0, 2**62, 4), 1.0), r"full\(\).*\(0, 4611686018427387904, 4\)"),   # strides overflow too
+    (lambda: Tensor.zeros(2**63, dtype="bool"), r"full\(\).*\(9223372036854775808,\) of bool"),
+    (lambda: Tensor.eye(2**40), r"eye\(\).*\(1099511627776, 1099511627776\)"),
+    (lambda: Tensor.rand(2**62, 2), r"rand\(\).*\(4611686018427387904, 2\)"),
+    (lambda: Tensor.randn(2**62, 2, seed=0), r"randn\(\).*\(4611686018427387904, 2\)"),
+    (lambda: Tensor.zeros(0, 3).reshape(2**62, 0, 4), r"reshape\(\).*\(4611686018427387904, 0, 4\)"),
+    (lambda: Tensor.zeros(1, 3).expand(2**40, 2**40, 3), r"expand\(\).*\(1099511627776, 1099511627776, 3\).*axis 1"),
+])
+def test_sizes_beyond_what_can_be_addressed(make, pattern):
+    """A tensor's bytes (empty axes counted as 1) stay below 2**63: a larger shape is a ShapeError at
+    the call naming the size, not "Python int too large to convert to C ssize_t" at a realize."""
+    with eqgrad.Context(DEVICE="NUMPY"), pytest.raises(ShapeError, match=pattern):
+        make()
+
+
+def test_sizes_just_within_the_bound_are_made_lazily():
+    with eqgrad.Context(DEVICE="NUMPY"):
+        assert Tensor.zeros(2**61 - 1).shape == (2**61 - 1,)            # 2**63 - 4 bytes of float32
+        assert Tensor.zeros(2**63 - 1, dtype="bool").shape == (2**63 - 1,)
+        assert Tensor.zeros(0, 2**61 - 1).reshape(2**61 - 1, 0).shape == (2**61 - 1, 0)
+    with pytest.raises(ShapeError, match=r"rand\(\).*negative dimension.*\(2, -1\)"):
+        Tensor.rand(2, -1)
+
+
+# ---------------------------------------------------------------------------- empty axes (issue 38)
+
+@pytest.mark.parametrize("device", ["LLVM", "NUMPY"])
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+def test_softmax_over_an_empty_axis_is_empty(device, op):
+    """torch gives an empty tensor of the input's shape (and an empty gradient); eqgrad raised
+    "max(): zero-size reduction"."""
+    for shape, axis in (((2, 0), -1), ((0, 3), 0), ((0,), 0), ((3, 0, 2), 1)):
+        x = Tensor(np.ones(shape, np.float32), device=device, requires_grad=True)
+        y = getattr(x, op)(axis)
+        assert y.shape == shape and y.numpy().shape == shape and y.dtype is eqgrad.float32
+        y.sum().backward()
+        assert x.grad.numpy().shape == shape
+    # an empty axis other than the softmax's still normalizes the rest
+    x = Tensor(np.ones((0, 3), np.float32), device=device)
+    assert getattr(x, op)(-1).numpy().shape == (0, 3)
+
+
+@pytest.mark.parametrize("device", ["LLVM", "NUMPY"])
+def test_logsumexp_over_an_empty_axis_is_minus_infinity(device):
+    x = Tensor(np.ones((2, 0), np.float32), device=device, requires_grad=True)
+    y = x.logsumexp(-1)
+    np.testing.assert_array_equal(y.numpy(), np.full(2, -np.inf, np.float32))      # torch: log(0)
+    assert x.logsumexp(-1, keepdim=True).shape == (2, 1)
+    y.sum().backward()
+    assert x.grad.numpy().shape == (2, 0)

@@ -85,6 +85,26 @@ def _shape_arg(shape: tuple) -> tuple[int, ...]:
     return tuple(out)
 
 
+# The largest tensor eqgrad makes: its bytes must stay below 2**63, the byte offsets NumPy and the
+# kernels compute in int64 -- counting each empty axis as size 1, since the strides over it are
+# computed all the same (Tensor.zeros(0, 2**62, 4) would overflow them). torch's bound is alike
+# (numel in int64). What fits this bound but not in memory fails when its buffer is allocated.
+MAX_BYTES = 1 << 63
+
+
+def _check_addressable(op: str, shape: tuple[int, ...], d: DType) -> None:
+    """ShapeError naming the op, the shape and the axis whose size takes ``shape`` of dtype ``d``
+    to ``MAX_BYTES`` or beyond (``shape`` has no negative sizes)."""
+    span = d.itemsize
+    for i, s in enumerate(shape):
+        span *= s or 1
+        if span >= MAX_BYTES:
+            total = math.prod([s or 1 for s in shape]) * d.itemsize
+            raise ShapeError(f"{op}: shape {shape} of {d.name} is too large to address: {total} bytes "
+                             f"(about 2**{round(math.log2(total))}); a tensor has at most 2**63 - 1 (int64 "
+                             f"byte offsets), passed at axis {i} (size {s})")
+
+
 _warmed = False
 
 
@@ -361,6 +381,7 @@ class Tensor:
         if any(s < 0 for s in shape):
             raise ShapeError(f"full(): negative dimension in shape {shape}")
         d = dt.to_dtype(dtype) if dtype is not None else dt.scalar_dtype(fill_value)
+        _check_addressable("full()", shape, d)
         fill_value = dt.convert_scalar(fill_value, d, "full()")
         return Tensor(LazyBuffer.const(fill_value, shape, d, canonical_device(device)))
 
@@ -401,6 +422,7 @@ class Tensor:
         m = n if m is None else m
         if n < 0 or m < 0:
             raise ShapeError(f"eye(): sizes must be non-negative, got {n}, {m}")
+        _check_addressable("eye()", (n, m), dt.to_dtype(dtype))
         i = Tensor.arange(n, device=device).reshape(n, 1)
         j = Tensor.arange(m, device=device).reshape(1, m)
         return (i == j).cast(dtype)
@@ -409,7 +431,7 @@ class Tensor:
     def rand(*shape: Any, seed: int | None = None, dtype: Any = float32, device: str | None = None) -> "Tensor":
         """Uniform [0, 1). ``seed`` gives a reproducible draw; otherwise the global generator
         (``eqgrad.manual_seed``) is used."""
-        shape = _shape_arg(shape)
+        shape = _random_shape("rand()", shape)
         if seed is not None:
             return Tensor(np.random.default_rng(seed).random(shape, dtype=np.float32), dtype=dtype, device=device)
         return _host_random(lambda: _rng.random(shape, dtype=np.float32), dtype, device)
@@ -417,7 +439,7 @@ class Tensor:
     @staticmethod
     def randn(*shape: Any, seed: int | None = None, dtype: Any = float32, device: str | None = None) -> "Tensor":
         """Standard normal, reproducible as ``rand``."""
-        shape = _shape_arg(shape)
+        shape = _random_shape("randn()", shape)
         if seed is not None:
             return Tensor(np.random.default_rng(seed).standard_normal(shape, dtype=np.float32), dtype=dtype, device=device)
         return _host_random(lambda: _rng.standard_normal(shape, dtype=np.float32), dtype, device)
@@ -991,21 +1013,34 @@ class Tensor:
             if self.dtype is not int32 else (~self).argmax(axis, keepdim)
 
     def softmax(self, axis: int = -1) -> "Tensor":
-        self._axis(axis, "softmax")
+        """``exp(x) / exp(x).sum(axis)``, computed shifted by the max for range.
+
+        >>> Tensor([[0.0, 0.0], [1.0, 1.0]]).softmax().tolist()
+        [[0.5, 0.5], [0.5, 0.5]]
+        >>> Tensor.zeros(2, 0).softmax().shape          # an empty axis: an empty result, as torch
+        (2, 0)
+        """
         x = self.float()
+        if self.shape[self._axis(axis, "softmax")] == 0:
+            # NOTE: an empty axis has nothing to normalize and no max to shift by: the result is as
+            # empty as the input (torch), still on the graph so that backward gives an empty gradient
+            return x * 1.0
         # NOTE: the max is detached: softmax does not change under a shift, so the gradient through
         # the max is zero in exact arithmetic -- detaching it saves computing that zero
         e = (x - x.max(axis, keepdim=True).detach()).exp()
         return e / e.sum(axis, keepdim=True)
 
     def log_softmax(self, axis: int = -1) -> "Tensor":
-        self._axis(axis, "log_softmax")
         x = self.float()
+        if self.shape[self._axis(axis, "log_softmax")] == 0:
+            return x * 1.0                               # NOTE: empty, as in softmax
         m = x - x.max(axis, keepdim=True).detach()       # NOTE: detached, as in softmax
         return m - m.exp().sum(axis, keepdim=True).log()
 
     def logsumexp(self, axis: int = -1, keepdim: bool = False) -> "Tensor":
-        self._axis(axis, "logsumexp")
+        if self.shape[self._axis(axis, "logsumexp")] == 0:
+            # NOTE: the log of an empty sum: -inf (torch), with the input's (empty) gradient
+            return self.float().sum(axis, keepdim) + float("-inf")
         m = self.float().max(axis, keepdim=True).detach()   # NOTE: detached, as in softmax
         out = (self - m).exp().sum(axis, keepdim=True).log() + m
         return out if keepdim else out.squeeze(self._axis(axis, "logsumexp"))
@@ -1020,6 +1055,8 @@ class Tensor:
         if math.prod(shape) != self.numel():
             raise ShapeError(f"reshape(): cannot reshape {self.shape} ({self.numel()} elements) into {shape} "
                              f"({math.prod(shape)} elements)")
+        if 0 in shape:          # otherwise as many bytes as this tensor's, which is addressable
+            _check_addressable("reshape()", shape, self.dtype)
         return self._apply("RESHAPE", arg=shape)
 
     def _inferred_reshape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -1063,11 +1100,17 @@ class Tensor:
             raise ShapeError(f"expand(): tensors have at most {MAX_RANK} dimensions, got shape {shape}")
         if len(shape) < self.ndim:
             raise ShapeError(f"expand(): target {shape} has fewer dimensions than {self.shape}")
-        src = (1,) * (len(shape) - self.ndim) + self.shape
+        lead = len(shape) - self.ndim
+        for i, t in enumerate(shape):
+            if t < -1 or (t == -1 and i < lead):
+                raise ShapeError(f"expand(): invalid size {t} at axis {i} of {shape} (expanding {self.shape}): "
+                                 "sizes are >= 0, or -1 to keep an existing axis's size")
+        src = (1,) * lead + self.shape
         new = tuple(s if t == -1 else t for s, t in zip(src, shape))
         for s, t in zip(src, new):
             if s != t and s != 1:
                 raise ShapeError(f"expand(): cannot expand {self.shape} to {shape}: only size-1 axes can grow")
+        _check_addressable("expand()", new, self.dtype)
         return self.reshape(src)._expand_to(new)
 
     def _expand_to(self, shape: tuple[int, ...]) -> "Tensor":
@@ -1202,6 +1245,15 @@ class Tensor:
     def linear(self, weight: "Tensor", bias: "Tensor | None" = None) -> "Tensor":
         out = self @ weight
         return out + bias if bias is not None else out
+
+
+def _random_shape(op: str, shape: tuple) -> tuple[int, ...]:
+    """The shape of a ``rand``/``randn`` draw, checked before NumPy draws it (in float32)."""
+    shape = _shape_arg(shape)
+    if any(s < 0 for s in shape):
+        raise ShapeError(f"{op}: negative dimension in shape {shape}")
+    _check_addressable(op, shape, float32)
+    return shape
 
 
 def _host_random(draw: Any, dtype: Any, device: str | None) -> Tensor:
