@@ -302,8 +302,9 @@ OPT = Flag("EQGRAD_OPT", 1, _integer_in(0, 1), "0 or 1",
            "0 skips equality saturation and runs the unoptimized plan (one kernel per op; for debugging)")
 SATURATION_TIMEOUT = Flag("EQGRAD_SATURATION_TIMEOUT", 20.0, _seconds,
                           f"a finite number of seconds > 0 and <= {MAX_SECONDS:g}",
-                          "wall-clock limit of one saturation; past it the worker is killed and the "
-                          "unoptimized plan runs, with a warning")
+                          "wall-clock limit of one saturation, from when the worker is ready (its start "
+                          "is bounded apart: rules/saturate.py STARTUP_LIMIT); past it the worker is "
+                          "killed and the unoptimized plan runs, with a warning")
 EGRAPH_NODES = Flag("EQGRAD_EGRAPH_NODES", 200_000, _integer_in(1, (1 << 63) - 1), "an integer >= 1",
                     "e-node limit checked after each phase; past it saturation stops and the last phase's "
                     "e-graph is extracted")
@@ -381,6 +382,39 @@ KERNEL_CACHE_BYTES = Flag("EQGRAD_KERNEL_CACHE_BYTES", 256 << 20, _bytes_at_leas
                           "bound on the compiled LLVM kernels kept on disk (least recently used are deleted past it)")
 
 
+# EQGRAD_ variables eqgrad reads that are not flags above: the user's rule files (rules/rulebook.py
+# reads them as paths, docs/rulebooks.md) and the test suite's switch for its golden files
+OTHER_VARIABLES = ("EQGRAD_RULEBOOKS", "EQGRAD_SCHEDULE", "EQGRAD_UPDATE_GOLDEN")
+
+
+def unknown_variables(environ: Any = None) -> list[tuple[str, str | None]]:
+    """The ``EQGRAD_*`` variables of ``environ`` (default: this process's environment) that eqgrad
+    does not read, each with the closest name it does read (None if none is close)."""
+    known = [n for n in FLAGS if n.startswith("EQGRAD_")] + list(OTHER_VARIABLES)
+    out = []
+    for name in sorted(os.environ if environ is None else environ):
+        if name.startswith("EQGRAD_") and name not in known:
+            # compared without the prefix they share, which would make every name "close"
+            near = difflib.get_close_matches(name[7:], sorted(n[7:] for n in known), n=1, cutoff=0.6)
+            out.append((name, "EQGRAD_" + near[0] if near else None))
+    return out
+
+
+def warn_unknown_variables(environ: Any = None) -> None:
+    """One ``EqgradWarning`` naming every ``EQGRAD_*`` environment variable eqgrad does not read
+    (a misspelt flag was silently ignored: issue 38) and the flag each is closest to.
+    Run once per process, when this module is imported (a few microseconds: one pass over the
+    environment's names); not in a ``multiprocessing`` child, whose parent has warned already."""
+    unknown = unknown_variables(environ)
+    if not unknown:
+        return
+    from eqgrad.counters import EqgradWarning        # here: only a process that warns pays the import
+    import warnings
+    items = "; ".join(f"{n} (did you mean {near}?)" if near else n for n, near in unknown)
+    warnings.warn(f"eqgrad: unknown environment variable{'s' if len(unknown) > 1 else ''} ignored: {items}. "
+                  "eqgrad's flags are listed in docs/env.md", EqgradWarning, stacklevel=2)
+
+
 @contextlib.contextmanager
 def Context(**flags: Any) -> Iterator[None]:
     """Temporarily override flags: ``with Context(DEBUG=3): ...`` (names with or without EQGRAD_).
@@ -396,3 +430,9 @@ def Context(**flags: Any) -> Iterator[None]:
     finally:
         _overrides.clear()
         _overrides.update(old)
+
+
+_mp = sys.modules.get("multiprocessing")
+if _mp is None or _mp.parent_process() is None:
+    warn_unknown_variables()
+del _mp

@@ -234,3 +234,38 @@ def test_the_settings_key_memo_covers_every_flag_it_reads(monkeypatch):
     # the cache directory decides only which calibration file is read: keyed by its stamp (its path)
     keyed = {f.name for f in extract._KEY_FLAGS} | {"EQGRAD_CACHE_DIR"}
     assert read and read <= keyed, read - keyed
+
+
+# ---------------------------------------------------------------------------- unknown variables
+
+def test_unknown_eqgrad_variables_are_named_with_the_closest_flag():
+    """Issue 38 (6b): a mistyped flag (EQGRAD_OPTT=0) was silently ignored."""
+    env = {"EQGRAD_OPTT": "0", "EQGRAD_OPT": "1", "EQGRAD_RULEBOOKS": "", "EQGRAD_SATURATON_TIMEOUT": "3",
+           "EQGRAD_ZZZ": "1", "DEBUG": "1", "PATH": "/bin"}
+    assert config.unknown_variables(env) == [("EQGRAD_OPTT", "EQGRAD_OPT"),
+                                             ("EQGRAD_SATURATON_TIMEOUT", "EQGRAD_SATURATION_TIMEOUT"),
+                                             ("EQGRAD_ZZZ", None)]
+    with pytest.warns(eqgrad.EqgradWarning, match=r"EQGRAD_OPTT \(did you mean EQGRAD_OPT\?\).*EQGRAD_ZZZ\. .*docs/env.md"):
+        config.warn_unknown_variables(env)
+    config.warn_unknown_variables({"EQGRAD_OPT": "1", "PATH": "/bin"})       # all known: no warning
+
+
+def test_every_eqgrad_variable_the_code_and_docs_name_is_known():
+    """A variable read outside config.FLAGS is listed in config.OTHER_VARIABLES, or setting it would warn."""
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    files = [*(root / "eqgrad").rglob("*.py"), *(root / "docs").glob("*.md"), root / "Makefile"]
+    named = {n for f in files for n in re.findall(r"EQGRAD_[A-Z][A-Z0-9_]*", f.read_text())}
+    assert "EQGRAD_RULEBOOKS" in named and not config.unknown_variables({n: "" for n in named})
+
+
+def test_a_mistyped_flag_warns_once_per_process():
+    import subprocess
+    import sys
+    code = ("import eqgrad\nfrom eqgrad import Tensor\n"
+            "for i in range(3):\n    (Tensor([1.0, 2.0], device='NUMPY') + i).numpy()\n")
+    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("EQGRAD_")}
+    out = subprocess.run([sys.executable, "-c", code], env={**env, "EQGRAD_OPTT": "0", "EQGRAD_DISK_CACHE": "0"},
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stderr.count("EqgradWarning") == 1 and "EQGRAD_OPTT (did you mean EQGRAD_OPT?)" in out.stderr

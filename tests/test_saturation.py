@@ -152,6 +152,67 @@ def test_free_ac_rules_blow_up_and_are_stopped(tmp_path):
         sat.close()
 
 
+def _endless_ac(tmp_path) -> tuple[Saturator, str]:
+    """A saturator (no worker yet) whose schedule runs free commutativity/associativity for 40 phases
+    on a deep chain: it does not finish within seconds; the test gives it a time limit."""
+    (tmp_path / "ac.egg").write_text(AC_RULES)
+    (tmp_path / "schedule.egg").write_text(
+        ";; phase analysis\n(run-schedule (saturate analysis))\n"
+        ";; phase fusion\n(run-schedule (saturate (seq (run fusion) (saturate analysis))))\n"
+        + "".join(f";; phase ac{i}\n(run-schedule (run ac) (saturate analysis))\n" for i in range(40)))
+    x = Tensor(np.ones((4, 4), np.float32))
+    y = x
+    for i in range(30):
+        y = (y + float(i)) * (x + float(i % 7))
+    from eqgrad.graph.program import linearize
+    from eqgrad.rules.ir import emit_program
+    sat = Saturator(rulebooks=[RULEBOOK_DIR / "fusion.egg", tmp_path / "ac.egg"], schedule=tmp_path / "schedule.egg")
+    return sat, emit_program(linearize([y.lazydata])).text
+
+
+def test_the_time_limit_covers_saturation_and_the_start_is_bounded_apart(tmp_path):
+    """Issue 38 (6a): a new worker's start (the process's first program, the one after a timeout
+    kill) was counted as 10 s on top of EQGRAD_SATURATION_TIMEOUT: a 1 s limit stopped after ~11 s.
+    Now the limit counts from when the worker is ready, the start is bounded apart (STARTUP_LIMIT)
+    and reported, and a request takes at most the two together."""
+    import time
+    from eqgrad.rules.saturate import STARTUP_LIMIT
+    sat, text = _endless_ac(tmp_path)
+    try:
+        for _ in range(2):                 # a new worker, then the one started after the kill
+            t0 = time.monotonic()
+            js, rep = sat.run(text, timeout=1.0, node_limit=10**9)
+            wall = time.monotonic() - t0
+            assert js is None and rep.stop_reason == "timeout" and "EQGRAD_SATURATION_TIMEOUT" in rep.detail
+            assert 0 < rep.startup < STARTUP_LIMIT
+            assert 1.0 + rep.startup <= wall < 1.0 + rep.startup + 2.0, (wall, rep.startup)
+            assert "starting the worker" in str(rep)
+        js, rep = sat.run("(let $v0 (Const 1.0 \"float32\" (vec-empty)))\n", timeout=30)
+        assert rep.stop_reason == "completed" and rep.startup > 0       # started again after the kill
+        js, rep = sat.run("(let $v0 (Const 1.0 \"float32\" (vec-empty)))\n", timeout=30)
+        assert rep.stop_reason == "completed" and rep.startup == 0      # a ready worker: no start
+    finally:
+        sat.close()
+
+
+def test_a_worker_that_does_not_start_in_time_is_killed_and_says_so(tmp_path, monkeypatch):
+    """The start-up bound holds on its own: past it the worker is killed, the report says the start
+    (not the saturation limit) was exceeded, and the next request starts a new worker."""
+    from eqgrad.rules import saturate
+    monkeypatch.setattr(saturate, "STARTUP_LIMIT", 1e-3)      # no worker loads egglog in 1 ms
+    sat, _ = _endless_ac(tmp_path)
+    tiny = "(let $v0 (Const 1.0 \"float32\" (vec-empty)))\n"
+    try:
+        js, rep = sat.run(tiny, timeout=30)
+        assert js is None and rep.stop_reason == "timeout" and sat.pid is None
+        assert "not ready within 0.001s of start-up (STARTUP_LIMIT" in rep.detail
+        monkeypatch.setattr(saturate, "STARTUP_LIMIT", 60.0)
+        js, rep = sat.run(tiny, timeout=30)
+        assert js is not None and rep.stop_reason == "completed"
+    finally:
+        sat.close()
+
+
 def test_bad_rulebook_reports_file_and_line(tmp_path):
     bad = tmp_path / "bad.egg"
     bad.write_text("(ruleset fusion2)\n(rewrite (Addd a b) (Add b a) :ruleset fusion2)\n")

@@ -7,7 +7,9 @@ wall-clock timeout and kills the worker when it is exceeded. Phases of the sched
 time; after each, the worker checks the e-graph size against the node limit and stops early if it
 is exceeded. The e-graph of the last finished phase is always a valid e-graph of the program, so
 an early stop still gives correct (less optimized) plans. When the worker dies or times out the
-caller falls back to the unoptimized plan and warns.
+caller falls back to the unoptimized plan and warns. The timeout (EQGRAD_SATURATION_TIMEOUT) counts
+from when the worker is ready: a new worker's start (every process's first, and the one after a
+kill) is bounded on its own by STARTUP_LIMIT and reported as ``SaturationReport.startup``.
 
 The channel: every request carries an id that its reply echoes; a reply to an earlier request is
 discarded. A request that is interrupted on the parent side (Ctrl-C, a signal handler raising)
@@ -43,6 +45,12 @@ from eqgrad.rules.worker import Channel
 
 SCHEDULE = "schedule.egg"
 
+# Seconds a new worker may take, from the request that waits for it, to be ready (its Python start,
+# egglog's extension, the IR and the rules: ~0.15-0.35 s here, more on a loaded machine or a cold
+# disk). Not part of EQGRAD_SATURATION_TIMEOUT, which covers the saturation alone and starts when the
+# worker is ready: a request waits at most STARTUP_LIMIT + EQGRAD_SATURATION_TIMEOUT (docs/env.md).
+STARTUP_LIMIT = 10.0
+
 
 @dataclass
 class PhaseReport:
@@ -61,8 +69,9 @@ class SaturationReport:
     enodes_before: int = 0
     enodes: int = 0
     eclasses: int = 0
-    seconds: float = 0.0
+    seconds: float = 0.0             # the whole request, start-up included
     detail: str = ""
+    startup: float = 0.0             # of ``seconds``, the wait for a new worker to be ready (STARTUP_LIMIT)
 
     @property
     def ok(self) -> bool:
@@ -88,7 +97,8 @@ class SaturationReport:
 
     def __str__(self) -> str:
         lines = [f"saturation: {self.stop_reason}{' (' + self.detail + ')' if self.detail else ''}; "
-                 f"{self.enodes_before} -> {self.enodes} e-nodes, {self.eclasses} e-classes, {self.seconds*1e3:.1f} ms"]
+                 f"{self.enodes_before} -> {self.enodes} e-nodes, {self.eclasses} e-classes, {self.seconds*1e3:.1f} ms"
+                 + (f" ({self.startup*1e3:.1f} ms of it starting the worker)" if self.startup else "")]
         for p in self.phases:
             lines.append(f"  phase {p.name:<9} {p.seconds*1e3:8.2f} ms  {p.iterations:3d} iterations  {p.enodes:7d} e-nodes")
         fired = sorted(((v, k) for k, v in self.matches.items() if v), reverse=True)
@@ -177,7 +187,7 @@ class Saturator:
                 if dead:
                     self._kill()               # a dead worker's pipes and directory
                     self._start()
-                fresh = self._unanswered       # started here or by warm(), and not yet ready
+                sent = time.monotonic()
                 self._send.send((kind, rid, *args))
                 if idle is not None:           # the caller's work that overlaps the worker's
                     self._idle = True
@@ -187,18 +197,7 @@ class Saturator:
                         pass
                     finally:
                         self._idle = False
-                # a fresh worker first imports egglog: that start-up is not the program's fault
-                deadline = time.monotonic() + timeout + (10.0 if fresh else 0.0)
-                while True:
-                    if not self._conn.poll(max(0.0, deadline - time.monotonic())):
-                        self._kill()
-                        return SaturationReport("timeout", seconds=time.perf_counter() - t0,
-                                                detail=f"wall-clock limit {timeout:g}s (EQGRAD_SATURATION_TIMEOUT)")
-                    res = self._conn.recv()
-                    self._unanswered = False
-                    if isinstance(res, dict) and res.get("id") == rid:
-                        return res
-                    # a reply to an earlier request: never taken for this one's
+                return self._reply(rid, sent, timeout, t0)
             except (EOFError, OSError) as e:
                 code = self._proc.poll() if self._proc is not None else None
                 self._kill()
@@ -210,6 +209,36 @@ class Saturator:
                 # in flight: the worker may still be saturating it and the pipe may hold half a message
                 self._kill()
                 raise
+
+    def _reply(self, rid: int, sent: float, timeout: float, t0: float) -> dict | SaturationReport:
+        """Wait for the reply to request ``rid`` (sent at ``sent``, ``time.monotonic()``): a worker
+        still starting has ``STARTUP_LIMIT`` seconds from the send to say it is ready, and the
+        request then ``timeout`` seconds from when it was (so the limit covers the saturation, and
+        a request never waits more than ``STARTUP_LIMIT + timeout``). Past either it kills the
+        worker. The reply dict gets ``startup``: the seconds the request waited for the start."""
+        starting, began = self._unanswered, sent
+        deadline = sent + (STARTUP_LIMIT if starting else timeout)
+        while True:
+            if not self._conn.poll(max(0.0, deadline - time.monotonic())):
+                self._kill()
+                detail = (f"the new worker was not ready within {STARTUP_LIMIT:g}s of start-up (STARTUP_LIMIT: "
+                          "loading egglog); no saturation ran" if starting
+                          else f"wall-clock limit {timeout:g}s (EQGRAD_SATURATION_TIMEOUT)")
+                return SaturationReport("timeout", seconds=time.perf_counter() - t0, detail=detail,
+                                        startup=(time.monotonic() if starting else began) - sent)
+            res = self._conn.recv()
+            if isinstance(res, dict) and res.get("ready"):
+                # the worker stamps when it was ready (one system-wide monotonic clock); kept between
+                # the send and now, so a stamp from a different clock cannot stretch the limit
+                began = min(max(sent, res.get("at", sent)), time.monotonic())
+                starting, self._unanswered = False, False
+                deadline = began + timeout
+                continue
+            self._unanswered = False
+            if isinstance(res, dict) and res.get("id") == rid:
+                res["startup"] = began - sent
+                return res
+            # a reply to an earlier request: never taken for this one's
 
     def working(self) -> bool:
         """Called by a request's ``idle`` (run(idle=...)): is the worker still on that request (no
@@ -273,10 +302,10 @@ class Saturator:
         if isinstance(res, SaturationReport):
             return None, res
         if not res["ok"]:
-            return None, SaturationReport("error", seconds=res["seconds"], detail=res["error"])
+            return None, SaturationReport("error", seconds=res["seconds"], detail=res["error"], startup=res["startup"])
         phases_r = [PhaseReport(**p) for p in res["phases"]]
         rep = SaturationReport(res["stop"], phases_r, res["before"], phases_r[-1].enodes if phases_r else res["before"],
-                               seconds=time.perf_counter() - t0)
+                               seconds=time.perf_counter() - t0, startup=res["startup"])
         if rep.stop_reason == "node limit":
             rep.detail = f"{rep.enodes} > {node_limit} e-nodes after phase {phases_r[-1].name} (EQGRAD_EGRAPH_NODES)"
         return res["json"], rep

@@ -221,7 +221,9 @@ def _worker_main(bindings, conn_in, conn, mem_limit: int, tmp: str, declarations
         _load(base, bindings, books)
     except Exception:                    # reported by the first request that loads them
         base = base_key = None
-    conn.send(dict(ready=True))          # Saturator.ready(): requests are answered from now on
+    # requests are answered from now on (Saturator.ready); ``at``: when, on the system-wide monotonic
+    # clock, from which the parent counts the saturation's time limit (Saturator._reply)
+    conn.send(dict(ready=True, at=time.monotonic()))
     while True:
         req = conn_in.recv()
         if req is None:
