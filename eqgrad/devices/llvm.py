@@ -29,6 +29,7 @@ import numpy as np
 from eqgrad.counters import GlobalCounters
 from eqgrad.devices import kernelcache, llvm_worker
 from eqgrad.devices.render import MissingRule, Operation
+from eqgrad.errors import CompileError
 from eqgrad.graph.loopir import INDEX, LInst, LoopKernel, Table
 from eqgrad.lower.decomp import decompose
 
@@ -388,13 +389,19 @@ class _Lanes:
             if all(b == offs[0][0] and o == offs[0][1] + l for l, (b, o) in enumerate(offs)):
                 self.leaves.add(x0.src[1])
                 return ("load",)
-        elif all(x.op == x0.op and x.dtype == x0.dtype and x.arg == x0.arg for x in xs) and self._vectorizes(x0):
+        elif all(x.op == x0.op and x.dtype == x0.dtype and x.arg == x0.arg for x in xs) and self._vectorizes(x0) \
+                and all(self._operand_kinds(i) == self._operand_kinds(g[0]) for i in g):
+            # (the operands' kinds too: a CMPLT is bool on floats and on indices alike -- cat's bounds
+            # check beside a float compare -- and a kid group is one vector of one element type)
             kids = tuple(tuple(insts[i].src[j] for i in g) for j in range(len(x0.src)))
             for kg in kids:
                 self._tree(kg)
             return ("op", kids)
         self.leaves.update(g)
         return ("pack",)
+
+    def _operand_kinds(self, i: int) -> tuple[str, ...]:
+        return tuple(self.kind(s) for s in self.k.insts[i].src)
 
     def _vectorizes(self, x: LInst) -> bool:
         """Has this op a vector rule (``_Kernel.vector_op``) for its operands' kind?"""
@@ -554,6 +561,11 @@ class _Kernel:
         insts, c = self.k.insts, self.c
         node = self.lanes.trees[g]
         kd = _name(insts[g[0]].dtype)
+        mixed = [(lane, _name(insts[i].dtype)) for lane, i in enumerate(g) if _name(insts[i].dtype) != kd]
+        if mixed:          # _Lanes groups lanes of one kind only; a mix would be mistyped IR text
+            lane, other = mixed[0]
+            raise CompileError(f"LLVM renderer: lane group %{g[0]}..: one vector of {kd} expected, "
+                               f"got lane {lane} (%{g[lane]}) of {other}")
         vt, ty = self.vt(kd), LT[kd]
         how = node[0]
         if how == "splat_const":
