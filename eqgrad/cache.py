@@ -5,13 +5,21 @@ entries of another version are ignored. Nothing is unpickled from the cache (JSO
 executed but the LLVM device's object code in ``kernels/`` (a file of this user's that no one else
 may write, with its sha256 checked first: devices/kernelcache.py), and nothing read is trusted:
 
+- the directory, the directories eqgrad makes in it (``plans/``, ``kernels/``, ``lowered/``,
+  ``failed/``) and every file read from them must belong to this user (the effective uid) and be
+  writable by no one else (``mode & 0o022 == 0``), as ssh refuses a key file: another user who can
+  write them could make this process run their plan or object code. Files are opened without
+  following a symlink (``O_NOFOLLOW``) and checked on the open descriptor (``read_private``). A
+  refused directory turns its caching off, a refused file is a miss, each with one
+  ``CacheWarning`` naming it and why (``why_untrusted``: one check for plans, kernels and these
+  JSON files);
 - a file that does not parse, or an entry its cache's ``check`` rejects (a calibration with
   ``bandwidth: 0``, a measured choice that is not a dict, a kernel-search pick that is not a
   setting), is ignored with one ``CacheWarning`` naming the file; the next store rewrites the file
   without it;
 - a directory that cannot be used (not a directory, a dangling symlink, under a regular file, not
-  writable, on a read-only file system) turns on-disk caching off with one ``CacheWarning``: "usable"
-  is decided by creating a file there, not by mode bits, which do not bind root.
+  writable, on a read-only file system) turns on-disk caching off with one ``CacheWarning``:
+  "writable" is decided by creating a file there, not by mode bits, which do not bind root.
 
 Writes are safe against other threads, other processes and planted files: under a lock (a
 threading lock, and ``flock`` on ``.<name>.json.lock`` for other processes) the file is read
@@ -87,12 +95,59 @@ def _disable(d: Path, why: str) -> None:
             if v == d:
                 _dirs[k] = None
     _warn_once(("dir", str(d)), f"eqgrad: the cache directory {d} cannot be used ({why}); on-disk caching "
-                                f"is off (set EQGRAD_CACHE_DIR to a writable directory)")
+                                f"is off (set EQGRAD_CACHE_DIR to a writable directory of this user's that "
+                                f"no one else can write)")
+
+
+def why_untrusted(st: os.stat_result) -> str | None:
+    """Why a cache file or directory with this ``stat`` is refused, or None when it is not: it must
+    belong to this user (the effective uid) and be writable by no one else, as ssh refuses a key
+    file -- whoever else can write it can make this process run their plan or object code. (Root
+    is not exempt: root's cache is root's alone too.)"""
+    uid = os.geteuid()
+    if st.st_uid != uid:
+        return f"owned by uid {st.st_uid}, not by this user (uid {uid})"
+    if st.st_mode & 0o022:
+        who = {0o022: "group and others", 0o020: "group", 0o002: "others"}[st.st_mode & 0o022]
+        return f"writable by {who} (mode {stat.filemode(st.st_mode)})"
+    return None
+
+
+class Refused(OSError):
+    """A cache file that ``read_private`` refuses: not a regular file, or ``why_untrusted``.
+    ``st`` is its ``fstat`` (for a warning's once-key)."""
+
+    def __init__(self, why: str, st: os.stat_result):
+        super().__init__(why)
+        self.why, self.st = why, st
+
+    def __str__(self) -> str:
+        return self.why
+
+
+def read_private(path: Path | str) -> tuple[bytes, os.stat_result]:
+    """The bytes of the cache file ``path`` and its ``fstat``. Opened without following a symlink,
+    and checked on the open descriptor (no one can swap the file between the check and the read):
+    Refused when it is not a regular file or ``why_untrusted``; FileNotFoundError and any other
+    OSError as ``open`` raises them."""
+    # O_NONBLOCK: a FIFO planted under the name does not hang the open (it is then refused)
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise Refused(f"not a regular file (mode {stat.filemode(st.st_mode)})", st)
+        if (why := why_untrusted(st)) is not None:
+            raise Refused(why, st)
+        with os.fdopen(os.dup(fd), "rb") as fh:
+            return fh.read(), st
+    finally:
+        os.close(fd)
 
 
 def cache_dir() -> Path | None:
-    """The cache directory (created 0700 if missing), or None when it cannot be used: then caching
-    is off, with one CacheWarning naming the directory and why."""
+    """The cache directory (created 0700 if missing), or None when it cannot be used (it cannot be
+    created, no file can be made there, or ``why_untrusted``): then caching is off, with one
+    CacheWarning naming the directory and why."""
     raw = config.CACHE_DIR.value
     try:
         return _dirs[raw]
@@ -101,19 +156,45 @@ def cache_dir() -> Path | None:
     d = Path(raw or _default_dir())
     try:
         d.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(dir=d, prefix=".probe-")
-        os.close(fd)
-        os.unlink(probe)
+        why = why_untrusted(os.stat(d))
+        if why is None:
+            fd, probe = tempfile.mkstemp(dir=d, prefix=".probe-")
+            os.close(fd)
+            os.unlink(probe)
     except OSError as e:
+        why = _why(e)
+    if why is not None:
         with _lock:
             _dirs[raw] = None
-        _disable(d, _why(e))
+        _disable(d, why)
         return None
     with _lock:
         if len(_dirs) > 64:
             _dirs.clear()
         _dirs[raw] = d
     return d
+
+
+def cache_subdir(name: str) -> Path | None:
+    """``cache_dir() / name`` (``plans``, ``kernels``, ``lowered``, ``failed``), or None when caching
+    is off or that directory exists and is refused (``why_untrusted``: one CacheWarning naming it;
+    its entries are then neither read nor written). Not created here: its writer creates it 0700.
+    Checked on every call (one ``stat``), so a directory opened up meanwhile is refused too."""
+    d = cache_dir()
+    if d is None:
+        return None
+    sub = d / name
+    try:
+        st = os.stat(sub)
+    except OSError:
+        return sub          # missing (its writer creates it) or unusable: its reader and writer say so
+    why = why_untrusted(st) if stat.S_ISDIR(st.st_mode) else None
+    if why is not None:
+        _warn_once(("dir", str(sub)), f"eqgrad: the cache directory {sub} cannot be used ({why}); what it "
+                                      f"holds is neither read nor written (make it this user's, mode 0700, "
+                                      f"or delete it)")
+        return None
+    return sub
 
 
 def _write_atomic(path: Path, text: str | bytes, durable: bool = True) -> None:
@@ -151,14 +232,14 @@ def save_failed_source(stem: str, suffix: str, src: str) -> str:
     compile error."""
     name = f"{stem}-{hashlib.sha256(src.encode()).hexdigest()[:12]}{suffix}"
     try:
-        d = cache_dir()
+        failed = cache_subdir("failed")
     except Exception:                 # e.g. its CacheWarning turned into an error by a warnings filter
-        d = None
-    err = "caching is off"
-    if d is not None:
+        failed = None
+    err = "caching is off, or its failed/ directory is refused"
+    if failed is not None:
         try:
-            (d / "failed").mkdir(mode=0o700, exist_ok=True)
-            path = d / "failed" / name
+            failed.mkdir(mode=0o700, exist_ok=True)
+            path = failed / name
             _write_atomic(path, src)
             return f"was written to {path}"
         except OSError as e:
@@ -236,8 +317,9 @@ class JsonCache:
             _warn_once(("file", stamp), f"eqgrad: ignored the cache file {f}: {why} (it is rewritten on the next store)")
             return {}
         try:
-            with open(f) as fh:
-                data = json.loads(fh.read())
+            data = json.loads(read_private(f)[0])
+        except Refused as e:
+            return bad(f"refused: {e}")
         except OSError as e:
             return bad(f"cannot be read ({_why(e)})")
         except ValueError as e:

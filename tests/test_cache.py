@@ -194,6 +194,55 @@ def test_read_only_directory_is_unusable_unless_we_can_write(tmp_path, monkeypat
         d.chmod(0o700)
 
 
+OTHER_UID = 12345
+needs_root = pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0,
+                                reason="giving a file to another user takes root")
+
+
+def _open_up(path: Path, how: str) -> None:
+    if how == "another user's":
+        os.chown(path, OTHER_UID, OTHER_UID)
+    else:
+        path.chmod(int(how.split()[-1], 8))
+
+
+@pytest.mark.parametrize("how", [pytest.param("another user's", marks=needs_root), "mode 0777", "mode 0770",
+                                 "mode 0702", "mode 1777"])
+def test_a_cache_directory_of_another_user_or_open_to_others_is_refused(how, tmp_path, monkeypatch):
+    """As ssh refuses a key file: whoever else can write the directory could plant what this process
+    runs. Caching is off, with one warning naming the directory and why; nothing is read or written."""
+    d = tmp_path / "shared"
+    d.mkdir()
+    good = dict(launch=1e-6, bandwidth=3e10, peak=9e10, source="planted")
+    _write(d / "calibration.json", {f"LLVM|{machine_id()}": good})          # must not be read
+    _open_up(d, how)
+    monkeypatch.setenv("EQGRAD_CACHE_DIR", str(d))
+    engine.clear_cache()
+    (outs, p, saved), ws = _cache_warnings(lambda: ([_program(s) for s in (1.0, 2.0)], params_for("LLVM"),
+                                                    save_calibration("LLVM", DEFAULT_PARAMS["LLVM"])))
+    np.testing.assert_allclose(outs[1], _ref(2.0), rtol=1e-5)
+    assert p == DEFAULT_PARAMS["LLVM"] and saved is None and cache_dir() is None
+    assert len(ws) == 1 and str(d) in ws[0] and "caching is off" in ws[0], ws
+    assert ("owned by uid" if how == "another user's" else "writable by") in ws[0]
+    assert sorted(p.name for p in d.iterdir()) == ["calibration.json"]
+
+
+@pytest.mark.parametrize("how", [pytest.param("another user's", marks=needs_root), "mode 0666", "mode 0620",
+                                 "mode 0602"])
+def test_a_cache_file_of_another_user_or_open_to_others_is_refused_and_rewritten(cache, how):
+    good = dict(launch=1e-6, bandwidth=3e10, peak=9e10, source="planted")
+    f = cache / "calibration.json"
+    _write(f, {f"LLVM|{machine_id()}": good})
+    _open_up(f, how)
+    p, ws = _cache_warnings(lambda: [params_for("LLVM") for _ in range(3)])
+    assert p[0] == DEFAULT_PARAMS["LLVM"] and len(ws) == 1 and str(f) in ws[0] and "refused" in ws[0], ws
+    # the next store rewrites it, this user's and private, without the refused entries
+    JsonCache("calibration", 1).put("other", dict(good, source="mine"))
+    st = os.stat(f)
+    assert st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) == 0o600
+    assert list(json.loads(f.read_text())["entries"]) == ["other"]
+
+
 def test_failed_compile_with_an_unusable_cache_directory_still_names_the_compile_error(tmp_path, monkeypatch):
     d = _unusable("under a regular file", tmp_path)
     monkeypatch.setenv("EQGRAD_CACHE_DIR", str(d))

@@ -4,9 +4,12 @@ that warn and recompile, the byte bound, concurrent writers. The rest of the sui
 cache off (tests/conftest.py); these tests turn it on in their own directory."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
+import shutil
+import stat
 import struct
 import subprocess
 import sys
@@ -341,10 +344,29 @@ def _spoil(path: Path, how: str) -> None:
     elif how == "a directory":
         path.unlink()
         path.mkdir()
+    elif how == "its name as key":                 # what format 1 stored: the key's hash, not the key
+        path.write_text(json.dumps({**data, "key": path.stem}))
+    elif how == "another user's":
+        os.chown(path, OTHER_UID, OTHER_UID)
+    elif how == "mode 0666":
+        path.chmod(0o666)
+    elif how == "mode 0620":
+        path.chmod(0o620)
+    elif how == "a symlink":                       # to a valid file: still not followed
+        real = path.with_name("elsewhere")
+        path.rename(real)
+        path.symlink_to(real)
+
+
+OTHER_UID = 12345
+needs_root = pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0,
+                                reason="giving a file to another user takes root")
 
 
 @pytest.mark.parametrize("how", ["not JSON", "truncated", "a JSON list", "another format", "another key",
-                                 "a bad plan", "a bad report", "a directory"])
+                                 "a bad plan", "a bad report", "a directory", "its name as key",
+                                 pytest.param("another user's", marks=needs_root), "mode 0666", "mode 0620",
+                                 "a symlink"])
 def test_a_bad_file_warns_once_and_recompiles(disk, how):
     want, _, _ = _realize()
     (path,) = _files(disk)
@@ -357,6 +379,8 @@ def test_a_bad_file_warns_once_and_recompiles(disk, how):
         assert any("could not store a plan" in str(w.message) for w in rec)
     np.testing.assert_array_equal(got, want)
     if how != "a directory":                         # the recompiled plan replaced the file
+        st = path.lstat()
+        assert stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) == 0o600
         with warnings.catch_warnings():
             warnings.simplefilter("error", CacheWarning)
             assert _realize(Session())[1:] == (0, 1)
@@ -368,6 +392,179 @@ def test_an_unwritable_plans_directory_warns_and_still_runs(disk):
     with pytest.warns(CacheWarning, match="could not store a plan") as rec:
         out, sats, _ = _realize()
     assert sats == 1 and np.isfinite(out).all() and len(rec) == 1
+
+
+def _open_up(path: Path, how: str) -> None:
+    if how == "another user's":
+        os.chown(path, OTHER_UID, OTHER_UID)
+    else:
+        path.chmod(int(how.split()[-1], 8))
+
+
+@pytest.mark.parametrize("how", [pytest.param("another user's", marks=needs_root), "mode 0777", "mode 0770",
+                                 "mode 1777"])
+def test_a_plans_directory_of_another_user_or_open_to_others_is_refused(disk, how):
+    """Its plans are neither read nor written, with one warning naming it; the program still runs."""
+    want, _, _ = _realize()
+    (path,) = _files(disk)
+    _open_up(disk, how)
+    with pytest.warns(CacheWarning, match=rf"cache directory {disk} cannot be used") as rec:
+        for _ in range(2):
+            got, sats, hits = _realize(Session())
+            assert (sats, hits) == (1, 0)                # not read
+            np.testing.assert_array_equal(got, want)
+    assert len([w for w in rec if issubclass(w.category, CacheWarning)]) == 1
+    assert _files(disk) == [path] and not list(disk.glob(".*.tmp"))      # nor written
+
+
+@pytest.mark.parametrize("how", [pytest.param("another user's", marks=needs_root), "mode 0777", "mode 0666"])
+def test_a_kernels_directory_of_another_user_or_open_to_others_is_refused(disk, how):
+    from eqgrad.devices import kernelcache
+    key = "0" * 64
+    path = kernelcache.store(key, b"object code", 0)
+    assert path == disk.parent / "kernels" / f"{key}.o" and kernelcache.load(key) == (b"object code", 0)
+    _open_up(path.parent, how)
+    with pytest.warns(CacheWarning, match=rf"cache directory {path.parent} cannot be used") as rec:
+        assert kernelcache.load(key) is None and kernelcache.load(key) is None
+        assert kernelcache.store(key, b"other code", 0) is None
+    assert len(rec) == 1 and path.read_bytes().endswith(b"object code")
+
+
+# ------------------------------------------------------------------ a plan of another program
+
+FITS = {"x.exp() + y": lambda x, y: x.exp() + y,
+        "x.exp()": lambda x, y: x.exp(),
+        "x[:1].exp() + y[:1]": lambda x, y: x[:1].exp() + y[:1],
+        "x.exp().sum(1) + y.sum(1)": lambda x, y: x.exp().sum(1) + y.sum(1),
+        "(x.exp() + y).cast(int32)": lambda x, y: (x.exp() + y).cast(int32)}
+
+
+def _fresh_program(name: str) -> tuple:
+    """(program, rules) of ``FITS[name]`` over x (2, 3) and y (2, 3), both realized."""
+    rng = np.random.default_rng(2)
+    x, y = (Tensor(rng.standard_normal((2, 3)).astype(np.float32)).realize() for _ in range(2))
+    rules = engine.default_session().rules.config()
+    t = FITS[name](x, y)
+    return linearize([t.lazydata], device="LLVM", inspected=rules.inspected_constants), rules
+
+
+@pytest.mark.parametrize("stored, asked", [("x.exp() + y", "x.exp()"), ("x.exp()", "x.exp() + y"),
+                                           ("x.exp() + y", "x[:1].exp() + y[:1]"),
+                                           ("x.exp() + y", "x.exp().sum(1) + y.sum(1)"),
+                                           ("x.exp() + y", "(x.exp() + y).cast(int32)")])
+def test_a_plan_that_does_not_fit_the_program_is_a_miss(disk, stored, asked):
+    """The key in the file matches (as if edited to), the plan is another program's of other inputs or
+    outputs: one warning, a miss, never an exception."""
+    prog_s, rules = _fresh_program(stored)
+    prog_a, _ = _fresh_program(asked)
+    key_s, key_a = diskcache.plan_key(prog_s, rules, None), diskcache.plan_key(prog_a, rules, None)
+    cp = compile_plan(prog_s, rules)
+    assert diskcache.plan_mismatch(cp.plan, prog_s) is None
+    value = diskcache.load(key_s)
+    assert value is not None
+    diskcache.store(key_a, value)                      # the stored program's plan under the asked one's key
+    with pytest.warns(CacheWarning, match="does not fit this program") as rec:
+        assert diskcache.load_plan(key_a, prog_a) is None
+    assert len(rec) == 1
+    assert diskcache.load_plan(key_s, prog_s) is not None
+
+
+def test_plan_mismatch_names_what_does_not_fit(disk):
+    prog, rules = _fresh_program("x.exp() + y")
+    plan = compile_plan(prog, rules).plan
+    assert diskcache.plan_mismatch(plan, prog) is None
+
+    def changed(**kw) -> str:
+        p = dataclasses.replace(plan, **kw)
+        return diskcache.plan_mismatch(p, prog)
+    n = len(prog.input_specs)
+    assert f"expected {n} input buffers" in changed(n_inputs=n - 1)
+    assert "input b1: expected (2, 3) float32, the plan has (3, 2) float32" in changed(
+        buffers=[plan.buffers[0], ((3, 2), float32)] + plan.buffers[2:])
+    assert "input b0: expected (2, 3) float32" in changed(buffers=[((2, 3), int32)] + plan.buffers[1:])
+    assert "expected 1 outputs" in changed(outputs=plan.outputs * 2)
+    assert "output 0" in changed(buffers=plan.buffers[:-1] + [((2, 3), int32)])
+    assert "neither an input nor written" in changed(kernels=[])
+
+
+CHILD_OP = textwrap.dedent("""
+    import json, sys, warnings
+    import numpy as np
+    from eqgrad import GlobalCounters, Tensor
+    from eqgrad.cache import CacheWarning
+    x = Tensor(np.array([[0.0, 1.0, 2.0], [-1.0, 0.5, 3.0]], np.float32))
+    y = Tensor(np.array([[3.0, 4.0, 5.0], [6.0, 7.0, 8.0]], np.float32))
+    with warnings.catch_warnings(record=True) as ws:
+        warnings.simplefilter("always")
+        out = {"add": lambda: x.exp() + y, "mul": lambda: x.exp() * y, "exp": lambda: x.exp()}[sys.argv[1]]()
+        out = out.numpy()
+    print(json.dumps(dict(out=out.tolist(), disk_hits=GlobalCounters.disk_hits,
+                          warnings=[str(w.message) for w in ws if issubclass(w.category, CacheWarning)])))
+""")
+X = np.array([[0.0, 1.0, 2.0], [-1.0, 0.5, 3.0]], np.float32)
+Y = np.array([[3.0, 4.0, 5.0], [6.0, 7.0, 8.0]], np.float32)
+WANT = {"add": np.exp(X) + Y, "mul": np.exp(X) * Y, "exp": np.exp(X)}
+
+
+def _run_op(cache: Path, op: str) -> dict:
+    r = subprocess.run([sys.executable, "-c", CHILD_OP, op], env=_env(cache), capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, f"exit {r.returncode}: {r.stderr[-3000:]}"
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def three_plans(tmp_path_factory) -> tuple[Path, dict[str, Path]]:
+    """A cache holding the plans of ``add``, ``mul`` and ``exp`` (CHILD_OP), each stored by its own
+    process; the plan file of each."""
+    cache = tmp_path_factory.mktemp("three") / "cache"
+    files: dict[str, Path] = {}
+    for op in ("add", "mul", "exp"):
+        before = set(_files(cache / "plans"))
+        got = _run_op(cache, op)
+        assert got["disk_hits"] == 0 and not got["warnings"]
+        (files[op],) = set(_files(cache / "plans")) - before
+    return cache, files
+
+
+def _swap(three_plans, tmp_path: Path, stored: str, asked: str, key: str) -> Path:
+    """A copy of the three plans' cache where ``asked``'s file holds ``stored``'s plan, its key made
+    to match: ``key`` "name" (the file's name: what format 1 stored and compared) or "key" (the key
+    field ``asked``'s own file held)."""
+    src, files = three_plans
+    cache = tmp_path / "cache"
+    shutil.copytree(src, cache)
+    a = cache / "plans" / files[asked].name
+    data = json.loads((cache / "plans" / files[stored].name).read_text())
+    data["key"] = a.stem if key == "name" else json.loads(a.read_text())["key"]
+    a.write_text(json.dumps(data))
+    return cache
+
+
+def test_a_plan_file_copied_over_another_programs_runs_the_right_program(three_plans, tmp_path):
+    """Issue 38: ``x.exp() + y``'s plan copied over ``x.exp() * y``'s file, its key edited to the file's
+    name, printed ``x.exp() + y`` in a later process with no warning. The file holds the whole key,
+    compared with the program's: a miss, one warning, the right numbers."""
+    cache = _swap(three_plans, tmp_path, "add", "mul", key="name")
+    got = _run_op(cache, "mul")
+    np.testing.assert_allclose(got["out"], WANT["mul"], rtol=1e-6)
+    assert got["disk_hits"] == 0 and len(got["warnings"]) == 1 and "another key" in got["warnings"][0]
+    again = _run_op(cache, "mul")                      # and the recompiled plan replaced it
+    assert again["disk_hits"] == 1 and not again["warnings"]
+    np.testing.assert_allclose(again["out"], WANT["mul"], rtol=1e-6)
+
+
+@pytest.mark.parametrize("stored, asked", [("add", "exp"), ("exp", "add")])
+def test_a_plan_of_another_input_count_is_a_miss_not_a_crash(three_plans, tmp_path, stored, asked):
+    """Issue 38: a plan of 2 inputs under a 1-input program's key (the key field itself copied, so
+    only the check against the program can tell) raised and the process died of SIGSEGV; a plan of
+    1 input under a 2-input program's wrote its output into the second input. Now: one warning, a
+    recompile, the right numbers (in a child process, so a crash fails the test)."""
+    cache = _swap(three_plans, tmp_path, stored, asked, key="key")
+    got = _run_op(cache, asked)
+    np.testing.assert_allclose(got["out"], WANT[asked], rtol=1e-6)
+    assert got["disk_hits"] == 0 and len(got["warnings"]) == 1, got["warnings"]
+    assert "does not fit this program" in got["warnings"][0] and "input buffers" in got["warnings"][0]
 
 
 # ------------------------------------------------------------------ the byte bound
@@ -485,10 +682,11 @@ def test_two_processes_writing_at_once_do_not_corrupt(tmp_path, monkeypatch):
     assert (a["losses"], a["w"]) == (b["losses"], b["w"])
     # every file either left is whole and valid (read here, not by a third process: the key holds a
     # digest of eqgrad's source, which an edit of the checkout in between would change)
-    plans = [p for p in (cache / "plans").glob("*.json") if p.stem != "race"]
-    assert plans and not list((cache / "plans").glob(".*.tmp"))
+    keys = [json.loads(p.read_text())["key"] for p in (cache / "plans").glob("*.json")]
+    keys = [k for k in keys if k != "race"]
+    assert keys and not list((cache / "plans").glob(".*.tmp"))
     monkeypatch.setenv("EQGRAD_CACHE_DIR", str(cache))
     monkeypatch.setenv("EQGRAD_DISK_CACHE", "1")
     with warnings.catch_warnings():
         warnings.simplefilter("error", CacheWarning)
-        assert all(diskcache.load_plan(p.stem) is not None for p in plans)
+        assert all(plan_from_data(diskcache.load(k)["plan"]) is not None for k in keys)

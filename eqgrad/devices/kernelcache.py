@@ -34,12 +34,12 @@ import functools
 import hashlib
 import json
 import os
-import stat
 import threading
 from pathlib import Path
 
 from eqgrad import config
-from eqgrad.cache import _warn_once, _why, _write_atomic, cache_dir, cache_files, evict_lru, source_digest
+from eqgrad.cache import (Refused, _warn_once, _why, _write_atomic, cache_files, cache_subdir, evict_lru, read_private,
+                          source_digest)
 from eqgrad.counters import GlobalCounters
 
 FORMAT = 1
@@ -68,8 +68,7 @@ def kernel_key(src: str, cpu: str, features: str, nontemporal: bool) -> str:
 
 
 def _dir(sub: str = SUBDIR) -> Path | None:
-    d = cache_dir() if config.DISK_CACHE.value else None
-    return None if d is None else d / sub
+    return cache_subdir(sub) if config.DISK_CACHE.value else None
 
 
 def _bad(path: Path, stamp: object, why: str) -> None:
@@ -92,26 +91,17 @@ def _load(key: str, suffix: str = ".o") -> tuple[bytes, int] | None:
         return None
     path = d / f"{key}{suffix}"
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        data, st = read_private(path)      # a regular file of this user's that no one else can write
     except (FileNotFoundError, NotADirectoryError):
         return None
-    except OSError as e:
-        _bad(path, str(path), f"cannot be opened ({_why(e)})")
+    except Refused as e:
+        _bad(path, (str(path), e.st.st_mtime_ns, e.st.st_size),
+             f"expected a regular file of this user's, writable only by it ({e}): object code is executed")
         return None
-    try:
-        st = os.fstat(fd)
-        stamp = (str(path), st.st_mtime_ns, st.st_size)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
-            _bad(path, stamp, f"expected a regular file of this user (uid {os.getuid()}) writable only by it, got "
-                              f"uid {st.st_uid} mode {stat.filemode(st.st_mode)}: object code is executed")
-            return None
-        with os.fdopen(os.dup(fd), "rb") as fh:
-            data = fh.read()
     except OSError as e:
-        _bad(path, str(path), f"cannot be read ({_why(e)})")
+        _bad(path, str(path), f"cannot be opened or read ({_why(e)})")
         return None
-    finally:
-        os.close(fd)
+    stamp = (str(path), st.st_mtime_ns, st.st_size)
     why, obj, nt = _parse(data, key)
     if why is not None:
         _bad(path, stamp, why)

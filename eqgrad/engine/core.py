@@ -119,7 +119,7 @@ def _compile(prog: Program, rules: RuleConfig, extraction: ExtractSettings | Non
     t0 = time.perf_counter()
     key = diskcache.plan_key(prog, rules, extraction, saturator) if diskcache.enabled() and prepare else None
     if key is not None and disk:
-        hit = diskcache.load_plan(key)
+        hit = diskcache.load_plan(key, prog)          # checked, and checked against prog: a bad file is a miss
         if hit is not None:
             return _from_disk(hit, dev, t0, dbg)
     if disk and prepare and config.REGIONS.value:
@@ -168,8 +168,8 @@ def _compile(prog: Program, rules: RuleConfig, extraction: ExtractSettings | Non
         progress.phase("compiling kernels", total=len(plan.kernels))
         run = dev.prepare(plan)
     t3 = time.perf_counter()
-    if config.VERIFY.value and (err := diskcache.round_trip_error(plan)) is not None:
-        raise AssertionError(f"the plan read back from its JSON (engine/diskcache.py) differs: {err}\n{plan.describe()}")
+    if config.VERIFY.value:
+        _verify_stored(plan, prog)
     if key is not None and diskcache.why_not_stored(report, result.info) is None:
         diskcache.store_plan(key, plan, report, result.extractor)
     GlobalCounters.plans_compiled += prepare
@@ -217,8 +217,8 @@ def _compile_regions(prog: Program, regs: list, rules: RuleConfig, extraction: E
     t3 = time.perf_counter()
     worst = next((rep for _, rep, _ in reports if rep.stop_reason != "completed"), reports[0][1])
     report = replace(worst, detail=(worst.detail + "; " if worst.detail else "") + plan.notes[0])
-    if config.VERIFY.value and (err := diskcache.round_trip_error(plan)) is not None:
-        raise AssertionError(f"the plan read back from its JSON (engine/diskcache.py) differs: {err}\n{plan.describe()}")
+    if config.VERIFY.value:
+        _verify_stored(plan, prog)
     if key is not None and all(diskcache.why_not_stored(rep, info) is None for _, rep, info in reports):
         diskcache.store_plan(key, plan, report, "regions")
     GlobalCounters.plans_compiled += 1
@@ -229,6 +229,17 @@ def _compile_regions(prog: Program, regs: list, rules: RuleConfig, extraction: E
         print(report)
         print(plan.describe())
     return cp
+
+
+def _verify_stored(plan: KernelPlan, prog: Program) -> None:
+    """EQGRAD_VERIFY (on in the test suite): what the disk cache stores of ``plan`` reads back equal,
+    and passes the check a plan read from disk gets against its program -- so that check never
+    refuses a good plan."""
+    if (err := diskcache.round_trip_error(plan)) is not None:
+        raise AssertionError(f"the plan read back from its JSON (engine/diskcache.py) differs: {err}\n{plan.describe()}")
+    if (err := diskcache.plan_mismatch(plan, prog)) is not None:
+        raise AssertionError(f"the compiled plan does not fit its program (diskcache.plan_mismatch): {err}\n"
+                             f"{plan.describe()}")
 
 
 def _warn_saturation(report: SaturationReport, have_egraph: bool, stacklevel: int = 7) -> None:
