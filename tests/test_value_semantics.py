@@ -369,3 +369,55 @@ def test_jit_warns_when_state_changes_every_call():
         for t in range(12):
             step["t"] = t
             assert f(x).tolist() == [t, 2.0 * t]
+
+
+# ---------------------------------------------------------------- one value where bits are compared
+# Issue 38 item 1: argmax/argmin of a computed input returned the axis length on LLVM (the input
+# was evaluated in two kernels that rounded differently, so no element equalled its max).
+
+ARGMAX_CASES = {
+    "mean(1).argmax(0)": (lambda t: t.mean(1, keepdim=True).argmax(0),
+                          lambda x: np.argmax(x.mean(1, keepdims=True, dtype=F32), 0)),
+    "softmax(0).argmax(1)": (lambda t: t.softmax(0).argmax(1),
+                             lambda x: np.argmax(np.exp(x - x.max(0)) / np.exp(x - x.max(0)).sum(0), 1)),
+    "(exp / exp.sum(0)).argmax(1)": (lambda t: (t.exp() / t.exp().sum(0)).argmax(1),
+                                     lambda x: np.argmax(np.exp(x) / np.exp(x).sum(0), 1)),
+    "softmax(0).argmin(1)": (lambda t: t.softmax(0).argmin(1),
+                             lambda x: np.argmin(np.exp(x - x.max(0)) / np.exp(x - x.max(0)).sum(0), 1)),
+}
+
+
+@pytest.mark.parametrize("case", list(ARGMAX_CASES))
+def test_argmax_of_a_computed_input_is_an_index_of_its_max(case, device):
+    fn, ref = ARGMAX_CASES[case]
+    for seed in range(30):
+        x = np.random.default_rng(seed).standard_normal((3, 5)).astype(F32)
+        got = fn(Tensor(x, device=device)).numpy()
+        want = ref(x.astype(np.float64))
+        assert got.dtype == np.int32 and got.shape == want.shape
+        # an index in range, and NumPy's (the draws have no near-ties at float32 precision)
+        np.testing.assert_array_equal(got, want, err_msg=f"{case}, draw {seed}")
+
+
+def test_a_value_compared_with_its_max_is_materialized_for_every_consumer():
+    x = Tensor(data((3, 5)))
+    y = x.exp() * 0.5                     # a computed value
+    m = y.max(1, keepdim=True)            # a consumer built before the comparison
+    assert y.lazydata.op == "MUL"
+    is_max = y == m
+    # y is now computed once, into its own buffer, for m and is_max alike
+    assert y.lazydata.op == "CONTIGUOUS" and y.lazydata.src[0].op == "MUL"
+    assert m.lazydata.src[0] is y.lazydata
+    want = np.exp(data((3, 5))) * F32(0.5)
+    np.testing.assert_array_equal(is_max.numpy(), want == want.max(1, keepdims=True))
+    np.testing.assert_allclose(y.numpy(), want, rtol=1e-6)
+
+
+def test_leaves_and_integers_compared_with_their_max_are_left_as_they_are():
+    x = Tensor(data((3, 5)))
+    before = x.lazydata
+    _ = x == x.max(1, keepdim=True)
+    assert x.lazydata is before and x.lazydata.op == "BUF"
+    i = Tensor(data((3, 5), np.int32)) + 1
+    _ = i == i.max(1, keepdim=True)
+    assert i.lazydata.op == "ADD"          # integer arithmetic is exact in any plan

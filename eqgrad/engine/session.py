@@ -38,6 +38,7 @@ from eqgrad import extract
 from eqgrad.extract import DEFAULT as DEFAULT_EXTRACTION, DeviceParams, ExtractSettings, cost_model, settings_key
 from eqgrad.extract.cost import CALIBRATIONS, CostFn, rescaled
 from eqgrad.graph.plan import KernelPlan
+from eqgrad.graph import lazy
 from eqgrad.graph.lazy import LazyBuffer
 from eqgrad.graph.program import Program, linearize, structure
 from eqgrad.graph.resize import ProgramSizes, program_sizes, resize, structure_sizes
@@ -53,7 +54,7 @@ CaptureHook = Callable[[CompiledPlan, list[LazyBuffer], list[LazyBuffer], list[B
 # two threads may realize graphs that share a pending node, and one must not walk the node's
 # sources while the other clears them (the walk then met an op without sources). Both are short
 # walks over Python objects; compiling and running the plan happen outside.
-GRAPH_LOCK = threading.Lock()
+GRAPH_LOCK = lazy.GRAPH_LOCK            # the graph floor owns it: one_value takes it too
 
 _sessions: "weakref.WeakSet[Session]" = weakref.WeakSet()
 
@@ -443,7 +444,7 @@ def clear_cache() -> None:
 
 def _after_fork_in_child() -> None:
     global GRAPH_LOCK
-    GRAPH_LOCK = threading.Lock()          # a parent thread may have held these at the fork
+    GRAPH_LOCK = lazy.GRAPH_LOCK = threading.Lock()     # a parent thread may have held these at the fork
     for s in list(_sessions):
         s.plan_cache.after_fork_in_child()
         s._resizable.after_fork_in_child()

@@ -20,6 +20,7 @@ layer validates user input first and words errors for the user.
 """
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import weakref
@@ -28,7 +29,16 @@ import numpy as np
 
 from eqgrad.dtype import DType, cast_scalar
 from eqgrad.graph.walk import topological
-from eqgrad.ops import MAX_RANK, OPS, OpError, Shape, check_dtypes, numel
+from eqgrad.ops import MAX_RANK, MOVEMENT_OPS, OPS, OpError, Shape, check_dtypes, numel
+
+# Held while a realize walks or updates the pending graph (engine/session.py) and while
+# ``one_value`` turns a pending node into a materialization: a walk never sees a half-changed node.
+# Re-created in a forked child (engine/session.py ``_after_fork_in_child``).
+GRAPH_LOCK = threading.Lock()
+
+# ops whose output holds its source's bits unchanged (or constants): what ``_compared_value`` steps
+# through to find the value a comparison reads
+_SAME_BITS = frozenset(MOVEMENT_OPS) | {"NEG"}
 
 
 class LazyBuffer:
@@ -125,6 +135,8 @@ class LazyBuffer:
             # constant folding in the frontend keeps graphs small; egglog folds what appears later
             vals = [np.array(s.arg, dtype=s.dtype.np) for s in srcs]
             return LazyBuffer.const(d.ref(vals, arg, out_dtype).item(), self.shape, out_dtype, self.device)
+        if (op == "CMPEQ" or op == "CMPLT") and dt0.is_float:
+            one_value(self, others[0])
         return LazyBuffer(op, srcs, arg, self.shape, out_dtype, self.device)
 
     def reduce(self, op: str, axes: tuple[int, ...]) -> "LazyBuffer":
@@ -157,6 +169,43 @@ class LazyBuffer:
         if same and self.op == op:
             return self.src[0].movement(op, arg)
         return LazyBuffer(op, (self,), arg, new_shape, self.dtype, self.device)
+
+
+def _compared_value(lb: LazyBuffer) -> LazyBuffer:
+    """The node whose bits ``lb`` shows: ``lb`` with movement ops and negations stepped through."""
+    while lb.op in _SAME_BITS:
+        lb = lb.src[0]
+    return lb
+
+
+def one_value(a: LazyBuffer, b: LazyBuffer) -> None:
+    """Before ``a`` and ``b`` are compared: when one reads a float value ``x`` and the other a max of
+    that same ``x`` (``x == x.max(1, keepdim=True)``: argmax, argmin, user code), ``x`` is
+    materialized in place (it becomes ``Contiguous`` of its computation), so every consumer --
+    those built already and those built later -- reads one buffer.
+
+    NOTE: a plan may otherwise inline ``x`` into two kernels, and two evaluations of one expression
+    can round differently (summation order, FMA contraction, lane width): then no element equals the
+    max and argmax returns the axis length. A value has one value wherever it is used (DESIGN.md);
+    where its consumers compare bits, that takes one evaluation. Leaves, constants and boundaries
+    already have one value and are left as they are."""
+    for v, r in ((a, b), (b, a)):
+        r = _compared_value(r)
+        if r.op != "RMAX":
+            continue
+        x = _compared_value(r.src[0])
+        if x is not _compared_value(v) or x.src == () or OPS[x.op].kind == "boundary":
+            continue
+        with GRAPH_LOCK:
+            if x.op == "BUF" or OPS[x.op].kind == "boundary":      # realized, or done by another thread
+                return
+            inner = LazyBuffer(x.op, x.src, x.arg, x.shape, x.dtype, x.device)
+            inner.read = True
+            # the op last: graph building in another thread (no lock) reads only a node's op, and x's
+            # is never one it looks further into (a movement or a constant)
+            x.src, x.arg = (inner,), None
+            x.op = "CONTIGUOUS"
+        return
 
 
 def freeze(src: LazyBuffer) -> LazyBuffer:

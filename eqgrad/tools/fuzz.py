@@ -5,7 +5,8 @@ A program is a list of steps over a growing list of values (the inputs first). E
 one op from :data:`STEPS` to earlier values; every op has an eqgrad form and a NumPy form, and a
 ``fits`` check that keeps programs well typed (shapes that broadcast, axes that exist, dtypes the op
 accepts). Shapes include 0-d, size-1 and size-0 axes; dtypes float32, int32 and bool; movement
-chains, reductions, ``where``, casts and comparisons all appear.
+chains, reductions, ``where``, casts, comparisons and argmax/argmin all appear. Each program runs
+twice: as the extractor plans it, and with every value materialized (``PLANS``).
 
 hypothesis drives the choices (``program_strategy``), so a failing program is shrunk to a small
 one before it is reported. ``tests/test_fuzz.py`` runs a short, seeded, bounded campaign in CI;
@@ -115,6 +116,17 @@ STEPS: list[Step] = [
     Step("sum_all", 1, lambda a, p: True, lambda a, p: a.sum(), lambda a, p: np.asarray(_np_sum(a, None))),
     Step("max", 1, lambda a, p: _axis_ok(a, p) and a.shape[p] > 0, lambda a, p: a.max(p, keepdim=True),
          lambda a, p: np.max(a, axis=p, keepdims=True), params=(0, -1)),
+    # a value compared with a reduction of itself: a plan that evaluates the value in two kernels
+    # must still find its max (issue 38: argmax returned the axis length)
+    Step("argmax", 1, lambda a, p: _axis_ok(a, p) and a.shape[p] > 0, lambda a, p: a.argmax(p),
+         lambda a, p: np.argmax(a, axis=p).astype(I), params=(0, -1)),
+    Step("argmin", 1, lambda a, p: _axis_ok(a, p) and a.shape[p] > 0, lambda a, p: a.argmin(p),
+         lambda a, p: np.argmin(a, axis=p).astype(I), params=(0, -1)),
+    Step("is_max", 1, lambda a, p: _axis_ok(a, p) and a.shape[p] > 0, lambda a, p: a == a.max(p, keepdim=True),
+         lambda a, p: a == np.max(a, axis=p, keepdims=True), params=(0, -1)),
+    Step("mean", 1, lambda a, p: _axis_ok(a, p) and _float(a), lambda a, p: a.mean(p, keepdim=True),
+         lambda a, p: np.sum(a, axis=p, keepdims=True, dtype=F) * F(1 / a.shape[p] if a.shape[p] else np.nan),
+         params=(0, -1)),
     Step("reshape_flat", 1, lambda a, p: True, lambda a, p: a.reshape(-1) if a.size else a.reshape(0),
          lambda a, p: a.reshape(-1)),
     Step("transpose", 1, lambda a, p: a.ndim >= 2, lambda a, p: a.transpose(), lambda a, p: np.swapaxes(a, -1, -2)),
@@ -170,11 +182,26 @@ def run_numpy(prog: Program, arrays: list[np.ndarray]) -> list[np.ndarray]:
     return vals
 
 
-def run_eqgrad(prog: Program, arrays: list[np.ndarray], device: str) -> list[np.ndarray]:
+# How a program is planned: "inline" realizes the program's final values at once and leaves every
+# choice to the extractor (values are inlined into the kernels that use them where it pays); "materialize"
+# realizes each step's value on its own, so every later step reads it from a buffer. A value has one
+# value whatever the plan (DESIGN.md), so both must agree with NumPy: a difference found only
+# inline is a value evaluated twice that rounded two ways.
+PLANS = ("inline", "materialize")
+
+
+def run_eqgrad(prog: Program, arrays: list[np.ndarray], device: str, plan: str = "inline") -> list[np.ndarray]:
+    if plan not in PLANS:
+        raise ValueError(f"run_eqgrad: plan must be one of {PLANS}, got {plan!r}")
     vals = [Tensor(a, device=device) for a in arrays]
     for name, args, p in prog.steps:
-        vals.append(BY_NAME[name].eq(*[vals[a] for a in args], p))
-    realize([v.lazydata for v in vals[len(arrays):]])      # one realize: the whole program is one plan
+        v = BY_NAME[name].eq(*[vals[a] for a in args], p)
+        vals.append(v.realize() if plan == "materialize" else v)
+    # one realize of the values no step reads: the whole program is one plan, and the values it
+    # reads are the extractor's to inline or materialize (realizing them too would make every
+    # value a root of the plan, so computed once: the "materialize" plan by another road)
+    read = {a for _, args, _ in prog.steps for a in args}
+    realize([v.lazydata for i, v in enumerate(vals) if i >= len(arrays) and i not in read])
     return [v.numpy() for v in vals]
 
 
@@ -194,15 +221,17 @@ def compare(got: np.ndarray, ref: np.ndarray) -> str | None:
     return None
 
 
-def check_program(prog: Program, device: str, seed: int = 0) -> str | None:
-    """None when eqgrad on ``device`` agrees with NumPy on every value of the program."""
+def check_program(prog: Program, device: str, seed: int = 0, plans: tuple[str, ...] = PLANS) -> str | None:
+    """None when eqgrad on ``device`` agrees with NumPy on every value of the program, under each of
+    ``plans`` (inlined and materialized values: ``PLANS``)."""
     arrays = [make_input(s, d, seed + i) for i, (s, d) in enumerate(prog.inputs)]
     refs = run_numpy(prog, arrays)
-    gots = run_eqgrad(prog, arrays, device)
-    for j, (g, r) in enumerate(zip(gots, refs)):
-        err = compare(g, np.asarray(r))
-        if err:
-            return f"v{j}: {err}"
+    for plan in plans:
+        gots = run_eqgrad(prog, arrays, device, plan)
+        for j, (g, r) in enumerate(zip(gots, refs)):
+            err = compare(g, np.asarray(r))
+            if err:
+                return f"v{j} ({plan}): {err}"
     return None
 
 
@@ -218,7 +247,11 @@ def program_strategy(max_inputs: int = 3, max_steps: int = 6):
         steps = []
         for _ in range(draw(st.integers(1, max_steps))):
             step = draw(st.sampled_from(STEPS))
-            args = tuple(draw(st.integers(0, len(arrays) - 1)) for _ in range(step.arity))
+            # the first argument is the latest value half the time: chains of steps (a reduction
+            # then a comparison with it) are where a value is inlined into several kernels
+            last = len(arrays) - 1
+            args = (draw(st.one_of(st.just(last), st.integers(0, last))),) + \
+                tuple(draw(st.integers(0, last)) for _ in range(step.arity - 1))
             p = draw(st.sampled_from(step.params))
             xs = [arrays[a] for a in args]
             try:
