@@ -1,7 +1,10 @@
 """Shared fixtures and helpers of the Tensor-API tests (test_ops.py, test_errors.py)."""
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 import warnings
 from typing import Any, Callable, Sequence
 
@@ -18,6 +21,17 @@ from eqgrad import Tensor
 # and a plan stored by an earlier test, run or worker would make those counts depend on what ran
 # before. Set in the environment, not in a Context, so threads and child processes see it too.
 os.environ["EQGRAD_DISK_CACHE"] = "0"
+
+# The suite never reads or writes the user's cache directory (~/.cache/eqgrad): the calibration,
+# GEMM, kernel-search and measured-plan choices stored there by `python -m eqgrad tune calibrate` or
+# a benchmark would steer extraction and lowering here, and which kernels the fusion tests count
+# would depend on what ran on the machine before. One empty directory per run, made by the first
+# process (xdist's workers inherit it through the environment) and removed when that process ends;
+# tests that need a timed choice fixed set it themselves.
+if "PYTEST_EQGRAD_CACHE_DIR" not in os.environ:
+    os.environ["PYTEST_EQGRAD_CACHE_DIR"] = tempfile.mkdtemp(prefix="eqgrad-tests-")
+    atexit.register(shutil.rmtree, os.environ["PYTEST_EQGRAD_CACHE_DIR"], True)
+os.environ["EQGRAD_CACHE_DIR"] = os.environ["PYTEST_EQGRAD_CACHE_DIR"]
 
 
 def _available(name: str) -> bool:
