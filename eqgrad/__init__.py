@@ -18,7 +18,7 @@ from eqgrad.errors import AxisError, CompileError, DeviceError, DTypeError, Eqgr
 from eqgrad.tools.explain import explain
 from eqgrad.frontend.tensor import Tensor, manual_seed
 
-from eqgrad.errors import AutogradError, JitError
+from eqgrad.errors import AutogradError, JitError, OutOfMemoryError
 from eqgrad.frontend.autograd import enable_grad, is_grad_enabled, no_grad, set_grad_enabled
 from eqgrad.frontend.tensor import realize
 from eqgrad.frontend.jit import jit
@@ -30,5 +30,5 @@ __all__ = ["Tensor", "Context", "explain", "GlobalCounters", "manual_seed", "DTy
            "EqgradError", "ShapeError", "DTypeError", "AxisError", "DeviceError", "EqgradWarning",
            "ConversionWarning", "CacheWarning"]
 __all__ += ["Session", "realize", "no_grad", "enable_grad", "set_grad_enabled", "is_grad_enabled", "jit", "nn", "optim",
-            "AutogradError", "JitError", "CompileError"]
+            "AutogradError", "JitError", "CompileError", "OutOfMemoryError"]
 __version__ = config.VERSION

@@ -16,9 +16,12 @@ import math
 import os
 import subprocess
 import sys
+import warnings
 from dataclasses import dataclass
 from collections.abc import MutableMapping
 from typing import Any, Callable, Iterator
+
+from eqgrad.counters import EqgradWarning
 
 VERSION = "0.1.0"      # eqgrad's version (eqgrad.__version__; pyproject.toml's, tests/test_docs.py)
 
@@ -408,8 +411,6 @@ def warn_unknown_variables(environ: Any = None) -> None:
     unknown = unknown_variables(environ)
     if not unknown:
         return
-    from eqgrad.counters import EqgradWarning        # here: only a process that warns pays the import
-    import warnings
     items = "; ".join(f"{n} (did you mean {near}?)" if near else n for n, near in unknown)
     warnings.warn(f"eqgrad: unknown environment variable{'s' if len(unknown) > 1 else ''} ignored: {items}. "
                   "eqgrad's flags are listed in docs/env.md", EqgradWarning, stacklevel=2)

@@ -20,6 +20,10 @@ class AxisError(EqgradError, IndexError, ValueError):
     """An axis or index out of range, or repeated."""
 
 
+class OutOfMemoryError(EqgradError, MemoryError):
+    """A buffer the device cannot hold; the message names its shape, dtype and bytes."""
+
+
 class CompileError(EqgradError, RuntimeError):
     """A kernel failed to compile; the message names the kernel, the device and where its source was written."""
 
@@ -36,4 +40,4 @@ class JitError(EqgradError, RuntimeError):
     """A jitted function does something a replay could not repeat (e.g. reads a tensor into Python)."""
 
 
-__all__ = ["EqgradError", "ShapeError", "DTypeError", "AxisError", "DeviceError", "AutogradError", "JitError", "OpError"]
+__all__ = ["EqgradError", "ShapeError", "DTypeError", "AxisError", "DeviceError", "OutOfMemoryError", "AutogradError", "JitError", "OpError"]

@@ -409,3 +409,11 @@ def test_logsumexp_over_an_empty_axis_is_minus_infinity(device):
     assert x.logsumexp(-1, keepdim=True).shape == (2, 1)
     y.sum().backward()
     assert x.grad.numpy().shape == (2, 0)
+
+
+def test_a_buffer_larger_than_memory_and_swap_is_refused_naming_its_shape():
+    """Issue 38 item 6: zeros(10**6, 10**6).numpy() failed inside NumPy; now the device refuses it
+    before allocating, naming the shape, dtype and bytes."""
+    with pytest.raises(eqgrad.OutOfMemoryError, match=r"float32 buffer of shape \(1000000, 1000000\) needs 4000000000000 bytes"):
+        Tensor.zeros(10**6, 10**6).numpy()
+    assert issubclass(eqgrad.OutOfMemoryError, MemoryError)

@@ -38,9 +38,9 @@ from typing import Any, Callable
 import numpy as np
 
 from eqgrad.dtype import DType
-from eqgrad.errors import DeviceError
+from eqgrad.errors import DeviceError, OutOfMemoryError
 from eqgrad.ops import Shape, numel
-from eqgrad.devices.hostmem import host_empty
+from eqgrad.devices.hostmem import host_empty, host_memory_bytes
 from eqgrad.config import DEVICE_ALIASES
 from eqgrad import config
 from eqgrad.config import POOL_BYTES
@@ -142,7 +142,16 @@ class Buffer:
         dev = _devices.get(device) or get_device(device)
         nbytes = math.prod(shape) * dtype.itemsize
         if nbytes >= POOL_MIN_BYTES and dev.host_memory:
-            flat = pool.acquire(dev.name, nbytes)
+            if nbytes > host_memory_bytes():
+                # refused before NumPy or mmap try: past memory and swap it can never be backed
+                raise OutOfMemoryError(f"{device}: a {dtype.name} buffer of shape {shape} needs {nbytes} bytes "
+                                       f"({nbytes / 2**30:.1f} GiB); this machine has {host_memory_bytes()} "
+                                       "bytes of memory and swap")
+            try:
+                flat = pool.acquire(dev.name, nbytes)
+            except MemoryError as e:
+                raise OutOfMemoryError(f"{device}: could not allocate a {dtype.name} buffer of shape {shape} "
+                                       f"({nbytes} bytes): {e}") from e
             buf = Buffer(device, shape, dtype, flat.view(dtype.np).reshape(shape))
             buf._pooled = (dev.name, flat)
             return buf

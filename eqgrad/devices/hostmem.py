@@ -8,7 +8,9 @@ is ``always`` or ``madvise``); elsewhere, or below ``HUGE_MIN`` bytes, plain ``n
 """
 from __future__ import annotations
 
+import functools
 import mmap
+import os
 import sys
 
 import numpy as np
@@ -27,6 +29,24 @@ def _thp_available() -> bool:
 
 
 THP = _thp_available()
+
+
+@functools.cache
+def host_memory_bytes() -> int:
+    """Physical memory plus swap, in bytes (Linux; elsewhere physical memory, or no bound): no host
+    buffer larger than this can ever be backed, so one is refused before the allocator tries."""
+    try:
+        total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return sys.maxsize
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("SwapTotal:"):
+                    total += int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return total
 
 
 def host_empty(nbytes: int) -> np.ndarray:
