@@ -1,9 +1,13 @@
 """A forked child can realize (issue 12, item 3): the LLVM device's thread pool, the saturation
-worker and its lock are re-created in the child; the parent's worker is left alone. A hang fails
-the test after a timeout instead of hanging CI."""
+worker and its lock are re-created in the child; the parent's worker is left alone. It can also
+when another thread was compiling at the fork (issue 38, item 5). A hang fails the test after a
+timeout instead of hanging CI."""
+import faulthandler
+import itertools
 import multiprocessing
 import os
 import signal
+import threading
 import time
 import traceback
 
@@ -13,6 +17,7 @@ import pytest
 import eqgrad
 import eqgrad.devices
 from eqgrad import Tensor, engine
+from eqgrad.devices import llvm_worker
 from eqgrad.rules import saturate
 
 BIG = (2048, 2048)          # 4M elements, split across threads (PARALLEL_MIN pinned: the split is otherwise measured)
@@ -42,7 +47,9 @@ def _worker_pid() -> int | None:
     return proc.pid if proc is not None else None
 
 
-def _wait(pid: int, timeout: float) -> int:
+def _wait(pid: int, timeout: float, fail: bool = True) -> int | None:
+    """The child's exit code; a child that runs past ``timeout`` is killed and fails the test
+    (``fail``) or gives None."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         done, status = os.waitpid(pid, os.WNOHANG)
@@ -51,7 +58,9 @@ def _wait(pid: int, timeout: float) -> int:
         time.sleep(0.05)
     os.kill(pid, signal.SIGKILL)
     os.waitpid(pid, 0)
-    pytest.fail(f"the forked child hung (no exit within {timeout:g} s)")
+    if fail:
+        pytest.fail(f"the forked child hung (no exit within {timeout:g} s)")
+    return None
 
 
 @pytest.fixture(autouse=True)
@@ -155,3 +164,99 @@ def test_forked_child_gets_a_clear_error_for_an_opencl_runtime_started_before_th
     assert "os.fork()" in msg and "spawn" in msg, msg
     # the parent's OpenCL still works
     np.testing.assert_allclose((Tensor(np.ones(4, np.float32), device="OPENCL") * 2).numpy(), 2.0)
+
+
+FORK_DELAYS = (0.0, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05)   # seconds after the other thread enters LLVM
+FORK_HANG = 60.0
+_RUNS = itertools.count()
+
+
+def _new_program(seed: int, n: int = 64) -> tuple[Tensor, np.ndarray]:
+    """A small program of a structure of its own per ``seed`` (its bits choose the ops), so its
+    realize saturates and compiles new kernels (two: a row reduction feeds the rest); and its
+    NumPy value."""
+    x = np.linspace(-1, 1, n * 8, dtype=np.float32).reshape(n, 8)
+    t, ref = Tensor(x), x
+    for bit in range(seed.bit_length()):
+        if seed >> bit & 1:
+            t, ref = (t * 0.5).exp2(), np.exp2(ref * np.float32(0.5))
+        else:
+            t, ref = (t + 2.0).sqrt(), np.sqrt(ref + np.float32(2))
+    t, ref = t / t.sum(1, keepdim=True), ref / ref.sum(1, keepdims=True)
+    return t.sum(0), ref.sum(0)
+
+
+def _fork_child(seed: int) -> tuple[int, int]:
+    """Fork a child that realizes a new program (it saturates and compiles) and exits 0 when its
+    value is right; (its pid, the read end of a pipe with its error or, if it hangs, where)."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        code, msg = 1, ""
+        try:
+            signal.alarm(int(FORK_HANG) + 30)          # a last resort if the parent's kill fails
+            faulthandler.dump_traceback_later(FORK_HANG / 2, file=w)
+            t, ref = _new_program(seed, n=8)
+            err = float(np.max(np.abs(t.numpy() - ref) / np.maximum(1, np.abs(ref))))
+            code, msg = (0 if err < 1e-4 else 1), f"err={err}"
+        except BaseException:
+            msg = traceback.format_exc()
+        finally:
+            os.write(w, msg.encode()[:60000])
+            os.close(w)
+            os._exit(code)
+    os.close(w)
+    return pid, r
+
+
+def test_fork_at_any_moment_of_another_threads_compile(monkeypatch):
+    """Issue 38 item 5: a fork while another thread compiles hung the child (3 of 3 at the right
+    moment): it waited on a lock that a thread it does not have held at the fork -- llvmlite's (the
+    parent's thread inside LLVM), COMPILE_LOCK, a module's import lock (a first import inside a
+    function). Each child here realizes a new program whatever the parent's thread was doing:
+    forks at its start, and at 0-50 ms after it entered an LLVM compile (of new programs, one
+    after another)."""
+    base = 64 + 256 * next(_RUNS)          # new structures in each run of the test in one process
+    stop, errors, entered = False, [], threading.Event()
+    compile_object = llvm_worker.compile_object
+
+    def signalling(*args, **kwargs):
+        entered.set()
+        return compile_object(*args, **kwargs)
+    monkeypatch.setattr(llvm_worker, "compile_object", signalling)
+
+    def compile_new_programs():
+        try:
+            for s in range(base, base + 128):
+                if stop:
+                    return
+                # every other one on one thread: with two, the compile worker takes some kernels
+                with eqgrad.Context(THREADS=1 + s % 2):
+                    _new_program(s)[0].numpy()
+        except BaseException:
+            errors.append(traceback.format_exc())
+
+    th = threading.Thread(target=compile_new_programs, daemon=True)
+    th.start()
+    children = []
+    try:
+        children.append(("at its start", *_fork_child(8)))      # seeds 8-15: structures the parent never compiles
+        for i, delay in enumerate(FORK_DELAYS):
+            entered.clear()
+            assert entered.wait(FORK_HANG), "the thread compiled nothing"
+            time.sleep(delay)
+            children.append((f"{delay * 1e3:g} ms into an LLVM compile", *_fork_child(9 + i)))
+    finally:
+        stop = True
+    failed = []
+    deadline = time.monotonic() + FORK_HANG
+    for when, pid, r in children:
+        code = _wait(pid, max(1.0, deadline - time.monotonic()), fail=False)
+        with os.fdopen(r, "rb") as f:
+            msg = f.read().decode()
+        if code != 0:
+            failed.append(f"fork {when}: {'hung' if code is None else f'exit {code}'}: {msg}")
+    th.join(FORK_HANG)
+    assert not failed, "\n".join(failed)
+    assert not errors, errors[0]

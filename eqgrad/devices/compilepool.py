@@ -24,10 +24,8 @@ import sys
 import tempfile
 import threading
 import time
-from typing import TYPE_CHECKING, Callable
-
-if TYPE_CHECKING:
-    from multiprocessing.connection import Connection
+from multiprocessing.connection import Connection     # (not in _start: see _after_fork_in_child)
+from typing import Callable
 
 from eqgrad.counters import GlobalCounters
 from eqgrad.devices import llvm_worker
@@ -67,7 +65,6 @@ class CompilePool:
         os.close(r1)
         os.close(w2)
         self._proc, self._ready = proc, False
-        from multiprocessing.connection import Connection   # here: ~8 ms of every first realize's import
         self._send, self._recv = Connection(w1, readable=False), Connection(r2, writable=False)
 
     def _running(self) -> bool:
@@ -290,6 +287,10 @@ def pool() -> CompilePool:
 
 
 def _after_fork_in_child() -> None:
+    # The locks are made anew: a parent thread may have held one (a batch holds the pool's for as
+    # long as it compiles, too long to hold across a fork). This module imports nothing in a
+    # function, since a thread inside a first import at the fork would leave the module's import
+    # lock held in the child.
     global _pool_lock
     _pool_lock = threading.Lock()
     if _pool is not None:

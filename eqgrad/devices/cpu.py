@@ -37,8 +37,10 @@ import itertools
 import math
 import time
 import weakref
-from typing import TYPE_CHECKING, Any, Callable, NamedTuple
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, NamedTuple
 
+import llvmlite.binding as llvm
 import numpy as np
 
 from eqgrad import config
@@ -59,9 +61,8 @@ from eqgrad.errors import CompileError, DeviceError
 from eqgrad.cache import machine_key, save_failed_source
 from eqgrad.devices.search import search_upcast
 
-if TYPE_CHECKING:
-    from concurrent.futures import ThreadPoolExecutor
-
+# Every import is above, none in a function: a thread inside a first import when another forks
+# leaves the module's import lock held in the child, whose own import of it then waits forever.
 
 PARALLEL_MIN: float | None = None   # predicted seconds above which a kernel is split; None: measured (launch)
 SPLIT_PROBES = 4          # first runs of a kernel timed by ``launch``, one thread and split in turn (the faster of each kind counts)
@@ -83,7 +84,6 @@ def resolve_target(value: str) -> Target | None:
     """The target an EQGRAD_CPU value (as config.py checked it) names: ``"x86-64-v3,-fma"`` is
     ``("x86-64-v3", "-fma")`` (LLVM adds the CPU's own features); ``host`` with items is the host's
     name and features with the items applied. None for plain ``host``: compile as before the flag."""
-    import llvmlite.binding as llvm
     name, *mods = value.split(",")
     if name != "host":
         return name, ",".join(mods)
@@ -104,28 +104,26 @@ def missing_features(target: Target) -> tuple[str, ...]:
     (``X86TTIImpl::areInlineCompatible``). For each feature F this CPU lacks, one module holds a
     callee compiled for the target and its caller compiled for the target without F; the call
     stays iff the target has F. One module for all features: ~60 ms, once per target."""
-    import llvmlite.binding as llvm
-    llvm.initialize_native_target()
-    llvm.initialize_native_asmprinter()
-    cpu, features = target
-    host = llvm.get_host_cpu_features()
-    asked = [m[1:] for m in features.split(",") if m.startswith("+")]
-    lacks = sorted({f for f, on in host.items() if not on} | {f for f in asked if not host.get(f, False)})
-    if not lacks:
-        return ()
-    lines = []
-    for i, f in enumerate(lacks):
-        without = f"{features},-{f}" if features else f"-{f}"
-        lines += [f"define internal i32 @callee{i}(i32 %x) #{2 * i} {{\n  %y = add i32 %x, 1\n  ret i32 %y\n}}",
-                  f"define i32 @caller{i}(i32 %x) #{2 * i + 1} {{\n  %y = call i32 @callee{i}(i32 %x)\n  ret i32 %y\n}}",
-                  f'attributes #{2 * i} = {{ "target-cpu"="{cpu}" "target-features"="{features}" }}',
-                  f'attributes #{2 * i + 1} = {{ "target-cpu"="{cpu}" "target-features"="{without}" }}']
-    mod = llvm.parse_assembly("\n".join(lines))
-    tm = llvm.Target.from_default_triple().create_target_machine(opt=2)
-    pb = llvm.create_pass_builder(tm, llvm.create_pipeline_tuning_options(speed_level=2))
-    pb.getModulePassManager().run(mod, pb)
-    callers = {fn.name: str(fn) for fn in mod.functions}
-    return tuple(f for i, f in enumerate(lacks) if f"@callee{i}(" in callers.get(f"caller{i}", ""))
+    with COMPILE_LOCK:           # LLVM's one global context, as a compile (llvm.py)
+        cpu, features = target
+        host = llvm.get_host_cpu_features()
+        asked = [m[1:] for m in features.split(",") if m.startswith("+")]
+        lacks = sorted({f for f, on in host.items() if not on} | {f for f in asked if not host.get(f, False)})
+        if not lacks:
+            return ()
+        lines = []
+        for i, f in enumerate(lacks):
+            without = f"{features},-{f}" if features else f"-{f}"
+            lines += [f"define internal i32 @callee{i}(i32 %x) #{2 * i} {{\n  %y = add i32 %x, 1\n  ret i32 %y\n}}",
+                      f"define i32 @caller{i}(i32 %x) #{2 * i + 1} {{\n  %y = call i32 @callee{i}(i32 %x)\n  ret i32 %y\n}}",
+                      f'attributes #{2 * i} = {{ "target-cpu"="{cpu}" "target-features"="{features}" }}',
+                      f'attributes #{2 * i + 1} = {{ "target-cpu"="{cpu}" "target-features"="{without}" }}']
+        mod = llvm.parse_assembly("\n".join(lines))
+        tm = llvm.Target.from_default_triple().create_target_machine(opt=2)
+        pb = llvm.create_pass_builder(tm, llvm.create_pipeline_tuning_options(speed_level=2))
+        pb.getModulePassManager().run(mod, pb)
+        callers = {fn.name: str(fn) for fn in mod.functions}
+        return tuple(f for i, f in enumerate(lacks) if f"@callee{i}(" in callers.get(f"caller{i}", ""))
 
 
 def runnable_target(value: str) -> Target | None:
@@ -134,7 +132,6 @@ def runnable_target(value: str) -> Target | None:
     target = resolve_target(value)
     lacks = missing_features(target) if target is not None else ()
     if lacks:
-        import llvmlite.binding as llvm
         name, *mods = value.split(",")
         fix = ",".join([name] + [m for m in mods if m[1:] not in lacks] + [f"-{f}" for f in lacks])
         raise DeviceError(f"LLVM device: EQGRAD_CPU={value} needs {', '.join(lacks)}; this CPU "
@@ -211,7 +208,6 @@ class LLVMDevice(Device):
             compilepool.pool().prestart()
 
     def pool(self, threads: int) -> ThreadPoolExecutor:
-        from concurrent.futures import ThreadPoolExecutor     # here: 8 ms of a first realize's import
         if self._pool is None or self._pool._max_workers != threads - 1:
             self._pool = ThreadPoolExecutor(max_workers=max(1, threads - 1), thread_name_prefix="eqgrad-cpu")
         return self._pool

@@ -37,6 +37,9 @@ import os
 import threading
 from pathlib import Path
 
+import llvmlite
+import llvmlite.binding as llvm
+
 from eqgrad import config
 from eqgrad.cache import (Refused, _warn_once, _why, _write_atomic, cache_files, cache_subdir, evict_lru, read_private,
                           source_digest)
@@ -52,11 +55,17 @@ _lock = threading.Lock()
 _estimate: dict[Path, int] = {}  # directory -> bytes it held at this process's last scan + bytes written since
 
 
+def _after_fork_in_child() -> None:
+    global _lock
+    _lock = threading.Lock()      # a parent thread may have held it at the fork (an estimate is only an estimate)
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 @functools.lru_cache(maxsize=1)
 def _versions() -> str:
     """llvmlite's and LLVM's versions, eqgrad's, and a digest of devices/llvm*.py (read once)."""
-    import llvmlite
-    import llvmlite.binding as llvm
     digest = hashlib.sha256(b"".join(p.read_bytes() for p in _LLVM_PY)).hexdigest()
     return f"llvmlite {llvmlite.__version__} LLVM {'.'.join(map(str, llvm.llvm_version_info))} eqgrad {config.VERSION} llvm.py {digest}"
 

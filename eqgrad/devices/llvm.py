@@ -15,6 +15,7 @@ then differs from a sequential loop, within float tolerance).
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import os
@@ -24,6 +25,7 @@ import threading
 import weakref
 from typing import Any, Callable
 
+import llvmlite.binding as llvm
 import numpy as np
 
 from eqgrad.counters import GlobalCounters
@@ -723,13 +725,31 @@ _LOOP_MD = {
 # pages that already hold code).
 COMPILE_LOCK = threading.RLock()
 
+# Both locks are held across os.fork() (issue 38): a thread inside LLVM at the fork -- an O3 run
+# holds llvmlite's own lock, which the child would wait on forever, and leaves LLVM's state half
+# changed -- makes the fork wait for it instead. Re-creating a lock in the child is no fix: the
+# parent's thread is gone mid-call, and other modules hold COMPILE_LOCK by name. The order is the
+# code's (llvmlite is only called inside COMPILE_LOCK, never the other way round); both are
+# re-entrant, so a thread that holds them may fork. llvmlite's lock (``ffi.lib._lock``, every
+# call into LLVM takes it) is private: a llvmlite without it leaves COMPILE_LOCK alone guarding.
+_LLVMLITE_LOCK = getattr(llvm.ffi.lib, "_lock", None)
+_LLVMLITE_LOCK = _LLVMLITE_LOCK if hasattr(_LLVMLITE_LOCK, "__enter__") else contextlib.nullcontext()
 
-def _new_lock_in_child() -> None:
-    global COMPILE_LOCK
-    COMPILE_LOCK = threading.RLock()      # a parent thread may have held it at the fork
+
+def _before_fork() -> None:
+    COMPILE_LOCK.acquire()
+    _LLVMLITE_LOCK.__enter__()
 
 
-os.register_at_fork(after_in_child=_new_lock_in_child)
+def _after_fork() -> None:               # in the parent and in the child (the forking thread holds both)
+    _LLVMLITE_LOCK.__exit__(None, None, None)
+    COMPILE_LOCK.release()
+
+
+os.register_at_fork(before=_before_fork, after_in_parent=_after_fork, after_in_child=_after_fork)
+
+llvm.initialize_native_target()           # (0.2 ms: at import, not behind a lock of its own)
+llvm.initialize_native_asmprinter()
 
 
 def _serialized(fn):
@@ -743,7 +763,6 @@ def _serialized(fn):
 @functools.lru_cache(maxsize=None)
 def host_target() -> tuple[str, str]:
     """This CPU's LLVM name and feature string (asked once: 0.4 ms a call)."""
-    import llvmlite.binding as llvm
     return llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten()
 
 
@@ -752,18 +771,9 @@ class LLVMCompiler:
     name, feature string), as devices/cpu.py resolves EQGRAD_CPU; None is the host's name and
     features (``cpu`` and ``features`` are then the host's, for cache keys)."""
 
-    _lock = threading.Lock()
-    _initialized = False
-
     def __init__(self, target: tuple[str, str] | None = None) -> None:
-        import llvmlite.binding as llvm
         self.llvm = llvm
         self.target = target
-        with LLVMCompiler._lock:
-            if not LLVMCompiler._initialized:
-                llvm.initialize_native_target()
-                llvm.initialize_native_asmprinter()
-                LLVMCompiler._initialized = True
         self.cpu, self.features = target or host_target()
         self._warm = False
         self.tm = self.target_machine()                  # for the optimization pipeline and codegen

@@ -104,7 +104,10 @@ def main() -> None:
     conn_in = Connection(int(sys.argv[1]), writable=False)
     conn_out = Connection(int(sys.argv[2]), readable=False)
     machines: dict[tuple[str, str], Any] = {}
-    conn_out.send(("ready", True, None))
+    try:
+        conn_out.send(("ready", True, None))
+    except OSError:           # the parent is gone already (a forked child that exited): nothing to serve
+        return
     while True:
         try:
             req = conn_in.recv()
