@@ -417,3 +417,11 @@ def test_a_buffer_larger_than_memory_and_swap_is_refused_naming_its_shape():
     with pytest.raises(eqgrad.OutOfMemoryError, match=r"float32 buffer of shape \(1000000, 1000000\) needs 4000000000000 bytes"):
         Tensor.zeros(10**6, 10**6).numpy()
     assert issubclass(eqgrad.OutOfMemoryError, MemoryError)
+
+
+def test_broadcasting_past_the_addressable_bound_is_a_shape_error():
+    """Issue 38 item 6: (2**40, 1) + (1, 2**40) had shape (2**40, 2**40), 2**82 bytes."""
+    a, b = Tensor.zeros(2**40, 1), Tensor.zeros(1, 2**40)
+    for f in (lambda: a + b, lambda: a * b, lambda: (a > 0).where(a, b)):
+        with pytest.raises(ShapeError, match=r"shape \(1099511627776, 1099511627776\) of float32 is too large to address"):
+            f()

@@ -630,6 +630,8 @@ class Tensor:
             d = dt.promote(dt.scalar_dtype(x), dt.scalar_dtype(y))
             x, y = (Tensor.full(cond.shape, dt.convert_scalar(v, d, "where"), d, cond.device) for v in (x, y))
         shape = _broadcast_shape(_broadcast_shape(cond.shape, x.shape, "where"), y.shape, "where")
+        if shape != x.shape:
+            _check_addressable("where", shape, x.dtype)
         cond, x, y = cond._expand_to(shape), x._expand_to(shape), y._expand_to(shape)
         return cond._apply("WHERE", x, y)
 
@@ -1345,6 +1347,8 @@ def _broadcast_pair(a: Tensor, b: Tensor, op: str) -> tuple[Tensor, Tensor]:
     if a.shape == b.shape:
         return a, b
     shape = _broadcast_shape(a.shape, b.shape, op)
+    if shape != a.shape and shape != b.shape:      # grown past both: (n, 1) + (1, m)
+        _check_addressable(op, shape, a.dtype if a.dtype.itemsize >= b.dtype.itemsize else b.dtype)
     return a._expand_to(shape), b._expand_to(shape)
 
 
