@@ -20,6 +20,9 @@ from eqgrad.dtype import DType, bool_, float32, int32
 from eqgrad.errors import AutogradError, AxisError, DeviceError, DTypeError, ShapeError
 from eqgrad.ops import MAX_RANK, OPS
 from eqgrad.frontend import autograd
+from eqgrad.frontend.elementwise import ElementwiseOps
+from eqgrad.frontend.indexing import IndexingOps
+from eqgrad.frontend.shapeops import ShapeOps
 from eqgrad.graph.lazy import LazyBuffer, freeze
 from eqgrad.engine import current_session, realize as realize_lazy
 
@@ -117,7 +120,7 @@ def _warm_once() -> None:
         current_session().warm()
 
 
-class Tensor:
+class Tensor(ElementwiseOps, ShapeOps, IndexingOps):
     __slots__ = ("lazydata", "requires_grad", "grad", "_ctx", "_assign_dst", "__weakref__")
     __array_priority__ = 1000     # numpy_array + tensor -> Tensor.__radd__
 
