@@ -26,12 +26,13 @@ def upstream(shape: tuple[int, ...], seed: int = 7) -> np.ndarray:
     return np.random.default_rng(seed).uniform(0.5, 1.5, size=shape).astype(np.float32)
 
 
-def eqgrad_fwd_bwd(fn: Callable[..., Tensor], inputs: Sequence[np.ndarray]) -> tuple[np.ndarray, list[np.ndarray | None]]:
-    xs = [Tensor(a, requires_grad=a.dtype.kind == "f") for a in inputs]
+def eqgrad_fwd_bwd(fn: Callable[..., Tensor], inputs: Sequence[np.ndarray],
+                   device: str | None = None) -> tuple[np.ndarray, list[np.ndarray | None]]:
+    xs = [Tensor(a, device=device, requires_grad=a.dtype.kind == "f") for a in inputs]
     out = fn(*xs)
     grads: list[Tensor] = []
     if out.requires_grad:
-        (out * Tensor(upstream(out.shape))).sum().backward()
+        (out * Tensor(upstream(out.shape), device=out.device)).sum().backward()
         grads = [x.grad for x in xs if x.grad is not None]
     eqgrad.realize(out, *grads)
     return out.numpy(), [None if x.grad is None else x.grad.numpy() for x in xs]
@@ -69,10 +70,12 @@ def fd_grads(fn: Callable[..., Tensor], inputs: Sequence[np.ndarray], eps: float
 
 
 def check_fwd_bwd(fn: Callable[..., Tensor], inputs: Sequence[np.ndarray], torch_fn: Callable[..., Any] | None = None,
-                  rtol: float = 1e-4, atol: float = 1e-5, use_fd: bool | None = None) -> None:
-    """``fn`` on eqgrad Tensors vs ``torch_fn`` (default: ``fn``) on torch tensors: forward values
-    and the gradient of every float input. Without torch: gradients vs finite differences."""
-    out, grads = eqgrad_fwd_bwd(fn, inputs)
+                  rtol: float = 1e-4, atol: float = 1e-5, use_fd: bool | None = None,
+                  device: str | None = None) -> None:
+    """``fn`` on eqgrad Tensors (on ``device``, default the default device) vs ``torch_fn``
+    (default: ``fn``) on torch tensors: forward values and the gradient of every float input.
+    Without torch: gradients vs finite differences."""
+    out, grads = eqgrad_fwd_bwd(fn, inputs, device)
     if use_fd or (use_fd is None and not HAVE_TORCH):
         for i, (g, want) in enumerate(zip(grads, fd_grads(fn, inputs))):
             if want is None:
