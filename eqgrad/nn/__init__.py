@@ -15,7 +15,7 @@ buffers written during a training step are realized with it (docs/training.md).
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -54,7 +54,7 @@ class Module:
             if isinstance(o, Module):
                 yield o
                 stack.extend(reversed([v for k, v in vars(o).items() if not k.startswith("_")]))
-            elif isinstance(o, (list, tuple)):
+            if isinstance(o, (list, tuple)):
                 stack.extend(reversed(o))
             elif isinstance(o, dict):
                 stack.extend(reversed(list(o.values())))
@@ -136,14 +136,17 @@ class Conv2d(Module):
         return F.conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
 
 
-class BatchNorm2d(Module):
-    """Batch normalization over (N, H, W) per channel. Training normalizes with the batch
-    statistics (biased variance) and updates the running ones (unbiased variance, ``momentum``)
-    by ``assign``; evaluation uses the running statistics."""
+class _BatchNorm(Module):
+    """Batch normalization per channel (axis 1) over every other axis. Training normalizes with
+    the batch statistics (biased variance) and updates the running ones (unbiased variance,
+    ``momentum``; ``momentum=None`` is the cumulative average) by ``assign``; evaluation uses the
+    running statistics."""
+    ndims: tuple[int, ...] = ()
+    layout = ""
 
-    def __init__(self, num_features: int, eps: float = 1e-5, momentum: float = 0.1, affine: bool = True,
+    def __init__(self, num_features: int, eps: float = 1e-5, momentum: float | None = 0.1, affine: bool = True,
                  track_running_stats: bool = True):
-        self.eps, self.momentum = eps, momentum
+        self.num_features, self.eps, self.momentum = num_features, eps, momentum
         self.weight = Tensor(np.ones(num_features, np.float32), requires_grad=True) if affine else None
         self.bias = Tensor(np.zeros(num_features, np.float32), requires_grad=True) if affine else None
         self.track_running_stats = track_running_stats
@@ -153,22 +156,63 @@ class BatchNorm2d(Module):
             self.num_batches_tracked = Tensor(np.zeros((), np.int32))
 
     def forward(self, x: Tensor) -> Tensor:
-        if x.ndim != 4:
-            raise ShapeError(f"BatchNorm2d: expected a 4-D input (N, C, H, W), got shape {x.shape}")
+        name = type(self).__name__
+        if x.ndim not in self.ndims:
+            raise ShapeError(f"{name}: expected a {' or '.join(f'{d}-D' for d in self.ndims)} input {self.layout}, got shape {x.shape}")
+        if x.shape[1] != self.num_features:
+            raise ShapeError(f"{name}: expected {self.num_features} channels (axis 1), got shape {x.shape}")
         if self.training or not self.track_running_stats:
-            axes = (0, 2, 3)
-            n = x.shape[0] * x.shape[2] * x.shape[3]
+            axes = (0, *range(2, x.ndim))
+            n = x.numel() // x.shape[1]
             mean = x.mean(axes)
-            var = ((x - mean.reshape(1, -1, 1, 1)) ** 2).mean(axes)
+            var = ((x - mean.reshape((1, -1) + (1,) * (x.ndim - 2))) ** 2).mean(axes)
             if self.training and self.track_running_stats:
-                m = self.momentum
+                nbt = self.num_batches_tracked.assign(self.num_batches_tracked + 1)
+                m: float | Tensor = 1.0 / nbt.float() if self.momentum is None else self.momentum
                 unbiased = var.detach() * (n / max(n - 1, 1))
                 self.running_mean.assign(self.running_mean * (1 - m) + mean.detach() * m)
                 self.running_var.assign(self.running_var * (1 - m) + unbiased * m)
-                self.num_batches_tracked.assign(self.num_batches_tracked + 1)
         else:
             mean, var = self.running_mean, self.running_var
         return F.batch_norm(x, mean, var, self.weight, self.bias, self.eps)
+
+
+class BatchNorm1d(_BatchNorm):
+    ndims, layout = (2, 3), "(N, C) or (N, C, L)"
+
+
+class BatchNorm2d(_BatchNorm):
+    ndims, layout = (4,), "(N, C, H, W)"
+
+
+class BatchNorm3d(_BatchNorm):
+    ndims, layout = (5,), "(N, C, D, H, W)"
+
+
+class GroupNorm(Module):
+    """Normalization over groups of channels (and the spatial axes), affine per channel, as torch."""
+
+    def __init__(self, num_groups: int, num_channels: int, eps: float = 1e-5, affine: bool = True):
+        if num_channels % num_groups:
+            raise ShapeError(f"GroupNorm: num_groups={num_groups} must divide num_channels={num_channels}")
+        self.num_groups, self.num_channels, self.eps = num_groups, num_channels, eps
+        self.weight = Tensor(np.ones(num_channels, np.float32), requires_grad=True) if affine else None
+        self.bias = Tensor(np.zeros(num_channels, np.float32), requires_grad=True) if affine else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.group_norm(x, self.num_groups, self.weight, self.bias, self.eps)
+
+
+class RMSNorm(Module):
+    """Root-mean-square normalization over the last axes with a scale (no shift), as torch."""
+
+    def __init__(self, normalized_shape: int | Sequence[int], eps: float | None = None, elementwise_affine: bool = True):
+        self.normalized_shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+        self.eps = eps
+        self.weight = Tensor(np.ones(self.normalized_shape, np.float32), requires_grad=True) if elementwise_affine else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.rms_norm(x, self.normalized_shape, self.weight, self.eps)
 
 
 class LayerNorm(Module):
@@ -215,6 +259,147 @@ class Flatten(Module):
         return x.flatten(self.start_dim, self.end_dim)
 
 
-__all__ = ["Module", "Sequential", "Linear", "Conv2d", "BatchNorm2d", "LayerNorm", "Embedding", "Dropout",
-           "Flatten", "functional", "F", "state", "get_parameters", "get_state_dict", "load_state_dict",
+class Identity(Module):
+    """Returns its input (arguments are accepted and ignored, as torch)."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        pass
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x
+
+
+class ModuleList(Module, list):
+    """A list of modules whose tensors are named by position (``layers.0.weight``), as torch's:
+    it *is* a list, so ``nn.state`` walks it as one."""
+
+    def __init__(self, modules: Iterable[Any] | None = None):
+        list.__init__(self, modules if modules is not None else [])
+
+    def __repr__(self) -> str:
+        return f"ModuleList({list.__repr__(self)})"
+
+    __hash__ = object.__hash__                   # a list is unhashable; a module is hashed by identity
+
+
+class ModuleDict(Module, dict):
+    """A dict of modules whose tensors are named by key (``blocks.encoder.weight``), as torch's."""
+
+    def __init__(self, modules: Any = None):
+        dict.__init__(self, modules if modules is not None else {})
+
+    def __repr__(self) -> str:
+        return f"ModuleDict({dict.__repr__(self)})"
+
+    __hash__ = object.__hash__
+
+
+# ------------------------------------------------------------------ activation modules
+
+class _Activation(Module):
+    """A module calling one activation with fixed arguments (``inplace`` is accepted and ignored:
+    eqgrad's tensors are values)."""
+
+    def __init__(self, inplace: bool = False):
+        pass
+
+
+class ReLU(_Activation):
+    def forward(self, x: Tensor) -> Tensor: return x.relu()
+
+
+class ReLU6(_Activation):
+    def forward(self, x: Tensor) -> Tensor: return x.relu6()
+
+
+class SiLU(_Activation):
+    def forward(self, x: Tensor) -> Tensor: return x.silu()
+
+
+class Mish(_Activation):
+    def forward(self, x: Tensor) -> Tensor: return x.mish()
+
+
+class Hardsigmoid(_Activation):
+    def forward(self, x: Tensor) -> Tensor: return x.hardsigmoid()
+
+
+class Hardswish(_Activation):
+    def forward(self, x: Tensor) -> Tensor: return x.hardswish()
+
+
+class Sigmoid(Module):
+    def forward(self, x: Tensor) -> Tensor: return x.sigmoid()
+
+
+class Tanh(Module):
+    def forward(self, x: Tensor) -> Tensor: return x.tanh()
+
+
+class LogSigmoid(Module):
+    def forward(self, x: Tensor) -> Tensor: return x.logsigmoid()
+
+
+class GELU(Module):
+    def __init__(self, approximate: str = "none"):
+        self.approximate = approximate
+
+    def forward(self, x: Tensor) -> Tensor: return x.gelu(self.approximate)
+
+
+class LeakyReLU(Module):
+    def __init__(self, negative_slope: float = 0.01, inplace: bool = False):
+        self.negative_slope = negative_slope
+
+    def forward(self, x: Tensor) -> Tensor: return x.leaky_relu(self.negative_slope)
+
+
+class ELU(Module):
+    def __init__(self, alpha: float = 1.0, inplace: bool = False):
+        self.alpha = alpha
+
+    def forward(self, x: Tensor) -> Tensor: return x.elu(self.alpha)
+
+
+class Softplus(Module):
+    def __init__(self, beta: float = 1.0, threshold: float = 20.0):
+        self.beta, self.threshold = beta, threshold
+
+    def forward(self, x: Tensor) -> Tensor: return x.softplus(self.beta, self.threshold)
+
+
+class Hardtanh(Module):
+    def __init__(self, min_val: float = -1.0, max_val: float = 1.0, inplace: bool = False):
+        self.min_val, self.max_val = min_val, max_val
+
+    def forward(self, x: Tensor) -> Tensor: return x.hardtanh(self.min_val, self.max_val)
+
+
+def _legacy_softmax_dim(ndim: int) -> int:
+    # NOTE: torch's Softmax(dim=None) picks axis 0 for 0-, 1- and 3-D inputs and axis 1 otherwise
+    return 0 if ndim in (0, 1, 3) else 1
+
+
+class Softmax(Module):
+    def __init__(self, dim: int | None = None):
+        self.dim = dim
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x.softmax(_legacy_softmax_dim(x.ndim) if self.dim is None else self.dim)
+
+
+class LogSoftmax(Module):
+    def __init__(self, dim: int | None = None):
+        self.dim = dim
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x.log_softmax(_legacy_softmax_dim(x.ndim) if self.dim is None else self.dim)
+
+
+__all__ = ["Module", "Sequential", "ModuleList", "ModuleDict", "Identity", "Linear", "Conv2d", "BatchNorm1d",
+           "BatchNorm2d", "BatchNorm3d", "GroupNorm", "RMSNorm", "LayerNorm", "Embedding", "Dropout", "Flatten",
+           "ReLU", "ReLU6", "SiLU", "Mish", "Hardsigmoid", "Hardswish", "Sigmoid", "Tanh", "LogSigmoid", "GELU",
+           "LeakyReLU", "ELU", "Softplus", "Hardtanh", "Softmax", "LogSoftmax", "init", "functional", "F", "state", "get_parameters", "get_state_dict", "load_state_dict",
            "safe_save", "safe_load"]
+
+from eqgrad.nn import init  # noqa: E402  (init imports nothing from here; kept last for symmetry)

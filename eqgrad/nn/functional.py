@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import numpy as np
+
 from eqgrad.dtype import int32
 from eqgrad.errors import DTypeError, ShapeError
 from eqgrad.frontend.tensor import Tensor
@@ -293,6 +295,34 @@ def layer_norm(x: Tensor, normalized_shape: Sequence[int], weight: Tensor | None
     return out + bias if bias is not None else out
 
 
+def group_norm(x: Tensor, num_groups: int, weight: Tensor | None = None, bias: Tensor | None = None,
+               eps: float = 1e-5) -> Tensor:
+    """Normalize (N, C, ...) over each group of C/num_groups channels and the spatial axes (biased
+    variance), then scale and shift per channel, as torch.nn.functional.group_norm."""
+    if x.ndim < 2 or x.shape[1] % num_groups:
+        raise ShapeError(f"group_norm(): num_groups={num_groups} must divide the channels of an (N, C, ...) input, got {x.shape}")
+    g = x.reshape(x.shape[0], num_groups, -1)
+    c = g - g.mean(2, keepdim=True)
+    out = (c * ((c * c).mean(2, keepdim=True) + eps).rsqrt()).reshape(x.shape)
+    shape = (1, x.shape[1]) + (1,) * (x.ndim - 2)
+    if weight is not None:
+        out = out * weight.reshape(shape)
+    return out + bias.reshape(shape) if bias is not None else out
+
+
+def rms_norm(x: Tensor, normalized_shape: Sequence[int], weight: Tensor | None = None,
+             eps: float | None = None) -> Tensor:
+    """x / sqrt(mean(x^2) + eps) over the last ``len(normalized_shape)`` axes, times ``weight``;
+    ``eps`` None is float32's machine epsilon, as torch.nn.functional.rms_norm."""
+    ns = tuple(normalized_shape)
+    if x.shape[x.ndim - len(ns):] != ns:
+        raise ShapeError(f"rms_norm(): the input's last axes {x.shape} do not match normalized_shape {ns}")
+    eps = float(np.finfo(np.float32).eps) if eps is None else eps
+    axes = tuple(range(x.ndim - len(ns), x.ndim))
+    out = x * ((x * x).mean(axes, keepdim=True) + eps).rsqrt()
+    return out * weight if weight is not None else out
+
+
 def dropout(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
     """Zero each element with probability ``p`` and scale the rest by 1/(1-p) (in training).
     The mask is drawn on the host (``Tensor.rand``); a jitted step draws a new one every call."""
@@ -339,82 +369,211 @@ def _reduce(loss: Tensor, reduction: str, op: str) -> Tensor:
     raise ValueError(f"{op}(): reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
 
 
-def cross_entropy(logits: Tensor, target: Tensor, reduction: str = "mean", label_smoothing: float = 0.0,
-                  ignore_index: int = -100) -> Tensor:
-    """Cross-entropy of ``logits`` (N, C) or (N, C, d...) against int32 class indices (N) /
-    (N, d...) or class probabilities (the logits' shape), as torch.nn.functional.cross_entropy.
-    With ``label_smoothing`` e the target is (1 - e) * target + e / C.
+def _legacy_reduction(size_average: bool | None, reduce: bool | None, reduction: str) -> str:
+    """torch's deprecated ``size_average``/``reduce`` arguments, when given, decide the reduction."""
+    if size_average is None and reduce is None:
+        return reduction
+    if reduce is False:
+        return "none"
+    return "sum" if size_average is False else "mean"
+
+
+def _check_target(target: Tensor, x: Tensor, op: str, what: str) -> None:
+    if target.dtype is not int32:
+        raise DTypeError(f"{op}(): expected int32 class indices, got {target.dtype.name}")
+    if target.shape != (x.shape[0],) + x.shape[2:]:
+        raise ShapeError(f"{op}(): target shape {target.shape} does not fit {what} {x.shape} "
+                         f"(expected {(x.shape[0],) + x.shape[2:]})")
+
+
+def _class_hot(target: Tensor, logits: Tensor, op: str) -> Tensor:
+    """int32 class indices (N, d...) -> float32 one-hot (N, C, d...) lined up with ``logits``."""
+    _check_target(target, logits, op, "input")
+    c = logits.shape[1]
+    classes = Tensor.arange(c, device=logits.device).reshape((c,) + (1,) * (logits.ndim - 2))
+    return (target.unsqueeze(1) == classes).float()
+
+
+def _class_weight(weight: Tensor | None, x: Tensor, op: str) -> Tensor | None:
+    """A (C,) class weight reshaped to broadcast along axis 1 of ``x``."""
+    if weight is None:
+        return None
+    if weight.shape != (x.shape[1],):
+        raise ShapeError(f"{op}(): weight must have shape ({x.shape[1]},) (one per class), got {weight.shape}")
+    return weight.reshape((x.shape[1],) + (1,) * (x.ndim - 2))
+
+
+def _batched(x: Tensor, target: Tensor, op: str) -> tuple[Tensor, Tensor, bool]:
+    """An unbatched (C,) input with a () target becomes a batch of one (as torch accepts)."""
+    if x.ndim == 1:
+        return x.unsqueeze(0), target.reshape(1) if target.dtype is int32 else target.unsqueeze(0), True
+    if x.ndim < 2:
+        raise ShapeError(f"{op}(): expected an input of shape (C,), (N, C) or (N, C, d...), got {x.shape}")
+    return x, target, False
+
+
+def nll_loss(input: Tensor, target: Tensor, weight: Tensor | None = None, size_average: bool | None = None,
+             ignore_index: int = -100, reduce: bool | None = None, reduction: str = "mean") -> Tensor:
+    """Negative log-likelihood of log-probabilities (N, C) or (N, C, d...) at int32 class indices
+    (N) or (N, d...), as torch.nn.functional.nll_loss: each term is -weight[y] * input[y]; targets
+    equal to ``ignore_index`` count for nothing, and the mean divides by the sum of the weights of
+    the kept targets.
+
+        >>> nll_loss(Tensor([[-1.0, -2.0], [-3.0, -4.0]]), Tensor([1, 0]), weight=Tensor([1.0, 3.0])).item()
+        2.25
+    """
+    reduction = _legacy_reduction(size_average, reduce, reduction)
+    logp, target, unbatched = _batched(input, target, "nll_loss")
+    w = _class_hot(target, logp, "nll_loss")
+    cw = _class_weight(weight, logp, "nll_loss")
+    if cw is not None:
+        w = w * cw
+    keep = target != ignore_index
+    loss = keep.where(-(logp * w).sum(1), 0.0)
+    if reduction == "mean":
+        return loss.sum() / keep.where(w.sum(1), 0.0).sum()
+    loss = loss.reshape(()) if unbatched and reduction == "none" else loss
+    return _reduce(loss, reduction, "nll_loss")
+
+
+def cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None, size_average: bool | None = None,
+                  ignore_index: int = -100, reduce: bool | None = None, reduction: str = "mean",
+                  label_smoothing: float = 0.0) -> Tensor:
+    """Cross-entropy of logits (C), (N, C) or (N, C, d...) against int32 class indices or class
+    probabilities (the logits' shape), as torch.nn.functional.cross_entropy, with its ``weight``,
+    ``ignore_index`` and ``label_smoothing`` (the target becomes (1 - e) * target + e / C).
 
         >>> logits = Tensor([[2.0, 0.0, 0.0], [0.0, 0.0, 2.0]])
         >>> round(cross_entropy(logits, Tensor([0, 2])).item(), 4)
         0.2395
     """
-    if logits.ndim < 2:
-        raise ShapeError(f"cross_entropy(): expected logits of shape (N, C) or (N, C, d...), got {logits.shape}")
+    reduction = _legacy_reduction(size_average, reduce, reduction)
+    if reduction not in ("mean", "sum", "none"):
+        raise ValueError(f"cross_entropy(): reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
     if not 0.0 <= label_smoothing <= 1.0:
         raise ValueError(f"cross_entropy(): label_smoothing must be in [0, 1], got {label_smoothing}")
+    logits, target, unbatched = _batched(input, target, "cross_entropy")
     c = logits.shape[1]
     logp = logits.log_softmax(1)
+    cw = _class_weight(weight, logits, "cross_entropy")
+    wlogp = logp * cw if cw is not None else logp
     if target.dtype.is_float:                       # class probabilities
         if target.shape != logits.shape:
             raise ShapeError(f"cross_entropy(): probability targets need the logits' shape {logits.shape}, got {target.shape}")
         t = target * (1.0 - label_smoothing) + label_smoothing / c if label_smoothing else target
-        return _reduce(-(logp * t).sum(1), reduction, "cross_entropy")
+        loss = -(wlogp * t).sum(1)
+        # NOTE: torch's mean divides by the number of positions, not by a sum of weights
+        return _reduce(loss.reshape(()) if unbatched else loss, reduction, "cross_entropy")
     if target.dtype is not int32:
         raise DTypeError(f"cross_entropy(): expected int32 class indices or float32 probabilities, got {target.dtype.name}")
-    if target.shape != (logits.shape[0],) + logits.shape[2:]:
-        raise ShapeError(f"cross_entropy(): target shape {target.shape} does not fit logits {logits.shape} "
-                         f"(expected {(logits.shape[0],) + logits.shape[2:]})")
-    classes = Tensor.arange(c, device=logits.device).reshape((c,) + (1,) * (logits.ndim - 2))
-    hot = (target.unsqueeze(1) == classes).float()
-    loss = -(logp * hot).sum(1)
-    if label_smoothing:
-        loss = loss * (1.0 - label_smoothing) - logp.mean(1) * label_smoothing
+    _check_target(target, logits, "cross_entropy", "logits")
+    nll = nll_loss(logp, target, weight, ignore_index=ignore_index, reduction=reduction)
+    if not label_smoothing:
+        return nll.reshape(()) if unbatched and reduction == "none" else nll
+    # torch: (1 - e) * nll + e / C * smooth, smooth = -sum_c weight[c] * logp[c], normalized as nll
     keep = target != ignore_index
-    loss = keep.where(loss, 0.0)
+    smooth = keep.where(-wlogp.sum(1), 0.0)
     if reduction == "mean":
-        return loss.sum() / keep.float().sum()
-    return _reduce(loss, reduction, "cross_entropy")
+        wt = _class_hot(target, logp, "cross_entropy")
+        wt = (wt * cw).sum(1) if cw is not None else wt.sum(1)
+        smooth = smooth.sum() / keep.where(wt, 0.0).sum()
+    else:
+        smooth = _reduce(smooth, reduction, "cross_entropy")
+    out = nll * (1.0 - label_smoothing) + smooth * (label_smoothing / c)
+    return out.reshape(()) if unbatched and reduction == "none" else out
 
 
-def nll_loss(logp: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
-    """Negative log-likelihood of log-probabilities (N, C) at int32 targets (N)."""
-    if logp.ndim != 2 or target.shape != (logp.shape[0],):
-        raise ShapeError(f"nll_loss(): expected (N, C) log-probabilities and (N,) targets, got {logp.shape} and {target.shape}")
-    hot = one_hot(target, logp.shape[1]).float()
-    return _reduce(-(logp * hot).sum(1), reduction, "nll_loss")
+def _weighted(loss: Tensor, weight: Tensor | None) -> Tensor:
+    return loss * weight if weight is not None else loss
 
 
-def binary_cross_entropy(p: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
-    """-(y log p + (1 - y) log(1 - p)) with the logs clamped at -100, as torch."""
-    if p.shape != target.shape:
-        raise ShapeError(f"binary_cross_entropy(): input {p.shape} and target {target.shape} differ in shape")
+def binary_cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None, size_average: bool | None = None,
+                         reduce: bool | None = None, reduction: str = "mean") -> Tensor:
+    """-weight * (y log p + (1 - y) log(1 - p)) with the logs clamped at -100, as torch."""
+    reduction = _legacy_reduction(size_average, reduce, reduction)
+    if input.shape != target.shape:
+        raise ShapeError(f"binary_cross_entropy(): input {input.shape} and target {target.shape} differ in shape")
     y = target.float()
-    loss = -(y * p.log().maximum(-100.0) + (1.0 - y) * (1.0 - p).log().maximum(-100.0))
-    return _reduce(loss, reduction, "binary_cross_entropy")
+    loss = -(y * input.log().maximum(-100.0) + (1.0 - y) * (1.0 - input).log().maximum(-100.0))
+    return _reduce(_weighted(loss, weight), reduction, "binary_cross_entropy")
 
 
-def binary_cross_entropy_with_logits(x: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
-    """binary_cross_entropy(sigmoid(x), target), computed stably as softplus(x) - x * y."""
-    if x.shape != target.shape:
-        raise ShapeError(f"binary_cross_entropy_with_logits(): input {x.shape} and target {target.shape} differ in shape")
-    return _reduce(x.softplus() - x * target.float(), reduction, "binary_cross_entropy_with_logits")
+def binary_cross_entropy_with_logits(input: Tensor, target: Tensor, weight: Tensor | None = None,
+                                     size_average: bool | None = None, reduce: bool | None = None,
+                                     reduction: str = "mean", pos_weight: Tensor | None = None) -> Tensor:
+    """binary_cross_entropy(sigmoid(x), y) computed stably, as torch:
+    (1 - y) * x + (1 + (pos_weight - 1) * y) * softplus(-x), times ``weight``."""
+    reduction = _legacy_reduction(size_average, reduce, reduction)
+    if input.shape != target.shape:
+        raise ShapeError(f"binary_cross_entropy_with_logits(): input {input.shape} and target {target.shape} differ in shape")
+    y = target.float()
+    if pos_weight is None:
+        loss = input.softplus() - input * y
+    else:
+        loss = (1.0 - y) * input + (1.0 + (pos_weight - 1.0) * y) * (-input).softplus()
+    return _reduce(_weighted(loss, weight), reduction, "binary_cross_entropy_with_logits")
 
 
-def mse_loss(x: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
+def mse_loss(input: Tensor, target: Tensor, size_average: bool | None = None, reduce: bool | None = None,
+             reduction: str = "mean", weight: Tensor | None = None) -> Tensor:
     """Mean squared error.
 
         >>> mse_loss(Tensor([1.0, 2.0]), Tensor([0.0, 0.0])).item()
         2.5
     """
-    d = x - target
-    return _reduce(d * d, reduction, "mse_loss")
+    d = input - target
+    return _reduce(_weighted(d * d, weight), _legacy_reduction(size_average, reduce, reduction), "mse_loss")
 
 
-def l1_loss(x: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
-    return _reduce((x - target).abs(), reduction, "l1_loss")
+def l1_loss(input: Tensor, target: Tensor, size_average: bool | None = None, reduce: bool | None = None,
+            reduction: str = "mean", weight: Tensor | None = None) -> Tensor:
+    return _reduce(_weighted((input - target).abs(), weight), _legacy_reduction(size_average, reduce, reduction), "l1_loss")
 
 
-__all__ = [n for n in dir() if not n.startswith("_") and n not in ("annotations", "math", "Sequence", "Tensor",
+def smooth_l1_loss(input: Tensor, target: Tensor, size_average: bool | None = None, reduce: bool | None = None,
+                   reduction: str = "mean", beta: float = 1.0) -> Tensor:
+    """0.5 d^2 / beta where |d| < beta, else |d| - 0.5 beta (the L1 loss when beta is 0), as torch.
+
+        >>> smooth_l1_loss(Tensor([0.5, 3.0]), Tensor([0.0, 0.0]), reduction="none").tolist()
+        [0.125, 2.5]
+    """
+    if beta < 0:
+        raise ValueError(f"smooth_l1_loss(): beta must be >= 0, got {beta}")
+    reduction = _legacy_reduction(size_average, reduce, reduction)
+    d = (input - target).abs()
+    if beta == 0.0:
+        return _reduce(d, reduction, "smooth_l1_loss")
+    return _reduce((d < beta).where(d * d * (0.5 / beta), d - 0.5 * beta), reduction, "smooth_l1_loss")
+
+
+def huber_loss(input: Tensor, target: Tensor, reduction: str = "mean", delta: float = 1.0,
+               weight: Tensor | None = None) -> Tensor:
+    """0.5 d^2 where |d| < delta, else delta * (|d| - 0.5 delta), as torch (= delta * smooth_l1 with beta delta)."""
+    if delta <= 0:
+        raise ValueError(f"huber_loss(): delta must be > 0, got {delta}")
+    d = (input - target).abs()
+    loss = (d < delta).where(d * d * 0.5, (d - 0.5 * delta) * delta)
+    return _reduce(_weighted(loss, weight), reduction, "huber_loss")
+
+
+def kl_div(input: Tensor, target: Tensor, size_average: bool | None = None, reduce: bool | None = None,
+           reduction: str = "mean", log_target: bool = False) -> Tensor:
+    """KL(target || exp(input)) pointwise, for log-probabilities ``input``: target * (log target -
+    input) (0 where target is 0), or exp(t) * (t - input) with ``log_target``. ``reduction``
+    "batchmean" divides the sum by the batch size (the mathematically right KL; torch's "mean"
+    divides by every element)."""
+    reduction = _legacy_reduction(size_average, reduce, reduction)
+    if log_target:
+        loss = target.exp() * (target - input)
+    else:
+        # NOTE: xlogy: where target is 0 the term is 0, and so is its gradient (log 0 is never used)
+        pos = target > 0
+        loss = pos.where(target * (pos.where(target, 1.0).log() - input), 0.0)
+    if reduction == "batchmean":
+        return loss.sum() * (1.0 / input.shape[0]) if input.ndim else loss.sum()
+    return _reduce(loss, reduction, "kl_div")
+
+
+__all__ = [n for n in dir() if not n.startswith("_") and n not in ("annotations", "math", "np", "Sequence", "Tensor", "LazyBuffer", "LANES_LAST",
                                                                    "float32", "int32", "DTypeError", "ShapeError",
                                                                    "IntOr2")]
