@@ -40,6 +40,25 @@ def test_every_extractor_gives_the_reference_numbers(extractor, tmp_path, monkey
     np.testing.assert_allclose(mm, (np.maximum(xn @ wn, 0) * 2).sum(0), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("extractor", sorted(EXTRACTORS))
+def test_a_contiguous_unioned_into_a_class_its_consumer_reads_is_loaded_not_inlined(extractor, tmp_path, monkeypatch):
+    """max(c, c) -> c unions the class of a materialized c with max's, whose Contiguous reads it
+    directly: every plan of the old extractor was illegal ("the unfused starting plan is illegal:
+    a Contiguous is inlined into a consumer"). Now a kernel that reaches a Contiguous's class reads
+    its buffer. Found by running fuzzed programs with every value made contiguous."""
+    monkeypatch.setenv("EQGRAD_CACHE_DIR", str(tmp_path))
+    x = _t(4, 3)
+    with using(extractor=extractor):
+        v1 = (x + x).contiguous()
+        v2 = v1.maximum(v1).contiguous()
+        v3 = (v2 * v1).contiguous().sum(0)
+        eqgrad.realize(v1, v2, v3)
+    want = x.numpy() * 2
+    np.testing.assert_array_equal(v1.numpy(), want)
+    np.testing.assert_array_equal(v2.numpy(), want)
+    np.testing.assert_allclose(v3.numpy(), (want * want).sum(0), rtol=1e-6)
+
+
 def crafted_shared_graph(n: int = 1 << 16) -> EGraph:
     """Root S = exp2^5(x) is computed anyway; root X has two equivalent forms: X1 = S + 1 (reuses S's
     buffer: cheap) and X2 = exp2^3(x * 1) (cheaper as a *tree*, since the tree cost of X1 counts S

@@ -187,7 +187,7 @@ class PlanEvaluator:
             stack.append(~c)
             n = nodes_of[c] = choice[c]
             op = n.op
-            if op in _LEAVES or (op == "REALIZE" and c != k):
+            if op in _LEAVES or ((op == "REALIZE" or op == "CONTIGUOUS") and c != k):
                 continue
             for ch in n.children:
                 if ch not in seen:
@@ -242,10 +242,15 @@ class PlanEvaluator:
                     loads[inner] = e if e > old else old
                     deps.append(inner)
                 continue
+            if op == "CONTIGUOUS" and c != k:
+                # a Contiguous is always a kernel of its own: a consumer that reaches its class
+                # (directly, after a rule unioned it with a class the consumer reads) loads it
+                old = loads.get(c, 0)
+                loads[c] = e if e > old else old
+                deps.append(c)
+                continue
             nodes += 1
             fused.append(op)
-            if op == "CONTIGUOUS" and c != k:
-                legal, why = False, "a Contiguous is inlined into a consumer"
             mult = 1
             reduce = op in REDUCE_OPS
             any_reduce = any_reduce or reduce

@@ -79,7 +79,7 @@ def build_plan(g: EGraph, choice: dict[int, ENode], input_specs: list[tuple[Shap
             seen.add(c)
             out.append(c)
             n = choice[c]
-            if n.op in ("BUF", "CONST") or (n.op == "REALIZE" and c != k):
+            if n.op in ("BUF", "CONST") or (n.op in ("REALIZE", "CONTIGUOUS") and c != k):
                 continue
             stack.extend(n.children)
         return out
@@ -90,6 +90,8 @@ def build_plan(g: EGraph, choice: dict[int, ENode], input_specs: list[tuple[Shap
             n = choice[c]
             if n.op == "REALIZE" and leaf_node(n.children[0]) is None:
                 deps.append(n.children[0])
+            elif n.op == "CONTIGUOUS" and c != k:
+                deps.append(c)               # always a kernel of its own: read from its buffer
         return deps
 
     def _emit(k: int) -> None:
@@ -111,6 +113,9 @@ def build_plan(g: EGraph, choice: dict[int, ENode], input_specs: list[tuple[Shap
                     inner = n.children[0]
                     lf = leaf_node(inner)
                     memo[x] = lf if lf is not None else KNode("BUF", (), buffer_of[inner], g.shapes[x], g.dtypes[x])
+                    continue
+                if n.op == "CONTIGUOUS" and x != k:
+                    memo[x] = KNode("BUF", (), buffer_of[x], g.shapes[x], g.dtypes[x])
                     continue
                 if not done:
                     stack.append((x, True))

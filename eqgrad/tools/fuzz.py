@@ -184,11 +184,12 @@ def run_numpy(prog: Program, arrays: list[np.ndarray]) -> list[np.ndarray]:
 
 
 # How a program is planned: "inline" realizes the program's final values at once and leaves every
-# choice to the extractor (values are inlined into the kernels that use them where it pays); "materialize"
-# realizes each step's value on its own, so every later step reads it from a buffer. A value has one
-# value whatever the plan (DESIGN.md), so both must agree with NumPy: a difference found only
-# inline is a value evaluated twice that rounded two ways.
-PLANS = ("inline", "materialize")
+# choice to the extractor (values are inlined into the kernels that use them where it pays);
+# "contiguous" makes every step's value its own kernel in that one plan (``contiguous()``);
+# "materialize" realizes each step's value on its own, so every later step reads it from a buffer.
+# A value has one value whatever the plan (DESIGN.md), so all must agree with NumPy: a difference
+# found only inline is a value evaluated twice that rounded two ways.
+PLANS = ("inline", "contiguous", "materialize")
 
 
 def run_eqgrad(prog: Program, arrays: list[np.ndarray], device: str, plan: str = "inline") -> list[np.ndarray]:
@@ -197,7 +198,7 @@ def run_eqgrad(prog: Program, arrays: list[np.ndarray], device: str, plan: str =
     vals = [Tensor(a, device=device) for a in arrays]
     for name, args, p in prog.steps:
         v = BY_NAME[name].eq(*[vals[a] for a in args], p)
-        vals.append(v.realize() if plan == "materialize" else v)
+        vals.append(v.realize() if plan == "materialize" else v.contiguous() if plan == "contiguous" else v)
     # one realize of the values no step reads: the whole program is one plan, and the values it
     # reads are the extractor's to inline or materialize (realizing them too would make every
     # value a root of the plan, so computed once: the "materialize" plan by another road)
