@@ -250,7 +250,8 @@ class ShapeOps:
         """Einstein summation (torch.einsum): subscripts per operand, ``...`` for broadcast
         dimensions, an optional ``->`` output (implicit: the labels seen once, sorted). Each
         operand is aligned to one label order, then multiplied (broadcasting) and summed over the
-        labels not in the output; a label repeated in one operand takes its diagonal.
+        labels not in the output (the ``...`` dimensions too when the output omits ``...``, as
+        torch); a label repeated in one operand takes its diagonal.
 
             >>> Tensor.einsum("ij,j->i", Tensor([[1.0, 2.0], [3.0, 4.0]]), Tensor([1.0, 1.0])).tolist()
             [3.0, 7.0]
@@ -288,8 +289,6 @@ class ShapeOps:
         in_labels = [labels(s, e) for s, e in zip(specs, n_ell)]
         if arrow:
             out = labels(rhs, E)
-            if "..." not in rhs and E and any(n_ell):
-                raise ShapeError(f"einsum(): {equation!r}: the output needs '...' for the operands' broadcast dimensions")
             if len(set(out)) != len(out):
                 raise ShapeError(f"einsum(): output subscripts {rhs!r} repeat a label")
             seen = {lab for ls in in_labels for lab in ls}
