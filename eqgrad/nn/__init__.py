@@ -399,7 +399,7 @@ class LogSoftmax(Module):
 __all__ = ["Module", "Sequential", "ModuleList", "ModuleDict", "Identity", "Linear", "Conv2d", "BatchNorm1d",
            "BatchNorm2d", "BatchNorm3d", "GroupNorm", "RMSNorm", "LayerNorm", "Embedding", "Dropout", "Flatten",
            "ReLU", "ReLU6", "SiLU", "Mish", "Hardsigmoid", "Hardswish", "Sigmoid", "Tanh", "LogSigmoid", "GELU",
-           "LeakyReLU", "ELU", "Softplus", "Hardtanh", "Softmax", "LogSoftmax", "init", "functional", "F", "state", "get_parameters", "get_state_dict", "load_state_dict",
+           "LeakyReLU", "ELU", "Softplus", "Hardtanh", "Softmax", "LogSoftmax", "init", "utils", "functional", "F", "state", "get_parameters", "get_state_dict", "load_state_dict",
            "safe_save", "safe_load"]
 
-from eqgrad.nn import init  # noqa: E402  (init imports nothing from here; kept last for symmetry)
+from eqgrad.nn import init, utils  # noqa: E402  (they import nothing from here)
