@@ -1213,7 +1213,7 @@ class Tensor(ElementwiseOps, ShapeOps, IndexingOps):
         return ts[0].unsqueeze(d).cat(*[t.unsqueeze(d) for t in ts[1:]], dim=d)
 
     def __getitem__(self, idx: Any) -> "Tensor":
-        return _getitem(self, idx)
+        return self._getitem(idx)        # frontend/indexing.py (setitem too)
 
     # ------------------------------------------------------------------ linear algebra
     def matmul(self, other: "Tensor") -> "Tensor":
@@ -1353,80 +1353,6 @@ def _broadcast_pair(a: Tensor, b: Tensor, op: str) -> tuple[Tensor, Tensor]:
     if shape != a.shape and shape != b.shape:      # grown past both: (n, 1) + (1, m)
         _check_addressable(op, shape, a.dtype if a.dtype.itemsize >= b.dtype.itemsize else b.dtype)
     return a._expand_to(shape), b._expand_to(shape)
-
-
-# ------------------------------------------------------------------ indexing
-
-def _getitem(t: Tensor, idx: Any) -> Tensor:
-    if not isinstance(idx, tuple):
-        idx = (idx,)
-    if any(isinstance(i, (Tensor, list, np.ndarray)) for i in idx):
-        raise NotImplementedError("indexing with tensors/lists (advanced indexing) is not supported yet; "
-                                  "use ints, slices, None and ...")
-    n_ell = sum(1 for i in idx if i is Ellipsis)
-    if n_ell > 1:
-        raise AxisError("an index can only have a single ellipsis ('...')")
-    n_real = sum(1 for i in idx if i is not None and i is not Ellipsis)
-    if n_real > t.ndim:
-        raise AxisError(f"too many indices for a tensor of shape {t.shape}: {n_real} given")
-    if n_ell:
-        k = idx.index(Ellipsis)
-        idx = idx[:k] + (slice(None),) * (t.ndim - n_real) + idx[k + 1:]
-    else:
-        idx = idx + (slice(None),) * (t.ndim - n_real)
-    x = t
-    out_shape: list[int] = []
-    shrink: list[tuple[int, int]] = []
-    flips: list[int] = []
-    steps: list[int] = []
-    axis = 0
-    for i in idx:
-        if i is None:
-            continue
-        size = t.shape[axis]
-        if isinstance(i, (int, np.integer)) and not isinstance(i, bool):
-            j = int(i)
-            if not -size <= j < size:
-                raise AxisError(f"index {j} is out of bounds for axis {axis} with size {size}")
-            j %= size
-            shrink.append((j, j + 1))
-            steps.append(1)
-        elif isinstance(i, slice):
-            start, stop, step = i.indices(size)
-            if step > 0:
-                n = max(0, (stop - start + step - 1) // step)
-                shrink.append((start, start + max(0, (n - 1) * step + 1) if n else start))
-            else:
-                n = max(0, (start - stop - step - 1) // -step)
-                lo = start - (n - 1) * -step if n else start
-                shrink.append((lo, start + 1) if n else (0, 0))
-                flips.append(axis)
-            steps.append(abs(step))
-        else:
-            raise AxisError(f"unsupported index {i!r} (expected int, slice, None or ...)")
-        axis += 1
-    x = x.shrink(shrink)
-    if flips:
-        x = x.flip(flips)
-    if any(s > 1 for s in steps):
-        # strided slices: pad each axis to a multiple of its step, split it, keep the first of each group
-        pad, split, keep = [], [], []
-        for s, st in zip(x.shape, steps):
-            n = (s + st - 1) // st
-            pad.append((0, n * st - s))
-            split += [n, st]
-            keep += [(0, n), (0, 1)]
-        x = x.pad(pad).reshape(split).shrink(keep).reshape(tuple(split[0::2]))
-    # final shape: drop int-indexed axes, insert None axes
-    axis = 0
-    for i in idx:
-        if i is None:
-            out_shape.append(1)
-            continue
-        if isinstance(i, slice):
-            out_shape.append(x.shape[axis])
-        axis += 1
-    return x.reshape(tuple(out_shape))
 
 
 def _is_tensor_list(xs: Iterable[Any]) -> bool:
