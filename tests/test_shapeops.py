@@ -277,3 +277,9 @@ def test_like_factories(device):
 def test_errors(fn, err, match):
     with pytest.raises(err, match=match):
         fn(Tensor(X34))
+
+
+def test_docstring_examples_run():
+    import doctest
+    from eqgrad.frontend import shapeops
+    assert doctest.testmod(shapeops, extraglobs={"Tensor": Tensor}).failed == 0
