@@ -563,28 +563,45 @@ class Tensor(ElementwiseOps, ShapeOps, IndexingOps):
             if other < 0:
                 raise ValueError(f"pow: integers to negative integer powers are not allowed (got {other})")
             return self._int_pow(Tensor.full(self.shape, dt.convert_scalar(other, int32, "pow"), int32, self.device))
-        if not reverse and isinstance(other, (int, np.integer)) and not isinstance(other, bool) and abs(other) <= 4:
-            # NOTE: small integer powers by repeated multiplication: exact, and right for negative bases
-            if other == 0:
-                return self.ones_like() if self.dtype is not bool_ else self.int().ones_like()
-            base = self if self.dtype is not bool_ else self.int()
-            out = base
-            for _ in range(abs(other) - 1):
-                out = out * base
-            return out if other > 0 else out.reciprocal()
+        small = not reverse and isinstance(other, (int, np.integer)) and not isinstance(other, bool) and abs(other) <= 4
+        if small and self.dtype is bool_:
+            return self.int().pow(other)
+        if small and other == 0:
+            return self.ones_like()
         a, b = self._operands(other, "pow", reverse)
         if a.dtype is not float32:
             if a.dtype is int32:
                 return a._int_pow(b)
             a, b = a.float(), b.float()
         mag = (b * a.abs().log2()).exp2()
-        # negative base: defined for integral exponents, with the sign of (-1)**b; NaN otherwise
         b_int = b.floor() == b
         b_odd = b_int & ((b.abs() % 2) == 1)
-        neg = a < 0
-        out = neg.where(b_int.where(b_odd.where(-mag, mag), float("nan")), mag)
-        return (b == 0).where(1.0, out)
+        neg = a._sign_bit()
+        out = (neg & b_odd).where(-mag, mag)
+        out = ((a < 0) & a.isfinite() & ~b_int).where(float("nan"), out)
+        one = (b == 0) | (a == 1) | ((a == -1) & b.isinf())
+        return one.where(1.0, out)
 
+        # NOTE: the gradients are torch's formulas, b * a**(b-1) (0 where b == 0) and a**b * log(a)
+        # (0 where a == 0 and b >= 0): differentiating the selects below would multiply the zero
+        # gradient of a dropped branch by its inf (0 * inf = NaN at a == 0 and for negative a)
+        fwd = (lambda x, e: x._small_int_pow(int(other))) if small else (lambda x, e: x._float_pow(e))
+        return a._custom_grad("POW", fwd, lambda g, out, x, e: (
+            (e == 0).where(0.0, g * (e * x._float_pow(e - 1))),
+            g * ((x == 0) & (e >= 0)).where(0.0, out * x.log())), b)
+
+    def _small_int_pow(self, n: int) -> "Tensor":
+        """``x ** n`` for 0 < |n| <= 4 by repeated multiplication: exact, and right for negative bases."""
+        out = self
+        for _ in range(abs(n) - 1):
+            out = out * self
+        return out if n > 0 else out.reciprocal()
+
+    def _float_pow(self, b: "Tensor") -> "Tensor":
+        """float32 ``a ** b`` with C's pow for the special values: 1 for b == 0 and for a == 1 (NaN
+        included), 1 for (-1) ** +-inf, -0.0 and -inf bases keep the sign for odd integer b, NaN for
+        a finite negative base and a non-integer b."""
+        a = self
     def _int_pow(self, e: "Tensor") -> "Tensor":
         """int32 ** int32 by binary exponentiation (wraps around like NumPy); a negative exponent
         gives 0 except for bases 1 and -1 (NumPy raises for those, elementwise raising is not lazy)."""
@@ -646,10 +663,23 @@ class Tensor(ElementwiseOps, ShapeOps, IndexingOps):
             out, min_ = out.cast(dt.result_with_scalar(out.dtype, min_)), None
         if isinstance(max_, dt.PY_SCALARS) and dt.beyond_range(max_, dt.result_with_scalar(out.dtype, max_)) > 0:
             out, max_ = out.cast(dt.result_with_scalar(out.dtype, max_)), None
-        if min_ is not None:
-            out = out.maximum(min_)
-        if max_ is not None:
-            out = out.minimum(max_)
+        if out.dtype is bool_:
+            if min_ is not None:
+                out = out.maximum(min_)
+            return out.minimum(max_) if max_ is not None else out
+        # NOTE: selects, not maximum/minimum (which split the gradient at a tie): as torch.clamp,
+        # x's gradient is 1 where min <= x <= max (bounds included) and 0 elsewhere and at NaN; a
+        # bound's gradient is where it binds; min > max gives max; a NaN bound gives NaN (no gradient)
+        if out.dtype.is_float:
+            out = out.isnan().where(out.detach(), out)
+        for bound, binds in ((min_, Tensor.__lt__), (max_, Tensor.__gt__)):
+            if bound is None:
+                continue
+            out = binds(out, bound).where(bound, out)
+            if isinstance(bound, Tensor) and bound.dtype.is_float:
+                out = bound.isnan().where(bound.detach(), out)
+            elif isinstance(bound, float) and math.isnan(bound):
+                out = out.full_like(bound)
         return out
 
     clamp = clip
@@ -687,12 +717,19 @@ class Tensor(ElementwiseOps, ShapeOps, IndexingOps):
     def abs(self) -> "Tensor":
         if self.dtype is bool_:
             return self
-        return (self < 0).where(-self, self)
+        # NOTE: the constant branch at 0 gives the gradient 0 there and +0.0 for -0.0; NaN stays NaN
+        # with the gradient 0 (torch's sign(NaN) is 0), through the detached branch
+        return (self < 0).where(-self, (self > 0).where(self, (self == 0).where(0, self.detach())))
 
     def sign(self) -> "Tensor":
         return (self > 0).where(1, (self < 0).where(-1, 0)).cast(self.dtype)
 
     def trunc(self) -> "Tensor":
+        """``|x|``; the gradient at 0 is 0 (torch: ``sign(x)``), and ``abs(-0.0)`` is ``0.0``.
+
+            >>> Tensor([-2.0, 0.0, 3.0]).abs().tolist()
+            [2.0, 0.0, 3.0]
+        """
         return self._alu("TRUNC") if self.dtype.is_float else self
 
     def floor(self) -> "Tensor":
@@ -712,7 +749,17 @@ class Tensor(ElementwiseOps, ShapeOps, IndexingOps):
         return (self > 0).where(self, 0)
 
     def sigmoid(self) -> "Tensor":
-        return (1 + (-self.float()).exp()).reciprocal()
+        """``1 / (1 + exp(-x))``.
+
+            >>> Tensor([0.0]).sigmoid().tolist()
+            [0.5]
+        """
+        # NOTE: e = exp(-|x|) <= 1, through a select (its gradient is -+1 at 0, as |x|'s is not):
+        # 1/(1+e) or e/(1+e), so no inf appears and the gradient stays finite for any |x|
+        x = self.float()
+        pos = x >= 0
+        e = pos.where(-x, x).exp()
+        return pos.where((1 + e).reciprocal(), e / (1 + e))
 
     def tanh(self) -> "Tensor":
         # NOTE: (1 - e) / (1 + e) with e = exp(-2|x|) cancels near 0, so small |x| uses the series
@@ -773,7 +820,9 @@ class Tensor(ElementwiseOps, ShapeOps, IndexingOps):
             0.8413
         """
         if approximate == "tanh":
-            return 0.5 * self * (1.0 + (math.sqrt(2.0 / math.pi) * (self + 0.044715 * self * self * self)).tanh())
+            # NOTE: 0.5 (1 + tanh(u)) = sigmoid(2u): no cancellation for negative x, and a gradient
+            # that stays finite for |x| in the hundreds
+            return self * ((2.0 * math.sqrt(2.0 / math.pi)) * (self + 0.044715 * self * self * self)).sigmoid()
         if approximate != "none":
             raise ValueError(f"gelu(): approximate must be 'none' or 'tanh', got {approximate!r}")
         return 0.5 * self * (1.0 + (self * (1.0 / math.sqrt(2.0))).erf())
