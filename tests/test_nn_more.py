@@ -224,3 +224,86 @@ def test_losses_on_numpy(device):
 def test_kl_div_target_gradient():
     check_fwd_bwd(lambda x, t: F.kl_div(x, t, reduction="batchmean"), [X, P],
                   lambda x, t: TF.kl_div(x, t, reduction="batchmean"))
+
+
+# ------------------------------------------------------------------ convolution and pooling
+
+CONVS = [
+    ("conv1d", lambda x, w, b: F.conv1d(x, w, b, stride=2, padding=1, dilation=2),
+     lambda x, w, b: TF.conv1d(x, w, b, stride=2, padding=1, dilation=2), [(2, 4, 9), (6, 4, 3), (6,)]),
+    ("conv1d_groups", lambda x, w: F.conv1d(x, w, groups=2, padding=2),
+     lambda x, w: TF.conv1d(x, w, groups=2, padding=2), [(1, 4, 7), (4, 2, 3)]),
+    ("conv3d", lambda x, w, b: F.conv3d(x, w, b, stride=(1, 2, 1), padding=1),
+     lambda x, w, b: TF.conv3d(x, w, b, stride=(1, 2, 1), padding=1), [(2, 2, 4, 5, 4), (3, 2, 2, 3, 2), (3,)]),
+    ("conv3d_groups_dilation", lambda x, w: F.conv3d(x, w, groups=2, dilation=(2, 1, 1)),
+     lambda x, w: TF.conv3d(x, w, groups=2, dilation=(2, 1, 1)), [(1, 4, 5, 3, 3), (2, 2, 2, 2, 2)]),
+    ("conv_transpose2d", lambda x, w, b: F.conv_transpose2d(x, w, b, stride=2, padding=1, output_padding=1),
+     lambda x, w, b: TF.conv_transpose2d(x, w, b, stride=2, padding=1, output_padding=1), [(2, 3, 4, 3), (3, 2, 3, 3), (2,)]),
+    ("conv_transpose2d_groups_dilation", lambda x, w: F.conv_transpose2d(x, w, stride=(1, 3), padding=(2, 0), groups=2, dilation=2),
+     lambda x, w: TF.conv_transpose2d(x, w, stride=(1, 3), padding=(2, 0), groups=2, dilation=2), [(1, 4, 5, 3), (4, 3, 3, 2)]),
+    ("conv_transpose1d", lambda x, w, b: F.conv_transpose1d(x, w, b, stride=3, padding=1, output_padding=2),
+     lambda x, w, b: TF.conv_transpose1d(x, w, b, stride=3, padding=1, output_padding=2), [(2, 2, 5), (2, 3, 4), (3,)]),
+]
+
+
+@pytest.mark.parametrize("name, ours, theirs, shapes", CONVS, ids=[c[0] for c in CONVS])
+def test_convolutions(name, ours, theirs, shapes):
+    check_fwd_bwd(ours, [data(s, seed=i) for i, s in enumerate(shapes)], theirs, rtol=1e-4, atol=1e-4)
+
+
+POOLS = [
+    ("max1d_ceil", lambda x: F.max_pool1d(x, 3, 2, 1, ceil_mode=True), lambda x: TF.max_pool1d(x, 3, 2, 1, ceil_mode=True), (2, 3, 8)),
+    ("max2d_ceil_dilation", lambda x: F.max_pool2d(x, 2, (2, 3), 1, dilation=(1, 2), ceil_mode=True),
+     lambda x: TF.max_pool2d(x, 2, (2, 3), 1, dilation=(1, 2), ceil_mode=True), (1, 2, 7, 8)),
+    ("max3d", lambda x: F.max_pool3d(x, 2, ceil_mode=True), lambda x: TF.max_pool3d(x, 2, ceil_mode=True), (1, 2, 5, 4, 3)),
+    ("avg1d_ceil_nopad", lambda x: F.avg_pool1d(x, 3, 2, 1, ceil_mode=True, count_include_pad=False),
+     lambda x: TF.avg_pool1d(x, 3, 2, 1, ceil_mode=True, count_include_pad=False), (2, 3, 8)),
+    ("avg2d_ceil_pad", lambda x: F.avg_pool2d(x, 3, 2, 1, ceil_mode=True),
+     lambda x: TF.avg_pool2d(x, 3, 2, 1, ceil_mode=True), (1, 2, 6, 7)),
+    ("avg2d_divisor", lambda x: F.avg_pool2d(x, 2, divisor_override=3), lambda x: TF.avg_pool2d(x, 2, divisor_override=3), (1, 2, 4, 4)),
+    ("avg3d", lambda x: F.avg_pool3d(x, (2, 1, 2), padding=(1, 0, 0), count_include_pad=False),
+     lambda x: TF.avg_pool3d(x, (2, 1, 2), padding=(1, 0, 0), count_include_pad=False), (1, 2, 3, 4, 4)),
+    ("adaptive_avg1d", lambda x: F.adaptive_avg_pool1d(x, 3), lambda x: TF.adaptive_avg_pool1d(x, 3), (2, 3, 7)),
+    ("adaptive_avg2d", lambda x: F.adaptive_avg_pool2d(x, (3, None)), lambda x: TF.adaptive_avg_pool2d(x, (3, None)), (1, 2, 5, 4)),
+    ("adaptive_avg3d", lambda x: F.adaptive_avg_pool3d(x, (2, 3, 1)), lambda x: TF.adaptive_avg_pool3d(x, (2, 3, 1)), (1, 2, 4, 5, 3)),
+    ("adaptive_max2d", lambda x: F.adaptive_max_pool2d(x, (2, 3)), lambda x: TF.adaptive_max_pool2d(x, (2, 3)), (2, 2, 5, 7)),
+    ("adaptive_max1d", lambda x: F.adaptive_max_pool1d(x, 4), lambda x: TF.adaptive_max_pool1d(x, 4), (2, 3, 8)),
+]
+
+
+@pytest.mark.parametrize("name, ours, theirs, shape", POOLS, ids=[p[0] for p in POOLS])
+def test_pooling(name, ours, theirs, shape):
+    check_fwd_bwd(ours, [data(shape, seed=3)], theirs)
+
+
+def test_max_pool_indices_and_unpool():
+    x = data((2, 3, 6, 5), seed=4)
+    out, idx = F.max_pool2d(Tensor(x), 2, 2, 1, return_indices=True)
+    tout, tidx = TF.max_pool2d(torch.tensor(x), 2, 2, 1, return_indices=True)
+    np.testing.assert_array_equal(idx.numpy(), tidx.numpy())
+    check_fwd_bwd(lambda y: F.max_unpool2d(y, idx, 2, 2, 1, output_size=(6, 5)), [tout.numpy()],
+                  lambda y: TF.max_unpool2d(y, tidx, 2, 2, 1, output_size=(6, 5)))
+    x = data((1, 2, 6, 4), seed=5)                      # the default output size: (i - 1) * stride - 2 * padding + k
+    _, idx = F.max_pool2d(Tensor(x), 2, return_indices=True)
+    tout, tidx = TF.max_pool2d(torch.tensor(x), 2, return_indices=True)
+    check_fwd_bwd(lambda y: F.max_unpool2d(y, idx, 2), [tout.numpy()], lambda y: TF.max_unpool2d(y, tidx, 2))
+
+
+def test_conv_modules():
+    for ours, theirs, shape in [(nn.Conv1d(4, 6, 3, stride=2, padding=1, groups=2), torch.nn.Conv1d(4, 6, 3, stride=2, padding=1, groups=2), (2, 4, 9)),
+                                (nn.ConvTranspose2d(3, 4, 3, stride=2, padding=1, output_padding=1),
+                                 torch.nn.ConvTranspose2d(3, 4, 3, stride=2, padding=1, output_padding=1), (2, 3, 4, 4)),
+                                (nn.ConvTranspose1d(2, 4, 2, groups=2, bias=False), torch.nn.ConvTranspose1d(2, 4, 2, groups=2, bias=False), (1, 2, 5)),
+                                (nn.Conv3d(2, 3, 2), torch.nn.Conv3d(2, 3, 2), (1, 2, 3, 3, 3))]:
+        assert {k: v.shape for k, v in ours.state_dict().items()} == {k: tuple(v.shape) for k, v in theirs.state_dict().items()}
+        check_layer(ours, theirs, data(shape, seed=5), atol=1e-4)
+    for ours, theirs in [(nn.MaxPool2d(3, 2, 1, ceil_mode=True), torch.nn.MaxPool2d(3, 2, 1, ceil_mode=True)),
+                         (nn.AvgPool1d(2), torch.nn.AvgPool1d(2)), (nn.AdaptiveAvgPool2d(1), torch.nn.AdaptiveAvgPool2d(1)),
+                         (nn.AdaptiveMaxPool2d((2, 2)), torch.nn.AdaptiveMaxPool2d((2, 2)))]:
+        shape = (2, 3, 5) if isinstance(ours, nn.AvgPool1d) else (2, 3, 5, 5)
+        check_fwd_bwd(lambda t: ours(t), [data(shape, seed=6)], lambda t: theirs(t))
+
+
+def test_conv_on_numpy():
+    name, ours, theirs, shapes = CONVS[4]
+    check_fwd_bwd(ours, [data(s, seed=i) for i, s in enumerate(shapes)], theirs, rtol=1e-4, atol=1e-4, device="NUMPY")

@@ -12,6 +12,7 @@ functions, so ``F.gelu(x)`` and ``x.gelu()`` are the same thing.
 """
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import numpy as np
@@ -230,42 +231,273 @@ def _conv_grad(g: LazyBuffer, srcs: tuple[LazyBuffer, ...], s: tuple[int, int], 
     return dx.lazydata, dw.reshape(cout, wcin, kh, kw).lazydata
 
 
-def max_pool2d(x: Tensor, kernel_size: IntOr2, stride: IntOr2 | None = None, padding: IntOr2 = 0,
-               dilation: IntOr2 = 1) -> Tensor:
-    """Max over windows (padding counts as -inf), as torch.nn.functional.max_pool2d.
+def _tuple(v: int | Sequence[int], n: int, name: str, op: str) -> tuple[int, ...]:
+    t = (v,) * n if isinstance(v, int) else tuple(v)
+    if len(t) != n or not all(isinstance(i, int) for i in t):
+        raise ShapeError(f"{op}(): {name} must be an int or {n} ints, got {v!r}")
+    return t
+
+
+def _windows(x: Tensor, k: tuple[int, ...], s: tuple[int, ...], d: tuple[int, ...]) -> Tensor:
+    """(N, C, *in) -> (N, C, *out, *k): ``_pool`` for 1-2 spatial axes; 3 go one axis at a time
+    (a 3-axis ``_pool`` reshapes through 11 axes, past MAX_RANK)."""
+    if len(k) <= 2:
+        return _pool(x, k, s, d)
+    n, c = x.shape[:2]
+    y = x.reshape(n * c, *x.shape[2:])                                    # (B, D, H, W)
+    y = _pool(y, k[2:], s[2:], d[2:]).permute(0, 3, 4, 1, 2)               # (B, ow, kw, D, H)
+    y = _pool(y, k[1:2], s[1:2], d[1:2]).permute(0, 1, 2, 4, 5, 3)         # (B, ow, kw, oh, kh, D)
+    y = _pool(y, k[:1], s[:1], d[:1])                                     # (B, ow, kw, oh, kh, od, kd)
+    return y.permute(0, 5, 3, 1, 6, 4, 2).reshape(n, c, *y.shape[5:6], *y.shape[3:4], *y.shape[1:2], *k)
+
+
+def _check_spatial(x: Tensor, n: int, op: str) -> None:
+    if x.ndim != n + 2:
+        raise ShapeError(f"{op}(): expected a {n + 2}-D input (N, C, {n} spatial axes), got shape {x.shape}")
+    if not x.dtype.is_float:
+        raise DTypeError(f"{op}(): expected a float32 input, got {x.dtype.name}")
+
+
+def _pool_args(x: Tensor, n: int, op: str, kernel_size: IntOr2, stride: IntOr2 | None, padding: IntOr2,
+               dilation: IntOr2, ceil_mode: bool) -> tuple[tuple[int, ...], ...]:
+    """Kernel, stride, padding, dilation and the extra right padding that ``ceil_mode`` needs (a
+    last window may start in the input or the left padding, never in the right padding), as torch."""
+    _check_spatial(x, n, op)
+    k = _tuple(kernel_size, n, "kernel_size", op)
+    st = k if stride is None or stride == [] else _tuple(stride, n, "stride", op)
+    p, d = _tuple(padding, n, "padding", op), _tuple(dilation, n, "dilation", op)
+    if any(2 * pp > kk for pp, kk in zip(p, k)):
+        raise ShapeError(f"{op}(): padding {p} must be at most half the kernel size {k}")
+    extra = []
+    for i, kk, ss, pp, dd in zip(x.shape[2:], k, st, p, d):
+        span = i + 2 * pp - dd * (kk - 1) - 1
+        o = (-(-span // ss) if ceil_mode else span // ss) + 1
+        if ceil_mode and (o - 1) * ss >= i + pp:
+            o -= 1
+        if o <= 0:
+            raise ShapeError(f"{op}(): a window of {k} (dilation {d}) does not fit the input {x.shape[2:]} padded by {p}")
+        extra.append(max(0, (o - 1) * ss + dd * (kk - 1) + 1 - (i + 2 * pp)))
+    return k, st, p, d, tuple(extra)
+
+
+def _max_pool(x: Tensor, n: int, op: str, kernel_size: IntOr2, stride: IntOr2 | None, padding: IntOr2,
+              dilation: IntOr2, ceil_mode: bool, return_indices: bool) -> Tensor | tuple[Tensor, Tensor]:
+    k, st, p, d, extra = _pool_args(x, n, op, kernel_size, stride, padding, dilation, ceil_mode)
+    pads = ((0, 0), (0, 0), *[(pp, pp + e) for pp, e in zip(p, extra)])
+    xp = x.pad(pads, value=float("-inf")) if any(p) or any(extra) else x
+    win = _windows(xp, k, st, d)
+    out = win.max(tuple(range(-n, 0)))
+    if not return_indices:
+        return out
+    # the flat index (within each channel's input) of each window's first maximum, as torch
+    ins = x.shape[2:]
+    idx = Tensor.arange(math.prod(ins), device=x.device).reshape(1, 1, *ins).pad(pads, value=-1)
+    kk = math.prod(k)
+    flat = win.reshape(*win.shape[:2 + n], kk)
+    first = (flat.argmax(-1).unsqueeze(-1) == Tensor.arange(kk, device=x.device))
+    return out, first.where(_windows(idx, k, st, d).reshape(1, 1, *win.shape[2:2 + n], kk), 0).sum(-1)
+
+
+def _avg_pool(x: Tensor, n: int, op: str, kernel_size: IntOr2, stride: IntOr2 | None, padding: IntOr2,
+              ceil_mode: bool, count_include_pad: bool, divisor_override: int | None) -> Tensor:
+    k, st, p, d, extra = _pool_args(x, n, op, kernel_size, stride, padding, 1, ceil_mode)
+    pads = ((0, 0), (0, 0), *[(pp, pp + e) for pp, e in zip(p, extra)])
+    sums = _windows(x.pad(pads), k, st, d).sum(tuple(range(-n, 0)))
+    if divisor_override:
+        return sums * (1.0 / divisor_override)
+    if (count_include_pad or not any(p)) and not any(extra):
+        return sums * (1.0 / math.prod(k))
+    # the divisor counts the window's cells inside the input (and its padding, with
+    # count_include_pad), never those past it that ceil_mode adds
+    ins = x.shape[2:]
+    if count_include_pad:
+        ones = Tensor.ones(1, 1, *[i + 2 * pp for i, pp in zip(ins, p)], device=x.device)
+        ones = ones.pad(((0, 0), (0, 0), *[(0, e) for e in extra]))
+    else:
+        ones = Tensor.ones(1, 1, *ins, device=x.device).pad(pads)
+    return sums / _windows(ones, k, st, d).sum(tuple(range(-n, 0)))
+
+
+def max_pool1d(input: Tensor, kernel_size: IntOr2, stride: IntOr2 | None = None, padding: IntOr2 = 0,
+               dilation: IntOr2 = 1, ceil_mode: bool = False, return_indices: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+    return _max_pool(input, 1, "max_pool1d", kernel_size, stride, padding, dilation, ceil_mode, return_indices)
+
+
+def max_pool2d(input: Tensor, kernel_size: IntOr2, stride: IntOr2 | None = None, padding: IntOr2 = 0,
+               dilation: IntOr2 = 1, ceil_mode: bool = False, return_indices: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+    """Max over windows (padding counts as -inf), as torch.nn.functional.max_pool2d; with
+    ``return_indices`` also the flat index of each maximum in its channel (for ``max_unpool2d``).
 
         >>> max_pool2d(Tensor.arange(16.0).reshape(1, 1, 4, 4), 2).tolist()
         [[[[5.0, 7.0], [13.0, 15.0]]]]
     """
-    _check_nchw(x, "max_pool2d")
-    k = _pair(kernel_size, "kernel_size", "max_pool2d")
-    s = k if stride is None else _pair(stride, "stride", "max_pool2d")
-    p, d = _pair(padding, "padding", "max_pool2d"), _pair(dilation, "dilation", "max_pool2d")
-    if any(2 * pp > kk for pp, kk in zip(p, k)):
-        raise ShapeError(f"max_pool2d(): padding {p} must be at most half the kernel size {k}")
-    xp = x.pad(((0, 0), (0, 0), (p[0], p[0]), (p[1], p[1])), value=float("-inf")) if any(p) else x
-    return _pool(xp, k, s, d).max((-2, -1))
+    return _max_pool(input, 2, "max_pool2d", kernel_size, stride, padding, dilation, ceil_mode, return_indices)
 
 
-def avg_pool2d(x: Tensor, kernel_size: IntOr2, stride: IntOr2 | None = None, padding: IntOr2 = 0,
-               count_include_pad: bool = True) -> Tensor:
+def max_pool3d(input: Tensor, kernel_size: IntOr2, stride: IntOr2 | None = None, padding: IntOr2 = 0,
+               dilation: IntOr2 = 1, ceil_mode: bool = False, return_indices: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+    return _max_pool(input, 3, "max_pool3d", kernel_size, stride, padding, dilation, ceil_mode, return_indices)
+
+
+def avg_pool1d(input: Tensor, kernel_size: IntOr2, stride: IntOr2 | None = None, padding: IntOr2 = 0,
+               ceil_mode: bool = False, count_include_pad: bool = True) -> Tensor:
+    return _avg_pool(input, 1, "avg_pool1d", kernel_size, stride, padding, ceil_mode, count_include_pad, None)
+
+
+def avg_pool2d(input: Tensor, kernel_size: IntOr2, stride: IntOr2 | None = None, padding: IntOr2 = 0,
+               ceil_mode: bool = False, count_include_pad: bool = True, divisor_override: int | None = None) -> Tensor:
     """Mean over windows, as torch.nn.functional.avg_pool2d.
 
         >>> avg_pool2d(Tensor.arange(16.0).reshape(1, 1, 4, 4), 2).tolist()
         [[[[2.5, 4.5], [10.5, 12.5]]]]
     """
-    _check_nchw(x, "avg_pool2d")
-    k = _pair(kernel_size, "kernel_size", "avg_pool2d")
-    s = k if stride is None else _pair(stride, "stride", "avg_pool2d")
-    p = _pair(padding, "padding", "avg_pool2d")
-    if any(2 * pp > kk for pp, kk in zip(p, k)):
-        raise ShapeError(f"avg_pool2d(): padding {p} must be at most half the kernel size {k}")
-    pads = ((0, 0), (0, 0), (p[0], p[0]), (p[1], p[1]))
-    sums = _pool(x.pad(pads), k, s, (1, 1)).sum((-2, -1))
-    if count_include_pad or not any(p):
-        return sums * (1.0 / (k[0] * k[1]))
-    counts = _pool(Tensor.ones(1, 1, *x.shape[2:], device=x.device).pad(pads), k, s, (1, 1)).sum((-2, -1))
-    return sums / counts
+    return _avg_pool(input, 2, "avg_pool2d", kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
+
+
+def avg_pool3d(input: Tensor, kernel_size: IntOr2, stride: IntOr2 | None = None, padding: IntOr2 = 0,
+               ceil_mode: bool = False, count_include_pad: bool = True, divisor_override: int | None = None) -> Tensor:
+    return _avg_pool(input, 3, "avg_pool3d", kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
+
+
+def max_unpool2d(input: Tensor, indices: Tensor, kernel_size: IntOr2, stride: IntOr2 | None = None,
+                 padding: IntOr2 = 0, output_size: Sequence[int] | None = None) -> Tensor:
+    """The inverse of ``max_pool2d(..., return_indices=True)``: each value written at its index in
+    a zero (N, C, H, W) output (a one-hot contraction, so the gradient gathers back)."""
+    _check_spatial(input, 2, "max_unpool2d")
+    if indices.shape != input.shape or indices.dtype is not int32:
+        raise ShapeError(f"max_unpool2d(): indices must be int32 of the input's shape {input.shape}, "
+                         f"got {indices.dtype.name} {indices.shape}")
+    k = _tuple(kernel_size, 2, "kernel_size", "max_unpool2d")
+    st = k if stride is None else _tuple(stride, 2, "stride", "max_unpool2d")
+    p = _tuple(padding, 2, "padding", "max_unpool2d")
+    size = tuple(output_size[-2:]) if output_size is not None else \
+        tuple((i - 1) * ss - 2 * pp + kk for i, ss, pp, kk in zip(input.shape[2:], st, p, k))
+    n, c = input.shape[:2]
+    hot = indices.reshape(n, c, -1, 1) == Tensor.arange(size[0] * size[1], device=input.device)
+    return hot.where(input.reshape(n, c, -1, 1), 0.0).sum(2).reshape(n, c, *size)
+
+
+def _adaptive(x: Tensor, n: int, output_size: int | Sequence[int | None], op: str, reduce: str) -> Tensor:
+    """Window j of an axis of length i into o: [floor(j*i/o), ceil((j+1)*i/o)), as torch. Mean and
+    max over a box are the mean (max) along one axis after another, so each axis is pooled alone."""
+    if x.ndim not in (n + 1, n + 2):
+        raise ShapeError(f"{op}(): expected a {n + 1}-D or {n + 2}-D input, got shape {x.shape}")
+    outs = (output_size,) * n if isinstance(output_size, int) or output_size is None else tuple(output_size)
+    if len(outs) != n:
+        raise ShapeError(f"{op}(): output_size must be an int or {n} sizes, got {output_size!r}")
+    for j, o in enumerate(outs):
+        ax = x.ndim - n + j
+        i = x.shape[ax]
+        o = i if o is None else o
+        if i % o == 0:
+            y = x.reshape(*x.shape[:ax], o, i // o, *x.shape[ax + 1:])
+            x = y.mean(ax + 1) if reduce == "mean" else y.max(ax + 1)
+            continue
+        parts = []
+        for w in range(o):
+            lo, hi = (w * i) // o, -(-((w + 1) * i) // o)
+            piece = x.shrink([None] * ax + [(lo, hi)] + [None] * (x.ndim - ax - 1))
+            parts.append(piece.mean(ax, keepdim=True) if reduce == "mean" else piece.max(ax, keepdim=True))
+        x = parts[0].cat(*parts[1:], dim=ax)
+    return x
+
+
+def adaptive_avg_pool1d(input: Tensor, output_size: int | Sequence[int]) -> Tensor:
+    return _adaptive(input, 1, output_size, "adaptive_avg_pool1d", "mean")
+
+
+def adaptive_avg_pool2d(input: Tensor, output_size: int | Sequence[int | None]) -> Tensor:
+    return _adaptive(input, 2, output_size, "adaptive_avg_pool2d", "mean")
+
+
+def adaptive_avg_pool3d(input: Tensor, output_size: int | Sequence[int | None]) -> Tensor:
+    return _adaptive(input, 3, output_size, "adaptive_avg_pool3d", "mean")
+
+
+def adaptive_max_pool1d(input: Tensor, output_size: int | Sequence[int], return_indices: bool = False) -> Tensor:
+    if return_indices:
+        raise NotImplementedError("adaptive_max_pool1d(): return_indices is not supported")
+    return _adaptive(input, 1, output_size, "adaptive_max_pool1d", "max")
+
+
+def adaptive_max_pool2d(input: Tensor, output_size: int | Sequence[int | None], return_indices: bool = False) -> Tensor:
+    if return_indices:
+        raise NotImplementedError("adaptive_max_pool2d(): return_indices is not supported")
+    return _adaptive(input, 2, output_size, "adaptive_max_pool2d", "max")
+
+
+def adaptive_max_pool3d(input: Tensor, output_size: int | Sequence[int | None], return_indices: bool = False) -> Tensor:
+    if return_indices:
+        raise NotImplementedError("adaptive_max_pool3d(): return_indices is not supported")
+    return _adaptive(input, 3, output_size, "adaptive_max_pool3d", "max")
+
+
+def conv1d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: IntOr2 = 1, padding: IntOr2 = 0,
+           dilation: IntOr2 = 1, groups: int = 1) -> Tensor:
+    """1-D convolution: ``conv2d`` over a height-1 input (x (N, C_in, L), weight (C_out, C_in/groups, k))."""
+    _check_spatial(input, 1, "conv1d")
+    if weight.ndim != 3:
+        raise ShapeError(f"conv1d(): expected a 3-D weight (C_out, C_in/groups, k), got shape {weight.shape}")
+    s, p, d = (_tuple(v, 1, nm, "conv1d")[0] for v, nm in ((stride, "stride"), (padding, "padding"), (dilation, "dilation")))
+    return conv2d(input.unsqueeze(2), weight.unsqueeze(2), bias, (1, s), (0, p), (1, d), groups).squeeze(2)
+
+
+def conv3d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: IntOr2 = 1, padding: IntOr2 = 0,
+           dilation: IntOr2 = 1, groups: int = 1) -> Tensor:
+    """3-D convolution (x (N, C_in, D, H, W), weight (C_out, C_in/groups, kD, kH, kW)): one multiply
+    and one sum over windows; its gradients are the primitives' (no hand-written one as conv2d's)."""
+    _check_spatial(input, 3, "conv3d")
+    if weight.ndim != 5:
+        raise ShapeError(f"conv3d(): expected a 5-D weight (C_out, C_in/groups, kD, kH, kW), got shape {weight.shape}")
+    n, cin = input.shape[:2]
+    cout, wcin, k = weight.shape[0], weight.shape[1], weight.shape[2:]
+    if groups < 1 or cin % groups or cout % groups or wcin * groups != cin:
+        raise ShapeError(f"conv3d(): weight {weight.shape} with groups={groups} does not fit the input's {cin} channels")
+    s, p, d = (_tuple(v, 3, nm, "conv3d") for v, nm in ((stride, "stride"), (padding, "padding"), (dilation, "dilation")))
+    win = _windows(input.pad(((0, 0), (0, 0), *[(pp, pp) for pp in p])), k, s, d)   # (n, cin, *o, *k)
+    outs = win.shape[2:5]
+    g, rc, no, nk = groups, cout // groups, math.prod(win.shape[2:5]), math.prod(k)
+    win = win.reshape(n, g, 1, wcin, no, nk)
+    out = (win * weight.reshape(1, g, rc, wcin, 1, nk)).sum((3, 5)).reshape(n, cout, *outs)
+    return out + bias.reshape(1, cout, 1, 1, 1) if bias is not None else out
+
+
+def conv_transpose2d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: IntOr2 = 1,
+                     padding: IntOr2 = 0, output_padding: IntOr2 = 0, groups: int = 1, dilation: IntOr2 = 1) -> Tensor:
+    """Transposed 2-D convolution (the gradient of conv2d w.r.t. its input), weight
+    (C_in, C_out/groups, kH, kW), as torch: the input zero-inserted by the stride, padded by
+    dilation * (k - 1) - padding (plus ``output_padding`` after), convolved at stride 1 with the
+    weights flipped and their channel axes swapped.
+
+        >>> conv_transpose2d(Tensor.ones(1, 2, 3, 3), Tensor.ones(2, 4, 3, 3), stride=2, padding=1, output_padding=1).shape
+        (1, 4, 6, 6)
+    """
+    _check_spatial(input, 2, "conv_transpose2d")
+    if weight.ndim != 4 or weight.shape[0] != input.shape[1] or input.shape[1] % groups:
+        raise ShapeError(f"conv_transpose2d(): expected a weight (C_in={input.shape[1]}, C_out/groups, kH, kW) "
+                         f"with groups={groups} dividing C_in, got shape {weight.shape}")
+    s, p, op, d = (_pair(v, nm, "conv_transpose2d") for v, nm in
+                   ((stride, "stride"), (padding, "padding"), (output_padding, "output_padding"), (dilation, "dilation")))
+    if any(o >= max(ss, dd) for o, ss, dd in zip(op, s, d)):
+        raise ShapeError(f"conv_transpose2d(): output_padding {op} must be smaller than stride {s} or dilation {d}")
+    n, cin, h, w = input.shape
+    z = input
+    if s != (1, 1):
+        z = z.reshape(n, cin, h, 1, w, 1).pad(((0, 0), (0, 0), (0, 0), (0, s[0] - 1), (0, 0), (0, s[1] - 1)))
+        z = z.reshape(n, cin, h * s[0], w * s[1]).shrink((None, None, (0, (h - 1) * s[0] + 1), (0, (w - 1) * s[1] + 1)))
+    reach = [dd * (k - 1) - pp for dd, k, pp in zip(d, weight.shape[2:], p)]
+    z = z.pad(((0, 0), (0, 0), *[(r, r + o) for r, o in zip(reach, op)]))
+    return conv2d(z, _swapped(weight, groups), bias, 1, 0, d, groups)
+
+
+def conv_transpose1d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: IntOr2 = 1,
+                     padding: IntOr2 = 0, output_padding: IntOr2 = 0, groups: int = 1, dilation: IntOr2 = 1) -> Tensor:
+    """Transposed 1-D convolution: ``conv_transpose2d`` over a height-1 input."""
+    _check_spatial(input, 1, "conv_transpose1d")
+    one = [_tuple(v, 1, nm, "conv_transpose1d")[0] for v, nm in
+           ((stride, "stride"), (padding, "padding"), (output_padding, "output_padding"), (dilation, "dilation"))]
+    s, p, op, d = ((1, v) if i != 1 and i != 2 else (0, v) for i, v in enumerate(one))
+    return conv_transpose2d(input.unsqueeze(2), weight.unsqueeze(2), bias, s, p, op, groups, d).squeeze(2)
 
 
 # ------------------------------------------------------------------ normalization, dropout, embedding
