@@ -267,6 +267,14 @@ def test_scatter_reduce(device, reduce, include_self):
                   lambda x, s, i: x.scatter_reduce(0, i.long(), s, reduce, include_self=include_self), device=device)
 
 
+@needs_torch
+@pytest.mark.parametrize("reduce", ["amax", "amin"])
+def test_scatter_reduce_ties_share_the_gradient(device, reduce):
+    x, s, i = np.array([1.0, 2.0, 0.5], np.float32), np.array([1.0, 1.0, 2.0, 0.5], np.float32), np.array([0, 0, 1, 2], np.int32)
+    check_fwd_bwd(lambda a, b, j: a.scatter_reduce(0, j, b, reduce), [x, s, i],
+                  lambda a, b, j: a.scatter_reduce(0, j.long(), b, reduce), device=device)
+
+
 def test_scatter_reduce_int(device):
     a = np.array([5, -7, 3], np.int32)
     i, s = np.array([0, 0, 1, 1], np.int32), np.array([-2, 0, -3, -3], np.int32)
@@ -286,3 +294,9 @@ def test_errors():
         x.scatter_reduce(0, Tensor(SD), Tensor(S), "max")
     with pytest.raises(ShapeError, match="masked_fill\\(\\): mask"):
         x.masked_fill(Tensor(np.ones((2, 4), bool)), 0.0)
+
+
+def test_docstring_examples_run():
+    import doctest
+    import eqgrad.frontend.indexing as indexing
+    assert doctest.testmod(indexing, extraglobs={"Tensor": Tensor}).failed == 0

@@ -441,7 +441,10 @@ class IndexingOps:
         values sent to it with ``reduce`` ('sum', 'prod', 'mean', 'amax', 'amin'), together with
         ``x``'s value there when ``include_self``; targets nothing is sent to keep ``x``. Integer
         'mean' rounds toward minus infinity (as torch). Gradients as torch's: 'amax'/'amin' share
-        the gradient evenly between the values equal to the result.
+        the gradient evenly between the values equal to the result. NOTE: with
+        ``include_self=False`` torch still counts ``x``'s own value among the ties it shares with
+        (and then gives it nothing, so the shares sum to less than the gradient); here the excluded
+        value does not count.
 
             >>> Tensor([1.0, 1.0]).scatter_reduce(0, Tensor([0, 0, 1]), Tensor([2.0, 3.0, 4.0]), "sum").tolist()
             [6.0, 5.0]
