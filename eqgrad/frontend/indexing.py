@@ -22,7 +22,7 @@ mask and read it on the host at the call, as torch does on a GPU.
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
