@@ -307,3 +307,55 @@ def test_conv_modules():
 def test_conv_on_numpy():
     name, ours, theirs, shapes = CONVS[4]
     check_fwd_bwd(ours, [data(s, seed=i) for i, s in enumerate(shapes)], theirs, rtol=1e-4, atol=1e-4, device="NUMPY")
+
+
+# ------------------------------------------------------------------ attention
+
+CAUSAL = np.tril(np.ones((5, 6), bool), 1)
+
+
+SDPA = [
+    ("plain", {}, [(2, 3, 5, 4), (2, 3, 6, 4), (2, 3, 6, 3)]),
+    ("causal_scale", dict(is_causal=True, scale=0.3), [(2, 5, 4), (2, 5, 4), (2, 5, 2)]),
+    ("bool_mask", dict(attn_mask=CAUSAL), [(2, 5, 4), (2, 6, 4), (2, 6, 4)]),
+    ("float_mask", dict(attn_mask=data((5, 6), seed=9)), [(1, 2, 5, 4), (1, 2, 6, 4), (1, 2, 6, 4)]),
+    ("gqa", dict(enable_gqa=True), [(1, 4, 5, 4), (1, 2, 6, 4), (1, 2, 6, 3)]),
+]
+
+
+@pytest.mark.parametrize("name, kw, shapes", SDPA, ids=[c[0] for c in SDPA])
+def test_scaled_dot_product_attention(name, kw, shapes):
+    mask = kw.get("attn_mask")
+    ours_kw = dict(kw, attn_mask=Tensor(mask)) if mask is not None else kw
+    theirs_kw = dict(kw, attn_mask=torch.tensor(mask)) if mask is not None else kw
+    check_fwd_bwd(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, **ours_kw), [data(s, seed=i) for i, s in enumerate(shapes)],
+                  lambda q, k, v: TF.scaled_dot_product_attention(q, k, v, **theirs_kw), rtol=1e-4, atol=1e-5)
+
+
+def _mha_check(kw, fwd_kw, shapes, ours_masks=None, theirs_masks=None):
+    mha, tmha = nn.MultiheadAttention(8, 2, **kw), torch.nn.MultiheadAttention(8, 2, **kw)
+    assert list(mha.state_dict()) == list(tmha.state_dict())
+    mha.load_state_dict({k: v.detach().numpy() for k, v in tmha.state_dict().items()})
+    ins = [data(s, seed=i) for i, s in enumerate(shapes)]
+    for need in (True, False):
+        def ours(q, k, v):
+            out, w = mha(q, k, v, need_weights=need, **fwd_kw, **(ours_masks or {}))
+            return out if w is None else out.flatten().cat(w.flatten())        # both get a gradient
+
+        def theirs(q, k, v):
+            out, w = tmha(q, k, v, need_weights=need, **fwd_kw, **(theirs_masks or {}))
+            return out if w is None else torch.cat([out.flatten(), w.flatten()])
+        check_fwd_bwd(ours, ins, theirs, rtol=1e-4, atol=1e-5)
+    out, w = mha(*[Tensor(a) for a in ins], **fwd_kw, **(ours_masks or {}))
+    tout, tw = tmha(*[torch.tensor(a) for a in ins], **fwd_kw, **(theirs_masks or {}))
+    np.testing.assert_allclose(w.numpy(), tw.detach().numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_multihead_attention():
+    _mha_check(dict(batch_first=True), {}, [(2, 5, 8), (2, 6, 8), (2, 6, 8)])
+    kpm = np.zeros((2, 6), bool)
+    kpm[0, 4:] = True
+    am = ~np.tril(np.ones((5, 6), bool), 1)
+    _mha_check(dict(kdim=3, vdim=4), dict(average_attn_weights=False), [(5, 2, 8), (6, 2, 3), (6, 2, 4)],
+               dict(key_padding_mask=Tensor(kpm), attn_mask=Tensor(am)),
+               dict(key_padding_mask=torch.tensor(kpm), attn_mask=torch.tensor(am)))

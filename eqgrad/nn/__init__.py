@@ -406,3 +406,5 @@ from eqgrad.nn import init, utils  # noqa: E402  (they import nothing from here)
 from eqgrad.nn.conv import *  # noqa: E402,F401,F403  (conv.py builds on Module above)
 from eqgrad.nn import conv  # noqa: E402
 __all__ += conv.__all__
+from eqgrad.nn.attention import MultiheadAttention  # noqa: E402
+__all__ += ["MultiheadAttention"]

@@ -589,6 +589,39 @@ def embedding(indices: Tensor, weight: Tensor) -> Tensor:
     return oh @ weight
 
 
+# ------------------------------------------------------------------ attention
+
+def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None = None,
+                                 dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
+                                 enable_gqa: bool = False) -> Tensor:
+    """softmax(q @ k^T * scale + mask) @ v over (..., L, E), (..., S, E), (..., S, Ev), as torch:
+    a bool ``attn_mask`` keeps where True, a float one is added; ``is_causal`` keeps the lower
+    triangle; ``enable_gqa`` shares each key/value head among query heads (axis -3)."""
+    if query.ndim < 2 or key.ndim != query.ndim or value.ndim != query.ndim:
+        raise ShapeError(f"scaled_dot_product_attention(): q, k, v need one rank >= 2, got {query.shape}, {key.shape}, {value.shape}")
+    if is_causal and attn_mask is not None:
+        raise ValueError("scaled_dot_product_attention(): give attn_mask or is_causal, not both")
+    if enable_gqa and query.ndim >= 3 and key.shape[-3] != query.shape[-3]:
+        if query.shape[-3] % key.shape[-3]:
+            raise ShapeError(f"scaled_dot_product_attention(): {query.shape[-3]} query heads are no multiple of {key.shape[-3]} key heads")
+        r = query.shape[-3] // key.shape[-3]
+
+        def rep(t: Tensor) -> Tensor:
+            e = t.unsqueeze(-3).expand(*t.shape[:-2], r, *t.shape[-2:])
+            return e.reshape(*t.shape[:-3], t.shape[-3] * r, *t.shape[-2:])
+        key, value = rep(key), rep(value)
+    L, S = query.shape[-2], key.shape[-2]
+    scores = (query @ key.transpose(-2, -1)) * (1.0 / math.sqrt(query.shape[-1]) if scale is None else scale)
+    if is_causal:
+        attn_mask = Tensor.arange(L, device=query.device).reshape(L, 1) >= Tensor.arange(S, device=query.device)
+    if attn_mask is not None:
+        scores = attn_mask.where(scores, float("-inf")) if attn_mask.dtype.name == "bool" else scores + attn_mask
+    weights = scores.softmax(-1)
+    if dropout_p > 0.0:
+        weights = dropout(weights, dropout_p)
+    return weights @ value
+
+
 # ------------------------------------------------------------------ losses
 
 def _reduce(loss: Tensor, reduction: str, op: str) -> Tensor:
