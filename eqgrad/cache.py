@@ -1,4 +1,5 @@
-"""Small on-disk caches (calibrations, measured-plan choices, kernel search results).
+"""Small on-disk caches (calibrations, measured-plan choices, kernel search results), and
+``computed_once``, an attribute computed on its first read (for every floor: this one is the ground).
 
 One JSON file per cache under ``~/.cache/eqgrad`` (or ``$EQGRAD_CACHE_DIR``), with a version:
 entries of another version are ignored. Nothing is unpickled from the cache (JSON only), nothing is
@@ -54,6 +55,25 @@ except ImportError:                  # not POSIX: threads are still serialized, 
     fcntl = None                     # type: ignore[assignment]
 
 
+class computed_once:
+    """``functools.cached_property`` without its lock: the value is computed on the first read and
+    kept in the instance's ``__dict__``, which later reads find first (a non-data descriptor), and
+    which a caller may also fill itself. Python 3.11's cached_property takes one lock per
+    attribute, shared by every instance, on each first read: a microsecond of each new output
+    buffer, and a forked child waited forever on it when a parent thread held it at the fork
+    (issue 38). Two threads' first reads may both compute the value; for a pure function of
+    immutable state that is harmless."""
+
+    def __init__(self, fn: Callable[[Any], Any]):
+        self.fn, self.name, self.__doc__ = fn, fn.__name__, fn.__doc__
+
+    def __get__(self, obj: Any, cls: Any = None) -> Any:
+        if obj is None:
+            return self
+        v = obj.__dict__[self.name] = self.fn(obj)
+        return v
+
+
 class CacheWarning(UserWarning):
     """An on-disk cache file, entry or directory could not be used and was ignored (the message names it)."""
 
@@ -71,6 +91,17 @@ _dirs: dict[Any, Path | None] = {}
 # calibration is seen by a running process's next realize after at most this long
 RECENT_STAMP_S = 1.0
 _warned: set[Any] = set()
+
+
+def _after_fork_in_child() -> None:
+    # made anew, not held across the fork: a JSON write holds it for an fsync, and what it guards
+    # (the dicts above, a cache's memo) a thread leaves consistent at every bytecode. The parent
+    # thread's half-written temporary file is its own; its flock is released by LOCK_UN (``put``).
+    global _lock
+    _lock = threading.RLock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _warn_once(key: Any, msg: str) -> None:
@@ -374,7 +405,12 @@ class JsonCache:
                     self._memo = ((str(path), st.st_mtime_ns, st.st_size, st.st_ino), dict(entries))
                     self._recent = (None, -math.inf, None)
                 finally:
-                    os.close(lock_fd)                 # releases the flock
+                    # unlocked, not only closed: a child forked meanwhile holds a copy of lock_fd,
+                    # and the flock (on the open file, not the descriptor) stayed until it exited:
+                    # the child's own put, and the parent's next, waited for it
+                    if fcntl is not None:
+                        fcntl.flock(lock_fd, fcntl.LOCK_UN)
+                    os.close(lock_fd)
             except OSError as e:
                 _disable(d, _why(e))
                 return None

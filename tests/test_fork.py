@@ -7,6 +7,8 @@ import itertools
 import multiprocessing
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 import traceback
@@ -16,7 +18,7 @@ import pytest
 
 import eqgrad
 import eqgrad.devices
-from eqgrad import Tensor, engine
+from eqgrad import Tensor, cache, engine
 from eqgrad.devices import llvm_worker
 from eqgrad.rules import saturate
 
@@ -186,7 +188,7 @@ def _new_program(seed: int, n: int = 64) -> tuple[Tensor, np.ndarray]:
     return t.sum(0), ref.sum(0)
 
 
-def _fork_child(seed: int) -> tuple[int, int]:
+def _fork_child(seed: int, hang: float = FORK_HANG) -> tuple[int, int]:
     """Fork a child that realizes a new program (it saturates and compiles) and exits 0 when its
     value is right; (its pid, the read end of a pipe with its error or, if it hangs, where)."""
     r, w = os.pipe()
@@ -195,8 +197,8 @@ def _fork_child(seed: int) -> tuple[int, int]:
         os.close(r)
         code, msg = 1, ""
         try:
-            signal.alarm(int(FORK_HANG) + 30)          # a last resort if the parent's kill fails
-            faulthandler.dump_traceback_later(FORK_HANG / 2, file=w)
+            signal.alarm(int(hang) + 30)          # a last resort if the parent's kill fails
+            faulthandler.dump_traceback_later(hang / 2, file=w)
             t, ref = _new_program(seed, n=8)
             err = float(np.max(np.abs(t.numpy() - ref) / np.maximum(1, np.abs(ref))))
             code, msg = (0 if err < 1e-4 else 1), f"err={err}"
@@ -249,14 +251,145 @@ def test_fork_at_any_moment_of_another_threads_compile(monkeypatch):
             children.append((f"{delay * 1e3:g} ms into an LLVM compile", *_fork_child(9 + i)))
     finally:
         stop = True
+    failed = _reap(children, FORK_HANG)
+    th.join(FORK_HANG)
+    assert not failed, "\n".join(failed)
+    assert not errors, errors[0]
+
+
+def _reap(children: list[tuple[str, int, int]], hang: float) -> list[str]:
+    """Wait for the children of ``_fork_child`` (when it forked, pid, pipe), killing those still
+    running ``hang`` seconds from now; one line for each that hung or failed, naming when it forked."""
     failed = []
-    deadline = time.monotonic() + FORK_HANG
+    deadline = time.monotonic() + hang
     for when, pid, r in children:
         code = _wait(pid, max(1.0, deadline - time.monotonic()), fail=False)
         with os.fdopen(r, "rb") as f:
             msg = f.read().decode()
         if code != 0:
             failed.append(f"fork {when}: {'hung' if code is None else f'exit {code}'}: {msg}")
-    th.join(FORK_HANG)
-    assert not failed, "\n".join(failed)
-    assert not errors, errors[0]
+    return failed
+
+
+FIRST_USE_DELAYS_MS = (0, 0.1, 0.5, 1, 2, 5, 10, 15, 20, 30, 50, 100, 200, 400)
+FIRST_USE_HANG = 15.0          # seconds (a child realizes in ~1-5 s, all of them at once on 2 cores)
+
+
+def _fork_into_first_use(delays_ms: list[float], hang: float) -> list[str]:
+    """A thread makes this process's first Tensor and realizes new programs; a child is forked at
+    each of ``delays_ms`` after the thread started (the first Tensor imports the LLVM device's
+    module, then the first realize starts the saturation worker, saturates and compiles) and
+    realizes a new program of its own. One line for each child that hung or failed. Run in a
+    process of its own (``__main__`` below), where nothing has used eqgrad yet."""
+    stop = False
+
+    def first_use():
+        for s in range(64, 192):
+            if stop:
+                return
+            _new_program(s)[0].numpy()
+
+    th = threading.Thread(target=first_use, daemon=True)
+    t0 = time.perf_counter()
+    th.start()
+    children = []
+    try:
+        for i, delay in enumerate(delays_ms):
+            time.sleep(max(0.0, t0 + delay / 1e3 - time.perf_counter()))
+            # seeds 8-21: structures the thread never builds
+            children.append((f"{delay:g} ms into another thread's first use", *_fork_child(8 + i, hang)))
+    finally:
+        stop = True
+    failed = _reap(children, hang)
+    th.join(hang)
+    return failed
+
+
+def test_fork_at_any_moment_of_another_threads_first_use(tmp_path):
+    """Issue 38 item 5, in a process of its own, where nothing has used eqgrad yet (in pytest's the
+    LLVM device exists already): a fork while another thread made its first Tensor hung the child
+    on the import lock of devices/cpu.py, which that thread was importing (get_device). Forks at
+    0-400 ms after the thread started; each child realizes a new program. Before: 14, 13 and 13
+    of the 14 children hung in 3 runs."""
+    args = [sys.executable, __file__, ",".join(map(str, FIRST_USE_DELAYS_MS)), str(FIRST_USE_HANG)]
+    proc = subprocess.Popen(args, env=dict(os.environ, EQGRAD_CACHE_DIR=str(tmp_path)), text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        out, err = proc.communicate(timeout=FIRST_USE_HANG + 60)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGABRT)           # faulthandler prints where its threads are
+        out, err = proc.communicate()
+        pytest.fail(f"the forking process itself hung (fork hooks taking locks in the wrong order?):\n{err[-20000:]}")
+    assert proc.returncode == 0, f"{out}\n{err[-20000:]}"
+
+
+def test_forked_child_writes_a_json_cache_another_thread_was_writing(tmp_path, monkeypatch):
+    """A fork while another thread stored a JSON cache entry (cache.py ``JsonCache.put``, which
+    holds cache._lock and a flock on the cache's lock file): the child's own store waited forever,
+    on cache._lock, and on the flock, which the child's copy of the descriptor kept after the
+    parent's thread had closed its own."""
+    monkeypatch.setenv("EQGRAD_CACHE_DIR", str(tmp_path))
+    store = cache.JsonCache("forktest", 1)
+    writing, write_atomic = threading.Event(), cache._write_atomic
+
+    def slow_write(*args, **kwargs):          # the parent's thread holds both locks for 0.3 s
+        writing.set()
+        time.sleep(0.3)
+        return write_atomic(*args, **kwargs)
+    monkeypatch.setattr(cache, "_write_atomic", slow_write)
+    th = threading.Thread(target=store.put, args=("parent", 1))
+    th.start()
+    assert writing.wait(30)
+    pid = os.fork()
+    if pid == 0:
+        signal.alarm(int(FORK_HANG))
+        cache._write_atomic = write_atomic
+        os._exit(0 if store.put("child", 2) is not None else 1)
+    th.join()
+    assert _wait(pid, 30) == 0
+    assert cache.JsonCache("forktest", 1).load() == {"parent": 1, "child": 2}
+
+
+_LOCK_ORDER = """
+import os, threading, time
+from eqgrad import devices
+from eqgrad.devices import llvm
+held = threading.Event()
+
+def first_device():               # as get_device making the LLVM device: LLVM called under _devices_lock
+    with devices._devices_lock:
+        held.set()
+        time.sleep(0.2)           # the fork starts meanwhile
+        with llvm.COMPILE_LOCK:
+            llvm.host_target.__wrapped__()
+
+th = threading.Thread(target=first_device)
+th.start()
+held.wait()
+pid = os.fork()
+if pid == 0:
+    os._exit(0)
+assert os.waitpid(pid, 0)[1] == 0
+th.join()
+"""
+
+
+def test_fork_takes_devices_lock_before_compile_lock():
+    """The fork hooks take _devices_lock, then COMPILE_LOCK: a device's import or constructor,
+    which get_device runs under _devices_lock, may call LLVM (llvm.py's import did, when the LLVM
+    device's import imported it), and in the other order a fork made meanwhile deadlocked. Hooks
+    run last registered first, so devices/__init__.py imports llvm.py before registering its own;
+    without that import this deadlocks."""
+    try:
+        r = subprocess.run([sys.executable, "-c", _LOCK_ORDER], capture_output=True, text=True, timeout=30)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the fork deadlocked: its hooks took COMPILE_LOCK before _devices_lock")
+    assert r.returncode == 0, r.stderr
+
+
+if __name__ == "__main__":       # test_fork_at_any_moment_of_another_threads_first_use's process
+    # (not dump_traceback_later: its watchdog thread's lock, held at a fork, hangs the child's own)
+    faulthandler.enable()
+    failed = _fork_into_first_use([float(d) for d in sys.argv[1].split(",")], float(sys.argv[2]))
+    print("\n".join(failed))
+    sys.exit(1 if failed else 0)

@@ -45,7 +45,11 @@ from eqgrad.config import DEVICE_ALIASES
 from eqgrad import config
 from eqgrad.config import POOL_BYTES
 from eqgrad.dtype import to_dtype
+from eqgrad.cache import computed_once
 from eqgrad.lower import lowering, trace
+# imported here, not with the LLVM device at first use, for the order of the fork hooks (see
+# _before_fork): 20 ms more of ``import eqgrad``, 20 ms less of the first Tensor's
+from eqgrad.devices import llvm  # noqa: F401
 
 # device name -> "module:class" inside this package (names and aliases: eqgrad/config.py)
 DEVICES = {
@@ -108,22 +112,6 @@ pool = BufferPool()
 def clear_pool() -> None:
     """Return the pooled host memory to the allocator."""
     pool.clear()
-
-
-class _computed_once:
-    """``functools.cached_property`` without its lock (Python < 3.12 takes one on every first read,
-    a microsecond of each new output buffer): the value is computed on the first read and kept in
-    the instance's ``__dict__``, which later reads find first. Two threads' first reads may both
-    compute it; for a pure function of immutable state that is harmless."""
-
-    def __init__(self, fn: Callable[[Any], Any]):
-        self.fn, self.name, self.__doc__ = fn, fn.__name__, fn.__doc__
-
-    def __get__(self, obj: Any, cls: Any = None) -> Any:
-        if obj is None:
-            return self
-        v = obj.__dict__[self.name] = self.fn(obj)
-        return v
 
 
 @dataclass(eq=False)
@@ -216,7 +204,7 @@ class Buffer:
             raise DeviceError(f"a buffer on {self.device} lives in device memory; copy it with .numpy()")
         return self.raw
 
-    @_computed_once
+    @computed_once
     def ptr(self) -> int:
         """The address of the host array (computed once: ``raw`` never changes; launches ask for it)."""
         return self.data.ctypes.data
@@ -383,17 +371,35 @@ _devices: dict[str, Device] = {}
 _devices_lock = threading.RLock()
 
 
+# _devices_lock is held across os.fork() (issue 38): get_device imports a device's module under
+# it, and a thread inside that first import at the fork would leave the module half run and its
+# import lock held in the child for good (the child's first Tensor then waited forever). So the
+# fork waits for the import and the device's constructor instead (LLVM: ~15 ms, once). The order
+# is _devices_lock, then llvm.py's COMPILE_LOCK and llvmlite's lock, which a device's import or
+# constructor may take under _devices_lock (never the other way round). A process's fork hooks
+# run last registered first, so llvm.py is imported above, before this module registers its own.
+# (Imported by get_device, under _devices_lock, its hooks took LLVM's locks first: a fork between
+# their registration and its import's own call into LLVM deadlocked; and a fork waiting here while
+# they were registered ran their releases without their acquires.) Re-entrant: a thread inside
+# get_device may fork.
+def _before_fork() -> None:
+    _devices_lock.acquire()
+
+
+def _after_fork_in_parent() -> None:
+    _devices_lock.release()
+
+
 def _after_fork_in_child() -> None:
-    global _devices_lock
-    _devices_lock = threading.RLock()      # a parent thread may have held them at the fork
-    pool._lock = threading.RLock()
+    _devices_lock.release()
+    pool._lock = threading.RLock()        # a parent thread may have held these at the fork
     _lowered.after_fork_in_child()
     for name, dev in list(_devices.items()):
         if not dev.after_fork_in_child():
             del _devices[name]
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child)
 
 
 def _unknown(name: str) -> DeviceError:

@@ -81,6 +81,17 @@ def _check_choice(v: object) -> str | None:
 CHOICES = JsonCache("gemm", 2, check=_check_choice)     # measured: [[flops, BLAS (true) or generated]] per structure
 
 
+_threads_lock = threading.Lock()        # Blas.one_thread's setting of the library's thread count
+
+
+def _after_fork_in_child() -> None:
+    global _threads_lock
+    _threads_lock = threading.Lock()    # a parent thread may have held it at the fork
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 @functools.lru_cache(maxsize=None)
 def blas() -> "Blas | None":
     """The BLAS, or None where SciPy's cannot be loaded (generated kernels only)."""
@@ -202,7 +213,6 @@ class Blas:
             corename.restype = ctypes.c_char_p
         self._corename = corename
         self._threads = 0
-        self._lock = threading.Lock()
 
     def corename(self) -> str:
         """The name of the kernel set the library chose for this CPU (OpenBLAS), or ``unknown``."""
@@ -215,7 +225,7 @@ class Blas:
         if self._set_local is not None:
             return self._set_local(n)
         if self._set_threads is not None and not self._threads:
-            with self._lock:
+            with _threads_lock:
                 self._set_threads(ctypes.c_int(1))
                 self._threads = 1
         return None

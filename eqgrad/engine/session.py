@@ -361,7 +361,7 @@ class Session:
                                      len(in_lbs))
                 if not (config.RESIZE.value and self._resizable.candidates((ctx, ps.key))):
                     prog = linearize(targets, order, device=device, inspected=rules.inspected_constants)
-                    prog.__dict__["key"] = skey        # the same tuple (Program.key is a cached_property)
+                    prog.__dict__["key"] = skey        # the same tuple (Program.key is computed_once)
             # host buffers come from the pool (devices/__init__.py); the intermediates go back to it as
             # soon as ``bufs`` is dropped at the end of this call, the outputs when no tensor holds them
             bufs: list[Buffer] = [lb.buffer for lb in in_lbs]
@@ -443,8 +443,11 @@ def clear_cache() -> None:
 
 
 def _after_fork_in_child() -> None:
-    global GRAPH_LOCK
-    GRAPH_LOCK = lazy.GRAPH_LOCK = threading.Lock()     # a parent thread may have held these at the fork
+    global GRAPH_LOCK, _CONTEXT_LOCK, _RNG_LOCK
+    # made anew: a parent thread may have held them at the fork (_CONTEXT_LOCK guards a dict's
+    # setdefault, _RNG_LOCK a generator's making: each done or not done in the child)
+    GRAPH_LOCK = lazy.GRAPH_LOCK = threading.Lock()
+    _CONTEXT_LOCK, _RNG_LOCK = threading.Lock(), threading.Lock()
     for s in list(_sessions):
         s.plan_cache.after_fork_in_child()
         s._resizable.after_fork_in_child()

@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from functools import cached_property
 from typing import Any, Union
 
+from eqgrad.cache import computed_once
 from eqgrad.dtype import DType
 from eqgrad.graph.lazy import LazyBuffer, toposort
 from eqgrad.ops import Shape
@@ -90,7 +90,7 @@ class Program:
         """(shape, dtype) of the plan's input buffers: the realized inputs, then the parameters."""
         return [(lb.shape, lb.dtype) for lb in self.inputs] + [((), dt) for _, dt in self.params]
 
-    @cached_property
+    @computed_once
     def key(self) -> tuple:
         """Hashable structure: what changes the plan, nothing that only changes the numbers (buffer
         contents, parameter values)."""

@@ -18,6 +18,7 @@ of intermediate expressions, so truncation toward zero would be wrong there).
 from __future__ import annotations
 
 import math
+import os
 import threading
 from dataclasses import dataclass
 from typing import Union
@@ -75,7 +76,7 @@ class tracing:
     def __enter__(self) -> None:
         _trace_lock.acquire()
         _tracing[0] += 1
-        _here.on = True
+        _here.on = True          # (set after the acquire: _after_fork_in_child reads it)
 
     def __exit__(self, *exc) -> None:
         _here.on = False
@@ -102,12 +103,30 @@ class lowering:
     def __enter__(self) -> None:
         with _active_lock:
             _active[0] += 1
+            _here.lowerings = getattr(_here, "lowerings", 0) + 1
 
     def __exit__(self, *exc) -> None:
         with _active_lock:
             _active[0] -= 1
+            _here.lowerings -= 1
             if not _active[0] and len(_INTERNED) > INTERN_MAX:
                 release()
+
+
+def _after_fork_in_child() -> None:
+    """The locks are made anew (a parent thread may have held one), and the counts are the forking
+    thread's own, the only thread the child has: a parent thread's lowering or trace in progress
+    at the fork never ends in the child, and would have kept the table from ever being emptied
+    and every lowering checking its keys for symbols."""
+    global _active_lock, _trace_lock
+    _active_lock, _trace_lock = threading.Lock(), threading.Lock()
+    _active[0] = getattr(_here, "lowerings", 0)
+    _tracing[0] = int(tracing_here())
+    if tracing_here():              # its ``tracing.__exit__`` releases the new lock
+        _trace_lock.acquire()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 _RELEASE_HOOKS: list = []      # memos that hold expressions (indexing's move_index memo), emptied with the table

@@ -40,7 +40,9 @@ own code).
 from __future__ import annotations
 
 import math
+import os
 import threading
+import weakref
 from collections import OrderedDict
 from dataclasses import replace
 from itertools import islice
@@ -410,6 +412,7 @@ class Trace:
         self.ir = _Holes(lk, self.names)
         self._decomposed: dict[frozenset, _Holes | None] = {}
         self._lock = threading.Lock()
+        _traces.add(self)
 
     def env(self, sizes: tuple[int, ...]) -> tuple[int, ...] | None:
         """The symbols' values for ``sizes`` when this trace's structure applies to them, else None
@@ -596,3 +599,15 @@ class Traces:
 
 
 TRACES = Traces()
+_traces: "weakref.WeakSet[Trace]" = weakref.WeakSet()     # every Trace alive, in TRACES or kept by a caller
+
+
+def _after_fork_in_child() -> None:
+    # a parent thread may have held one at the fork (what they guard is a dict, a thread leaves
+    # each of its entries set or not set): made anew
+    TRACES._lock = threading.Lock()
+    for tr in list(_traces):
+        tr._lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

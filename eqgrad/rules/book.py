@@ -23,7 +23,6 @@ validated is the text the worker loads (egglog never sees the path).
 from __future__ import annotations
 
 import dataclasses
-import functools
 import hashlib
 import importlib.resources
 import re
@@ -31,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from eqgrad import config
+from eqgrad.cache import computed_once
 from eqgrad.ops import OPS
 from eqgrad.rules.families import families
 from eqgrad.rules.sexpr import (RulebookError, SExpr, SList, Str, Sym, keyword_args, parse,
@@ -304,7 +304,7 @@ class RuleConfig:
         the worker loads its own copy of them, see saturate.py) and then the rulebooks."""
         return ([(f.source, f.text) for f in families()] if self.generated else []) + self.books
 
-    @functools.cached_property
+    @computed_once
     def inspected_constants(self) -> frozenset[float]:
         """Every float literal in what runs (the generated families, the rulebooks, the extra
         commands), and its negation: the constant values a rule can match on (``(Const 0.0 ..)``)
