@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from eqgrad.dtype import DType, bool_, float32, int32
+from eqgrad.dtype import ALL_DTYPES, DType, bfloat16, bool_, round_bf16
 
 Shape = tuple[int, ...]
 MAX_RANK = 8          # egglog analysis rules are generated per rank up to this
@@ -147,14 +147,17 @@ DTYPE_RULES: dict[str, Callable[..., DType]] = {
 def _np(f: Callable[..., np.ndarray]) -> Callable[..., np.ndarray]:
     def run(srcs: list[np.ndarray], arg: Any, out: DType) -> np.ndarray:
         with np.errstate(all="ignore"):
-            return np.asarray(f(*srcs) if arg is None else f(*srcs, arg)).astype(out.np, copy=False)
+            r = np.asarray(f(*srcs) if arg is None else f(*srcs, arg)).astype(out.vnp, copy=False)
+            # bfloat16 values are float32 arrays (NumPy has no bfloat16), rounded after every op
+            return round_bf16(r).reshape(r.shape) if out is bfloat16 else r
     return run
 
 
 def _int_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Truncating integer division; x / 0 = 0."""
     bz = b == 0
-    q = np.trunc(a.astype(np.float64) / np.where(bz, 1, b)).astype(np.int64)
+    safe = np.where(bz, 1, b)
+    q = (a - np.fmod(a, safe)) // safe          # exact for every integer width (int64 too)
     return np.where(bz, 0, q).astype(a.dtype)
 
 
@@ -184,11 +187,16 @@ def _neg(a: np.ndarray) -> np.ndarray:
 
 
 def _cast(a: np.ndarray, dt: DType) -> np.ndarray:
-    if dt is int32 and a.dtype.kind == "f":
-        # saturating float -> int32 conversion with NaN -> 0 (LLVM's fptosi.sat), see docs/semantics.md
-        a = np.nan_to_num(np.trunc(a.astype(np.float64)), nan=0.0, posinf=2**31 - 1, neginf=-2**31)
-        return np.clip(a, -2**31, 2**31 - 1).astype(np.int32)
-    return a.astype(dt.np)
+    if dt.is_int and a.dtype.kind == "f":
+        # saturating float -> integer conversion with NaN -> 0 (LLVM's fptosi.sat/fptoui.sat), see
+        # docs/semantics.md; float64 holds every int32 bound exactly, and int64's through the clip below
+        lo, hi = dt.min, dt.max
+        t = np.trunc(a.astype(np.float64))
+        out = np.where(np.isnan(t), 0, np.clip(t, lo, hi)).astype(dt.np)
+        if dt.itemsize == 8:       # 2**63 - 1 is not a float64: the clip gave 2**63, astype is undefined there
+            out = np.where(t >= 2.0**63, hi, out).astype(dt.np)
+        return out
+    return a.astype(dt.vnp)
 
 
 def _reduce_sum(a: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
@@ -206,7 +214,7 @@ def _reduce_max(a: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
 def _max_identity(npdt: np.dtype) -> Any:
     if npdt == np.bool_:
         return False
-    if npdt.kind == "i":
+    if npdt.kind in "iu":
         return np.iinfo(npdt).min
     return -np.inf
 
@@ -447,8 +455,8 @@ def numel(shape: Shape) -> int:
 
 def reduce_identity(op: str, dt: DType) -> float | int | bool:
     if op == "RSUM":
-        return False if dt is bool_ else (0 if dt is int32 else 0.0)
-    return _max_identity(np.dtype(dt.np))
+        return False if dt is bool_ else (0 if dt.is_int else 0.0)
+    return _max_identity(np.dtype(dt.vnp))
 
 
 _ALLOWED: dict[str, tuple[DType, ...]] = {}      # op.dtypes ("fib") -> the dtypes, built once each
@@ -457,8 +465,9 @@ _ALLOWED: dict[str, tuple[DType, ...]] = {}      # op.dtypes ("fib") -> the dtyp
 def check_dtypes(op: OpDef, dtypes: list[DType]) -> None:
     allowed = _ALLOWED.get(op.dtypes)
     if allowed is None:
-        kinds = {"f": float32, "i": int32, "b": bool_}
-        allowed = _ALLOWED[op.dtypes] = tuple(kinds[k] for k in op.dtypes)
+        kinds = {"f": "f", "i": "iu", "b": "b"}             # "i": signed and unsigned integers
+        allowed = _ALLOWED[op.dtypes] = tuple(d for d in ALL_DTYPES if d.kind in "".join(kinds[k] for k in op.dtypes))
     for d in dtypes:
         if d not in allowed:
-            raise OpError(f"{op.name.lower()} expects {' or '.join(a.name for a in allowed)} input, got {d.name}")
+            kinds = {"f": "a float", "i": "an integer", "b": "bool"}
+            raise OpError(f"{op.name.lower()} expects {' or '.join(kinds[k] for k in op.dtypes)} input, got {d.name}")

@@ -60,7 +60,7 @@ def test_error_names_the_value_and_the_dtype(device):
     with pytest.raises(OverflowError, match=r"^add: Python integer 1099511627776 is " + INT_MSG):
         Tensor([1, 2], device=device) + 2**40
     with pytest.raises(OverflowError, match=r"value 1099511627776 at index \(1, 0\) of the int64 array"):
-        Tensor(np.array([[1], [2**40]], dtype=np.int64), device=device)
+        Tensor(np.array([[1], [2**40]], dtype=np.int64), dtype=I32, device=device)
 
 
 OPS = {
@@ -142,10 +142,10 @@ def test_clip_with_a_bound_that_cannot_bind(device):
     lambda d: Tensor([1.0, 1e300], device=d),
     lambda d: Tensor([2**200, 1.5], device=d),           # NumPy: an object array
     lambda d: Tensor([[0.5], [-3.5e38]], device=d),
-    lambda d: Tensor(np.array([0.0, 1e300]), device=d),
-    lambda d: Tensor(np.array([[1.0, 2.0], [3.0, -1e39]]), device=d),
+    lambda d: Tensor(np.array([0.0, 1e300]), dtype=F32, device=d),
+    lambda d: Tensor(np.array([[1.0, 2.0], [3.0, -1e39]]), dtype=F32, device=d),
     lambda d: Tensor(np.array([1e300]), dtype=F32, device=d),
-    lambda d: Tensor(np.array([3.4028236e38]), device=d),     # just past FLOAT32_MAX + ulp/2: rounds to inf
+    lambda d: Tensor(np.array([3.4028236e38]), dtype=F32, device=d),     # just past FLOAT32_MAX + ulp/2: rounds to inf
     lambda d: Tensor.full(3, 1e39, device=d),
     lambda d: Tensor.full(3, 2**200, dtype=F32, device=d),
     lambda d: Tensor.arange(0.0, 3e300, 1e300, device=d),
@@ -169,7 +169,8 @@ def test_float32_op_with_out_of_range_scalar_raises(device, op, v):
 
 def test_non_finite_floats_are_values(device):
     a = np.array([np.inf, -np.inf, np.nan, 0.5])
-    same(Tensor(a, device=device), a.astype(np.float32), F32)
+    same(Tensor(a, dtype=F32, device=device), a.astype(np.float32), F32)
+    same(Tensor(a, device=device), a, eqgrad.float64)                       # a NumPy array keeps its dtype
     same(Tensor([float("inf"), float("nan")], device=device), np.array([np.inf, np.nan], np.float32), F32)
     same(Tensor(np.array([1.0, 2.0], np.float32), device=device) + float("inf"), np.array([np.inf, np.inf]), F32)
     same(Tensor.full(2, float("-inf"), device=device), np.full(2, -np.inf), F32)
@@ -182,8 +183,11 @@ def test_non_finite_floats_are_values(device):
     np.array([2**32 - 1, 0], np.uint32), np.array([2**63], np.uint64), np.array([[0], [2**31]], np.int64),
 ], ids=lambda a: f"{a.dtype}{a.ravel().tolist()}")
 def test_int_array_outside_int32_raises(device, a):
-    with pytest.raises(OverflowError, match=INT_MSG):
-        Tensor(a, device=device)
+    if a.dtype == np.uint64:           # no uint64 dtype: an error, never another dtype
+        with pytest.raises(eqgrad.DTypeError, match="unsupported NumPy dtype uint64"):
+            Tensor(a, device=device)
+    else:                              # int64/uint32 keep their dtype and their values
+        same(Tensor(a, device=device), a, eqgrad.dtype.to_dtype(a.dtype))
     with pytest.raises(OverflowError, match=INT_MSG):
         Tensor(a, dtype=I32, device=device)
 
@@ -194,13 +198,14 @@ def test_int_array_outside_int32_raises(device, a):
     np.array([[IMIN, IMAX]], np.int32), np.arange(-3, 3, dtype=np.int64).reshape(2, 3),
 ], ids=lambda a: f"{a.dtype}{a.ravel().tolist()}")
 def test_int_arrays_inside_int32_are_exact(device, a):
-    same(Tensor(a, device=device), a, I32)
-    same(Tensor(a, device=device) + 0, a, I32)
+    same(Tensor(a, dtype=I32, device=device), a, I32)
+    same(Tensor(a, dtype=I32, device=device) + 0, a, I32)
 
 
 def test_uint8_image_and_bool_arrays_are_exact(device):
     img = np.random.default_rng(0).integers(0, 256, (4, 5, 3), dtype=np.uint8)
-    same(Tensor(img, device=device), img.astype(np.int32), I32)
+    same(Tensor(img, device=device), img, eqgrad.uint8)
+    same(Tensor(img, dtype=I32, device=device), img.astype(np.int32), I32)
     same(Tensor(img, device=device).float() / 255, img.astype(np.float32) * np.float32(1 / 255), F32)
     same(Tensor(img, dtype=F32, device=device), img.astype(np.float32), F32)
     b = np.array([[True, False], [False, True]])
@@ -216,11 +221,12 @@ def test_float64_rounds_to_nearest_float32(device):
     rng = np.random.default_rng(1)
     a = np.concatenate([rng.standard_normal(50) * 10.0 ** rng.integers(-40, 38, 50), [0.1, 1 / 3, -0.0, 1e-46,
                         FMAX, -FMAX, 3.4028235e38, 5e-324, np.inf, np.nan]])
-    same(Tensor(a, device=device), a.astype(np.float32), F32)
-    same(Tensor(a.reshape(6, 10), device=device), a.reshape(6, 10).astype(np.float32), F32)
+    same(Tensor(a, dtype=F32, device=device), a.astype(np.float32), F32)
+    same(Tensor(a.reshape(6, 10), dtype=F32, device=device), a.reshape(6, 10).astype(np.float32), F32)
     same(Tensor(a.tolist(), device=device), a.astype(np.float32), F32)
     f16 = np.array([0.5, -65504.0, np.inf], np.float16)
-    same(Tensor(f16, device=device), f16.astype(np.float32), F32)
+    same(Tensor(f16, dtype=F32, device=device), f16.astype(np.float32), F32)
+    same(Tensor(f16, device=device), f16, eqgrad.float16)
 
 
 def test_inexact_float64_array_warns_once(monkeypatch):
@@ -234,11 +240,12 @@ def test_inexact_float64_array_warns_once(monkeypatch):
         Tensor(np.arange(5.0), device="NUMPY")                     # exact: no warning
         Tensor(np.array([0.1, 1 / 3]), dtype=F32, device="NUMPY")  # asked for: no warning
         Tensor([0.1, 1 / 3], device="NUMPY")                       # Python floats: weak scalars
+        Tensor(np.array([0.1]), device="NUMPY")                    # a NumPy array keeps float64
     with pytest.warns(eqgrad.ConversionWarning, match=r"float64 array rounded to float32"):
-        Tensor(np.array([0.1]), device="NUMPY")
+        dt.convert_array(np.array([0.1]), F32, warn=True)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        Tensor(np.array([0.2]), device="NUMPY")                    # once per process
+        dt.convert_array(np.array([0.2]), F32, warn=True)          # once per process
 
 
 def test_exactness_property_on_random_arrays():
@@ -250,17 +257,17 @@ def test_exactness_property_on_random_arrays():
         a[rng.random(a.shape) < 0.7] //= 2                    # mostly in range, sometimes not
         if ((a < IMIN) | (a > IMAX)).any():
             with pytest.raises(OverflowError, match=INT_MSG):
-                Tensor(a, device="NUMPY")
+                Tensor(a, dtype=I32, device="NUMPY")
         else:
-            assert Tensor(a, device="NUMPY").numpy().tolist() == a.tolist()
+            assert Tensor(a, dtype=I32, device="NUMPY").numpy().tolist() == a.tolist()
         f = rng.choice([-1.0, 1.0], 4) * FMAX * (1 + rng.choice([0.0, 2.0**-25, 2.0**-24, 2.0**-23, 1e-6], 4))
         with np.errstate(over="ignore"):
             rounded = f.astype(np.float32)
         if np.isinf(rounded).any():
             with pytest.raises(OverflowError, match=FLOAT_MSG):
-                Tensor(f, device="NUMPY")
+                Tensor(f, dtype=F32, device="NUMPY")
         else:
-            np.testing.assert_array_equal(Tensor(f, device="NUMPY").numpy(), rounded)
+            np.testing.assert_array_equal(Tensor(f, dtype=F32, device="NUMPY").numpy(), rounded)
 
 
 # ------------------------------------------------------------------ Python lists and scalars

@@ -70,9 +70,9 @@ def test_tensor_from_python(device, value, np_dtype, dtype):
 
 
 @pytest.mark.parametrize("arr, dtype", [
-    (np.arange(6, dtype=np.float64).reshape(2, 3) / 4, F32),
-    (np.arange(-3, 3, dtype=np.int64), I32),
-    (np.arange(4, dtype=np.uint8), I32),
+    (np.arange(6, dtype=np.float64).reshape(2, 3) / 4, eqgrad.float64),     # a NumPy array keeps its dtype
+    (np.arange(-3, 3, dtype=np.int64), eqgrad.int64),
+    (np.arange(4, dtype=np.uint8), eqgrad.uint8),
     (np.array([True, False]), BOOL),
     (np.array(7.5, dtype=np.float32), F32),
     (np.zeros((2, 0, 3), dtype=np.float32), F32),

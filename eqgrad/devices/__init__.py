@@ -44,7 +44,7 @@ from eqgrad.devices.hostmem import host_empty, host_memory_bytes
 from eqgrad.config import DEVICE_ALIASES
 from eqgrad import config
 from eqgrad.config import POOL_BYTES
-from eqgrad.dtype import to_dtype
+from eqgrad.dtype import to_dtype, to_storage
 from eqgrad.cache import computed_once
 from eqgrad.lower import lowering, trace
 # imported here, not with the LLVM device at first use, for the order of the fork hooks (see
@@ -161,14 +161,16 @@ class Buffer:
         """A new buffer of shape () holding ``value`` (already a value of ``dtype``): a plan's
         parameter, made on every realize that has one (on a host device without a copy)."""
         dev = _devices.get(device) or get_device(device)
+        raw = to_storage(np.array(value, dtype=dtype.vnp), dtype)      # bfloat16: its bits
         if dev.host_memory:
-            return Buffer(device, (), dtype, np.array(value, dtype=dtype.np))
-        return Buffer.from_numpy(np.asarray(value, dtype.np), device)
+            return Buffer(device, (), dtype, raw)
+        return Buffer.from_numpy(raw, device, dtype)
 
     @staticmethod
-    def from_numpy(a: np.ndarray, device: str) -> "Buffer":
-        """A new buffer holding a copy of ``a`` (later writes to ``a`` do not leak in)."""
-        buf = Buffer.empty(a.shape, to_dtype(a.dtype), device)
+    def from_numpy(a: np.ndarray, device: str, dtype: DType | None = None) -> "Buffer":
+        """A new buffer holding a copy of ``a`` (later writes to ``a`` do not leak in). ``dtype``
+        (default: ``a``'s) says what the host array holds: a bfloat16 buffer's is its bits (uint16)."""
+        buf = Buffer.empty(a.shape, dtype or to_dtype(a.dtype), device)
         buf.copyin(a)
         return buf
 

@@ -46,6 +46,7 @@ import numpy as np
 from eqgrad import config
 from eqgrad.graph.plan import Kernel, KernelPlan
 from eqgrad.devices import Buffer, Device
+from eqgrad.dtype import to_storage
 from eqgrad.lower import lowering, trace
 from eqgrad.lower.passes import LowerOptions
 from eqgrad.lower.split import split_reduction
@@ -637,7 +638,8 @@ class LLVMDevice(Device):
         tmp = KernelPlan(plan.buffers + [(u.shape, u.dtype) for u in found.packs], plan.n_inputs, [], [], 0.0)
         packs = contraction.pack_kernels(k, found, first)
         body, g = contraction.with_buffers(found, ids)
-        bufs = {b: Buffer.from_numpy(rng.standard_normal(tmp.buffers[b][0]).astype(tmp.buffers[b][1].np), self.name)
+        bufs = {b: Buffer.from_numpy(to_storage(rng.standard_normal(tmp.buffers[b][0]).astype(tmp.buffers[b][1].vnp),
+                                                tmp.buffers[b][1]), self.name, tmp.buffers[b][1])
                 for b in {k.out, *k.inputs, *ids}}
         scratch = Buffer.from_numpy(np.zeros(found.red.shape, np.float32), self.name)
         target = runnable_target(config.CPU.value)

@@ -41,6 +41,7 @@ import numpy as np
 
 from eqgrad.devices.render import FLOATS, MissingRule, Operation, kind as _kind
 from eqgrad.graph.loopir import FLOAT64, INDEX, NONNEG, LInst, LoopKernel, Table
+from eqgrad.errors import DTypeError
 from eqgrad.lower.decomp import decompose
 from eqgrad.ops import OPS
 
@@ -150,6 +151,9 @@ def work_items(k: LoopKernel) -> int:
     return math.prod(k.insts[r].arg for r in k.parallel_ranges())
 
 
+SUPPORTED_KINDS = frozenset({"bool", "int32", "float32", "float64", INDEX})   # tensors' and registers' kinds
+
+
 class CStyleRenderer:
     """A C dialect: the strings below, its op table, and the helpers and tables a kernel uses."""
     code_for_op: dict[str, CRule] = CSTYLE_OPS
@@ -183,7 +187,7 @@ class CStyleRenderer:
         return {"float32": "float", "float64": "double", "int32": "int", "bool": "bool", INDEX: self.index_type}[kind]
 
     def mem_type(self, kind: str) -> str:
-        return {"float32": "float", "int32": "int", "bool": self.byte_type}[kind]
+        return {"float32": "float", "float64": "double", "int32": "int", "bool": self.byte_type}[kind]
 
     def const(self, v: Any, kind: str) -> str:
         if kind in FLOATS:
@@ -340,6 +344,12 @@ class CStyleRenderer:
 
     def render(self, k: LoopKernel) -> str:
         """C source of ``k``, after rewriting the ops ``code_for_op`` lacks (lower/decomp.py)."""
+        for x in (*(d for _, d, _ in k.params), *(x.dtype for x in k.insts)):
+            if x is not None and _kind(x) not in SUPPORTED_KINDS:
+                # never wrong numbers: a dtype this renderer has no types and casts for is refused
+                raise DTypeError(f"the {self.name} device does not support {_kind(x)} yet (it supports "
+                                 f"{', '.join(sorted(SUPPORTED_KINDS - {INDEX}))}; float64 needs cl_khr_fp64 "
+                                 f"on OpenCL); use the LLVM or NUMPY device, or cast to a supported dtype")
         k = decompose(k, self.code_for_op)
         self.used: set[str] = set()
         self.tables: dict[str, tuple[Table, str]] = {}

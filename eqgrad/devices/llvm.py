@@ -31,13 +31,23 @@ import numpy as np
 from eqgrad.counters import GlobalCounters
 from eqgrad.devices import kernelcache, llvm_worker
 from eqgrad.devices.render import MissingRule, Operation
+from eqgrad.dtype import DTYPES, cast_scalar
 from eqgrad.errors import CompileError
 from eqgrad.graph.loopir import INDEX, LInst, LoopKernel, Table
 from eqgrad.lower.decomp import decompose
 
-LT = {"float32": "float", "float64": "double", "int32": "i32", "bool": "i1", INDEX: "i64"}     # register types
-MT = {"float32": "float", "int32": "i32", "bool": "i8"}                    # memory types
-_SUFFIX = {"float32": "f32", "float64": "f64"}                             # of intrinsics' names
+# float16/bfloat16 are stored narrow (MT) and computed in float32 registers (LT), rounded back to
+# their type after every op (_round_narrow): the values of NumPy's float16 arithmetic, whatever the
+# CPU has (x86 without AVX512-FP16 has no half arithmetic); unsigned integers differ from the
+# signed ones of their width only in the instructions (_UNSIGNED: udiv, icmp ult, zext, uitofp)
+LT = {"float32": "float", "float64": "double", "float16": "float", "bfloat16": "float", "int8": "i8",
+      "uint8": "i8", "int16": "i16", "int32": "i32", "uint32": "i32", "int64": "i64", "bool": "i1",
+      INDEX: "i64"}                                                        # register types
+MT = {**LT, "float16": "half", "bfloat16": "bfloat", "bool": "i8"}         # memory types
+_SUFFIX = {"float32": "f32", "float64": "f64", "float16": "f32", "bfloat16": "f32"}   # of intrinsics' names
+_NARROW = {"float16": "half", "bfloat16": "bfloat"}
+_UNSIGNED = frozenset({"uint8", "uint32"})
+_BITS = {"i1": 1, "i8": 8, "i16": 16, "i32": 32, "i64": 64}
 
 
 def _name(dt: Any) -> str:
@@ -52,11 +62,21 @@ def _const(v: Any, dt: Any) -> str:
     n = _name(dt)
     if n == "float32":
         return _dbl(float(np.float32(v)))
+    if n in _NARROW:           # its value in the float32 register that holds it
+        return _dbl(cast_scalar(float(v), DTYPES[n]))
     if n == "float64":
         return _dbl(float(v))
     if n == "bool":
         return "true" if v else "false"
+    if n in _UNSIGNED:         # LLVM's integer literals are signed
+        return str(cast_scalar(int(v), DTYPES[n.removeprefix("u")]))
     return str(int(v))
+
+
+def _round_narrow(c: "_Ctx", v: str, kd: str) -> str:
+    """A float32 register value rounded to float16/bfloat16 (``kd``), still in a float32 register."""
+    t = _NARROW[kd]
+    return c(f"fpext {t} {c(f'fptrunc float {v} to {t}')} to float")
 
 
 class _Ctx:
@@ -114,7 +134,8 @@ def _max(c: _Ctx, k: str, ty: str, a: str, b: str) -> str:
         return _intrinsic(c, f"llvm.maximum.{_SUFFIX[k]}", ty, a, b)
     if k == "bool":
         return c(f"or i1 {a}, {b}")
-    return c(f"select i1 {c(f'icmp sgt {ty} {a}, {b}')}, {ty} {a}, {ty} {b}")
+    gt = c(f"icmp {'ugt' if k in _UNSIGNED else 'sgt'} {ty} {a}, {b}")
+    return c(f"select i1 {gt}, {ty} {a}, {ty} {b}")
 
 
 def _div_guarded(c: _Ctx, ty: str, a: str, b: str, instr: str, index: bool, nonneg: bool = False) -> str:
@@ -138,6 +159,11 @@ def _div_guarded(c: _Ctx, ty: str, a: str, b: str, instr: str, index: bool, nonn
 
 def _divmod(instr: str) -> Rule:
     def rule(c: _Ctx, o: Operation, a: list[str]) -> str:     # _div_guarded looked up per call (tests patch it)
+        if o.src in _UNSIGNED:     # no INT_MIN / -1 case; only x / 0 = 0
+            ty = LT[o.src]
+            zero = c(f"icmp eq {ty} {a[1]}, 0")
+            q = c(f"{'udiv' if instr == 'sdiv' else 'urem'} {ty} {a[0]}, {c(f'select i1 {zero}, {ty} 1, {ty} {a[1]}')}")
+            return c(f"select i1 {zero}, {ty} 0, {ty} {q}")
         return _div_guarded(c, LT[o.src], a[0], a[1], instr, o.src == INDEX, o.nonneg)
     return rule
 
@@ -146,19 +172,40 @@ def _cast(c: _Ctx, a: str, src: str, dst: str) -> str:
     if src == dst:
         return a
     ts, td = LT[src], LT[dst]
+    unsigned = src in _UNSIGNED or src == "bool"
+    if dst in _NARROW:            # straight to the narrow type (one rounding), back in a float register
+        t = _NARROW[dst]
+        if src == "float64" or (src in _SUFFIX and src != dst):
+            n = c(f"fptrunc {ts} {a} to {t}")
+        elif src in _SUFFIX:
+            return a
+        else:
+            n = c(f"{'uitofp' if unsigned else 'sitofp'} {ts} {a} to {t}")
+        return c(f"fpext {t} {n} to float")
     if src in _SUFFIX:
         if dst in _SUFFIX:
-            return c(f"{'fptrunc' if dst == 'float32' else 'fpext'} {ts} {a} to {td}")
+            return a if ts == td else c(f"{'fptrunc' if td == 'float' else 'fpext'} {ts} {a} to {td}")
         if dst == "bool":
             return c(f"fcmp une {ts} {a}, 0.0")
-        return _intrinsic_cast(c, f"llvm.fptosi.sat.{td}.{_SUFFIX[src]}", ts, td, a)   # saturating, NaN -> 0
+        sat = "fptoui" if dst in _UNSIGNED else "fptosi"       # saturating, NaN -> 0
+        return _intrinsic_cast(c, f"llvm.{sat}.sat.{td}.{_SUFFIX[src]}", ts, td, a)
     if dst in _SUFFIX:
-        return c(f"{'uitofp' if src == 'bool' else 'sitofp'} {ts} {a} to {td}")
+        return c(f"{'uitofp' if unsigned else 'sitofp'} {ts} {a} to {td}")
     if dst == "bool":
         return c(f"icmp ne {ts} {a}, 0")
-    if src == "bool":
-        return c(f"zext i1 {a} to {td}")
-    return c(f"{'sext' if td == 'i64' else 'trunc'} {ts} {a} to {td}")
+    if _BITS[ts] == _BITS[td]:
+        return a
+    if _BITS[ts] < _BITS[td]:
+        return c(f"{'zext' if unsigned else 'sext'} {ts} {a} to {td}")
+    return c(f"trunc {ts} {a} to {td}")
+
+
+def _bitcast(c: _Ctx, o: Operation, a: list[str]) -> str:
+    """The same bits as another type of the same size; a narrow float is rounded into its memory type."""
+    v = c(f"fptrunc float {a[0]} to {_NARROW[o.src]}") if o.src in _NARROW else a[0]
+    if o.dst in _NARROW:
+        return c(f"fpext {_NARROW[o.dst]} {c(f'bitcast {MT[o.src]} {v} to {_NARROW[o.dst]}')} to float")
+    return c(f"bitcast {MT[o.src] if o.src in _NARROW else LT[o.src]} {v} to {LT[o.dst]}")
 
 
 def _intrinsic_cast(c: _Ctx, name: str, ts: str, td: str, a: str) -> str:
@@ -169,7 +216,8 @@ def _intrinsic_cast(c: _Ctx, name: str, ts: str, td: str, a: str) -> str:
 def _cmplt(c: _Ctx, o: Operation, a: list[str]) -> str:
     if o.src == "bool":                            # a < b is !a & b
         return c(f"and i1 {c(f'xor i1 {a[0]}, true')}, {a[1]}")
-    return c(f"{'fcmp olt' if o.is_float else 'icmp slt'} {LT[o.src]} {a[0]}, {a[1]}")
+    cmp = "fcmp olt" if o.is_float else "icmp ult" if o.src in _UNSIGNED else "icmp slt"
+    return c(f"{cmp} {LT[o.src]} {a[0]}, {a[1]}")
 
 
 def _muladd(c: _Ctx, o: Operation, a: list[str]) -> str:
@@ -205,7 +253,7 @@ LLVM_OPS: dict[str, Rule] = {
     "RINT": _float_intrinsic("roundeven"),
     "RECIP": _by_kind(f="fdiv {t} 1.0, {0}"),
     "CAST": lambda c, o, a: _cast(c, a[0], o.src, o.dst),
-    "BITCAST": lambda c, o, a: c(f"bitcast {LT[o.src]} {a[0]} to {LT[o.dst]}"),
+    "BITCAST": _bitcast,
     # float ADD/MUL may contract into an FMA; int32 wraps (no nsw: overflow is defined)
     "ADD": _by_kind(f="fadd contract {t} {0}, {1}", i="add {t} {0}, {1}", b="or i1 {0}, {1}"),
     "MUL": _by_kind(f="fmul contract {t} {0}, {1}", i="mul {t} {0}, {1}", b="and i1 {0}, {1}"),
@@ -244,6 +292,8 @@ _VEC_FLOAT = frozenset({"ADD", "MUL", "MULADD", "MAX", "NEG", "SQRT", "FLOOR", "
                         "CMPLT", "CMPEQ"})
 _VEC_BOOL = frozenset({"AND", "OR", "NEG", "ADD", "MUL"})
 _VEC_INTRINSIC = {"SQRT": "sqrt", "FLOOR": "floor", "TRUNC": "trunc", "RINT": "roundeven"}
+# ops whose float16/bfloat16 result is already of that type (no rounding after them)
+_EXACT_IN_NARROW = frozenset({"NEG", "MAX", "WHERE", "CAST", "BITCAST", "TRUNC", "FLOOR", "RINT", "TABLE"})
 
 
 class _Lanes:
@@ -502,7 +552,7 @@ class _Kernel:
         ty = LT[kd]
         cur = c(f"load {ty}, ptr {self.val[acc]}")
         if x.arg == "ADD":        # reassoc: LLVM may vectorize the sum (docs/semantics.md, "Float sums")
-            new = c(f"fadd reassoc nsz contract float {cur}, {self.val[v]}") if kd == "float32" else \
+            new = c(f"fadd reassoc nsz contract {ty} {cur}, {self.val[v]}") if kd in _SUFFIX else \
                 c(f"or i1 {cur}, {self.val[v]}") if kd == "bool" else c(f"add {ty} {cur}, {self.val[v]}")
         else:
             new = _max(c, kd, ty, cur, self.val[v])
@@ -519,7 +569,9 @@ class _Kernel:
                     if r in self.lanes.need:
                         self.set(r, self.c(f"extractelement {self.vt(kd)} {v}, i64 {lane}"), kd)
             return
-        self.set(i, self.c(f"load {LT[kd]}, ptr {self.val[x.src[0]]}"), kd)
+        v = self.c(f"load {LT[kd]}, ptr {self.val[x.src[0]]}")
+        # a float16/bfloat16 sum is accumulated in float32 and rounded once, here
+        self.set(i, _round_narrow(self.c, v, kd) if kd in _NARROW else v, kd)
 
     def LOAD(self, i: int, x: LInst) -> None:
         if self.lanes is not None and i not in self.lanes.need:
@@ -528,7 +580,8 @@ class _Kernel:
         p, idx = x.src
         ptr = c(f"getelementptr inbounds {MT[kd]}, ptr {self.val[p]}, i64 {self.val[idx]}")
         v = c(f"load {MT[kd]}, ptr {ptr}")
-        self.set(i, c(f"trunc i8 {v} to i1") if kd == "bool" else v, kd)
+        self.set(i, c(f"trunc i8 {v} to i1") if kd == "bool" else
+                 c(f"fpext {MT[kd]} {v} to float") if kd in _NARROW else v, kd)
 
     def STORE(self, i: int, x: LInst) -> None:
         c = self.c
@@ -544,7 +597,8 @@ class _Kernel:
             return
         kd = self.kinds[v]
         ptr = c(f"getelementptr inbounds {MT[kd]}, ptr {self.val[p]}, i64 {self.val[idx]}")
-        sv = c(f"zext i1 {self.val[v]} to i8") if kd == "bool" else self.val[v]
+        sv = c(f"zext i1 {self.val[v]} to i8") if kd == "bool" else \
+            c(f"fptrunc float {self.val[v]} to {MT[kd]}") if kd in _NARROW else self.val[v]
         c.lines.append(f"  store {MT[kd]} {sv}, ptr {ptr}")
 
     # ---------------------------------------------------------------- vectors (see _Lanes)
@@ -632,7 +686,10 @@ class _Kernel:
         rule = LLVM_OPS.get(x.op)
         if rule is None:
             raise MissingRule("LLVM", o)
-        self.set(i, rule(self.c, o, [self.val[s] for s in x.src]), o.dst)
+        r = rule(self.c, o, [self.val[s] for s in x.src])
+        if o.dst in _NARROW and x.op not in _EXACT_IN_NARROW:
+            r = _round_narrow(self.c, r, o.dst)       # float16/bfloat16 arithmetic: round each op
+        self.set(i, r, o.dst)
 
     def text(self) -> str:
         k, c = self.k, self.c

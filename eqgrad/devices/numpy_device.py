@@ -11,6 +11,7 @@ import numpy as np
 
 from eqgrad.counters import GlobalCounters
 from eqgrad.devices import Buffer, Device
+from eqgrad.dtype import to_storage
 from eqgrad.graph.interp import run_kernel
 from eqgrad.graph.plan import KernelPlan
 
@@ -22,6 +23,6 @@ class NumpyDevice(Device):
         def run(bufs: list[Buffer]) -> None:
             for k in plan.kernels:
                 out = run_kernel(k, [b.data for b in bufs])
-                np.copyto(bufs[k.out].data, out.reshape(bufs[k.out].shape))
+                np.copyto(bufs[k.out].data, to_storage(out, bufs[k.out].dtype).reshape(bufs[k.out].shape))
                 GlobalCounters.kernel_count += 1
         return run

@@ -14,7 +14,7 @@ from eqgrad.graph.loopir import LOOP_ALU_OPS, NONNEG
 from eqgrad.lower.decomp import decomposed_for
 from eqgrad.ops import ALU_OPS
 
-FLOATS = ("float32", "float64")
+FLOATS = ("float32", "float64", "float16", "bfloat16")
 VALUE_OPS = frozenset(ALU_OPS) | frozenset(LOOP_ALU_OPS)    # every op a table rule renders
 
 

@@ -22,6 +22,7 @@ from eqgrad.cache import JsonCache
 from eqgrad.cache import machine_key
 from eqgrad.graph.plan import Kernel, KernelPlan
 from eqgrad.devices import Buffer
+from eqgrad.dtype import to_storage
 
 CACHE_VERSION = 1
 # most promising first (the search may stop at its time limit); (0, 0) is "no lanes"
@@ -54,8 +55,8 @@ def search_upcast(k: Kernel, plan: KernelPlan, width: int, time_limit: float,
     bufs: dict[int, Buffer] = {}
     for b in ids:
         shape, dt = plan.buffers[b]
-        arr = rng.standard_normal(shape).astype(dt.np) if dt.is_float else rng.integers(-3, 4, shape).astype(dt.np)
-        bufs[b] = Buffer.from_numpy(arr, "LLVM")
+        arr = rng.standard_normal(shape).astype(dt.vnp) if dt.is_float else rng.integers(-3, 4, shape).astype(dt.np)
+        bufs[b] = Buffer.from_numpy(to_storage(arr, dt), "LLVM", dt)
 
     def timed(run: Callable, best: float = float("inf")) -> tuple[float, np.ndarray]:
         t0 = time.perf_counter()

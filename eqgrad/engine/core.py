@@ -22,6 +22,7 @@ from eqgrad import config, progress
 from eqgrad.cache import machine_key
 from eqgrad.counters import EqgradWarning, GlobalCounters
 from eqgrad.devices import Buffer, get_device
+from eqgrad.dtype import to_storage
 from eqgrad.engine import diskcache
 from eqgrad.engine import regions
 from eqgrad.extract import ExtractSettings, cost_model, extractor_name, make_extractor, settings_key
@@ -274,7 +275,8 @@ def time_plan(plan: KernelPlan, device: str, reps: int = 3) -> float:
     with COMPILE_LOCK:
         run = get_device(device).prepare(plan)
     rng = np.random.default_rng(0)
-    bufs = [Buffer.from_numpy(rng.standard_normal(s).astype(d.np) if d.is_float else np.ones(s, d.np), device)
+    bufs = [Buffer.from_numpy(to_storage(rng.standard_normal(s).astype(d.vnp) if d.is_float else np.ones(s, d.np), d),
+                              device, d)
             for s, d in plan.buffers[:plan.n_inputs]]
     bufs += [Buffer.empty(s, d, device) for s, d in plan.buffers[plan.n_inputs:]]
     run(bufs)

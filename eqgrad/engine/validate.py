@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from eqgrad.dtype import from_storage
 from eqgrad.devices import Buffer
 from eqgrad.devices.numpy_device import NumpyDevice
 from eqgrad.extract import make_extractor
@@ -50,7 +51,7 @@ def _matches(targets: list[LazyBuffer], refs: list[np.ndarray], outs: list[np.nd
 def validate(targets: list[LazyBuffer], prog: Program, outs: list[Buffer], plan: KernelPlan,
              report: SaturationReport, rules: RuleConfig) -> None:
     refs = reference(prog)
-    bad = _matches(targets, refs, [o.numpy() for o in outs])
+    bad = _matches(targets, refs, [from_storage(o.numpy(), o.dtype) for o in outs])
     if not bad:
         return
     fired = sorted(k for k, v in report.matches.items() if v and not k.startswith("shape-"))
@@ -80,7 +81,7 @@ def blame_rules(targets: list[LazyBuffer], prog: Program, refs: list[np.ndarray]
     from "not a rule at all"."""
     emitted = emit_program(prog)
     specs = prog.input_specs
-    ins = [lb.buffer.to("NUMPY") for lb in prog.inputs] + [Buffer.from_numpy(np.asarray(v, dt.np), "NUMPY")
+    ins = [lb.buffer.to("NUMPY") for lb in prog.inputs] + [Buffer.scalar(v, dt, "NUMPY")
                                                           for v, dt in prog.params]
 
     def right_on_numpy(p: KernelPlan) -> bool:

@@ -162,14 +162,16 @@ class Tensor(ElementwiseOps, ShapeOps, IndexingOps):
             raise DTypeError(f"Tensor(): expected a number, list, tuple, NumPy array or Tensor, got {type(data).__name__}")
         if arr.dtype.kind not in "biuf":
             raise DTypeError(f"Tensor(): unsupported NumPy dtype {arr.dtype}; expected bool, integer or float")
-        d = want or dt.to_dtype(arr.dtype)
+        # a NumPy array keeps its dtype; Python lists take the defaults of their kind (bool, int32, float32)
+        d = want or (dt.to_dtype({"b": bool, "i": int, "u": int, "f": float}[arr.dtype.kind])
+                     if isinstance(data, (list, tuple)) else dt.to_dtype(arr.dtype))
         if arr.ndim > MAX_RANK:
             raise ShapeError(f"Tensor(): at most {MAX_RANK} dimensions, got shape {arr.shape}")
         source = "Python list" if isinstance(data, (list, tuple)) else ""
         # a NumPy array that loses precision without an explicit dtype= warns once (ConversionWarning);
         # Python numbers round to float32 silently, as weak scalars do in NumPy and torch
         warn = want is None and isinstance(data, np.ndarray)
-        self.lazydata = LazyBuffer.from_buffer(Buffer.from_numpy(dt.convert_array(arr, d, "Tensor()", source, warn), device))
+        self.lazydata = LazyBuffer.from_buffer(Buffer.from_numpy(dt.convert_array(arr, d, "Tensor()", source, warn), device, d))
         if requires_grad:
             self.requires_grad_()
 
@@ -215,7 +217,8 @@ class Tensor(ElementwiseOps, ShapeOps, IndexingOps):
         for rec in _capture:
             rec.host_read(self)
         self.realize()
-        return self.lazydata.buffer.numpy().reshape(self.shape)
+        # NOTE: NumPy has no bfloat16: a bfloat16 tensor's array is float32 (exact: every bfloat16 is one)
+        return dt.from_storage(self.lazydata.buffer.numpy(), self.dtype).reshape(self.shape)
 
     def item(self) -> Scalar:
         if self.numel() != 1:
@@ -483,6 +486,18 @@ class Tensor(ElementwiseOps, ShapeOps, IndexingOps):
     def int(self) -> "Tensor":
         return self.cast(int32)
 
+    def half(self) -> "Tensor":
+        return self.cast(dt.float16)
+
+    def bfloat16(self) -> "Tensor":
+        return self.cast(dt.bfloat16)
+
+    def double(self) -> "Tensor":
+        return self.cast(dt.float64)
+
+    def long(self) -> "Tensor":
+        return self.cast(dt.int64)
+
     def bool(self) -> "Tensor":
         return self.cast(bool_)
 
@@ -530,9 +545,9 @@ class Tensor(ElementwiseOps, ShapeOps, IndexingOps):
         return a._alu("ADD", -b)
 
     def div(self, other: Any, reverse: bool = False) -> "Tensor":
-        """True division; the result is float32 for any input dtype."""
+        """True division; the result is the operands' float dtype, float32 for integer inputs."""
         a, b = self._operands(other, "div", reverse)
-        a, b = a.float(), b.float()
+        a, b = a._float_unary("div"), b._float_unary("div")
         return a._alu("MUL", b.reciprocal())
 
     def floordiv(self, other: Any, reverse: bool = False) -> "Tensor":
@@ -625,7 +640,7 @@ class Tensor(ElementwiseOps, ShapeOps, IndexingOps):
         return self.bool()._alu("NEG")
 
     def reciprocal(self) -> "Tensor":
-        return self.float()._alu("RECIP")
+        return self._float_unary("reciprocal")._alu("RECIP")
 
     def maximum(self, other: Any) -> "Tensor":
         a, b = self._operands(other, "maximum")
@@ -685,7 +700,7 @@ class Tensor(ElementwiseOps, ShapeOps, IndexingOps):
     clamp = clip
 
     def _float_unary(self, name: str) -> "Tensor":
-        return self if self.dtype is float32 else self.float()
+        return self if self.dtype.is_float else self.float()
 
     def exp2(self) -> "Tensor":
         return self._float_unary("exp2")._alu("EXP2")
@@ -694,9 +709,13 @@ class Tensor(ElementwiseOps, ShapeOps, IndexingOps):
         return self._float_unary("log2")._alu("LOG2")
 
     def exp(self) -> "Tensor":
+        if self.dtype.is_narrow_float:     # NOTE: in float32, rounded once (x * log2 e rounded to float16 is 0.4% off)
+            return self.float().exp().cast(self.dtype)
         return (self._float_unary("exp") * LOG2_E).exp2()
 
     def log(self) -> "Tensor":
+        if self.dtype.is_narrow_float:     # NOTE: in float32, rounded once, as exp
+            return self.float().log().cast(self.dtype)
         return self.log2() * LN_2
 
     def sqrt(self) -> "Tensor":
@@ -709,6 +728,8 @@ class Tensor(ElementwiseOps, ShapeOps, IndexingOps):
         return self._float_unary("sin")._alu("SIN")
 
     def cos(self) -> "Tensor":
+        if self.dtype.is_narrow_float:     # NOTE: pi/2 - x rounded to float16 loses cos near its zeros
+            return self.float().cos().cast(self.dtype)
         return (math.pi / 2 - self._float_unary("cos")).sin()
 
     def tan(self) -> "Tensor":

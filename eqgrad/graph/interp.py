@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from eqgrad.dtype import DType
+from eqgrad.dtype import DType, bfloat16, from_storage, round_bf16, to_storage
 from eqgrad.graph.loopir import INDEX, NONNEG, LInst, LoopIRError, LoopKernel, Table
 from eqgrad.graph.plan import Kernel
 from eqgrad.graph.program import ConstLeaf, Input, ParamLeaf, Program, is_node
@@ -25,7 +25,8 @@ from eqgrad.ops import OPS, Shape
 def eval_op(op: str, arg: Any, shape: Shape, dtype: DType, srcs: list[np.ndarray]) -> np.ndarray:
     """One primitive applied to whole arrays (``srcs`` already evaluated)."""
     if op == "RSUM" and dtype.is_float:
-        return float_sum(srcs[0], arg).reshape(shape)
+        out = float_sum(srcs[0], arg).reshape(shape)
+        return round_bf16(out).reshape(shape) if dtype is bfloat16 else out
     if op == "CONTIGUOUS":
         return srcs[0]
     out = OPS[op].ref(srcs, arg, dtype)
@@ -35,7 +36,8 @@ def eval_op(op: str, arg: Any, shape: Shape, dtype: DType, srcs: list[np.ndarray
 
 def const(value: Any, shape: Shape, dtype: DType) -> np.ndarray:
     """A broadcast view: an expanded scalar costs no memory (2**31 ones)."""
-    return np.broadcast_to(np.array(value, dtype=dtype.np), shape)
+    v = np.array(value, dtype=dtype.vnp)
+    return np.broadcast_to(round_bf16(v).reshape(()) if dtype is bfloat16 else v, shape)
 
 
 def float_sum(a: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
@@ -61,7 +63,7 @@ def float_sum(a: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
 def run_program(prog: Program, inputs: list[np.ndarray] | None = None) -> list[np.ndarray]:
     """The value of each root of ``prog``; ``inputs`` default to the realized buffers' contents."""
     if inputs is None:
-        inputs = [lb.buffer.numpy().reshape(lb.shape) for lb in prog.inputs]
+        inputs = [from_storage(lb.buffer.numpy(), lb.dtype).reshape(lb.shape) for lb in prog.inputs]
     vals: list[np.ndarray] = []
 
     def ref(r: Any) -> np.ndarray:
@@ -80,11 +82,12 @@ def run_program(prog: Program, inputs: list[np.ndarray] | None = None) -> list[n
 
 
 def run_kernel(k: Kernel, bufs: list[np.ndarray]) -> np.ndarray:
-    """The output of kernel ``k`` of a plan; ``bufs[i]`` is plan buffer ``i`` (any shape)."""
+    """The output of kernel ``k`` of a plan (as values: bfloat16 in float32); ``bufs[i]`` is plan
+    buffer ``i`` (any shape, as stored: bfloat16 as its bits)."""
     vals: dict[int, np.ndarray] = {}
     for n in k.ast.walk():
         if n.op == "BUF":
-            vals[id(n)] = bufs[n.arg].reshape(n.shape)
+            vals[id(n)] = from_storage(bufs[n.arg], n.dtype).reshape(n.shape)
         elif n.op == "CONST":
             vals[id(n)] = const(n.arg, n.shape, n.dtype)
         else:
@@ -178,10 +181,10 @@ def run_loop(k: LoopKernel, buffers: list[np.ndarray]) -> None:
             if op == "PARAM":
                 val[i], kind[i] = x.arg, "param"
             elif op == "CONST":
-                val[i] = int(x.arg) if x.dtype == INDEX else np.asarray(x.arg, dtype=x.dtype.np)
+                val[i] = int(x.arg) if x.dtype == INDEX else const(x.arg, (), x.dtype)
                 kind[i] = INDEX if x.dtype == INDEX else x.dtype.name
             elif op == "DEFACC":
-                val[i], kind[i] = np.asarray(x.arg, dtype=x.dtype.np), x.dtype.name
+                val[i], kind[i] = const(x.arg, (), x.dtype), x.dtype.name
             elif op == "ACCUM":
                 acc, v = src
                 val[acc] = OPS[x.arg].ref([val[acc], val[v]], None, insts[acc].dtype)
@@ -189,10 +192,11 @@ def run_loop(k: LoopKernel, buffers: list[np.ndarray]) -> None:
                 val[i], kind[i] = val[src[0]], kind[src[0]]
             elif op == "LOAD":
                 p, ix = val[src[0]], val[src[1]]
-                val[i], kind[i] = np.asarray(buffers[p][element(i, p, ix)]), x.dtype.name
+                val[i], kind[i] = from_storage(np.asarray(buffers[p][element(i, p, ix)]), x.dtype), x.dtype.name
             elif op == "STORE":
                 p, ix = val[src[0]], val[src[1]]
-                buffers[p][element(i, p, ix)] = val[src[2]]
+                buffers[p][element(i, p, ix)] = to_storage(val[src[2]], insts[src[2]].dtype) \
+                    if insts[src[2]].dtype is bfloat16 else val[src[2]]
             elif op != "ENDRANGE":
                 operand = src[1] if op == "WHERE" else src[0]
                 a = [val[s] for s in src]

@@ -133,7 +133,7 @@ class LazyBuffer:
             return self
         if all(s.op == "CONST" for s in srcs) and d.ref is not None:
             # constant folding in the frontend keeps graphs small; egglog folds what appears later
-            vals = [np.array(s.arg, dtype=s.dtype.np) for s in srcs]
+            vals = [np.array(s.arg, dtype=s.dtype.vnp) for s in srcs]
             return LazyBuffer.const(d.ref(vals, arg, out_dtype).item(), self.shape, out_dtype, self.device)
         if (op == "CMPEQ" or op == "CMPLT") and dt0.is_float:
             one_value(self, others[0])

@@ -52,12 +52,12 @@ from typing import Any
 
 import numpy as np
 
-from eqgrad.dtype import DType, bool_, int32
+from eqgrad.dtype import DType, bool_, float64, int32
 from eqgrad.ops import OPS
 
 INDEX = "index"
 NONNEG = "nonneg"        # arg of an index IDIV/MOD whose numerator is proven >= 0 (see above)
-FLOAT64 = DType(3, "float64", 8, "double", np.float64)    # loop IR only (see above)
+FLOAT64 = float64        # decomp's exact range reductions use it whatever the tensors' dtypes (see above)
 # the loop IR's own ALU ops, beyond the op table's (see above)
 LOOP_ALU_OPS = ("BITCAST", "SHL", "SHR", "FLOOR", "RINT", "MULADD", "TABLE")
 

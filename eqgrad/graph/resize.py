@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 from itertools import product as cartesian
 from typing import Any, Union
 
-from eqgrad.dtype import DType, bool_, cast_scalar, float32, int32
+from eqgrad.dtype import DTYPES, DType, bool_, cast_scalar, float32, int32
 from eqgrad.graph.plan import Kernel, KernelPlan, KNode, check_plan
 from eqgrad.graph.program import Program
 from eqgrad.ops import OPS, REDUCE_OPS, Shape, numel
@@ -128,7 +128,7 @@ def program_sizes(prog: Program) -> ProgramSizes:
     return structure_sizes(prog.key, prog.input_specs, len(prog.inputs))
 
 
-_DTYPES = {d.name: d for d in (float32, int32, bool_)}
+_DTYPES = DTYPES
 
 
 def structure_sizes(key: tuple, input_specs: list[tuple[Shape, DType]], n_inputs: int) -> ProgramSizes:

@@ -225,7 +225,11 @@ class Builder:
 
     def call(self, op: str, x: Val) -> Val:
         """``op`` applied to ``x``: the renderer's own instruction if it has one, else its decomposition."""
-        return self.emit(op, x.dtype, x) if op in self.native else DECOMPOSITIONS[op](self, x)
+        if op in self.native:
+            return self.emit(op, x.dtype, x)
+        if x.dtype != float32:       # float16/bfloat16/float64: the float32 polynomial, rounded back once
+            return self.cast(DECOMPOSITIONS[op](self, self.cast(x, float32)), x.dtype)
+        return DECOMPOSITIONS[op](self, x)
 
     def horner(self, x: Val, coeffs: tuple[float, ...]) -> Val:
         """sum coeffs[k] * x**k, highest power first: acc * x + c, each step a MULADD."""

@@ -1,0 +1,201 @@
+"""Dtypes (issue 16): promotion against NumPy/torch for every pair, strict names, casts of special
+values, arithmetic and reductions in every dtype against NumPy on LLVM and NUMPY, float16/bfloat16
+against torch, int64 beyond int32."""
+import numpy as np
+import pytest
+
+import eqgrad.dtype as dt
+from eqgrad import Tensor
+from eqgrad.errors import DTypeError
+
+torch = pytest.importorskip("torch")
+DEVICES = ["NUMPY", "LLVM"]
+ALL = dt.ALL_DTYPES
+TORCH = {d: getattr(torch, "bool" if d is dt.bool_ else d.name) for d in ALL}
+
+
+@pytest.mark.parametrize("a", ALL, ids=lambda d: d.name)
+def test_promotion_table_matches_torch_and_numpy(a):
+    for b in ALL:
+        got = dt.promote(a, b)
+        assert got is dt.promote(b, a)
+        try:
+            want = torch.promote_types(TORCH[a], TORCH[b])
+        except RuntimeError:             # torch does not promote uint32 with the others: NumPy's table
+            want = None
+        if want is not None:
+            assert got.name == str(want).removeprefix("torch."), (a, b)
+        if dt.bfloat16 not in (a, b) and a.kind == b.kind or {a.kind, b.kind} <= {"i", "u"}:
+            if dt.bfloat16 not in (a, b):
+                assert np.dtype(got.np) == np.promote_types(a.np, b.np), (a, b)
+
+
+@pytest.mark.parametrize("name", ["float8", "complex64", "uint16", "uint64", "int", "half", "long", "cfloat"])
+def test_unknown_names_are_errors_naming_the_supported(name):
+    if name in ("int", "half", "long"):      # torch's aliases name real dtypes
+        assert dt.to_dtype(name) in ALL
+        return
+    with pytest.raises(DTypeError, match="eqgrad supports bool, uint8"):
+        dt.to_dtype(name)
+
+
+def test_numpy_and_torch_dtypes_map_exactly_or_fail():
+    for d in ALL:
+        if d is not dt.bfloat16:
+            assert dt.to_dtype(np.dtype(d.np)) is d
+        assert dt.to_dtype(TORCH[d]) is d
+    for bad in (np.uint16, np.uint64, np.complex64, torch.uint16, torch.complex64):
+        with pytest.raises(DTypeError):
+            dt.to_dtype(bad)
+    with pytest.raises(DTypeError):
+        Tensor(np.zeros(3, np.uint64))
+
+
+@pytest.mark.parametrize("npd", [np.int8, np.uint8, np.int16, np.int64, np.uint32, np.float16, np.float64])
+def test_numpy_inputs_keep_their_dtype(npd):
+    a = (np.arange(6) % 5).astype(npd).reshape(2, 3)
+    t = Tensor(a)
+    assert t.dtype is dt.to_dtype(npd)
+    np.testing.assert_array_equal(t.numpy(), a)
+    assert t.numpy().dtype == npd
+
+
+def test_dtype_attributes():
+    assert (dt.int8.min, dt.int8.max, dt.uint32.max, dt.int64.min) == (-128, 127, 2**32 - 1, -2**63)
+    assert dt.float16.max == 65504.0 and dt.bfloat16.itemsize == 2 and dt.float64.itemsize == 8
+    assert dt.bfloat16.is_float and dt.uint8.is_int and not dt.uint8.is_signed and dt.int16.is_signed
+
+
+def _inputs(d: dt.DType, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    if d.is_float:
+        a, b = rng.standard_normal((2, 5, 6)) * 4
+    elif d is dt.bool_:
+        a, b = rng.random((2, 5, 6)) > 0.5
+    else:
+        lo = 0 if d.kind == "u" else -9
+        a, b = rng.integers(lo, 10, (2, 5, 6))
+    return a, b
+
+
+def _ref(x: np.ndarray, d: dt.DType) -> np.ndarray:
+    """The value each element has in ``d`` (bfloat16: float32 rounded to bfloat16)."""
+    return dt.round_bf16(x.astype(np.float32)) if d is dt.bfloat16 else x.astype(d.np)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("d", [x for x in ALL if x is not dt.bool_], ids=lambda d: d.name)
+def test_arithmetic_and_reductions_against_numpy(device, d):
+    rng = np.random.default_rng(0)
+    a, b = _inputs(d, rng)
+    ta, tb = Tensor(a, dtype=d, device=device), Tensor(b, dtype=d, device=device)
+    ra, rb = _ref(a, d), _ref(b, d)
+    tol = {"float16": 2e-3, "bfloat16": 1.6e-2, "float32": 1e-6, "float64": 1e-12}.get(d.name, 0)
+    cmp = (lambda x, y: np.testing.assert_allclose(x, y, rtol=tol, atol=tol)) if d.is_float else np.testing.assert_array_equal
+
+    def rnd(x):                          # NumPy's result rounded to d, as eqgrad's per-op rounding
+        return _ref(np.asarray(x, np.float64 if d.is_float else x.dtype), d)
+    with np.errstate(all="ignore"):
+        cmp((ta + tb).numpy(), rnd(ra + rb) if d is not dt.bfloat16 else rnd(ra.astype(np.float64) + rb))
+        cmp((ta * tb).numpy(), rnd(ra.astype(np.float64) * rb) if d.is_float else (ra * rb))
+        cmp(ta.maximum(tb).numpy() if hasattr(ta, "maximum") else (ta * 0).numpy(),
+            np.maximum(ra, rb) if hasattr(ta, "maximum") else (ra * 0))
+        cmp((ta < tb).numpy(), ra < rb)
+        cmp(ta.sum(axis=1).numpy(), rnd(ra.astype(np.float64).sum(axis=1)) if d.is_float else ra.sum(axis=1, dtype=d.np))
+        cmp(ta.max().numpy(), ra.max())
+        # non-contiguous (a transposed, sliced view), 0-d and size-0
+        cmp((ta.T[1:, ::2] + 1).numpy(), rnd(ra.T[1:, ::2].astype(np.float64) + 1) if d.is_float else ra.T[1:, ::2] + d.np(1))
+        cmp((Tensor(a[0, 0], dtype=d, device=device) * 2).numpy(), rnd(ra[0, 0].astype(np.float64) * 2) if d.is_float else ra[0, 0] * d.np(2))
+        z = Tensor(np.zeros((0, 3)), dtype=d, device=device)
+        assert (z + z).numpy().shape == (0, 3) and z.sum().numpy() == 0
+    assert (ta + tb).dtype is d
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("src", [dt.float32, dt.float64, dt.float16], ids=lambda d: d.name)
+@pytest.mark.parametrize("dst", [x for x in ALL if x is not dt.bfloat16], ids=lambda d: d.name)
+def test_casts_of_special_values(device, src, dst):
+    vals = np.array([0.0, -0.0, 1.5, -2.5, 100.7, -129.0, 300.0, 7e4, -7e4, 3e9, -3e9, 1e20, np.inf, -np.inf, np.nan],
+                    np.float64)
+    with np.errstate(over="ignore"):
+        x = vals.astype(src.np)
+    got = Tensor(x, device=device).cast(dst).numpy()
+    if dst.is_int:      # documented: truncate toward zero, saturate at the type's range, NaN -> 0
+        want = [0 if np.isnan(v) else dst.min if v <= dst.min else dst.max if v >= dst.max else int(v)
+                for v in x.astype(np.float64)]
+        np.testing.assert_array_equal(got, np.array(want, dst.np))
+    else:
+        with np.errstate(over="ignore", invalid="ignore"):
+            np.testing.assert_array_equal(got, x.astype(dst.np))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_int_to_int_casts_wrap_as_numpy(device):
+    x = np.array([0, 1, -1, 127, 128, 255, 256, -129, 2**31 - 1, -2**31, 2**40 + 5, -2**40 - 3], np.int64)
+    for d in (dt.int8, dt.uint8, dt.int16, dt.int32, dt.uint32, dt.float32, dt.bool_):
+        np.testing.assert_array_equal(Tensor(x, device=device).cast(d).numpy(), x.astype(d.np))
+    u = np.array([0, 1, 2**31, 2**32 - 1], np.uint32)
+    np.testing.assert_array_equal(Tensor(u, device=device).cast(dt.int64).numpy(), u.astype(np.int64))
+    np.testing.assert_array_equal(Tensor(u, device=device).cast(dt.float64).numpy(), u.astype(np.float64))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_int64_beyond_int32_stays_exact(device):
+    x = np.array([2**40 + 1, -2**50 - 3, 2**62 + 7, 3], np.int64)
+    t = Tensor(x, device=device)
+    assert t.dtype is dt.int64
+    np.testing.assert_array_equal((t + t).numpy(), x + x)
+    np.testing.assert_array_equal((t * 3).numpy(), x * 3)
+    np.testing.assert_array_equal(t.sum().numpy(), x.sum())
+    np.testing.assert_array_equal((t // 7).numpy(), x // 7)
+    np.testing.assert_array_equal((t == Tensor(x, device=device)).numpy(), np.ones(4, bool))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", ["float16", "bfloat16"])
+def test_narrow_floats_against_torch(device, name):
+    rng = np.random.default_rng(1)
+    a, b = rng.standard_normal((2, 64)).astype(np.float32) * 3
+    ta, tb = torch.tensor(a, dtype=getattr(torch, name)), torch.tensor(b, dtype=getattr(torch, name))
+    ea, eb = Tensor(a, device=device).cast(name), Tensor(b, device=device).cast(name)
+    # round trip: exactly torch's rounding (nearest even)
+    np.testing.assert_array_equal(ea.numpy(), ta.float().numpy())
+    np.testing.assert_array_equal(ea.float().numpy(), ta.float().numpy())
+    for f in (lambda x, y: x + y, lambda x, y: x * y, lambda x, y: x - y):
+        np.testing.assert_array_equal(f(ea, eb).numpy(), f(ta, tb).float().numpy())
+    tol = 1e-2 if name == "bfloat16" else 1e-3
+    # NOTE: x / y is x * (1 / y): two roundings in the narrow type, within 1 ulp of torch's one
+    np.testing.assert_allclose((ea / eb).numpy(), (ta / tb).float().numpy(), rtol=tol)
+    assert (ea / eb).dtype.name == name
+    np.testing.assert_allclose(ea.sum().numpy(), ta.sum().float().numpy(), rtol=tol, atol=tol)
+    np.testing.assert_allclose(ea.exp().numpy(), ta.exp().float().numpy(), rtol=2 * tol)
+    assert ea.numpy().dtype == (np.float16 if name == "float16" else np.float32)   # NumPy has no bfloat16
+
+
+def test_loading_narrow_weights_and_the_torch_methods():
+    w = np.linspace(-2, 2, 12, dtype=np.float16).reshape(3, 4)
+    t = Tensor(w)
+    assert t.dtype is dt.float16
+    np.testing.assert_array_equal(t.numpy(), w)
+    x = Tensor(np.ones((2, 3), np.float32))
+    assert (x @ t.float()).dtype is dt.float32
+    bf = torch.tensor(w.astype(np.float32)).bfloat16()
+    tb = Tensor(bf.float().numpy(), dtype="bfloat16")
+    np.testing.assert_array_equal(tb.numpy(), bf.float().numpy())
+    assert [getattr(t, m)().dtype.name for m in ("float", "half", "bfloat16", "double", "long", "int")] == \
+        ["float32", "float16", "bfloat16", "float64", "int64", "int32"]
+
+
+def test_weak_scalars_keep_the_tensor_dtype():
+    for d in (dt.int8, dt.uint8, dt.int64, dt.float16, dt.bfloat16, dt.float64):
+        assert (Tensor([1, 2], dtype=d) + 1).dtype is d
+    assert (Tensor([1, 2], dtype=dt.int8) + 1.5).dtype is dt.float32
+    assert (Tensor([1, 2], dtype=dt.float16) * 2.5).dtype is dt.float16
+    with pytest.raises(OverflowError, match="int8"):
+        Tensor([1, 2], dtype=dt.int8) + 300
+    with pytest.raises(OverflowError, match="float16"):
+        Tensor([1.0], dtype=dt.float16) + 1e5
+
+
+def test_cstyle_renderers_refuse_unsupported_dtypes():
+    from eqgrad.devices.cstyle import SUPPORTED_KINDS
+    assert "int8" not in SUPPORTED_KINDS and "float16" not in SUPPORTED_KINDS
