@@ -8,6 +8,11 @@ same through methods (``model.state_dict()``).
     >>> model = nn.Linear(3, 2)
     >>> list(get_state_dict(model))
     ['weight', 'bias']
+
+Files: ``safe_save``/``safe_load`` (safetensors), ``torch_load`` (a ``torch.save``d state dict,
+read with torch), ``nn.gguf.gguf_load`` (llama.cpp's GGUF, dequantized), and ``load``, which picks
+one of them by the file's suffix. Every loader gives ``{name: Tensor}`` for ``load_state_dict``;
+eqgrad computes in float32, so floating tensors of any width become float32 on load.
 """
 from __future__ import annotations
 
@@ -94,3 +99,49 @@ def safe_load(path: str | Path, device: str | None = None) -> dict[str, Tensor]:
     """Load a safetensors file into realized tensors, by name."""
     from safetensors.numpy import load_file
     return {k: Tensor(v, device=device) for k, v in load_file(str(path)).items()}
+
+
+def _host_array(v: Any, name: str, path: str | Path) -> np.ndarray:
+    """A torch tensor -> a NumPy array eqgrad holds: floats of any width as float32, integers as
+    int32, bool as bool."""
+    import torch
+    if not isinstance(v, torch.Tensor):
+        raise TypeError(f"torch_load(): {path} is no flat state dict: {name!r} holds a {type(v).__name__}, not a tensor")
+    v = v.detach().cpu()
+    if v.is_floating_point():
+        return v.to(torch.float32).numpy()
+    return v.numpy() if v.dtype == torch.bool else v.to(torch.int32).numpy()
+
+
+def torch_load(path: str | Path, device: str | None = None) -> dict[str, Tensor]:
+    """Load a ``torch.save``d state dict (``.pt``/``.pth``/``.bin``) into realized tensors, by name.
+    Reading it needs torch (``weights_only=True``: no code in the file runs); without torch,
+    convert the file to safetensors where torch is installed
+    (``safetensors.torch.save_file(sd, "model.safetensors")``) and use ``safe_load``."""
+    try:
+        import torch
+    except ImportError as e:
+        raise ImportError(f"torch_load(): reading {path} (a torch pickle) needs torch, which is not installed; "
+                          "convert it to .safetensors where torch is (safetensors.torch.save_file) and use safe_load") from e
+    sd = torch.load(str(path), map_location="cpu", weights_only=True)
+    if isinstance(sd, dict) and "state_dict" in sd and isinstance(sd["state_dict"], dict):
+        sd = sd["state_dict"]                                       # a checkpoint wrapping it
+    if not isinstance(sd, dict):
+        raise TypeError(f"torch_load(): {path} holds a {type(sd).__name__}, not a state dict")
+    return {k: Tensor(_host_array(v, k, path), device=device) for k, v in sd.items()}
+
+
+def load(path: str | Path, device: str | None = None) -> dict[str, Tensor]:
+    """Tensors by name from a weights file, by its suffix: ``.safetensors`` (``safe_load``),
+    ``.gguf`` (``nn.gguf.gguf_load``: its own names, e.g. ``blk.0.attn_q.weight``, dequantized
+    to float32; the metadata is dropped, call ``gguf_load`` for it), ``.pt``/``.pth``/``.bin``
+    (``torch_load``)."""
+    suffix = Path(path).suffix.lower()
+    if suffix == ".safetensors":
+        return safe_load(path, device)
+    if suffix == ".gguf":
+        from eqgrad.nn.gguf import gguf_load
+        return gguf_load(path, device)[0]
+    if suffix in (".pt", ".pth", ".bin"):
+        return torch_load(path, device)
+    raise ValueError(f"load(): unknown weights file suffix {suffix!r} of {path}; expected .safetensors, .gguf, .pt, .pth or .bin")
