@@ -46,6 +46,9 @@ class ParamGroup(dict):
     writing ``group["lr"]`` writes that buffer (no recompilation, and a jitted step sees it).
     Other hyperparameters are constants of the step's graph: changing one compiles a new plan."""
 
+    # keys whose value a compiled step reads from a tensor: the JIT does not guard them (frontend/jit.py)
+    jit_live_keys = frozenset({"lr"})
+
     def __init__(self, group: dict[str, Any], device: str):
         super().__init__(group)
         self.lr_buffer = _scalar(float(group["lr"]), device)

@@ -207,10 +207,13 @@ def test_unsupported_indices(t34):
         t34["a"]
     with pytest.raises(AxisError, match=r"unsupported index 1\.5"):
         t34[1.5]
-    with pytest.raises(NotImplementedError, match=r"advanced indexing"):
-        t34[[0, 1]]
-    with pytest.raises(NotImplementedError, match=r"advanced indexing"):
-        t34[Tensor([0, 1], device="NUMPY")]
+    # lists and tensors index since issue 16 (tests/test_indexing.py); what stays an error:
+    with pytest.raises(AxisError, match=r"index 5 is out of bounds for axis 0 with size 3"):
+        t34[[0, 5]]
+    with pytest.raises(AxisError, match=r"index lists must be rectangular"):
+        t34[[[0, 1], [0.5]]]
+    with pytest.raises(DeviceError, match=r"the index is on LLVM, the tensor on NUMPY"):
+        t34[Tensor([0, 1], device="LLVM")]
 
 
 # ---------------------------------------------------------------------------- dtypes

@@ -241,8 +241,10 @@ class _Guards:
                 self.add(self._item, v, i, x, f"{what}[{i}]")
         elif isinstance(v, dict):
             self.checks.append((self._len, v, None, len(v), f"len({what})"))
+            live = getattr(v, "jit_live_keys", ())       # values a replay reads from a tensor
             for k in list(v)[:MAX_ITEMS]:
-                self.add(self._dict_get, v, k, v[k], f"{what}[{k!r}]")
+                if k not in live:
+                    self.add(self._dict_get, v, k, v[k], f"{what}[{k!r}]")
         elif isinstance(v, types.FunctionType):
             self.function(v, what)
         elif isinstance(v, types.MethodType):

@@ -22,6 +22,8 @@ from eqgrad.ops import MAX_RANK, OPS
 from eqgrad.frontend import autograd
 from eqgrad.frontend.elementwise import ElementwiseOps
 from eqgrad.frontend.indexing import IndexingOps
+from eqgrad.frontend import interop
+from eqgrad.frontend.interop import InteropOps
 from eqgrad.frontend.shapeops import ShapeOps
 from eqgrad.graph.lazy import LazyBuffer, freeze
 from eqgrad.engine import current_session, realize as realize_lazy
@@ -120,7 +122,7 @@ def _warm_once() -> None:
         current_session().warm()
 
 
-class Tensor(ElementwiseOps, ShapeOps, IndexingOps):
+class Tensor(ElementwiseOps, ShapeOps, IndexingOps, InteropOps):
     __slots__ = ("lazydata", "requires_grad", "grad", "_ctx", "_assign_dst", "__weakref__")
     __array_priority__ = 1000     # numpy_array + tensor -> Tensor.__radd__
 
@@ -158,8 +160,11 @@ class Tensor(ElementwiseOps, ShapeOps, IndexingOps):
                 arr = arr.astype(np.float32)
         elif isinstance(data, np.ndarray):
             arr = data
+        elif hasattr(data, "__dlpack__") or hasattr(data, "__array__"):
+            arr = _foreign_array(data)          # a torch tensor, a JAX or CuPy array, ...: a copy
         else:
-            raise DTypeError(f"Tensor(): expected a number, list, tuple, NumPy array or Tensor, got {type(data).__name__}")
+            raise DTypeError(f"Tensor(): expected a number, list, tuple, NumPy array, Tensor or an array "
+                             f"exporting DLPack, got {type(data).__name__}")
         if arr.dtype.kind not in "biuf":
             raise DTypeError(f"Tensor(): unsupported NumPy dtype {arr.dtype}; expected bool, integer or float")
         # a NumPy array keeps its dtype; Python lists take the defaults of their kind (bool, int32, float32)
@@ -202,10 +207,6 @@ class Tensor(ElementwiseOps, ShapeOps, IndexingOps):
         if not self.shape:
             raise TypeError("len() of a 0-d tensor")
         return self.shape[0]
-
-    def __repr__(self) -> str:
-        state = "realized" if self.lazydata.realized else f"lazy {self.lazydata.op}"
-        return f"<Tensor shape={self.shape} dtype={self.dtype.name} device={self.device} {state}>"
 
     # ------------------------------------------------------------------ realization
     def realize(self, *others: "Tensor") -> "Tensor":
@@ -382,22 +383,23 @@ class Tensor(ElementwiseOps, ShapeOps, IndexingOps):
 
     # ------------------------------------------------------------------ creation
     @staticmethod
-    def full(shape: Sequence[int] | int, fill_value: Scalar, dtype: Any = None, device: str | None = None) -> "Tensor":
+    def full(shape: Sequence[int] | int, fill_value: Scalar, dtype: Any = None, device: str | None = None,
+             requires_grad: bool = False) -> "Tensor":
         shape = _shape_arg((shape,) if isinstance(shape, int) else tuple(shape))
         if any(s < 0 for s in shape):
             raise ShapeError(f"full(): negative dimension in shape {shape}")
         d = dt.to_dtype(dtype) if dtype is not None else dt.scalar_dtype(fill_value)
         _check_addressable("full()", shape, d)
         fill_value = dt.convert_scalar(fill_value, d, "full()")
-        return Tensor(LazyBuffer.const(fill_value, shape, d, canonical_device(device)))
+        return _grad_leaf(Tensor(LazyBuffer.const(fill_value, shape, d, canonical_device(device))), requires_grad)
 
     @staticmethod
-    def zeros(*shape: Any, dtype: Any = float32, device: str | None = None) -> "Tensor":
-        return Tensor.full(_shape_arg(shape), 0, dtype, device)
+    def zeros(*shape: Any, dtype: Any = float32, device: str | None = None, requires_grad: bool = False) -> "Tensor":
+        return Tensor.full(_shape_arg(shape), 0, dtype, device, requires_grad)
 
     @staticmethod
-    def ones(*shape: Any, dtype: Any = float32, device: str | None = None) -> "Tensor":
-        return Tensor.full(_shape_arg(shape), 1, dtype, device)
+    def ones(*shape: Any, dtype: Any = float32, device: str | None = None, requires_grad: bool = False) -> "Tensor":
+        return Tensor.full(_shape_arg(shape), 1, dtype, device, requires_grad)
 
     def zeros_like(self) -> "Tensor":
         return Tensor.full(self.shape, 0, self.dtype, self.device)
@@ -410,7 +412,7 @@ class Tensor(ElementwiseOps, ShapeOps, IndexingOps):
 
     @staticmethod
     def arange(start: Scalar, stop: Scalar | None = None, step: Scalar = 1, dtype: Any = None,
-               device: str | None = None) -> "Tensor":
+               device: str | None = None, requires_grad: bool = False) -> "Tensor":
         if stop is None:
             start, stop = 0, start
         if step == 0:
@@ -421,34 +423,40 @@ class Tensor(ElementwiseOps, ShapeOps, IndexingOps):
             r = range(int(start), int(stop), int(step))    # check the ends before NumPy makes int64s
             for v in (r[0], r[-1]) if len(r) else ():
                 dt.convert_scalar(v, d, "arange()")
-        return Tensor(np.arange(start, stop, step), dtype=d, device=device)
+        return Tensor(np.arange(start, stop, step), dtype=d, device=device, requires_grad=requires_grad)
 
     @staticmethod
-    def eye(n: int, m: int | None = None, dtype: Any = float32, device: str | None = None) -> "Tensor":
+    def eye(n: int, m: int | None = None, dtype: Any = float32, device: str | None = None,
+            requires_grad: bool = False) -> "Tensor":
         m = n if m is None else m
         if n < 0 or m < 0:
             raise ShapeError(f"eye(): sizes must be non-negative, got {n}, {m}")
         _check_addressable("eye()", (n, m), dt.to_dtype(dtype))
         i = Tensor.arange(n, device=device).reshape(n, 1)
         j = Tensor.arange(m, device=device).reshape(1, m)
-        return (i == j).cast(dtype)
+        return _grad_leaf((i == j).cast(dtype), requires_grad)
 
     @staticmethod
-    def rand(*shape: Any, seed: int | None = None, dtype: Any = float32, device: str | None = None) -> "Tensor":
+    def rand(*shape: Any, seed: int | None = None, dtype: Any = float32, device: str | None = None,
+             requires_grad: bool = False) -> "Tensor":
         """Uniform [0, 1). ``seed`` gives a reproducible draw; otherwise the global generator
         (``eqgrad.manual_seed``) is used."""
         shape = _random_shape("rand()", shape)
         if seed is not None:
-            return Tensor(np.random.default_rng(seed).random(shape, dtype=np.float32), dtype=dtype, device=device)
-        return _host_random(lambda: _rng.random(shape, dtype=np.float32), dtype, device)
+            return Tensor(np.random.default_rng(seed).random(shape, dtype=np.float32), dtype=dtype, device=device,
+                          requires_grad=requires_grad)
+        return _grad_leaf(_host_random(lambda: _rng.random(shape, dtype=np.float32), dtype, device), requires_grad)
 
     @staticmethod
-    def randn(*shape: Any, seed: int | None = None, dtype: Any = float32, device: str | None = None) -> "Tensor":
+    def randn(*shape: Any, seed: int | None = None, dtype: Any = float32, device: str | None = None,
+              requires_grad: bool = False) -> "Tensor":
         """Standard normal, reproducible as ``rand``."""
         shape = _random_shape("randn()", shape)
         if seed is not None:
-            return Tensor(np.random.default_rng(seed).standard_normal(shape, dtype=np.float32), dtype=dtype, device=device)
-        return _host_random(lambda: _rng.standard_normal(shape, dtype=np.float32), dtype, device)
+            return Tensor(np.random.default_rng(seed).standard_normal(shape, dtype=np.float32), dtype=dtype,
+                          device=device, requires_grad=requires_grad)
+        return _grad_leaf(_host_random(lambda: _rng.standard_normal(shape, dtype=np.float32), dtype, device),
+                          requires_grad)
 
     # ------------------------------------------------------------------ helpers
     def _axis(self, axis: int, op: str, ndim: int | None = None) -> int:
@@ -588,15 +596,6 @@ class Tensor(ElementwiseOps, ShapeOps, IndexingOps):
             if a.dtype is int32:
                 return a._int_pow(b)
             a, b = a.float(), b.float()
-        mag = (b * a.abs().log2()).exp2()
-        b_int = b.floor() == b
-        b_odd = b_int & ((b.abs() % 2) == 1)
-        neg = a._sign_bit()
-        out = (neg & b_odd).where(-mag, mag)
-        out = ((a < 0) & a.isfinite() & ~b_int).where(float("nan"), out)
-        one = (b == 0) | (a == 1) | ((a == -1) & b.isinf())
-        return one.where(1.0, out)
-
         # NOTE: the gradients are torch's formulas, b * a**(b-1) (0 where b == 0) and a**b * log(a)
         # (0 where a == 0 and b >= 0): differentiating the selects below would multiply the zero
         # gradient of a dropped branch by its inf (0 * inf = NaN at a == 0 and for negative a)
@@ -617,6 +616,15 @@ class Tensor(ElementwiseOps, ShapeOps, IndexingOps):
         included), 1 for (-1) ** +-inf, -0.0 and -inf bases keep the sign for odd integer b, NaN for
         a finite negative base and a non-integer b."""
         a = self
+        mag = (b * a.abs().log2()).exp2()
+        b_int = b.floor() == b
+        b_odd = b_int & ((b.abs() % 2) == 1)
+        neg = a._sign_bit()
+        out = (neg & b_odd).where(-mag, mag)
+        out = ((a < 0) & a.isfinite() & ~b_int).where(float("nan"), out)
+        one = (b == 0) | (a == 1) | ((a == -1) & b.isinf())
+        return one.where(1.0, out)
+
     def _int_pow(self, e: "Tensor") -> "Tensor":
         """int32 ** int32 by binary exponentiation (wraps around like NumPy); a negative exponent
         gives 0 except for bases 1 and -1 (NumPy raises for those, elementwise raising is not lazy)."""
@@ -736,6 +744,11 @@ class Tensor(ElementwiseOps, ShapeOps, IndexingOps):
         return self.sin() / self.cos()
 
     def abs(self) -> "Tensor":
+        """``|x|``; the gradient at 0 is 0 (torch: ``sign(x)``), and ``abs(-0.0)`` is ``0.0``.
+
+            >>> Tensor([-2.0, 0.0, 3.0]).abs().tolist()
+            [2.0, 0.0, 3.0]
+        """
         if self.dtype is bool_:
             return self
         # NOTE: the constant branch at 0 gives the gradient 0 there and +0.0 for -0.0; NaN stays NaN
@@ -746,11 +759,6 @@ class Tensor(ElementwiseOps, ShapeOps, IndexingOps):
         return (self > 0).where(1, (self < 0).where(-1, 0)).cast(self.dtype)
 
     def trunc(self) -> "Tensor":
-        """``|x|``; the gradient at 0 is 0 (torch: ``sign(x)``), and ``abs(-0.0)`` is ``0.0``.
-
-            >>> Tensor([-2.0, 0.0, 3.0]).abs().tolist()
-            [2.0, 0.0, 3.0]
-        """
         return self._alu("TRUNC") if self.dtype.is_float else self
 
     def floor(self) -> "Tensor":
@@ -1251,6 +1259,13 @@ class Tensor(ElementwiseOps, ShapeOps, IndexingOps):
         return self.reshape(self.shape[:s] + (math.prod(self.shape[s:e + 1]),) + self.shape[e + 1:])
 
     def cat(self, *others: "Tensor", dim: int = 0) -> "Tensor":
+        """``a.cat(b, c, dim=1)``, or torch's ``Tensor.cat([a, b, c], dim=1)``."""
+        if not isinstance(self, Tensor):            # Tensor.cat([...]): the class's form
+            if others or not isinstance(self, (list, tuple)) or not self:
+                raise ShapeError("cat(): expected Tensor.cat([t, ...], dim=) or t.cat(t2, ..., dim=)")
+            self, others = self[0], tuple(self[1:])
+            if not isinstance(self, Tensor):
+                raise DTypeError(f"cat(): expected Tensors, got {type(self).__name__}")
         ts = [self, *others]
         d = self._axis(dim, "cat")
         for t in ts[1:]:
@@ -1271,9 +1286,19 @@ class Tensor(ElementwiseOps, ShapeOps, IndexingOps):
             out = p if out is None else (out | p if dtype is bool_ else out + p)
         return out
 
-    @staticmethod
-    def stack(tensors: Sequence["Tensor"], dim: int = 0) -> "Tensor":
-        ts = list(tensors)
+    def stack(self, *others: Any, dim: int = 0) -> "Tensor":
+        """``Tensor.stack([a, b], dim=0)`` (torch's form), or ``a.stack(b, c, dim=0)``."""
+        if isinstance(self, Tensor):
+            ts = [self, *others]
+        else:
+            if len(others) > 1:
+                raise ShapeError("stack(): expected Tensor.stack([t, ...], dim=) or t.stack(t2, ..., dim=)")
+            if others:                                 # Tensor.stack([...], 0): dim positionally
+                dim = others[0]
+            ts = list(self)
+        for t in ts:
+            if not isinstance(t, Tensor):
+                raise DTypeError(f"stack(): expected Tensors, got {type(t).__name__}")
         if not ts:
             raise ShapeError("stack(): expected at least one tensor")
         for t in ts[1:]:
@@ -1402,6 +1427,37 @@ def realize(*tensors: Tensor) -> None:
             t._commit_assign()
 
 
+def _grad_leaf(t: Tensor, requires_grad: bool) -> Tensor:
+    """A factory's tensor as a leaf that requires grad (``requires_grad=True``): a buffer of its own,
+    which an optimizer's assign can write (a constant has none)."""
+    if not requires_grad:
+        return t
+    t = t.contiguous().realize()
+    t.requires_grad_()
+    return t
+
+
+def _foreign_array(data: Any) -> np.ndarray:
+    """A copy of another library's array as NumPy: a torch tensor (detached, on the CPU), or any
+    object exporting DLPack or ``__array__``."""
+    detach = getattr(data, "detach", None)
+    if callable(detach) and type(data).__module__.startswith("torch"):
+        data = detach().cpu()
+        if str(data.dtype) == "torch.bfloat16":
+            raise DTypeError("Tensor(): torch.bfloat16 is not supported yet; supported dtypes: bool, int32, float32 "
+                             "(convert with .float())")
+        return np.array(data.numpy(), copy=True)
+    if hasattr(data, "__dlpack__"):
+        try:
+            return np.array(np.from_dlpack(data), copy=True)
+        except (TypeError, BufferError, RuntimeError, ValueError):
+            pass                                   # e.g. on a device NumPy cannot read: try __array__
+    try:
+        return np.array(np.asarray(data), copy=True)
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise DTypeError(f"Tensor(): could not read a {type(data).__name__} as an array: {e}") from e
+
+
 # ------------------------------------------------------------------ broadcasting
 
 def _broadcast_shape(a: tuple[int, ...], b: tuple[int, ...], op: str) -> tuple[int, ...]:
@@ -1427,3 +1483,8 @@ def _broadcast_pair(a: Tensor, b: Tensor, op: str) -> tuple[Tensor, Tensor]:
 
 def _is_tensor_list(xs: Iterable[Any]) -> bool:
     return all(isinstance(x, Tensor) for x in xs)
+
+
+# PyTorch spelling: in-place ``name_`` methods (assigns) and ``dim=`` for ``axis=`` (frontend/interop.py)
+interop.install(Tensor, ("sum", "max", "min", "any", "all", "mean", "var", "std", "argmax", "argmin", "softmax",
+                         "log_softmax", "logsumexp", "flip"))

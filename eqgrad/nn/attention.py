@@ -13,7 +13,8 @@ import numpy as np
 
 from eqgrad.errors import ShapeError
 from eqgrad.frontend.tensor import Tensor
-from eqgrad.nn import Linear, Module, init
+from eqgrad.nn import init
+from eqgrad.nn.module import Linear, Module
 from eqgrad.nn import functional as F
 
 

@@ -12,7 +12,7 @@ from typing import Any, Sequence
 
 from eqgrad.errors import ShapeError
 from eqgrad.frontend.tensor import Tensor
-from eqgrad.nn import Module, _uniform
+from eqgrad.nn.module import Module, _uniform
 from eqgrad.nn import functional as F
 
 
