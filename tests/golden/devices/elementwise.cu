@@ -17,11 +17,15 @@ extern "C" __global__ void eqk(float* __restrict__ b0, const float* __restrict__
   float v24 = b7[r9];
   bool v26 = v24 < 0.0f;
   float v27 = -v24;
-  float v28 = v26 ? v27 : v24;
-  float v29 = v23 + v28;
-  float v30 = log2f(v29);
-  float v31 = b8[0LL];
-  float v32 = v30 * v31;
-  b0[r9] = v32;
+  bool v28 = 0.0f < v24;
+  bool v29 = v24 == 0.0f;
+  float v30 = v29 ? 0.0f : v24;
+  float v31 = v28 ? v24 : v30;
+  float v32 = v26 ? v27 : v31;
+  float v33 = v23 + v32;
+  float v34 = log2f(v33);
+  float v35 = b8[0LL];
+  float v36 = v34 * v35;
+  b0[r9] = v36;
 }
 
