@@ -139,6 +139,9 @@ def test_smollm2_gguf_greedy_tokens_match_transformers():
     prompt = tok.encode(text).ids
     assert prompt == hf_tok(text, add_special_tokens=False)["input_ids"]
     hf = transformers.AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32).eval()
-    ids, _, _ = llama.generate(model, prompt, 8)
+    # NOTE: not re-checked by the NumPy interpreter (the suite's VALIDATE=1): it materializes every
+    # broadcast product, gigabytes for the embedding's one-hot matmul and 30 layers of matmuls
+    with eqgrad.Context(VALIDATE=0):
+        ids, _, _ = llama.generate(model, prompt, 8)
     ref, _, _ = llama.hf_generate(hf, prompt, 8)
     assert ids == ref, (tok.decode(ids), tok.decode(ref))
