@@ -26,6 +26,7 @@ import numpy as np
 import eqgrad
 from eqgrad import Tensor, nn
 import eqgrad.nn.functional as F
+from eqgrad.nn.gguf import gguf_read
 
 
 @dataclass(frozen=True)
@@ -220,7 +221,6 @@ def chat_prompt(meta: dict[str, Any], user: str) -> str:
 def from_gguf(path: str) -> tuple[Llama, dict[str, Any], dict[str, np.ndarray]]:
     """The model with the GGUF's weights (dequantized to float32), its metadata, and the weights
     by Hugging Face name (for a reference implementation)."""
-    from eqgrad.nn.gguf import gguf_read
     arrays, meta = gguf_read(path)
     cfg = config_from_gguf(meta, arrays)
     state = hf_state_from_gguf(arrays, cfg)

@@ -23,6 +23,7 @@ import numpy as np
 
 from eqgrad.errors import ShapeError
 from eqgrad.frontend.tensor import Tensor, realize
+from eqgrad.nn.gguf import gguf_load
 
 
 def get_state_dict(obj: Any, prefix: str = "") -> dict[str, Tensor]:
@@ -140,7 +141,6 @@ def load(path: str | Path, device: str | None = None) -> dict[str, Tensor]:
     if suffix == ".safetensors":
         return safe_load(path, device)
     if suffix == ".gguf":
-        from eqgrad.nn.gguf import gguf_load
         return gguf_load(path, device)[0]
     if suffix in (".pt", ".pth", ".bin"):
         return torch_load(path, device)
