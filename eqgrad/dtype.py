@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from eqgrad.errors import DTypeError
+
 
 @dataclass(frozen=True, order=True)
 class DType:
@@ -119,7 +121,6 @@ def to_dtype(x: "DType | str | type | np.dtype") -> DType:
     dtype, a torch dtype, or Python's bool/int/float (bool, int32, float32). Anything else -- an
     unknown name, ``np.uint16``, ``np.complex64``, ``torch.uint64`` -- is a DTypeError naming the
     supported dtypes: a dtype is never replaced by another one."""
-    from eqgrad.errors import DTypeError
     if isinstance(x, DType):
         return x
     if x is bool:

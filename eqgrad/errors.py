@@ -1,7 +1,11 @@
 """The exceptions eqgrad raises at its API. Each message names the op, what it expected and what it got."""
 from __future__ import annotations
 
-from eqgrad.ops import OpError
+
+
+class OpError(ValueError):
+    """Raised for invalid arguments to a primitive op (shape, dtype, axis): the graph floor's error,
+    which the Tensor layer words for the user."""
 
 
 class EqgradError(Exception):

@@ -23,14 +23,11 @@ from typing import Any, Callable
 
 import numpy as np
 
+from eqgrad.errors import OpError
 from eqgrad.dtype import ALL_DTYPES, DType, bfloat16, bool_, round_bf16
 
 Shape = tuple[int, ...]
 MAX_RANK = 8          # egglog analysis rules are generated per rank up to this
-
-
-class OpError(ValueError):
-    """Raised for invalid arguments to a primitive op (shape, dtype, axis)."""
 
 
 @dataclass(frozen=True)

@@ -71,7 +71,7 @@ def _other(n: int) -> None:
     a plan of other sizes is resized, not compiled, and not stored)."""
     x = Tensor(np.ones((3, 5), np.float32))
     with engine.default_session():
-        [x.exp2(), x.sqrt() + 2, (x * 4).max(1)][n].numpy()
+        [x.exp2(), x.sqrt() + 2, (x * 4).amax(1)][n].numpy()
 
 
 def _files(d: Path) -> list[Path]:
@@ -91,7 +91,7 @@ def _corpus() -> dict[str, callable]:
         "elementwise": lambda: (t(x) * 3 + 1).sqrt().sin(),
         "specials": lambda: t(x).maximum(float("-inf")) + float("nan") * (t(x) < -0.0).where(-0.0, float("inf")),
         "int and bool": lambda: ((t(i) * 3 + 7) % 4 == 1).where(t(i), -t(i)).cast(eqgrad.float32),
-        "reductions": lambda: t(x).sum(1, keepdim=True) - t(x).max(0, keepdim=True),
+        "reductions": lambda: t(x).sum(1, keepdim=True) - t(x).amax(0, keepdim=True),
         "movement": lambda: t(x).permute(1, 0).reshape(2, 6).pad(((1, 0), (0, 2))).flip(1)[:, 1:5],
         "shared node": lambda: (lambda y: y * y + y)(t(x).exp()),
         "matmul softmax": lambda: (t(x) @ t(x).transpose(0, 1)).softmax(-1),

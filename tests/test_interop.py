@@ -123,3 +123,33 @@ def test_dim_is_axis(device):
     np.testing.assert_array_equal(t.flip(dim=0).numpy(), x[::-1])
     with pytest.raises(TypeError, match="both axis= and dim="):
         t.sum(axis=0, dim=0)
+
+
+@needs_torch
+def test_max_and_min_with_a_dim_return_values_and_indices_as_torch(device):
+    x = np.array([[1.0, 5.0, 5.0, -2.0], [7.0, 0.0, 7.0, 7.0], [-1.0, -3.0, -1.0, -3.0]], np.float32)
+    t = Tensor(x, device=device)
+    assert t.max().item() == 7.0 and t.min().item() == -3.0
+    for op in ("max", "min"):
+        for dim, keepdim in ((1, False), (0, True), (-1, True)):
+            got = getattr(t, op)(dim, keepdim=keepdim)
+            want = getattr(torch.tensor(x), op)(dim, keepdim=keepdim)
+            np.testing.assert_array_equal(got.values.numpy(), want.values.numpy())
+            np.testing.assert_array_equal(got.indices.numpy(), want.indices.numpy())
+            v, i = getattr(t, op)(dim=dim, keepdim=keepdim)          # unpacks; dim= spelling
+            assert v.shape == tuple(want.values.shape) and i.dtype == eqgrad.int32
+    np.testing.assert_array_equal(t.max(Tensor(np.zeros_like(x), device=device)).numpy(), np.maximum(x, 0))
+    np.testing.assert_array_equal(t.min(Tensor(np.zeros_like(x), device=device)).numpy(), np.minimum(x, 0))
+    np.testing.assert_array_equal(t.max((0, 1)).numpy(), x.max())          # a tuple of axes: the values
+    np.testing.assert_array_equal(t.amax(1).numpy(), x.max(1))
+    # the gradient of max(dim) goes to the returned index alone (amax's is shared among ties)
+    a = Tensor(x, requires_grad=True)
+    a.max(1).values.sum().backward()
+    b = torch.tensor(x, requires_grad=True)
+    b.max(1).values.sum().backward()
+    np.testing.assert_array_equal(a.grad.numpy(), b.grad.numpy())
+    c = Tensor(x, requires_grad=True)
+    c.amax(1).sum().backward()
+    d = torch.tensor(x, requires_grad=True)
+    d.amax(1).sum().backward()
+    np.testing.assert_allclose(c.grad.numpy(), d.grad.numpy())

@@ -54,7 +54,7 @@ CORPUS: dict[str, Callable[[], Tensor]] = {
     "matmul_odd": lambda: _t(5, 9) @ _t(9, 7, seed=1),
     "softmax": lambda: _t(8, 16).softmax(-1),
     "layernorm": lambda: F.layer_norm(_t(8, 16), (16,)),
-    "row_max": lambda: _t(8, 16) - _t(8, 16).max(-1, keepdim=True),
+    "row_max": lambda: _t(8, 16) - _t(8, 16).amax(-1, keepdim=True),
     "full_variance": lambda: ((_t(6, 7) - _t(6, 7).mean()) ** 2).mean(),
     "conv": lambda: F.conv2d(_t(1, 2, 5, 5), _t(3, 2, 3, 3, seed=1), padding=1),
     "bool_any": lambda: (_t(64) > 1.5).any(),

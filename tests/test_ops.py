@@ -603,8 +603,8 @@ def test_invert_logical_not(device):
 AXES = [None, 0, -1, (-1, 0), ()]
 REDUCE = {
     "sum": (lambda t, ax, k: t.sum(ax, keepdim=k), lambda a, ax, k: np.sum(a, axis=ax, keepdims=k)),
-    "max": (lambda t, ax, k: t.max(ax, keepdim=k), lambda a, ax, k: np.max(a, axis=ax, keepdims=k)),
-    "min": (lambda t, ax, k: t.min(ax, keepdim=k), lambda a, ax, k: np.min(a, axis=ax, keepdims=k)),
+    "max": (lambda t, ax, k: t.amax(ax, keepdim=k), lambda a, ax, k: np.max(a, axis=ax, keepdims=k)),
+    "min": (lambda t, ax, k: t.amin(ax, keepdim=k), lambda a, ax, k: np.min(a, axis=ax, keepdims=k)),
     "mean": (lambda t, ax, k: t.mean(ax, keepdim=k), lambda a, ax, k: np.mean(a, axis=ax, keepdims=k)),
     "var": (lambda t, ax, k: t.var(ax, keepdim=k), lambda a, ax, k: np.var(a, axis=ax, keepdims=k, ddof=1)),
     "std": (lambda t, ax, k: t.std(ax, keepdim=k), lambda a, ax, k: np.std(a, axis=ax, keepdims=k, ddof=1)),
@@ -661,7 +661,7 @@ def test_reduce_degenerate(device):
     check(lambda t: t.sum(0), lambda a: a.sum(0), [X03], device)
     check(lambda t: t.sum(), lambda a: a.sum(), [X03], device)
     check(lambda t: t.sum(1), lambda a: a.sum(1), [X03], device)
-    check(lambda t: t.max(1), lambda a: a.max(1), [X03], device)            # reduces a non-empty axis
+    check(lambda t: t.amax(1), lambda a: a.max(1), [X03], device)            # reduces a non-empty axis
     check(lambda t: t.mean(0), lambda a: a.mean(0), [X03], device)
     # one element, unbiased variance: NaN; biased: 0
     check(lambda t: t.var(0), lambda a: np.var(a, 0, ddof=1), [X1], device)
@@ -675,8 +675,8 @@ def test_reduce_nan_inf(device):
     a = np.array([[1.0, nan, 3.0], [inf, 2.0, -inf], [-inf, -inf, 0.5], [inf, -inf, 1.0]], dtype=np.float32)
     for ax in (None, 0, 1):
         check(lambda t: t.sum(ax), lambda x: np.sum(x, ax), [a], device)
-        check(lambda t: t.max(ax), lambda x: np.max(x, ax), [a], device)
-        check(lambda t: t.min(ax), lambda x: np.min(x, ax), [a], device)
+        check(lambda t: t.amax(ax), lambda x: np.max(x, ax), [a], device)
+        check(lambda t: t.amin(ax), lambda x: np.min(x, ax), [a], device)
     check(lambda t: t.mean(1), lambda x: np.mean(x, 1), [a], device)
 
 
@@ -921,7 +921,7 @@ def test_softmax_edge_cases(device):
 CHAINS = {
     "strided_view_math": (lambda a, b: a[::2].exp() * 2, lambda a, b: np.exp(a[::2]) * 2),
     "sum_of_expr": (lambda a, b: (a * b + 1).sum(), lambda a, b: (a * b + 1).sum()),
-    "max_of_expr": (lambda a, b: (a - b).abs().max(axis=1), lambda a, b: np.abs(a - b).max(1)),
+    "max_of_expr": (lambda a, b: (a - b).abs().amax(axis=1), lambda a, b: np.abs(a - b).max(1)),
     "reduce_then_broadcast": (lambda a, b: a - a.mean(0), lambda a, b: a - a.mean(0)),
     "normalize": (lambda a, b: (a - a.mean(1, keepdim=True)) / (a.std(1, keepdim=True) + 1e-5),
                   lambda a, b: (a - a.mean(1, keepdims=True)) / (a.std(1, ddof=1, keepdims=True) + 1e-5)),
@@ -1001,7 +1001,7 @@ def test_larger_odd_sizes(device, case):
     elif case == "sum1":
         check(lambda x: x.sum(1), lambda x: x.sum(1), [a], device, rtol=1e-4, atol=1e-4)
     elif case == "max_T":
-        check(lambda x: x.T.max(0), lambda x: x.T.max(0), [a], device)
+        check(lambda x: x.T.amax(0), lambda x: x.T.max(0), [a], device)
     elif case == "softmax":
         check(lambda x: x.softmax(0), lambda x: np_softmax_last(x.T).T, [a], device)
     elif case == "elementwise":

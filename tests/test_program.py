@@ -17,7 +17,7 @@ def _programs():
     yield "shared", [s * s + s, s.sum(1)]                  # a subexpression read twice, two targets
     yield "matmul", [(a @ b).relu() * 0.5]
     yield "same_input_twice", [a * a + a.T.T]
-    yield "reductions", [a.max(1) - a.mean(0).sum(), a.softmax(-1)]
+    yield "reductions", [a.amax(1) - a.mean(0).sum(), a.softmax(-1)]
     yield "casts", [(a > 0.25).float() + a.int().float()]
     yield "conv", [F.conv2d(Tensor(data((1, 2, 5, 5))), Tensor(data((3, 2, 3, 3), seed=4)), padding=1)]
     yield "params_distinct_nodes", [a * 0.3 + c * 0.3]     # equal values, two parameters

@@ -52,7 +52,7 @@ def _programs(n: int = 20):
         elif kind == 1:
             out.append((a, lambda t, c=c: (t.permute(1, 0) - c).exp2(), lambda x, c=c: np.exp2(x.T - c)))
         elif kind == 2:
-            out.append((a, lambda t, c=c: (t * t).max(0) + c, lambda x, c=c: (x * x).max(0) + c))
+            out.append((a, lambda t, c=c: (t * t).amax(0) + c, lambda x, c=c: (x * x).max(0) + c))
         else:
             out.append((a, lambda t, c=c: t.reshape(-1) * c, lambda x, c=c: x.reshape(-1) * c))
     return out

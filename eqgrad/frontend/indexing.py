@@ -427,7 +427,7 @@ class IndexingOps:
             return self
         hit, srcv, region = _scatter_one_hot(self, index, s, d)
         iota = type(self).arange(1, m + 1, device=self.device).reshape(_axis_shape(hit.ndim, d, m))
-        last = hit.where(iota, 0).max(d)                   # the last i writing each target, 0: none
+        last = hit.where(iota, 0).amax(d)                   # the last i writing each target, 0: none
         pick = iota == last.unsqueeze(d)
         vals = _sum_picked(pick, srcv, d)
         return _fill_region(self, last > 0, vals, region)
@@ -472,7 +472,7 @@ class IndexingOps:
             vals = hit.where(srcv, low)
             if include_self:
                 vals = own.unsqueeze(d).cat(vals, dim=d)
-            return _fill_region(self, covered, vals.max(d), region)
+            return _fill_region(self, covered, vals.amax(d), region)
         if reduce == "prod":
             p = _prod(hit.where(srcv, 1), d)
             return _fill_region(self, covered, own * p if include_self else p, region)
@@ -592,7 +592,7 @@ def _put_rows(rows: Any, flat_idx: Any, v: Any) -> Any:
         return rows
     hot = flat_idx.reshape(m, 1) == T.arange(n, device=rows.device)                    # (m, n)
     iota = T.arange(1, m + 1, device=rows.device).reshape(m, 1)
-    last = hot.where(iota, 0).max(0)                                                    # (n,), 0: none
+    last = hot.where(iota, 0).amax(0)                                                    # (n,), 0: none
     pick = (iota == last).reshape((m, n) + (1,) * len(rest))
     vals = _sum_picked(pick, v.reshape((m, 1) + rest), 0)
     return (last > 0).reshape((n,) + (1,) * len(rest)).where(vals, rows)

@@ -135,14 +135,14 @@ class ShapeOps:
             kj_num = nan_j.where(lowest, kj)
         else:
             nan_j, lowest, kj_num = None, INT32_MIN, kj
-        m = mask.where(kj_num, lowest).max(-1, keepdim=True)        # (..., n, 1) prefix max
+        m = mask.where(kj_num, lowest).amax(-1, keepdim=True)        # (..., n, 1) prefix max
         hit = mask & (kj_num == m)
         if nan_j is not None:
             # NOTE: as torch, a NaN is the extreme from where it appears on; the index is the last NaN
             has_nan = (mask & nan_j).any(-1, keepdim=True)
             hit = mask & has_nan.where(nan_j, kj_num == m)
         # NOTE: ties take the last index (torch compares with >= / <=)
-        idx = hit.where(j, -1).max(-1)                              # (..., n)
+        idx = hit.where(j, -1).amax(-1)                              # (..., n)
         vals = xl._take_onehot(j == idx.unsqueeze(-1))
         if self.ndim == 0:
             return ValuesIndices(vals.reshape(()), idx.reshape(()))
@@ -178,7 +178,7 @@ class ShapeOps:
         i, j = self._pair_index(xl.shape[-1])
         mask = j <= i
         xj = xl.unsqueeze(-2)
-        m = mask.where(xj, float("-inf")).max(-1, keepdim=True).detach()   # NOTE: detached, as softmax
+        m = mask.where(xj, float("-inf")).amax(-1, keepdim=True).detach()   # NOTE: detached, as softmax
         m = (m.abs() == float("inf")).where(0.0, m)     # all -inf (or an inf): shift by 0 instead
         out = mask.where((xj - m), float("-inf")).exp().sum(-1).log() + m.squeeze(-1)
         return out.reshape(()) if x.ndim == 0 else out.movedim(-1, d)
@@ -366,14 +366,6 @@ class ShapeOps:
             x = x[..., 0] * x[..., 1]
             n //= 2
         return x.reshape(x.shape[:-1])
-
-    def amax(self, dim: Any = None, keepdim: bool = False) -> Any:
-        """Maximum over ``dim`` (an int or a tuple); ties share the gradient evenly (torch.amax)."""
-        return self.max(dim, keepdim)
-
-    def amin(self, dim: Any = None, keepdim: bool = False) -> Any:
-        """Minimum over ``dim`` (an int or a tuple); ties share the gradient evenly (torch.amin)."""
-        return self.min(dim, keepdim)
 
     def var_mean(self, dim: Any = None, correction: int = 1, keepdim: bool = False) -> tuple[Any, Any]:
         """``(var, mean)`` over ``dim`` (torch.var_mean)."""

@@ -24,7 +24,7 @@ from eqgrad.frontend.elementwise import ElementwiseOps
 from eqgrad.frontend.indexing import IndexingOps
 from eqgrad.frontend import interop
 from eqgrad.frontend.interop import InteropOps
-from eqgrad.frontend.shapeops import ShapeOps
+from eqgrad.frontend.shapeops import ShapeOps, ValuesIndices
 from eqgrad.graph.lazy import LazyBuffer, freeze
 from eqgrad.engine import current_session, realize as realize_lazy
 
@@ -1034,17 +1034,61 @@ class Tensor(ElementwiseOps, ShapeOps, IndexingOps, InteropOps):
             x = x.cast(dtype)
         return x._reduce("RSUM", axis, keepdim, "sum")
 
-    def max(self, axis: Any = None, keepdim: bool = False) -> "Tensor":
-        self._check_nonempty_reduce(axis, "max")
-        return self._reduce("RMAX", axis, keepdim, "max")
+    def amax(self, axis: Any = None, keepdim: bool = False) -> "Tensor":
+        """Maximum over ``axis`` (None: all; an int or a tuple); ties share the gradient evenly
+        (torch.amax)."""
+        self._check_nonempty_reduce(axis, "amax")
+        return self._reduce("RMAX", axis, keepdim, "amax")
 
-    def min(self, axis: Any = None, keepdim: bool = False) -> "Tensor":
-        self._check_nonempty_reduce(axis, "min")
+    def amin(self, axis: Any = None, keepdim: bool = False) -> "Tensor":
+        """Minimum over ``axis`` (None: all; an int or a tuple); ties share the gradient evenly
+        (torch.amin)."""
+        self._check_nonempty_reduce(axis, "amin")
         if self.dtype is bool_:
-            return self.logical_not().max(axis, keepdim).logical_not()
-        if self.dtype is int32:
-            return ~((~self).max(axis, keepdim))
-        return -((-self).max(axis, keepdim))
+            return self.logical_not().amax(axis, keepdim).logical_not()
+        if not self.dtype.is_float:
+            return ~((~self).amax(axis, keepdim))          # exact for every integer (~x = -1 - x)
+        return -((-self).amax(axis, keepdim))
+
+    def max(self, axis: Any = None, keepdim: bool = False) -> Any:
+        """As torch: ``max()`` the largest element; ``max(dim, keepdim=False)`` the named tuple
+        ``(values, indices)`` (the first maximum's index; the gradient goes to it alone, as torch);
+        ``max(other)`` the elementwise maximum. A tuple of axes gives the values only (``amax``).
+
+            >>> t = Tensor([[1.0, 5.0, 2.0], [7.0, 0.0, 7.0]])
+            >>> t.max().item(), t.max(1).values.tolist(), t.max(1).indices.tolist()
+            (7.0, [5.0, 7.0], [1, 0])
+        """
+        if isinstance(axis, Tensor):
+            return self.maximum(axis)
+        if axis is None or isinstance(axis, (tuple, list)):
+            return self.amax(axis, keepdim)
+        return self._extreme_with_index(axis, keepdim, "max")
+
+    def min(self, axis: Any = None, keepdim: bool = False) -> Any:
+        """As ``max``, for the smallest: ``min()``, ``min(dim)`` -> ``(values, indices)``, ``min(other)``."""
+        if isinstance(axis, Tensor):
+            return self.minimum(axis)
+        if axis is None or isinstance(axis, (tuple, list)):
+            return self.amin(axis, keepdim)
+        return self._extreme_with_index(axis, keepdim, "min")
+
+    def _extreme_with_index(self, axis: int, keepdim: bool, op: str) -> Any:
+        ax = self._axis(axis, op)
+        self._check_nonempty_reduce(ax, op)
+        idx = self.argmax(ax, keepdim=True) if op == "max" else self.argmin(ax, keepdim=True)
+        shape = [1] * self.ndim
+        shape[ax] = self.shape[ax]
+        hot = Tensor.arange(self.shape[ax], device=self.device).reshape(shape) == idx
+
+        def grad(g: "Tensor", out: "Tensor", x: "Tensor") -> tuple:
+            # NOTE: torch routes max(dim)'s gradient to the returned index only (amax shares it)
+            return (hot.where(g.expand(x.shape), 0.0),)
+        reduce = (lambda x: x.amax(ax, keepdim=True)) if op == "max" else (lambda x: x.amin(ax, keepdim=True))
+        vals = self._custom_grad(op.upper(), reduce, grad) if self.dtype.is_float else reduce(self)
+        if not keepdim:
+            vals, idx = vals.squeeze(ax), idx.squeeze(ax)
+        return ValuesIndices(vals, idx)
 
     def _check_nonempty_reduce(self, axis: Any, name: str) -> None:
         axes = self._axes(axis, name)
@@ -1083,11 +1127,11 @@ class Tensor(ElementwiseOps, ShapeOps, IndexingOps, InteropOps):
         n = self.shape[ax]
         if n == 0:
             raise ShapeError(f"argmax(): axis {ax} of shape {self.shape} is empty")
-        is_max = (self == self.max(ax, keepdim=True)) | (self != self)      # NaN: the first NaN wins
+        is_max = (self == self.amax(ax, keepdim=True)) | (self != self)     # NaN: the first NaN wins
         shape = [1] * self.ndim
         shape[ax] = n
         rev = Tensor.arange(n, 0, -1, device=self.device).reshape(shape)   # n, n-1, ..., 1
-        return (n - (is_max.where(rev, 0)).max(ax, keepdim)).cast(int32)
+        return (n - (is_max.where(rev, 0)).amax(ax, keepdim)).cast(int32)
 
     def argmin(self, axis: int | None = None, keepdim: bool = False) -> "Tensor":
         if axis is not None:
@@ -1110,21 +1154,21 @@ class Tensor(ElementwiseOps, ShapeOps, IndexingOps, InteropOps):
             return x * 1.0
         # NOTE: the max is detached: softmax does not change under a shift, so the gradient through
         # the max is zero in exact arithmetic -- detaching it saves computing that zero
-        e = (x - x.max(axis, keepdim=True).detach()).exp()
+        e = (x - x.amax(axis, keepdim=True).detach()).exp()
         return e / e.sum(axis, keepdim=True)
 
     def log_softmax(self, axis: int = -1) -> "Tensor":
         x = self.float()
         if self.shape[self._axis(axis, "log_softmax")] == 0:
             return x * 1.0                               # NOTE: empty, as in softmax
-        m = x - x.max(axis, keepdim=True).detach()       # NOTE: detached, as in softmax
+        m = x - x.amax(axis, keepdim=True).detach()      # NOTE: detached, as in softmax
         return m - m.exp().sum(axis, keepdim=True).log()
 
     def logsumexp(self, axis: int = -1, keepdim: bool = False) -> "Tensor":
         if self.shape[self._axis(axis, "logsumexp")] == 0:
             # NOTE: the log of an empty sum: -inf (torch), with the input's (empty) gradient
             return self.float().sum(axis, keepdim) + float("-inf")
-        m = self.float().max(axis, keepdim=True).detach()   # NOTE: detached, as in softmax
+        m = self.float().amax(axis, keepdim=True).detach()  # NOTE: detached, as in softmax
         out = (self - m).exp().sum(axis, keepdim=True).log() + m
         return out if keepdim else out.squeeze(self._axis(axis, "logsumexp"))
 
@@ -1486,5 +1530,5 @@ def _is_tensor_list(xs: Iterable[Any]) -> bool:
 
 
 # PyTorch spelling: in-place ``name_`` methods (assigns) and ``dim=`` for ``axis=`` (frontend/interop.py)
-interop.install(Tensor, ("sum", "max", "min", "any", "all", "mean", "var", "std", "argmax", "argmin", "softmax",
+interop.install(Tensor, ("sum", "max", "min", "amax", "amin", "any", "all", "mean", "var", "std", "argmax", "argmin", "softmax",
                          "log_softmax", "logsumexp", "flip"))

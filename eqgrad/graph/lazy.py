@@ -180,7 +180,7 @@ def _compared_value(lb: LazyBuffer) -> LazyBuffer:
 
 def one_value(a: LazyBuffer, b: LazyBuffer) -> None:
     """Before ``a`` and ``b`` are compared: when one reads a float value ``x`` and the other a max of
-    that same ``x`` (``x == x.max(1, keepdim=True)``: argmax, argmin, user code), ``x`` is
+    that same ``x`` (``x == x.amax(1, keepdim=True)``: argmax, argmin, user code), ``x`` is
     materialized in place (it becomes ``Contiguous`` of its computation), so every consumer --
     those built already and those built later -- reads one buffer.
 

@@ -391,13 +391,13 @@ def _adaptive(x: Tensor, n: int, output_size: int | Sequence[int | None], op: st
         o = i if o is None else o
         if i % o == 0:
             y = x.reshape(*x.shape[:ax], o, i // o, *x.shape[ax + 1:])
-            x = y.mean(ax + 1) if reduce == "mean" else y.max(ax + 1)
+            x = y.mean(ax + 1) if reduce == "mean" else y.amax(ax + 1)
             continue
         parts = []
         for w in range(o):
             lo, hi = (w * i) // o, -(-((w + 1) * i) // o)
             piece = x.shrink([None] * ax + [(lo, hi)] + [None] * (x.ndim - ax - 1))
-            parts.append(piece.mean(ax, keepdim=True) if reduce == "mean" else piece.max(ax, keepdim=True))
+            parts.append(piece.mean(ax, keepdim=True) if reduce == "mean" else piece.amax(ax, keepdim=True))
         x = parts[0].cat(*parts[1:], dim=ax)
     return x
 

@@ -114,7 +114,7 @@ STEPS: list[Step] = [
     Step("sum", 1, lambda a, p: _axis_ok(a, p), lambda a, p: a.sum(p),
          lambda a, p: _np_sum(a, p), params=(0, -1, 1)),
     Step("sum_all", 1, lambda a, p: True, lambda a, p: a.sum(), lambda a, p: np.asarray(_np_sum(a, None))),
-    Step("max", 1, lambda a, p: _axis_ok(a, p) and a.shape[p] > 0, lambda a, p: a.max(p, keepdim=True),
+    Step("max", 1, lambda a, p: _axis_ok(a, p) and a.shape[p] > 0, lambda a, p: a.amax(p, keepdim=True),
          lambda a, p: np.max(a, axis=p, keepdims=True), params=(0, -1)),
     # a value compared with a reduction of itself: a plan that evaluates the value in two kernels
     # must still find its max (issue 38: argmax returned the axis length)
@@ -122,7 +122,7 @@ STEPS: list[Step] = [
          lambda a, p: np.argmax(a, axis=p).astype(I), params=(0, -1)),
     Step("argmin", 1, lambda a, p: _axis_ok(a, p) and a.shape[p] > 0, lambda a, p: a.argmin(p),
          lambda a, p: np.argmin(a, axis=p).astype(I), params=(0, -1)),
-    Step("is_max", 1, lambda a, p: _axis_ok(a, p) and a.shape[p] > 0, lambda a, p: a == a.max(p, keepdim=True),
+    Step("is_max", 1, lambda a, p: _axis_ok(a, p) and a.shape[p] > 0, lambda a, p: a == a.amax(p, keepdim=True),
          lambda a, p: a == np.max(a, axis=p, keepdims=True), params=(0, -1)),
     Step("mean", 1, lambda a, p: _axis_ok(a, p) and _float(a), lambda a, p: a.mean(p, keepdim=True),
          lambda a, p: np.sum(a, axis=p, keepdims=True, dtype=F) * F(1 / a.shape[p] if a.shape[p] else np.nan),

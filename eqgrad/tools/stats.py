@@ -50,7 +50,7 @@ def corpus() -> dict[str, Callable[[], object]]:
         "argmax": lambda: x.argmax(1),
         "integers": lambda: ((xi * 3 + 1) // 2 % 5).maximum(xi),
         "where_clip": lambda: (x > 0).where(x.clip(-1, 1), x * 0.1),
-        "reductions": lambda: x.max(0) - x.min(0) + x.std(0) * x.sum(0),
+        "reductions": lambda: x.amax(0) - x.amin(0) + x.std(0) * x.sum(0),
         "constants": lambda: x * 1.0 + 0.0 - 0.0 + (-(-x)) * Tensor.ones(16, 32),
     }
 
