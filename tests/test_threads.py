@@ -32,7 +32,7 @@ MODES = ("identical", "different")
 # (eqgrad function, NumPy function) of two (rows, cols) float32 arrays
 PROGRAMS = [
     (lambda a, b: (a * b + a).sum(axis=1), lambda a, b: (a * b + a).sum(axis=1)),
-    (lambda a, b: (a - b).exp().max(axis=0), lambda a, b: np.exp(a - b).max(axis=0)),
+    (lambda a, b: (a - b).exp().amax(axis=0), lambda a, b: np.exp(a - b).max(axis=0)),
     (lambda a, b: a @ b.T + 1, lambda a, b: a @ b.T + 1),
     (lambda a, b: a.maximum(b) * 2 - b, lambda a, b: np.maximum(a, b) * 2 - b),
 ]
