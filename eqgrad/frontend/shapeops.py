@@ -39,19 +39,24 @@ def _ints(args: tuple, op: str) -> tuple[int, ...]:
     return tuple(int(a) for a in args)
 
 
-def _gain(nonlinearity: str, a: float) -> float:
-    """torch.nn.init.calculate_gain."""
-    if nonlinearity in ("linear", "conv1d", "conv2d", "conv3d", "sigmoid"):
+def calculate_gain(nonlinearity: str, param: float | None = None) -> float:
+    """The recommended gain for a nonlinearity (torch's table)."""
+    linear = ("linear", "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",
+              "conv_transpose3d", "sigmoid")
+    if nonlinearity in linear:
         return 1.0
     if nonlinearity == "tanh":
         return 5.0 / 3
     if nonlinearity == "relu":
         return math.sqrt(2.0)
     if nonlinearity == "leaky_relu":
-        return math.sqrt(2.0 / (1 + a * a))
+        slope = 0.01 if param is None else param
+        if isinstance(slope, bool) or not isinstance(slope, (int, float)):
+            raise ValueError(f"calculate_gain(): negative_slope {slope!r} is not a number")
+        return math.sqrt(2.0 / (1 + slope ** 2))
     if nonlinearity == "selu":
         return 3.0 / 4
-    raise ValueError(f"kaiming: unsupported nonlinearity {nonlinearity!r}")
+    raise ValueError(f"calculate_gain(): unsupported nonlinearity {nonlinearity!r}")
 
 
 class ShapeOps:
@@ -752,7 +757,7 @@ class ShapeOps:
             raise ValueError(f"{op}(): mode must be 'fan_in' or 'fan_out', got {mode!r}")
         receptive = math.prod(shape[2:])
         fan = shape[1] * receptive if mode == "fan_in" else shape[0] * receptive
-        return _gain(nonlinearity, a) / math.sqrt(fan) if fan else 0.0
+        return calculate_gain(nonlinearity, a) / math.sqrt(fan) if fan else 0.0
 
     @classmethod
     def kaiming_uniform(cls, *shape: Any, a: float = 0.0, mode: str = "fan_in", nonlinearity: str = "leaky_relu",

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from eqgrad.frontend.autograd import no_grad
+from eqgrad.frontend.shapeops import calculate_gain  # noqa: F401  (one gain table: torch.nn.init.calculate_gain)
 from eqgrad.frontend.tensor import Tensor
 from eqgrad.frontend import tensor as _t
 
@@ -25,26 +26,6 @@ def _write(tensor: Tensor, values: np.ndarray) -> Tensor:
     with no_grad():
         tensor.assign(Tensor(values.astype(tensor.dtype.np), device=tensor.device)).realize()
     return tensor
-
-
-def calculate_gain(nonlinearity: str, param: float | None = None) -> float:
-    """The recommended gain for a nonlinearity (torch's table)."""
-    linear = ("linear", "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",
-              "conv_transpose3d", "sigmoid")
-    if nonlinearity in linear:
-        return 1.0
-    if nonlinearity == "tanh":
-        return 5.0 / 3
-    if nonlinearity == "relu":
-        return math.sqrt(2.0)
-    if nonlinearity == "leaky_relu":
-        slope = 0.01 if param is None else param
-        if isinstance(slope, bool) or not isinstance(slope, (int, float)):
-            raise ValueError(f"calculate_gain(): negative_slope {slope!r} is not a number")
-        return math.sqrt(2.0 / (1 + slope ** 2))
-    if nonlinearity == "selu":
-        return 3.0 / 4
-    raise ValueError(f"calculate_gain(): unsupported nonlinearity {nonlinearity!r}")
 
 
 def _calculate_fan_in_and_fan_out(tensor: Tensor) -> tuple[int, int]:
