@@ -153,3 +153,20 @@ def test_max_and_min_with_a_dim_return_values_and_indices_as_torch(device):
     d = torch.tensor(x, requires_grad=True)
     d.amax(1).sum().backward()
     np.testing.assert_allclose(c.grad.numpy(), d.grad.numpy())
+
+
+def test_clip_keywords_and_div_rounding_mode(device):
+    x = data((3, 4))
+    t = Tensor(x, device=device)
+    np.testing.assert_array_equal(t.clip(min=-1.0, max=1.0).numpy(), np.clip(x, -1.0, 1.0))
+    np.testing.assert_array_equal(t.clamp(max=0.5).numpy(), np.minimum(x, 0.5))
+    np.testing.assert_array_equal(t.clamp_(min=0.0).numpy(), np.maximum(x, 0.0))
+    with pytest.raises(TypeError, match="both by position and by keyword"):
+        t.clip(0.0, min=1.0)
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        t.clip(low=0.0)
+    i = Tensor(np.array([-7, 7, 5], np.int32), device=device)
+    np.testing.assert_array_equal(i.div(2, rounding_mode="trunc").numpy(), [-3, 3, 2])
+    np.testing.assert_array_equal(i.div(2, rounding_mode="floor").numpy(), [-4, 3, 2])
+    np.testing.assert_allclose(i.div(2).numpy(), [-3.5, 3.5, 2.5])
+    np.testing.assert_allclose(Tensor(np.float32([-7.5, 7.5]), device=device).div(2.0, rounding_mode="floor").numpy(), [-4.0, 3.0])

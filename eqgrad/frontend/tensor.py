@@ -552,8 +552,12 @@ class Tensor(ElementwiseOps, ShapeOps, IndexingOps, InteropOps):
             raise DTypeError("sub: subtracting bool tensors is not supported (as in NumPy); use ^ or logical ops")
         return a._alu("ADD", -b)
 
-    def div(self, other: Any, reverse: bool = False) -> "Tensor":
-        """True division; the result is the operands' float dtype, float32 for integer inputs."""
+    def div(self, other: Any, reverse: bool = False, *, rounding_mode: str | None = None) -> "Tensor":
+        """True division; the result is the operands' float dtype, float32 for integer inputs.
+        ``rounding_mode="trunc"|"floor"`` rounds the quotient as torch.div (``divide``)."""
+        if rounding_mode is not None:
+            return (type(self)(other, device=self.device) if reverse else self).divide(
+                self if reverse else other, rounding_mode=rounding_mode)
         a, b = self._operands(other, "div", reverse)
         a, b = a._float_unary("div"), b._float_unary("div")
         return a._alu("MUL", b.reciprocal())
@@ -678,7 +682,15 @@ class Tensor(ElementwiseOps, ShapeOps, IndexingOps, InteropOps):
         cond, x, y = cond._expand_to(shape), x._expand_to(shape), y._expand_to(shape)
         return cond._apply("WHERE", x, y)
 
-    def clip(self, min_: Any = None, max_: Any = None) -> "Tensor":
+    def clip(self, min_: Any = None, max_: Any = None, **bounds: Any) -> "Tensor":
+        """Clamp to ``[min_, max_]`` (either may be None); torch's ``clip(min=, max=)`` keywords too."""
+        if bounds:
+            extra = set(bounds) - {"min", "max"}
+            if extra:
+                raise TypeError(f"clip(): unexpected keyword arguments {sorted(extra)}; expected min= and max=")
+            if ("min" in bounds and min_ is not None) or ("max" in bounds and max_ is not None):
+                raise TypeError("clip(): a bound given both by position and by keyword")
+            min_, max_ = bounds.get("min", min_), bounds.get("max", max_)
         out = self
         # NOTE: a scalar bound beyond the dtype's range on the side where it cannot bind (an int32
         # clipped to 2**40) leaves the values as they are, as NumPy 2; on the other side it raises.
