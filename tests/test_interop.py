@@ -64,8 +64,9 @@ def test_dlpack_both_ways_and_torch_tensors(device):
     u = Tensor(src, device=device)
     assert u.shape == (4, 3) and np.array_equal(u.numpy(), src.detach().numpy())
     assert Tensor(torch.tensor([True, False]), device=device).dtype == eqgrad.bool_
-    with pytest.raises(DTypeError, match="bfloat16"):
-        Tensor(torch.ones(2, dtype=torch.bfloat16))
+    bf = torch.tensor([1.5, -2.0, 3.140625], dtype=torch.bfloat16)
+    ub = Tensor(bf, device=device)
+    assert ub.dtype == eqgrad.bfloat16 and np.array_equal(ub.numpy(), bf.float().numpy())
 
 
 def test_cat_and_stack_in_the_class_and_method_forms(device):

@@ -161,7 +161,8 @@ class Tensor(ElementwiseOps, ShapeOps, IndexingOps, InteropOps):
         elif isinstance(data, np.ndarray):
             arr = data
         elif hasattr(data, "__dlpack__") or hasattr(data, "__array__"):
-            arr = _foreign_array(data)          # a torch tensor, a JAX or CuPy array, ...: a copy
+            arr, hint = _foreign_array(data)    # a torch tensor, a JAX or CuPy array, ...: a copy
+            want = want or hint
         else:
             raise DTypeError(f"Tensor(): expected a number, list, tuple, NumPy array, Tensor or an array "
                              f"exporting DLPack, got {type(data).__name__}")
@@ -1493,23 +1494,23 @@ def _grad_leaf(t: Tensor, requires_grad: bool) -> Tensor:
     return t
 
 
-def _foreign_array(data: Any) -> np.ndarray:
-    """A copy of another library's array as NumPy: a torch tensor (detached, on the CPU), or any
+def _foreign_array(data: Any) -> tuple[np.ndarray, DType | None]:
+    """A copy of another library's array as NumPy, and the dtype it must keep when NumPy has none
+    for it: a torch tensor (detached, on the CPU; bfloat16 read exactly through float32), or any
     object exporting DLPack or ``__array__``."""
     detach = getattr(data, "detach", None)
     if callable(detach) and type(data).__module__.startswith("torch"):
         data = detach().cpu()
         if str(data.dtype) == "torch.bfloat16":
-            raise DTypeError("Tensor(): torch.bfloat16 is not supported yet; supported dtypes: bool, int32, float32 "
-                             "(convert with .float())")
-        return np.array(data.numpy(), copy=True)
+            return np.array(data.float().numpy(), copy=True), dt.bfloat16
+        return np.array(data.numpy(), copy=True), None
     if hasattr(data, "__dlpack__"):
         try:
-            return np.array(np.from_dlpack(data), copy=True)
+            return np.array(np.from_dlpack(data), copy=True), None
         except (TypeError, BufferError, RuntimeError, ValueError):
             pass                                   # e.g. on a device NumPy cannot read: try __array__
     try:
-        return np.array(np.asarray(data), copy=True)
+        return np.array(np.asarray(data), copy=True), None
     except (TypeError, ValueError, RuntimeError) as e:
         raise DTypeError(f"Tensor(): could not read a {type(data).__name__} as an array: {e}") from e
 
