@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import atexit
 import os
+from pathlib import Path
 import shutil
 import tempfile
 import warnings
@@ -40,6 +41,20 @@ def _available(name: str) -> bool:
         return True
     except eqgrad.DeviceError:
         return False
+
+
+# the disk-cache trust tests (test_cache.py, test_diskcache.py): a file or directory made unsafe
+OTHER_UID = 12345
+needs_root = pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0,
+                                reason="giving a file to another user takes root")
+
+
+def open_up(path: "Path", how: str) -> None:
+    """Make ``path`` another user's (``how == "another user's"``, root only) or give it ``mode NNNN``."""
+    if how == "another user's":
+        os.chown(path, OTHER_UID, OTHER_UID)
+    else:
+        path.chmod(int(how.split()[-1], 8))
 
 
 # the op tests run on every device that can run here: OPENCL where pyopencl and a platform exist

@@ -21,6 +21,7 @@ from eqgrad.cache import CacheWarning, JsonCache, cache_dir
 from eqgrad.extract import using
 from eqgrad.extract.cost import DEFAULT_PARAMS, params_for, save_calibration
 from eqgrad.cache import machine_id
+from conftest import needs_root, open_up
 
 
 @pytest.fixture(autouse=True)
@@ -194,16 +195,6 @@ def test_read_only_directory_is_unusable_unless_we_can_write(tmp_path, monkeypat
         d.chmod(0o700)
 
 
-OTHER_UID = 12345
-needs_root = pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0,
-                                reason="giving a file to another user takes root")
-
-
-def _open_up(path: Path, how: str) -> None:
-    if how == "another user's":
-        os.chown(path, OTHER_UID, OTHER_UID)
-    else:
-        path.chmod(int(how.split()[-1], 8))
 
 
 @pytest.mark.parametrize("how", [pytest.param("another user's", marks=needs_root), "mode 0777", "mode 0770",
@@ -215,7 +206,7 @@ def test_a_cache_directory_of_another_user_or_open_to_others_is_refused(how, tmp
     d.mkdir()
     good = dict(launch=1e-6, bandwidth=3e10, peak=9e10, source="planted")
     _write(d / "calibration.json", {f"LLVM|{machine_id()}": good})          # must not be read
-    _open_up(d, how)
+    open_up(d, how)
     monkeypatch.setenv("EQGRAD_CACHE_DIR", str(d))
     engine.clear_cache()
     (outs, p, saved), ws = _cache_warnings(lambda: ([_program(s) for s in (1.0, 2.0)], params_for("LLVM"),
@@ -233,7 +224,7 @@ def test_a_cache_file_of_another_user_or_open_to_others_is_refused_and_rewritten
     good = dict(launch=1e-6, bandwidth=3e10, peak=9e10, source="planted")
     f = cache / "calibration.json"
     _write(f, {f"LLVM|{machine_id()}": good})
-    _open_up(f, how)
+    open_up(f, how)
     p, ws = _cache_warnings(lambda: [params_for("LLVM") for _ in range(3)])
     assert p[0] == DEFAULT_PARAMS["LLVM"] and len(ws) == 1 and str(f) in ws[0] and "refused" in ws[0], ws
     # the next store rewrites it, this user's and private, without the refused entries

@@ -32,6 +32,7 @@ from eqgrad.graph.plan import (Kernel, KernelPlan, KNode, plan_difference, plan_
 from eqgrad.graph.program import linearize
 from eqgrad.rules import rulebook
 from eqgrad.rules.saturate import SaturationReport
+from conftest import OTHER_UID, needs_root, open_up
 
 ROOT = Path(__file__).resolve().parents[1]
 RULE = ('(ruleset mine)\n;; check: finite\n;; exp2(a) * exp2(b) = exp2(a + b)\n'
@@ -358,9 +359,6 @@ def _spoil(path: Path, how: str) -> None:
         path.symlink_to(real)
 
 
-OTHER_UID = 12345
-needs_root = pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0,
-                                reason="giving a file to another user takes root")
 
 
 @pytest.mark.parametrize("how", ["not JSON", "truncated", "a JSON list", "another format", "another key",
@@ -394,11 +392,6 @@ def test_an_unwritable_plans_directory_warns_and_still_runs(disk):
     assert sats == 1 and np.isfinite(out).all() and len(rec) == 1
 
 
-def _open_up(path: Path, how: str) -> None:
-    if how == "another user's":
-        os.chown(path, OTHER_UID, OTHER_UID)
-    else:
-        path.chmod(int(how.split()[-1], 8))
 
 
 @pytest.mark.parametrize("how", [pytest.param("another user's", marks=needs_root), "mode 0777", "mode 0770",
@@ -407,7 +400,7 @@ def test_a_plans_directory_of_another_user_or_open_to_others_is_refused(disk, ho
     """Its plans are neither read nor written, with one warning naming it; the program still runs."""
     want, _, _ = _realize()
     (path,) = _files(disk)
-    _open_up(disk, how)
+    open_up(disk, how)
     with pytest.warns(CacheWarning, match=rf"cache directory {disk} cannot be used") as rec:
         for _ in range(2):
             got, sats, hits = _realize(Session())
@@ -423,7 +416,7 @@ def test_a_kernels_directory_of_another_user_or_open_to_others_is_refused(disk, 
     key = "0" * 64
     path = kernelcache.store(key, b"object code", 0)
     assert path == disk.parent / "kernels" / f"{key}.o" and kernelcache.load(key) == (b"object code", 0)
-    _open_up(path.parent, how)
+    open_up(path.parent, how)
     with pytest.warns(CacheWarning, match=rf"cache directory {path.parent} cannot be used") as rec:
         assert kernelcache.load(key) is None and kernelcache.load(key) is None
         assert kernelcache.store(key, b"other code", 0) is None
