@@ -123,7 +123,10 @@ class ShapeOps:
 
     def _cum_extreme(self, dim: int, op: str, largest: bool) -> ValuesIndices:
         d = self._axis(dim, op, max(self.ndim, 1))
-        xl = self.reshape(1) if self.ndim == 0 else self.movedim(d, -1)
+        # NOTE: compared with a max of itself: a computed float input is evaluated once (a plan that
+        # inlined it into two kernels could round it two ways, and no element would equal its max)
+        x = self.contiguous() if self.dtype.is_float else self
+        xl = x.reshape(1) if self.ndim == 0 else x.movedim(d, -1)
         # order key: larger is "better"; min runs as max of an order-reversing key
         if self.dtype is bool_:
             key = xl.int() if largest else xl.logical_not().int()
@@ -207,7 +210,8 @@ class ShapeOps:
     def _sort_first(self, dim: int, k: int, descending: bool, op: str) -> ValuesIndices:
         """The first ``k`` elements along ``dim`` in sorted order, with their indices."""
         d = self._axis(dim, op, max(self.ndim, 1))
-        xl = self.reshape(1) if self.ndim == 0 else self.movedim(d, -1)
+        x = self.contiguous() if self.dtype.is_float else self     # NOTE: ranked against itself: one evaluation
+        xl = x.reshape(1) if self.ndim == 0 else x.movedim(d, -1)
         n = xl.shape[-1]
         if not 0 <= k <= n:
             raise ShapeError(f"{op}(): k must be in [0, {n}] (the size of dim {dim} of shape {self.shape}), got {k}")
