@@ -359,8 +359,6 @@ def _spoil(path: Path, how: str) -> None:
         path.symlink_to(real)
 
 
-
-
 @pytest.mark.parametrize("how", ["not JSON", "truncated", "a JSON list", "another format", "another key",
                                  "a bad plan", "a bad report", "a directory", "its name as key",
                                  pytest.param("another user's", marks=needs_root), "mode 0666", "mode 0620",
@@ -390,8 +388,6 @@ def test_an_unwritable_plans_directory_warns_and_still_runs(disk):
     with pytest.warns(CacheWarning, match="could not store a plan") as rec:
         out, sats, _ = _realize()
     assert sats == 1 and np.isfinite(out).all() and len(rec) == 1
-
-
 
 
 @pytest.mark.parametrize("how", [pytest.param("another user's", marks=needs_root), "mode 0777", "mode 0770",

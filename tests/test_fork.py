@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 import traceback
+from typing import Callable, NoReturn
 
 import numpy as np
 import pytest
@@ -71,6 +72,20 @@ def _split_every_kernel(monkeypatch):
     monkeypatch.setattr(cpu, "PARALLEL_MIN", 0.0)
 
 
+def _report_and_exit(w: int, body: Callable[[], tuple[int, str]]) -> NoReturn:
+    """In a forked child: run ``body`` (its exit code and message), write the message -- or the
+    traceback of what it raised, with exit code 1 -- to the pipe ``w``, and exit without returning."""
+    code, msg = 1, ""
+    try:
+        code, msg = body()
+    except BaseException:
+        msg = traceback.format_exc()
+    finally:
+        os.write(w, msg.encode()[:60000])
+        os.close(w)
+        os._exit(code)
+
+
 def test_forked_child_realizes_threaded_kernels_and_saturates():
     # the parent has a pool with idle threads and a running worker
     err, stop = _threaded_and_saturating(0)
@@ -84,8 +99,8 @@ def test_forked_child_realizes_threaded_kernels_and_saturates():
     pid = os.fork()
     if pid == 0:                                   # the child: report through the pipe, never return
         os.close(r)
-        code, msg = 1, ""
-        try:
+
+        def child() -> tuple[int, str]:
             signal.alarm(int(HANG) + 30)           # a last resort if the parent's kill fails
             err, stop = _threaded_and_saturating(1)
             child_pool = eqgrad.devices.get_device("LLVM")._pool
@@ -94,13 +109,8 @@ def test_forked_child_realizes_threaded_kernels_and_saturates():
                   and child_worker not in (None, parent_worker))
             msg = f"err={err} stop={stop} pool_new={child_pool is not parent_pool} worker={child_worker}"
             saturate.reset_saturator()             # what the child's atexit does: ends the CHILD's worker
-            code = 0 if ok else 1
-        except BaseException:
-            msg = traceback.format_exc()
-        finally:
-            os.write(w, msg.encode()[:60000])
-            os.close(w)
-            os._exit(code)
+            return (0 if ok else 1), msg
+        _report_and_exit(w, child)
     os.close(w)
     code = _wait(pid, HANG)
     with os.fdopen(r, "rb") as f:
@@ -146,19 +156,15 @@ def test_forked_child_gets_a_clear_error_for_an_opencl_runtime_started_before_th
     pid = os.fork()
     if pid == 0:
         os.close(r)
-        msg = ""
-        try:
+
+        def child() -> tuple[int, str]:
             signal.alarm(int(HANG) + 30)
-            Tensor(np.ones(4, np.float32), device="OPENCL").numpy()
-            msg = "no error"
-        except eqgrad.DeviceError as e:
-            msg = str(e)
-        except BaseException:
-            msg = traceback.format_exc()
-        finally:
-            os.write(w, msg.encode()[:60000])
-            os.close(w)
-            os._exit(0)
+            try:
+                Tensor(np.ones(4, np.float32), device="OPENCL").numpy()
+            except eqgrad.DeviceError as e:
+                return 0, str(e)
+            return 0, "no error"
+        _report_and_exit(w, child)
     os.close(w)
     _wait(pid, 60)
     with os.fdopen(r, "rb") as f:
@@ -195,19 +201,14 @@ def _fork_child(seed: int, hang: float = FORK_HANG) -> tuple[int, int]:
     pid = os.fork()
     if pid == 0:
         os.close(r)
-        code, msg = 1, ""
-        try:
+
+        def child() -> tuple[int, str]:
             signal.alarm(int(hang) + 30)          # a last resort if the parent's kill fails
             faulthandler.dump_traceback_later(hang / 2, file=w)
             t, ref = _new_program(seed, n=8)
             err = float(np.max(np.abs(t.numpy() - ref) / np.maximum(1, np.abs(ref))))
-            code, msg = (0 if err < 1e-4 else 1), f"err={err}"
-        except BaseException:
-            msg = traceback.format_exc()
-        finally:
-            os.write(w, msg.encode()[:60000])
-            os.close(w)
-            os._exit(code)
+            return (0 if err < 1e-4 else 1), f"err={err}"
+        _report_and_exit(w, child)
     os.close(w)
     return pid, r
 

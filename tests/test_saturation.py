@@ -129,19 +129,7 @@ AC_RULES = """
 
 def test_free_ac_rules_blow_up_and_are_stopped(tmp_path):
     """Free commutativity/associativity explodes; the node limit and the timeout both stop it."""
-    (tmp_path / "ac.egg").write_text(AC_RULES)
-    (tmp_path / "schedule.egg").write_text(
-        ";; phase analysis\n(run-schedule (saturate analysis))\n"
-        ";; phase fusion\n(run-schedule (saturate (seq (run fusion) (saturate analysis))))\n"
-        + "".join(f";; phase ac{i}\n(run-schedule (run ac) (saturate analysis))\n" for i in range(12)))
-    x = Tensor(np.ones((4, 4), np.float32))
-    y = x
-    for i in range(30):                                  # a deep chain with many constants
-        y = (y + float(i)) * (x + float(i % 7))
-    from eqgrad.graph.program import linearize
-    from eqgrad.rules.ir import emit_program
-    text = emit_program(linearize([y.lazydata])).text
-    sat = Saturator(rulebooks=[RULEBOOK_DIR / "fusion.egg", tmp_path / "ac.egg"], schedule=tmp_path / "schedule.egg")
+    sat, text = _endless_ac(tmp_path, phases=12)
     try:
         js, rep = sat.run(text, timeout=60, node_limit=20_000)
         assert rep.stop_reason == "node limit" and js is not None, rep
@@ -152,14 +140,15 @@ def test_free_ac_rules_blow_up_and_are_stopped(tmp_path):
         sat.close()
 
 
-def _endless_ac(tmp_path) -> tuple[Saturator, str]:
-    """A saturator (no worker yet) whose schedule runs free commutativity/associativity for 40 phases
-    on a deep chain: it does not finish within seconds; the test gives it a time limit."""
+def _endless_ac(tmp_path, phases: int = 40) -> tuple[Saturator, str]:
+    """A saturator (no worker yet) whose schedule runs free commutativity/associativity for
+    ``phases`` phases on a deep chain with many constants: at 40 it does not finish within seconds;
+    the tests give it a node or time limit."""
     (tmp_path / "ac.egg").write_text(AC_RULES)
     (tmp_path / "schedule.egg").write_text(
         ";; phase analysis\n(run-schedule (saturate analysis))\n"
         ";; phase fusion\n(run-schedule (saturate (seq (run fusion) (saturate analysis))))\n"
-        + "".join(f";; phase ac{i}\n(run-schedule (run ac) (saturate analysis))\n" for i in range(40)))
+        + "".join(f";; phase ac{i}\n(run-schedule (run ac) (saturate analysis))\n" for i in range(phases)))
     x = Tensor(np.ones((4, 4), np.float32))
     y = x
     for i in range(30):
