@@ -42,7 +42,7 @@ import numpy as np
 from eqgrad.devices.render import FLOATS, MissingRule, Operation, kind as _kind
 from eqgrad.graph.loopir import FLOAT64, INDEX, NONNEG, LInst, LoopKernel, Table
 from eqgrad.errors import DTypeError
-from eqgrad.lower.decomp import decompose
+from eqgrad.lower.decomp import decompose, libm64
 from eqgrad.ops import OPS
 
 # ------------------------------------------------------------------ the op table
@@ -116,7 +116,8 @@ CSTYLE_OPS: dict[str, CRule] = {
     "ADD": _by_kind(f="{0} + {1}", i=_wrap("+"), b="{0} || {1}", ix="{0} + {1}"),
     "MUL": _by_kind(f="{0} * {1}", i=_wrap("*"), b="{0} && {1}", ix="{0} * {1}"),
     "MULADD": _by_kind(f="{0} * {1} + {2}"),
-    "MAX": _by_kind(f=lambda r, a: f"{r.helper('max_f32')}({a[0]}, {a[1]})", d=None, i="{0} > {1} ? {0} : {1}",
+    "MAX": _by_kind(f=lambda r, a: f"{r.helper('max_f32')}({a[0]}, {a[1]})",
+                    d=lambda r, a: f"{r.helper('max_f64')}({a[0]}, {a[1]})", i="{0} > {1} ? {0} : {1}",
                     b="{0} || {1}"),
     "CMPLT": _by_kind(f="{0} < {1}", i="{0} < {1}", b="!{0} && {1}"),
     "CMPEQ": _by_kind(f="{0} == {1}", i="{0} == {1}", b="{0} == {1}"),
@@ -225,6 +226,7 @@ class CStyleRenderer:
         return {
             # NaN-propagating maximum, like NumPy's maximum and LLVM's llvm.maximum
             "max_f32": f"{p} float max_f32(float a, float b) {{ return (a != a || b != b) ? a + b : {fmax}(a, b); }}",
+            "max_f64": f"{p} double max_f64(double a, double b) {{ return (a != a || b != b) ? a + b : fmax(a, b); }}",
             # truncating division with x / 0 = 0 and INT_MIN / -1 = INT_MIN (both undefined in C)
             "idiv_i32": f"{p} int idiv_i32(int a, int b) {{ return b == 0 ? 0 : b == -1 ? (int)(0u - ({u})a) : a / b; }}",
             "mod_i32": f"{p} int mod_i32(int a, int b) {{ return (b == 0 || b == -1) ? 0 : a % b; }}",
@@ -493,6 +495,8 @@ class _CKernel:
         src = self.kinds[x.src[1] if x.op == "WHERE" else x.src[0]]
         o = Operation(x.op, src, _kind(x.dtype), x.arg)
         rule = self.r.code_for_op.get(x.op)
+        if rule is None and o.src == "float64" and libm64(x.op):      # not decomposed: C's double one
+            rule = _math(x.op)
         if rule is None:
             raise MissingRule(self.r.name, o)
         operands = [self.val[s] for s in x.src]

@@ -34,7 +34,7 @@ from eqgrad.devices.render import MissingRule, Operation
 from eqgrad.dtype import DTYPES, cast_scalar
 from eqgrad.errors import CompileError
 from eqgrad.graph.loopir import INDEX, LInst, LoopKernel, Table
-from eqgrad.lower.decomp import decompose
+from eqgrad.lower.decomp import decompose, libm64
 
 # float16/bfloat16 are stored narrow (MT) and computed in float32 registers (LT), rounded back to
 # their type after every op (_round_narrow): the values of NumPy's float16 arithmetic, whatever the
@@ -119,6 +119,11 @@ def _by_kind(f: str | None = None, i: str | None = None, b: str | None = None) -
             raise MissingRule("LLVM", o)
         return c(text.format(*a, t=LT[o.src]))
     return rule
+
+
+def _libm_call(name: str) -> Rule:
+    """A call of the C library's double function ``name`` (resolved in the process at load)."""
+    return lambda c, o, a: _intrinsic(c, name, "double", *a)
 
 
 def _float_intrinsic(name: str) -> Rule:
@@ -684,6 +689,8 @@ class _Kernel:
         src = self.kinds[x.src[1] if x.op == "WHERE" else x.src[0]]
         o = Operation(x.op, src, _name(x.dtype), x.arg)
         rule = LLVM_OPS.get(x.op)
+        if rule is None and o.src == "float64" and libm64(x.op):    # not decomposed: libm's double one
+            rule = _libm_call(libm64(x.op))
         if rule is None:
             raise MissingRule("LLVM", o)
         r = rule(self.c, o, [self.val[s] for s in x.src])

@@ -9,10 +9,11 @@ Semantics and accuracy: docs/semantics.md, "Elementwise math".
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Callable
 
-from eqgrad.dtype import bool_, int32
+from eqgrad.dtype import bool_, float32, float64, int32
 from eqgrad.errors import DTypeError
 
 INF = float("inf")
@@ -30,6 +31,38 @@ _ERFC_P = (-1.26551223, 1.00002368, 0.37409196, 0.09678418, -0.18628806, 0.27886
 # Cephes atanf: odd minimax polynomial on [-tan(pi/8), tan(pi/8)] (peak relative error 1.9e-7)
 _ATAN_P = (8.05374449538e-2, -1.38776856032e-1, 1.99777106478e-1, -3.33329491539e-1)
 _TAN_3PI_8, _TAN_PI_8 = 2.414213562373095, 0.4142135623730950
+
+
+def float_math(f: Callable[..., Any]) -> Callable[..., Any]:
+    """A float composite ``f(self, ...)``, written for a float32 or float64 ``self``, for any dtype:
+    float32 and float64 compute in their own type; float16 and bfloat16 compute in float32 and
+    round the result once to their type (as torch's CPU kernels: rounding every step of a
+    composite to 11 bits would lose most of them); integers and bool give float32."""
+    @functools.wraps(f)
+    def run(self: Any, *args: Any, **kwargs: Any) -> Any:
+        d = self.dtype
+        if d is float32 or d is float64:
+            return f(self, *args, **kwargs)
+        out = f(self.float(), *args, **kwargs)
+        return out.cast(d) if d.is_narrow_float and out.dtype is float32 else out
+    return run
+
+
+def float_math2(f: Callable[..., Any]) -> Callable[..., Any]:
+    """``float_math`` for a binary composite ``f(self, other, ...)``: its operands promote first
+    (``_floats`` computes in the promoted float32/float64), a float16/bfloat16 promotion rounds the
+    result once to its type."""
+    @functools.wraps(f)
+    def run(self: Any, other: Any, *args: Any, **kwargs: Any) -> Any:
+        out = f(self, other, *args, **kwargs)
+        d = self._operands(other, f.__name__)[0].dtype
+        return out.cast(d) if d.is_narrow_float and out.dtype is float32 else out
+    return run
+
+
+def _exp_top(x: Any) -> float:
+    """Below the largest argument whose exp is finite in ``x``'s float type (88.72 / 709.78)."""
+    return 709.0 if x.dtype is float64 else 88.0
 
 
 def _horner(x: Any, coeffs: tuple[float, ...]) -> Any:
@@ -61,8 +94,11 @@ class ElementwiseOps:
         return (self < 0) | ((self == 0) & (self.float().reciprocal() < 0))
 
     def _floats(self, other: Any, op: str, reverse: bool = False) -> tuple[Any, Any]:
+        """The operands promoted, in the float type the op computes in: float64 stays, any other
+        promotion computes in float32 (``float_math2`` rounds a narrow float's result back)."""
         a, b = self._operands(other, op, reverse)
-        return a.float(), b.float()
+        w = float64 if a.dtype is float64 else float32
+        return a.cast(w), b.cast(w)
 
     # ------------------------------------------------------------------ classification
     def isnan(self) -> Any:
@@ -110,6 +146,7 @@ class ElementwiseOps:
         return bool(self.isclose(other, rtol, atol, equal_nan).all().item())
 
     # ------------------------------------------------------------------ sign
+    @float_math2
     def copysign(self, other: Any) -> Any:
         """``|a|`` with the sign of ``b`` (float32), -0.0 included.
 
@@ -222,6 +259,7 @@ class ElementwiseOps:
         return (b == 0).where(a / b, (q == 0).where((a / b).full_like(0.0).copysign(a / b), fq))
 
     # ------------------------------------------------------------------ interpolation, log-sum
+    @float_math2
     def lerp(self, end: Any, weight: Any) -> Any:
         """``self + weight * (end - self)``, evaluated from the nearer end as torch.lerp.
 
@@ -234,6 +272,7 @@ class ElementwiseOps:
         # NOTE: torch's two-sided form: exact at weight 0 and 1
         return (w.abs() < 0.5).where(a + w * d, e - d * (1 - w))
 
+    @float_math2
     def logaddexp(self, other: Any) -> Any:
         """``log(exp(a) + exp(b))`` without overflow: ``max + log1p(exp(-|a - b|))``.
 
@@ -249,6 +288,7 @@ class ElementwiseOps:
 
         return a._custom_grad("LOGADDEXP", fwd, lambda g, out, x, y: (g / (1 + (y - x).exp()), g / (1 + (x - y).exp())), b)
 
+    @float_math2
     def hypot(self, other: Any) -> Any:
         """``sqrt(a^2 + b^2)`` without overflow or underflow; inf if either is inf (even with NaN).
 
@@ -267,17 +307,19 @@ class ElementwiseOps:
         return a._custom_grad("HYPOT", fwd, lambda g, out, x, y: (g * x / out, g * y / out), b)
 
     # ------------------------------------------------------------------ exp and log
+    @float_math
     def log10(self) -> Any:
         """Base-10 logarithm."""
         return self.log2() * LOG10_2
 
+    @float_math
     def log1p(self) -> Any:
         """``log(1 + x)``, accurate near 0.
 
             >>> f"{Tensor([1e-10]).log1p().item():.6g}"
             '1e-10'
         """
-        x = self.float()
+        x = self
 
         def fwd(x: Any) -> Any:
             # NOTE: Goldberg's trick (What every computer scientist should know..., thm. 4):
@@ -289,13 +331,14 @@ class ElementwiseOps:
 
         return x._custom_grad("LOG1P", fwd, lambda g, out, x: (g / (x + 1),))
 
+    @float_math
     def expm1(self) -> Any:
         """``exp(x) - 1``, accurate near 0.
 
             >>> f"{Tensor([1e-10]).expm1().item():.6g}"
             '1e-10'
         """
-        x = self.float()
+        x = self
 
         def fwd(x: Any) -> Any:
             # NOTE: Kahan's trick: (u - 1) * x / log(u) with u = exp(x) rounded cancels u's error
@@ -307,34 +350,38 @@ class ElementwiseOps:
 
         return x._custom_grad("EXPM1", fwd, lambda g, out, x: (g * (out + 1),))
 
+    @float_math
     def erfc(self) -> Any:
         """``1 - erf(x)``, with relative accuracy kept for large x (``erfc(10)`` is ``2.09e-45``).
 
             >>> f"{Tensor([5.0]).erfc().item():.4e}"
             '1.5375e-12'
         """
-        x = self.float()
+        x = self
 
         def fwd(x: Any) -> Any:
             # NOTE: 1 - erf(x) below 0.5 (erfc >= 0.47 there, no cancellation); above, Numerical
             # Recipes' erfcc (relative error < 1.2e-7 before float32 rounding, ~1e-6 after for
             # x > 5, where exp's argument is about -x^2)
-            z = (x < 0.5).where(0.5, x)
+            # float64: 1 - erf(x) up to x = 3 (relative error < 1e-11 there), the fit beyond
+            cut = 3.0 if x.dtype is float64 else 0.5
+            z = (x < cut).where(cut, x)
             t = 1.0 / (1.0 + 0.5 * z)
             big = t * (-z * z + _horner(t, _ERFC_P[::-1])).exp()
-            return (x < 0.5).where(1.0 - x.erf(), big)
+            return (x < cut).where(1.0 - x.erf(), big)
 
         c = -2.0 / math.sqrt(math.pi)
         return x._custom_grad("ERFC", fwd, lambda g, out, x: (g * c * (-(x * x)).exp(),))
 
     # ------------------------------------------------------------------ inverse trigonometry
+    @float_math
     def atan(self) -> Any:
         """Arctangent, accurate over the whole range (Cephes atanf's range reduction).
 
             >>> round(Tensor([1.0]).atan().item(), 6)
             0.785398
         """
-        x = self.float()
+        x = self
 
         def fwd(x: Any) -> Any:
             # NOTE: |x| > tan(3pi/8): pi/2 + atan(-1/|x|); |x| > tan(pi/8): pi/4 + atan((|x|-1)/(|x|+1));
@@ -345,11 +392,17 @@ class ElementwiseOps:
             r = big.where(-1.0 / big.where(ax, 1.0), mid.where((ax - 1.0) / (ax + 1.0), x))
             z = r * r
             p = _horner(z, _ATAN_P) * z * r + r
-            reduced = big.where(PI / 2, PI / 4) + p
+            if p.dtype is float64:
+                # NOTE: the polynomial is float32's (1.9e-7); one Newton step on tan(p) = r, with
+                # |r| <= tan(pi/8), gives float64's accuracy (the error squares)
+                c = p.cos()
+                p = p - (p.sin() - r * c) * c
+            reduced = big.where(x.full_like(PI / 2), PI / 4) + p      # pi/2 in x's own float type
             return mid.where((x < 0).where(-reduced, reduced), p)
 
         return x._custom_grad("ATAN", fwd, lambda g, out, x: (g / (x * x + 1),))
 
+    @float_math2
     def atan2(self, other: Any) -> Any:
         """The angle of the point (x=other, y=self) in [-pi, pi], with C's signed zeros and infinities.
 
@@ -377,70 +430,77 @@ class ElementwiseOps:
 
     arctan2 = atan2
 
+    @float_math
     def asin(self) -> Any:
         """Arcsine: ``atan(x / sqrt((1 - x)(1 + x)))``; NaN outside [-1, 1].
 
             >>> round(Tensor([0.5]).asin().item(), 6)
             0.523599
         """
-        x = self.float()
+        x = self
         # NOTE: (1 - x)(1 + x), not 1 - x^2: no cancellation near |x| = 1
         return x._custom_grad("ASIN", lambda x: (x / ((1 - x) * (1 + x)).sqrt()).atan(),
                               lambda g, out, x: (g / ((1 - x) * (1 + x)).sqrt(),))
 
+    @float_math
     def acos(self) -> Any:
         """Arccosine: ``2 atan(sqrt((1 - x) / (1 + x)))``; NaN outside [-1, 1].
 
             >>> round(Tensor([0.5]).acos().item(), 6)
             1.047198
         """
-        x = self.float()
+        x = self
         # NOTE: not pi/2 - asin(x), which cancels near x = 1
         return x._custom_grad("ACOS", lambda x: ((1 - x) / (1 + x)).sqrt().atan() * 2.0,
                               lambda g, out, x: (-g / ((1 - x) * (1 + x)).sqrt(),))
 
     # ------------------------------------------------------------------ hyperbolic
+    @float_math
     def sinh(self) -> Any:
-        """Hyperbolic sine, accurate near 0 (through expm1) and finite up to 89.4.
+        """Hyperbolic sine, accurate near 0 (through expm1) and finite up to 89.4 (float32; 710.4 in float64).
 
             >>> round(Tensor([1.0]).sinh().item(), 5)
             1.1752
         """
-        x = self.float()
+        x = self
 
         def fwd(x: Any) -> Any:
             ax = x.abs()
-            e = ax.minimum(88.0).expm1()
+            top = _exp_top(x)
+            e = ax.minimum(top).expm1()
             small = 0.5 * (e + e / (e + 1))
-            # NOTE: exp(|x|) overflows at 88.7 but sinh at 89.4: exp(|x|/2)^2 / 2 in between
+            # NOTE: exp(|x|) overflows at 88.7 but sinh at 89.4 (float32): exp(|x|/2)^2 / 2 in between
             h = (0.5 * ax).exp()
-            return (ax > 88.0).where((0.5 * h) * h, small).copysign(x)
+            return (ax > top).where((0.5 * h) * h, small).copysign(x)
 
         return x._custom_grad("SINH", fwd, lambda g, out, x: (g * x.cosh(),))
 
+    @float_math
     def cosh(self) -> Any:
-        """Hyperbolic cosine, finite up to 89.4.
+        """Hyperbolic cosine, finite up to 89.4 (float32; 710.4 in float64).
 
             >>> round(Tensor([1.0]).cosh().item(), 5)
             1.54308
         """
-        x = self.float()
+        x = self
 
         def fwd(x: Any) -> Any:
             ax = x.abs()
-            e = ax.minimum(88.0).exp()
+            top = _exp_top(x)
+            e = ax.minimum(top).exp()
             h = (0.5 * ax).exp()
-            return (ax > 88.0).where((0.5 * h) * h, 0.5 * (e + 1.0 / e))
+            return (ax > top).where((0.5 * h) * h, 0.5 * (e + 1.0 / e))
 
         return x._custom_grad("COSH", fwd, lambda g, out, x: (g * x.sinh(),))
 
+    @float_math
     def asinh(self) -> Any:
         """Inverse hyperbolic sine: ``log1p(|x| + x^2 / (1 + sqrt(1 + x^2)))`` with x's sign.
 
             >>> round(Tensor([1.0]).asinh().item(), 6)
             0.881374
         """
-        x = self.float()
+        x = self
 
         def fwd(x: Any) -> Any:
             ax = x.abs()
@@ -451,13 +511,14 @@ class ElementwiseOps:
 
         return x._custom_grad("ASINH", fwd, lambda g, out, x: (g * (x * x + 1).rsqrt(),))
 
+    @float_math
     def acosh(self) -> Any:
         """Inverse hyperbolic cosine: ``log1p(t + sqrt(2t + t^2))``, t = x - 1; NaN below 1.
 
             >>> round(Tensor([2.0]).acosh().item(), 6)
             1.316958
         """
-        x = self.float()
+        x = self
 
         def fwd(x: Any) -> Any:
             big = x > 2.0 ** 28
@@ -467,13 +528,14 @@ class ElementwiseOps:
 
         return x._custom_grad("ACOSH", fwd, lambda g, out, x: (g * (x * x - 1).rsqrt(),))
 
+    @float_math
     def atanh(self) -> Any:
         """Inverse hyperbolic tangent: ``log1p(2|x| / (1 - |x|)) / 2`` with x's sign; +-inf at +-1.
 
             >>> round(Tensor([0.5]).atanh().item(), 6)
             0.549306
         """
-        x = self.float()
+        x = self
 
         def fwd(x: Any) -> Any:
             ax = x.abs()
@@ -484,6 +546,7 @@ class ElementwiseOps:
     arcsin, arccos, arctan, arcsinh, arccosh, arctanh = asin, acos, atan, asinh, acosh, atanh
 
     # ------------------------------------------------------------------ activations
+    @float_math
     def softsign(self) -> Any:
         """``x / (1 + |x|)``.
 
@@ -492,18 +555,20 @@ class ElementwiseOps:
         """
         return self / (1 + self.abs())
 
+    @float_math
     def selu(self) -> Any:
         """``scale * elu(x, alpha)`` with torch's constants (alpha 1.6733, scale 1.0507).
 
             >>> round(Tensor([1.0]).selu().item(), 4)
             1.0507
         """
-        x = self.float()
+        x = self
         # NOTE: expm1 of x-or-0 (a select, not minimum, whose gradient splits at 0): accurate near 0,
         # and no inf in the branch where() drops
         pos = x > 0
         return pos.where(x * SELU_SCALE, pos.where(0.0, x).expm1() * (SELU_ALPHA * SELU_SCALE))
 
+    @float_math
     def celu(self, alpha: float = 1.0) -> Any:
         """``max(0, x) + min(0, alpha * (exp(x / alpha) - 1))``.
 
@@ -512,10 +577,11 @@ class ElementwiseOps:
         """
         if alpha == 0:
             raise ValueError("celu: alpha must not be 0")
-        x = self.float()
+        x = self
         pos = x > 0          # NOTE: select, as selu
         return pos.where(x, (pos.where(0.0, x) * (1.0 / alpha)).expm1() * alpha)
 
+    @float_math
     def quick_gelu(self) -> Any:
         """``x * sigmoid(1.702 x)`` (the GELU approximation of CLIP).
 

@@ -16,11 +16,11 @@ import numpy as np
 
 from eqgrad import dtype as dt
 from eqgrad.devices import Buffer, canonical_device
-from eqgrad.dtype import DType, bool_, float32, int32
+from eqgrad.dtype import DType, bool_, float32, float64, int32
 from eqgrad.errors import AutogradError, AxisError, DeviceError, DTypeError, ShapeError
 from eqgrad.ops import MAX_RANK, OPS
 from eqgrad.frontend import autograd
-from eqgrad.frontend.elementwise import ElementwiseOps
+from eqgrad.frontend.elementwise import ElementwiseOps, float_math
 from eqgrad.frontend.indexing import IndexingOps
 from eqgrad.frontend import interop
 from eqgrad.frontend.interop import InteropOps
@@ -31,6 +31,7 @@ from eqgrad.engine import current_session, realize as realize_lazy
 Scalar = int | float | bool
 LOG2_E = 1.0 / math.log(2.0)
 LN_2 = math.log(2.0)
+LN2_HI, LN2_LO = 6.93147180369123816490e-01, 1.90821492927058770002e-10     # ln 2 = HI + LO, n * HI exact for |n| < 2**11
 
 
 class _Recorders(threading.local):
@@ -333,16 +334,17 @@ class Tensor(ElementwiseOps, ShapeOps, IndexingOps, InteropOps):
         if not self.requires_grad:
             raise AutogradError("backward(): this tensor does not require a gradient: no input of the "
                                 "ops that computed it has requires_grad=True (or it was computed under no_grad)")
+        gdt = self.dtype if self.dtype.is_float else float32      # the gradient has the output's float dtype
         if gradient is None:
             if self.numel() != 1:
                 raise ShapeError(f"backward(): a gradient can be created implicitly only for a tensor with one "
                                  f"element, got shape {self.shape}; pass gradient=")
-            g = LazyBuffer.const(1.0, self.shape, float32, self.device)
+            g = LazyBuffer.const(1.0, self.shape, gdt, self.device)
         else:
-            gt = gradient if isinstance(gradient, Tensor) else Tensor(gradient, dtype=float32, device=self.device)
+            gt = gradient if isinstance(gradient, Tensor) else Tensor(gradient, dtype=gdt, device=self.device)
             if gt.shape != self.shape:
                 raise ShapeError(f"backward(): gradient shape {gt.shape} != tensor shape {self.shape}")
-            g = gt.float().lazydata
+            g = gt.cast(gdt).lazydata
         autograd.backward(self, g, retain_graph=bool(retain_graph))
 
     def _apply(self, op: str, *srcs: "Tensor", arg: Any = None) -> "Tensor":
@@ -524,7 +526,7 @@ class Tensor(ElementwiseOps, ShapeOps, IndexingOps, InteropOps):
                 a, b = self.cast(d), other.cast(d)
         elif isinstance(other, (bool, int, float, np.bool_, np.integer, np.floating)):
             d = dt.result_with_scalar(self.dtype, other)
-            if isinstance(other, float) and not math.isfinite(other) and d is not float32:
+            if isinstance(other, float) and not math.isfinite(other) and not d.is_float:
                 raise DTypeError(f"{op}: cannot use non-finite {other} with a {self.dtype.name} tensor")
             a = self.cast(d)
             b = Tensor(LazyBuffer.const(dt.convert_scalar(other, d, op), self.shape, d, self.device))
@@ -729,14 +731,22 @@ class Tensor(ElementwiseOps, ShapeOps, IndexingOps, InteropOps):
     def log2(self) -> "Tensor":
         return self._float_unary("log2")._alu("LOG2")
 
+    @float_math           # NOTE: float16 in float32, rounded once (x * log2 e rounded to float16 is 0.4% off)
     def exp(self) -> "Tensor":
-        if self.dtype.is_narrow_float:     # NOTE: in float32, rounded once (x * log2 e rounded to float16 is 0.4% off)
-            return self.float().exp().cast(self.dtype)
-        return (self._float_unary("exp") * LOG2_E).exp2()
+        if self.dtype is float64:
+            # NOTE: x * log2 e rounded is off by |x| * 1.1e-16 relative (8e-14 at 700): as
+            # 2**(n-1) * 2 * 2**(r log2 e) with n = round(x log2 e) and r = x - n ln 2 in two parts
+            # (Cody-Waite), the only rounding amplified is r's (|r| <= 0.35)
+            # (n - 1 keeps 2**n finite for x up to 709.78); beyond |x| = 746 exp is inf or 0 anyway
+            big = self.abs() > 746.0
+            xs = big.where(0.0, self)            # a select: the dropped branch stays finite
+            n = (xs * LOG2_E + 0.5).floor().detach()     # any nearby integer: |r| <= ln 2
+            r = (xs - n * LN2_HI) - n * LN2_LO
+            return big.where((self * LOG2_E).exp2(), (n - 1.0).exp2() * ((r * LOG2_E).exp2() * 2.0))
+        return (self * LOG2_E).exp2()
 
+    @float_math
     def log(self) -> "Tensor":
-        if self.dtype.is_narrow_float:     # NOTE: in float32, rounded once, as exp
-            return self.float().log().cast(self.dtype)
         return self.log2() * LN_2
 
     def sqrt(self) -> "Tensor":
@@ -748,11 +758,11 @@ class Tensor(ElementwiseOps, ShapeOps, IndexingOps, InteropOps):
     def sin(self) -> "Tensor":
         return self._float_unary("sin")._alu("SIN")
 
+    @float_math           # NOTE: pi/2 - x rounded to float16 would lose cos near its zeros
     def cos(self) -> "Tensor":
-        if self.dtype.is_narrow_float:     # NOTE: pi/2 - x rounded to float16 loses cos near its zeros
-            return self.float().cos().cast(self.dtype)
-        return (math.pi / 2 - self._float_unary("cos")).sin()
+        return (math.pi / 2 - self).sin()
 
+    @float_math
     def tan(self) -> "Tensor":
         return self.sin() / self.cos()
 
@@ -790,6 +800,7 @@ class Tensor(ElementwiseOps, ShapeOps, IndexingOps, InteropOps):
         # NOTE: written as a select, not maximum(x, 0): the gradient at 0 is then 0, as in PyTorch
         return (self > 0).where(self, 0)
 
+    @float_math
     def sigmoid(self) -> "Tensor":
         """``1 / (1 + exp(-x))``.
 
@@ -798,15 +809,21 @@ class Tensor(ElementwiseOps, ShapeOps, IndexingOps, InteropOps):
         """
         # NOTE: e = exp(-|x|) <= 1, through a select (its gradient is -+1 at 0, as |x|'s is not):
         # 1/(1+e) or e/(1+e), so no inf appears and the gradient stays finite for any |x|
-        x = self.float()
+        x = self
         pos = x >= 0
         e = pos.where(-x, x).exp()
         return pos.where((1 + e).reciprocal(), e / (1 + e))
 
+    @float_math
     def tanh(self) -> "Tensor":
-        # NOTE: (1 - e) / (1 + e) with e = exp(-2|x|) cancels near 0, so small |x| uses the series
-        x = self.float()
+        x = self
         ax = x.abs()
+        if x.dtype is float64:
+            # NOTE: -expm1(-2|x|) / (2 + expm1(-2|x|)) with x's sign: accurate everywhere (the
+            # float32 series below stops at x^9, a relative 8e-9 at 0.25)
+            m = (ax * -2.0).expm1()
+            return (-m / (m + 2.0)).copysign(x)
+        # NOTE: (1 - e) / (1 + e) with e = exp(-2|x|) cancels near 0, so small |x| uses the series
         e = (ax * -2.0).exp()
         big = ((1.0 - e) / (1.0 + e)) * (x < 0).where(-1.0, 1.0)
         x2 = x * x
@@ -825,6 +842,7 @@ class Tensor(ElementwiseOps, ShapeOps, IndexingOps, InteropOps):
         """
         return (self > 0).where(self, self * negative_slope)
 
+    @float_math
     def elu(self, alpha: float = 1.0) -> "Tensor":
         """``x`` where ``x > 0``, else ``alpha * (exp(x) - 1)``.
 
@@ -835,6 +853,7 @@ class Tensor(ElementwiseOps, ShapeOps, IndexingOps, InteropOps):
         # the branch that where() drops would be NaN
         return (self > 0).where(self, (self.minimum(0).exp() - 1) * alpha)
 
+    @float_math
     def silu(self) -> "Tensor":
         """``x * sigmoid(x)`` (swish).
 
@@ -854,6 +873,7 @@ class Tensor(ElementwiseOps, ShapeOps, IndexingOps, InteropOps):
         """
         return self._float_unary("erf")._alu("ERF")
 
+    @float_math
     def gelu(self, approximate: str = "none") -> "Tensor":
         """``x * Phi(x)``: exact (with ``erf``) by default, or the tanh approximation
         (``approximate="tanh"``), as torch.nn.functional.gelu.
@@ -869,13 +889,14 @@ class Tensor(ElementwiseOps, ShapeOps, IndexingOps, InteropOps):
             raise ValueError(f"gelu(): approximate must be 'none' or 'tanh', got {approximate!r}")
         return 0.5 * self * (1.0 + (self * (1.0 / math.sqrt(2.0))).erf())
 
+    @float_math
     def softplus(self, beta: float = 1.0, threshold: float = 20.0) -> "Tensor":
         """``log(1 + exp(beta * x)) / beta``, and ``x`` where ``beta * x > threshold`` (as torch).
 
             >>> round(Tensor([0.0]).softplus().item(), 4)
             0.6931
         """
-        bx = self.float() * beta
+        bx = self * beta
         # NOTE: exp of min(bx, threshold) keeps the dropped branch finite (see elu)
         return (bx > threshold).where(self, (1.0 + bx.minimum(threshold).exp()).log() * (1.0 / beta))
 
@@ -887,6 +908,7 @@ class Tensor(ElementwiseOps, ShapeOps, IndexingOps, InteropOps):
         """
         return -(-self).softplus()
 
+    @float_math
     def mish(self) -> "Tensor":
         """``x * tanh(softplus(x))``.
 
@@ -1042,9 +1064,14 @@ class Tensor(ElementwiseOps, ShapeOps, IndexingOps, InteropOps):
         return out.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes))
 
     def sum(self, axis: Any = None, keepdim: bool = False, dtype: Any = None) -> "Tensor":
-        x = self if self.dtype is not bool_ else self.int()
-        if dtype is not None:
-            x = x.cast(dtype)
+        """Sum over ``axis`` (None: all; an int or a tuple). bool and integers narrower than 32 bits
+        sum in int32 (as NumPy and torch widen them; they give int64), float16/bfloat16 accumulate in
+        float32 and round the sum once (as torch); ``dtype=`` casts the input first."""
+        x = self if dtype is None else self.cast(dtype)
+        if x.dtype is bool_ or (x.dtype.is_int and x.dtype.itemsize < 4):
+            x = x.int()
+        elif x.dtype.is_narrow_float:
+            return x.float()._reduce("RSUM", axis, keepdim, "sum").cast(x.dtype)
         return x._reduce("RSUM", axis, keepdim, "sum")
 
     def amax(self, axis: Any = None, keepdim: bool = False) -> "Tensor":
@@ -1114,19 +1141,22 @@ class Tensor(ElementwiseOps, ShapeOps, IndexingOps, InteropOps):
     def all(self, axis: Any = None, keepdim: bool = False) -> "Tensor":
         return self.logical_not().any(axis, keepdim).logical_not()
 
+    @float_math
     def mean(self, axis: Any = None, keepdim: bool = False) -> "Tensor":
         axes = self._axes(axis, "mean")
         n = math.prod(self.shape[a] for a in axes)
-        return self.float().sum(axis, keepdim) * (1.0 / n if n else float("nan"))
+        return self.sum(axis, keepdim) * (1.0 / n if n else float("nan"))
 
+    @float_math
     def var(self, axis: Any = None, keepdim: bool = False, correction: int = 1) -> "Tensor":
         """Variance with ``correction`` (1: unbiased, as PyTorch's default; 0: NumPy's default)."""
         axes = self._axes(axis, "var")
         n = math.prod(self.shape[a] for a in axes)
-        x = self.float()
+        x = self
         d = x - x.mean(axes, keepdim=True)
         return (d * d).sum(axes, keepdim) * (1.0 / max(n - correction, 0) if n - correction > 0 else float("nan"))
 
+    @float_math
     def std(self, axis: Any = None, keepdim: bool = False, correction: int = 1) -> "Tensor":
         self._axes(axis, "std")
         return self.var(axis, keepdim, correction).sqrt()
@@ -1152,6 +1182,7 @@ class Tensor(ElementwiseOps, ShapeOps, IndexingOps, InteropOps):
         return (-self if self.dtype is not bool_ else self.logical_not()).argmax(axis, keepdim) \
             if self.dtype is not int32 else (~self).argmax(axis, keepdim)
 
+    @float_math
     def softmax(self, axis: int = -1) -> "Tensor":
         """``exp(x) / exp(x).sum(axis)``, computed shifted by the max for range.
 
@@ -1160,7 +1191,7 @@ class Tensor(ElementwiseOps, ShapeOps, IndexingOps, InteropOps):
         >>> Tensor.zeros(2, 0).softmax().shape          # an empty axis: an empty result, as torch
         (2, 0)
         """
-        x = self.float()
+        x = self
         if self.shape[self._axis(axis, "softmax")] == 0:
             # NOTE: an empty axis has nothing to normalize and no max to shift by: the result is as
             # empty as the input (torch), still on the graph so that backward gives an empty gradient
@@ -1170,18 +1201,20 @@ class Tensor(ElementwiseOps, ShapeOps, IndexingOps, InteropOps):
         e = (x - x.amax(axis, keepdim=True).detach()).exp()
         return e / e.sum(axis, keepdim=True)
 
+    @float_math
     def log_softmax(self, axis: int = -1) -> "Tensor":
-        x = self.float()
+        x = self
         if self.shape[self._axis(axis, "log_softmax")] == 0:
             return x * 1.0                               # NOTE: empty, as in softmax
         m = x - x.amax(axis, keepdim=True).detach()      # NOTE: detached, as in softmax
         return m - m.exp().sum(axis, keepdim=True).log()
 
+    @float_math
     def logsumexp(self, axis: int = -1, keepdim: bool = False) -> "Tensor":
         if self.shape[self._axis(axis, "logsumexp")] == 0:
             # NOTE: the log of an empty sum: -inf (torch), with the input's (empty) gradient
-            return self.float().sum(axis, keepdim) + float("-inf")
-        m = self.float().amax(axis, keepdim=True).detach()  # NOTE: detached, as in softmax
+            return self.sum(axis, keepdim) + float("-inf")
+        m = self.amax(axis, keepdim=True).detach()  # NOTE: detached, as in softmax
         out = (self - m).exp().sum(axis, keepdim=True).log() + m
         return out if keepdim else out.squeeze(self._axis(axis, "logsumexp"))
 

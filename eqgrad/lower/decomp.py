@@ -32,8 +32,9 @@ import math
 from dataclasses import dataclass, replace
 from typing import Callable, Collection
 
-from eqgrad.dtype import DType, bool_, float32, int32
+from eqgrad.dtype import DType, bfloat16, bool_, float16, float32, int32
 from eqgrad.graph.loopir import FLOAT64, LInst, LoopKernel, Table
+from eqgrad.ops import OPS
 
 # ------------------------------------------------------------------ constants
 # exp2: 2**f on [0, 1) by a degree-6 polynomial, highest power last
@@ -317,20 +318,33 @@ def decomposed_for(native: Collection[str]) -> set[str]:
     return {op for op in DECOMPOSITIONS if op not in native}
 
 
+def libm64(op: str) -> str | None:
+    """The C library's double function for a float64 ``op`` that has a decomposition here (the
+    decompositions are float32 algorithms: a float64 instruction is left to the renderer, which
+    calls this), None for any other op."""
+    return OPS[op].libm if op in DECOMPOSITIONS else None
+
+
 def decompose(k: LoopKernel, native: Collection[str]) -> LoopKernel:
-    """``k`` with every instruction whose op has a decomposition but is not in ``native`` rewritten
-    into it (``k`` itself when there is none); instruction ids are renumbered, nothing else moves."""
+    """``k`` with every float32 (or float16/bfloat16, computed in float32) instruction whose op has a
+    decomposition but is not in ``native`` rewritten into it (``k`` itself when there is none);
+    instruction ids are renumbered, nothing else moves. float64 instructions stay: the renderer
+    calls the C library's double function for them (``libm64``)."""
     todo = decomposed_for(native)
-    if not any(x.op in todo for x in k.insts):
+    if not any(x.op in todo and x.dtype != FLOAT64 for x in k.insts):
         return k
     insts: list[LInst] = []
     b = Builder(insts, native)
     new: list[int] = []                    # old id -> new id
     for x in k.insts:
-        if x.op in todo:
-            if x.dtype != float32:
-                raise TypeError(f"{x.op} is decomposed for float32 only, got {x.dtype}")
-            new.append(DECOMPOSITIONS[x.op](b, Val(new[x.src[0]], float32)).id)
+        if x.op in todo and x.dtype != FLOAT64:
+            if x.dtype == float32:
+                new.append(DECOMPOSITIONS[x.op](b, Val(new[x.src[0]], float32)).id)
+            elif x.dtype in (float16, bfloat16):     # in float32, rounded once to the narrow type
+                wide = b.cast(Val(new[x.src[0]], x.dtype), float32)
+                new.append(b.cast(DECOMPOSITIONS[x.op](b, wide), x.dtype).id)
+            else:
+                raise TypeError(f"{x.op} is decomposed for float32, float16 and bfloat16, got {x.dtype}")
         else:
             insts.append(replace(x, src=tuple(new[s] for s in x.src)))
             new.append(len(insts) - 1)
