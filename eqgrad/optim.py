@@ -195,24 +195,32 @@ class Optimizer:
 
 
 class SGD(Optimizer):
-    """Stochastic gradient descent with momentum, Nesterov momentum, L2 weight decay and
-    ``maximize``, as torch (``dampening`` 0 only)."""
+    """Stochastic gradient descent with momentum, ``dampening``, Nesterov momentum, L2 weight decay
+    and ``maximize``, as torch: buf = momentum * buf + (1 - dampening) * g, except at a buffer's
+    first step, where buf = g."""
 
     def __init__(self, params: Iterable[Any], lr: float = 1e-3, momentum: float = 0.0, dampening: float = 0.0,
                  weight_decay: float = 0.0, nesterov: bool = False, *, maximize: bool = False):
-        if nesterov and momentum <= 0:
-            raise ValueError("SGD: nesterov momentum needs momentum > 0")
-        if dampening:
-            raise ValueError(f"SGD: dampening {dampening} is not supported (0 only)")
         super().__init__(params, dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
                                       nesterov=nesterov, maximize=maximize))
+        self._started: dict[int, Tensor] = {}      # per parameter with dampening: 1.0 once its buffer holds a step
         for g in self.param_groups:
+            if g["nesterov"] and (g["momentum"] <= 0 or g["dampening"] != 0):
+                raise ValueError(f"SGD: nesterov momentum needs momentum > 0 and dampening 0, got momentum "
+                                 f"{g['momentum']} and dampening {g['dampening']}")
             if g["momentum"]:
                 for p in g["params"]:
                     self._param_state(p, "momentum_buffer")
 
+    def _started_flag(self, p: Tensor) -> Tensor:
+        """1.0 once ``p``'s momentum buffer has taken a step (a tensor, so the graph of every step
+        is the same: the first step's buffer is g, undampened, as torch's)."""
+        if id(p) not in self._started:
+            self._started[id(p)] = self._new_state(0.0)
+        return self._started[id(p)]
+
     def _update_group(self, group: ParamGroup, params: list[Tensor]) -> None:
-        mom, wd = group["momentum"], group["weight_decay"]
+        mom, damp, wd = group["momentum"], group["dampening"], group["weight_decay"]
         for p in params:
             g = -p.grad if group["maximize"] else p.grad
             if wd:
@@ -220,27 +228,46 @@ class SGD(Optimizer):
             if mom:
                 # NOTE: torch starts the buffer at g; with a zero buffer momentum*0 + g is the same
                 buf = self._param_state(p, "momentum_buffer")
-                buf = buf.assign(buf * mom + g)
+                if damp:
+                    started = self._started_flag(p)
+                    buf = buf.assign(buf * mom + g * (1.0 - damp * started))
+                    started.assign(started.maximum(1.0))
+                else:
+                    buf = buf.assign(buf * mom + g)
                 g = g + buf * mom if group["nesterov"] else buf
             p.assign(p - group.lr_buffer * g)
 
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """As ``Optimizer.load_state_dict``; a loaded momentum buffer counts as started (dampened
+        from the next step on, as torch)."""
+        super().load_state_dict(state_dict)
+        flags = []
+        for saved, g in zip(state_dict["param_groups"], self.param_groups):
+            for j, p in zip(saved["params"], g["params"]):
+                entry = state_dict["state"].get(j, state_dict["state"].get(str(j)))
+                if entry and "momentum_buffer" in entry:
+                    flags.append(self._started_flag(p).assign(1.0))
+        realize(*flags, *self.state)
+
 
 class Adam(Optimizer):
-    """Adam (L2 ``weight_decay`` added to the gradient), as torch.optim.Adam."""
+    """Adam (L2 ``weight_decay`` added to the gradient; with ``amsgrad`` the denominator uses the
+    running maximum of ``exp_avg_sq``, state ``max_exp_avg_sq``), as torch.optim.Adam."""
     decoupled = False
 
     def __init__(self, params: Iterable[Any], lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 0.0, amsgrad: bool = False, *, maximize: bool = False):
-        if amsgrad:
-            raise ValueError(f"{type(self).__name__}: amsgrad is not supported")
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
                                       amsgrad=amsgrad, maximize=maximize))
         # per group: the step count and beta ** t as tensors (the bias corrections change every
         # step, the graph does not)
         self._steps = {id(g): {"step": self._new_state(0.0), "b1t": self._new_state(1.0), "b2t": self._new_state(1.0)}
                        for g in self.param_groups}
-        for p in self.params:
-            self._param_state(p, "exp_avg"), self._param_state(p, "exp_avg_sq")
+        for g in self.param_groups:
+            for p in g["params"]:
+                self._param_state(p, "exp_avg"), self._param_state(p, "exp_avg_sq")
+                if g["amsgrad"]:
+                    self._param_state(p, "max_exp_avg_sq")
 
     def _group_state(self, group: ParamGroup) -> dict[str, Tensor]:
         return {"step": self._steps[id(group)]["step"]}
@@ -269,6 +296,9 @@ class Adam(Optimizer):
             m, v = self._param_state(p, "exp_avg"), self._param_state(p, "exp_avg_sq")
             m = m.assign(m * b1 + g * (1.0 - b1))
             v = v.assign(v * b2 + (g * g) * (1.0 - b2))
+            if group["amsgrad"]:                 # the denominator from the largest exp_avg_sq so far
+                vmax = self._param_state(p, "max_exp_avg_sq")
+                v = vmax.assign(vmax.maximum(v))
             base = p * (1.0 - lr * wd) if wd and self.decoupled else p
             p.assign(base - step_size * m / (v.sqrt() / bc2_sqrt + eps))
 

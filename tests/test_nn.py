@@ -298,7 +298,7 @@ def test_parameter_discovery_and_modes():
     out = net(Tensor(data((2, 1, 4, 4), seed=14)))
     assert out.shape == (2, 2)
     seq = nn.Sequential(nn.Linear(2, 2), Tensor.relu)
-    assert [k for k, _ in seq.named_parameters()] == ["layers.0.weight", "layers.0.bias"]
+    assert [k for k, _ in seq.named_parameters()] == ["0.weight", "0.bias"]
 
 
 def test_state_dict_roundtrip_and_in_place_load(tmp_path):
@@ -324,7 +324,7 @@ def test_load_torch_weights(tmp_path):
     """A safetensors file written by torch loads into the eqgrad model and gives torch's outputs."""
     from safetensors.torch import save_file
     tnet = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.ReLU(), torch.nn.Linear(5, 2))
-    save_file({f"layers.{k}": v for k, v in tnet.state_dict().items()}, str(tmp_path / "t.safetensors"))
+    save_file(tnet.state_dict(), str(tmp_path / "t.safetensors"))     # torch's names: 0.weight, ...
     net = nn.Sequential(nn.Linear(6, 5), Tensor.relu, nn.Linear(5, 2))
     net.load_state_dict(nn.state.safe_load(tmp_path / "t.safetensors"))
     x = data((3, 6), seed=16)

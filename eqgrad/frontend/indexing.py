@@ -13,8 +13,14 @@ Out-of-range indices: torch raises. Here an index given as a Python int, list or
 checked when the index is built (``IndexError``); an index *tensor* is never read while the graph
 is built (that would make indexing synchronous), so an out-of-range entry matches no element: it
 reads as 0 (False) and a write through it is dropped. Tensor indices of ``x[...]`` may be negative
-(they count from the end, as in NumPy); those of ``gather``/``scatter``/``take_along_dim`` must be
-in ``[0, n)`` (torch refuses negative ones; here they are out of range).
+(they count from the end, as in NumPy); those of ``gather``/``scatter`` must be in ``[0, n)`` (torch
+refuses negative ones; here they are out of range); ``take_along_dim``'s count from the end.
+
+Index tensors may have any integer dtype (int8, uint8, int16, int32, uint32, int64; torch's default is
+int64) with the same meaning: narrow ones are widened to int32, uint32 to int64 (both exact), and
+int64 is compared in int64, so a value beyond the int32 range is out of range, never wrapped into
+a valid index. Exception: ``x[uint8_tensor]`` is an error (torch reads a uint8 index as a
+deprecated bool mask; say ``.bool()`` or ``.long()``). Float index tensors are errors.
 
 Data-dependent shapes (a boolean mask ``x[mask]``, ``masked_select``, ``nonzero``) realize the
 mask and read it on the host at the call, as torch does on a GPU.
@@ -26,11 +32,22 @@ from typing import Any
 
 import numpy as np
 
-from eqgrad.dtype import bool_, float32, int32
+from eqgrad.dtype import bool_, float32, int32, int64, uint8, uint32
 from eqgrad.errors import AxisError, DeviceError, DTypeError, ShapeError
 
 INT32_MIN = -2 ** 31
 SCATTER_REDUCES = ("sum", "prod", "mean", "amax", "amin")
+INDEX_DTYPES = "int8, uint8, int16, int32, uint32, int64"
+
+
+def _wide_index(i: Any) -> Any:
+    """An integer index tensor in a dtype whose index arithmetic (``i + n``, ``flat * n + i``)
+    cannot wrap: int8/uint8/int16 -> int32 and uint32 -> int64 (exact casts); int32 and int64 as
+    they are. Never narrows: an int64 index beyond int32 stays out of range instead of wrapping."""
+    d = i.dtype
+    if d is int32 or d is int64:
+        return i
+    return i.cast(int64 if d is uint32 else int32)
 
 
 def _is_int(i: Any) -> bool:
@@ -48,7 +65,7 @@ class IndexingOps:
     # ------------------------------------------------------------------ x[idx]
     def _getitem(self, idx: Any) -> Any:
         """``x[idx]`` with NumPy's (and torch's) rules: ints, slices (any step), ``None``, ``...``,
-        int32 tensors, lists and NumPy int arrays (advanced indexing: several broadcast together;
+        integer tensors, lists and NumPy int arrays (advanced indexing: several broadcast together;
         when they are not next to each other their axes come first) and bool masks. An int among
         arrays selects first, as in torch (NumPy counts it as an array: ``x[0, :, [1, 2]]`` has
         torch's shape, not NumPy's).
@@ -143,8 +160,12 @@ class IndexingOps:
             if isinstance(i, T):
                 if i.device != self.device:
                     raise DeviceError(f"indexing: the index is on {i.device}, the tensor on {self.device}")
-                if i.dtype is not int32 and i.dtype is not bool_:
-                    raise AxisError(f"tensors used as indices must be int32 or bool, got {i.dtype.name}")
+                if i.dtype is uint8:
+                    raise AxisError("indexing with a uint8 tensor is ambiguous (torch reads it as a deprecated bool "
+                                    "mask): use .bool() for a mask or .long()/.int() for indices")
+                if not (i.dtype.is_int or i.dtype is bool_):
+                    raise AxisError("tensors used as indices must be an integer (int8, int16, int32, uint32, int64) "
+                                    f"or bool tensor, got {i.dtype.name}")
             elif not (i is None or i is Ellipsis or isinstance(i, (slice, np.ndarray)) or _is_int(i)):
                 raise AxisError(f"unsupported index {i!r:.80} (expected int, slice, None, ..., a list, "
                                 "a NumPy array or a tensor of ints or bools)")
@@ -197,8 +218,9 @@ class IndexingOps:
         return y, tuple(basic), pos, arrays, front
 
     def _linear_index(self, y: Any, pos: list[int], arrays: list[Any]) -> tuple[Any, tuple[int, ...]]:
-        """One int32 index into the axes ``pos`` of ``y`` flattened together: the row-major
-        combination of the broadcast ``arrays``; -1 where any of them is out of range."""
+        """One int32 (int64 where an index tensor is uint32/int64) index into the axes ``pos`` of
+        ``y`` flattened together: the row-major combination of the broadcast ``arrays``; -1 where
+        any of them is out of range."""
         T = type(self)
         try:
             bshape = tuple(np.broadcast_shapes(*[np.shape(a) if not isinstance(a, T) else a.shape for a in arrays]))
@@ -209,6 +231,7 @@ class IndexingOps:
         for p, a in zip(pos, arrays):
             n = y.shape[p]
             if isinstance(a, T):
+                a = _wide_index(a)
                 j = (a < 0).where(a + n, a)
                 ok = (j >= 0) & (j < n)
                 valid = ok if valid is None else valid & ok
@@ -315,9 +338,10 @@ class IndexingOps:
             >>> Tensor([[1, 2], [3, 4]]).gather(1, Tensor([[0, 0], [1, 0]])).tolist()
             [[1, 1], [4, 3]]
         """
+        index = self._check_index("gather", index)
         if self.ndim == 0:
             self._axis(dim, "gather", 1)
-            return self.reshape(1).gather(0, self._check_index("gather", index).reshape(-1)).reshape(index.shape)
+            return self.reshape(1).gather(0, index.reshape(-1)).reshape(index.shape)
         d = self._check_index_like("gather", dim, index, self.shape, skip_dim=True)
         x = self.shrink([None if k == d else (0, index.shape[k]) for k in range(self.ndim)])
         return _take_along(x, index, d)
@@ -349,7 +373,7 @@ class IndexingOps:
         return _take_along(x, (idx < 0).where(idx + self.shape[d], idx), d)
 
     def index_select(self, dim: int, index: Any) -> Any:
-        """torch.index_select: the entries of ``x`` at a 1-D (or 0-d) int32 ``index`` along ``dim``.
+        """torch.index_select: the entries of ``x`` at a 1-D (or 0-d) integer ``index`` along ``dim``.
 
             >>> Tensor([[1, 2], [3, 4]]).index_select(1, Tensor([1, 1, 0])).tolist()
             [[2, 2, 1], [4, 4, 3]]
@@ -420,6 +444,7 @@ class IndexingOps:
             if mode is None:
                 raise ValueError(f"scatter(): reduce must be 'add' or 'multiply', got {reduce!r}")
             return self.scatter_reduce(dim, index, self._scatter_src(index, src, value), mode)
+        index = self._check_index("scatter", index)
         s = self._scatter_src(index, src, value)
         d = self._check_scatter("scatter", dim, index, s)
         m = index.shape[d] if index.ndim else 1
@@ -458,6 +483,7 @@ class IndexingOps:
         if s is None:
             raise DTypeError(f"scatter_reduce(): src must be a Tensor, got {type(src).__name__}")
         s = self._as_value(s, "scatter_reduce")
+        index = self._check_index("scatter_reduce", index)
         d = self._check_scatter("scatter_reduce", dim, index, s)
         if reduce == "amin":
             flip = (lambda t: -t) if self.dtype is float32 else (lambda t: ~t)
@@ -487,16 +513,21 @@ class IndexingOps:
 
     # ------------------------------------------------------------------ argument checks
     def _check_index(self, op: str, index: Any) -> Any:
+        """``index`` (a tensor, NumPy array or list of any integer dtype) as an index tensor on
+        ``self``'s device, widened by _wide_index; a float or bool index is a DTypeError."""
         T = type(self)
-        idx = index if isinstance(index, T) else T(np.asarray(index), dtype=int32, device=self.device)
-        if idx.dtype is not int32:
-            raise DTypeError(f"{op}(): index must be an int32 tensor, got {idx.dtype.name}")
+        # a NumPy array keeps its dtype, a list takes int32 (a value beyond int32 is an OverflowError)
+        idx = index if isinstance(index, T) else T(index, device=self.device)
+        if not idx.dtype.is_int:
+            raise DTypeError(f"{op}(): index must be an int32 tensor or another integer dtype "
+                             f"({INDEX_DTYPES}), got {idx.dtype.name}")
         if idx.device != self.device:
             raise DeviceError(f"{op}(): index is on {idx.device}, the tensor on {self.device}")
-        return idx
+        return _wide_index(idx)
 
     def _check_index_like(self, op: str, dim: int, index: Any, limit: tuple[int, ...], skip_dim: bool) -> int:
-        self._check_index(op, index)
+        """The axis ``dim`` of a gather/scatter, after checking the shape of ``index`` (already
+        through _check_index)."""
         d = self._axis(dim, op) if self.ndim else self._axis(dim, op, 1)
         if index.ndim != self.ndim:
             raise ShapeError(f"{op}(): index {index.shape} must have as many dimensions as the tensor {self.shape}")
@@ -558,7 +589,7 @@ def _placement(nb: int, nr: int, p0: int) -> list[int]:
 
 
 def _take_rows(rows: Any, flat_idx: Any) -> Any:
-    """``rows[flat_idx]`` for ``rows`` of shape (n, ...) and int32 ``flat_idx`` of any shape; an
+    """``rows[flat_idx]`` for ``rows`` of shape (n, ...) and int32/int64 ``flat_idx`` of any shape; an
     entry outside [0, n) reads 0. A one-hot compare, a where and a sum over n."""
     T = type(rows)
     nb, n, rest = flat_idx.ndim, rows.shape[0], rows.shape[1:]

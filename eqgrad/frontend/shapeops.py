@@ -7,7 +7,7 @@ Scans and sorts work on the scanned axis moved last, ``(..., n)``, and compare e
 elements in an ``(..., n, n)`` tensor (row ``i``, column ``j``): O(n^2) work, no data-dependent
 control flow, and one fused reduction per result. Results are placed by one-hot selects, so a
 value's gradient flows to exactly the element it was taken from (as torch's gather/scatter).
-Indices are int32 (torch: int64), the only integer dtype eqgrad has.
+Indices they return are int32 (torch: int64); indices they take may be any integer dtype.
 """
 from __future__ import annotations
 

@@ -6,7 +6,7 @@
     >>> model(Tensor.ones(3, 4)).shape
     (3, 2)
     >>> [name for name, _ in model.named_parameters()]
-    ['layers.0.weight', 'layers.0.bias', 'layers.2.weight', 'layers.2.bias']
+    ['0.weight', '0.bias', '2.weight', '2.bias']
 
 Parameters are tensors with ``requires_grad=True``; buffers (BatchNorm's running statistics) are
 tensors without. ``nn.state.get_parameters(model)`` returns both -- give that to an optimizer so
@@ -29,21 +29,50 @@ from eqgrad.nn.module import Linear, Module, _uniform
 
 
 class Sequential(Module):
-    """Calls its layers in order; a layer is a Module or any callable (``Tensor.relu``)."""
+    """Calls its layers in order; a layer is a Module or any callable (``Tensor.relu``). Each layer
+    is an attribute named by its position (or by its key, given an ``OrderedDict`` as torch's), so
+    tensors are named as torch's: ``0.weight``, ``2.bias``, nested ``1.0.weight``."""
 
     def __init__(self, *layers: Callable[[Tensor], Tensor]):
-        self.layers = list(layers)
+        named = list(layers[0].items()) if len(layers) == 1 and isinstance(layers[0], dict) \
+            and not isinstance(layers[0], Module) else \
+            [(str(i), layer) for i, layer in enumerate(layers)]
+        self._names: list[str] = []
+        for name, layer in named:
+            self._add(name, layer)
+
+    def _add(self, name: str, layer: Any) -> None:
+        name = str(name)
+        if not name or name.startswith("_") or "." in name or name in vars(self) or hasattr(type(self), name):
+            raise ValueError(f"Sequential: a layer name must be new, non-empty, without '.' and not start with '_', got {name!r}")
+        setattr(self, name, layer)
+        self._names.append(name)
+
+    @property
+    def layers(self) -> list[Any]:
+        """The layers in order (a new list: ``append`` adds one)."""
+        return [vars(self)[name] for name in self._names]
+
+    def append(self, layer: Callable[[Tensor], Tensor]) -> "Sequential":
+        """Add ``layer`` at the end, named by its position (as torch)."""
+        self._add(str(len(self._names)), layer)
+        return self
 
     def forward(self, x: Tensor) -> Tensor:
         for layer in self.layers:
             x = layer(x)
         return x
 
-    def __getitem__(self, i: int) -> Any:
+    def __getitem__(self, i: int | slice) -> Any:
+        if isinstance(i, slice):                     # a Sequential of those layers, their names kept (torch)
+            return Sequential(dict(zip(self._names[i], self.layers[i])))
         return self.layers[i]
 
     def __len__(self) -> int:
-        return len(self.layers)
+        return len(self._names)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.layers)
 
 
 class Conv2d(Module):
@@ -156,7 +185,7 @@ class LayerNorm(Module):
 
 
 class Embedding(Module):
-    """Rows of a (num_embeddings, embedding_dim) table at int32 indices; weight ~ N(0, 1) as torch."""
+    """Rows of a (num_embeddings, embedding_dim) table at integer indices (any integer dtype); weight ~ N(0, 1) as torch."""
 
     def __init__(self, num_embeddings: int, embedding_dim: int):
         self.weight = Tensor(_t._rng.standard_normal((num_embeddings, embedding_dim)).astype(np.float32),

@@ -70,6 +70,14 @@ class ConvTranspose2d(ConvTranspose1d):
                                   self.groups, self.dilation)
 
 
+class ConvTranspose3d(ConvTranspose1d):
+    n = 3
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.conv_transpose3d(x, self.weight, self.bias, self.stride, self.padding, self.output_padding,
+                                  self.groups, self.dilation)
+
+
 class _MaxPoolNd(Module):
     n = 0
 
@@ -120,12 +128,27 @@ class AvgPool3d(_AvgPoolNd):
     n = 3
 
 
-class MaxUnpool2d(Module):
+class _MaxUnpoolNd(Module):
+    n = 0
+
     def __init__(self, kernel_size: Any, stride: Any = None, padding: Any = 0):
         self.kernel_size, self.stride, self.padding = kernel_size, stride, padding
 
     def forward(self, x: Tensor, indices: Tensor, output_size: Sequence[int] | None = None) -> Tensor:
-        return F.max_unpool2d(x, indices, self.kernel_size, self.stride, self.padding, output_size)
+        return F._max_unpool(x, indices, self.n, type(self).__name__, self.kernel_size, self.stride, self.padding,
+                             output_size)
+
+
+class MaxUnpool1d(_MaxUnpoolNd):
+    n = 1
+
+
+class MaxUnpool2d(_MaxUnpoolNd):
+    n = 2
+
+
+class MaxUnpool3d(_MaxUnpoolNd):
+    n = 3
 
 
 class _Adaptive(Module):
@@ -162,6 +185,7 @@ class AdaptiveMaxPool3d(_Adaptive):
     n, reduce = 3, "max"
 
 
-__all__ = ["Conv1d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "MaxPool1d", "MaxPool2d", "MaxPool3d",
-           "AvgPool1d", "AvgPool2d", "AvgPool3d", "MaxUnpool2d", "AdaptiveAvgPool1d", "AdaptiveAvgPool2d",
-           "AdaptiveAvgPool3d", "AdaptiveMaxPool1d", "AdaptiveMaxPool2d", "AdaptiveMaxPool3d"]
+__all__ = ["Conv1d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d", "ConvTranspose3d", "MaxPool1d", "MaxPool2d",
+           "MaxPool3d", "AvgPool1d", "AvgPool2d", "AvgPool3d", "MaxUnpool1d", "MaxUnpool2d", "MaxUnpool3d",
+           "AdaptiveAvgPool1d", "AdaptiveAvgPool2d", "AdaptiveAvgPool3d", "AdaptiveMaxPool1d", "AdaptiveMaxPool2d",
+           "AdaptiveMaxPool3d"]

@@ -168,11 +168,11 @@ def _lane_room(c: int) -> int:
 
 
 def _swapped(weight: Tensor, groups: int) -> Tensor:
-    """(C_out, C_in/g, kh, kw) -> (C_in, C_out/g, kh, kw) flipped in (kh, kw): the weights of the
-    convolution that is the input gradient's."""
-    cout, wcin, kh, kw = weight.shape
-    rc = cout // groups
-    return weight.reshape(groups, rc, wcin, kh, kw).permute(0, 2, 1, 3, 4).reshape(groups * wcin, rc, kh, kw).flip((2, 3))
+    """(C_out, C_in/g, *k) -> (C_in, C_out/g, *k) flipped in every kernel axis: the weights of the
+    convolution that is the input gradient's (and a transposed convolution's)."""
+    cout, wcin, *k = weight.shape
+    rc, sp = cout // groups, tuple(range(3, 3 + len(k)))
+    return weight.reshape(groups, rc, wcin, *k).permute(0, 2, 1, *sp).reshape(groups * wcin, rc, *k).flip(tuple(range(2, 2 + len(k))))
 
 
 def _dilated_input_grad(gt: Tensor, weight: Tensor, size: tuple[int, int], s: tuple[int, int],
@@ -359,22 +359,73 @@ def avg_pool3d(input: Tensor, kernel_size: IntOr2, stride: IntOr2 | None = None,
     return _avg_pool(input, 3, "avg_pool3d", kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
 
 
+def _max_unpool(input: Tensor, indices: Tensor, n: int, op: str, kernel_size: IntOr2, stride: IntOr2 | None,
+                padding: IntOr2, output_size: Sequence[int] | None) -> Tensor:
+    """The inverse of ``max_pool{n}d(..., return_indices=True)``: each value written at its flat
+    index (within its channel) in a zero (N, C, *output_size) output (a one-hot contraction, so the
+    gradient gathers back). The output size is (i - 1) * stride - 2 * padding + kernel_size unless
+    ``output_size`` (spatial, or with N and C first) is given, within stride of it, as torch."""
+    _check_spatial(input, n, op)
+    if indices.shape != input.shape or indices.dtype is not int32:
+        raise ShapeError(f"{op}(): indices must be int32 of the input's shape {input.shape}, "
+                         f"got {indices.dtype.name} {indices.shape}")
+    k = _tuple(kernel_size, n, "kernel_size", op)
+    st = k if stride is None else _tuple(stride, n, "stride", op)
+    p = _tuple(padding, n, "padding", op)
+    size = tuple((i - 1) * ss - 2 * pp + kk for i, ss, pp, kk in zip(input.shape[2:], st, p, k))
+    if output_size is not None:
+        given = tuple(output_size)
+        if len(given) not in (n, n + 2):
+            raise ShapeError(f"{op}(): output_size must have {n} or {n + 2} sizes, got {given}")
+        given = given[-n:]
+        if any(not (d - ss < g < d + ss) for g, d, ss in zip(given, size, st)):
+            raise ShapeError(f"{op}(): output_size {given} must be within stride {st} of the default {size} "
+                             f"(exclusive), as torch")
+        size = given
+    b, c = input.shape[:2]
+
+    def one_hot(idx: Tensor) -> Tensor:                          # (b, c, inputs, outputs)
+        return idx.reshape(b, c, -1, 1) == Tensor.arange(math.prod(size), device=input.device)
+
+    if all(kk <= ss for kk, ss in zip(k, st)):    # windows do not overlap: each index once, a plain sum
+        return one_hot(indices).where(input.reshape(b, c, -1, 1), 0.0).sum(2).reshape(b, c, *size)
+
+    # overlapping windows can pick one element twice (the same value): it is written once, and its
+    # gradient reaches every input that wrote it (torch's scatter and gather)
+    def forward(x: Tensor, idx: Tensor) -> Tensor:
+        hot = one_hot(idx)
+        count = hot.where(1.0, 0.0).sum(2).maximum(1.0)
+        return (hot.where(x.reshape(b, c, -1, 1), 0.0).sum(2) / count).reshape(b, c, *size)
+
+    def grad(g: LazyBuffer, _: LazyBuffer, srcs: tuple[LazyBuffer, ...]) -> tuple[LazyBuffer, None]:
+        gathered = one_hot(Tensor(srcs[1])).where(Tensor(g).reshape(b, c, 1, -1), 0.0).sum(3)
+        return gathered.reshape(input.shape).lazydata, None
+
+    return Tensor._composite("MAX_UNPOOL", forward, grad, input, indices)
+
+
+def max_unpool1d(input: Tensor, indices: Tensor, kernel_size: IntOr2, stride: IntOr2 | None = None,
+                 padding: IntOr2 = 0, output_size: Sequence[int] | None = None) -> Tensor:
+    """The inverse of ``max_pool1d(..., return_indices=True)`` (``_max_unpool``)."""
+    return _max_unpool(input, indices, 1, "max_unpool1d", kernel_size, stride, padding, output_size)
+
+
 def max_unpool2d(input: Tensor, indices: Tensor, kernel_size: IntOr2, stride: IntOr2 | None = None,
                  padding: IntOr2 = 0, output_size: Sequence[int] | None = None) -> Tensor:
     """The inverse of ``max_pool2d(..., return_indices=True)``: each value written at its index in
-    a zero (N, C, H, W) output (a one-hot contraction, so the gradient gathers back)."""
-    _check_spatial(input, 2, "max_unpool2d")
-    if indices.shape != input.shape or indices.dtype is not int32:
-        raise ShapeError(f"max_unpool2d(): indices must be int32 of the input's shape {input.shape}, "
-                         f"got {indices.dtype.name} {indices.shape}")
-    k = _tuple(kernel_size, 2, "kernel_size", "max_unpool2d")
-    st = k if stride is None else _tuple(stride, 2, "stride", "max_unpool2d")
-    p = _tuple(padding, 2, "padding", "max_unpool2d")
-    size = tuple(output_size[-2:]) if output_size is not None else \
-        tuple((i - 1) * ss - 2 * pp + kk for i, ss, pp, kk in zip(input.shape[2:], st, p, k))
-    n, c = input.shape[:2]
-    hot = indices.reshape(n, c, -1, 1) == Tensor.arange(size[0] * size[1], device=input.device)
-    return hot.where(input.reshape(n, c, -1, 1), 0.0).sum(2).reshape(n, c, *size)
+    a zero (N, C, H, W) output (``_max_unpool``).
+
+        >>> y, i = max_pool2d(Tensor.arange(16.0).reshape(1, 1, 4, 4), 2, return_indices=True)
+        >>> max_unpool2d(y, i, 2).tolist()[0][0][1]
+        [0.0, 5.0, 0.0, 7.0]
+    """
+    return _max_unpool(input, indices, 2, "max_unpool2d", kernel_size, stride, padding, output_size)
+
+
+def max_unpool3d(input: Tensor, indices: Tensor, kernel_size: IntOr2, stride: IntOr2 | None = None,
+                 padding: IntOr2 = 0, output_size: Sequence[int] | None = None) -> Tensor:
+    """The inverse of ``max_pool3d(..., return_indices=True)`` (``_max_unpool``)."""
+    return _max_unpool(input, indices, 3, "max_unpool3d", kernel_size, stride, padding, output_size)
 
 
 def _adaptive(x: Tensor, n: int, output_size: int | Sequence[int | None], op: str, reduce: str) -> Tensor:
@@ -462,32 +513,54 @@ def conv3d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: In
     return out + bias.reshape(1, cout, 1, 1, 1) if bias is not None else out
 
 
+def _conv_transpose(input: Tensor, weight: Tensor, bias: Tensor | None, n: int, op: str, stride: IntOr2,
+                    padding: IntOr2, output_padding: IntOr2, groups: int, dilation: IntOr2) -> Tensor:
+    """Transposed convolution over n = 2 or 3 spatial axes (the gradient of ``conv{n}d`` w.r.t.
+    its input), weight (C_in, C_out/groups, *k), as torch: the input zero-inserted by the stride,
+    padded by dilation * (k - 1) - padding (plus ``output_padding`` after), convolved at stride 1
+    with the weights flipped and their channel axes swapped (``_swapped``)."""
+    _check_spatial(input, n, op)
+    if weight.ndim != n + 2 or weight.shape[0] != input.shape[1] or groups < 1 or input.shape[1] % groups:
+        raise ShapeError(f"{op}(): expected a weight (C_in={input.shape[1]}, C_out/groups, {n} kernel sizes) "
+                         f"with groups={groups} dividing C_in, got shape {weight.shape}")
+    s, p, op_, d = (_tuple(v, n, nm, op) for v, nm in
+                    ((stride, "stride"), (padding, "padding"), (output_padding, "output_padding"), (dilation, "dilation")))
+    if min(s) < 1 or min(d) < 1 or min(p) < 0 or min(op_) < 0:
+        raise ShapeError(f"{op}(): stride and dilation must be >= 1, padding and output_padding >= 0, "
+                         f"got {s}, {d}, {p}, {op_}")
+    if any(o >= max(ss, dd) for o, ss, dd in zip(op_, s, d)):
+        raise ShapeError(f"{op}(): output_padding {op_} must be smaller than stride {s} or dilation {d}")
+    b, cin, *ins = input.shape
+    z = input
+    if any(ss != 1 for ss in s):                 # zero-insert: (b, c, i, 1, ...) padded to (b, c, i, s, ...)
+        z = z.reshape(b, cin, *[v for i in ins for v in (i, 1)])
+        z = z.pad(((0, 0), (0, 0), *[e for ss in s for e in ((0, 0), (0, ss - 1))]))
+        z = z.reshape(b, cin, *[i * ss for i, ss in zip(ins, s)]).shrink((None, None, *[(0, (i - 1) * ss + 1) for i, ss in zip(ins, s)]))
+    reach = [dd * (k - 1) - pp for dd, k, pp in zip(d, weight.shape[2:], p)]
+    z = z.pad(((0, 0), (0, 0), *[(r, r + o) for r, o in zip(reach, op_)]))
+    return (conv2d if n == 2 else conv3d)(z, _swapped(weight, groups), bias, 1, 0, d, groups)
+
+
 def conv_transpose2d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: IntOr2 = 1,
                      padding: IntOr2 = 0, output_padding: IntOr2 = 0, groups: int = 1, dilation: IntOr2 = 1) -> Tensor:
     """Transposed 2-D convolution (the gradient of conv2d w.r.t. its input), weight
-    (C_in, C_out/groups, kH, kW), as torch: the input zero-inserted by the stride, padded by
-    dilation * (k - 1) - padding (plus ``output_padding`` after), convolved at stride 1 with the
-    weights flipped and their channel axes swapped.
+    (C_in, C_out/groups, kH, kW), as torch (``_conv_transpose``).
 
         >>> conv_transpose2d(Tensor.ones(1, 2, 3, 3), Tensor.ones(2, 4, 3, 3), stride=2, padding=1, output_padding=1).shape
         (1, 4, 6, 6)
     """
-    _check_spatial(input, 2, "conv_transpose2d")
-    if weight.ndim != 4 or weight.shape[0] != input.shape[1] or input.shape[1] % groups:
-        raise ShapeError(f"conv_transpose2d(): expected a weight (C_in={input.shape[1]}, C_out/groups, kH, kW) "
-                         f"with groups={groups} dividing C_in, got shape {weight.shape}")
-    s, p, op, d = (_pair(v, nm, "conv_transpose2d") for v, nm in
-                   ((stride, "stride"), (padding, "padding"), (output_padding, "output_padding"), (dilation, "dilation")))
-    if any(o >= max(ss, dd) for o, ss, dd in zip(op, s, d)):
-        raise ShapeError(f"conv_transpose2d(): output_padding {op} must be smaller than stride {s} or dilation {d}")
-    n, cin, h, w = input.shape
-    z = input
-    if s != (1, 1):
-        z = z.reshape(n, cin, h, 1, w, 1).pad(((0, 0), (0, 0), (0, 0), (0, s[0] - 1), (0, 0), (0, s[1] - 1)))
-        z = z.reshape(n, cin, h * s[0], w * s[1]).shrink((None, None, (0, (h - 1) * s[0] + 1), (0, (w - 1) * s[1] + 1)))
-    reach = [dd * (k - 1) - pp for dd, k, pp in zip(d, weight.shape[2:], p)]
-    z = z.pad(((0, 0), (0, 0), *[(r, r + o) for r, o in zip(reach, op)]))
-    return conv2d(z, _swapped(weight, groups), bias, 1, 0, d, groups)
+    return _conv_transpose(input, weight, bias, 2, "conv_transpose2d", stride, padding, output_padding, groups, dilation)
+
+
+def conv_transpose3d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: IntOr2 = 1,
+                     padding: IntOr2 = 0, output_padding: IntOr2 = 0, groups: int = 1, dilation: IntOr2 = 1) -> Tensor:
+    """Transposed 3-D convolution, weight (C_in, C_out/groups, kD, kH, kW), as torch
+    (``_conv_transpose`` over ``conv3d``).
+
+        >>> conv_transpose3d(Tensor.ones(1, 2, 2, 3, 3), Tensor.ones(2, 4, 2, 3, 3), stride=2).shape
+        (1, 4, 4, 7, 7)
+    """
+    return _conv_transpose(input, weight, bias, 3, "conv_transpose3d", stride, padding, output_padding, groups, dilation)
 
 
 def conv_transpose1d(input: Tensor, weight: Tensor, bias: Tensor | None = None, stride: IntOr2 = 1,
@@ -568,23 +641,35 @@ def dropout(x: Tensor, p: float = 0.5, training: bool = True) -> Tensor:
     return keep.where(x * (1.0 / (1.0 - p)), 0.0)
 
 
+_INDEX_DTYPES = "int8, uint8, int16, int32, uint32, int64"
+
+
+def _check_int_index(t: Tensor, op: str, what: str = "indices") -> None:
+    """Class indices/embedding indices may have any integer dtype (torch's default is int64). The
+    compares below with an int32 ``arange`` promote (int64 and uint32 compare in int64), so a value
+    beyond int32 matches no class and is never wrapped into one."""
+    if not t.dtype.is_int:
+        raise DTypeError(f"{op}(): expected int32 {what} or another integer dtype ({_INDEX_DTYPES}), "
+                         f"got {t.dtype.name}")
+
+
 def one_hot(indices: Tensor, num_classes: int) -> Tensor:
-    """int32 indices (any shape) -> (..., num_classes) int32 one-hot.
+    """Integer indices of any integer dtype (any shape) -> (..., num_classes) int32 one-hot (torch:
+    int64); an index outside [0, num_classes) gives a row of zeros (torch raises).
 
         >>> one_hot(Tensor([2, 0]), 3).tolist()
         [[0, 0, 1], [1, 0, 0]]
     """
-    if indices.dtype is not int32:
-        raise DTypeError(f"one_hot(): expected int32 indices, got {indices.dtype.name}")
+    _check_int_index(indices, "one_hot")
     classes = Tensor.arange(num_classes, device=indices.device)
     return (indices.unsqueeze(-1) == classes).int()
 
 
 def embedding(indices: Tensor, weight: Tensor) -> Tensor:
-    """Rows of ``weight`` (num, dim) at int32 ``indices`` (any shape) -> (..., dim); a one-hot
-    matmul, so the gradient w.r.t. ``weight`` is a sum of one-hot rows."""
-    if indices.dtype is not int32:
-        raise DTypeError(f"embedding(): expected int32 indices, got {indices.dtype.name}")
+    """Rows of ``weight`` (num, dim) at ``indices`` of any integer dtype (any shape) -> (..., dim);
+    a one-hot matmul, so the gradient w.r.t. ``weight`` is a sum of one-hot rows. An index outside
+    [0, num) reads a row of zeros (torch raises)."""
+    _check_int_index(indices, "embedding")
     oh = (indices.unsqueeze(-1) == Tensor.arange(weight.shape[0], device=indices.device)).float()
     return oh @ weight
 
@@ -644,15 +729,14 @@ def _legacy_reduction(size_average: bool | None, reduce: bool | None, reduction:
 
 
 def _check_target(target: Tensor, x: Tensor, op: str, what: str) -> None:
-    if target.dtype is not int32:
-        raise DTypeError(f"{op}(): expected int32 class indices, got {target.dtype.name}")
+    _check_int_index(target, op, "class indices")
     if target.shape != (x.shape[0],) + x.shape[2:]:
         raise ShapeError(f"{op}(): target shape {target.shape} does not fit {what} {x.shape} "
                          f"(expected {(x.shape[0],) + x.shape[2:]})")
 
 
 def _class_hot(target: Tensor, logits: Tensor, op: str) -> Tensor:
-    """int32 class indices (N, d...) -> float32 one-hot (N, C, d...) lined up with ``logits``."""
+    """Integer class indices (N, d...) -> float32 one-hot (N, C, d...) lined up with ``logits``."""
     _check_target(target, logits, op, "input")
     c = logits.shape[1]
     classes = Tensor.arange(c, device=logits.device).reshape((c,) + (1,) * (logits.ndim - 2))
@@ -671,7 +755,7 @@ def _class_weight(weight: Tensor | None, x: Tensor, op: str) -> Tensor | None:
 def _batched(x: Tensor, target: Tensor, op: str) -> tuple[Tensor, Tensor, bool]:
     """An unbatched (C,) input with a () target becomes a batch of one (as torch accepts)."""
     if x.ndim == 1:
-        return x.unsqueeze(0), target.reshape(1) if target.dtype is int32 else target.unsqueeze(0), True
+        return x.unsqueeze(0), target.reshape(1) if target.dtype.is_int else target.unsqueeze(0), True
     if x.ndim < 2:
         raise ShapeError(f"{op}(): expected an input of shape (C,), (N, C) or (N, C, d...), got {x.shape}")
     return x, target, False
@@ -679,8 +763,8 @@ def _batched(x: Tensor, target: Tensor, op: str) -> tuple[Tensor, Tensor, bool]:
 
 def nll_loss(input: Tensor, target: Tensor, weight: Tensor | None = None, size_average: bool | None = None,
              ignore_index: int = -100, reduce: bool | None = None, reduction: str = "mean") -> Tensor:
-    """Negative log-likelihood of log-probabilities (N, C) or (N, C, d...) at int32 class indices
-    (N) or (N, d...), as torch.nn.functional.nll_loss: each term is -weight[y] * input[y]; targets
+    """Negative log-likelihood of log-probabilities (N, C) or (N, C, d...) at class indices of any
+    integer dtype (N) or (N, d...), as torch.nn.functional.nll_loss: each term is -weight[y] * input[y]; targets
     equal to ``ignore_index`` count for nothing, and the mean divides by the sum of the weights of
     the kept targets.
 
@@ -704,7 +788,7 @@ def nll_loss(input: Tensor, target: Tensor, weight: Tensor | None = None, size_a
 def cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None, size_average: bool | None = None,
                   ignore_index: int = -100, reduce: bool | None = None, reduction: str = "mean",
                   label_smoothing: float = 0.0) -> Tensor:
-    """Cross-entropy of logits (C), (N, C) or (N, C, d...) against int32 class indices or class
+    """Cross-entropy of logits (C), (N, C) or (N, C, d...) against integer class indices or class
     probabilities (the logits' shape), as torch.nn.functional.cross_entropy, with its ``weight``,
     ``ignore_index`` and ``label_smoothing`` (the target becomes (1 - e) * target + e / C).
 
@@ -729,8 +813,9 @@ def cross_entropy(input: Tensor, target: Tensor, weight: Tensor | None = None, s
         loss = -(wlogp * t).sum(1)
         # NOTE: torch's mean divides by the number of positions, not by a sum of weights
         return _reduce(loss.reshape(()) if unbatched else loss, reduction, "cross_entropy")
-    if target.dtype is not int32:
-        raise DTypeError(f"cross_entropy(): expected int32 class indices or float32 probabilities, got {target.dtype.name}")
+    if not target.dtype.is_int:
+        raise DTypeError(f"cross_entropy(): expected int32 class indices or float32 probabilities (indices of any "
+                         f"integer dtype: {_INDEX_DTYPES}; probabilities of any float dtype), got {target.dtype.name}")
     _check_target(target, logits, "cross_entropy", "logits")
     nll = nll_loss(logp, target, weight, ignore_index=ignore_index, reduction=reduction)
     if not label_smoothing:
