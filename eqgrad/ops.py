@@ -150,6 +150,17 @@ def _np(f: Callable[..., np.ndarray]) -> Callable[..., np.ndarray]:
     return run
 
 
+def _bitcast(a: np.ndarray, dt: DType) -> np.ndarray:
+    """``a``'s bits as ``dt`` (same width). bfloat16 values are float32 arrays here: a float32 array
+    bitcast to a 2-byte dtype is a bfloat16 one (its top 16 bits), a 2-byte one bitcast to
+    bfloat16 becomes those 16 bits on top of a float32."""
+    if a.dtype == np.float32 and dt.itemsize == 2:              # from bfloat16
+        return (np.asarray(a, order="C").view(np.uint32) >> 16).astype(np.uint16).view(dt.np)
+    if dt is bfloat16:
+        return (np.asarray(a, order="C").view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+    return np.asarray(a, order="C").view(dt.np)
+
+
 def _int_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Truncating integer division; x / 0 = 0."""
     bz = b == 0
@@ -404,6 +415,9 @@ OPS: dict[str, OpDef] = {o.name: o for o in [
     _op("RECIP", "Recip", _U, 1, "same", "same", _np(np.reciprocal), flops=4, dtypes="f", grad=_g_recip),
     _op("TRUNC", "Trunc", _U, 1, "same", "same", _np(np.trunc), flops=1, dtypes="f", grad=_PIECEWISE, libm="trunc"),
     _op("CAST", "Cast", _U, 1, "same", "attr", _np(_cast), ("String",), flops=1, grad=_g_cast),
+    # the same bits read as another dtype of the same width (torch's view(dtype)); not bool
+    _op("BITCAST", "Bitcast", _U, 1, "same", "attr", _np(_bitcast), ("String",), dtypes="fi",
+        grad=NoGrad("reinterprets bits: not differentiable (torch's view(dtype))")),
     # binary (both sources have the same shape and dtype; the frontend broadcasts and promotes)
     _op("ADD", "Add", _B, 2, "same", "same", _np(_add), flops=1, grad=_g_add),
     _op("MUL", "Mul", _B, 2, "same", "same", _np(_mul), flops=1, grad=_g_mul),
@@ -439,6 +453,8 @@ OPS: dict[str, OpDef] = {o.name: o for o in [
     _op("CONTIGUOUS", "Contiguous", "boundary", 1, "same", "same", _np(lambda a: a),
         doc="kernel boundary forced by the user; never fused away", grad=_g_identity),
 ]}
+# the unary ops whose result dtype is their String attribute (a value conversion, a reinterpretation)
+RETYPES = frozenset(o.name for o in OPS.values() if o.kind == _U and o.dtype_of == "attr")
 
 EGG_TO_OP: dict[str, OpDef] = {o.egg: o for o in OPS.values()}
 ALU_OPS = tuple(n for n, o in OPS.items() if o.kind in ("unary", "binary", "ternary"))

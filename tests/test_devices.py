@@ -74,6 +74,10 @@ def op_cases() -> dict[str, tuple[str, list[DType], DType, object]]:
                     if s != d:
                         cases[f"CAST-{s.name}-{d.name}"] = (name, [s], d, d)
             continue
+        if name == "BITCAST":                 # the widths every device has
+            cases["BITCAST-float32-int32"] = (name, [float32], int32, int32)
+            cases["BITCAST-int32-float32"] = (name, [int32], float32, float32)
+            continue
         for k in o.dtypes:
             dt = KIND[k]
             dts = [dt] * o.arity

@@ -10,7 +10,7 @@ from eqgrad.devices.llvm import LLVM_OPS
 from eqgrad.graph.loopir import LOOP_ALU_OPS
 from eqgrad.lower.decomp import DECOMPOSITIONS
 from eqgrad.dtype import bool_, float32, int32
-from eqgrad.ops import ALU_OPS, MOVEMENT_OPS, OPS, REDUCE_OPS, NoGrad
+from eqgrad.ops import ALU_OPS, MOVEMENT_OPS, OPS, REDUCE_OPS, RETYPES, NoGrad
 from eqgrad.rules.families import fusion_family, generated_rulebooks
 from eqgrad.rules.ir import declarations
 
@@ -60,7 +60,16 @@ def _sample(dt, shape=(2, 3)):
     return rng.random(shape) > 0.5
 
 
-@pytest.mark.parametrize("name", sorted(set(ALU_OPS) - {"CAST"}))
+def test_retype_references_take_their_target():
+    """CAST and BITCAST read their target dtype from the attribute (RETYPES)."""
+    assert RETYPES == {"CAST", "BITCAST"}
+    x = _sample(float32)
+    assert OPS["CAST"].ref([x], int32, int32).dtype == np.int32
+    out = OPS["BITCAST"].ref([x], int32, int32)
+    assert out.dtype == np.int32 and np.array_equal(out, x.view(np.int32))
+
+
+@pytest.mark.parametrize("name", sorted(set(ALU_OPS) - RETYPES))
 def test_reference_semantics_are_total(name):
     """Each ALU reference runs on every dtype it accepts and returns its declared shape and dtype."""
     o = OPS[name]

@@ -138,6 +138,8 @@ def _example(o: OpDef, rng: np.random.Generator, rank: int):
         dts[0] = bool_
     if o.name == "CAST":
         arg = DTYPES[str(rng.choice(["float32", "int32", "bool"]))]
+    elif o.name == "BITCAST":               # float32 <-> int32: the widths KIND has
+        arg = int32 if dt is not int32 else DTYPES["float32"]
     elif o.shape_of == "reduce":
         k = int(rng.integers(1, rank + 1))
         arg = tuple(sorted(int(a) for a in rng.choice(rank, k, replace=False)))

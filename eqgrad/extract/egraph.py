@@ -14,7 +14,7 @@ from typing import Any
 
 from eqgrad.dtype import DTYPES, DType
 from eqgrad.graph.program import ConstLeaf, Input, ParamLeaf, Program, is_node
-from eqgrad.ops import EGG_TO_OP, OPS, OpDef, Shape
+from eqgrad.ops import EGG_TO_OP, OPS, RETYPES, OpDef, Shape
 
 
 @dataclass(frozen=True)
@@ -101,7 +101,7 @@ def _decode_arg(d: OpDef, prims: list[Any]) -> Any:
         return (float(prims[0]), DTYPES[prims[1]], tuple(prims[2]))
     if d.name == "PARAM":
         return (int(prims[0]), DTYPES[prims[1]], tuple(prims[2]))
-    if d.name == "CAST":
+    if d.name in RETYPES:
         return DTYPES[prims[0]]
     if d.name in ("PAD", "SHRINK"):
         return (tuple(prims[0]), tuple(prims[1]))

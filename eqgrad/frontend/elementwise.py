@@ -90,7 +90,10 @@ class ElementwiseOps:
         return T._composite(name, forward, lazy_grad, self, *others)
 
     def _sign_bit(self) -> Any:
-        """True where the sign bit is set, -0.0 included (NaN's sign bit cannot be read: False)."""
+        """True where the sign bit is set, -0.0 and NaN's included (read through a bit cast); float64
+        compares instead (OPENCL/CUDA have no int64 to cast to), so a float64 NaN counts as positive."""
+        if self.dtype.is_float and self.dtype.itemsize in (2, 4):
+            return self.bitcast(int32 if self.dtype.itemsize == 4 else "int16") < 0
         return (self < 0) | ((self == 0) & (self.float().reciprocal() < 0))
 
     def _floats(self, other: Any, op: str, reverse: bool = False) -> tuple[Any, Any]:
@@ -590,42 +593,51 @@ class ElementwiseOps:
         """
         return self * (self * 1.702).sigmoid()
 
-    # ------------------------------------------------------------------ bit shifts (int32)
-    def _shift_operands(self, other: Any, op: str, reverse: bool) -> tuple[Any, Any]:
+    # ------------------------------------------------------------------ bit shifts (integers)
+    def _shift_operands(self, other: Any, op: str, reverse: bool) -> tuple[Any, Any, int]:
+        """The promoted operands and their width in bits."""
         a, b = self._operands(other, op, reverse)
-        if a.dtype is not int32:
-            raise DTypeError(f"{op}: shifts need int32 tensors, got {a.dtype.name}")
-        return a, b
+        if not a.dtype.is_int:
+            raise DTypeError(f"{op}: shifts need integer tensors (int8, uint8, int16, int32, uint32, int64), "
+                             f"got {a.dtype.name}")
+        return a, b, 8 * a.dtype.itemsize
 
     @staticmethod
-    def _pow2(b: Any) -> Any:
-        """2**b for int32 b in [0, 31] (2**31 wraps to -2**31: its bit pattern)."""
+    def _pow2(b: Any, bits: int) -> Any:
+        """2**b for b in [0, bits) in b's dtype (2**(bits-1) of a signed type wraps to its minimum: the
+        bit pattern)."""
         out = b.ones_like()
-        for bit in range(5):
+        for bit in range(bits.bit_length() - 1):
             out = ((b & (1 << bit)) != 0).where(out * (1 << (1 << bit)), out)
         return out
 
     def bitwise_left_shift(self, other: Any, reverse: bool = False) -> Any:
-        """``a << b`` on int32, bits beyond 32 dropped (wraps); 0 for b < 0 or b >= 32, as torch.
+        """``a << b`` on integers, bits beyond the type's width dropped (wraps); 0 for b < 0 or b >=
+        the width, as torch.
 
             >>> (Tensor([1, -3]) << 2).tolist()
             [4, -12]
         """
-        a, b = self._shift_operands(other, "bitwise_left_shift", reverse)
-        ok = (b >= 0) & (b < 32)
-        # NOTE: a * 2**b with int32 wrap-around is the shift's bit pattern, negative a included
-        return ok.where(a * self._pow2(ok.where(b, 0)), 0)
+        a, b, bits = self._shift_operands(other, "bitwise_left_shift", reverse)
+        ok = (b >= 0) & (b < bits)
+        # NOTE: a * 2**b with wrap-around is the shift's bit pattern, negative a included
+        return ok.where(a * self._pow2(ok.where(b, 0), bits), 0)
 
     def bitwise_right_shift(self, other: Any, reverse: bool = False) -> Any:
-        """Arithmetic ``a >> b`` on int32 (rounds down); b < 0 or b >= 31 shifts by 31, as torch.
+        """``a >> b``: arithmetic on signed integers (rounds down; b < 0 or b >= width - 1 shifts by
+        width - 1), logical on unsigned ones (0 for b < 0 or b >= width), as torch.
 
             >>> (Tensor([-7, 7]) >> 1).tolist()
             [-4, 3]
         """
-        a, b = self._shift_operands(other, "bitwise_right_shift", reverse)
-        ok = (b >= 0) & (b < 31)
-        # NOTE: floor division by 2**b (0 <= b <= 30, a positive divisor) is the arithmetic shift
-        return ok.where(a.floordiv(self._pow2(ok.where(b, 0))), (a < 0).where(-1, 0))
+        a, b, bits = self._shift_operands(other, "bitwise_right_shift", reverse)
+        if a.dtype.name.startswith("u"):
+            ok = (b >= 0) & (b < bits)
+            # NOTE: 2**(bits-1) is positive in an unsigned type: floor division is the logical shift
+            return ok.where(a.floordiv(self._pow2(ok.where(b, 0), bits)), 0)
+        ok = (b >= 0) & (b < bits - 1)
+        # NOTE: floor division by 2**b (0 <= b <= bits - 2, a positive divisor) is the arithmetic shift
+        return ok.where(a.floordiv(self._pow2(ok.where(b, 0), bits)), (a < 0).where(-1, 0))
 
     def __lshift__(self, o: Any) -> Any: return self.bitwise_left_shift(o)
     def __rlshift__(self, o: Any) -> Any: return self.bitwise_left_shift(o, True)

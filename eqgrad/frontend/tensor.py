@@ -491,6 +491,23 @@ class Tensor(ElementwiseOps, ShapeOps, IndexingOps, InteropOps):
         d = dt.to_dtype(dtype)
         return self if d == self.dtype else self._apply("CAST", arg=d)
 
+    def bitcast(self, dtype: Any) -> "Tensor":
+        """The same bits read as ``dtype``, which must have this dtype's width (torch's
+        ``view(dtype)`` for equal widths, tinygrad's ``bitcast``): ``float32`` <-> ``int32``/``uint32``,
+        ``float16``/``bfloat16`` <-> ``int16``, ``float64`` <-> ``int64``, ``int8`` <-> ``uint8``. NaN
+        payloads and -0.0 keep their bits. Not differentiable (the result does not require a
+        gradient); bool is neither a source nor a target.
+
+            >>> Tensor([1.0]).bitcast("int32").item() == 0x3F800000
+            True
+        """
+        d = dt.to_dtype(dtype)
+        if self.dtype is bool_ or d is bool_ or d.itemsize != self.dtype.itemsize:
+            same = sorted(x.name for x in dt.ALL_DTYPES if x.itemsize == self.dtype.itemsize and x is not bool_)
+            raise DTypeError(f"bitcast(): needs a dtype of {self.dtype.name}'s width ({self.dtype.itemsize} bytes), "
+                             f"not bool ({', '.join(same) or 'none for bool'}), got {d.name}")
+        return self if d == self.dtype else self.detach()._apply("BITCAST", arg=d)
+
     def float(self) -> "Tensor":
         return self.cast(float32)
 
@@ -849,9 +866,11 @@ class Tensor(ElementwiseOps, ShapeOps, IndexingOps, InteropOps):
             >>> round(Tensor([-1.0]).elu().item(), 4)
             -0.6321
         """
-        # NOTE: exp of min(x, 0): exp(x) of a large x is inf, and inf times the zero gradient of
-        # the branch that where() drops would be NaN
-        return (self > 0).where(self, (self.minimum(0).exp() - 1) * alpha)
+        # NOTE: exp of a select of x or 0 (not minimum(x, 0), whose gradient splits at 0): exp(x) of
+        # a large x is inf, and inf times the zero gradient of the branch that where() drops would
+        # be NaN. 0 and NaN take the exp branch, as torch: gradient alpha at 0, NaN at NaN
+        pos = self > 0
+        return pos.where(self, (pos.where(0, self).exp() - 1) * alpha)
 
     @float_math
     def silu(self) -> "Tensor":
@@ -915,7 +934,13 @@ class Tensor(ElementwiseOps, ShapeOps, IndexingOps, InteropOps):
             >>> round(Tensor([1.0]).mish().item(), 4)
             0.8651
         """
-        return self * self.softplus().tanh()
+        # NOTE: torch's gradient tanh(sp) + x sigmoid(x) (1 - tanh(sp)^2): the composition's is NaN
+        # for |x| ~ 1e30 (inf * 0 inside softplus' select)
+        def grad(g: "Tensor", out: "Tensor", x: "Tensor") -> tuple:
+            t = x.softplus().tanh()
+            return (g * (t + x * x.sigmoid() * (1 - t * t)),)
+
+        return self._custom_grad("MISH", lambda x: x * x.softplus().tanh(), grad)
 
     def hardtanh(self, min_val: float = -1.0, max_val: float = 1.0) -> "Tensor":
         """``x`` clipped to ``[min_val, max_val]``; the gradient is 1 strictly inside, 0 outside.
@@ -948,7 +973,10 @@ class Tensor(ElementwiseOps, ShapeOps, IndexingOps, InteropOps):
             >>> Tensor([-4.0, 1.0, 4.0]).hardswish().tolist()
             [-0.0, 0.6666666865348816, 4.0]
         """
-        return self * self.hardsigmoid()
+        # NOTE: torch's gradient: 0 up to -3, x / 3 + 0.5 in (-3, 3) (and NaN), 1 from 3 (the
+        # product's splits its ties at +-3)
+        return self._custom_grad("HARDSWISH", lambda x: x * x.hardsigmoid(),
+                                 lambda g, out, x: ((x >= 3).where(1.0, (x <= -3).where(0.0, x * (1 / 3) + 0.5)) * g,))
 
     # comparisons (NaN compares false except !=, as in NumPy)
     def _compare_beyond_range(self, other: Any, op: str) -> "Tensor | None":
@@ -1012,7 +1040,7 @@ class Tensor(ElementwiseOps, ShapeOps, IndexingOps, InteropOps):
     def _bitwise(self, other: Any, op: str, reverse: bool = False) -> "Tensor":
         a, b = self._operands(other, op.lower(), reverse)
         if a.dtype.is_float:
-            raise DTypeError(f"{op.lower()}: bitwise ops need int32 or bool tensors, got {a.dtype.name}")
+            raise DTypeError(f"{op.lower()}: bitwise ops need integer or bool tensors, got {a.dtype.name}")
         return a._alu(op, b)
 
     def __and__(self, o: Any) -> "Tensor": return self._bitwise(o, "AND")
@@ -1025,9 +1053,9 @@ class Tensor(ElementwiseOps, ShapeOps, IndexingOps, InteropOps):
     def __invert__(self) -> "Tensor":
         if self.dtype is bool_:
             return self.logical_not()
-        if self.dtype is int32:
-            return self._alu("XOR", self._const(-1))
-        raise DTypeError(f"invert (~): needs an int32 or bool tensor, got {self.dtype.name}")
+        if self.dtype.is_int:         # every bit set: -1, or the unsigned type's maximum
+            return self._alu("XOR", self._const(self.dtype.max if self.dtype.name.startswith("u") else -1))
+        raise DTypeError(f"invert (~): needs an integer or bool tensor, got {self.dtype.name}")
 
     def __add__(self, o: Any) -> "Tensor": return self.add(o)
     def __radd__(self, o: Any) -> "Tensor": return self.add(o, True)

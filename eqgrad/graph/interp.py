@@ -19,7 +19,7 @@ from eqgrad.dtype import DType, bfloat16, from_storage, round_bf16, to_storage
 from eqgrad.graph.loopir import INDEX, NONNEG, LInst, LoopIRError, LoopKernel, Table
 from eqgrad.graph.plan import Kernel
 from eqgrad.graph.program import ConstLeaf, Input, ParamLeaf, Program, is_node
-from eqgrad.ops import OPS, Shape
+from eqgrad.ops import OPS, RETYPES, Shape
 
 
 def eval_op(op: str, arg: Any, shape: Shape, dtype: DType, srcs: list[np.ndarray]) -> np.ndarray:
@@ -208,7 +208,7 @@ def run_loop(k: LoopKernel, buffers: list[np.ndarray]) -> None:
                         val[i] = np.asarray(LOOP_REFS[op]([np.asarray(v) for v in a], x.arg, x.dtype))
                     kind[i] = x.dtype.name
                 else:
-                    arg = x.dtype if op == "CAST" else None
+                    arg = x.dtype if op in RETYPES else None
                     val[i] = OPS[op].ref([np.asarray(v) for v in a], arg, x.dtype)
                     kind[i] = x.dtype.name
             i += 1

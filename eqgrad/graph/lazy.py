@@ -27,9 +27,9 @@ import weakref
 
 import numpy as np
 
-from eqgrad.dtype import DType, cast_scalar
+from eqgrad.dtype import DType, bool_, cast_scalar
 from eqgrad.graph.walk import topological
-from eqgrad.ops import MAX_RANK, MOVEMENT_OPS, OPS, OpError, Shape, check_dtypes, numel
+from eqgrad.ops import MAX_RANK, MOVEMENT_OPS, OPS, OpError, Shape, RETYPES, check_dtypes, numel
 
 # Held while a realize walks or updates the pending graph (engine/session.py) and while
 # ``one_value`` turns a pending node into a materialization: a walk never sees a half-changed node.
@@ -123,7 +123,11 @@ class LazyBuffer:
         if op == "WHERE":
             if dts[1] != dts[2]:
                 raise OpError(f"where: both branches must have one dtype, got {dts[1].name} and {dts[2].name}")
-        elif op != "CAST":
+        elif op == "BITCAST":
+            check_dtypes(d, dts)
+            if not isinstance(arg, DType) or arg is bool_ or arg.itemsize != dts[0].itemsize:
+                raise OpError(f"bitcast: needs a non-bool dtype of {dts[0].name}'s width ({dts[0].itemsize} bytes), got {arg}")
+        elif op not in RETYPES:
             for t in dts:
                 if t is not dt0 and t != dt0:
                     raise OpError(f"{op.lower()}: source dtypes must match, got {[t.name for t in dts]}")
@@ -131,7 +135,8 @@ class LazyBuffer:
         out_dtype = d.dtype_rule(dts, arg)
         if op == "CAST" and arg == self.dtype:
             return self
-        if all(s.op == "CONST" for s in srcs) and d.ref is not None:
+        if all(s.op == "CONST" for s in srcs) and d.ref is not None and op != "BITCAST":
+            # (a bitcast is not folded: a CONST holds its value as a double, not its bits -- NaN payloads)
             # constant folding in the frontend keeps graphs small; egglog folds what appears later
             vals = [np.array(s.arg, dtype=s.dtype.vnp) for s in srcs]
             return LazyBuffer.const(d.ref(vals, arg, out_dtype).item(), self.shape, out_dtype, self.device)

@@ -314,6 +314,10 @@ def _check_alu(i: int, x: LInst, ts: list[Any], insts: list[LInst], fail: Any) -
         if not isinstance(dt, DType):
             fail(i, f"a target dtype, got {dt!r}")
         return
+    if op == "BITCAST":          # the op table's (any same-width dtypes) and the loop IR's own
+        if not isinstance(dt, DType) or dt.itemsize != ts[0].itemsize:
+            fail(i, f"a dtype of its operand's width, got {_name(dt)} from {_name(ts[0])}")
+        return
     values = ts[1:] if op == "WHERE" else ts
     if any(t != values[0] for t in values):
         fail(i, f"operands of one dtype, got {[t.name for t in values]}")

@@ -35,7 +35,7 @@ from eqgrad.lower.passes import LowerOptions, Schedule, describe_steps, run_pass
 from eqgrad.lower.sums import SUM_BLOCK, SUM_RADIX, sum_depth, sum_error_terms, sum_pieces
 from eqgrad.lower import symbolic
 from eqgrad.lower.symbolic import Div, Lin, Mod, Var
-from eqgrad.ops import numel, reduce_identity
+from eqgrad.ops import RETYPES, numel, reduce_identity
 
 # tests and tools import these from here
 __all__ = ["Lowerer", "lower_kernel", "strides_of", "sum_depth", "sum_error_terms", "sum_pieces",
@@ -179,7 +179,7 @@ class Lowerer:
         if op in MOVES:
             return self.render(n.src[0], self.move_index(n, idx), valid)
         srcs = tuple(self.render(s, idx, valid) for s in n.src)
-        return self.emit(op, n.arg if op == "CAST" else n.dtype, srcs, None)
+        return self.emit(op, n.arg if op in RETYPES else n.dtype, srcs, None)
 
     def move_index(self, n: KNode, idx: tuple[Lin, ...]) -> tuple[Lin, ...]:
         return move_index(n, idx)
@@ -231,7 +231,7 @@ class Lowerer:
         if op in MOVES:
             return self.render_lanes(n.src[0], tuple(self.move_index(n, i) for i in idxs), valids)
         srcs = [self.render_lanes(s, idxs, valids) for s in n.src]
-        dt = n.arg if op == "CAST" else n.dtype
+        dt = n.arg if op in RETYPES else n.dtype
         return tuple(self.emit(op, dt, tuple(sv[lane] for sv in srcs), None) for lane in range(len(idxs)))
 
     # Blocked float sums (docs/semantics.md "Sums", docs/lowering.md "blocked sums"). A float sum that

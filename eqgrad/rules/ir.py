@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from eqgrad.graph.lazy import LazyBuffer
 from eqgrad.graph.program import ConstLeaf, Input, ParamLeaf, Program, is_node
-from eqgrad.ops import EGG_TO_OP, OPS, OpDef
+from eqgrad.ops import EGG_TO_OP, OPS, RETYPES, OpDef
 
 SORTS = {"i64", "f64", "String", "IVec"}
 
@@ -60,7 +60,7 @@ def fmt_attrs(o: OpDef, arg) -> list[str]:
     """The egglog text of an op's attributes (``arg`` as the frontend stores it)."""
     if o.name in ("PAD", "SHRINK"):
         return [fmt_vec(arg[0]), fmt_vec(arg[1])]
-    if o.name == "CAST":
+    if o.name in RETYPES:
         return [f'"{arg.name}"']
     if o.attrs == ("IVec",):
         return [fmt_vec(arg)]

@@ -239,6 +239,12 @@ class Builder:
             src = self.s.dtype()
             kid = self.build(kids_p[0], shape, src)
             return self._make(o, [kid], DTYPES[d], dt)
+        if o.name == "BITCAST":                  # float32 <-> int32, the instance dtypes of one width
+            d = self.attr(attrs_p[0], lambda: dt.name, lambda d: d == dt.name)
+            if dt not in (float32, int32):
+                raise Retry
+            kid = self.build(kids_p[0], shape, int32 if dt is float32 else float32)
+            return self._make(o, [kid], DTYPES[d], dt)
         if o.name == "WHERE":
             kids = [self.build(kids_p[0], shape, bool_), self.build(kids_p[1], shape, dt),
                     self.build(kids_p[2], shape, dt)]
