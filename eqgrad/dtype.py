@@ -302,7 +302,7 @@ def f32_to_bf16(x: np.ndarray) -> np.ndarray:
     """float32 (or float64, rounded to float32 first) values as bfloat16 bits: round to nearest,
     ties to even (LLVM's fptrunc to bfloat); NaN stays a quiet NaN of its sign."""
     with np.errstate(over="ignore", invalid="ignore"):
-        u = np.ascontiguousarray(x, np.float32).view(np.uint32)
+        u = np.asarray(x, np.float32, order="C").view(np.uint32)       # (asarray: a 0-d array stays 0-d)
     r = (u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)
     nan = (u & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
     return np.where(nan, (u >> np.uint32(16)) | np.uint32(0x40), r).astype(np.uint16)

@@ -219,15 +219,15 @@ def test_unsupported_indices(t34):
 # ---------------------------------------------------------------------------- dtypes
 
 def test_bitwise_on_floats(t34, i34):
-    with pytest.raises(DTypeError, match=r"and.*int32 or bool.*got float32"):
+    with pytest.raises(DTypeError, match=r"and.*integer or bool.*got float32"):
         t34 & t34
-    with pytest.raises(DTypeError, match=r"or.*int32 or bool.*got float32"):
+    with pytest.raises(DTypeError, match=r"or.*integer or bool.*got float32"):
         t34 | 1
-    with pytest.raises(DTypeError, match=r"xor.*int32 or bool.*got float32"):
+    with pytest.raises(DTypeError, match=r"xor.*integer or bool.*got float32"):
         i34 ^ t34                                   # promoted to float32
-    with pytest.raises(DTypeError, match=r"and.*int32 or bool.*got float32"):
+    with pytest.raises(DTypeError, match=r"and.*integer or bool.*got float32"):
         i34 & 1.5
-    with pytest.raises(DTypeError, match=r"invert.*int32 or bool.*got float32"):
+    with pytest.raises(DTypeError, match=r"invert.*integer or bool.*got float32"):
         ~t34
 
 

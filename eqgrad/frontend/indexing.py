@@ -35,7 +35,6 @@ import numpy as np
 from eqgrad.dtype import bool_, float32, int32, int64, uint8, uint32
 from eqgrad.errors import AxisError, DeviceError, DTypeError, ShapeError
 
-INT32_MIN = -2 ** 31
 SCATTER_REDUCES = ("sum", "prod", "mean", "amax", "amin")
 INDEX_DTYPES = "int8, uint8, int16, int32, uint32, int64"
 
@@ -486,7 +485,7 @@ class IndexingOps:
         index = self._check_index("scatter_reduce", index)
         d = self._check_scatter("scatter_reduce", dim, index, s)
         if reduce == "amin":
-            flip = (lambda t: -t) if self.dtype is float32 else (lambda t: ~t)
+            flip = (lambda t: -t) if self.dtype.is_float else (lambda t: ~t)     # exact, order-reversing
             return flip(flip(self).scatter_reduce(dim, index, flip(s), "amax", include_self=include_self))
         if index.numel() == 0:
             return self
@@ -494,7 +493,7 @@ class IndexingOps:
         own = self.shrink(region)
         covered = hit.any(d)
         if reduce == "amax":
-            low = float("-inf") if self.dtype is float32 else INT32_MIN
+            low = float("-inf") if self.dtype.is_float else self.dtype.min
             vals = hit.where(srcv, low)
             if include_self:
                 vals = own.unsqueeze(d).cat(vals, dim=d)
@@ -502,13 +501,13 @@ class IndexingOps:
         if reduce == "prod":
             p = _prod(hit.where(srcv, 1), d)
             return _fill_region(self, covered, own * p if include_self else p, region)
-        total = hit.where(srcv, 0).sum(d)
+        total = hit.where(srcv, 0).sum(d, dtype=self.dtype)      # wraps in the dtype, as torch
         if include_self:
             total = own + total
         if reduce == "sum":
             return _fill_region(self, covered, total, region)
         count = hit.sum(d) + (1 if include_self else 0)
-        mean = total / count if self.dtype is float32 else total // count.maximum(1)
+        mean = total / count if self.dtype.is_float else total // count.maximum(1)
         return _fill_region(self, covered, mean, region)
 
     # ------------------------------------------------------------------ argument checks
@@ -603,7 +602,7 @@ def _sum_picked(hot: Any, x: Any, axis: int) -> Any:
     if x.dtype is bool_:
         return hot.where(x, False).any(axis)
     # NOTE: where, not hot * x: 0 * inf is NaN, and an element that is not picked must not matter
-    return hot.where(x, 0).sum(axis)
+    return hot.where(x, 0).sum(axis, dtype=x.dtype)          # one term: x's own dtype
 
 
 def _take_along(x: Any, index: Any, d: int) -> Any:

@@ -20,7 +20,6 @@ import numpy as np
 from eqgrad.dtype import bool_, float32, int32, to_dtype
 from eqgrad.errors import AxisError, DTypeError, ShapeError
 
-INT32_MIN = -(2 ** 31)
 
 
 class ValuesIndices(NamedTuple):
@@ -78,7 +77,7 @@ class ShapeOps:
         x = self.unsqueeze(-2)
         if self.dtype is bool_:
             return (onehot & x).any(-1)
-        return onehot.where(x, self._zero()).sum(-1)
+        return onehot.where(x, self._zero()).sum(-1, dtype=self.dtype)
 
     # ------------------------------------------------------------------ scans
     def cumsum(self, dim: int, dtype: Any = None) -> Any:
@@ -130,19 +129,19 @@ class ShapeOps:
         # order key: larger is "better"; min runs as max of an order-reversing key
         if self.dtype is bool_:
             key = xl.int() if largest else xl.logical_not().int()
-        elif self.dtype is int32:
-            key = xl if largest else ~xl
+        elif self.dtype.is_int:
+            key = xl if largest else ~xl            # exact and order-reversing (-x is neither for all ints)
         else:
             key = xl if largest else -xl
         i, j = self._pair_index(xl.shape[-1])
         mask = j <= i                                   # (n, n): j is in the prefix of i
         kj = key.unsqueeze(-2)                          # (..., 1, n)
-        if key.dtype is float32:
+        if key.dtype.is_float:
             nan_j = kj != kj
             lowest = float("-inf")
             kj_num = nan_j.where(lowest, kj)
         else:
-            nan_j, lowest, kj_num = None, INT32_MIN, kj
+            nan_j, lowest, kj_num = None, key.dtype.min, kj
         m = mask.where(kj_num, lowest).amax(-1, keepdim=True)        # (..., n, 1) prefix max
         hit = mask & (kj_num == m)
         if nan_j is not None:
@@ -200,7 +199,7 @@ class ShapeOps:
         a, b = x.unsqueeze(-1), x.unsqueeze(-2)        # a: element i (rows), b: element j (columns)
         before = b > a if descending else b < a
         eq = a == b
-        if x.dtype is float32:
+        if x.dtype.is_float:
             an, bn = a != a, b != b
             before = before | ((bn & ~an) if descending else (an & ~bn))
             eq = eq | (an & bn)
@@ -340,7 +339,7 @@ class ShapeOps:
         if prod.shape != full:
             prod = prod.expand(full)
         if len(order) > len(out):
-            prod = prod.sum(tuple(range(len(out), len(order))))
+            prod = prod.sum(tuple(range(len(out), len(order))), dtype=prod.dtype)    # int8 stays int8 (torch)
         return prod
 
     # ------------------------------------------------------------------ reductions
@@ -701,7 +700,9 @@ class ShapeOps:
         i = np.arange(steps, dtype=np.float64)
         step = (end - start) / (steps - 1) if steps > 1 else 0.0
         vals = np.where(i < steps // 2, start + step * i, end - step * (steps - 1 - i))
-        return cls(vals.astype(np.float32), dtype=dtype, device=device)
+        d = to_dtype(dtype)
+        # computed in float64, rounded once to the dtype (float64 keeps every bit; integers truncate, as torch)
+        return cls(vals if d.is_float else np.trunc(vals), dtype=d, device=device)
 
     @classmethod
     def empty(cls, *shape: Any, dtype: Any = float32, device: str | None = None) -> Any:

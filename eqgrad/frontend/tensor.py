@@ -605,20 +605,23 @@ class Tensor(ElementwiseOps, ShapeOps, IndexingOps, InteropOps):
         return r + adjust.where(b, 0)
 
     def pow(self, other: Any, reverse: bool = False) -> "Tensor":
-        if not reverse and self.dtype is not float32 and isinstance(other, (int, np.integer)) \
+        if not reverse and (self.dtype.is_int or self.dtype is bool_) and isinstance(other, (int, np.integer)) \
                 and not isinstance(other, bool):
             if other < 0:
                 raise ValueError(f"pow: integers to negative integer powers are not allowed (got {other})")
-            return self._int_pow(Tensor.full(self.shape, dt.convert_scalar(other, int32, "pow"), int32, self.device))
+            base = self.int() if self.dtype is bool_ else self
+            return base._int_pow(Tensor.full(self.shape, dt.convert_scalar(other, int32, "pow"), int32, self.device))
         small = not reverse and isinstance(other, (int, np.integer)) and not isinstance(other, bool) and abs(other) <= 4
         if small and self.dtype is bool_:
             return self.int().pow(other)
         if small and other == 0:
             return self.ones_like()
         a, b = self._operands(other, "pow", reverse)
-        if a.dtype is not float32:
-            if a.dtype is int32:
-                return a._int_pow(b)
+        if a.dtype.is_int:
+            return a._int_pow(b)
+        if a.dtype.is_narrow_float:          # in float32, rounded once (as the other float composites)
+            return a.float().pow(b.float()).cast(a.dtype)
+        if not a.dtype.is_float:
             a, b = a.float(), b.float()
         # NOTE: the gradients are torch's formulas, b * a**(b-1) (0 where b == 0) and a**b * log(a)
         # (0 where a == 0 and b >= 0): differentiating the selects below would multiply the zero
@@ -650,8 +653,9 @@ class Tensor(ElementwiseOps, ShapeOps, IndexingOps, InteropOps):
         return one.where(1.0, out)
 
     def _int_pow(self, e: "Tensor") -> "Tensor":
-        """int32 ** int32 by binary exponentiation (wraps around like NumPy); a negative exponent
-        gives 0 except for bases 1 and -1 (NumPy raises for those, elementwise raising is not lazy)."""
+        """integer ** integer by binary exponentiation in the base's dtype (wraps around like NumPy);
+        a negative exponent gives 0 except for bases 1 and -1 (NumPy raises for those, elementwise
+        raising is not lazy). ``e`` may be wider than the base (an int32 exponent of an int8 base)."""
         base, out = self, self.ones_like()
         e = e.maximum(-1)
         bits = (e < 0).where(0, e)
@@ -660,7 +664,10 @@ class Tensor(ElementwiseOps, ShapeOps, IndexingOps, InteropOps):
             if bit < 30:
                 base = base * base
         neg = e < 0
-        inv = (self == 1).where(1, (self == -1).where(1 - 2 * (e.abs() % 2), 0))
+        if self.dtype.name.startswith("u"):
+            inv = (self == 1).where(1, 0).cast(self.dtype)
+        else:
+            inv = (self == 1).where(1, (self == -1).where(1 - 2 * (e.abs() % 2), 0)).cast(self.dtype)
         return neg.where(inv, out)
 
     def neg(self) -> "Tensor":
@@ -1094,9 +1101,10 @@ class Tensor(ElementwiseOps, ShapeOps, IndexingOps, InteropOps):
     def sum(self, axis: Any = None, keepdim: bool = False, dtype: Any = None) -> "Tensor":
         """Sum over ``axis`` (None: all; an int or a tuple). bool and integers narrower than 32 bits
         sum in int32 (as NumPy and torch widen them; they give int64), float16/bfloat16 accumulate in
-        float32 and round the sum once (as torch); ``dtype=`` casts the input first."""
+        float32 and round the sum once (as torch); ``dtype=`` casts the input first and sums in that
+        dtype (an int8 ``dtype=`` wraps, as torch's)."""
         x = self if dtype is None else self.cast(dtype)
-        if x.dtype is bool_ or (x.dtype.is_int and x.dtype.itemsize < 4):
+        if x.dtype is bool_ or (dtype is None and x.dtype.is_int and x.dtype.itemsize < 4):
             x = x.int()
         elif x.dtype.is_narrow_float:
             return x.float()._reduce("RSUM", axis, keepdim, "sum").cast(x.dtype)
@@ -1207,8 +1215,10 @@ class Tensor(ElementwiseOps, ShapeOps, IndexingOps, InteropOps):
     def argmin(self, axis: int | None = None, keepdim: bool = False) -> "Tensor":
         if axis is not None:
             self._axis(axis, "argmin")
-        return (-self if self.dtype is not bool_ else self.logical_not()).argmax(axis, keepdim) \
-            if self.dtype is not int32 else (~self).argmax(axis, keepdim)
+        # an order-reversing map that is exact: ~x for integers (-x overflows at the minimum and
+        # does not reverse unsigned ones), -x for floats, not for bool
+        rev = self.logical_not() if self.dtype is bool_ else ~self if self.dtype.is_int else -self
+        return rev.argmax(axis, keepdim)
 
     @float_math
     def softmax(self, axis: int = -1) -> "Tensor":

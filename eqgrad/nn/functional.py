@@ -366,9 +366,9 @@ def _max_unpool(input: Tensor, indices: Tensor, n: int, op: str, kernel_size: In
     gradient gathers back). The output size is (i - 1) * stride - 2 * padding + kernel_size unless
     ``output_size`` (spatial, or with N and C first) is given, within stride of it, as torch."""
     _check_spatial(input, n, op)
-    if indices.shape != input.shape or indices.dtype is not int32:
-        raise ShapeError(f"{op}(): indices must be int32 of the input's shape {input.shape}, "
-                         f"got {indices.dtype.name} {indices.shape}")
+    if indices.shape != input.shape or not indices.dtype.is_int:
+        raise ShapeError(f"{op}(): indices must be an integer tensor (int32, int64, ...) of the input's "
+                         f"shape {input.shape}, got {indices.dtype.name} {indices.shape}")
     k = _tuple(kernel_size, n, "kernel_size", op)
     st = k if stride is None else _tuple(stride, n, "stride", op)
     p = _tuple(padding, n, "padding", op)
