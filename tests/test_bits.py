@@ -23,6 +23,8 @@ def _source(name):
 
 
 def _device_ok(device, *names):
+    if device == "OPENCL":          # every dtype but the narrow floats (docs/semantics.md, Dtypes)
+        return not set(names) & {"float16", "bfloat16"}
     return device in ("LLVM", "NUMPY") or set(names) <= {"float32", "int32", "float64"}
 
 

@@ -133,3 +133,58 @@ def test_max_unpool_takes_torch_int64_indices():
     v, i = torch.nn.functional.max_pool2d(x, 2, return_indices=True)
     got = F.max_unpool2d(Tensor(v.numpy()), Tensor(i.numpy()), 2)
     np.testing.assert_array_equal(got.numpy(), torch.nn.functional.max_unpool2d(v, i, 2).numpy())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("d", DTYPES)
+def test_minimum_maximum_clip_match_torch(d, device):
+    a, b = _values(d, seed=3), _values(d, seed=4)
+    ta, tb = _tensor(a, device), _tensor(b, device)
+    _same(ta.minimum(tb), torch.minimum(a, b))
+    _same(ta.maximum(tb), torch.maximum(a, b))
+    lo, hi = (1, 50) if d.startswith(("int", "uint")) else (-1.5, 2.5)
+    _same(ta.clip(lo, hi), a.clip(lo, hi))
+
+
+# method -> (eqgrad call, torch call); both take the tensor. The documented differences from torch
+# are left out: indices are int32 (torch int64), narrow-integer sums/products widen to int32
+# (torch int64), a comparison with a scalar beyond the dtype's range is exact (NumPy 2; torch wraps
+# the scalar), float // is floor(a / b) (inf // 3 is inf; docs/semantics.md).
+SWEEP = {
+    "abs": (lambda t: t.abs(), None), "neg": (lambda t: -t, None), "sign": (lambda t: t.sign(), None),
+    "relu": (lambda t: t.relu(), None), "floor": (lambda t: t.floor(), None), "ceil": (lambda t: t.ceil(), None),
+    "round": (lambda t: t.round(), None), "trunc": (lambda t: t.trunc(), None),
+    "flip": (lambda t: t.flip(0), None), "roll": (lambda t: t.roll(3, 0), None), "square": (lambda t: t.square(), None),
+    "floordiv": (lambda t: t // 3, None), "rfloordiv": (lambda t: 7 // t, None), "remainder": (lambda t: t % 3, None),
+    "fmod": (lambda t: t.fmod(3), None), "div": (lambda t: t / 2, None), "rdiv": (lambda t: 6 / t, None),
+    "mul": (lambda t: t * 2, None), "sub": (lambda t: t - 1, None), "rsub": (lambda t: 5 - t, None),
+    "eq": (lambda t: t == 0, None), "lt": (lambda t: t < 1, None), "ge": (lambda t: t >= 0, None),
+    "clamp_min": (lambda t: t.clamp(min=2), None), "clamp_max": (lambda t: t.clamp(max=2), None),
+    "amin": (lambda t: t.amin(), None), "amax": (lambda t: t.amax(), None), "tril": (lambda t: t.reshape(2, 5).tril(), None),
+    "max_dim": (lambda t: t.max(0).values, lambda t: t.max(0)[0]), "min_dim": (lambda t: t.min(0).values, lambda t: t.min(0)[0]),
+    "isnan": (lambda t: t.isnan(), None), "isinf": (lambda t: t.isinf(), None), "nan_to_num": (lambda t: t.nan_to_num(), None),
+    "logical_not": (lambda t: t.logical_not(), None), "where": (lambda t: (t > 0).where(t, 1), lambda t: torch.where(t > 0, t, 1)),
+}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("d", DTYPES)
+@pytest.mark.parametrize("name", sorted(SWEEP))
+def test_elementwise_and_movement_in_every_dtype_match_torch(name, d, device):
+    f, tf = SWEEP[name]
+    v = _values(d, n=10, seed=5)
+    if not d.startswith(("int", "uint")):
+        v[0] = torch.nan
+        if name in ("floordiv", "rfloordiv"):
+            v = torch.nan_to_num(v, nan=torch.nan, posinf=2.0)   # inf // 3: documented difference
+    try:
+        want = (tf or f)(v)
+    except RuntimeError:
+        pytest.skip(f"torch has no {name} for {d}")
+    got = f(_tensor(v, device))
+    if d.startswith(("float", "bfloat")) and name in ("div", "rdiv", "remainder", "fmod", "floordiv", "rfloordiv"):
+        assert got.dtype is dt.to_dtype(str(want.dtype).removeprefix("torch."))
+        tol = 1e-12 if d == "float64" else 1e-6 if d == "float32" else 1e-2
+        torch.testing.assert_close(torch.tensor(_np(got)).double(), want.double(), rtol=tol, atol=tol, equal_nan=True)
+    else:
+        _same(got, want)

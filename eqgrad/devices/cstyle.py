@@ -8,13 +8,20 @@ The semantics mirror the LLVM renderer (``llvm.py``) exactly:
 
 - bools are ``bool`` in registers and one byte (0 or 1) in memory;
 - int32 ``+ * -x`` wrap around (computed in unsigned arithmetic: signed overflow is undefined in C),
-  and so do shifts (``SHR`` is logical: unsigned);
-- ``IDIV``/``MOD`` of int32 give 0 for a zero divisor, and ``INT_MIN / -1`` wraps to ``INT_MIN``;
+  and so do shifts (``SHR`` is logical: unsigned; shifts are int32 only);
+- the other integer dtypes (``INT_KINDS``: int8 uint8 int16 uint32 int64) where a dialect has them
+  (``supported_kinds``, ``int_types``: OpenCL C's char uchar short uint long) are computed in their
+  own type, ``+ * -x`` through an unsigned type of at least 32 bits and converted back (C promotes
+  the 8- and 16-bit ones to int, whose product overflows); the unsigned ones compare, divide and
+  take maxima unsigned; integer -> integer casts are C's conversions (wrap, sign- or zero-extend);
+- ``IDIV``/``MOD`` of every integer dtype give 0 for a zero divisor, and ``MIN / -1`` wraps to ``MIN``
+  (helpers ``idiv_i32``/``mod_i32``, ``idiv_<dtype>``/``mod_<dtype>``);
   index arithmetic (64-bit) divides by positive constants only, with floor semantics: plain C
   ``/ %`` where the loop IR marks the numerator non-negative (``loopir.NONNEG``), otherwise the
   helpers ``floordiv_idx``/``floormod_idx``;
 - float ``MAX`` propagates NaN (NumPy's ``maximum``; C's ``fmax`` would drop it);
-- float -> int32 casts saturate and map NaN to 0 (LLVM's ``fptosi.sat``); float -> bool is ``!= 0``;
+- float -> integer casts truncate, saturate at the dtype's range and map NaN to 0 (LLVM's
+  ``fptosi.sat``/``fptoui.sat``: helpers ``f2i_sat``, ``f2<dtype>_sat``); float -> bool is ``!= 0``;
 - float constants are exact hex literals; division and sqrt are correctly rounded;
 - ``MULADD`` is one expression ``a * b + c``, which the C compilers contract into an FMA (OpenCL's
   and nvcc's default), as LLVM does; every other instruction is its own statement, never contracted;
@@ -52,22 +59,29 @@ from eqgrad.ops import OPS
 CRule = Callable[["CStyleRenderer", Operation, list[str]], str]
 
 
+# the integer kinds besides int32: (bits, signed). A dialect computes them where its
+# ``supported_kinds`` has them and ``int_types`` names their C types (OpenCL C: char, uchar, ...)
+INT_KINDS = {"int8": (8, True), "uint8": (8, False), "int16": (16, True), "uint32": (32, False),
+             "int64": (64, True)}
+
 _SAME: Any = object()      # _by_kind: float64 as float32, index as int32
 
 
-def _by_kind(f: Any = None, i: Any = None, b: Any = None, ix: Any = _SAME, d: Any = _SAME) -> CRule:
+def _by_kind(f: Any = None, i: Any = None, b: Any = None, ix: Any = _SAME, d: Any = _SAME,
+             n: Any = _SAME) -> CRule:
     """A rule whose expression depends on the operands' kind: ``f`` float32, ``d`` float64 (default:
-    as ``f``), ``i`` int32, ``ix`` index (default: as ``i``), ``b`` bool. Each is a template (``{0}``..
-    the operands, ``{u}`` the dialect's unsigned int), a function (renderer, operands) -> expression,
-    or None (undefined on that kind)."""
+    as ``f``), ``i`` int32, ``ix`` index (default: as ``i``), ``n`` the other integer kinds (int8,
+    uint8, int16, uint32, int64: default as ``i``), ``b`` bool. Each is a template (``{0}``.. the
+    operands, ``{u}`` the dialect's unsigned int), a function (renderer, Operation, operands) ->
+    expression, or None (undefined on that kind)."""
     by_kind = {"float32": f, "float64": f if d is _SAME else d, "int32": i, INDEX: i if ix is _SAME else ix,
-               "bool": b}
+               "bool": b, **dict.fromkeys(INT_KINDS, i if n is _SAME else n)}
 
     def rule(r: CStyleRenderer, o: Operation, a: list[str]) -> str:
-        text = by_kind[o.src]
+        text = by_kind.get(o.src)
         if text is None:
             raise MissingRule(r.name, o)
-        return text(r, a) if callable(text) else text.format(*a, u=r.uint_type)
+        return text(r, o, a) if callable(text) else text.format(*a, u=r.uint_type)
     return rule
 
 
@@ -84,8 +98,8 @@ def _math(op: str) -> CRule:
 MATH64 = {**{o.name: o.libm for o in OPS.values() if o.libm}, "FLOOR": "floor", "RINT": "rint"}
 
 
-def _wrap(op: str) -> Callable[[CStyleRenderer, list[str]], str]:
-    return lambda r, a: r.wrap(a[0], op, a[1])
+def _wrap(op: str) -> Callable[[CStyleRenderer, Operation, list[str]], str]:
+    return lambda r, o, a: r.wrap(a[0], op, a[1], o.src)
 
 
 def _divmod(op: str) -> CRule:
@@ -94,21 +108,29 @@ def _divmod(op: str) -> CRule:
             if o.nonneg:             # the numerator is proven >= 0: truncation is floor
                 return f"{a[0]} {'/' if op == 'IDIV' else '%'} {a[1]}"
             return f"{r.helper('floordiv_idx' if op == 'IDIV' else 'floormod_idx')}({a[0]}, {a[1]})"
-        if o.src != "int32":
+        if o.src == "int32":
+            return f"{r.helper('idiv_i32' if op == 'IDIV' else 'mod_i32')}({a[0]}, {a[1]})"
+        if o.src not in INT_KINDS:
             raise MissingRule(r.name, o)
-        return f"{r.helper('idiv_i32' if op == 'IDIV' else 'mod_i32')}({a[0]}, {a[1]})"
+        return f"{r.helper(('idiv_' if op == 'IDIV' else 'mod_') + o.src)}({a[0]}, {a[1]})"
     return rule
+
+
+_WIDTH = {"float32": 4, "int32": 4, "float64": 8, **{k: b // 8 for k, (b, _) in INT_KINDS.items()}}
 
 
 def _bitcast(r: CStyleRenderer, o: Operation, a: list[str]) -> str:
     casts = {("float32", "int32"): r.as_int, ("int32", "float32"): r.as_float}
-    if (o.src, o.dst) not in casts:
-        raise MissingRule(r.name, o)
-    return f"{casts[o.src, o.dst]}({a[0]})"
+    if (o.src, o.dst) in casts:
+        return f"{casts[o.src, o.dst]}({a[0]})"
+    if r.as_type and {o.src, o.dst} <= r.supported_kinds and o.src in _WIDTH and \
+            _WIDTH[o.src] == _WIDTH.get(o.dst):          # OpenCL C's as_<type>: the same bits
+        return f"{r.as_type}{r.reg_type(o.dst)}({a[0]})"
+    raise MissingRule(r.name, o)
 
 
 CSTYLE_OPS: dict[str, CRule] = {
-    "NEG": _by_kind(f="-{0}", i=lambda r, a: r.wrap("0", "-", a[0]), b="!{0}", ix="-{0}"),
+    "NEG": _by_kind(f="-{0}", i=lambda r, o, a: r.wrap("0", "-", a[0], o.src), b="!{0}", ix="-{0}"),
     **{op: _math(op) for op in MATH64},
     "RECIP": lambda r, o, a: f"1.0{'f' if o.src == 'float32' else ''} / {a[0]}",
     "CAST": lambda r, o, a: r.cast(a[0], o.src, o.dst),
@@ -116,8 +138,8 @@ CSTYLE_OPS: dict[str, CRule] = {
     "ADD": _by_kind(f="{0} + {1}", i=_wrap("+"), b="{0} || {1}", ix="{0} + {1}"),
     "MUL": _by_kind(f="{0} * {1}", i=_wrap("*"), b="{0} && {1}", ix="{0} * {1}"),
     "MULADD": _by_kind(f="{0} * {1} + {2}"),
-    "MAX": _by_kind(f=lambda r, a: f"{r.helper('max_f32')}({a[0]}, {a[1]})",
-                    d=lambda r, a: f"{r.helper('max_f64')}({a[0]}, {a[1]})", i="{0} > {1} ? {0} : {1}",
+    "MAX": _by_kind(f=lambda r, o, a: f"{r.helper('max_f32')}({a[0]}, {a[1]})",
+                    d=lambda r, o, a: f"{r.helper('max_f64')}({a[0]}, {a[1]})", i="{0} > {1} ? {0} : {1}",
                     b="{0} || {1}"),
     "CMPLT": _by_kind(f="{0} < {1}", i="{0} < {1}", b="!{0} && {1}"),
     "CMPEQ": _by_kind(f="{0} == {1}", i="{0} == {1}", b="{0} == {1}"),
@@ -126,8 +148,8 @@ CSTYLE_OPS: dict[str, CRule] = {
     "AND": _by_kind(i="{0} & {1}", b="{0} & {1}"),
     "OR": _by_kind(i="{0} | {1}", b="{0} | {1}"),
     "XOR": _by_kind(i="{0} ^ {1}", b="{0} ^ {1}"),
-    "SHL": _by_kind(i="(int)(({u}){0} << {1})", ix=None),
-    "SHR": _by_kind(i="(int)(({u}){0} >> {1})", ix=None),
+    "SHL": _by_kind(i="(int)(({u}){0} << {1})", ix=None, n=None),      # int32 only (the loop IR's)
+    "SHR": _by_kind(i="(int)(({u}){0} >> {1})", ix=None, n=None),
     "WHERE": lambda r, o, a: f"{a[0]} ? {a[1]} : {a[2]}",
     "TABLE": lambda r, o, a: f"{r.table(o.arg, o.dst)}[{a[0]}]",
 }
@@ -158,6 +180,11 @@ SUPPORTED_KINDS = frozenset({"bool", "int32", "float32", "float64", INDEX})   # 
 class CStyleRenderer:
     """A C dialect: the strings below, its op table, and the helpers and tables a kernel uses."""
     code_for_op: dict[str, CRule] = CSTYLE_OPS
+    supported_kinds = SUPPORTED_KINDS      # the kinds it renders; any other dtype is a DTypeError
+    # INT_KINDS it has: kind -> (C type, the unsigned C type its wrapping arithmetic is done in,
+    # literal suffix); only where ``supported_kinds`` has them too
+    int_types: dict[str, tuple[str, str, str]] = {}
+    as_type = ""                           # prefix of the dialect's same-bits casts (OpenCL C: as_)
     kernel_prefix = "void"                 # what precedes the kernel's name
     global_ptr = ""                        # address space of buffer parameters
     restrict = "restrict"
@@ -185,9 +212,13 @@ class CStyleRenderer:
 
     # ------------------------------------------------------------------ literals and types
     def reg_type(self, kind: str) -> str:
+        if kind in self.int_types:
+            return self.int_types[kind][0]
         return {"float32": "float", "float64": "double", "int32": "int", "bool": "bool", INDEX: self.index_type}[kind]
 
     def mem_type(self, kind: str) -> str:
+        if kind in self.int_types:
+            return self.int_types[kind][0]
         return {"float32": "float", "float64": "double", "int32": "int", "bool": self.byte_type}[kind]
 
     def const(self, v: Any, kind: str) -> str:
@@ -205,6 +236,14 @@ class CStyleRenderer:
         if kind == "bool":
             return "true" if v else "false"
         n = int(v)
+        if kind in self.int_types:
+            bits, signed = INT_KINDS[kind]
+            lo = -2 ** (bits - 1) if signed else 0
+            n = (n - lo) % 2 ** bits + lo                   # wrapped into the dtype's range
+            suffix = self.int_types[kind][2]
+            if n == lo and bits > 16 and signed:            # -2**63 is no literal: 2**63 overflows
+                return f"(-{-n - 1}{suffix} - 1)"
+            return f"({n}{suffix})" if n < 0 else f"{n}{suffix}"
         suffix = self.index_suffix if kind == INDEX else ""
         if kind == "int32" and n == -2**31:
             return "(-2147483647 - 1)"
@@ -238,11 +277,41 @@ class CStyleRenderer:
                        f"x <= -0x1p+31f ? (-2147483647 - 1) : (int)x; }}",
             "d2i_sat": f"{p} int d2i_sat(double x) {{ return x != x ? 0 : x >= 0x1p+31 ? 2147483647 : "
                        f"x <= -0x1p+31 ? (-2147483647 - 1) : (int)x; }}",
+            **{h: f"{p} {src}" for k in self.int_types for h, src in self._int_helpers(k).items()},
         }
 
+    def _int_helpers(self, k: str) -> dict[str, str]:
+        """The helpers of the integer kind ``k`` (INT_KINDS): division and modulo with x / 0 = 0,
+        x % 0 = 0 and MIN / -1 = MIN (signed), and float -> ``k`` that truncates, saturates at the
+        range and maps NaN to 0 (LLVM's fptosi.sat/fptoui.sat). Each comparison is exact: the
+        limits are powers of two, and a value between the limit and its truncation truncates to it."""
+        t, u, _ = self.int_types[k]
+        bits, signed = INT_KINDS[k]
+        hi = self.const(2 ** (bits - 1 if signed else bits) - 1, k)
+        lo = self.const(-2 ** (bits - 1) if signed else 0, k)
+        out = {}
+        if signed:
+            out[f"idiv_{k}"] = (f"{t} idiv_{k}({t} a, {t} b) {{ return b == 0 ? 0 : b == -1 ? "
+                                f"({t})(({u})0 - ({u})a) : a / b; }}")
+            out[f"mod_{k}"] = f"{t} mod_{k}({t} a, {t} b) {{ return (b == 0 || b == -1) ? 0 : a % b; }}"
+        else:
+            out[f"idiv_{k}"] = f"{t} idiv_{k}({t} a, {t} b) {{ return b == 0 ? 0 : a / b; }}"
+            out[f"mod_{k}"] = f"{t} mod_{k}({t} a, {t} b) {{ return b == 0 ? 0 : a % b; }}"
+        for pre, ft, sfx in (("f2", "float", "f"), ("d2", "double", "")):
+            top = f"0x1p+{bits - 1 if signed else bits}{sfx}"
+            low = f"x <= -0x1p+{bits - 1}{sfx}" if signed else f"x <= 0.0{sfx}"
+            out[f"{pre}{k}_sat"] = (f"{t} {pre}{k}_sat({ft} x) {{ return x != x ? 0 : x >= {top} ? {hi} : "
+                                    f"{low} ? {lo} : ({t})x; }}")
+        return out
+
     # ------------------------------------------------------------------ ALU
-    def wrap(self, a: str, op: str, b: str) -> str:
-        """int32 arithmetic that wraps around (unsigned in C, converted back)."""
+    def wrap(self, a: str, op: str, b: str, kind: str = "int32") -> str:
+        """Integer arithmetic that wraps around (unsigned in C, converted back): int32 in the
+        dialect's unsigned int, the other INT_KINDS in their ``int_types`` unsigned type (the 8- and
+        16-bit ones in a 32-bit one: C promotes them to int, whose product can overflow)."""
+        if kind in self.int_types:
+            t, u, _ = self.int_types[kind]
+            return f"({t})(({u}){a} {op} ({u}){b})"
         u = self.uint_type
         return f"(int)(({u}){a} {op} ({u}){b})"
 
@@ -262,6 +331,8 @@ class CStyleRenderer:
                 return f"{a} != 0.0{'f' if src == 'float32' else ''}"      # NaN -> true, as LLVM's fcmp une
             if dst in FLOATS:
                 return f"({self.reg_type(dst)}){a}"
+            if dst in self.int_types:
+                return f"{self.helper(('f2' if src == 'float32' else 'd2') + dst + '_sat')}({a})"
             i = f"{self.helper('f2i_sat' if src == 'float32' else 'd2i_sat')}({a})"
             return i if dst == "int32" else f"({self.reg_type(dst)}){i}"
         if dst == "bool":
@@ -347,10 +418,10 @@ class CStyleRenderer:
     def render(self, k: LoopKernel) -> str:
         """C source of ``k``, after rewriting the ops ``code_for_op`` lacks (lower/decomp.py)."""
         for x in (*(d for _, d, _ in k.params), *(x.dtype for x in k.insts)):
-            if x is not None and _kind(x) not in SUPPORTED_KINDS:
+            if x is not None and _kind(x) not in self.supported_kinds:
                 # never wrong numbers: a dtype this renderer has no types and casts for is refused
                 raise DTypeError(f"the {self.name} device does not support {_kind(x)} yet (it supports "
-                                 f"{', '.join(sorted(SUPPORTED_KINDS - {INDEX}))}; float64 needs cl_khr_fp64 "
+                                 f"{', '.join(sorted(self.supported_kinds - {INDEX}))}; float64 needs cl_khr_fp64 "
                                  f"on OpenCL); use the LLVM or NUMPY device, or cast to a supported dtype")
         k = decompose(k, self.code_for_op)
         self.used: set[str] = set()
@@ -369,6 +440,12 @@ class CStyleRenderer:
             values = ", ".join(self.const(v, kd) for v in t.values)
             head += f"{self.table_prefix} {self.reg_type(kd)} {t.name}[{len(t.values)}] = {{{values}}};\n"
         return f"{head}{self.kernel_prefix} {k.name}({params}) {{\n" + "\n".join(body.lines) + "\n}\n"
+
+
+def _local_kind(kd: str) -> str:
+    """The kind of the local-memory array that combines a group's accumulators of kind ``kd``: its
+    own, except bool, which is combined in int32 (float64 was combined in int32 too: wrong sums)."""
+    return "int32" if kd == "bool" else kd
 
 
 class _CKernel:
@@ -400,7 +477,7 @@ class _CKernel:
         r, k, idx_t = self.r, self.k, self.r.index_type
         geo = r.launch(k)
         if self.grouped:
-            local_kinds = sorted({"float32" if _kind(k.insts[a].dtype) == "float32" else "int32"
+            local_kinds = sorted({_local_kind(_kind(k.insts[a].dtype))
                                   for accs in self.grouped.values() for a, _ in accs})
             for lk in local_kinds:
                 self.put(f"{r.local_prefix} {r.reg_type(lk)} red_{lk}[{r.reduce_group}];")
@@ -427,7 +504,7 @@ class _CKernel:
     def combine(self, acc: int, op: str) -> None:
         """Every work-item's partial accumulator -> the group's, in every work-item (a tree)."""
         r, kd = self.r, self.kinds[acc]
-        lk = "float32" if kd == "float32" else "int32"
+        lk = _local_kind(kd)
         arr, a = f"red_{lk}", self.val[acc]
         self.put(f"{arr}[lid] = {a};")
         self.put(r.barrier)

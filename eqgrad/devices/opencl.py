@@ -30,7 +30,7 @@ from eqgrad.errors import CompileError, DeviceError
 from eqgrad.graph.plan import KernelPlan
 from eqgrad.ops import Shape, numel
 from eqgrad.devices import Buffer, Device
-from eqgrad.devices.cstyle import CSTYLE_OPS, CStyleRenderer
+from eqgrad.devices.cstyle import CSTYLE_OPS, INT_KINDS, SUPPORTED_KINDS, CStyleRenderer
 from eqgrad.lower.decomp import DECOMPOSITIONS
 from eqgrad.counters import GlobalCounters, log_kernel, timing_kernels
 from eqgrad.cache import save_failed_source
@@ -49,6 +49,13 @@ class OpenCLRenderer(CStyleRenderer):
     reduce_group = 16            # on a CPU OpenCL (PoCL) small groups measured best; GPUs: 128 (below)
     uint_type = "uint"
     byte_type = "uchar"
+    # OpenCL C's integer types have fixed widths (char 8, short 16, int 32, long 64 bits, two's
+    # complement): every integer dtype is computed in its own type, its wrapping + - * in the
+    # unsigned one (uint for the 8- and 16-bit ones, which C promotes to int)
+    supported_kinds = SUPPORTED_KINDS | frozenset(INT_KINDS)
+    int_types = {"int8": ("char", "uint", ""), "uint8": ("uchar", "uint", ""), "int16": ("short", "uint", ""),
+                 "uint32": ("uint", "uint", "u"), "int64": ("long", "ulong", "L")}
+    as_type = "as_"
     table_prefix = "__constant"
     fp64_pragma = "#pragma OPENCL EXTENSION cl_khr_fp64 : enable"
     # PoCL's library exp2/log2/sin/erf are scalar calls (~10 ns per element) that its vectorizer cannot

@@ -122,15 +122,15 @@ class ElementwiseOps:
         return (self < INF) & (self > -INF)
 
     def nan_to_num(self, nan: float = 0.0, posinf: float | None = None, neginf: float | None = None) -> Any:
-        """NaN, +inf and -inf replaced (by default by 0 and the largest finite float32s), as torch.
+        """NaN, +inf and -inf replaced (by default by 0 and the dtype's largest finite values), as torch.
 
             >>> Tensor([float("nan"), float("inf"), 1.0]).nan_to_num().tolist()
             [0.0, 3.4028234663852886e+38, 1.0]
         """
         if not self.dtype.is_float:
             return self
-        posinf = FLOAT32_MAX if posinf is None else posinf
-        neginf = -FLOAT32_MAX if neginf is None else neginf
+        posinf = self.dtype.max if posinf is None else posinf
+        neginf = self.dtype.min if neginf is None else neginf
         return self.isnan().where(nan, (self == INF).where(posinf, (self == -INF).where(neginf, self)))
 
     def isclose(self, other: Any, rtol: float = 1e-5, atol: float = 1e-8, equal_nan: bool = False) -> Any:

@@ -115,8 +115,10 @@ class ShapeOps:
 
             >>> Tensor([2.0, -1.0, 0.0, 3.0]).cumprod(0).tolist()
             [2.0, -2.0, -0.0, -0.0]
+
+        Integers narrower than 32 bits multiply in int32 (as ``cumsum``; torch: int64) unless ``dtype=``.
         """
-        x = self.int() if self.dtype is bool_ else self
+        x = self.int() if self.dtype is bool_ or (dtype is None and self.dtype.is_int and self.dtype.itemsize < 4) else self
         x = x.cast(dtype) if dtype is not None else x
         return x._logstep_scan(dim, "cumprod", lambda a, b: a * b, 1)
 
@@ -349,8 +351,10 @@ class ShapeOps:
 
             >>> Tensor([[1, 2], [3, 4]]).prod(1).tolist()
             [2, 12]
+
+        Integers narrower than 32 bits multiply in int32 (as ``sum``; torch: int64) unless ``dtype=``.
         """
-        x = self.int() if self.dtype is bool_ else self
+        x = self.int() if self.dtype is bool_ or (dtype is None and self.dtype.is_int and self.dtype.itemsize < 4) else self
         x = x.cast(dtype) if dtype is not None else x
         if dim is None:
             out = x.reshape(-1)._prod_last()

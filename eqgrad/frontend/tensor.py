@@ -592,7 +592,7 @@ class Tensor(ElementwiseOps, ShapeOps, IndexingOps, InteropOps):
         r = a._alu("MOD", b)
         # C truncation -> floor: subtract one when the remainder is nonzero and the signs differ
         adjust = (r != 0) & ((r < 0) ^ (b < 0))
-        return q - adjust.int()
+        return q - adjust.cast(q.dtype)
 
     def mod(self, other: Any, reverse: bool = False) -> "Tensor":
         a, b = self._operands(other, "mod", reverse)
@@ -689,7 +689,7 @@ class Tensor(ElementwiseOps, ShapeOps, IndexingOps, InteropOps):
         a, b = self._operands(other, "minimum")
         if a.dtype is bool_:
             return a._alu("AND", b)
-        if a.dtype is int32:       # ~ reverses the int order exactly (no overflow, unlike negation)
+        if a.dtype.is_int:         # ~ reverses every integer order exactly (-x overflows, and is no order on unsigned)
             return ~((~a)._alu("MAX", ~b))
         return -((-a)._alu("MAX", -b))
 
@@ -821,8 +821,9 @@ class Tensor(ElementwiseOps, ShapeOps, IndexingOps, InteropOps):
         return (self > t).where(t + 1, t)
 
     def relu(self) -> "Tensor":
-        # NOTE: written as a select, not maximum(x, 0): the gradient at 0 is then 0, as in PyTorch
-        return (self > 0).where(self, 0)
+        # NOTE: written as a select, not maximum(x, 0): the gradient at 0 is then 0, as in PyTorch;
+        # x <= 0 (not x > 0) keeps NaN NaN with the gradient passing, as torch's relu
+        return (self <= 0).where(0, self)
 
     @float_math
     def sigmoid(self) -> "Tensor":
