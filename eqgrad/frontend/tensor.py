@@ -31,6 +31,7 @@ from eqgrad.engine import current_session, realize as realize_lazy
 Scalar = int | float | bool
 LOG2_E = 1.0 / math.log(2.0)
 LN_2 = math.log(2.0)
+PAD_MODES = ("constant", "reflect", "replicate", "circular")
 LN2_HI, LN2_LO = 6.93147180369123816490e-01, 1.90821492927058770002e-10     # ln 2 = HI + LO, n * HI exact for |n| < 2**11
 
 
@@ -241,6 +242,15 @@ class Tensor(ElementwiseOps, ShapeOps, IndexingOps, InteropOps):
     def contiguous(self) -> "Tensor":
         """Force a kernel boundary: this value is materialized in its own buffer."""
         return self._apply("CONTIGUOUS")
+
+    def clone(self) -> "Tensor":
+        """A copy in a buffer of its own (torch's clone): gradients flow through it, and in-place
+        ops on either tensor leave the other alone.
+
+            >>> x = Tensor([1.0, 2.0]); c = x.clone(); _ = x.add_(1); c.tolist()
+            [1.0, 2.0]
+        """
+        return self.contiguous()
 
     def detach(self) -> "Tensor":
         """The same value, cut from the autograd graph (shares the buffer, as torch's detach)."""
@@ -1331,9 +1341,18 @@ class Tensor(ElementwiseOps, ShapeOps, IndexingOps, InteropOps):
             x = x.reshape((1,) * (len(shape) - x.ndim) + x.shape)
         return x._apply("EXPAND", arg=tuple(shape))
 
-    def pad(self, padding: Sequence[Any], value: Scalar = 0) -> "Tensor":
+    def pad(self, padding: Sequence[Any], value: Scalar = 0, mode: str = "constant") -> "Tensor":
         """Pad per axis with ``((before, after), ...)`` (one pair or None per axis, as NumPy).
-        Negative amounts crop."""
+        Negative amounts crop. ``mode`` as torch's F.pad: ``"constant"`` (``value``), ``"reflect"``
+        (mirrored without the edge: pads below the axis size), ``"replicate"`` (the edge repeated),
+        ``"circular"`` (wrapped around: pads at most the axis size); the other modes are movement
+        ops and a concatenation, so gradients flow back to the elements they copy.
+
+            >>> Tensor([1.0, 2.0, 3.0]).pad([(2, 1)], mode="reflect").tolist()
+            [3.0, 2.0, 1.0, 2.0, 3.0, 2.0]
+        """
+        if mode not in PAD_MODES:
+            raise ValueError(f"pad(): mode must be one of {PAD_MODES}, got {mode!r}")
         if len(padding) != self.ndim:
             raise ShapeError(f"pad(): expected one (before, after) pair per axis ({self.ndim}), got {len(padding)}")
         pairs = [(0, 0) if p is None else (int(p[0]), int(p[1])) for p in padding]
@@ -1344,11 +1363,40 @@ class Tensor(ElementwiseOps, ShapeOps, IndexingOps, InteropOps):
         pos = tuple(max(0, b) for b, _ in pairs), tuple(max(0, a) for _, a in pairs)
         if not any(pos[0]) and not any(pos[1]):
             return x
+        if mode != "constant":
+            for ax, (b, a) in enumerate(zip(*pos)):
+                if b or a:
+                    x = x._pad_copies(ax, b, a, mode)
+            return x
         out = x._apply("PAD", arg=pos)
         if value == 0:
             return out
         mask = Tensor(x.ones_like().bool().lazydata.movement("PAD", pos))
         return mask.where(out, value)
+
+    def _pad_copies(self, ax: int, before: int, after: int, mode: str) -> "Tensor":
+        """Axis ``ax`` padded with copies of its own elements (``pad``'s non-constant modes)."""
+        n = self.shape[ax]
+        limit = {"reflect": n - 1, "circular": n, "replicate": None}[mode]
+        if n == 0 or (limit is not None and max(before, after) > limit):
+            raise ShapeError(f"pad(): {mode} padding ({before}, {after}) of axis {ax} needs "
+                             f"{'amounts below' if mode == 'reflect' else 'amounts at most'} its size {n} "
+                             f"(shape {self.shape})" if n else f"pad(): {mode} padding of an empty axis {ax} (shape {self.shape})")
+
+        def part(lo: int, hi: int, flip: bool = False) -> "Tensor":
+            t = self.shrink([(lo, hi) if i == ax else None for i in range(self.ndim)])
+            return t.flip(ax) if flip else t
+
+        def edge(at: int, k: int) -> "Tensor":
+            e = part(at, at + 1)
+            return e.expand(tuple(k if i == ax else s for i, s in enumerate(e.shape)))
+
+        left = {"reflect": lambda: part(1, before + 1, True), "circular": lambda: part(n - before, n),
+                "replicate": lambda: edge(0, before)}[mode]
+        right = {"reflect": lambda: part(n - 1 - after, n - 1, True), "circular": lambda: part(0, after),
+                 "replicate": lambda: edge(n - 1, after)}[mode]
+        parts = ([left()] if before else []) + [self] + ([right()] if after else [])
+        return parts[0].cat(*parts[1:], dim=ax)
 
     def shrink(self, arg: Sequence[Any]) -> "Tensor":
         """Keep ``[start, end)`` per axis (None keeps the whole axis)."""

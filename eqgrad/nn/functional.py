@@ -55,6 +55,19 @@ def log_softmax(x: Tensor, dim: int = -1) -> Tensor: return x.log_softmax(dim)
 
 # ------------------------------------------------------------------ linear, convolution, pooling
 
+def pad(input: Tensor, pad: Sequence[int], mode: str = "constant", value: float | None = None) -> Tensor:
+    """torch.nn.functional.pad: ``pad`` lists (before, after) amounts from the LAST axis backwards
+    (``(left, right, top, bottom)`` pads W then H); modes "constant" (``value``, default 0),
+    "reflect", "replicate", "circular" (``Tensor.pad``); negative amounts crop."""
+    if len(pad) % 2 or len(pad) // 2 > input.ndim:
+        raise ShapeError(f"pad(): expected an even number of amounts for at most {input.ndim} axes, got {len(pad)}")
+    if value is not None and mode != "constant":
+        raise ValueError(f"pad(): value= is for mode='constant', got mode={mode!r}")
+    k = len(pad) // 2
+    pairs = [None] * (input.ndim - k) + [(pad[2 * j], pad[2 * j + 1]) for j in reversed(range(k))]
+    return input.pad(pairs, 0 if value is None else value, mode=mode)
+
+
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """``x @ weight.T + bias`` with torch's (out_features, in_features) weight layout."""
     out = x @ weight.T
