@@ -216,7 +216,7 @@ def test_max_unpool_errors():
         F.max_unpool1d(y, idx, 2, output_size=(1, 8))
     with pytest.raises(ShapeError, match=r"max_unpool3d\(\): expected a 5-D input"):
         F.max_unpool3d(y, idx, 2)
-    with pytest.raises(ShapeError, match=r"MaxUnpool1d\(\): indices must be int32"):
+    with pytest.raises(ShapeError, match=r"MaxUnpool1d\(\): indices must be an integer tensor"):
         nn.MaxUnpool1d(2)(y, y)
 
 

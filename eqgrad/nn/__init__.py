@@ -364,3 +364,6 @@ from eqgrad.nn import conv  # noqa: E402
 __all__ += conv.__all__
 from eqgrad.nn.attention import MultiheadAttention  # noqa: E402
 __all__ += ["MultiheadAttention"]
+
+from eqgrad.nn.interpolate import Upsample  # noqa: E402
+__all__ += ["Upsample"]

@@ -22,6 +22,7 @@ from eqgrad.errors import DTypeError, ShapeError
 from eqgrad.frontend.tensor import Tensor
 from eqgrad.graph.lazy import LazyBuffer
 from eqgrad.lower.passes import LANES_LAST
+from eqgrad.nn.interpolate import interpolate  # noqa: E402,F401  (torch's F.interpolate; its own module)
 
 IntOr2 = int | Sequence[int]
 
