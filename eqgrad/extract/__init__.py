@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 from eqgrad import config
-from eqgrad.extract.cost import CALIBRATIONS, CostFn, CostModel, DeviceParams, default_cost, params_for
+from eqgrad.counters import EqgradWarning
+from eqgrad.extract.cost import CALIBRATIONS, CostFn, CostModel, DeviceParams, Overrides, default_cost, params_for
 from eqgrad.extract.egraph import EGraph
 from eqgrad.extract.evaluate import Choice
 from eqgrad.extract.greedy import GreedyExtractor, ImproveExtractor, Result
@@ -43,9 +45,11 @@ class ExtractSettings:
             self.extractor = config.EXTRACTOR.checked(self.extractor, "extractor")
         if isinstance(self.params, DeviceParams):       # one DeviceParams applies to every device
             self.params = {d: self.params for d in ALL_DEVICES}
+        self.params = {d: _params_value(d, v) for d, v in self.params.items()}
 
 
 DEFAULT = ExtractSettings()
+_WARNED_REPLACED: set[tuple[str, str]] = set()      # (device, calibration) pairs using() warned about
 # the overrides of the ``using`` blocks the running thread (or asyncio task) is in
 _using: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar("eqgrad_extract_using", default={})
 
@@ -67,7 +71,20 @@ def extractor_name(settings: ExtractSettings | None = None) -> str:
 
 def cost_model(device: str, settings: ExtractSettings | None = None) -> CostModel:
     s = effective(settings)
-    return CostModel(s.params.get(device) or params_for(device), s.cost_fn or default_cost)
+    p = s.params.get(device)
+    p = p.apply(params_for(device)) if isinstance(p, Overrides) else p or params_for(device)
+    return CostModel(p, s.cost_fn or default_cost)
+
+
+def _params_value(device: str, v: Any) -> DeviceParams | Overrides:
+    """A ``params`` entry: a whole DeviceParams, or a dict of fields to override on the parameters
+    in effect (kept hashable, as ``Overrides``)."""
+    if isinstance(v, (DeviceParams, Overrides)):
+        return v
+    if isinstance(v, dict):
+        return Overrides.of(v)
+    raise TypeError(f"params[{device!r}]: expected a DeviceParams or a dict of its fields to override, "
+                    f"got {type(v).__name__}")
 
 
 # the flags settings_key reads, and its answers by (device, settings, the flags' raw state, the
@@ -167,7 +184,16 @@ def using(extractor: str | None = None, cost_fn: CostFn | None = None,
     if isinstance(params, DeviceParams):
         ov["params"] = {d: params for d in ALL_DEVICES}
     elif params:
-        ov["params"] = {**ov.get("params", {}), **params}
+        ov["params"] = {**ov.get("params", {}), **{d: _params_value(d, v) for d, v in params.items()}}
+        for d, v in params.items():
+            cal = params_for(d) if d in ALL_DEVICES else None
+            if isinstance(v, DeviceParams) and cal is not None and cal.source.startswith("calibrated") \
+                    and (d, cal.source) not in _WARNED_REPLACED:
+                _WARNED_REPLACED.add((d, cal.source))
+                warnings.warn(f"using(params={{{d!r}: DeviceParams(...)}}) replaces all of {d}'s {cal.source} "
+                              f"parameters (bandwidth {cal.bandwidth / 1e9:.1f} GB/s, peak {cal.peak / 1e9:.1f} "
+                              f"GFLOP/s) by the DeviceParams defaults where not given; pass a dict, e.g. "
+                              f"{{{d!r}: {{'launch': 1e-6}}}}, to override only those fields", EqgradWarning, stacklevel=3)
     if extractor is not None:
         ov["extractor"] = config.EXTRACTOR.checked(extractor, "extractor")
     token = _using.set(ov)

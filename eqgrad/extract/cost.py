@@ -48,9 +48,9 @@ defaults. Users can replace the whole function: ``eqgrad.extract.using(cost_fn=m
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from eqgrad.cache import JsonCache, check_fields, machine_key
 
@@ -67,7 +67,7 @@ class DeviceParams:
     unlaned: float = 12.0         # flops multiplier of a contraction hoisted into a row-fused kernel (above)
     contraction: float = 0.0      # flops per second of a root contraction (above); 0: peak
     row_fusion: bool = True       # reductions broadcast along trailing axes may share a kernel (below)
-    source: str = "default"       # "default" or "calibrated <date>"
+    source: str = "given"         # "default", "calibrated <date>", "given" (built by the user), or with overrides
 
     def __post_init__(self) -> None:
         # a zero bandwidth or peak would divide by zero deep inside extraction: refuse it here
@@ -82,12 +82,12 @@ class DeviceParams:
 
 
 DEFAULT_PARAMS: dict[str, DeviceParams] = {
-    "LLVM": DeviceParams(),
-    "NUMPY": DeviceParams(launch=20e-6, bandwidth=5e9, peak=2e9),
+    "LLVM": DeviceParams(source="default"),
+    "NUMPY": DeviceParams(launch=20e-6, bandwidth=5e9, peak=2e9, source="default"),
     # PoCL 3.1, 2 cores (calibrated). No row fusion: PoCL vectorizes across work-items, not a
     # work-item's loops, so a row-fused softmax ran 19.8 ms vs 11.4 ms as three kernels
-    "OPENCL": DeviceParams(launch=20e-6, bandwidth=25e9, peak=50e9, row_fusion=False),
-    "CUDA": DeviceParams(launch=5e-6, bandwidth=3e12, peak=5e13, masked_read=1.0, row_fusion=False),
+    "OPENCL": DeviceParams(launch=20e-6, bandwidth=25e9, peak=50e9, row_fusion=False, source="default"),
+    "CUDA": DeviceParams(launch=5e-6, bandwidth=3e12, peak=5e13, masked_read=1.0, row_fusion=False, source="default"),
 }
 
 
@@ -137,6 +137,27 @@ def rescaled(p: DeviceParams, predicted: float, old_bytes: float, old_flops: flo
     compute = body if body > t_bytes else min(body, old_flops / p.peak)
     scale = new_flops / old_flops if old_flops > 0 else (new_bytes / old_bytes if old_bytes > 0 else 1.0)
     return p.launch + max(new_bytes / p.bandwidth, compute * scale)
+
+
+@dataclass(frozen=True)
+class Overrides:
+    """Some fields of the device parameters in effect (the calibration, else the defaults) replaced:
+    ``using(params={"LLVM": {"launch": 1e-6}})`` keeps the calibrated bandwidth and peak, where a
+    whole ``DeviceParams(launch=1e-6)`` replaces them all."""
+    items: tuple[tuple[str, Any], ...]
+
+    @staticmethod
+    def of(values: dict) -> "Overrides":
+        names = [f.name for f in fields(DeviceParams) if f.name != "source"]
+        bad = sorted(set(values) - set(names))
+        if bad:
+            raise ValueError(f"DeviceParams overrides: unknown field(s) {bad}; the fields are {names}")
+        replace(DeviceParams(), **values)          # the values are checked as DeviceParams checks them
+        return Overrides(tuple(sorted(values.items())))
+
+    def apply(self, base: DeviceParams) -> DeviceParams:
+        given = ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in self.items)
+        return replace(base, **dict(self.items), source=f"{base.source} with {given}")
 
 
 @dataclass(frozen=True)
@@ -195,7 +216,7 @@ def params_for(device: str) -> DeviceParams:
 
 def _params_for(device: str) -> DeviceParams:
     e = load_calibrations().get(f"{device}|{machine_key(device)}")
-    base = DEFAULT_PARAMS.get(device, DeviceParams())
+    base = DEFAULT_PARAMS.get(device, DeviceParams(source="default"))
     if not e:
         return base
     try:

@@ -19,6 +19,10 @@ from typing import Any
 from eqgrad.dtype import DType
 from eqgrad.engine import plan_for
 from eqgrad.extract import cost_model
+from eqgrad.extract.cost import default_cost
+
+
+RENDERED = ("svg", "png", "pdf", "jpg", "gif", "ps", "json")     # formats save() renders through Graphviz
 
 
 def _scalar_read(n) -> bool:
@@ -31,6 +35,7 @@ def _scalar_read(n) -> bool:
 class Explanation:
     compiled: Any            # engine.CompiledPlan
     device: str
+    cost: Any = None         # the extract.CostModel the plan was chosen under (None: the one in effect now)
 
     @property
     def plan(self):
@@ -50,9 +55,12 @@ class Explanation:
 
     def __str__(self) -> str:
         cp, res = self.compiled, self.result
-        p = cost_model(self.device).params
+        cm = self.cost or cost_model(self.device)
+        p = cm.params
+        fn = "" if cm.fn is default_cost else \
+            f"custom cost function {getattr(cm.fn, '__qualname__', type(cm.fn).__name__)} with "
         lines = [f"plan: {len(self.plan.kernels)} kernel(s), predicted {self.plan.predicted * 1e6:.1f} us on {self.device} "
-                 f"(extractor {res.extractor if res else '?'}; cost model {p.source}: launch {p.launch * 1e6:.1f} us, "
+                 f"(extractor {res.extractor if res else '?'}; {fn}cost model {p.source}: launch {p.launch * 1e6:.1f} us, "
                  f"{p.bandwidth / 1e9:.1f} GB/s, {p.peak / 1e9:.1f} GFLOP/s)",
                  f"saturation: {cp.report.stop_reason}, {cp.report.enodes_before} -> {cp.report.enodes} e-nodes, "
                  f"{cp.report.eclasses} e-classes"]
@@ -135,21 +143,29 @@ class Explanation:
         return "\n".join(out)
 
     def save(self, path: str | Path, what: str = "plan", **kw: Any) -> Path:
-        """Write ``path`` (.dot, or .svg when Graphviz's dot is installed; the .dot is written too)."""
+        """Write ``path``: its suffix picks the format -- ``.dot`` (the Graphviz text), or one that
+        Graphviz's ``dot`` renders (``.svg .png .pdf .jpg .gif .ps .json``; the .dot is written next
+        to it). Returns ``path``. Without Graphviz a rendered format is a RuntimeError that says the
+        .dot was written; an unknown suffix is a ValueError naming the formats."""
         path = Path(path)
+        fmt = path.suffix.lower().lstrip(".")
+        if fmt != "dot" and fmt not in RENDERED:
+            raise ValueError(f"save(): unknown format {path.suffix!r}; expected .dot or one of "
+                             f"{', '.join('.' + f for f in RENDERED)}")
         dot = self.to_dot() if what == "plan" else self.egraph_dot(**kw)
         dot_path = path.with_suffix(".dot")
         dot_path.write_text(dot)
-        if path.suffix == ".svg":
-            exe = shutil.which("dot")
-            if exe is None:
-                raise RuntimeError(f"wrote {dot_path}; rendering SVG needs Graphviz's 'dot' (apt-get install graphviz)")
-            subprocess.run([exe, "-Tsvg", str(dot_path), "-o", str(path)], check=True, capture_output=True)
-            return path
-        return dot_path
+        if fmt == "dot":
+            return dot_path
+        exe = shutil.which("dot")
+        if exe is None:
+            raise RuntimeError(f"wrote {dot_path}; rendering {path.suffix} needs Graphviz's 'dot' "
+                               "(apt-get install graphviz)")
+        subprocess.run([exe, f"-T{fmt}", str(dot_path), "-o", str(path)], check=True, capture_output=True)
+        return path
 
 
 def explain(*tensors: Any) -> Explanation:
     """Plan (without running) the graph of ``tensors`` and explain the plan."""
     cp, device = plan_for([t.lazydata for t in tensors])
-    return Explanation(cp, device)
+    return Explanation(cp, device, cost_model(device))        # the cost model in effect while planning

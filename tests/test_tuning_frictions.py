@@ -1,0 +1,75 @@
+"""Issue 17's frictions for tuning researchers, each reproduced: a partial DeviceParams override
+keeps the calibration (a whole DeviceParams that replaces one warns), explain() names the custom
+cost function and parameters the plan was chosen under (also when printed after the using()
+block), and save() renders the format its suffix names."""
+import shutil
+
+import numpy as np
+import pytest
+
+import eqgrad
+from eqgrad import Tensor
+from eqgrad.counters import EqgradWarning
+from eqgrad.extract import cost_model, using
+from eqgrad.extract.cost import DeviceParams, params_for, save_calibration
+
+
+@pytest.fixture
+def calibrated(tmp_path, monkeypatch):
+    monkeypatch.setenv("EQGRAD_CACHE_DIR", str(tmp_path))
+    cal = DeviceParams(launch=3e-6, bandwidth=12.5e9, peak=77e9, source="calibrated 2026-12-03")
+    save_calibration("LLVM", cal)
+    assert params_for("LLVM").bandwidth == 12.5e9
+    return cal
+
+
+def test_a_dict_overrides_only_its_fields(calibrated):
+    with using(params={"LLVM": {"launch": 1e-6}}):
+        p = cost_model("LLVM").params
+    assert (p.launch, p.bandwidth, p.peak) == (1e-6, 12.5e9, 77e9)
+    assert p.source == "calibrated 2026-12-03 with launch=1e-06"
+    with pytest.raises(ValueError, match=r"unknown field\(s\) \['lanch'\]"):
+        with using(params={"LLVM": {"lanch": 1e-6}}):
+            pass
+    with pytest.raises(ValueError, match="DeviceParams.bandwidth"):
+        with using(params={"LLVM": {"bandwidth": 0.0}}):
+            pass
+
+
+def test_a_whole_deviceparams_replacing_a_calibration_warns(calibrated):
+    with pytest.warns(EqgradWarning, match=r"replaces all of LLVM's calibrated 2026-12-03 parameters.*pass a dict"):
+        with using(params={"LLVM": DeviceParams(launch=1e-6)}):
+            p = cost_model("LLVM").params
+    assert p.bandwidth == DeviceParams().bandwidth and p.source == "given"
+
+
+def my_cost(stats, params):
+    return params.launch + stats.nbytes / params.bandwidth + stats.flops / params.peak
+
+
+def test_explain_names_the_custom_cost_function_and_parameters(calibrated):
+    x = Tensor(np.ones((64, 128), np.float32))
+    with using(cost_fn=my_cost, params={"LLVM": {"launch": 2e-6}}):
+        e = eqgrad.explain(x.softmax(-1))
+        inside = str(e)
+    outside = str(e)                      # printed after the block: still the model it was planned under
+    for text in (inside, outside):
+        assert "custom cost function my_cost with cost model calibrated 2026-12-03 with launch=2e-06" in text
+        assert "launch 2.0 us" in text and "12.5 GB/s" in text
+    plain = str(eqgrad.explain(x.softmax(-1)))
+    assert "custom cost function" not in plain and "cost model calibrated 2026-12-03:" in plain
+
+
+def test_save_renders_the_suffix_format(tmp_path):
+    e = eqgrad.explain(Tensor(np.ones((8, 8), np.float32)).exp().sum(1))
+    assert e.save(tmp_path / "p.dot").read_text().startswith("digraph")
+    with pytest.raises(ValueError, match=r"unknown format '\.bmpx'.*\.png"):
+        e.save(tmp_path / "p.bmpx")
+    if shutil.which("dot") is None:
+        with pytest.raises(RuntimeError, match=r"wrote .*p\.dot; rendering \.png needs Graphviz"):
+            e.save(tmp_path / "p.png")
+        return
+    png = e.save(tmp_path / "p.png")
+    assert png.suffix == ".png" and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (tmp_path / "p.dot").exists()
+    assert e.save(tmp_path / "p.pdf").read_bytes()[:4] == b"%PDF"
