@@ -71,7 +71,7 @@ def test_finite_annotation_limits_inputs(tmp_path):
     ('(ruleset r)\n\n(datatype Foo (Bar i64))\n', r"bad\.egg:3: \(datatype \.\.\.\) is not allowed"),
     ('(ruleset r)\n(rewrite (Addd a b) (Add b a) :ruleset r :name "x")\n', r"bad\.egg:2: rule 'x' calls 'Addd'"),
     ('(ruleset r)\n(rewrite (Add a b) (Add b a) :ruleset q :name "x")\n', r"bad\.egg:2: .*ruleset 'q'"),
-    ('(ruleset r)\n(rewrite (Add a b) (Add b a c) :ruleset r :name "x")\n', r"2:\d+-\d+ of .*bad\.egg"),
+    ('(ruleset r)\n(rewrite (Add a b) (Add b a c) :ruleset r :name "x")\n', r"bad\.egg:2: rule 'x': \(Add b a c\) -- Add takes 2 tensors"),
     ('(ruleset r)\n(rewrite (Add a b) (Add b a) :ruleset r :name "x"\n', r"bad\.egg:2: unbalanced"),
     ('(ruleset r)\n(rewrite (Add a b) (Add b a) :ruleset r :name "fuse-neg")\n', r"'fuse-neg' is already used"),
 ])

@@ -28,6 +28,7 @@ import importlib.resources
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from eqgrad import config
 from eqgrad.cache import computed_once
@@ -122,6 +123,55 @@ def _calls(e: SExpr, out: list[tuple[str, int]], line: int) -> None:
                 _calls(x, out, ln)
 
 
+_ATTR_WORDS = {"IVec": "an integer vector (IVec: (vec-of 0 1) or (vec-empty))", "String": "a dtype string (\"float32\")",
+               "i64": "an integer (i64)", "f64": "a number (f64)"}
+
+
+def signature(o: Any) -> str:
+    """What an IR constructor takes, in words: ``Sum takes a tensor and an integer vector ...``."""
+    parts = (["a tensor"] if o.arity == 1 else [f"{o.arity} tensors"] if o.arity else []) + \
+        [_ATTR_WORDS.get(a, a) for a in o.attrs]
+    words = parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1] if parts else "nothing"
+    example = " ".join([o.egg] + [f"x{i}" if o.arity > 1 else "x" for i in range(o.arity)] +
+                       [{"IVec": "axes", "String": "dtype", "i64": "n", "f64": "v"}.get(a, a) for a in o.attrs])
+    return f"{o.egg} takes {words}: ({example})"
+
+
+def check_terms(e: SExpr, where: str, rule: str, constructors: dict[str, Any]) -> None:
+    """Constructor arities and argument kinds in a rule's term ``e``, checked before egglog sees it
+    (whose errors name its own internal terms): a constructor with the wrong number of arguments,
+    or an egglog number function (``neg``, ``max``, a literal) where a tensor is expected, is a
+    RulebookError at the rule's file:line that shows the user's own term."""
+    if not isinstance(e, SList) or not e.items:
+        return
+    head = e.items[0]
+    args = e.items[1:]
+    ln = f"{where.rsplit(':', 1)[0]}:{e.line}" if e.line else where
+    if isinstance(head, Sym) and head.name in constructors:
+        o = constructors[head.name]
+        if len(args) != o.arity + len(o.attrs):
+            raise RulebookError(f"{ln}: rule {rule!r}: {to_text(e)} -- {signature(o)}; got {len(args)} "
+                                f"argument{'s' if len(args) != 1 else ''}")
+        for a in args[:o.arity]:
+            if isinstance(a, SList) and a.items and isinstance(a.items[0], Sym) and a.items[0].name not in constructors:
+                fn = a.items[0].name
+                twin = next((c for c in constructors if c.lower() == fn.lower()), None)
+                hint = f"; the IR's tensor op is {twin} (constructors are capitalized)" if twin else ""
+                raise RulebookError(f"{ln}: rule {rule!r}: {to_text(a)} is a tensor argument of {head.name}, but "
+                                    f"{fn!r} is not an IR constructor (an egglog number function or analysis){hint}")
+            if not isinstance(a, (SList, Sym)):
+                raise RulebookError(f"{ln}: rule {rule!r}: {to_text(a)} is a tensor argument of {head.name}: a "
+                                    f"constant tensor is (Const VALUE \"dtype\" SHAPE)")
+    elif isinstance(head, Sym):
+        twin = next((c for c in constructors if c.lower() == head.name.lower() and c != head.name), None)
+        if twin and any(isinstance(a, SList) and a.items and isinstance(a.items[0], Sym)
+                        and a.items[0].name in constructors for a in args):
+            raise RulebookError(f"{ln}: rule {rule!r}: {to_text(e)} applies egglog's number function "
+                                f"{head.name!r} to a tensor; the IR's tensor op is {twin}")
+    for a in args if isinstance(head, Sym) else e.items:
+        check_terms(a, ln, rule, constructors)
+
+
 def _annotations(comments: list[str]) -> set[str]:
     out: set[str] = set()
     for c in comments:
@@ -168,6 +218,15 @@ def parse_rulebook(text: str, filename: str) -> tuple[list[str], list[Rule]]:
                                 f"constructor ({', '.join(sorted(constructors)[:6])}, ...), an analysis "
                                 "(shape, dtype) nor an egglog primitive")
         guards = list(kw[":when"].items) if isinstance(kw.get(":when"), SList) else []
+        ctor_ops = {o.egg: o for o in OPS.values()}
+        for x in f.items[1:n_pos] + guards:
+            check_terms(x, where, name.value, ctor_ops)
+        if f.head in ("rewrite", "birewrite"):
+            for side in f.items[1:3]:
+                if not (isinstance(side, Sym) or (isinstance(side, SList) and side.head in constructors)):
+                    raise RulebookError(f"{where}: rule {name.value!r}: {to_text(side)} -- both sides of a "
+                                        f"{f.head} are IR terms: a constructor ({', '.join(sorted(constructors)[:6])}, "
+                                        "...) or a variable")
         ann = _annotations(f.comments)
         if f.head in ("rewrite", "birewrite"):
             rules.append(Rule(name.value, f.head, rs.name, f[1], f[2], guards, to_text(f), filename, f.line, ann))

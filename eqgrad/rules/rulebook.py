@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import re
 import threading
 from pathlib import Path
 from typing import Iterator
@@ -51,6 +52,13 @@ def _env_rulebooks() -> list[tuple[Rulebook, str]]:
         if not files:
             raise RulebookError(f"EQGRAD_RULEBOOKS: {path!r} is neither a .egg file nor a directory with .egg files")
         out += [(load_rulebook(f), phase or DEFAULT_PHASE, 4) for f in files]
+    if out:
+        # NOTE: validated as use() validates: a rulebook egglog rejects is a RulebookError at the next
+        # realize (it was a warning on every realize and the unoptimized plan)
+        try:
+            validate([rb for rb, _, _ in out])
+        except RulebookError as e:
+            raise RulebookError(f"EQGRAD_RULEBOOKS={raw!r}: {e}") from None
     return out
 
 
@@ -212,5 +220,27 @@ def validate(rulebooks: list[Rulebook]) -> None:
             names[r.name] = r.where
     err = default_saturator().validate(builtin.books + [(str(rb.path), rb.text) for rb in rulebooks])
     if err:
-        raise RulebookError(err)
+        raise RulebookError(egg_error(err, rulebooks))
+
+
+_EGG_WHERE = re.compile(r"In (\d+):\d+(?:-\d+)? of ([^:\s]+)")
+
+
+def egg_error(err: str, rulebooks: list[Rulebook]) -> str:
+    """egglog's error in the user's terms: its ``In LINE:COL of FILE`` (a basename) becomes the
+    rulebook's path, line and the rule there, with the rule's text as written, before egglog's own
+    words (which name internal terms such as ``@Neg28``)."""
+    m = _EGG_WHERE.search(err)
+    if not m:
+        return err
+    line, base = int(m.group(1)), m.group(2)
+    for rb in rulebooks:
+        if rb.path.name != base:
+            continue
+        starts = [r for r in rb.rules if r.line <= line]
+        if not starts:
+            return f"{rb.path}:{line}: {err}"
+        r = max(starts, key=lambda r: r.line)
+        return f"{rb.path}:{line}: rule {r.name!r}: {r.text.strip()}\n  egglog: {err.strip()}"
+    return err
 
