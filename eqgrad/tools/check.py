@@ -2,24 +2,50 @@
 
 For each rule, ``check_rule``:
 
-1. builds random *instances* of the rule's left-hand pattern: each tensor variable becomes a
-   random buffer or constant, each attribute variable a random value consistent with the shapes
-   (a valid permutation, a reshape with the same element count, axes to reduce, pads, ...), biased
-   towards the cases guards ask for (identity permutations, unchanged shapes) and filled with edge
-   values (0, -0.0, +-1, +-inf, NaN, huge, tiny; INT_MIN/INT_MAX for int32). Shapes are small
-   (0-d up to rank 3, sizes 1-4) so a failure is a small counterexample;
-2. inserts all instances into one e-graph with only this rule (plus the analyses) and runs it --
-   egglog evaluates the guards, so an instance that does not satisfy them simply does not fire;
-3. evaluates every e-node of every e-class with the op table's NumPy references and compares the
+1. builds random *instances* of the rule's left-hand pattern (and, for a ``birewrite``, of its
+   right-hand pattern too, so that both directions are checked): each tensor variable becomes a
+   random buffer, constant or parameter, each attribute variable a random value consistent with the
+   shapes (a valid permutation, a reshape with the same element count, axes to reduce, pads, ...),
+   biased towards the cases guards ask for (identity permutations, unchanged shapes). Shapes are
+   small (0-d up to rank 5, sizes 1-3) so a failure is a small counterexample;
+2. fills them with values: the first ``SPECIAL_INSTANCES`` instances take every leaf element,
+   constant and parameter from the dtype's *special values* (``F_SPECIAL``/``I_SPECIAL``: +-0,
+   float32 subnormals down to the smallest 1.4e-45, the smallest normal, +-inf, NaN, +-float32 max;
+   INT_MIN/INT_MAX), dealt from a shuffled deck so that every special value occurs, in varying
+   combinations; the rest mix edge values with random ones;
+3. runs the rule on each instance in an e-graph of its own (with only this rule and the analyses;
+   egglog evaluates the guards, so an instance that does not satisfy them simply does not fire).
+   For speed, instances that share no term are inserted into one egglog e-graph and run together;
+   afterwards every e-class is checked to be reachable from one instance only -- the e-graph is then
+   the disjoint union of the instances' own e-graphs, exactly what separate runs would give. An
+   instance whose part touches another's (a rule's result hash-consed to a term of another instance,
+   a shared constant merged) is run again alone;
+4. evaluates every e-node of every e-class with the op table's NumPy references and compares the
    nodes of each class: a rule is unsound when it put two nodes with different values in one class.
 
-The report for an unsound rule is its smallest failing instance: the term, its inputs, and the
-values of the two sides. A rule whose guards no instance satisfied is reported as *untested*.
+The report for an unsound rule is its smallest failing instance: the term (in the e-graph of that
+instance alone), its inputs, and the values of the two sides. A rule whose guards no instance
+satisfied is reported as *untested*, and so is a birewrite one of whose directions never fired.
 
-Annotations: a ``;; check: finite`` comment before a rule restricts inputs to moderate finite
-values, for rules that are only claimed sound away from overflow and NaN (say so in the rule's
-comment). Integer index arithmetic (permutation composition) is checked exhaustively for small ranks
-by the same machinery, with every permutation pair of rank <= 3 among the instances.
+Comparison: floats are *close* when both are NaN, when they are equal with the same sign (0 and -0
+differ), or when both are finite, not both zero, and ``|a - b| <= atol + rtol * |b|`` (defaults
+``RTOL = 1e-5``, ``ATOL = 1e-6``: float32 rounding of a reordered computation passes, a
+different value does not; note that ``atol`` also accepts a subnormal flushed to 0). Integers and
+bools compare exactly. ``check_rule(..., rtol=, atol=)`` and ``rules check --rtol/--atol`` change
+the tolerance.
+
+Annotations (a ``;; check: A, B`` comment before a rule):
+
+- ``finite``: inputs restricted to moderate finite values -- +-0, +-1, 0.5, 2 and normal values of
+  magnitude below ~10 (no inf, NaN, extremes, and no subnormals: their reciprocals overflow), int32
+  values far from INT_MIN/INT_MAX -- for rules that are only claimed sound away from overflow,
+  underflow and NaN (say so in the rule's comment);
+- ``subnormal``: with ``finite``, keep the float32 subnormals among the inputs;
+- ``exact``: no tolerance: the two sides must be bit-for-bit equal (any NaN equals any NaN).
+
+Integer index arithmetic (permutation composition) is checked exhaustively for small ranks by the
+same machinery: every permutation pair of rank <= 3 among the instances and 40 random ones of each
+of ranks 4 and 5 (for a rank a guard fixes: every pair while there are at most 2000, else 200).
 """
 from __future__ import annotations
 
@@ -78,12 +104,32 @@ class Counterexample:
     rhs: Any
     node: str
     size: int
+    direction: str = ""                       # a birewrite's: "=>" (left to right) or "<=" (right to left)
 
     def __str__(self) -> str:
-        ins = "\n".join(f"      {k} = {np.array2string(np.asarray(v), threshold=20)}" for k, v in self.inputs.items())
-        return (f"    instance: {self.instance}\n    inputs:\n{ins}\n"
-                f"    left side  = {np.array2string(np.asarray(self.lhs), threshold=20)}\n"
-                f"    right side = {np.array2string(np.asarray(self.rhs), threshold=20)}   (from {self.node})")
+        ins = "\n".join(f"      {k} = {_show(v)}" for k, v in self.inputs.items())
+        ins = ins or "      (none: constants only)"
+        way = f" (direction {self.direction})" if self.direction else ""
+        text = (f"    instance{way}: {self.instance}\n    inputs:\n{ins}\n"
+                f"    left side  = {_show(self.lhs)}\n"
+                f"    right side = {_show(self.rhs)}   (from {self.node})")
+        a, b = np.asarray(self.lhs), np.asarray(self.rhs)
+        if a.shape == b.shape and a.dtype == b.dtype and a.size > 1:
+            with np.errstate(invalid="ignore"):
+                diff = ~((a == b) | (a != a) & (b != b)) | (np.signbit(a) != np.signbit(b) if a.dtype.kind == "f" else False)
+            if diff.any():
+                i = tuple(int(x) for x in np.argwhere(diff)[0])
+                text += f"\n    first difference at {list(i)}: {a[i]} against {b[i]}"
+        return text
+
+
+def _show(v) -> str:
+    """A value on one line: its elements flattened (the shape is in the input's name)."""
+    a = np.asarray(v)
+    if a.dtype.kind not in "fiub":
+        return str(v)
+    body = np.array2string(a.reshape(-1), threshold=24, max_line_width=10**6)
+    return body if a.ndim <= 1 else f"{body} (shape {list(a.shape)})"
 
 
 @dataclass
@@ -103,25 +149,77 @@ class CheckResult:
 
 # ------------------------------------------------------------------ random values
 
-F_EDGE = [0.0, -0.0, 1.0, -1.0, 2.0, 0.5, -3.5, np.inf, -np.inf, np.nan, 1e30, -1e30, 1e-30, 3.4e38]
-I_EDGE = [0, 1, -1, 2, -2, 7, -7, 2**31 - 1, -2**31]
+RTOL, ATOL = 1e-5, 1e-6           # the default tolerance of float comparisons (module docstring)
+DEFAULT_N = 64                    # instances per rule (per direction of a birewrite)
+SPECIAL_INSTANCES = 24            # the first instances: values from the special sets only
+MAX_RANK = 5
+
+F32_MAX = float(np.finfo(np.float32).max)
+F32_TINY = float(np.finfo(np.float32).tiny)               # the smallest normal, 1.18e-38
+F32_SUBNORMAL = [float(np.float32(x)) for x in (1.4e-45, -1.4e-45, 1e-40, -3e-39)]
+# special values, always sampled (the first SPECIAL_INSTANCES instances draw only from these)
+F_SPECIAL = [0.0, -0.0, *F32_SUBNORMAL, F32_TINY, np.inf, -np.inf, np.nan, F32_MAX, -F32_MAX, 1.0, -1.0]
+I_SPECIAL = [0, 1, -1, 2**31 - 1, -2**31, 2**31 - 2, -2**31 + 1]
+B_SPECIAL = [False, True]
+# moderate edge values: mixed with random ones after the special instances
+F_EDGE = F_SPECIAL + [2.0, 0.5, -3.5, 3.0, 1e30, -1e30, 1e-30, 1e-20]
+I_EDGE = I_SPECIAL + [2, -2, 7, -7, 3]
+# `;; check: finite`: moderate finite values (no inf/NaN/extremes, no -0.0; subnormals only with
+# `subnormal`); random ones are normal with standard deviation 2
+F_FINITE = [0.0, 1.0, -1.0, 0.5, 2.0, -3.5]
+I_FINITE = [0, 1, -1, 2, -3, 5]
 
 
 class Sampler:
-    def __init__(self, rng: np.random.Generator, finite: bool):
-        self.rng, self.finite = rng, finite
+    """Random values for instances. ``special``: every value from the dtype's special set, dealt
+    from a shuffled deck (``decks``, shared by the instances of a rule) so that all of them occur."""
+
+    def __init__(self, rng: np.random.Generator, finite: bool, special: bool = False,
+                 decks: dict | None = None, subnormal: bool = False):
+        self.rng, self.finite, self.special = rng, finite, special
+        self.decks = decks if decks is not None else {}
+        self.subnormal = subnormal
+
+    def _special_set(self, dt: DType) -> list:
+        if dt is bool_:
+            return B_SPECIAL
+        if dt is int32:
+            return I_FINITE if self.finite else I_SPECIAL
+        if self.finite:
+            return F_FINITE + (F32_SUBNORMAL if self.subnormal else [])
+        return F_SPECIAL
+
+    def _deal(self, n: int, dt: DType) -> np.ndarray:
+        pool = self._special_set(dt)
+        deck = self.decks.setdefault(dt.name, [])
+        out = []
+        while len(out) < n:
+            if not deck:
+                deck.extend(pool[i] for i in self.rng.permutation(len(pool)))
+            out.append(deck.pop())
+        return np.array(out, dtype=np.float64 if dt.is_float else object)
 
     def data(self, shape: tuple[int, ...], dt: DType) -> np.ndarray:
         n = math.prod(shape)
         r = self.rng
+        if self.special:
+            a = self._deal(n, dt)
+            if self.finite and dt is float32:      # moderate values are not special: mix in random ones
+                a = np.where(r.random(n) < 0.5, a, r.standard_normal(n) * 2)
+            if dt is bool_:
+                return a.astype(bool).reshape(shape)
+            if dt is int32:
+                return a.astype(np.int64).astype(np.int32).reshape(shape)
+            return a.astype(np.float32).reshape(shape)
         if dt is bool_:
             return r.random(shape) < 0.5
         if dt is int32:
-            pool = [0, 1, -1, 2, -3, 5] if self.finite else I_EDGE
+            pool = I_FINITE if self.finite else I_EDGE
             a = np.where(r.random(n) < 0.5, r.choice(pool, n), r.integers(-9, 10, n))
             return a.astype(np.int32).reshape(shape)
         if self.finite:
-            a = np.where(r.random(n) < 0.3, r.choice([0.0, 1.0, -1.0, 0.5, 2.0], n), r.standard_normal(n) * 2)
+            pool = F_FINITE + (F32_SUBNORMAL if self.subnormal else [])
+            a = np.where(r.random(n) < 0.3, r.choice(pool, n), r.standard_normal(n) * 2)
         else:
             a = np.where(r.random(n) < 0.5, r.choice(F_EDGE, n), r.standard_normal(n) * 3)
         return a.astype(np.float32).reshape(shape)
@@ -130,10 +228,15 @@ class Sampler:
         return self.data((), dt).item()
 
     def shape(self) -> tuple[int, ...]:
-        rank = int(self.rng.choice([0, 1, 2, 2, 3]))
-        return tuple(int(x) for x in self.rng.integers(1, 4, rank))
+        if self.special:       # a few elements more: more combinations of the special values
+            if self.chance(0.7):
+                return tuple(int(x) for x in self.rng.integers(2, 4, int(self.rng.choice([1, 2, 2, 3]))))
+        rank = int(self.rng.choice([0, 1, 2, 2, 3, 3, 4, 5]))
+        return tuple(int(x) for x in self.rng.integers(1, 4 if rank <= 3 else 3, rank))
 
     def dtype(self) -> DType:
+        if self.special:       # float32 has the most special values
+            return [float32, float32, float32, int32, bool_][int(self.rng.integers(5))]
         return [float32, float32, int32, bool_][int(self.rng.integers(4))]
 
     def chance(self, p: float) -> bool:
@@ -141,9 +244,9 @@ class Sampler:
 
 
 def _factorizations(n: int, rng: np.random.Generator) -> tuple[int, ...]:
-    """A random shape with ``n`` elements, rank 1-3."""
+    """A random shape with ``n`` elements, rank 1-MAX_RANK."""
     dims, rest = [], n
-    for _ in range(int(rng.integers(0, 3))):
+    for _ in range(int(rng.integers(0, MAX_RANK))):
         divs = [d for d in range(1, rest + 1) if rest % d == 0]
         d = int(rng.choice(divs))
         dims.append(d)
@@ -334,88 +437,210 @@ def _literal(pat: SExpr) -> Any:
 
 # ------------------------------------------------------------------ running one rule
 
-def _close(a: np.ndarray, b: np.ndarray, dt: DType) -> np.ndarray:
+Tol = "tuple[float, float] | None"         # (rtol, atol), or None: exact
+
+
+def _close(a: np.ndarray, b: np.ndarray, dt: DType, tol=(RTOL, ATOL)) -> np.ndarray:
     if dt.is_float:
         with np.errstate(invalid="ignore", over="ignore"):
-            return _close_float(a, b)
+            return _close_float(a, b, *tol) if tol is not None else _same_float(a, b)
     return a == b
 
 
-def _close_float(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+def _same_float(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Bit-for-bit equality of float arrays, except that any NaN equals any NaN."""
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)       # exact for float32
+    return (np.isnan(a64) & np.isnan(b64)) | ((a64 == b64) & (np.signbit(a64) == np.signbit(b64)))
+
+
+def _close_float(a: np.ndarray, b: np.ndarray, rtol: float = RTOL, atol: float = ATOL) -> np.ndarray:
     a64, b64 = a.astype(np.float64), b.astype(np.float64)
-    both_nan = np.isnan(a64) & np.isnan(b64)
-    same = (a64 == b64) & (np.signbit(a64) == np.signbit(b64))
-    tol = np.abs(a64 - b64) <= 1e-6 + 1e-5 * np.abs(b64)
-    return both_nan | same | (tol & np.isfinite(a64) & np.isfinite(b64) & ((a64 != 0) | (b64 != 0)))
+    tol = np.abs(a64 - b64) <= atol + rtol * np.abs(b64)
+    return _same_float(a, b) | (tol & np.isfinite(a64) & np.isfinite(b64) & ((a64 != 0) | (b64 != 0)))
 
 
-def check_rule(rule: Rule, n: int = 48, seed: int = 0, saturator=None) -> CheckResult:
+@dataclass
+class _Case:
+    """One instance: its term and which side of the rule it instantiates (0: left, 1: a birewrite's right)."""
+    inst: Inst
+    side: int
+
+
+def check_rule(rule: Rule, n: int = DEFAULT_N, seed: int = 0, saturator=None,
+               rtol: float = RTOL, atol: float = ATOL) -> CheckResult:
+    """Check ``rule`` on ``n`` random instances of its left side (and ``n`` of its right side for a
+    birewrite); floats compare within ``rtol``/``atol`` unless the rule is annotated ``exact``."""
     if rule.rhs is None:
         return CheckResult(rule, "skipped", note="sets analysis facts only (checked by no-merge)")
     finite = "finite" in rule.check
+    tol = None if "exact" in rule.check else (rtol, atol)
     rng = np.random.default_rng(seed)
-    insts: list[tuple[Inst, Builder]] = []
+    decks: dict = {}
+
+    def sampler(special: bool) -> Sampler:
+        return Sampler(rng, finite, special, decks, "subnormal" in rule.check)
+
+    cases: list[_Case] = []
     sides = [rule.lhs] + ([rule.rhs] if rule.kind == "birewrite" else [])
     rank = _rank_hint(rule.guards)
-    perm_vars = _permute_vars(rule.lhs)
-    if perm_vars:
-        # index arithmetic on permutations: every assignment while there are at most 2000
-        # (exhaustive up to rank 4 for two permutes), a random 500 beyond
-        for r in ([rank] if rank is not None else [1, 2, 3]):
+    for side, pat in enumerate(sides):
+        perm_vars = _permute_vars(pat)
+        if not perm_vars:
+            continue
+        # index arithmetic on permutations: for a rank the guards fix, every assignment while there
+        # are at most 2000 (exhaustive up to rank 4 for two permutes), a random 200 beyond; without
+        # one, every assignment up to rank 3 and a random 40 of each of ranks 4 and 5
+        for r in ([rank] if rank is not None else range(1, MAX_RANK + 1)):
             total = math.factorial(r) ** len(perm_vars)
-            combos = itertools.product(itertools.permutations(range(r)), repeat=len(perm_vars)) if total <= 2000 \
-                else (tuple(tuple(int(x) for x in rng.permutation(r)) for _ in perm_vars) for _ in range(500))
+            limit = 2000 if rank is not None else 300
+            combos = itertools.product(itertools.permutations(range(r)), repeat=len(perm_vars)) if total <= limit \
+                else (tuple(tuple(int(x) for x in rng.permutation(r)) for _ in perm_vars)
+                      for _ in range(200 if rank is not None else 40))
             for combo in combos:
-                b = Builder(Sampler(rng, finite))
+                b = Builder(sampler(False))
                 b.env.update(dict(zip(perm_vars, combo)))
                 try:
-                    insts.append((b.build(rule.lhs, tuple(int(x) for x in rng.integers(1, 3, r)), b.s.dtype()), b))
+                    cases.append(_Case(b.build(pat, tuple(int(x) for x in rng.integers(1, 3, r)), b.s.dtype()), side))
                 except Retry:
                     pass
-    tries = 0
-    while len(insts) < n * len(sides) and tries < n * 40:
-        tries += 1
-        b = Builder(Sampler(rng, finite))
+    built = [0] * len(sides)          # random instances built per side; the first ones are special
+    tries = [0] * len(sides)
+    while True:
+        live = [s for s in range(len(sides)) if built[s] < n and tries[s] < n * 40]
+        if not live:
+            break
+        side = min(live, key=lambda s: built[s])
+        tries[side] += 1
+        b = Builder(sampler(built[side] < SPECIAL_INSTANCES))
         try:
-            side = sides[len(insts) % len(sides)]
             dt = b.s.dtype()
             shape = b.s.shape() if rank is None else tuple(int(x) for x in rng.integers(1, 3, rank))
-            insts.append((b.build(side, shape, dt), b))
+            cases.append(_Case(b.build(sides[side], shape, dt), side))
+            built[side] += 1
         except Retry:
             continue
-    if not insts:
+    if not cases:
         return CheckResult(rule, "untested", note="could not build any instance of the left side")
     sat = saturator or Saturator()
-    failures, fired, err = _run(rule, [i for i, _ in insts], sat)
-    if err and "Illegal merge" in err:
-        # the rule gave a class two shapes or dtypes: find the instances that do it, one by one
-        failures, fired = [], 0
-        for inst, _ in insts:
-            f1, m1, e1 = _run(rule, [inst], sat)
-            failures += f1
-            fired += m1
-            if e1 and "Illegal merge" in e1:
-                failures.append(Counterexample(inst.text(_leaf_names(inst)), _inputs(inst), inst.value,
-                                               "(a value of another shape or dtype)", "an Illegal merge of shape/dtype",
-                                               sum(x.value.size for x in _postorder(inst))))
-    elif err:
-        return CheckResult(rule, "untested", len(insts), note=f"egglog stopped: {err[:300]}")
+    try:
+        failures, fired, err = _run_isolated(rule, cases, sat, tol)
+    finally:
+        if saturator is None:
+            sat.close()
+    if err:
+        return CheckResult(rule, "untested", len(cases), note=f"egglog stopped: {err[:300]}")
+    total = sum(fired.values())
+    note = "exact" if tol is None else ""
     if failures:
         best = min(failures, key=lambda f: f.size)
-        return CheckResult(rule, "unsound", len(insts), fired, best)
-    if fired == 0:
-        return CheckResult(rule, "untested", len(insts), 0, note="no instance satisfied the rule's guards")
-    return CheckResult(rule, "sound", len(insts), fired)
+        return CheckResult(rule, "unsound", len(cases), total, best, note=note)
+    if total == 0:
+        return CheckResult(rule, "untested", len(cases), 0, note="no instance satisfied the rule's guards")
+    if rule.kind == "birewrite":
+        for way, what, side in (("=>", "left to right", 0), ("<=", "right to left", 1)):
+            if not fired.get(way):
+                why = "no instance of its right side could be built" if way == "<=" and not \
+                    any(c.side == 1 for c in cases) else "no instance satisfied the rule's guards"
+                return CheckResult(rule, "untested", len(cases), total,
+                                   note=f"direction {way} ({what}) never fired: {why}")
+        note = ", ".join([f"{fired['=>']} =>, {fired['<=']} <="] + ([note] if note else []))
+    return CheckResult(rule, "sound", len(cases), total, note=note)
 
 
-def _run(rule: Rule, insts: list[Inst], sat) -> tuple[list[Counterexample], int, str | None]:
-    """Insert instances, run the rule alone, and compare the values of every class's nodes."""
+BATCH = 96          # the most instances run in one egglog e-graph (each in a part of its own)
+
+
+def _batches(cases: list[_Case]) -> list[list[_Case]]:
+    """Group instances that share no term (so no part of one e-graph is hash-consed with another's):
+    buffers and parameters are numbered apart, so only terms made of constants can be shared."""
+    out: list[tuple[set[str], list[_Case]]] = []
+    for c in cases:
+        keys = _const_terms(c.inst)
+        for used, group in out:
+            if len(group) < BATCH and not (keys & used):
+                used |= keys
+                group.append(c)
+                break
+        else:
+            out.append((set(keys), [c]))
+    return [g for _, g in out]
+
+
+def _const_terms(inst: Inst) -> set[str]:
+    """The text of every subterm of ``inst`` without a buffer or parameter in it."""
+    out: set[str] = set()
+    pure: dict[int, bool] = {}
+    for x in _postorder(inst):
+        pure[id(x)] = x.op not in ("BUF", "PARAM") and all(pure[id(k)] for k in x.kids)
+        if pure[id(x)]:
+            out.add(x.text({}))
+    return out
+
+
+def _run_isolated(rule: Rule, cases: list[_Case], sat, tol) -> tuple[list[Counterexample], dict[str, int], str | None]:
+    """Run every instance in an e-graph of its own (batched where that is provably the same, see
+    _run); the failures, the matches per direction ("=>"; "<=" too for a birewrite), and an egglog
+    error that is not an Illegal merge."""
+    failures: list[Counterexample] = []
+    fired: dict[str, int] = {}
+    alone: list[tuple[_Case, bool]] = []          # (instance, its matches are still to count)
+
+    def count(m: dict[str, int]) -> None:
+        for k, v in m.items():
+            fired[k] = fired.get(k, 0) + v
+
+    for batch in _batches(cases):
+        f, m, tangled, err = _run(rule, batch, sat, tol)
+        if err and "Illegal merge" in err and len(batch) > 1:
+            alone += [(c, True) for c in batch]   # which instance makes it? each alone
+        elif err and "Illegal merge" in err:
+            failures.append(_illegal(batch[0], rule))
+        elif err:
+            return [], fired, err
+        else:
+            failures += f
+            count(m)
+            alone += [(c, False) for c in tangled]   # counted in the batch's matches already
+    for c, uncounted in alone:
+        f, m, _, err = _run(rule, [c], sat, tol)
+        if err and "Illegal merge" in err:
+            failures.append(_illegal(c, rule))
+        elif err:
+            return [], fired, err
+        failures += f
+        if uncounted:
+            count(m)
+    return failures, fired, None
+
+
+def _illegal(c: _Case, rule: Rule) -> Counterexample:
+    inst = c.inst
+    return Counterexample(inst.text(_leaf_names(inst)), _inputs(inst), inst.value,
+                          "(a value of another shape or dtype)", "an Illegal merge of shape/dtype",
+                          sum(x.value.size for x in _postorder(inst)), _direction(rule, c.side))
+
+
+def _direction(rule: Rule, side: int) -> str:
+    return "" if rule.kind != "birewrite" else ("=>", "<=")[side]
+
+
+def _run(rule: Rule, cases: list[_Case], sat, tol) -> tuple[list[Counterexample], dict[str, int], list[_Case], str | None]:
+    """Insert the instances into one e-graph, run the rule alone, and compare the values of every
+    class's nodes. Returns the failures, the matches per direction, the instances to run again
+    alone (*tangled*: their part of the e-graph shares a class with another instance's, so the run
+    is not the same as theirs alone; none of their failures is reported) and an egglog error.
+
+    Every e-class is reachable from the let-bound terms of the instances whose parts hold it; when
+    each class is reachable from one instance's terms only, the e-graph is the disjoint union of the
+    instances' e-graphs: egglog's rules, analyses and rebuilding act on each part as on a graph of
+    its own (a match is connected, a union joins the classes it merges, and classes only grow)."""
     lines: list[str] = []
     names: dict[int, str] = {}
+    owner_of: dict[str, int] = {}          # let name -> instance index
     leaves_by_pos: list[Inst] = []
     params: list[Inst] = []
-    for k, inst in enumerate(insts):
-        for j, node in enumerate(_postorder(inst)):
+    for k, case in enumerate(cases):
+        for j, node in enumerate(_postorder(case.inst)):
             if id(node) in names:
                 continue
             if node.op == "BUF":
@@ -427,6 +652,7 @@ def _run(rule: Rule, insts: list[Inst], sat) -> tuple[list[Counterexample], int,
             else:
                 text = node.text(names)
             names[id(node)] = f"$i{k}n{j}"
+            owner_of[names[id(node)]] = k
             lines.append(f"(let {names[id(node)]} {text})")
     with tempfile.TemporaryDirectory(prefix="eqgrad-check-") as tmp:
         rb = Path(tmp) / "rule.egg"
@@ -438,12 +664,32 @@ def _run(rule: Rule, insts: list[Inst], sat) -> tuple[list[Counterexample], int,
         js, rep = sat.run("\n".join(lines) + "\n", timeout=120, node_limit=10**7,
                           rules=RuleConfig((str(rb),), str(sched)))
     if js is None:
-        return [], 0, f"{rep.stop_reason}: {rep.detail}"
-    fired = rep.matches.get(rule.name, 0)
+        return [], {}, [], f"{rep.stop_reason}: {rep.detail}"
+    m = rep.matches
+    fired = {"=>": m.get(rule.name, 0) + m.get(rule.name + "=>", 0)}
+    if rule.kind == "birewrite":
+        fired["<="] = m.get(rule.name + "<=", 0)
     let_names = list(names.values())
     g = from_json(js, let_names)
     let_class = dict(zip(let_names, g.roots))
-    by_name = {names[id(node)]: node for inst in insts for node in _postorder(inst)}
+    by_name = {names[id(node)]: node for case in cases for node in _postorder(case.inst)}
+    # which instances reach each class
+    reach: list[set[int]] = [set() for _ in g.classes]
+    for name, c in let_class.items():
+        k = owner_of[name]
+        todo = [c]
+        while todo:
+            x = todo.pop()
+            if k in reach[x]:
+                continue
+            reach[x].add(k)
+            for nd in g.classes[x]:
+                todo.extend(nd.children)
+    tangled = {k for r in reach if len(r) > 1 for k in r}
+
+    def report(c: int) -> bool:
+        return len(reach[c]) == 1 and not (reach[c] & tangled)
+
     # class values from the instances; two different values in one class is already a counterexample
     value: dict[int, np.ndarray] = {}
     origin: dict[int, Inst] = {}
@@ -453,11 +699,12 @@ def _run(rule: Rule, insts: list[Inst], sat) -> tuple[list[Counterexample], int,
         c = let_class[name]
         members.setdefault(c, []).append(node)
         if c in value:
-            if value[c].shape == node.value.shape and not _close(node.value, value[c], node.dtype).all():
-                # two instance terms ended in one class: show the larger one (the rule's left side)
+            if value[c].shape == node.value.shape and not _close(node.value, value[c], node.dtype, tol).all() \
+                    and report(c):
+                # two terms of the instance ended in one class: show the larger one (the rule's left side)
                 big, small = sorted([origin[c], node], key=lambda x: -len(_postorder(x)))
                 failures.append(_cx(big, big.value, small.value, f"merged with {small.text(_leaf_names(big))}",
-                                    leaves_by_pos))
+                                    _direction(rule, cases[next(iter(reach[c]))].side)))
         else:
             value[c], origin[c] = node.value, node
     # evaluate rule-created classes, then every node of every class
@@ -474,16 +721,19 @@ def _run(rule: Rule, insts: list[Inst], sat) -> tuple[list[Counterexample], int,
                     changed = True
                     break
     for c, nodes in enumerate(g.classes):
-        if c not in value or c not in origin:
+        if c not in value or not report(c):
             continue
         for nd in nodes:
             v = _eval_node(nd, value, leaves_by_pos, g.dtypes[c], params)
             if v is None or v.shape != value[c].shape:
                 continue
-            if not _close(v, value[c], g.dtypes[c]).all():
-                big = max(members[c], key=lambda x: len(_postorder(x)))     # the rule's left side
-                failures.append(_cx(big, value[c], v, _node_text(nd), leaves_by_pos))
-    return failures, fired, None
+            if not _close(v, value[c], g.dtypes[c], tol).all():
+                case = cases[next(iter(reach[c]))]
+                # the instance's largest term in this class (the rule's left side), else the instance
+                big = max(members[c], key=lambda x: len(_postorder(x))) if c in members else case.inst
+                failures.append(_cx(big, value[c], v, _node_text(nd), _direction(rule, case.side)))
+                break
+    return failures, fired, [cases[k] for k in sorted(tangled)], None
 
 
 def _leaf_names(inst: Inst) -> dict[int, str]:
@@ -551,30 +801,30 @@ def _eval_node(nd, value: dict, leaves: list[Inst], dt: DType, params: list[Inst
 
 
 def _node_text(nd) -> str:
-    return f"{OPS[nd.op].egg}{'' if nd.arg is None else ' ' + str(nd.arg)}"
+    arg = nd.arg
+    if nd.op == "CONST":
+        v, d, shape = arg
+        return f"Const {v!r} {d.name} {list(shape)}"
+    if arg is None:
+        return OPS[nd.op].egg
+    return f"{OPS[nd.op].egg} {getattr(arg, 'name', arg)}"
 
 
-def _cx(origin: Inst, lhs, rhs, node: str, leaves: list[Inst]) -> Counterexample:
-    lt: dict[int, str] = {}
-    inputs: dict[str, Any] = {}
-    for x in _postorder(origin):
-        if x.op == "BUF":
-            nm = f"b{leaves.index(x)}"
-            lt[id(x)] = nm
-            inputs[f"{nm}: {x.dtype.name}{list(x.shape)}"] = x.value
+def _cx(origin: Inst, lhs, rhs, node: str, direction: str = "") -> Counterexample:
+    """A counterexample showing ``origin`` with its buffers named b0, b1, ... in its own order."""
     size = sum(x.value.size for x in _postorder(origin))
-    return Counterexample(origin.text(lt), inputs, lhs, rhs, node, size)
+    return Counterexample(origin.text(_leaf_names(origin)), _inputs(origin), lhs, rhs, node, size, direction)
 
 
-def check_rules(rules: list[Rule], n: int = 48, seed: int = 0, progress=None) -> list[CheckResult]:
+def check_rules(rules: list[Rule], n: int = DEFAULT_N, seed: int = 0, progress=None,
+                rtol: float = RTOL, atol: float = ATOL) -> list[CheckResult]:
     sat = Saturator()
     try:
         out = []
         for r in rules:
-            out.append(check_rule(r, n, seed, sat))
+            out.append(check_rule(r, n, seed, sat, rtol=rtol, atol=atol))
             if progress:
                 progress(out[-1])
         return out
     finally:
         sat.close()
-

@@ -31,7 +31,7 @@ def _rules_check(args: argparse.Namespace) -> int:
         if res.status not in ("sound", "skipped") or args.verbose:
             print(res, flush=True)
 
-    check_rules(rules, n=args.n, seed=args.seed, progress=show)
+    check_rules(rules, n=args.n, seed=args.seed, progress=show, rtol=args.rtol, atol=args.atol)
     width = max([len(source_label(src)) for src in per_source] + [0])
     for src, c in per_source.items():
         print(f"  {source_label(src):<{width}} {sum(c.values()):4d} rules: "
@@ -176,7 +176,11 @@ def main(argv: list[str] | None = None) -> int:
     c = rules.add_parser("check", help="check rules for soundness on random instances")
     c.add_argument("files", nargs="*", help="rulebook files (default: every active rulebook, generated included)")
     c.add_argument("--rule", action="append", help="only the rule(s) with this name")
-    c.add_argument("-n", type=int, default=48, help="random instances per rule (default 48)")
+    c.add_argument("-n", type=int, default=64, help="random instances per rule, per direction of a birewrite "
+                                                    "(default 64; the first 24 take only special values)")
+    c.add_argument("--rtol", type=float, default=1e-5,
+                   help="relative tolerance of float comparisons (default 1e-5; `;; check: exact` rules use none)")
+    c.add_argument("--atol", type=float, default=1e-6, help="absolute tolerance of float comparisons (default 1e-6)")
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--strict", action="store_true", help="fail on rules no instance could exercise")
     c.add_argument("-v", "--verbose", action="store_true", help="print sound rules too")
