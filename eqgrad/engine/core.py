@@ -146,6 +146,7 @@ def _compile(prog: Program, rules: RuleConfig, extraction: ExtractSettings | Non
             report.eclasses = len(g.classes)
         if report.stop_reason != "completed":
             _warn_saturation(report, g is not None)
+        _report_unmatched(report, rules)
     else:
         report = SaturationReport("skipped", detail="EQGRAD_OPT=0")
     if g is None:
@@ -241,6 +242,25 @@ def _verify_stored(plan: KernelPlan, prog: Program) -> None:
     if (err := diskcache.plan_mismatch(plan, prog)) is not None:
         raise AssertionError(f"the compiled plan does not fit its program (diskcache.plan_mismatch): {err}\n"
                              f"{plan.describe()}")
+
+
+_UNMATCHED_REPORTED: set[tuple[str, str]] = set()     # (rule name, file:line) reported once per process
+
+
+def _report_unmatched(report: SaturationReport, rules: Any) -> None:
+    """Warn, once per rule, about a user rule that matched nothing in a completed saturation (its
+    phase named): a pattern that never fits the program as the phase sees it is usually written
+    against another form (docs/rulebooks.md, "Phases")."""
+    if report.stop_reason != "completed" or not getattr(rules, "user_rules", ()):
+        return
+    m = report.matches
+    for name, phase, where in rules.user_rules:
+        if m.get(name, 0) == 0 and (name, where) not in _UNMATCHED_REPORTED:
+            _UNMATCHED_REPORTED.add((name, where))
+            warnings.warn(f"eqgrad: your rule {name!r} ({where}), run in phase {phase!r}, matched nothing in this "
+                          f"program (its through-Realize variants included; reported once). Check the pattern "
+                          f"against `python -m eqgrad rules dump` and explain(); DEBUG=3 prints matches per rule",
+                          EqgradWarning, stacklevel=4)
 
 
 def _warn_saturation(report: SaturationReport, have_egraph: bool, stacklevel: int = 7) -> None:

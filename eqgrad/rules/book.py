@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import importlib.resources
 import re
 from dataclasses import dataclass, field
@@ -170,6 +171,61 @@ def check_terms(e: SExpr, where: str, rule: str, constructors: dict[str, Any]) -
                                 f"{head.name!r} to a tensor; the IR's tensor op is {twin}")
     for a in args if isinstance(head, Sym) else e.items:
         check_terms(a, ln, rule, constructors)
+
+
+REALIZE_VARIANTS_MAX = 15      # through-Realize variants generated per rewrite direction (below)
+REALIZE_SUFFIX = "~realize"    # their names: the user's rule name, this, a number
+
+
+def _wrap_paths(e: SExpr, path: tuple[int, ...] = ()) -> list[tuple[int, ...]]:
+    """Paths of the constructor calls nested in tensor argument slots of ``e`` (not inside or at
+    a Realize/Contiguous): the children a program inserted unfused wraps in ``Realize``."""
+    if not isinstance(e, SList) or not e.items or not isinstance(e.items[0], Sym):
+        return []
+    o = next((o for o in OPS.values() if o.egg == e.items[0].name), None)
+    if o is None or o.kind == "boundary":
+        return []
+    out = []
+    for i, a in enumerate(e.items[1:1 + o.arity], start=1):
+        if isinstance(a, SList) and a.items and isinstance(a.items[0], Sym) and a.items[0].name in \
+                {p.egg for p in OPS.values() if p.kind != "boundary"}:
+            out.append(path + (i,))
+            out += _wrap_paths(a, path + (i,))
+    return out
+
+
+def _wrapped(e: SExpr, paths: set[tuple[int, ...]], path: tuple[int, ...] = ()) -> SExpr:
+    if not isinstance(e, SList):
+        return e
+    items = [_wrapped(a, paths, path + (i,)) if i else a for i, a in enumerate(e.items)]
+    out = SList(items, e.line)
+    return SList([Sym("Realize"), out], e.line) if path in paths else out
+
+
+def through_realize(rules: list[Rule]) -> str:
+    """Rewrites that let a user's rules match the program as it is inserted (docs/rulebooks.md,
+    "Phases"): every argument of every op is wrapped in ``Realize`` until the fusion phase, so a
+    pattern ``(Mul (Exp2 a) (Exp2 b))`` matches nothing in the movement and algebra phases. For
+    each rewrite (both directions of a birewrite) this adds the variants whose nested constructor
+    calls are wrapped in ``Realize`` (every non-empty subset, at most REALIZE_VARIANTS_MAX), with
+    the same right side and guards, named ``NAME~realize1``, .... They are sound when the rule is:
+    ``Realize`` is the identity on values. ``rule`` forms are left as written."""
+    out = []
+    for r in rules:
+        if r.kind not in ("rewrite", "birewrite") or r.rhs is None:
+            continue
+        when = f" :when ({' '.join(to_text(g) for g in r.guards)})" if r.guards else ""
+        k = 0
+        for lhs, rhs in [(r.lhs, r.rhs)] + ([(r.rhs, r.lhs)] if r.kind == "birewrite" else []):
+            paths = _wrap_paths(lhs)
+            subsets = [s for n in range(1, len(paths) + 1) for s in itertools.combinations(paths, n)]
+            if len(subsets) > REALIZE_VARIANTS_MAX:      # the all-wrapped form and each single wrap
+                subsets = [tuple(paths)] + [(p,) for p in paths][:REALIZE_VARIANTS_MAX - 1]
+            for s in subsets:
+                k += 1
+                out.append(f"(rewrite {to_text(_wrapped(lhs, set(s)))} {to_text(rhs)}{when} "
+                           f":ruleset {r.ruleset} :name \"{r.name}{REALIZE_SUFFIX}{k}\")")
+    return "\n".join(out)
 
 
 def _annotations(comments: list[str]) -> set[str]:
@@ -343,6 +399,7 @@ class RuleConfig:
     schedule_text: str = ""                         # the schedule's validated text (placeholders unresolved)
     generated: bool = True                          # the generated families (families.py) load first;
                                                     # False: the rulebooks hold them (a `rules dump`)
+    user_rules: tuple[tuple[str, str, str], ...] = ()   # (name, phase, file:line) of the user's rules
 
     def __post_init__(self) -> None:
         if self.rulebooks and not self.texts:
@@ -401,8 +458,9 @@ def without_rule(cfg: RuleConfig, name: str) -> tuple[RuleConfig | None, str]:
         where = ""
         for f in forms:
             kw = keyword_args(f, 3) if f.head != "ruleset" else {}
-            if isinstance(kw.get(":name"), Str) and kw[":name"].value == name:
-                where = f"{path}:{f.line}"
+            if isinstance(kw.get(":name"), Str) and (kw[":name"].value == name or
+                                                     kw[":name"].value.startswith(name + REALIZE_SUFFIX)):
+                where = where or f"{path}:{f.line}"          # the rule itself (its variants follow it)
                 continue
             keep.append(to_text(f))
         if where:

@@ -23,7 +23,7 @@ from eqgrad import config
 from eqgrad.rules.book import (BUILTIN_RULEBOOKS, DEFAULT_PHASE, DEFAULT_SCHEDULE, RULEBOOK_DIR, Rule,
                                Rulebook, RuleConfig, builtin_config, builtin_paths, load_rulebook,
                                parse_rulebook, read_rulebook_text, read_schedule, read_schedule_text,
-                               resolve_schedule, split_schedule, without_rule)
+                               resolve_schedule, split_schedule, through_realize, without_rule)
 from eqgrad.rules.families import generated_rulebooks
 from eqgrad.rules.saturate import default_saturator
 from eqgrad.rules.sexpr import RulebookError
@@ -34,12 +34,32 @@ __all__ = ["BUILTIN_RULEBOOKS", "DEFAULT_PHASE", "DEFAULT_SCHEDULE", "RULEBOOK_D
            "use_schedule", "using", "unuse", "validate", "without_rule"]
 
 
-def phase_commands(rulesets: list[str], iterations: int = 4) -> str:
+def phase_commands(rulesets: list[str], iterations: int = 4, rerun: list[str] = ()) -> str:
     """Commands that run a user rulebook's rulesets inside a phase: bounded repeats, each run
-    stopping early once the e-graph reaches the node limit (checked between iterations)."""
+    stopping early once the e-graph reaches the node limit (checked between iterations). After the
+    user's rulesets, each round re-runs ``rerun`` -- the built-in rulesets of the schedule's phases
+    up to this one (``schedule_rulesets``) -- over what they added, so a user rule's output is
+    simplified, moved and fused as the program's own terms were (fusion to saturation)."""
     limit = config.EGRAPH_NODES.value
-    runs = " ".join(f"(run {r} :until (>= (get-size!) {limit}))" for r in rulesets)
-    return f"(run-schedule (repeat {iterations} (seq {runs} (saturate analysis))))"
+    until = f":until (>= (get-size!) {limit})"
+    runs = " ".join(f"(run {r} {until})" for r in rulesets)
+    again = " ".join(f"(run {r} {until})" for r in rerun if r != "fusion")
+    fuse = " (saturate (seq (run fusion) (saturate analysis)))" if "fusion" in rerun else ""
+    return f"(run-schedule (repeat {iterations} (seq {runs} (saturate analysis) {again} (saturate analysis){fuse})))"
+
+
+_RUN = re.compile(r"\(run(?:-with\s+\S+)?\s+([\w-]+)")
+
+
+def schedule_rulesets(phases: list[tuple[str, str]], phase: str) -> list[str]:
+    """The rulesets the schedule runs in its phases up to and including ``phase`` (not analysis,
+    which every round saturates), in first-run order."""
+    out: list[str] = []
+    for name, text in phases:
+        out += [r for r in _RUN.findall(text) if r not in out and r != "analysis"]
+        if name == phase:
+            break
+    return out
 
 
 def _env_rulebooks() -> list[tuple[Rulebook, str]]:
@@ -159,21 +179,28 @@ def _make_config(api_user: list[tuple[Rulebook, str, int]], schedule: tuple[Path
         sched = Path(os.environ.get("EQGRAD_SCHEDULE") or DEFAULT_SCHEDULE)
         sched_text = read_schedule_text(sched)
     user = _env_rulebooks() + list(api_user)
-    phases = {n for n, _ in split_schedule(sched_text, str(sched))}
+    split = split_schedule(resolve_schedule(sched_text, str(sched)), str(sched))
+    phases = {n for n, _ in split}
     extra = []
     for rb, phase, iterations in user:
         if phase not in phases:
             raise RulebookError(f"{rb.path}: phase {phase!r} is not in the schedule {sched} (phases: {sorted(phases)})")
-        extra.append((phase, phase_commands(rb.rulesets, iterations)))
+        extra.append((phase, phase_commands(rb.rulesets, iterations, schedule_rulesets(split, phase))))
     paths = [str(p) for p in builtin_paths()] + [str(rb.path) for rb, _, _ in user]
-    texts = [read_rulebook_text(p) for p in builtin_paths()] + [rb.text for rb, _, _ in user]
+    # a user rulebook runs with its through-Realize variants (book.through_realize), so its patterns
+    # match the program as inserted, before fusion as well as after
+    texts = [read_rulebook_text(p) for p in builtin_paths()] + \
+        [rb.text + "\n;; generated: the rules above, matching through Realize\n" + through_realize(rb.rules)
+         for rb, _, _ in user]
+    user_rules = tuple((r.name, phase, r.where) for rb, phase, _ in user for r in rb.rules)
     h = hashlib.sha256()
     # the texts the worker loads, each read once; the schedule as run (its {FLAG}s substituted)
     for t in [generated_rulebooks()] + texts + [resolve_schedule(sched_text, str(sched))]:
         h.update(hashlib.sha256(t.encode()).digest())
     for ph, cmd in extra:
         h.update((ph + cmd).encode())
-    return RuleConfig(tuple(paths), str(sched), tuple(extra), h.hexdigest()[:16], tuple(texts), sched_text)
+    return RuleConfig(tuple(paths), str(sched), tuple(extra), h.hexdigest()[:16], tuple(texts), sched_text,
+                      user_rules=user_rules)
 
 
 def use(path: str | Path, phase: str = DEFAULT_PHASE, iterations: int = 4) -> Rulebook:

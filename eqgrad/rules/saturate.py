@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Callable
 
 from eqgrad import config
-from eqgrad.rules.book import BUILTIN_RULEBOOKS, RULEBOOK_DIR, RuleConfig, builtin_config, split_schedule
+from eqgrad.rules.book import BUILTIN_RULEBOOKS, REALIZE_SUFFIX, RULEBOOK_DIR, RuleConfig, builtin_config, split_schedule
 from eqgrad.rules.families import generated_rulebooks
 from eqgrad.rules.ir import declarations
 from eqgrad.rules import launch
@@ -79,19 +79,22 @@ class SaturationReport:
 
     @property
     def matches(self) -> dict[str, int]:
-        """Matches per rule name, over all phases."""
+        """Matches per rule name, over all phases (a user rule's through-Realize variants,
+        ``NAME~realizeK``, count as NAME: rulebook.through_realize)."""
         out: dict[str, int] = {}
         for p in self.phases:
             for k, v in p.matches.items():
+                k = k.split(REALIZE_SUFFIX)[0]
                 out[k] = out.get(k, 0) + v
         return out
 
     @property
     def rule_seconds(self) -> dict[str, float]:
-        """Search-and-apply time per rule name, over all phases."""
+        """Search-and-apply time per rule name, over all phases (variants as in ``matches``)."""
         out: dict[str, float] = {}
         for p in self.phases:
             for k, v in p.rule_seconds.items():
+                k = k.split(REALIZE_SUFFIX)[0]
                 out[k] = out.get(k, 0.0) + v
         return out
 
