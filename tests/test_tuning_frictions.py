@@ -73,3 +73,38 @@ def test_save_renders_the_suffix_format(tmp_path):
     assert png.suffix == ".png" and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (tmp_path / "p.dot").exists()
     assert e.save(tmp_path / "p.pdf").read_bytes()[:4] == b"%PDF"
+
+
+def test_experiment_programs_from_the_command_line(tmp_path, monkeypatch):
+    from eqgrad.tools.cli import experiment_programs, load_callable
+    with pytest.raises(ValueError, match=r"unknown program 'foo'; the built-in ones are softmax, layernorm"):
+        experiment_programs("foo")                       # it ran the defaults silently
+    assert list(experiment_programs("softmax,layernorm")) == ["softmax", "layernorm"]
+    (tmp_path / "myprogs.py").write_text("import numpy as np\nfrom eqgrad import Tensor\n"
+                                         "def relu_sum():\n    return Tensor(np.ones((4, 4), np.float32)).relu().sum(1)\n"
+                                         "def cost(stats, params):\n    return stats.nbytes / params.bandwidth\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    progs = experiment_programs("myprogs:relu_sum")
+    (out,) = progs["myprogs:relu_sum"]()
+    assert out.tolist() == [4.0] * 4
+    assert load_callable("myprogs:cost", "--cost").__name__ == "cost"
+    for bad, msg in (("myprogs:nope", "has no function 'nope'"), ("nomodule_xyz:f", "cannot import"),
+                     ("myprogs", "expected module:function")):
+        with pytest.raises(ValueError, match=msg):
+            load_callable(bad, "--cost")
+
+
+def test_rules_stats_runs_examples_with_their_own_argv(tmp_path, monkeypatch):
+    from eqgrad.tools.stats import run_corpus
+    import eqgrad.tools.stats as stats_mod
+    monkeypatch.setattr(stats_mod, "corpus", lambda: {})
+    ex = tmp_path / "examples"
+    ex.mkdir()
+    (ex / "a_args.py").write_text("import argparse, sys\nargparse.ArgumentParser().parse_args()\n"
+                                  "open(sys.argv[0] + '.ran', 'w').write(' '.join(sys.argv[1:]))\n")
+    (ex / "b_extra.py").write_text("import not_installed_extra_xyz\n")
+    monkeypatch.setattr("sys.argv", ["python -m eqgrad", "rules", "stats", "--top", "3"])
+    st = run_corpus(examples=ex)
+    assert (ex / "a_args.py.ran").read_text() == ""        # it did not see `rules stats --top 3`
+    assert "ModuleNotFoundError" in st.skipped["b_extra.py"] and "a_args.py" not in st.skipped
+    assert "skipped b_extra.py: ModuleNotFoundError" in st.report([])

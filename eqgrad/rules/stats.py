@@ -26,6 +26,7 @@ class RuleStats:
     phase_seconds: dict[str, float] = field(default_factory=dict)
     saturations: int = 0
     stops: dict[str, int] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)      # programs (examples) that could not run, and why
 
     def add(self, rep: SaturationReport) -> None:
         self.saturations += 1
@@ -53,6 +54,8 @@ class RuleStats:
                          f"{self.programs.get(n, 0)} programs")
         never = self.never_matched(names)
         lines.append(f"never matched ({len(never)}): " + (", ".join(never) if never else "-"))
+        for name, why in self.skipped.items():
+            lines.append(f"skipped {name}: {why[:200]}")
         return "\n".join(lines)
 
     def by_source(self, groups: dict[str, list[str]]) -> str:

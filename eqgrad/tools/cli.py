@@ -91,21 +91,64 @@ def _tune_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def load_callable(spec: str, what: str):
+    """``module:function`` imported (the working directory is importable), or a ValueError that
+    says what went wrong."""
+    import importlib
+    mod, sep, name = spec.partition(":")
+    if not sep or not mod or not name:
+        raise ValueError(f"{what} {spec!r}: expected module:function")
+    if "" not in sys.path:
+        sys.path.insert(0, "")
+    try:
+        m = importlib.import_module(mod)
+    except ImportError as e:
+        raise ValueError(f"{what} {spec!r}: cannot import {mod!r} ({e})") from None
+    fn = getattr(m, name, None)
+    if not callable(fn):
+        raise ValueError(f"{what} {spec!r}: {mod} has no function {name!r}")
+    return fn
+
+
+def experiment_programs(spec: str) -> dict:
+    """``--programs``: comma-separated built-in names (``default_programs``) or ``module:function``
+    (a function of no arguments returning the Tensor or list of Tensors to plan); an unknown name
+    is a ValueError naming the known ones (it used to run the defaults silently)."""
+    from eqgrad.tools.experiments import default_programs
+    known = default_programs()
+    if not spec:
+        return known
+    out = {}
+    for item in [s.strip() for s in spec.split(",") if s.strip()]:
+        if ":" in item:
+            fn = load_callable(item, "--programs")
+            out[item] = (lambda f: lambda: (lambda r: list(r) if isinstance(r, (list, tuple)) else [r])(f()))(fn)
+        elif item in known:
+            out[item] = known[item]
+        else:
+            raise ValueError(f"--programs: unknown program {item!r}; the built-in ones are {', '.join(known)}, "
+                             "or give module:function")
+    return out
+
+
 def _tune_experiment(args: argparse.Namespace) -> int:
     import json
     from dataclasses import replace
     from eqgrad.extract.cost import params_for
-    from eqgrad.tools.experiments import default_programs, format_table, plot, rows_to_json, run_experiment
-    progs = default_programs()
-    if args.programs:
-        progs = {k: v for k, v in progs.items() if k in args.programs.split(",")}
+    from eqgrad.tools.experiments import format_table, plot, rows_to_json, run_experiment
+    try:
+        progs = experiment_programs(args.programs)
+        cost_fn = load_callable(args.cost, "--cost") if args.cost else None
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     base = params_for(args.device)
     settings = {"default": None}
     if args.sweep:
         settings.update({"launch x10": replace(base, launch=base.launch * 10),
                          "flops/10": replace(base, peak=base.peak / 10)})
     rows = run_experiment(progs, tuple(args.extractors.split(",")), settings, args.device, args.reps,
-                          progress=not args.no_progress)
+                          progress=not args.no_progress, cost_fn=cost_fn)
     print(format_table(rows))
     if args.plot:
         print(f"plot: {plot(rows, args.plot)}")
@@ -200,7 +243,9 @@ def main(argv: list[str] | None = None) -> int:
     cal.add_argument("--dry-run", action="store_true", help="measure and print, do not save")
     cal.set_defaults(fn=_tune_calibrate)
     ex = tune.add_parser("experiment", help="plan programs with several extractors; predicted vs measured")
-    ex.add_argument("--programs", default="", help="comma-separated: softmax,layernorm,attention,mlp_step")
+    ex.add_argument("--programs", default="", help="comma-separated: softmax,layernorm,attention,mlp_step, or "
+                    "module:function (returns the Tensor(s) to plan)")
+    ex.add_argument("--cost", default="", help="a cost function module:function (stats, params) -> seconds")
     ex.add_argument("--extractors", default="greedy,improve,ilp,measured")
     ex.add_argument("--device", default="LLVM")
     ex.add_argument("--reps", type=int, default=5)

@@ -69,7 +69,8 @@ def _time_plan(plan, device: str, reps: int) -> float:
 def run_experiment(programs: dict[str, Callable[[], list]] | None = None,
                    extractors: tuple[str, ...] = ("greedy", "improve", "ilp", "measured"),
                    settings: dict[str, DeviceParams | None] | None = None, device: str = "LLVM",
-                   reps: int = 5, candidates: int = 6, progress: bool = True) -> list[Row]:
+                   reps: int = 5, candidates: int = 6, progress: bool = True,
+                   cost_fn: Callable | None = None) -> list[Row]:
     programs = programs or default_programs()
     settings = settings or {"default": None}
     jobs = [(p, s, e) for p in programs for s in settings for e in extractors]
@@ -77,7 +78,7 @@ def run_experiment(programs: dict[str, Callable[[], list]] | None = None,
     rows: list[Row] = []
     for pname, fn in programs.items():
         for sname, params in settings.items():
-            with using(params={device: params} if params else None):
+            with using(params={device: params} if params else None, cost_fn=cost_fn):
                 for ex in extractors:
                     with using(extractor=ex):
                         outs = fn()
