@@ -85,6 +85,7 @@ class GreedyExtractor:
         self.time_limit = time_limit      # seconds of local search (None: no limit); then the best plan so far
         self.ev = PlanEvaluator(g, cost, inputs)
         self.max_passes, self.keep = max_passes, keep_candidates
+        self.greedy_plan: tuple[Choice, Evaluation] | None = None      # improve: greedy's own plan, once found
         self.realize_of: dict[int, int] = {}
         self.variants: list[dict[tuple, ENode]] = []
         # consumers[k]: the classes with a node that has child k (a toggle visits only these)
@@ -333,6 +334,7 @@ class GreedyExtractor:
             seen2 = _Rejected() if self.skip_rejected and not self.keep else None
             st2 = PlanState(self.ev, start, start_ev)
             st2, cur2, stopped = self._search(st2, start_ev, False, GreedyExtractor.DEFAULT_PASSES, deadline, seen2)
+            self.greedy_plan = (dict(st2.choice), cur2) if not stopped else None     # (the measured extractor's)
             if not stopped:
                 st2, cur2, stopped = self._search(st2, cur2, True, self.max_passes, deadline, seen2)
             if cur2.total < cur.total * (1 - 1e-9):

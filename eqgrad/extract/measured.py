@@ -1,8 +1,11 @@
 """The measured extractor: time the best few candidate plans on the device, keep the fastest.
 
 Candidates are the distinct legal plans the local search (greedy + flips + toggles) costed, best
-predicted first. Each of the top ``k`` is compiled and run on random inputs of the right shapes
-(median of a few runs). The winner is cached on disk by graph structure, active rules and device
+predicted first, and greedy's own plan. Each is compiled and run on random inputs of the right
+shapes, in rounds (each a median of a few runs) until the fastest beats the others beyond noise
+(its median below their fastest sample; 3 to 7 rounds); a winner that is not faster beyond noise
+than the best predicted plan gives way to that plan, and a plan measured slower than greedy's to
+greedy's. The winner is cached on disk by graph structure, active rules and device
 (``~/.cache/eqgrad/measured.json``, written atomically, versioned; a corrupt or stale entry is
 ignored and measured again), like tinygrad's BEAM cache.
 """
@@ -11,13 +14,15 @@ from __future__ import annotations
 import hashlib
 from typing import Callable
 
+import numpy as np
+
 from eqgrad.cache import JsonCache, check_fields
 from eqgrad.extract.cost import CostModel
 from eqgrad.extract.egraph import EGraph
 from eqgrad.extract.evaluate import Choice
 from eqgrad.extract.greedy import ImproveExtractor, Result
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2      # 2: winners are never slower than greedy (a version 1 entry may be)
 
 
 def choice_signature(g: EGraph, choice: Choice, reachable: set[int]) -> str:
@@ -57,15 +62,54 @@ class MeasuredExtractor(ImproveExtractor):
                 choice = cands[sigs.index(hit["signature"])][1]
                 res.info.update(measured="cache hit", seconds=hit.get("seconds"))
                 return Result(choice, self.ev.evaluate(choice), self.name, res.alternatives_of, cands, res.info)
-        times = []
-        for i, (_, choice) in enumerate(cands):
-            times.append(self.measure(choice))
-            if self.progress:
-                self.progress(i + 1, len(cands))
-        best = min(range(len(cands)), key=lambda i: times[i])
+        # greedy's own plan is always measured: the winner is never a plan slower than it
+        g = self.greedy_plan
+        if g is not None:
+            gsig = choice_signature(self.g, g[0], self.ev.reachable(g[0]))
+            if gsig not in sigs:
+                cands, sigs = cands + [(g[1].total, g[0])], sigs + [gsig]
+        gi = sigs.index(gsig) if g is not None else None
+        samples, rounds, verdict = self._rounds(cands)
+        med = [float(np.median(t)) for t in samples]
+        best = min(range(len(cands)), key=lambda i: med[i])
+        model = 0                                        # the best predicted
+        if best != model and not _beats(samples[best], samples[model]):
+            best, verdict = model, "kept the model's choice: no candidate was faster beyond noise"
+        if gi is not None and best != gi and _beats(samples[gi], samples[best]):
+            best, verdict = gi, "greedy's plan: the choice measured slower than it beyond noise"
         choice = cands[best][1]
-        res.info.update(measured=[(round(p * 1e6, 1), round(t * 1e6, 1)) for (p, _), t in zip(cands, times)],
-                        picked=best)
+        res.info.update(measured=[(round(p * 1e6, 1), round(m * 1e6, 1)) for (p, _), m in zip(cands, med)],
+                        picked=best, rounds=rounds, verdict=verdict,
+                        spread=[round((max(t) - min(t)) * 1e6, 1) for t in samples])
         if self.cache_key:
-            CACHE.put(self.cache_key, dict(signature=sigs[best], seconds=times[best]))
+            CACHE.put(self.cache_key, dict(signature=sigs[best], seconds=med[best]))
         return Result(choice, self.ev.evaluate(choice), self.name, res.alternatives_of, cands, res.info)
+
+    def _rounds(self, cands: list) -> tuple[list[list[float]], int, str]:
+        """Each candidate measured once per round (a measurement is itself a median of a few runs),
+        in alternating order, until the fastest median beats every other candidate beyond noise
+        (ROUNDS_MIN rounds at least, ROUNDS_MAX at most): the samples, rounds and a verdict."""
+        samples: list[list[float]] = [[] for _ in cands]
+        done = 0
+        for r in range(ROUNDS_MAX):
+            order = range(len(cands)) if r % 2 == 0 else reversed(range(len(cands)))
+            for i in order:
+                samples[i].append(self.measure(cands[i][1]))
+                done += 1
+                if self.progress:
+                    self.progress(done, len(cands) * ROUNDS_MAX)
+            if r + 1 >= ROUNDS_MIN:
+                med = [float(np.median(t)) for t in samples]
+                best = min(range(len(cands)), key=lambda i: med[i])
+                if all(_beats(samples[best], samples[i]) for i in range(len(cands)) if i != best):
+                    return samples, r + 1, "fastest beyond noise"
+        return samples, ROUNDS_MAX, "no candidate fastest beyond noise"
+
+
+ROUNDS_MIN, ROUNDS_MAX = 3, 7      # measurement rounds of the candidates (MeasuredExtractor._rounds)
+
+
+def _beats(a: list[float], b: list[float]) -> bool:
+    """``a`` faster than ``b`` beyond noise: a's median below b's fastest sample (the noise of a
+    shared machine only adds time, so b's fastest is b at its best)."""
+    return float(np.median(a)) < min(b)
