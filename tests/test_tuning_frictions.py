@@ -108,3 +108,29 @@ def test_rules_stats_runs_examples_with_their_own_argv(tmp_path, monkeypatch):
     assert (ex / "a_args.py.ran").read_text() == ""        # it did not see `rules stats --top 3`
     assert "ModuleNotFoundError" in st.skipped["b_extra.py"] and "a_args.py" not in st.skipped
     assert "skipped b_extra.py: ModuleNotFoundError" in st.report([])
+
+
+def test_experiment_rows_carry_status_runs_and_a_csv(tmp_path):
+    import csv
+    from eqgrad.tools.experiments import format_table, rows_to_csv, rows_to_json, run_experiment
+    x = Tensor(np.random.default_rng(0).standard_normal((64, 128)).astype(np.float32))
+    rows = run_experiment({"sm": lambda: [x.softmax(-1)]}, ("greedy", "ilp"), device="LLVM", reps=3,
+                          candidates=2, progress=False)
+    main = {r.extractor: r for r in rows if not r.candidate}
+    assert main["greedy"].status == "complete" and len(main["greedy"].runs) == 3
+    assert main["ilp"].status.split(":")[0] in ("optimal", "time limit (best found)", "fallback to greedy", "skipped")
+    table = format_table(rows)
+    assert "status" in table and main["ilp"].status in table and "pools programs" in table
+    assert rows_to_json(rows)[0]["spread"] == main["greedy"].spread >= 0
+    with open(rows_to_csv(rows, str(tmp_path / "r.csv"))) as f:
+        lines = list(csv.DictReader(f))
+    assert len(lines) == sum(len(r.runs) for r in rows) and {"run", "seconds", "status"} <= set(lines[0])
+
+
+def test_explain_shows_the_extractors_status():
+    from eqgrad.extract import using
+    x = Tensor(np.ones((32, 64), np.float32))
+    with using(extractor="ilp"):
+        text = str(eqgrad.explain(x.softmax(-1)))
+    assert "(extractor ilp [" in text
+    assert any(s in text for s in ("[optimal]", "[time limit", "[fallback to greedy", "[skipped"))

@@ -292,6 +292,11 @@ def _from_disk(hit: tuple[KernelPlan, SaturationReport, str], dev: Any, t0: floa
 def time_plan(plan: KernelPlan, device: str, reps: int = 3) -> float:
     """Median seconds of one run of ``plan`` on ``device``, on random inputs of its input shapes
     (after one warm-up run). Used by the measured extractor and the experiments."""
+    return float(np.median(time_plan_runs(plan, device, reps)))
+
+
+def time_plan_runs(plan: KernelPlan, device: str, reps: int = 3) -> list[float]:
+    """Seconds of each of ``reps`` runs of ``plan`` on ``device`` (after one warm-up run)."""
     with COMPILE_LOCK:
         run = get_device(device).prepare(plan)
     rng = np.random.default_rng(0)
@@ -305,7 +310,7 @@ def time_plan(plan: KernelPlan, device: str, reps: int = 3) -> float:
         t0 = time.perf_counter()
         run(bufs)
         ts.append(time.perf_counter() - t0)
-    return float(np.median(ts))
+    return ts
 
 
 def _measure(g: EGraph, choice: Any, specs: list, device: str, n_params: int) -> float:

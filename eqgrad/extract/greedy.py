@@ -65,6 +65,23 @@ class Result:
     _alternatives: list[Alternative] | None = field(default=None, repr=False, compare=False)
 
     @property
+    def status(self) -> str:
+        """How the extractor ended, in words: the ILP's "optimal" / "time limit (best found)" /
+        "fallback to greedy: WHY" / "skipped: WHY", the measured extractor's verdict, a local
+        search's "stopped: time limit ..." or "complete" -- so that a plan labelled "ilp" that is
+        greedy's says so (issue 17)."""
+        i = self.info
+        if "ilp" in i:
+            return i["ilp"] + (f": {i['why']}" if i.get("why") and i["ilp"] in ("fallback to greedy", "skipped") else "")
+        if "verdict" in i:
+            return str(i["verdict"])
+        if isinstance(i.get("measured"), str):
+            return i["measured"]
+        if i.get("stopped"):
+            return f"stopped: {i['stopped']}"
+        return "complete"
+
+    @property
     def alternatives(self) -> list[Alternative]:
         """Single moves away from the chosen plan, best legal first (computed once, on first use)."""
         if self._alternatives is None:

@@ -135,7 +135,7 @@ def _tune_experiment(args: argparse.Namespace) -> int:
     import json
     from dataclasses import replace
     from eqgrad.extract.cost import params_for
-    from eqgrad.tools.experiments import format_table, plot, rows_to_json, run_experiment
+    from eqgrad.tools.experiments import format_table, plot, rows_to_csv, rows_to_json, run_experiment
     try:
         progs = experiment_programs(args.programs)
         cost_fn = load_callable(args.cost, "--cost") if args.cost else None
@@ -155,6 +155,8 @@ def _tune_experiment(args: argparse.Namespace) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows_to_json(rows), f, indent=1)
+    if args.csv:
+        print(f"csv: {rows_to_csv(rows, args.csv)}")
     return 0
 
 
@@ -251,7 +253,8 @@ def main(argv: list[str] | None = None) -> int:
     ex.add_argument("--reps", type=int, default=5)
     ex.add_argument("--sweep", action="store_true", help="also run with 10x launch overhead and 1/10 peak")
     ex.add_argument("--plot", default="", help="save a predicted-vs-measured plot (PNG) here")
-    ex.add_argument("--json", default="")
+    ex.add_argument("--json", default="", help="every row, with each timed run, as JSON here")
+    ex.add_argument("--csv", default="", help="one line per timed run, as CSV here")
     ex.add_argument("--no-progress", action="store_true")
     ex.set_defaults(fn=_tune_experiment)
     fz = sub.add_parser("fuzz", help="random programs through the whole pipeline, compared with NumPy")

@@ -16,7 +16,7 @@ import numpy as np
 
 from eqgrad.extract.cost import DeviceParams
 from eqgrad.frontend.tensor import Tensor
-from eqgrad.engine import time_plan
+from eqgrad.engine.core import time_plan_runs
 from eqgrad import engine
 from eqgrad.extract import make_extractor, using
 from eqgrad.extract.plan import build_plan
@@ -31,6 +31,13 @@ class Row:
     predicted: float       # seconds
     measured: float        # seconds (median)
     candidate: bool = False
+    status: str = ""       # how the extractor ended (Result.status: the ILP's optimal / fallback ...)
+    runs: tuple[float, ...] = ()    # every timed run's seconds
+
+    @property
+    def spread(self) -> float:
+        """Seconds between the fastest and the slowest timed run."""
+        return max(self.runs) - min(self.runs) if self.runs else 0.0
 
 
 def default_programs() -> dict[str, Callable[[], list]]:
@@ -62,8 +69,9 @@ def default_programs() -> dict[str, Callable[[], list]]:
             "mlp_step": mlp_step}
 
 
-def _time_plan(plan, device: str, reps: int) -> float:
-    return time_plan(plan, device, reps)
+def _time_plan(plan, device: str, reps: int) -> tuple[float, ...]:
+    """Every timed run's seconds (the median is the row's ``measured``)."""
+    return tuple(time_plan_runs(plan, device, reps))
 
 
 def run_experiment(programs: dict[str, Callable[[], list]] | None = None,
@@ -83,8 +91,9 @@ def run_experiment(programs: dict[str, Callable[[], list]] | None = None,
                     with using(extractor=ex):
                         outs = fn()
                         cp, _ = engine.plan_for([o.lazydata for o in outs])
-                    rows.append(Row(pname, sname, ex, len(cp.plan.kernels), cp.plan.predicted,
-                                    _time_plan(cp.plan, device, reps)))
+                    runs = _time_plan(cp.plan, device, reps)
+                    rows.append(Row(pname, sname, ex, len(cp.plan.kernels), cp.plan.predicted, float(np.median(runs)),
+                                    status=cp.result.status if cp.result is not None else "resized plan", runs=runs))
                     bar.update(1)
                 # candidate plans of the local search, for the rank correlation
                 outs = fn()
@@ -95,8 +104,9 @@ def run_experiment(programs: dict[str, Callable[[], list]] | None = None,
                 r = res.extract()
                 for total, choice in r.candidates:
                     plan = build_plan(cp.egraph, choice, specs, res.ev.evaluate(choice).kernels)
-                    rows.append(Row(pname, sname, "candidate", len(plan.kernels), total,
-                                    _time_plan(plan, device, reps), candidate=True))
+                    runs = _time_plan(plan, device, reps)
+                    rows.append(Row(pname, sname, "candidate", len(plan.kernels), total, float(np.median(runs)),
+                                    candidate=True, runs=runs))
                 bar.update(1)
     bar.close()
     return rows
@@ -111,19 +121,20 @@ def rank_correlation(rows: list[Row]) -> float:
 
 
 def format_table(rows: list[Row]) -> str:
-    lines = [f"{'program':<10} {'setting':<9} {'extractor':<10} {'kernels':>7} {'predicted':>12} {'measured':>12}",
-             "-" * 66]
+    lines = [f"{'program':<10} {'setting':<9} {'extractor':<10} {'kernels':>7} {'predicted':>12} {'measured':>12} "
+             f"{'spread':>9}  status", "-" * 100]
     for r in rows:
         if r.candidate:
             continue
         lines.append(f"{r.program:<10} {r.setting:<9} {r.extractor:<10} {r.kernels:>7} "
-                     f"{r.predicted * 1e6:>10.1f}us {r.measured * 1e6:>10.1f}us")
+                     f"{r.predicted * 1e6:>10.1f}us {r.measured * 1e6:>10.1f}us {r.spread * 1e6:>7.1f}us  {r.status}")
     lines.append("")
-    lines.append("rank correlation (Spearman) of predicted vs measured over all plans tried:")
+    lines.append("rank correlation (Spearman) of predicted vs measured, per program (the plans tried for it):")
     for p in dict.fromkeys(r.program for r in rows):
         sub = [r for r in rows if r.program == p]
         lines.append(f"  {p:<10} {rank_correlation(sub):+.2f}  ({len(sub)} plans)")
-    lines.append(f"  {'all':<10} {rank_correlation(rows):+.2f}  ({len(rows)} plans)")
+    lines.append(f"  {'all':<10} {rank_correlation(rows):+.2f}  ({len(rows)} plans; pools programs whose times differ "
+                 "by orders of magnitude, so it is high whatever each program's own: read the rows above)")
     return "\n".join(lines)
 
 
@@ -152,7 +163,23 @@ def plot(rows: list[Row], path: str) -> str:
 
 
 def rows_to_json(rows: list[Row]) -> list[dict]:
-    return [asdict(r) for r in rows]
+    """Every row with every timed run (``runs``), its spread and the extractor's status."""
+    return [dict(asdict(r), spread=r.spread) for r in rows]
+
+
+def rows_to_csv(rows: list[Row], path: str) -> str:
+    """One CSV line per timed run: program, setting, extractor, candidate, kernels, predicted
+    seconds, the row's median, status, run number, the run's seconds."""
+    import csv
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["program", "setting", "extractor", "candidate", "kernels", "predicted_s", "median_s", "status",
+                    "run", "seconds"])
+        for r in rows:
+            for i, t in enumerate(r.runs or (r.measured,)):
+                w.writerow([r.program, r.setting, r.extractor, int(r.candidate), r.kernels, r.predicted, r.measured,
+                            r.status, i, t])
+    return path
 
 
 class _NoBar:

@@ -60,7 +60,8 @@ class Explanation:
         fn = "" if cm.fn is default_cost else \
             f"custom cost function {getattr(cm.fn, '__qualname__', type(cm.fn).__name__)} with "
         lines = [f"plan: {len(self.plan.kernels)} kernel(s), predicted {self.plan.predicted * 1e6:.1f} us on {self.device} "
-                 f"(extractor {res.extractor if res else '?'}; {fn}cost model {p.source}: launch {p.launch * 1e6:.1f} us, "
+                 f"(extractor {res.extractor + ' [' + res.status + ']' if res else '?'}; {fn}cost model {p.source}: "
+                 f"launch {p.launch * 1e6:.1f} us, "
                  f"{p.bandwidth / 1e9:.1f} GB/s, {p.peak / 1e9:.1f} GFLOP/s)",
                  f"saturation: {cp.report.stop_reason}, {cp.report.enodes_before} -> {cp.report.enodes} e-nodes, "
                  f"{cp.report.eclasses} e-classes"]
