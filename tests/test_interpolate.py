@@ -9,7 +9,9 @@ import pytest
 import eqgrad
 from eqgrad import Tensor
 from eqgrad.errors import DTypeError, ShapeError
-from eqgrad.nn.interpolate import Upsample, _linear_index, _nearest_index, interpolate
+from eqgrad.nn import Upsample
+from eqgrad.nn.functional import interpolate
+from eqgrad.nn.interpolate import _linear_index, _nearest_index
 from conftest import data
 from gradcheck import HAVE_TORCH, check_fwd_bwd, torch
 

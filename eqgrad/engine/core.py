@@ -245,20 +245,25 @@ def _verify_stored(plan: KernelPlan, prog: Program) -> None:
 
 
 _UNMATCHED_REPORTED: set[tuple[str, str]] = set()     # (rule name, file:line) reported once per process
+_MATCHED: set[tuple[str, str]] = set()                # user rules that have matched in some saturation
 
 
 def _report_unmatched(report: SaturationReport, rules: Any) -> None:
-    """Warn, once per rule, about a user rule that matched nothing in a completed saturation (its
-    phase named): a pattern that never fits the program as the phase sees it is usually written
-    against another form (docs/rulebooks.md, "Phases")."""
+    """Warn, once per rule, about a user rule that has matched nothing in any saturation of this
+    process so far, at the first completed one it ran in (its phase named): a pattern that never
+    fits the program as the phase sees it is usually written against another form
+    (docs/rulebooks.md, "Phases")."""
     if report.stop_reason != "completed" or not getattr(rules, "user_rules", ()):
         return
     m = report.matches
     for name, phase, where in rules.user_rules:
-        if m.get(name, 0) == 0 and (name, where) not in _UNMATCHED_REPORTED:
+        if m.get(name, 0):
+            _MATCHED.add((name, where))
+        elif (name, where) not in _MATCHED and (name, where) not in _UNMATCHED_REPORTED:
             _UNMATCHED_REPORTED.add((name, where))
             warnings.warn(f"eqgrad: your rule {name!r} ({where}), run in phase {phase!r}, matched nothing in this "
-                          f"program (its through-Realize variants included; reported once). Check the pattern "
+                          f"program (its through-Realize variants included; reported once, unless it matched before). "
+                          f"Check the pattern "
                           f"against `python -m eqgrad rules dump` and explain(); DEBUG=3 prints matches per rule",
                           EqgradWarning, stacklevel=4)
 

@@ -365,5 +365,24 @@ __all__ += conv.__all__
 from eqgrad.nn.attention import MultiheadAttention  # noqa: E402
 __all__ += ["MultiheadAttention"]
 
-from eqgrad.nn.interpolate import Upsample  # noqa: E402
+
+class Upsample(Module):
+    """torch.nn.Upsample: ``F.interpolate`` with fixed ``size`` or ``scale_factor``, ``mode`` and
+    ``align_corners``."""
+
+    def __init__(self, size: Any = None, scale_factor: Any = None, mode: str = "nearest",
+                 align_corners: bool | None = None, recompute_scale_factor: bool | None = None):
+        self.size, self.mode, self.align_corners = size, mode, align_corners
+        self.scale_factor = (tuple(float(s) for s in scale_factor) if isinstance(scale_factor, (list, tuple))
+                             else None if scale_factor is None else float(scale_factor))
+        self.recompute_scale_factor = recompute_scale_factor
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.interpolate(x, self.size, self.scale_factor, self.mode, self.align_corners, self.recompute_scale_factor)
+
+    def __repr__(self) -> str:
+        what = f"size={self.size!r}" if self.scale_factor is None else f"scale_factor={self.scale_factor!r}"
+        return f"Upsample({what}, mode={self.mode!r})"
+
+
 __all__ += ["Upsample"]

@@ -22,7 +22,7 @@ from eqgrad.errors import DTypeError, ShapeError
 from eqgrad.frontend.tensor import Tensor
 from eqgrad.graph.lazy import LazyBuffer
 from eqgrad.lower.passes import LANES_LAST
-from eqgrad.nn.interpolate import interpolate  # noqa: E402,F401  (torch's F.interpolate; its own module)
+from eqgrad.nn import interpolate as _interpolate
 
 IntOr2 = int | Sequence[int]
 
@@ -55,6 +55,14 @@ def log_softmax(x: Tensor, dim: int = -1) -> Tensor: return x.log_softmax(dim)
 
 
 # ------------------------------------------------------------------ linear, convolution, pooling
+
+def interpolate(input: Tensor, size: int | Sequence[int] | None = None, scale_factor: float | Sequence[float] | None = None,
+                mode: str = "nearest", align_corners: bool | None = None, recompute_scale_factor: bool | None = None,
+                antialias: bool = False) -> Tensor:
+    """torch.nn.functional.interpolate (nn/interpolate.py); "area" is adaptive average pooling, as torch."""
+    return _interpolate.interpolate(input, size, scale_factor, mode, align_corners, recompute_scale_factor, antialias,
+                                    area_pool=lambda x, outs: _ADAPTIVE_AVG[x.ndim - 2](x, outs))
+
 
 def pad(input: Tensor, pad: Sequence[int], mode: str = "constant", value: float | None = None) -> Tensor:
     """torch.nn.functional.pad: ``pad`` lists (before, after) amounts from the LAST axis backwards
@@ -477,6 +485,9 @@ def adaptive_avg_pool2d(input: Tensor, output_size: int | Sequence[int | None]) 
 
 def adaptive_avg_pool3d(input: Tensor, output_size: int | Sequence[int | None]) -> Tensor:
     return _adaptive(input, 3, output_size, "adaptive_avg_pool3d", "mean")
+
+
+_ADAPTIVE_AVG = {1: adaptive_avg_pool1d, 2: adaptive_avg_pool2d, 3: adaptive_avg_pool3d}
 
 
 def adaptive_max_pool1d(input: Tensor, output_size: int | Sequence[int], return_indices: bool = False) -> Tensor:

@@ -24,7 +24,6 @@ import numpy as np
 from eqgrad.dtype import float32, float64
 from eqgrad.errors import DTypeError, ShapeError
 from eqgrad.frontend.tensor import Tensor
-from eqgrad.nn.module import Module
 
 MODES = ("nearest", "nearest-exact", "linear", "bilinear", "trilinear", "area")
 _LINEAR = {"linear": 1, "bilinear": 2, "trilinear": 3}
@@ -222,7 +221,7 @@ def _resample(x: Tensor, axis: int, o: int, sf: float | None, mode: str, align_c
 def interpolate(input: Tensor, size: int | Sequence[int] | None = None,
                 scale_factor: float | Sequence[float] | None = None, mode: str = "nearest",
                 align_corners: bool | None = None, recompute_scale_factor: bool | None = None,
-                antialias: bool = False) -> Tensor:
+                antialias: bool = False, area_pool: Any = None) -> Tensor:
     """torch.nn.functional.interpolate over the spatial axes of an (N, C, W), (N, C, H, W) or
     (N, C, D, H, W) input: exactly one of ``size`` (an int or one per spatial axis) and
     ``scale_factor`` (output = floor(input * scale_factor)); ``mode`` "nearest" (torch's legacy
@@ -253,9 +252,11 @@ def interpolate(input: Tensor, size: int | Sequence[int] | None = None,
                          f"{input.ndim}-D input of shape {input.shape} (use mode {other!r} for it)")
     outs, scales = _output_size(input, size, scale_factor, recompute_scale_factor)
     if mode == "area":
-        from eqgrad.nn import functional as F         # NOTE: here, as functional.py imports this module
-        pool = {1: F.adaptive_avg_pool1d, 2: F.adaptive_avg_pool2d, 3: F.adaptive_avg_pool3d}[n]
-        return pool(input, outs)
+        # adaptive average pooling, as torch: functional.interpolate passes its pools (this module is
+        # a floor below functional.py, which imports it)
+        if area_pool is None:
+            raise NotImplementedError("interpolate(): mode 'area' is eqgrad.nn.functional.interpolate's")
+        return area_pool(input, outs)
     dtype = input.dtype
     if mode in _LINEAR and not dtype.is_float:
         raise DTypeError(f"interpolate(): mode {mode!r} needs a floating-point input, got {dtype.name} "
@@ -267,24 +268,4 @@ def interpolate(input: Tensor, size: int | Sequence[int] | None = None,
     return x.cast(dtype)
 
 
-class Upsample(Module):
-    """torch.nn.Upsample: ``interpolate`` with fixed ``size`` or ``scale_factor``, ``mode`` and
-    ``align_corners``."""
-
-    def __init__(self, size: int | Sequence[int] | None = None, scale_factor: float | Sequence[float] | None = None,
-                 mode: str = "nearest", align_corners: bool | None = None,
-                 recompute_scale_factor: bool | None = None):
-        self.size, self.mode, self.align_corners = size, mode, align_corners
-        self.scale_factor = (tuple(float(s) for s in scale_factor) if isinstance(scale_factor, (list, tuple))
-                             else None if scale_factor is None else float(scale_factor))
-        self.recompute_scale_factor = recompute_scale_factor
-
-    def forward(self, x: Tensor) -> Tensor:
-        return interpolate(x, self.size, self.scale_factor, self.mode, self.align_corners, self.recompute_scale_factor)
-
-    def __repr__(self) -> str:
-        what = f"size={self.size!r}" if self.scale_factor is None else f"scale_factor={self.scale_factor!r}"
-        return f"Upsample({what}, mode={self.mode!r})"
-
-
-__all__ = ["interpolate", "Upsample"]
+__all__ = ["interpolate"]
