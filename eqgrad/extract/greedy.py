@@ -342,6 +342,7 @@ class GreedyExtractor:
         # since a skipped move is not remembered as a candidate of the new plan
         seen = _Rejected() if self.skip_rejected and not self.keep else None
         st, cur, stopped = self._search(st, cur, self.flips, self.max_passes, deadline, seen)
+        seen2 = None
         if self.flips and not stopped:
             # NOTE: and again from greedy's own plan (its toggles and passes, then flips as well),
             # keeping the better: moves are only taken when they improve, so improve is never worse
@@ -359,7 +360,8 @@ class GreedyExtractor:
         self._state = st
         choice = dict(st.choice)
         cands = sorted(self._candidates.values(), key=lambda t: t[0])[:self.keep] if self.keep else []
-        info = dict(evaluations=self.ev.evaluations, skipped=seen.skipped if seen is not None else 0)
+        skipped = sum(s.skipped for s in (seen, seen2) if s is not None)
+        info = dict(evaluations=self.ev.evaluations, skipped=skipped)
         return Result(choice, cur, self.name, alternatives_of=lambda: self.alternatives_from(choice),
                       candidates=cands, info=dict(info, **({"stopped": stopped} if stopped else {})))
 
