@@ -268,8 +268,11 @@ def test_measured_extractor_is_cached_on_disk(tmp_path, monkeypatch):
 def test_calibration_is_stored_and_used(tmp_path, monkeypatch):
     monkeypatch.setenv("EQGRAD_CACHE_DIR", str(tmp_path))
     assert params_for("LLVM").source == "default"
-    p = calibrate("LLVM", reps=3)
+    spread: dict = {}
+    p = calibrate("LLVM", reps=2, runs=2, spread=spread)
     assert 0 < p.launch < 1e-3 and p.bandwidth > 1e8 and p.peak > 1e8
+    assert p.source.endswith("(median of 2 runs)") and set(spread) == {"launch", "bandwidth", "peak", "contraction"}
+    assert all(lo <= getattr(p, f) <= hi for f, (lo, hi) in spread.items())      # the median of the runs
     save_calibration("LLVM", p)
     assert params_for("LLVM").source.startswith("calibrated")
     assert json.loads((tmp_path / "calibration.json").read_text())["version"] == 1

@@ -51,9 +51,29 @@ def _launch_in_context(tiny_run: Callable[[], None], device: str, reps: int, rng
     return float(np.median(ts))
 
 
-def calibrate(device: str = "LLVM", reps: int = 7, progress: Callable[[str], None] | None = None) -> DeviceParams:
+FIELDS = ("launch", "bandwidth", "peak", "contraction")
+
+
+def calibrate(device: str = "LLVM", reps: int = 7, progress: Callable[[str], None] | None = None,
+              runs: int = 1, spread: dict | None = None) -> DeviceParams:
     """Measure launch overhead, bandwidth, peak and contraction FLOP/s of ``device`` with small eqgrad
-    kernels (the two rates are the cost model's kernel classes, cost.py)."""
+    kernels (the two rates are the cost model's kernel classes, cost.py). With ``runs`` > 1 the
+    whole measurement is repeated and each parameter is the median of the runs; ``spread`` (a dict)
+    receives each parameter's (min, max) over the runs -- one run on a shared machine gave
+    bandwidths of 3.4 to 5.7 GB/s (issue 17)."""
+    if runs < 1:
+        raise ValueError(f"calibrate(): runs must be >= 1, got {runs}")
+    got = [_calibrate_once(device, reps, np.random.default_rng(i), progress) for i in range(runs)]
+    med = {f: float(np.median([g[f] for g in got])) for f in FIELDS}
+    if spread is not None:
+        spread.update({f: (min(g[f] for g in got), max(g[f] for g in got)) for f in FIELDS})
+    how = f" (median of {runs} runs)" if runs > 1 else ""
+    return replace(DEFAULT_PARAMS.get(device, DeviceParams()), **med,
+                   source=f"calibrated {time.strftime('%Y-%m-%d %H:%M')}{how}")
+
+
+def _calibrate_once(device: str, reps: int, rng: np.random.Generator,
+                    progress: Callable[[str], None] | None) -> dict[str, float]:
     def timed(make: Callable[[], Tensor]) -> tuple[float, Callable[[], None]]:
         run = _prepared(make, device)
         ts = []
@@ -63,7 +83,6 @@ def calibrate(device: str = "LLVM", reps: int = 7, progress: Callable[[str], Non
             ts.append(time.perf_counter() - t0)
         return float(np.median(ts)), run
 
-    rng = np.random.default_rng(0)
     tiny = Tensor(np.ones((1,), np.float32), device=device)
     tight, tiny_run = timed(lambda: tiny + 1)
     n = 1 << 24
@@ -89,6 +108,4 @@ def calibrate(device: str = "LLVM", reps: int = 7, progress: Callable[[str], Non
     peak = 128 * (1 << 18) / max(t_fma - launch, 1e-9)
     if progress:
         progress(f"peak {peak / 1e9:.1f} GFLOP/s, contraction {contraction / 1e9:.1f} GFLOP/s")
-    params = replace(DEFAULT_PARAMS.get(device, DeviceParams()), launch=launch, bandwidth=bandwidth, peak=peak,
-                     contraction=contraction, source=f"calibrated {time.strftime('%Y-%m-%d %H:%M')}")
-    return params
+    return dict(launch=launch, bandwidth=bandwidth, peak=peak, contraction=contraction)

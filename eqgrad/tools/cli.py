@@ -81,9 +81,16 @@ def _rules_dump(args: argparse.Namespace) -> int:
 def _tune_calibrate(args: argparse.Namespace) -> int:
     from eqgrad.tools.calibrate import calibrate
     from eqgrad.extract.cost import save_calibration
-    params = calibrate(args.device, progress=lambda msg: print(f"  {msg}", flush=True))
+    spread: dict = {}
+    params = calibrate(args.device, progress=lambda msg: print(f"  {msg}", flush=True), runs=args.runs, spread=spread)
     print(f"{args.device}: launch {params.launch * 1e6:.1f} us, bandwidth {params.bandwidth / 1e9:.1f} GB/s, "
-          f"peak {params.peak / 1e9:.1f} GFLOP/s, contraction {params.contraction / 1e9:.1f} GFLOP/s")
+          f"peak {params.peak / 1e9:.1f} GFLOP/s, contraction {params.contraction / 1e9:.1f} GFLOP/s"
+          + (f" (median of {args.runs} runs)" if args.runs > 1 else ""))
+    if args.runs > 1:
+        unit = {"launch": (1e6, "us"), "bandwidth": (1e-9, "GB/s"), "peak": (1e-9, "GFLOP/s"),
+                "contraction": (1e-9, "GFLOP/s")}
+        print("  spread (min-max over the runs): " + ", ".join(
+            f"{f} {lo * unit[f][0]:.1f}-{hi * unit[f][0]:.1f} {unit[f][1]}" for f, (lo, hi) in spread.items()))
     if not args.dry_run:
         where = save_calibration(args.device, params)
         print(f"saved to {where}" if where is not None else
@@ -243,6 +250,8 @@ def main(argv: list[str] | None = None) -> int:
     cal = tune.add_parser("calibrate", help="measure launch overhead, bandwidth, peak and contraction FLOP/s of a device")
     cal.add_argument("--device", default="LLVM")
     cal.add_argument("--dry-run", action="store_true", help="measure and print, do not save")
+    cal.add_argument("--runs", type=int, default=3, help="whole measurements; each parameter is their median "
+                     "(the spread is printed)")
     cal.set_defaults(fn=_tune_calibrate)
     ex = tune.add_parser("experiment", help="plan programs with several extractors; predicted vs measured")
     ex.add_argument("--programs", default="", help="comma-separated: softmax,layernorm,attention,mlp_step, or "
