@@ -75,3 +75,16 @@ def test_a_rule_that_matches_nothing_is_reported_once_with_its_phase(tmp_path):
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             (x * 3).exp2().realize()                        # reported once
+
+
+def test_a_birewrite_counts_both_directions_under_its_name(tmp_path, ab):
+    a, b = ab
+    p = tmp_path / "bi.egg"
+    p.write_text('(ruleset mine)\n;; check: finite\n'
+                 '(birewrite (Mul (Exp2 a) (Exp2 b)) (Exp2 (Add a b)) :ruleset mine :name "exp2-bi")\n')
+    with rulebook.using(p, phase="cleanup"), warnings.catch_warnings():
+        warnings.simplefilter("error")                   # not reported as unmatched
+        ((a * 2).exp2() * (b + 1).exp2()).realize()
+    rep = engine.last_plan.report
+    assert rep.rule_matches["exp2-bi"] == sum(v for k, v in rep.matches.items() if k.startswith("exp2-bi"))
+    assert "exp2-bi=>" not in rep.rule_matches and rep.matches.get("exp2-bi=>", 0) >= 1

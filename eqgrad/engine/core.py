@@ -255,7 +255,7 @@ def _report_unmatched(report: SaturationReport, rules: Any) -> None:
     (docs/rulebooks.md, "Phases")."""
     if report.stop_reason != "completed" or not getattr(rules, "user_rules", ()):
         return
-    m = report.matches
+    m = report.rule_matches
     for name, phase, where in rules.user_rules:
         if m.get(name, 0):
             _MATCHED.add((name, where))

@@ -89,6 +89,16 @@ class SaturationReport:
         return out
 
     @property
+    def rule_matches(self) -> dict[str, int]:
+        """Matches per rule as its author named it: ``matches`` with a birewrite's two directions
+        (egglog's ``NAME=>`` and ``NAME<=``) added into NAME (the soundness checker reads them apart)."""
+        out: dict[str, int] = {}
+        for k, v in self.matches.items():
+            k = k[:-2] if k.endswith(("=>", "<=")) else k
+            out[k] = out.get(k, 0) + v
+        return out
+
+    @property
     def rule_seconds(self) -> dict[str, float]:
         """Search-and-apply time per rule name, over all phases (variants as in ``matches``)."""
         out: dict[str, float] = {}

@@ -31,7 +31,7 @@ class RuleStats:
     def add(self, rep: SaturationReport) -> None:
         self.saturations += 1
         self.stops[rep.stop_reason] = self.stops.get(rep.stop_reason, 0) + 1
-        for k, v in rep.matches.items():
+        for k, v in rep.rule_matches.items():
             self.matches[k] = self.matches.get(k, 0) + v
             if v:
                 self.programs[k] = self.programs.get(k, 0) + 1
