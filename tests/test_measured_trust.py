@@ -4,26 +4,15 @@ measured slower than greedy's (it cached a 2-kernel layernorm at 6.0 ms against 
 import numpy as np
 import pytest
 
-from eqgrad import Tensor, engine
+from eqgrad import engine
 from eqgrad.extract import cost_model, make_extractor
 from eqgrad.extract.measured import ROUNDS_MAX, ROUNDS_MIN, MeasuredExtractor, choice_signature
-
-
-def _mlp4():
-    rng = np.random.default_rng(0)
-    ws = [Tensor(rng.standard_normal(s).astype(np.float32) * 0.1, requires_grad=True)
-          for s in [(64, 128), (128, 128), (128, 128), (128, 10)]]
-    h = Tensor(rng.standard_normal((256, 64)).astype(np.float32))
-    for i, w in enumerate(ws):
-        h = h @ w
-        h = h.relu() if i < 3 else h
-    h.log_softmax(-1).mean().backward()
-    return [w - 0.1 * w.grad for w in ws]
+from test_improve_never_worse import _mlp4_wide
 
 
 @pytest.fixture(scope="module")
 def planned():
-    cp, _ = engine.plan_for([o.lazydata for o in _mlp4()])
+    cp, _ = engine.plan_for([o.lazydata for o in _mlp4_wide()])
     return cp.egraph, [cp.plan.buffers[i] for i in range(cp.plan.n_inputs)]
 
 

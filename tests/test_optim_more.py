@@ -121,6 +121,19 @@ def to_numpy(sd):
             "param_groups": [dict(g) for g in sd["param_groups"]]}
 
 
+def resumed_torch(theirs, tsd: dict, start: list):
+    """A torch optimizer factory for run_torch that starts from parameters ``start`` and the state
+    dict ``tsd`` (a resumed run)."""
+    def resume(p):
+        with torch.no_grad():
+            for q, a in zip(p, start):
+                q.copy_(torch.tensor(a))
+        o = theirs(p)
+        o.load_state_dict(tsd)
+        return o
+    return resume
+
+
 @pytest.mark.parametrize("name, ours, theirs", STATEFUL, ids=[s[0] for s in STATEFUL])
 def test_state_dict_has_torch_layout_and_loads_torch_state(name, ours, theirs):
     # torch steps 3 times; its parameters and optimizer state are loaded here; both step 4 more
@@ -138,16 +151,7 @@ def test_state_dict_has_torch_layout_and_loads_torch_state(name, ours, theirs):
         assert all(g[k] == tg[k] for k in ("lr", "momentum", "betas", "eps", "weight_decay") if k in g)
     opt.load_state_dict(to_numpy(tsd))
     got, _, _ = run_ours(lambda _: opt, 4, ps=ps)
-
-    def resume(p):
-        with torch.no_grad():
-            for q, a in zip(p, start):
-                q.copy_(torch.tensor(a))
-        o = theirs(p)
-        o.load_state_dict(tsd)
-        return o
-
-    want, topt, _ = run_torch(resume, 4)
+    want, topt, _ = run_torch(resumed_torch(theirs, tsd, start), 4)
     assert_trajectories(got, want, name)
     mine, tsd = opt.state_dict(), topt.state_dict()
     for i, st in tsd["state"].items():

@@ -16,7 +16,7 @@ from eqgrad.errors import ShapeError
 from conftest import data
 from gradcheck import HAVE_TORCH, check_fwd_bwd, torch
 from test_nn import check_layer
-from test_optim_more import assert_trajectories, groups, run_ours, run_torch, to_numpy
+from test_optim_more import assert_trajectories, groups, resumed_torch, run_ours, run_torch, to_numpy
 
 pytestmark = pytest.mark.skipif(not HAVE_TORCH, reason="torch is not installed")
 TF = torch.nn.functional if HAVE_TORCH else None
@@ -163,16 +163,7 @@ def test_state_loaded_from_torch_resumes_as_torch(name, ours, theirs):
     opt = ours(ps)
     opt.load_state_dict(to_numpy(tsd))
     got, _, _ = run_ours(lambda _: opt, 4, ps=ps)
-
-    def resume(p):
-        with torch.no_grad():
-            for q, a in zip(p, start):
-                q.copy_(torch.tensor(a))
-        o = theirs(p)
-        o.load_state_dict(tsd)
-        return o
-
-    want, _, _ = run_torch(resume, 4)
+    want, _, _ = run_torch(resumed_torch(theirs, tsd, start), 4)
     assert_trajectories(got, want, name)
 
 
