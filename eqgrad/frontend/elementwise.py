@@ -13,7 +13,9 @@ import functools
 import math
 from typing import Any, Callable
 
-from eqgrad.dtype import bool_, float32, float64, int32
+import numpy as np
+
+from eqgrad.dtype import bool_, float32, float64, int32, promote, result_with_scalar
 from eqgrad.errors import DTypeError
 
 INF = float("inf")
@@ -55,7 +57,13 @@ def float_math2(f: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(f)
     def run(self: Any, other: Any, *args: Any, **kwargs: Any) -> Any:
         out = f(self, other, *args, **kwargs)
-        d = self._operands(other, f.__name__)[0].dtype
+        # the promoted dtype, without building the operands a second time (f built them)
+        if isinstance(other, type(self)):
+            d = promote(self.dtype, other.dtype)
+        elif isinstance(other, (bool, int, float, np.bool_, np.integer, np.floating)):
+            d = result_with_scalar(self.dtype, other)
+        else:
+            d = self._operands(other, f.__name__)[0].dtype
         return out.cast(d) if d.is_narrow_float and out.dtype is float32 else out
     return run
 
