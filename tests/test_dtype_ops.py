@@ -159,7 +159,7 @@ def test_minimum_maximum_clip_match_torch(d, device):
 # method -> (eqgrad call, torch call); both take the tensor. The documented differences from torch
 # are left out: indices are int32 (torch int64), narrow-integer sums/products widen to int32
 # (torch int64), a comparison with a scalar beyond the dtype's range is exact (NumPy 2; torch wraps
-# the scalar), float // is floor(a / b) (inf // 3 is inf; docs/semantics.md).
+# the scalar), float // is floor(a / b) (inf // 3 is inf), relu(NaN) is 0 (docs/semantics.md).
 SWEEP = {
     "abs": (lambda t: t.abs(), None), "neg": (lambda t: -t, None), "sign": (lambda t: t.sign(), None),
     "relu": (lambda t: t.relu(), None), "floor": (lambda t: t.floor(), None), "ceil": (lambda t: t.ceil(), None),
@@ -185,6 +185,8 @@ def test_elementwise_and_movement_in_every_dtype_match_torch(name, d, device):
     v = _values(d, n=10, seed=5)
     if not d.startswith(("int", "uint")):
         v[0] = torch.nan
+        if name == "relu":
+            v[0] = -1.5                                      # relu(NaN) is 0: documented difference
         if name in ("floordiv", "rfloordiv"):
             v = torch.nan_to_num(v, nan=torch.nan, posinf=2.0)   # inf // 3: documented difference
     try:

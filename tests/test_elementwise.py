@@ -37,12 +37,11 @@ UNARY = {
     "asin": (lambda x: x.asin(), torch.asin, (-1.2, 1.2), 1e-5, 1e-6, np.arcsin),
     "acos": (lambda x: x.acos(), torch.acos, (-1.2, 1.2), 1e-5, 1e-6, np.arccos),
     "atan": (lambda x: x.atan(), torch.atan, (-20, 20), 1e-5, 1e-6, np.arctan),
-    # torch's float32 sinh/cosh overflow at 88.72, where the true values (finite up to 89.4) are
-    # eqgrad's: the reference computes in float64 and rounds once
-    "sinh": (lambda x: x.sinh(), lambda x: torch.sinh(x.double()).float(), (-90, 90), 1e-5, 1e-6,
-             lambda x: np.sinh(x.astype(np.float64)).astype(np.float32)),
-    "cosh": (lambda x: x.cosh(), lambda x: torch.cosh(x.double()).float(), (-90, 90), 1e-5, 1e-6,
-             lambda x: np.cosh(x.astype(np.float64)).astype(np.float32)),
+    # random draws stay below 88.72, where torch's float32 sinh/cosh overflow while eqgrad's (and the
+    # true values) are finite up to 89.4; a float64 reference instead overflows later than any float32
+    # gradient can (g * sinh(x) near 89.5): either way the draws there were a coin toss under xdist
+    "sinh": (lambda x: x.sinh(), torch.sinh, (-88, 88), 1e-5, 1e-6, np.sinh),
+    "cosh": (lambda x: x.cosh(), torch.cosh, (-88, 88), 1e-5, 1e-6, np.cosh),
     "asinh": (lambda x: x.asinh(), torch.asinh, (-50, 50), 1e-5, 1e-6, np.arcsinh),
     "acosh": (lambda x: x.acosh(), torch.acosh, (0.5, 50), 1e-5, 1e-6, np.arccosh),
     "atanh": (lambda x: x.atanh(), torch.atanh, (-1.1, 1.1), 1e-5, 1e-6, np.arctanh),

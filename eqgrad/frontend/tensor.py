@@ -831,9 +831,10 @@ class Tensor(ElementwiseOps, ShapeOps, IndexingOps, InteropOps):
         return (self > t).where(t + 1, t)
 
     def relu(self) -> "Tensor":
-        # NOTE: written as a select, not maximum(x, 0): the gradient at 0 is then 0, as in PyTorch;
-        # x <= 0 (not x > 0) keeps NaN NaN with the gradient passing, as torch's relu
-        return (self <= 0).where(0, self)
+        # NOTE: written as a select, not maximum(x, 0): the gradient at 0 is then 0, as in PyTorch.
+        # relu(NaN) is 0 (torch: NaN): the NaN-keeping select, where(x <= 0, 0, x), compiled every
+        # MLP step 0.07-0.09 s slower (bench_compile mlp_adam 0.26 -> 0.35 s of LLVM compile)
+        return (self > 0).where(self, 0)
 
     @float_math
     def sigmoid(self) -> "Tensor":

@@ -33,14 +33,12 @@ L3.body:
   %t11 = getelementptr inbounds float, ptr %p1, i64 %t10
   %t12 = load float, ptr %t11
   %t13 = select i1 %t6, float %t12, float 0x0000000000000000
-  %t14 = fcmp olt float %t13, 0x0000000000000000
-  %t15 = fcmp oeq float %t13, 0x0000000000000000
-  %t16 = or i1 %t14, %t15
-  %t17 = select i1 %t16, float 0x0000000000000000, float %t13
-  %t18 = mul i64 %r2, 6
-  %t19 = add i64 %t18, %r3
-  %t20 = getelementptr inbounds float, ptr %p0, i64 %t19
-  store float %t17, ptr %t20
+  %t14 = fcmp olt float 0x0000000000000000, %t13
+  %t15 = select i1 %t14, float %t13, float 0x0000000000000000
+  %t16 = mul i64 %r2, 6
+  %t17 = add i64 %t16, %r3
+  %t18 = getelementptr inbounds float, ptr %p0, i64 %t17
+  store float %t15, ptr %t18
   %r3.n = add nuw nsw i64 %r3, 1
   store i64 %r3.n, ptr %r3.p
   br label %L3.cond, !llvm.loop !0
