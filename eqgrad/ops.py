@@ -457,6 +457,9 @@ OPS: dict[str, OpDef] = {o.name: o for o in [
 RETYPES = frozenset(o.name for o in OPS.values() if o.kind == _U and o.dtype_of == "attr")
 
 EGG_TO_OP: dict[str, OpDef] = {o.egg: o for o in OPS.values()}
+# egglog's name of the function recording which rule introduced a node of constructor C:
+# PROVENANCE_PREFIX + C (rules/provenance.py writes it, extract/egraph.py reads it)
+PROVENANCE_PREFIX = "prov-of-"
 ALU_OPS = tuple(n for n, o in OPS.items() if o.kind in ("unary", "binary", "ternary"))
 REDUCE_OPS = ("RSUM", "RMAX")
 MOVEMENT_OPS = tuple(n for n, o in OPS.items() if o.kind == "movement")

@@ -181,6 +181,8 @@ def _compile(prog: Program, rules: RuleConfig, extraction: ExtractSettings | Non
     cp = CompiledPlan(plan, run, report, g, dict(saturate=t1 - t0, extract=t2 - t1, compile=t3 - t2), result)
     if dbg >= 3:
         print(report)
+        if dbg >= 4:                   # per-iteration growth (traced at DEBUG>=4: Saturator.run)
+            print(report.growth())
         print(plan.describe())
     return cp
 
@@ -229,6 +231,8 @@ def _compile_regions(prog: Program, regs: list, rules: RuleConfig, extraction: E
                                                     regions=t2 - t0 - sat - ext))
     if dbg >= 3:
         print(report)
+        if dbg >= 4:                   # per-iteration growth (traced at DEBUG>=4: Saturator.run)
+            print(report.growth())
         print(plan.describe())
     return cp
 
@@ -290,6 +294,8 @@ def _from_disk(hit: tuple[KernelPlan, SaturationReport, str], dev: Any, t0: floa
     GlobalCounters.compile_seconds += t2 - t1
     if dbg >= 3:
         print(report)
+        if dbg >= 4:                   # per-iteration growth (traced at DEBUG>=4: Saturator.run)
+            print(report.growth())
         print(plan.describe())
     return CompiledPlan(plan, run, report, None, dict(saturate=0.0, extract=0.0, compile=t2 - t1, load=t1 - t0), None)
 

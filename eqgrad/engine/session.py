@@ -44,6 +44,7 @@ from eqgrad.graph.program import Program, linearize, structure
 from eqgrad.graph.resize import ProgramSizes, program_sizes, resize, structure_sizes
 from eqgrad.rules import rulebook
 from eqgrad.rules.rulebook import DEFAULT_PHASE, RuleConfig, RuleState
+from eqgrad.rules.provenance import instrument
 from eqgrad.rules.saturate import Saturator, default_saturator
 
 # called after each plan runs with (plan, input LazyBuffers, targets, buffers), before the targets
@@ -239,9 +240,11 @@ class Session:
         for device, ts in by_device.items():
             self._realize_on(device, ts)
 
-    def plan_for(self, lbs: list[LazyBuffer]) -> tuple[CompiledPlan, str]:
+    def plan_for(self, lbs: list[LazyBuffer], provenance: bool = False) -> tuple[CompiledPlan, str]:
         """The compiled plan that realize() would run for these lazy buffers (compiled and cached if
-        needed, not run). For explain() and tools."""
+        needed, not run). For explain() and tools. ``provenance``: planned afresh under the active
+        rules instrumented to record which rule introduced each e-node (rules/provenance.py; the
+        e-graph's ``provenance``), neither read from nor stored in a cache."""
         targets = list({id(lb): lb for lb in lbs if not lb.realized}.values())
         if not targets:
             raise ValueError("explain: the tensors are already realized; there is no plan left to explain")
@@ -252,6 +255,9 @@ class Session:
         rules, ctx, _, _ = self._context(device)
         with GRAPH_LOCK:
             prog = linearize(targets, device=device, inspected=rules.inspected_constants)
+        if provenance:
+            with core.COMPILE_LOCK:
+                return compile_plan(prog, instrument(rules), self.extraction, self._saturator, disk=False), device
         cp = self._cached_plan(prog, rules, ctx, resize=False)
         if cp.egraph is None:
             # a resized plan (or one read from the disk cache) has no e-graph of its own sizes:
@@ -432,9 +438,9 @@ def realize(lbs: list[LazyBuffer]) -> None:
     current_session().realize_lazy(lbs)
 
 
-def plan_for(lbs: list[LazyBuffer]) -> tuple[CompiledPlan, str]:
+def plan_for(lbs: list[LazyBuffer], provenance: bool = False) -> tuple[CompiledPlan, str]:
     """``Session.plan_for`` of the current session."""
-    return current_session().plan_for(lbs)
+    return current_session().plan_for(lbs, provenance)
 
 
 def clear_cache() -> None:

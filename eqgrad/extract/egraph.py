@@ -14,7 +14,7 @@ from typing import Any
 
 from eqgrad.dtype import DTYPES, DType
 from eqgrad.graph.program import ConstLeaf, Input, ParamLeaf, Program, is_node
-from eqgrad.ops import EGG_TO_OP, OPS, RETYPES, OpDef, Shape
+from eqgrad.ops import EGG_TO_OP, OPS, PROVENANCE_PREFIX as PROV_PREFIX, RETYPES, OpDef, Shape
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,9 @@ class EGraph:
     shapes: list[Shape | None] = field(default_factory=list)
     dtypes: list[DType | None] = field(default_factory=list)
     roots: list[int] = field(default_factory=list)
+    # the rule (or "input") that introduced each e-node: filled only from an instrumented saturation
+    # (rules/provenance.py), else empty
+    provenance: dict[ENode, str] = field(default_factory=dict)
 
     def add_class(self, nodes: list[ENode]) -> int:
         self.classes.append(nodes)
@@ -130,14 +133,24 @@ def from_json(js: str, root_lets: list[str]) -> EGraph:
     t_classes = [cid for cid, cd in data["class_data"].items() if cd.get("type") == "T"]
     for cid in t_classes:
         class_of[cid] = g.add_class([])
+    tags: list[tuple[ENode, str]] = []
+    strings = {n["eclass"]: n["op"] for n in nodes.values() if n["op"].startswith('"')}
     for nid, n in nodes.items():
-        d = EGG_TO_OP.get(n["op"])
-        if d is None or n["eclass"] not in class_of or n.get("subsumed"):
+        op = n["op"]
+        tag = op.startswith(PROV_PREFIX)
+        d = EGG_TO_OP.get(op[len(PROV_PREFIX):] if tag else op)
+        if d is None or n.get("subsumed") or (not tag and n["eclass"] not in class_of):
             continue
         kids = [c for c in n["children"]]
         tensor_kids = tuple(class_of[nodes[c]["eclass"]] for c in kids[:d.arity])
         prims = [_prim(nodes, c) for c in kids[d.arity:]]
-        g.classes[class_of[n["eclass"]]].append(ENode(d.name, tensor_kids, _decode_arg(d, prims)))
+        node = ENode(d.name, tensor_kids, _decode_arg(d, prims))
+        if tag:
+            if n["eclass"] in strings:
+                tags.append((node, json.loads(strings[n["eclass"]])))
+            continue
+        g.classes[class_of[n["eclass"]]].append(node)
+    g.provenance = dict(tags)
     let_class: dict[str, int] = {}
     for cid, cd in data["class_data"].items():
         for name in (cd.get("let") or "").split(","):

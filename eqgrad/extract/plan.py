@@ -28,10 +28,12 @@ def params_in(g: EGraph) -> int:
 
 
 def build_plan(g: EGraph, choice: dict[int, ENode], input_specs: list[tuple[Shape, DType]],
-               costs: dict[int, Any] | None = None, n_params: int | None = None) -> KernelPlan:
+               costs: dict[int, Any] | None = None, n_params: int | None = None,
+               bodies: dict[str, list[int]] | None = None) -> KernelPlan:
     """The plan of ``choice``. ``input_specs``: (shape, dtype) of its input buffers, the program's
     realized inputs and then its ``n_params`` parameters (``Program.input_specs``; None: counted in
-    ``g``): parameter ``i`` (a PARAM e-node) is input buffer ``len(input_specs) - n_params + i``."""
+    ``g``): parameter ``i`` (a PARAM e-node) is input buffer ``len(input_specs) - n_params + i``.
+    ``bodies``: filled with each kernel's name -> the classes its body computes (explain's provenance)."""
     if n_params is None:
         n_params = params_in(g)
     buffers = list(input_specs)
@@ -133,6 +135,8 @@ def build_plan(g: EGraph, choice: dict[int, ENode], input_specs: list[tuple[Shap
         buffer_of[k] = bid
         ins = ast.buffers()
         kc = costs.get(k) if costs else None
+        if bodies is not None:
+            bodies[f"k{len(kernels)}"] = _body_classes(k)
         kernels.append(Kernel(f"k{len(kernels)}", bid, ast, ins,
                               kc.seconds if kc else 0.0, kc.bytes if kc else 0, kc.flops if kc else 0))
 

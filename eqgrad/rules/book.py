@@ -35,6 +35,7 @@ from eqgrad import config
 from eqgrad.cache import computed_once
 from eqgrad.ops import OPS
 from eqgrad.rules.families import families
+from eqgrad.rules.ranks import base_name, expand as expand_ranks, share_annotations
 from eqgrad.rules.sexpr import (RulebookError, SExpr, SList, Str, Sym, keyword_args, parse,
                                 reject_file_commands, to_text)
 
@@ -237,6 +238,7 @@ def _annotations(comments: list[str]) -> set[str]:
 
 
 def parse_rulebook(text: str, filename: str) -> tuple[list[str], list[Rule]]:
+    text = expand_ranks(text, filename)     # rank-generic templates (ranks.py): one rule per rank
     forms = parse(text, filename)
     reject_file_commands(forms, filename, "rulebook")
     constructors = {o.egg for o in OPS.values()}
@@ -302,6 +304,7 @@ def parse_rulebook(text: str, filename: str) -> tuple[list[str], list[Rule]]:
                                                    and q.head == "=" and q[2] is lhs)]
             rules.append(Rule(name.value, "rule", rs.name, lhs if lhs is not None else query, rhs,
                               facts, to_text(f), filename, f.line, ann))
+    share_annotations(rules)
     return rulesets, rules
 
 
@@ -309,7 +312,7 @@ def load_rulebook(path: str | Path) -> Rulebook:
     p = Path(path)
     if not p.is_file():
         raise RulebookError(f"{p}: no such rulebook file")
-    text = p.read_text()
+    text = expand_ranks(p.read_text(), str(p))     # the text loaded: rank-generic rules expanded
     rulesets, rules = parse_rulebook(text, str(p))
     return Rulebook(p.resolve(), rulesets, rules, hashlib.sha256(text.encode()).hexdigest()[:16], text)
 
@@ -320,7 +323,7 @@ def read_rulebook_text(path: str | Path) -> str:
     p = Path(path)
     if not p.is_file():
         raise RulebookError(f"{p}: no such rulebook file")
-    text = p.read_text()
+    text = expand_ranks(p.read_text(), str(p))
     reject_file_commands(parse(text, str(p)), str(p), "rulebook")
     return text
 
@@ -459,7 +462,8 @@ def without_rule(cfg: RuleConfig, name: str) -> tuple[RuleConfig | None, str]:
         for f in forms:
             kw = keyword_args(f, 3) if f.head != "ruleset" else {}
             if isinstance(kw.get(":name"), Str) and (kw[":name"].value == name or
-                                                     kw[":name"].value.startswith(name + REALIZE_SUFFIX)):
+                                                     kw[":name"].value.startswith(name + REALIZE_SUFFIX) or
+                                                     base_name(kw[":name"].value) == name):
                 where = where or f"{path}:{f.line}"          # the rule itself (its variants follow it)
                 continue
             keep.append(to_text(f))

@@ -24,6 +24,7 @@ from eqgrad.rules.book import (BUILTIN_RULEBOOKS, DEFAULT_PHASE, DEFAULT_SCHEDUL
                                Rulebook, RuleConfig, builtin_config, builtin_paths, load_rulebook,
                                parse_rulebook, read_rulebook_text, read_schedule, read_schedule_text,
                                resolve_schedule, split_schedule, through_realize, without_rule)
+from eqgrad.rules.ranks import base_name
 from eqgrad.rules.families import generated_rulebooks
 from eqgrad.rules.saturate import default_saturator
 from eqgrad.rules.sexpr import RulebookError
@@ -192,7 +193,8 @@ def _make_config(api_user: list[tuple[Rulebook, str, int]], schedule: tuple[Path
     texts = [read_rulebook_text(p) for p in builtin_paths()] + \
         [rb.text + "\n;; generated: the rules above, matching through Realize\n" + through_realize(rb.rules)
          for rb, _, _ in user]
-    user_rules = tuple((r.name, phase, r.where) for rb, phase, _ in user for r in rb.rules)
+    # a rank-generic rule's expansions (NAME@rankR, ranks.py) are reported once, as NAME
+    user_rules = tuple(dict.fromkeys((base_name(r.name), phase, r.where) for rb, phase, _ in user for r in rb.rules))
     h = hashlib.sha256()
     # the texts the worker loads, each read once; the schedule as run (its {FLAG}s substituted)
     for t in [generated_rulebooks()] + texts + [resolve_schedule(sched_text, str(sched))]:

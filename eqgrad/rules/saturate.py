@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Callable
 
 from eqgrad import config
-from eqgrad.rules.book import BUILTIN_RULEBOOKS, REALIZE_SUFFIX, RULEBOOK_DIR, RuleConfig, builtin_config, split_schedule
+from eqgrad.rules.book import BUILTIN_RULEBOOKS, REALIZE_SUFFIX, RULEBOOK_DIR, base_name, RuleConfig, builtin_config, split_schedule
 from eqgrad.rules.families import generated_rulebooks
 from eqgrad.rules.ir import declarations
 from eqgrad.rules import launch
@@ -53,6 +53,25 @@ STARTUP_LIMIT = 10.0
 
 
 @dataclass
+class IterationStats:
+    """One egglog iteration of a phase (one ruleset run once): what each rule matched (the rules
+    that matched only), the search-and-apply, merge and rebuild seconds, whether it changed the
+    e-graph (egglog 13.2's bindings report every time as 0). In trace mode (``Saturator.run(trace=True)``,
+    DEBUG>=4) also the ruleset, the e-nodes after it and ``wall``, the seconds its run took; ``whole``:
+    it ran inside a ``run-schedule`` that trace mode could not split (one that uses ``let-scheduler``),
+    whose size and time are known after its last iteration only."""
+    matches: dict[str, int] = field(default_factory=dict)
+    seconds: float = 0.0
+    rebuild: float = 0.0
+    merge: float = 0.0
+    changed: bool = True
+    ruleset: str = ""
+    enodes: int | None = None
+    whole: bool = False
+    wall: float | None = None
+
+
+@dataclass
 class PhaseReport:
     name: str
     seconds: float
@@ -60,6 +79,14 @@ class PhaseReport:
     enodes: int
     matches: dict[str, int] = field(default_factory=dict)
     rule_seconds: dict[str, float] = field(default_factory=dict)
+    per_iteration: list[IterationStats] = field(default_factory=list)
+    traced: bool = False             # run step by step, e-nodes measured per iteration (IterationStats)
+
+    def __post_init__(self):
+        # from the worker (and the disk cache: dataclasses.asdict) the iterations come as dicts;
+        # a malformed one raises TypeError, which the disk cache takes for a bad file
+        self.per_iteration = [s if isinstance(s, IterationStats) else IterationStats(**s)
+                              for s in self.per_iteration]
 
 
 @dataclass
@@ -80,11 +107,12 @@ class SaturationReport:
     @property
     def matches(self) -> dict[str, int]:
         """Matches per rule name, over all phases (a user rule's through-Realize variants,
-        ``NAME~realizeK``, count as NAME: rulebook.through_realize)."""
+        ``NAME~realizeK``, and the rank expansions of a rank-generic rule, ``NAME@rankR``, count as NAME:
+        rulebook.through_realize, ranks.py)."""
         out: dict[str, int] = {}
         for p in self.phases:
             for k, v in p.matches.items():
-                k = k.split(REALIZE_SUFFIX)[0]
+                k = base_name(k, REALIZE_SUFFIX)
                 out[k] = out.get(k, 0) + v
         return out
 
@@ -104,7 +132,7 @@ class SaturationReport:
         out: dict[str, float] = {}
         for p in self.phases:
             for k, v in p.rule_seconds.items():
-                k = k.split(REALIZE_SUFFIX)[0]
+                k = base_name(k, REALIZE_SUFFIX)
                 out[k] = out.get(k, 0.0) + v
         return out
 
@@ -117,6 +145,81 @@ class SaturationReport:
         fired = sorted(((v, k) for k, v in self.matches.items() if v), reverse=True)
         if fired:
             lines.append("  matches: " + ", ".join(f"{k}={v}" for v, k in fired[:24]) + (" ..." if len(fired) > 24 else ""))
+        return "\n".join(lines)
+
+    @property
+    def traced(self) -> bool:
+        return any(p.traced for p in self.phases)
+
+    def growth_rows(self) -> list[dict]:
+        """The e-graph's growth, one row per egglog iteration of every phase: phase, iteration (from
+        1 in its phase), ruleset and e-nodes after it (trace mode; None otherwise, and for the
+        iterations inside a run-schedule trace mode ran whole but its last), delta (e-nodes since the
+        last measured size: the phase's start, the previous phase's end), matches (its total),
+        top (its rules that matched, most first), changed, whole, seconds (trace mode: the run's wall
+        time, which for ``whole`` rows is the unsplit command's, on its last row; otherwise egglog's own,
+        None while it reports 0).
+        After each phase's iterations, a row with iteration None: the phase's end (e-nodes after it)."""
+        rows: list[dict] = []
+        prev = self.enodes_before
+        for p in self.phases:
+            for i, it in enumerate(p.per_iteration, 1):
+                delta = None if it.enodes is None else it.enodes - prev
+                prev = prev if it.enodes is None else it.enodes
+                rows.append(dict(phase=p.name, iteration=i, ruleset=it.ruleset, enodes=it.enodes, delta=delta,
+                                 matches=sum(it.matches.values()), changed=it.changed, whole=it.whole,
+                                 top=sorted(((k, v) for k, v in it.matches.items() if v), key=lambda kv: (-kv[1], kv[0])),
+                                 seconds=it.wall if it.wall is not None else (it.seconds + it.merge + it.rebuild) or None))
+            rows.append(dict(phase=p.name, iteration=None, ruleset="", enodes=p.enodes, delta=p.enodes - prev,
+                             matches=sum(p.matches.values()), changed=None, whole=False,
+                             top=sorted(((k, v) for k, v in p.matches.items() if v), key=lambda kv: (-kv[1], kv[0])),
+                             seconds=p.seconds))
+            prev = p.enodes
+        return rows
+
+    def growth(self, top: int = 3, quiet: bool = False) -> str:
+        """``growth_rows`` as a table: per phase, its iterations (e-nodes and delta where traced),
+        the top ``top`` rules by matches of each, and the phase's end; runs of iterations that matched
+        nothing are folded into one line unless ``quiet``. Where trace mode ran a run-schedule
+        whole (let-scheduler), its iterations have no sizes: the note says so."""
+        def num(v, signed=False):
+            return "" if v is None else (f"{v:+,d}" if signed else f"{v:,d}")
+
+        head = f"  {'phase':<10} {'iter':>5} {'ruleset':<12} {'e-nodes':>11} {'delta':>11} {'matches':>9} {'ms':>8}  top rules"
+        lines = [f"e-graph growth per iteration ({'traced: e-nodes after each iteration' if self.traced else 'e-nodes per phase only; trace mode (DEBUG>=4, Saturator.run(trace=True)) measures each iteration'}); "
+                 f"{self.enodes_before:,d} e-nodes before", head]
+        idle = 0
+
+        def flush():
+            nonlocal idle
+            if idle:
+                lines.append(f"  {'':<10} {'':>5} ... {idle} iteration{'s' if idle > 1 else ''} without matches")
+            idle = 0
+
+        unsplit: set[str] = set()
+        for r in self.growth_rows():
+            if r["iteration"] is not None and not quiet and r["matches"] == 0 and not r["delta"] \
+                    and not (r["whole"] and r["enodes"] is not None):
+                idle += 1
+                continue
+            flush()
+            tops = ", ".join(f"{k}={v:,d}" for k, v in r["top"][:top]) + (" ..." if len(r["top"]) > top else "")
+            ms = "" if r["seconds"] is None else f"{r['seconds']*1e3:.2f}"
+            if r["iteration"] is None:
+                lines.append(f"  {r['phase']:<10} {'end':>5} {'':<12} {num(r['enodes']):>11} {num(r['delta'], True):>11} "
+                             f"{r['matches']:>9,d} {ms:>8}  {tops}")
+                continue
+            if r["whole"]:
+                unsplit.add(r["phase"])
+            ruleset = "(unsplit)" if r["whole"] else r["ruleset"][:12]
+            lines.append(f"  {r['phase']:<10} {r['iteration']:>5} {ruleset:<12} {num(r['enodes']):>11} "
+                         f"{num(r['delta'], True):>11} {r['matches']:>9,d} {ms:>8}  {tops}")
+        flush()
+        if unsplit:
+            lines.append(f"  phases {', '.join(sorted(unsplit))}: a run-schedule with a scheduler (let-scheduler) runs "
+                         "whole in trace mode (its state lives in one command): e-nodes after its last iteration only")
+        if self.stop_reason == "node limit":
+            lines.append(f"  stopped: {self.detail}")
         return "\n".join(lines)
 
 
@@ -302,16 +405,22 @@ class Saturator:
         return None if res["ok"] else res["error"]
 
     def run(self, program: str, timeout: float | None = None, node_limit: int | None = None,
-            rules=None, idle: Callable[[], None] | None = None) -> tuple[str | None, SaturationReport]:
+            rules=None, idle: Callable[[], None] | None = None,
+            trace: bool | None = None) -> tuple[str | None, SaturationReport]:
         """Saturate ``program`` (egglog text) with ``rules`` (default: the built-in books); returns
         (the e-graph as JSON or None, the report). ``idle``: called once the request is sent, to
-        do work of the caller's while the worker saturates (its exceptions are dropped)."""
+        do work of the caller's while the worker saturates (its exceptions are dropped).
+        ``trace`` (default: DEBUG>=4): run each phase step by step and measure the e-graph after every
+        iteration (``PhaseReport.per_iteration``, ``SaturationReport.growth``); the same e-graph
+        as without, slower (a size count per iteration). A run-schedule with ``let-scheduler`` still
+        runs whole: sizes after it only (worker._Tracer)."""
+        trace = config.DEBUG.value >= 4 if trace is None else bool(trace)
         timeout = config.SATURATION_TIMEOUT.value if timeout is None else timeout
         node_limit = config.EGRAPH_NODES.value if node_limit is None else node_limit
         cfg = rules or self.fixed or builtin_config()      # the engine passes the session's active rules
         phases = schedule_phases(cfg)
         t0 = time.perf_counter()
-        res = self._request("run", (program, node_limit, cfg.books, phases, cfg.generated), timeout, idle)
+        res = self._request("run", (program, node_limit, cfg.books, phases, cfg.generated, trace), timeout, idle)
         if isinstance(res, SaturationReport):
             return None, res
         if not res["ok"]:

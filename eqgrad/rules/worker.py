@@ -156,26 +156,177 @@ def _load(eg, bindings, books: list[tuple[str, str]]) -> None:
         eg.run_program(*_checked(eg, bindings, text, name))
 
 
-def _run_phases(eg, bindings, phases: list[tuple[str, str]], node_limit: int) -> tuple[list[dict], str]:
-    reports, stop = [], "completed"
-    for name, text in phases:
-        p0 = time.perf_counter()
-        outs = eg.run_program(*_checked(eg, bindings, text, f"schedule phase {name}"))
-        matches: dict[str, int] = {}
-        seconds: dict[str, float] = {}
-        iters = 0
+def _iteration(it, names: dict[str, str], ruleset: str = "", enodes: int | None = None,
+               whole: bool = False, wall: float | None = None) -> dict:
+    """One egglog ``IterationReport`` as a plain dict (marshal'able): the matches per rule (rule
+    names as ``_rule_name`` gives them, the rules that matched only), the search-and-apply, merge and
+    rebuild seconds egglog reports (all 0 from egglog 13.2's bindings), whether the ruleset changed
+    the e-graph; ``ruleset``, ``enodes`` (after it), ``whole`` and ``wall`` (the seconds its run took,
+    measured here) are known in trace mode only (``_Tracer``). ``names``: the rule-key cache."""
+    rs = it.rule_set_report
+    matches: dict[str, int] = {}
+    for k, reps in rs.rule_reports.items():
+        n = sum(r.num_matches for r in reps)
+        if n:
+            name = names.get(k)
+            if name is None:
+                name = names[k] = _rule_name(k)
+            matches[name] = matches.get(name, 0) + n
+    return dict(ruleset=ruleset, matches=matches, seconds=rs.search_and_apply_time.total_seconds(),
+                merge=rs.merge_time.total_seconds(), rebuild=it.rebuild_time.total_seconds(),
+                changed=bool(rs.changed), enodes=enodes, whole=whole, wall=wall)
+
+
+def _iterations(rep, names: dict[str, str], **kw) -> list[dict]:
+    """The iterations of one ``RunReport`` (``_iteration``, ``kw`` passed on). A step of a scheduler
+    (``run-with``) comes as two IterationReports, its search (unchanged, matches per query) and its
+    application, of which egglog's totals (``num_matches_per_rule``) count the application only:
+    where the iterations' matches do not add up to the totals, an unchanged iteration whose
+    matches the next one repeats is taken for such a search and left out."""
+    its = list(rep.iterations)
+    sums = [{k: sum(r.num_matches for r in v) for k, v in it.rule_set_report.rule_reports.items()} for it in its]
+
+    def total(keep):
+        out: dict[str, int] = {}
+        for i in keep:
+            for k, v in sums[i].items():
+                out[k] = out.get(k, 0) + v
+        return {k: v for k, v in out.items() if v}
+
+    want = {k: v for k, v in rep.num_matches_per_rule.items() if v}
+    keep = list(range(len(its)))
+    if total(keep) != want:
+        paired = [i for i in keep if not (i + 1 < len(its) and not its[i].rule_set_report.changed
+                                          and {k: v for k, v in sums[i].items() if v}
+                                          == {k: v for k, v in sums[i + 1].items() if v})]
+        if total(paired) == want:
+            keep = paired
+    return [_iteration(its[i], names, **kw) for i in keep]
+
+
+class _Tracer:
+    """Trace mode (``Saturator.run(trace=True)``, DEBUG>=4): a phase's ``run-schedule`` commands
+    interpreted here, step by step, as egglog-experimental's ``run-schedule`` runs them (``seq``: each
+    in turn; ``repeat N``: N rounds; ``saturate``: rounds until one updates nothing, that last round
+    left out of the report as egglog leaves it out), every leaf -- ``(run R)``, ``(run R :until ...)``,
+    a bare ruleset -- run as a ``run-schedule`` of its own, one egglog iteration, and the e-graph
+    measured after it: the e-nodes per iteration egglog does not report. The e-graph is the one a
+    whole run gives (same leaves, same order, same ``:until`` checks). A ``run-schedule`` that uses
+    a scheduler (``let-scheduler``/``run-with``: its state lives inside one command) and any other
+    command run whole, measured after."""
+
+    SPLIT = ("run", "seq", "repeat", "saturate")
+
+    def __init__(self, eg, bindings, names: dict[str, str]):
+        self.eg, self.b, self.names = eg, bindings, names
+        self.parsed: dict[str, list] = {}
+        self.records: list[dict] = []          # per iteration (``_iteration``)
+        self.reports: list = []                # the RunReports they came from
+
+    def splittable(self, cmd) -> bool:
+        if not (isinstance(cmd, self.b.UserDefined) and cmd.name == "run-schedule"):
+            return False
+        todo = list(cmd.args)
+        while todo:
+            e = todo.pop()
+            if isinstance(e, self.b.Call):
+                if e.name not in self.SPLIT:
+                    return False
+                if e.name == "repeat" and not (e.args and isinstance(e.args[0], self.b.Lit)
+                                               and isinstance(e.args[0].value, self.b.Int)):
+                    return False
+                if e.name != "run":          # a run's arguments are a ruleset and an :until fact
+                    todo += e.args[1:] if e.name == "repeat" else e.args
+            elif not isinstance(e, self.b.Var):
+                return False
+        return True
+
+    def command(self, cmd) -> None:
+        """Run one command of the phase, step by step where it can be split."""
+        if self.splittable(cmd):
+            self.seq(cmd.args)
+            return
+        t0 = time.perf_counter()
+        outs = self.eg.run_program(cmd)
+        wall = time.perf_counter() - t0
+        size = _size(self.eg, self.b)
         for o in outs:
             rep = getattr(o, "report", None)
-            if rep is None:
-                continue
-            iters += len(rep.iterations)
+            if rep is not None:
+                self.reports.append(rep)
+                self.records += _iterations(rep, self.names, whole=True)
+        if self.records and self.records[-1]["whole"]:
+            self.records[-1].update(enodes=size, wall=wall)   # known after the unsplit command only
+
+    def seq(self, exprs) -> bool:
+        updated = False
+        for e in exprs:
+            updated |= self.step(e)
+        return updated
+
+    def step(self, e) -> bool:
+        if isinstance(e, self.b.Var) or e.name == "run":
+            text = f"(run-schedule {e})"
+            cmds = self.parsed.get(text)
+            if cmds is None:
+                cmds = self.parsed[text] = self.eg.parse_program(text)
+            t0 = time.perf_counter()
+            (out,) = self.eg.run_program(*cmds)
+            wall = time.perf_counter() - t0
+            rep = out.report
+            if rep.iterations:
+                self.reports.append(rep)
+                ruleset = e.name if isinstance(e, self.b.Var) else next(
+                    (a.name for a in e.args[:1] if isinstance(a, self.b.Var) and a.name != ":until"), "")
+                size = _size(self.eg, self.b)
+                self.records += _iterations(rep, self.names, ruleset=ruleset, enodes=size, wall=wall)
+            return bool(rep.updated)
+        if e.name == "seq":
+            return self.seq(e.args)
+        if e.name == "repeat":
+            updated = False
+            for _ in range(e.args[0].value.value):
+                updated |= self.seq(e.args[1:])
+            return updated
+        # saturate: a round that updates nothing ends it and is not part of egglog's report
+        updated = False
+        while True:
+            mark, rmark = len(self.records), len(self.reports)
+            if not self.seq(e.args):
+                del self.records[mark:], self.reports[rmark:]
+                return updated
+            updated = True
+
+
+def _run_phases(eg, bindings, phases: list[tuple[str, str]], node_limit: int,
+                trace: bool = False) -> tuple[list[dict], str]:
+    """Run the schedule's phases in turn, stopping after the first that leaves more than
+    ``node_limit`` e-nodes. Each phase's report has its iterations (``_iteration``: matches per rule
+    and times; with ``trace``, run step by step by ``_Tracer`` and the e-nodes after each)."""
+    reports, stop = [], "completed"
+    names: dict[str, str] = {}
+    for name, text in phases:
+        p0 = time.perf_counter()
+        cmds = _checked(eg, bindings, text, f"schedule phase {name}")
+        if trace:
+            tracer = _Tracer(eg, bindings, names)
+            for c in cmds:
+                tracer.command(c)
+            per_iter, run_reports = tracer.records, tracer.reports
+        else:
+            run_reports = [r for r in (getattr(o, "report", None) for o in eg.run_program(*cmds)) if r is not None]
+            per_iter = [d for r in run_reports for d in _iterations(r, names)]
+        matches: dict[str, int] = {}
+        seconds: dict[str, float] = {}
+        for rep in run_reports:
             for k, v in rep.num_matches_per_rule.items():
                 matches[_rule_name(k)] = matches.get(_rule_name(k), 0) + v
             for k, v in rep.search_and_apply_time_per_rule.items():
                 seconds[_rule_name(k)] = seconds.get(_rule_name(k), 0.0) + v.total_seconds()
         size = _size(eg, bindings)
-        reports.append(dict(name=name, seconds=time.perf_counter() - p0, iterations=iters,
-                            enodes=size, matches=matches, rule_seconds=seconds))
+        reports.append(dict(name=name, seconds=time.perf_counter() - p0, iterations=len(per_iter),
+                            enodes=size, matches=matches, rule_seconds=seconds, per_iteration=per_iter,
+                            traced=trace))
         if size > node_limit:
             stop = "node limit"
             break
@@ -234,6 +385,7 @@ def _worker_main(bindings, conn_in, conn, mem_limit: int, tmp: str, declarations
         # families load first (False: the rulebooks hold them, as a `rules dump` does)
         n_args = 4 if kind == "run" else 1
         generated = len(req) <= 2 + n_args or bool(req[2 + n_args])
+        trace = kind == "run" and len(req) > 3 + n_args and bool(req[3 + n_args])   # then: trace mode
         try:
             if kind == "validate":          # load rulebooks next to the IR; report the first error
                 _load(fresh(generated), bindings, req[2])
@@ -252,7 +404,7 @@ def _worker_main(bindings, conn_in, conn, mem_limit: int, tmp: str, declarations
                 _write(prog, program)
                 eg.run_program(bindings.Include(span, prog))
                 before = _size(eg, bindings)
-                reports, stop = _run_phases(eg, bindings, phases, node_limit)
+                reports, stop = _run_phases(eg, bindings, phases, node_limit, trace)
                 js = eg.serialize([]).to_json()
             finally:
                 eg.run_program(pop)

@@ -1,5 +1,5 @@
-"""Command line: ``python -m eqgrad rules check [FILES]``, ``rules stats``, ``rules dump [DIR]``,
-``tune calibrate``, ``tune experiment``."""
+"""Command line: ``python -m eqgrad rules check [FILES]``, ``rules stats``, ``rules dump [DIR]``, ``rules try``,
+``tune calibrate``, ``tune experiment``, ``tune sweep``."""
 from __future__ import annotations
 
 import argparse
@@ -10,6 +10,7 @@ def _rules_check(args: argparse.Namespace) -> int:
     from eqgrad.tools.check import check_rules
     from eqgrad.rules.dump import load_files, source_label
     from eqgrad.rules.rulebook import RulebookError, all_rules
+    from eqgrad.rules.ranks import base_name
     try:
         if args.files:      # a schedule among them: a whole configuration (a `rules dump`)
             books, _ = load_files(args.files)
@@ -19,8 +20,8 @@ def _rules_check(args: argparse.Namespace) -> int:
     except RulebookError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if args.rule:
-        rules = [r for r in rules if r.name in args.rule]
+    if args.rule:           # a rank-generic rule by its own name: every rank's expansion (rules/ranks.py)
+        rules = [r for r in rules if r.name in args.rule or base_name(r.name) in args.rule]
     counts: dict[str, int] = {}
     per_source: dict[str, dict[str, int]] = {}
 
@@ -55,6 +56,11 @@ def _rules_stats(args: argparse.Namespace) -> int:
         groups.setdefault(source_label(r.file), []).append(r.name)
     print(st.by_source(groups))
     return 0
+
+
+def _rules_try(args: argparse.Namespace) -> int:
+    from eqgrad.tools.trying import main as try_main
+    return try_main(args)
 
 
 def _rules_dump(args: argparse.Namespace) -> int:
@@ -99,43 +105,16 @@ def _tune_calibrate(args: argparse.Namespace) -> int:
 
 
 def load_callable(spec: str, what: str):
-    """``module:function`` imported (the working directory is importable), or a ValueError that
-    says what went wrong."""
-    import importlib
-    mod, sep, name = spec.partition(":")
-    if not sep or not mod or not name:
-        raise ValueError(f"{what} {spec!r}: expected module:function")
-    if "" not in sys.path:
-        sys.path.insert(0, "")
-    try:
-        m = importlib.import_module(mod)
-    except ImportError as e:
-        raise ValueError(f"{what} {spec!r}: cannot import {mod!r} ({e})") from None
-    fn = getattr(m, name, None)
-    if not callable(fn):
-        raise ValueError(f"{what} {spec!r}: {mod} has no function {name!r}")
-    return fn
+    """``module:function`` imported, or a ValueError that says what went wrong
+    (``experiments.load_callable``)."""
+    from eqgrad.tools.experiments import load_callable as load
+    return load(spec, what)
 
 
 def experiment_programs(spec: str) -> dict:
-    """``--programs``: comma-separated built-in names (``default_programs``) or ``module:function``
-    (a function of no arguments returning the Tensor or list of Tensors to plan); an unknown name
-    is a ValueError naming the known ones (it used to run the defaults silently)."""
-    from eqgrad.tools.experiments import default_programs
-    known = default_programs()
-    if not spec:
-        return known
-    out = {}
-    for item in [s.strip() for s in spec.split(",") if s.strip()]:
-        if ":" in item:
-            fn = load_callable(item, "--programs")
-            out[item] = (lambda f: lambda: (lambda r: list(r) if isinstance(r, (list, tuple)) else [r])(f()))(fn)
-        elif item in known:
-            out[item] = known[item]
-        else:
-            raise ValueError(f"--programs: unknown program {item!r}; the built-in ones are {', '.join(known)}, "
-                             "or give module:function")
-    return out
+    """``--programs``: built-in names or ``module:function`` (``experiments.resolve_programs``)."""
+    from eqgrad.tools.experiments import resolve_programs
+    return resolve_programs(spec)
 
 
 def _tune_experiment(args: argparse.Namespace) -> int:
@@ -164,6 +143,29 @@ def _tune_experiment(args: argparse.Namespace) -> int:
             json.dump(rows_to_json(rows), f, indent=1)
     if args.csv:
         print(f"csv: {rows_to_csv(rows, args.csv)}")
+    return 0
+
+
+def _tune_sweep(args: argparse.Namespace) -> int:
+    import json
+    from eqgrad.tools.sweep import parse_grid, run_sweep
+    try:
+        grid = parse_grid(args.param)
+        programs = list(experiment_programs(args.programs))
+        sweep = run_sweep(programs, args.extractors, grid, args.device, args.reps, measure=not args.no_measure,
+                          jobs=args.jobs, ray_address=args.ray or None, progress=not args.no_progress)
+    except ValueError as e:         # raised before any job runs
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(sweep.table())
+    if args.plot:
+        print(f"plot: {sweep.plot(args.plot)}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(sweep.to_json(), f, indent=1)
+        print(f"json: {args.json}")
+    if args.csv:
+        print(f"csv: {sweep.to_csv(args.csv)}")
     return 0
 
 
@@ -246,6 +248,18 @@ def main(argv: list[str] | None = None) -> int:
                                       "as .egg files")
     d.add_argument("dir", nargs="?", default="", help="write the files here (default: print a summary)")
     d.set_defaults(fn=_rules_dump)
+    tr = rules.add_parser("try", help="plan a program without and with a rulebook: matches per rule, the terms "
+                                      "added, whether the plan changed, predicted and measured time")
+    tr.add_argument("rulebook", help="the .egg file")
+    tr.add_argument("--program", required=True, help="FILE.py (its function program()), FILE.py:function or "
+                    "module:function: returns the Tensor(s) to plan")
+    tr.add_argument("--phase", default="cleanup", help="the schedule phase the rulebook runs at (default cleanup, as "
+                    "rules.use)")
+    tr.add_argument("--iterations", type=int, default=4, help="rounds of the rulebook's rulesets in the phase")
+    tr.add_argument("--runs", type=int, default=5, help="timed runs of each plan (0: do not measure)")
+    tr.add_argument("--trace", action="store_true", help="also saturate step by step and print the e-graph's growth "
+                    "per iteration, before and after")
+    tr.set_defaults(fn=_rules_try)
     tune = sub.add_parser("tune", help="cost model and extraction tools").add_subparsers(dest="tcmd", required=True)
     cal = tune.add_parser("calibrate", help="measure launch overhead, bandwidth, peak and contraction FLOP/s of a device")
     cal.add_argument("--device", default="LLVM")
@@ -266,6 +280,26 @@ def main(argv: list[str] | None = None) -> int:
     ex.add_argument("--csv", default="", help="one line per timed run, as CSV here")
     ex.add_argument("--no-progress", action="store_true")
     ex.set_defaults(fn=_tune_experiment)
+    sw = tune.add_parser("sweep", help="cost parameters x extractors x programs, in parallel (local processes "
+                                       "or Ray); one table, CSV/JSON and plot")
+    sw.add_argument("--programs", default="", help="comma-separated built-in names or module:function "
+                    "(as for experiment; default: every built-in one)")
+    sw.add_argument("--extractors", default="greedy,improve", help="comma-separated (default greedy,improve)")
+    sw.add_argument("--param", action="append", default=[], metavar="NAME=V1,V2,...",
+                    help="a DeviceParams field and its values (repeat for more: the grid is their product), "
+                         "e.g. --param launch=1e-6,5e-6 --param bandwidth=10e9,40e9")
+    sw.add_argument("--device", default="LLVM")
+    sw.add_argument("--reps", type=int, default=5, help="timed runs per plan (the median is reported)")
+    sw.add_argument("--jobs", type=int, default=None, help="local processes (default: the CPU count; 1: in this "
+                    "process, the only setting whose measured times are not perturbed by other jobs)")
+    sw.add_argument("--ray", default="", metavar="ADDRESS", help="run the jobs as Ray tasks on this cluster "
+                    "(auto, HOST:PORT, ray://HOST:10001, or local for a new local instance)")
+    sw.add_argument("--no-measure", action="store_true", help="predicted times only (no plan is run)")
+    sw.add_argument("--plot", default="", help="save the plot (PNG) here")
+    sw.add_argument("--json", default="", help="every row as JSON here")
+    sw.add_argument("--csv", default="", help="every row (a line per timed run) as CSV here")
+    sw.add_argument("--no-progress", action="store_true")
+    sw.set_defaults(fn=_tune_sweep)
     fz = sub.add_parser("fuzz", help="random programs through the whole pipeline, compared with NumPy")
     fz.add_argument("--examples", type=int, default=500)
     fz.add_argument("--steps", type=int, default=8, help="most ops per program")

@@ -5,12 +5,16 @@ device, and also times the best few *candidate* plans the local search costed, t
 predicted time ranks measured time (Spearman's rank correlation per program and overall). Results
 come back as rows, print as a table (:func:`format_table`) and plot (:func:`plot`, matplotlib:
 predicted vs measured, one colour per program). ``python -m eqgrad tune experiment`` is the
-command-line form; progress bars use tqdm.
+command-line form; progress bars use tqdm. The pieces a parameter sweep reuses (tools/sweep.py):
+:func:`resolve_programs` (programs by name, picklable), :func:`plan_program` (one plan, timed),
+the rows' CSV and JSON, :func:`progress_bar`.
 """
 from __future__ import annotations
 
+import importlib
+import sys
 from dataclasses import asdict, dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -33,6 +37,7 @@ class Row:
     candidate: bool = False
     status: str = ""       # how the extractor ended (Result.status: the ILP's optimal / fallback ...)
     runs: tuple[float, ...] = ()    # every timed run's seconds
+    params: tuple[tuple[str, Any], ...] = ()    # the DeviceParams fields overridden (a sweep's grid point)
 
     @property
     def spread(self) -> float:
@@ -69,9 +74,69 @@ def default_programs() -> dict[str, Callable[[], list]]:
             "mlp_step": mlp_step}
 
 
+def load_callable(spec: str, what: str):
+    """``module:function`` imported (the working directory is importable), or a ValueError that
+    says what went wrong."""
+    mod, sep, name = spec.partition(":")
+    if not sep or not mod or not name:
+        raise ValueError(f"{what} {spec!r}: expected module:function")
+    if "" not in sys.path:
+        sys.path.insert(0, "")
+    try:
+        m = importlib.import_module(mod)
+    except ImportError as e:
+        raise ValueError(f"{what} {spec!r}: cannot import {mod!r} ({e})") from None
+    fn = getattr(m, name, None)
+    if not callable(fn):
+        raise ValueError(f"{what} {spec!r}: {mod} has no function {name!r}")
+    return fn
+
+
+def _as_list(fn: Callable) -> Callable[[], list]:
+    return lambda: (lambda r: list(r) if isinstance(r, (list, tuple)) else [r])(fn())
+
+
+def resolve_programs(spec: str) -> dict[str, Callable[[], list]]:
+    """``--programs``: comma-separated built-in names (``default_programs``) or ``module:function``
+    (a function of no arguments returning the Tensor or list of Tensors to plan); an unknown name
+    is a ValueError naming the known ones (it used to run the defaults silently). The names are
+    what a process or a Ray worker is sent: it resolves them again (the programs are closures)."""
+    known = default_programs()
+    if not spec:
+        return known
+    out = {}
+    for item in [s.strip() for s in spec.split(",") if s.strip()]:
+        if ":" in item:
+            out[item] = _as_list(load_callable(item, "--programs"))
+        elif item in known:
+            out[item] = known[item]
+        else:
+            raise ValueError(f"--programs: unknown program {item!r}; the built-in ones are {', '.join(known)}, "
+                             "or give module:function")
+    return out
+
+
 def _time_plan(plan, device: str, reps: int) -> tuple[float, ...]:
     """Every timed run's seconds (the median is the row's ``measured``)."""
     return tuple(time_plan_runs(plan, device, reps))
+
+
+def plan_program(fn: Callable[[], list], extractor: str, device: str, reps: int,
+                 measure: bool = True) -> tuple[int, float, tuple[float, ...], str]:
+    """Plan ``fn``'s tensors with ``extractor`` (under the ``using()`` settings in effect) and time
+    the plan ``reps`` times unless ``measure`` is false: (kernels, predicted seconds, the timed runs'
+    seconds, the extractor's status)."""
+    with using(extractor=extractor):
+        outs = fn()
+        cp, _ = engine.plan_for([o.lazydata for o in outs])
+    runs = _time_plan(cp.plan, device, reps) if measure else ()
+    return (len(cp.plan.kernels), cp.plan.predicted, runs,
+            cp.result.status if cp.result is not None else "resized plan")
+
+
+def median(runs: tuple[float, ...]) -> float:
+    """The row's ``measured``: the runs' median (NaN when it was not measured)."""
+    return float(np.median(runs)) if runs else float("nan")
 
 
 def run_experiment(programs: dict[str, Callable[[], list]] | None = None,
@@ -82,18 +147,14 @@ def run_experiment(programs: dict[str, Callable[[], list]] | None = None,
     programs = programs or default_programs()
     settings = settings or {"default": None}
     jobs = [(p, s, e) for p in programs for s in settings for e in extractors]
-    bar = _bar(len(jobs) + len(programs) * len(settings), progress)
+    bar = progress_bar(len(jobs) + len(programs) * len(settings), progress)
     rows: list[Row] = []
     for pname, fn in programs.items():
         for sname, params in settings.items():
             with using(params={device: params} if params else None, cost_fn=cost_fn):
                 for ex in extractors:
-                    with using(extractor=ex):
-                        outs = fn()
-                        cp, _ = engine.plan_for([o.lazydata for o in outs])
-                    runs = _time_plan(cp.plan, device, reps)
-                    rows.append(Row(pname, sname, ex, len(cp.plan.kernels), cp.plan.predicted, float(np.median(runs)),
-                                    status=cp.result.status if cp.result is not None else "resized plan", runs=runs))
+                    kernels, predicted, runs, status = plan_program(fn, ex, device, reps)
+                    rows.append(Row(pname, sname, ex, kernels, predicted, median(runs), status=status, runs=runs))
                     bar.update(1)
                 # candidate plans of the local search, for the rank correlation
                 outs = fn()
@@ -163,22 +224,31 @@ def plot(rows: list[Row], path: str) -> str:
 
 
 def rows_to_json(rows: list[Row]) -> list[dict]:
-    """Every row with every timed run (``runs``), its spread and the extractor's status."""
-    return [dict(asdict(r), spread=r.spread) for r in rows]
+    """Every row with every timed run (``runs``), its spread, the extractor's status and the
+    parameters overridden (``params``, a dict)."""
+    return [dict(asdict(r), spread=r.spread, params=dict(r.params)) for r in rows]
+
+
+def param_names(rows: list[Row]) -> list[str]:
+    """The overridden DeviceParams fields of the rows, in the order first seen."""
+    return list(dict.fromkeys(k for r in rows for k, _ in r.params))
 
 
 def rows_to_csv(rows: list[Row], path: str) -> str:
-    """One CSV line per timed run: program, setting, extractor, candidate, kernels, predicted
-    seconds, the row's median, status, run number, the run's seconds."""
+    """One CSV line per timed run (one per row where none was timed): program, setting, the
+    overridden parameters (a column each, for a sweep's rows), extractor, candidate, kernels,
+    predicted seconds, the row's median, status, run number, the run's seconds."""
     import csv
+    names = param_names(rows)
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["program", "setting", "extractor", "candidate", "kernels", "predicted_s", "median_s", "status",
-                    "run", "seconds"])
+        w.writerow(["program", "setting", *names, "extractor", "candidate", "kernels", "predicted_s", "median_s",
+                    "status", "run", "seconds"])
         for r in rows:
+            given = dict(r.params)
             for i, t in enumerate(r.runs or (r.measured,)):
-                w.writerow([r.program, r.setting, r.extractor, int(r.candidate), r.kernels, r.predicted, r.measured,
-                            r.status, i, t])
+                w.writerow([r.program, r.setting, *(given.get(n, "") for n in names), r.extractor, int(r.candidate),
+                            r.kernels, r.predicted, r.measured, r.status, i, t])
     return path
 
 
@@ -190,11 +260,13 @@ class _NoBar:
         pass
 
 
-def _bar(total: int, enabled: bool):
+def progress_bar(total: int, enabled: bool, desc: str = "plans", unit: str = "plan"):
+    """A tqdm bar (``update(n)``, ``close()``), or one that shows nothing when disabled or when
+    tqdm is not installed."""
     if not enabled:
         return _NoBar()
     try:
         from tqdm import tqdm
     except ImportError:
         return _NoBar()
-    return tqdm(total=total, desc="plans", unit="plan")
+    return tqdm(total=total, desc=desc, unit=unit)

@@ -20,6 +20,8 @@ from eqgrad.dtype import DType
 from eqgrad.engine import plan_for
 from eqgrad.extract import cost_model
 from eqgrad.extract.cost import default_cost
+from eqgrad.extract.plan import build_plan
+from eqgrad.rules.provenance import INPUT, rule_of
 
 
 RENDERED = ("svg", "png", "pdf", "jpg", "gif", "ps", "json")     # formats save() renders through Graphviz
@@ -31,11 +33,45 @@ def _scalar_read(n) -> bool:
     return (n.op == "BUF" and n.shape == ()) or (n.op in ("RESHAPE", "EXPAND") and _scalar_read(n.src[0]))
 
 
+def provenance_of(cp: Any) -> dict[str, list[tuple[str, str]]]:
+    """Kernel name -> (op, the rule that introduced the chosen e-node, or "input") for each node of
+    the kernel's body, from a plan compiled under instrumented rules (``plan_for(provenance=True)``;
+    rules/provenance.py). Leaves (buffers, constants, parameters) are left out."""
+    g, res, plan = cp.egraph, cp.result, cp.plan
+    if g is None or res is None or not g.provenance:
+        return {}
+    bodies: dict[str, list[int]] = {}
+    build_plan(g, res.choice, plan.buffers[:plan.n_inputs], bodies=bodies)
+    out: dict[str, list[tuple[str, str]]] = {}
+    for name, classes in bodies.items():
+        nodes = [res.choice[c] for c in classes]
+        out[name] = [(n.op, rule_of(g.provenance.get(n, "?"))) for n in nodes
+                     if n.op not in ("BUF", "CONST", "PARAM") and not (n.op == "REALIZE" and n is not nodes[0])]
+    return out
+
+
+def _same_plan(a: Any, b: Any) -> bool:
+    return [(k.ast.render(), k.out) for k in a.kernels] == [(k.ast.render(), k.out) for k in b.kernels]
+
+
 @dataclass
 class Explanation:
     compiled: Any            # engine.CompiledPlan
     device: str
     cost: Any = None         # the extract.CostModel the plan was chosen under (None: the one in effect now)
+    # kernel name -> (op, rule or "input") per chosen node (provenance_of); None: not asked for;
+    # {} with ``provenance_note`` set: it could not be had (the note says why)
+    provenance: dict[str, list[tuple[str, str]]] | None = None
+    provenance_note: str = ""
+
+    def rules_used(self) -> dict[str, int]:
+        """Rule -> how many chosen e-nodes of the plan it introduced (the input's nodes left out)."""
+        out: dict[str, int] = {}
+        for nodes in (self.provenance or {}).values():
+            for _, r in nodes:
+                if r != INPUT:
+                    out[r] = out.get(r, 0) + 1
+        return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
     @property
     def plan(self):
@@ -50,7 +86,8 @@ class Explanation:
         for k in self.plan.kernels:
             ops = [n.op for n in k.ast.walk() if n.op not in ("BUF", "CONST") and not _scalar_read(n)]
             out.append(dict(name=k.name, out=k.out, shape=self.plan.buffers[k.out][0], ops=ops,
-                            bytes=k.nbytes, flops=k.flops, predicted=k.predicted, body=k.ast.render()))
+                            bytes=k.nbytes, flops=k.flops, predicted=k.predicted, body=k.ast.render(),
+                            provenance=(self.provenance or {}).get(k.name, [])))
         return out
 
     def __str__(self) -> str:
@@ -70,6 +107,13 @@ class Explanation:
             lines.append(f"  {k['name']}: b{k['out']}{list(k['shape'])}  fuses {len(k['ops'])} ops [{fused}]  "
                          f"{k['bytes'] / 1e6:.3g} MB, {k['flops'] / 1e6:.3g} MFLOP, predicted {k['predicted'] * 1e6:.1f} us")
             lines.append(f"      = {k['body'][:160]}{'...' if len(k['body']) > 160 else ''}")
+            if k["provenance"]:
+                lines.append("      introduced by: " + _by_rule(k["provenance"]))
+        if self.provenance is not None:
+            used = self.rules_used()
+            lines.append("rules in the chosen plan: " + (", ".join(f"{r} ({n} node{'s' * (n != 1)})" for r, n in used.items())
+                                                        or "none (every chosen node is the input's)")
+                         if not self.provenance_note else f"provenance: {self.provenance_note}")
         if res and res.alternatives:
             lines.append("best rejected alternatives:")
             legal = [a for a in res.alternatives if a.legal][:4]
@@ -166,7 +210,30 @@ class Explanation:
         return path
 
 
-def explain(*tensors: Any) -> Explanation:
-    """Plan (without running) the graph of ``tensors`` and explain the plan."""
-    cp, device = plan_for([t.lazydata for t in tensors])
-    return Explanation(cp, device, cost_model(device))        # the cost model in effect while planning
+def _by_rule(nodes: list[tuple[str, str]]) -> str:
+    """``input`` nodes and each rule's, with the ops each introduced: "input: 5 (ADD RSUM), fuse-add: 1 (ADD)"."""
+    groups: dict[str, list[str]] = {}
+    for op, r in nodes:
+        groups.setdefault(r, []).append(op)
+    return ", ".join(f"{r}: {len(ops)} ({' '.join(dict.fromkeys(ops))})" for r, ops in groups.items())
+
+
+def explain(*tensors: Any, provenance: bool = True) -> Explanation:
+    """Plan (without running) the graph of ``tensors`` and explain the plan. ``provenance``: also
+    name the rule (or the input) that introduced each chosen e-node -- the graph is planned a second
+    time under instrumented rules (rules/provenance.py), which costs about one more compile; when
+    that plan differs from the real one (possible only near the e-graph node limit) it is not shown
+    and ``provenance_note`` says so."""
+    lbs = [t.lazydata for t in tensors]
+    cp, device = plan_for(lbs)
+    ex = Explanation(cp, device, cost_model(device))         # the cost model in effect while planning
+    if provenance:
+        pcp, _ = plan_for(lbs, provenance=True)
+        if pcp.report.stop_reason not in ("completed", "node limit") or pcp.egraph is None:
+            ex.provenance, ex.provenance_note = {}, f"the instrumented planning stopped: {pcp.report.stop_reason}"
+        elif not _same_plan(pcp.plan, cp.plan):
+            ex.provenance, ex.provenance_note = {}, ("the instrumented planning chose another plan (the recorded "
+                                                     "provenance rows count toward the e-graph's node limit)")
+        else:
+            ex.provenance = provenance_of(pcp)
+    return ex
