@@ -150,7 +150,7 @@ def try_rulebook(path: str | Path, program: Callable[[], Any], phase: str = rule
         if trace:
             growth = (growth[0], _traced(lbs, device))
     after = _side(cp1, device, runs)
-    names = list(dict.fromkeys(r.name for r in rb.rules))
+    names = list(dict.fromkeys(rule_of(r.name) for r in rb.rules))      # a template's expansions: one name
     m = cp1.report.rule_matches
     matches = {r: m.get(r, 0) for r in names}
     added: dict[str, int] = {}
@@ -172,7 +172,7 @@ def try_rulebook(path: str | Path, program: Callable[[], Any], phase: str = rule
                     if r != INPUT and r in matches:
                         chosen.setdefault(r, []).append(op)
     return TryResult(str(path), phase, before, after, matches, added, chosen,
-                     {r.name: r.where for r in rb.rules}, note, growth)
+                     {rule_of(r.name): r.where for r in reversed(rb.rules)}, note, growth)
 
 
 
