@@ -134,3 +134,17 @@ def test_explain_shows_the_extractors_status():
         text = str(eqgrad.explain(x.softmax(-1)))
     assert "(extractor ilp [" in text
     assert any(s in text for s in ("[optimal]", "[time limit", "[fallback to greedy", "[skipped"))
+
+
+def test_a_program_whose_plans_are_all_predicted_equal_has_no_correlation_and_no_warning():
+    """The 2-layer MLP step's ten plans were all predicted 1012.6 us: scipy warned (ConstantInputWarning)
+    and the table printed "+nan"; now it says why there is no rank correlation."""
+    import warnings
+    from eqgrad.tools.experiments import Row, format_table, rank_correlation
+    rows = [Row("mlp", "default", e, 7, 1e-3, m, runs=(m,)) for e, m in
+            [("greedy", 6.8e-3), ("improve", 6.9e-3), ("ilp", 7.1e-3), ("measured", 6.7e-3)]]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert rank_correlation(rows) != rank_correlation(rows)          # NaN
+        text = format_table(rows)
+    assert "mlp        n/a: every plan tried was predicted the same time  (4 plans)" in text and "nan" not in text

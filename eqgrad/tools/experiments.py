@@ -175,10 +175,19 @@ def run_experiment(programs: dict[str, Callable[[], list]] | None = None,
 
 def rank_correlation(rows: list[Row]) -> float:
     from scipy.stats import spearmanr
-    if len(rows) < 3:
-        return float("nan")
+    if len(rows) < 3 or len({r.predicted for r in rows}) < 2 or len({r.measured for r in rows}) < 2:
+        return float("nan")          # undefined: a constant side has no ranks (correlation_text says so)
     rho = spearmanr([r.predicted for r in rows], [r.measured for r in rows]).statistic
     return float(rho)
+
+
+def correlation_text(rows: list[Row]) -> str:
+    rho = rank_correlation(rows)
+    if rho == rho:
+        return f"{rho:+.2f}"
+    if len(rows) >= 3 and len({r.predicted for r in rows}) < 2:
+        return "n/a: every plan tried was predicted the same time"
+    return "n/a: fewer than 3 plans, or every one measured the same"
 
 
 def format_table(rows: list[Row]) -> str:
@@ -193,8 +202,8 @@ def format_table(rows: list[Row]) -> str:
     lines.append("rank correlation (Spearman) of predicted vs measured, per program (the plans tried for it):")
     for p in dict.fromkeys(r.program for r in rows):
         sub = [r for r in rows if r.program == p]
-        lines.append(f"  {p:<10} {rank_correlation(sub):+.2f}  ({len(sub)} plans)")
-    lines.append(f"  {'all':<10} {rank_correlation(rows):+.2f}  ({len(rows)} plans; pools programs whose times differ "
+        lines.append(f"  {p:<10} {correlation_text(sub)}  ({len(sub)} plans)")
+    lines.append(f"  {'all':<10} {correlation_text(rows)}  ({len(rows)} plans; pools programs whose times differ "
                  "by orders of magnitude, so it is high whatever each program's own: read the rows above)")
     return "\n".join(lines)
 

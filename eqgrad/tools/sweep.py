@@ -29,7 +29,7 @@ from typing import Any, Callable, Sequence
 
 from eqgrad.extract import ALL_DEVICES, EXTRACTORS, using
 from eqgrad.extract.cost import DeviceParams, Overrides
-from eqgrad.tools.experiments import (Row, median, param_names, plan_program, progress_bar, rank_correlation,
+from eqgrad.tools.experiments import (Row, median, param_names, plan_program, progress_bar, correlation_text,
                                       resolve_programs, rows_to_csv, rows_to_json)
 
 PARAM_NAMES = [f.name for f in fields(DeviceParams) if f.name != "source"]
@@ -216,7 +216,7 @@ class Sweep:
                 best = min(sub, key=lambda r: r.measured)
                 line += f", fastest at {best.setting} ({best.measured * 1e6:.1f} us)"
                 if len(sub) >= 3:
-                    line += f", Spearman {rank_correlation(sub):+.2f}"
+                    line += f", Spearman {correlation_text(sub)}"
             lines.append(line)
         if self.measure and self.workers > 1:
             lines.append(f"note: measured with up to {self.workers} jobs at a time on shared cores: they perturb "
