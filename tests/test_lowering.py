@@ -209,7 +209,7 @@ def test_streaming_stores_for_large_elementwise_outputs():
     np.testing.assert_allclose((Tensor(a[:odd]) * Tensor(b[:odd]) + 1).exp2().numpy(), np.exp2(a[:odd] * b[:odd] + 1), rtol=1e-6)
 
 
-# ------------------------------------------------------------------ index arithmetic for every sign (issue 12, item 1)
+# ------------------------------------------------------------------ index arithmetic for every sign
 
 def test_flip_after_a_reshape_that_merges_axes(device):
     """The report's case: the index simplifier split the constant of (5 - i) // 3 so that the
@@ -269,7 +269,7 @@ def test_index_division_is_floor_division_on_every_device(device, monkeypatch, c
         return                           # no loop IR on the NumPy device
     x = Tensor(np.arange(n, dtype=np.int32), device=device)
     cp, _ = engine.plan_for([(x + 1).lazydata])
-    monkeypatch.setattr(lowering, "lower_kernel", lambda k, plan, upcast=None: _floor_div_kernel(n, c, d)[0])
+    monkeypatch.setattr(lowering, "lower_kernel", lambda k, plan, upcast=None, options=None: _floor_div_kernel(n, c, d)[0])
     bufs = [Buffer.from_numpy(np.arange(n, dtype=np.int32), device), Buffer.empty((n,), eqgrad.int32, device)]
     get_device(device).prepare(cp.plan)(bufs)
     np.testing.assert_array_equal(bufs[1].numpy(), ref)
@@ -301,7 +301,7 @@ def test_negative_numerators_are_still_right(device, monkeypatch):
         engine.clear_cache()
 
 
-# ------------------------------------------------------------------ honest blame (issue 12, item 15)
+# ------------------------------------------------------------------ honest blame
 
 def _flip_program(device: str = "LLVM") -> Tensor:
     a = np.arange(12, dtype=np.float32).reshape(3, 4)

@@ -47,6 +47,8 @@ from eqgrad.config import POOL_BYTES
 from eqgrad.dtype import to_dtype, to_storage
 from eqgrad.cache import computed_once
 from eqgrad.lower import lowering, trace
+from eqgrad.lower.passes import LowerOptions
+from eqgrad.graph.caps import CPU, Capabilities
 # imported here, not with the LLVM device at first use, for the order of the fork hooks (see
 # _before_fork): 20 ms more of ``import eqgrad``, 20 ms less of the first Tensor's
 from eqgrad.devices import llvm  # noqa: F401
@@ -266,6 +268,9 @@ _lowered = LoweredKernels()
 class Device:
     name = "?"
     host_memory = True       # buffers are NumPy arrays (base-class memory below); pooled by Buffer.empty
+    # what the lowering may do for this device (graph/caps.py): the CPU's register blocks unless a
+    # device says otherwise; part of the lowered-kernel cache key
+    caps: Capabilities = CPU
     # the exceptions of the device's runtime that mean the device failed (lost, reset, out of memory)
     runtime_errors: tuple[type[BaseException], ...] = ()
 
@@ -313,7 +318,7 @@ class Device:
         """Whether this process keeps the kernel's loop IR (``lowered_kernel`` would not lower);
         ``structure``: ``kernel_structure(k, plan)`` when the caller has it already."""
         structure = self.structure(k, plan) if structure is None else structure
-        return _lowered.get((structure, upcast, lowering.lower_kernel)) is not None
+        return _lowered.get((structure, upcast, lowering.lower_kernel, self.caps)) is not None
 
     # a device that prepares a plan's kernels in several passes sets a dict here for the duration
     # of a prepare (LLVM: prefetch, then build), so each kernel's structure is worked out once
@@ -332,13 +337,18 @@ class Device:
         return s
 
     def lowered_kernel(self, k: Any, plan: Any, upcast: Any = None) -> Any:
-        """One kernel's loop IR, named ``eqk``, lowered once per structure (``render_kernel``)."""
+        """One kernel's loop IR, named ``eqk``, lowered once per structure and device capabilities
+        (``render_kernel``)."""
         lower = lowering.lower_kernel               # looked up at call time (tests patch it)
-        key = (self.structure(k, plan), upcast, lower)
+        caps = self.caps
+        key = (self.structure(k, plan), upcast, lower, caps)
         lk = _lowered.get(key)
         if lk is None:
-            if upcast is None and lower is lowering.lower_kernel and config.SIZE_ARGS.value:
-                lk = trace.TRACES.lower(k, plan, lower)     # a body whose sizes keep changing lowers once
+            if caps != CPU:                              # the device's own choices (no CPU register blocks)
+                lk = lower(k, plan, upcast, options=LowerOptions.for_caps(caps))
+            elif upcast is None and lower is lowering.lower_kernel and config.SIZE_ARGS.value:
+                # a body whose sizes keep changing lowers once (traces are of the CPU's lowering)
+                lk = trace.TRACES.lower(k, plan, lower)
             else:
                 lk = lower(k, plan, upcast)
             lk.name = "eqk"

@@ -26,6 +26,7 @@ import numpy as np
 from eqgrad import config
 from eqgrad.dtype import DType
 from eqgrad.errors import DeviceError
+from eqgrad.graph.caps import Capabilities
 from eqgrad.graph.plan import KernelPlan
 from eqgrad.ops import Shape, numel
 from eqgrad.devices import Buffer, Device
@@ -116,6 +117,9 @@ class CUDADevice(Device):
         atexit.register(self.ctx.pop)
         self.arch = "sm_%d%d" % self.gpu.compute_capability()
         self.renderer = CUDARenderer()
+        # its own lowering choices: outputs are threads, a reduction's block shares its loop; no CPU
+        # register blocks (graph/caps.py)
+        self.caps = Capabilities(f"CUDA {self.arch}", register_lanes=False, reduce_group=self.renderer.reduce_group)
         self.functions: dict[str, Any] = {}        # compiled once per distinct source
         self.modules: list[Any] = []               # kept alive with their functions
 

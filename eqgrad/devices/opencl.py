@@ -27,6 +27,7 @@ import numpy as np
 from eqgrad import config
 from eqgrad.dtype import DType
 from eqgrad.errors import CompileError, DeviceError
+from eqgrad.graph.caps import Capabilities
 from eqgrad.graph.plan import KernelPlan
 from eqgrad.ops import Shape, numel
 from eqgrad.devices import Buffer, Device
@@ -131,6 +132,11 @@ class OpenCLDevice(Device):
             self.renderer.code_for_op = {**self.renderer.code_for_op, "SIN": CSTYLE_OPS["SIN"]}
         while self.renderer.reduce_group > self.device.max_work_group_size:
             self.renderer.group_size = self.renderer.reduce_group = self.renderer.reduce_group // 2
+        # its own lowering choices (graph/caps.py): on a GPU outputs are work-items and a reduction's
+        # group shares its loop, without CPU register blocks; a CPU platform keeps them (20x on PoCL)
+        self.caps = Capabilities(f"OPENCL {self.device.name.strip()}",
+                                 register_lanes=bool(self.device.type & cl.device_type.CPU),
+                                 reduce_group=self.renderer.reduce_group)
         self.kernels: dict[str, Any] = {}          # compiled once per distinct source
         # a launch sets the kernel object's arguments, then enqueues it: two threads launching one
         # kernel (the same source is one object) must not interleave the two, or one runs with the

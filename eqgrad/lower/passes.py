@@ -27,18 +27,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
+from eqgrad.graph.caps import LANE_BODY_MAX, LANES_LAST, LANES_PREV, TILE_BLOCKS, TILE_MIN_STREAM, Capabilities
 from eqgrad.graph.plan import Kernel, KNode
 from eqgrad.lower.indexing import REDUCES, dry_sources, flat_index, hoistable, reduce_map
 from eqgrad.lower.sums import SUM_BLOCK, SUM_RADIX
 from eqgrad.lower.symbolic import Lin, Var
 from eqgrad.ops import numel
 
-# The thresholds, named with the measurement behind each in the pass that reads it.
-LANES_LAST = (16, 8, 4)       # lanes tried on the last output axis, first that divides wins
-LANES_PREV = (8, 4, 2)        # lanes tried on the axis before it
-LANE_BODY_MAX = 8192          # most body nodes x lanes (the unrolled block must stay compilable)
-TILE_BLOCKS = 8               # register blocks of the outer lane axis per cache tile
-TILE_MIN_STREAM = 1 << 20     # bytes a block's reduce loop streams from the lane-axis operand
+# The thresholds, named with the measurement behind each in the pass that reads it. The register
+# block's are a device's capabilities (graph/caps.py: the CPU's here are its defaults).
 SPLIT_MIN = 1 << 20           # elements: smaller reductions are not worth a second kernel
 SPLIT_PARTS = 64              # most partial results (each thread gets several: uneven cores balance)
 
@@ -51,6 +48,8 @@ class LowerOptions:
     disabled: frozenset[str] = frozenset()    # names of passes switched off
     threads: int = 1                           # CPU threads the device splits kernels across
     parallel_min: float = 0.0                  # predicted seconds above which it does (devices/cpu.py)
+    lanes_last: tuple[int, ...] = LANES_LAST   # lane widths tried on the last output axis
+    lanes_prev: tuple[int, ...] = LANES_PREV   # and on the axis before it
     lane_body_max: int = LANE_BODY_MAX
     tile_blocks: int = TILE_BLOCKS
     tile_min_stream: int = TILE_MIN_STREAM
@@ -58,6 +57,14 @@ class LowerOptions:
     sum_radix: int = SUM_RADIX
     split_min: int = SPLIT_MIN
     split_parts: int = SPLIT_PARTS
+
+    @classmethod
+    def for_caps(cls, caps: Capabilities, **kw) -> "LowerOptions":
+        """The options a device with ``caps`` lowers with: its register-block widths and thresholds,
+        and without the lanes and tiling passes where it has no register lanes (a GPU's work-items)."""
+        disabled = frozenset(kw.pop("disabled", ())) | (frozenset() if caps.register_lanes else {"lanes", "tiling"})
+        return cls(lanes_last=caps.lanes_last, lanes_prev=caps.lanes_prev, lane_body_max=caps.lane_body_max,
+                   tile_blocks=caps.tile_blocks, tile_min_stream=caps.tile_min_stream, disabled=disabled, **kw)
 
     def __post_init__(self) -> None:
         names = {self.disabled} if isinstance(self.disabled, str) else self.disabled
@@ -189,7 +196,8 @@ class Lanes(Pass):
     and the kernel's loop vectorizer is switched off; the LLVM renderer emits the lanes of the last
     axis as vectors (devices/llvm.py, _Lanes; before, LLVM's SLP vectorizer had to find them, and
     on an AVX2 EPYC with llvmlite's LLVM 22 it left matmul 512's 128 lanes scalar). The block
-    size is a constant still (issue 15): 8 x 16 floats are 16 AVX2 registers of accumulators. Measured: matmul 512 415 ms -> 5 ms (one lane axis); 8x16 lanes
+    widths are the device's capabilities (graph/caps.py; the same on every x86-64 CPU, and none on a
+    GPU device): 8 x 16 floats are 16 AVX2 registers of accumulators. Measured: matmul 512 415 ms -> 5 ms (one lane axis); 8x16 lanes
     matmul 1024 120 GFLOP/s; lanes on the innermost axis with more than one element: batched
     q @ k 121 ms -> 3 ms. Applies to kernels with a reduction that streams a load with unit stride
     along that axis (matmul, convolution, column sums) -- not to a broadcast operand such as a
@@ -209,7 +217,8 @@ class Lanes(Pass):
         body = len(root.walk())
         cap = ctx.options.lane_body_max
         forced = ctx.options.upcast
-        w1s, w0s = ((forced[0],), (forced[1],)) if forced is not None else (LANES_LAST, LANES_PREV)
+        o = ctx.options
+        w1s, w0s = ((forced[0],), (forced[1],)) if forced is not None else (o.lanes_last, o.lanes_prev)
         up: dict[int, int] = {}
         w1 = next((w for w in w1s if w > 1 and shape[last] % w == 0 and body * w <= cap), 1)
         if w1 > 1:

@@ -21,7 +21,7 @@ from eqgrad.dtype import int32
 from eqgrad.errors import DTypeError, ShapeError
 from eqgrad.frontend.tensor import Tensor
 from eqgrad.graph.lazy import LazyBuffer
-from eqgrad.lower.passes import LANES_LAST
+from eqgrad.devices import get_device
 from eqgrad.nn import interpolate as _interpolate
 
 IntOr2 = int | Sequence[int]
@@ -184,9 +184,9 @@ def _conv(x: Tensor, weight: Tensor, s: tuple[int, int], p: tuple[int, int], d: 
     return (w * weight.reshape(1, g, rc, 1, 1, wcin, kh, kw)).sum((5, 6, 7)).reshape(n, cout, oh, ow)
 
 
-def _lane_room(c: int) -> int:
-    """How well ``c`` channels fill register lanes: the largest of the lowering's widths dividing it."""
-    return next((w for w in LANES_LAST if c % w == 0), 1)
+def _lane_room(c: int, device: str) -> int:
+    """How well ``c`` channels fill ``device``'s register lanes (its capabilities, graph/caps.py)."""
+    return get_device(device).caps.lane_room(c)
 
 
 def _swapped(weight: Tensor, groups: int) -> Tensor:
@@ -235,7 +235,7 @@ def _conv_grad(g: LazyBuffer, srcs: tuple[LazyBuffer, ...], s: tuple[int, int], 
     dx = _dilated_input_grad(gt, weight, (h, wd), s, p, d, groups)
     # d weight: (kh, kw, G, rows, cols) with the lane-friendlier channel axis last
     xp = x.pad(((0, 0), (0, 0), (p[0], p[0]), (p[1], p[1])))
-    co_last = _lane_room(rc) > _lane_room(wcin)
+    co_last = _lane_room(rc, x.device) > _lane_room(wcin, x.device)
     if co_last:
         gt = gt.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)
     else:
@@ -949,6 +949,6 @@ def kl_div(input: Tensor, target: Tensor, size_average: bool | None = None, redu
     return _reduce(loss, reduction, "kl_div")
 
 
-__all__ = [n for n in dir() if not n.startswith("_") and n not in ("annotations", "math", "np", "Sequence", "Tensor", "LazyBuffer", "LANES_LAST",
+__all__ = [n for n in dir() if not n.startswith("_") and n not in ("annotations", "math", "np", "Sequence", "Tensor", "LazyBuffer", "get_device",
                                                                    "float32", "int32", "DTypeError", "ShapeError",
                                                                    "IntOr2")]

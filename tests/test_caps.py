@@ -1,0 +1,90 @@
+"""Device capabilities as data (graph/caps.py): the lowering reads a device's capabilities, the
+lowered-kernel cache is keyed by them, a GPU gets no CPU register blocks, and the frontend asks the
+device instead of importing the lowering's constants."""
+import ast
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import eqgrad
+from eqgrad import Tensor, engine
+from eqgrad.devices import _lowered, get_device
+from eqgrad.graph.caps import CPU, Capabilities
+from eqgrad.lower.passes import LowerOptions, run_passes
+from conftest import DEVICES
+
+ROOT = Path(__file__).resolve().parent.parent
+GPU_LIKE = Capabilities("a GPU", register_lanes=False, reduce_group=128)
+
+
+def _matmul_plan(device):
+    rng = np.random.default_rng(0)
+    a, b = (rng.standard_normal((64, 64)).astype(np.float32) for _ in range(2))
+    out = Tensor(a, device=device) @ Tensor(b, device=device)
+    cp, _ = engine.plan_for([out.lazydata])
+    return cp.plan, out, a @ b
+
+
+def test_the_cpu_options_are_the_defaults_and_a_gpu_has_no_register_blocks():
+    assert LowerOptions.for_caps(CPU) == LowerOptions()
+    gpu = LowerOptions.for_caps(GPU_LIKE)
+    assert {"lanes", "tiling"} <= gpu.disabled
+    plan, _, _ = _matmul_plan("NUMPY")
+    (k,) = plan.kernels
+    applied = {st.name for st in run_passes(k, gpu) if st.status == "applied"}
+    assert "lanes" not in applied and "lanes" in {st.name for st in run_passes(k) if st.status == "applied"}
+
+
+def test_names_are_not_part_of_the_key():
+    assert Capabilities("OPENCL some CPU", reduce_group=16) == CPU
+    assert hash(Capabilities("OPENCL some CPU", reduce_group=16)) == hash(CPU)
+    assert GPU_LIKE != CPU
+
+
+def test_lane_room_follows_the_device():
+    assert CPU.lane_room(48) == 16 and CPU.lane_room(24) == 8 and CPU.lane_room(7) == 1
+    assert GPU_LIKE.lane_room(48) == 1
+    assert get_device("LLVM").caps == CPU
+
+
+@pytest.mark.skipif("OPENCL" not in DEVICES, reason="OPENCL device unavailable")
+def test_a_gpu_capability_set_lowers_its_own_kernels_and_they_are_right(monkeypatch):
+    dev = get_device("OPENCL")
+    assert dev.caps.register_lanes == bool(dev.device.type & dev.cl.device_type.CPU)
+    plan, out, ref = _matmul_plan("OPENCL")
+    (k,) = plan.kernels
+    _lowered.clear()
+    cpu_lk = dev.lowered_kernel(k, plan) if dev.caps == CPU else get_device("LLVM").lowered_kernel(k, plan)
+    assert cpu_lk.vector_lanes > 1                        # the CPU's register block
+    monkeypatch.setattr(dev, "caps", GPU_LIKE)
+    gpu_lk = dev.lowered_kernel(k, plan)
+    assert gpu_lk is not cpu_lk and gpu_lk.vector_lanes == 0 and gpu_lk.loop_vectorize
+    assert dev.lowered_kernel(k, plan) is gpu_lk          # kept, by structure and capabilities
+    assert get_device("LLVM").lowered_kernel(k, plan) is not gpu_lk
+    engine.clear_cache()
+    np.testing.assert_allclose(out.numpy(), ref, rtol=1e-4, atol=1e-4)
+
+
+def test_the_frontend_does_not_import_the_lowering():
+    """nn/functional.py imported the lane widths from lower/passes.py to pick a convolution's layout."""
+    bad = []
+    for folder in ("frontend", "nn"):
+        for f in sorted((ROOT / "eqgrad" / folder).glob("*.py")):
+            for node in ast.walk(ast.parse(f.read_text())):
+                if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("eqgrad.lower"):
+                    bad.append(f"{f.relative_to(ROOT)}: from {node.module} import ...")
+    assert not bad, bad
+
+
+def test_conv_weight_gradient_on_both_devices_matches():
+    import torch
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((2, 16, 8, 8)).astype(np.float32)
+    w = rng.standard_normal((24, 16, 3, 3)).astype(np.float32)
+    tw = torch.tensor(w, requires_grad=True)
+    torch.nn.functional.conv2d(torch.tensor(x), tw, padding=1).sum().backward()
+    for device in [d for d in ("LLVM", "OPENCL") if d in DEVICES]:
+        ew = Tensor(w, device=device, requires_grad=True)
+        eqgrad.nn.functional.conv2d(Tensor(x, device=device), ew, padding=1).sum().backward()
+        np.testing.assert_allclose(ew.grad.numpy(), tw.grad.numpy(), rtol=1e-4, atol=1e-3)
