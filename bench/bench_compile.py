@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Compile-time benchmark (issue 14): what the compiler itself costs, each case in a fresh process.
+"""Compile-time benchmark: what the compiler itself costs, each case in a fresh process.
 
-Cases (full size / --quick size) and the issue's targets:
+Cases (full size / --quick size) and their targets:
   first_realize   Tensor([1., 2.]) + 1 in a script of its own, timed from its first line (the imports of
                   NumPy and eqgrad, the worker)                                                   <= 0.3 s
   mlp_adam        MLP 64->128->10, Adam, batch 64, @eqgrad.jit (examples/train_digits.py), cold  <= 1.0 s

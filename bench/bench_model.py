@@ -5,7 +5,7 @@ Runs bench_core's training rows (CNN, CNN with pooling, FFN, layernorm backward)
 and Linear rows, and bench_compile's BERT-shaped encoder forward on eqgrad's LLVM device, records
 every kernel of the last --reps runs one by one (``GlobalCounters.kernel_log``: each kernel timed
 alone, as DEBUG=2 does, printing nothing), and reports per workload and overall the share of
-kernels whose prediction is within 2x of the median measured time (issue 15's target: >= 90 %),
+kernels whose prediction is within 2x of the median measured time (the target: >= 90 %),
 the predicted and measured sums, and the worst kernels.
 
 The parameters are the cost model's in effect: the defaults, or the calibration of this machine

@@ -60,8 +60,8 @@ class computed_once:
     kept in the instance's ``__dict__``, which later reads find first (a non-data descriptor), and
     which a caller may also fill itself. Python 3.11's cached_property takes one lock per
     attribute, shared by every instance, on each first read: a microsecond of each new output
-    buffer, and a forked child waited forever on it when a parent thread held it at the fork
-    (issue 38). Two threads' first reads may both compute the value; for a pure function of
+    buffer, and a forked child waited forever on it when a parent thread held it at the fork.
+    Two threads' first reads may both compute the value; for a pure function of
     immutable state that is harmless."""
 
     def __init__(self, fn: Callable[[Any], Any]):

@@ -405,7 +405,7 @@ def unknown_variables(environ: Any = None) -> list[tuple[str, str | None]]:
 
 def warn_unknown_variables(environ: Any = None) -> None:
     """One ``EqgradWarning`` naming every ``EQGRAD_*`` environment variable eqgrad does not read
-    (a misspelt flag was silently ignored: issue 38) and the flag each is closest to.
+    (a misspelt flag used to be silently ignored) and the flag each is closest to.
     Run once per process, when this module is imported (a few microseconds: one pass over the
     environment's names); not in a ``multiprocessing`` child, whose parent has warned already."""
     unknown = unknown_variables(environ)

@@ -1,4 +1,4 @@
-"""Bits (issue 16). Tensor.bitcast: the BITCAST primitive reads the same bits as another dtype of the
+"""Bits. Tensor.bitcast: the BITCAST primitive reads the same bits as another dtype of the
 same width, through the whole pipeline (e-graph, extraction, lowering) on every device, against
 NumPy's view; special values keep their bits; bad targets are errors naming the widths. Shifts and
 ~ on every integer dtype against torch (uint32: NumPy), shift counts beyond the width included."""

@@ -56,7 +56,7 @@ def _ref(scale: float = 3.0) -> np.ndarray:
     return np.exp2(X * scale + 1).sum(1)
 
 
-# ------------------------------------------------------------------ item 11: bad entries
+# ------------------------------------------------------------------ bad entries
 
 @pytest.mark.parametrize("entry", [dict(launch=5e-6, bandwidth=0, peak=5e10),
                                    dict(launch=5e-6, bandwidth=2e10, peak=0.0),
@@ -137,7 +137,7 @@ def test_bad_kernel_search_entry_is_ignored_and_searched_again(cache, bad):
     assert len(ws) == 1 and str(f) in ws[0]
 
 
-# ------------------------------------------------------------------ item 11: unusable directories
+# ------------------------------------------------------------------ unusable directories
 
 def _unusable(kind: str, tmp_path: Path) -> Path:
     if kind == "under a regular file":
@@ -255,7 +255,7 @@ def test_failed_compile_with_an_unusable_cache_directory_still_names_the_compile
     engine.clear_cache()
 
 
-# ------------------------------------------------------------------ item 12: safe writes
+# ------------------------------------------------------------------ safe writes
 
 def test_two_threads_keep_every_put(cache):
     c = JsonCache("threads", 1)

@@ -1,4 +1,4 @@
-"""The soundness checker (eqgrad/tools/check.py) against the false SOUND verdicts of issue 17:
+"""The soundness checker (eqgrad/tools/check.py) against the false SOUND verdicts it used to give:
 instances isolated in e-graphs of their own, special values always sampled, ranks up to 5, the
 tolerance settable and `;; check: exact`, enough instances by default, birewrites checked in both
 directions, and counterexamples that show the instance that failed."""

@@ -1,4 +1,4 @@
-"""A new number or a new size reuses the compiled plan (issue 14): float constants that no rule
+"""A new number or a new size reuses the compiled plan: float constants that no rule
 inspects are runtime parameters (graph/program.py ``ParamLeaf``), and a program that differs from a
 cached one only in sizes gets the cached plan resized (graph/resize.py, Session._cached_plan)."""
 from __future__ import annotations

@@ -119,7 +119,7 @@ def test_bad_flag_fails_at_realize_not_deep_inside(monkeypatch):
         (Tensor(np.ones(3, np.float32)) * 3 + 1).realize()
 
 
-# ------------------------------------------------------------------ item 10: settings in the plan cache key
+# ------------------------------------------------------------------ settings in the plan cache key
 
 def _kernels(make) -> tuple[int, int, np.ndarray]:
     """(kernels run, plans compiled, result) of one realize."""
@@ -239,7 +239,7 @@ def test_the_settings_key_memo_covers_every_flag_it_reads(monkeypatch):
 # ---------------------------------------------------------------------------- unknown variables
 
 def test_unknown_eqgrad_variables_are_named_with_the_closest_flag():
-    """Issue 38 (6b): a mistyped flag (EQGRAD_OPTT=0) was silently ignored."""
+    """A mistyped flag (EQGRAD_OPTT=0) used to be silently ignored; now it warns."""
     env = {"EQGRAD_OPTT": "0", "EQGRAD_OPT": "1", "EQGRAD_RULEBOOKS": "", "EQGRAD_SATURATON_TIMEOUT": "3",
            "EQGRAD_ZZZ": "1", "DEBUG": "1", "PATH": "/bin"}
     assert config.unknown_variables(env) == [("EQGRAD_OPTT", "EQGRAD_OPT"),

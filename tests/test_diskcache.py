@@ -532,7 +532,7 @@ def _swap(three_plans, tmp_path: Path, stored: str, asked: str, key: str) -> Pat
 
 
 def test_a_plan_file_copied_over_another_programs_runs_the_right_program(three_plans, tmp_path):
-    """Issue 38: ``x.exp() + y``'s plan copied over ``x.exp() * y``'s file, its key edited to the file's
+    """``x.exp() + y``'s plan copied over ``x.exp() * y``'s file, its key edited to the file's
     name, printed ``x.exp() + y`` in a later process with no warning. The file holds the whole key,
     compared with the program's: a miss, one warning, the right numbers."""
     cache = _swap(three_plans, tmp_path, "add", "mul", key="name")
@@ -546,7 +546,7 @@ def test_a_plan_file_copied_over_another_programs_runs_the_right_program(three_p
 
 @pytest.mark.parametrize("stored, asked", [("add", "exp"), ("exp", "add")])
 def test_a_plan_of_another_input_count_is_a_miss_not_a_crash(three_plans, tmp_path, stored, asked):
-    """Issue 38: a plan of 2 inputs under a 1-input program's key (the key field itself copied, so
+    """A plan of 2 inputs under a 1-input program's key (the key field itself copied, so
     only the check against the program can tell) raised and the process died of SIGSEGV; a plan of
     1 input under a 2-input program's wrote its output into the second input. Now: one warning, a
     recompile, the right numbers (in a child process, so a crash fails the test)."""

@@ -1,4 +1,4 @@
-"""Ops that order, reduce or raise values, in every dtype against torch (issue 16): argmin/argmax,
+"""Ops that order, reduce or raise values, in every dtype against torch: argmin/argmax,
 cummax/cummin, sort/topk, scatter_reduce, pow, sum/prod/amax/amin, linspace. These composites
 pick an order-reversing map, a "lowest" value or an integer path by dtype; each used to be right
 for float32/int32 only (argmin of int8 -128 and of uint8, sort and cummin of float64 with NaN,

@@ -1,4 +1,4 @@
-"""Dtypes (issue 16): promotion against NumPy/torch for every pair, strict names, casts of special
+"""Dtypes: promotion against NumPy/torch for every pair, strict names, casts of special
 values, arithmetic and reductions in every dtype against NumPy on LLVM and NUMPY, float16/bfloat16
 against torch, int64 beyond int32."""
 import numpy as np

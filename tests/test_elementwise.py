@@ -1,4 +1,4 @@
-"""The elementwise family (frontend/elementwise.py, issue 16) and the gradient edges of abs, clip,
+"""The elementwise family (frontend/elementwise.py) and the gradient edges of abs, clip,
 sigmoid, gelu and pow: forward against torch (and NumPy on the reference device), backward against
 torch, on every device, on a 0-d, a size-0, a batched-special-value and a non-contiguous input.
 

@@ -207,7 +207,7 @@ def test_unsupported_indices(t34):
         t34["a"]
     with pytest.raises(AxisError, match=r"unsupported index 1\.5"):
         t34[1.5]
-    # lists and tensors index since issue 16 (tests/test_indexing.py); what stays an error:
+    # lists and tensors index (tests/test_indexing.py); what stays an error:
     with pytest.raises(AxisError, match=r"index 5 is out of bounds for axis 0 with size 3"):
         t34[[0, 5]]
     with pytest.raises(AxisError, match=r"index lists must be rectangular"):
@@ -343,7 +343,7 @@ def test_bad_context_values():
             pass
 
 
-# ---------------------------------------------------------------------------- sizes (issue 38)
+# ---------------------------------------------------------------------------- sizes
 
 def test_expand_rejects_negative_sizes_other_than_keep():
     """-1 keeps an existing axis's size (torch); any other negative size was taken as given:
@@ -386,7 +386,7 @@ def test_sizes_just_within_the_bound_are_made_lazily():
         Tensor.rand(2, -1)
 
 
-# ---------------------------------------------------------------------------- empty axes (issue 38)
+# ---------------------------------------------------------------------------- empty axes
 
 @pytest.mark.parametrize("device", ["LLVM", "NUMPY"])
 @pytest.mark.parametrize("op", ["softmax", "log_softmax"])
@@ -415,7 +415,7 @@ def test_logsumexp_over_an_empty_axis_is_minus_infinity(device):
 
 
 def test_a_buffer_larger_than_memory_and_swap_is_refused_naming_its_shape():
-    """Issue 38 item 6: zeros(10**6, 10**6).numpy() failed inside NumPy; now the device refuses it
+    """zeros(10**6, 10**6).numpy() used to fail inside NumPy; now the device refuses it
     before allocating, naming the shape, dtype and bytes."""
     with pytest.raises(eqgrad.OutOfMemoryError, match=r"float32 buffer of shape \(1000000, 1000000\) needs 4000000000000 bytes"):
         Tensor.zeros(10**6, 10**6).numpy()
@@ -423,7 +423,7 @@ def test_a_buffer_larger_than_memory_and_swap_is_refused_naming_its_shape():
 
 
 def test_broadcasting_past_the_addressable_bound_is_a_shape_error():
-    """Issue 38 item 6: (2**40, 1) + (1, 2**40) had shape (2**40, 2**40), 2**82 bytes."""
+    """(2**40, 1) + (1, 2**40) used to have shape (2**40, 2**40), 2**82 bytes."""
     a, b = Tensor.zeros(2**40, 1), Tensor.zeros(1, 2**40)
     for f in (lambda: a + b, lambda: a * b, lambda: (a > 0).where(a, b)):
         with pytest.raises(ShapeError, match=r"shape \(1099511627776, 1099511627776\) of float32 is too large to address"):

@@ -1,4 +1,4 @@
-"""Extraction in near-linear time (issue 14): each shortcut gives exactly what the whole-plan
+"""Extraction in near-linear time: each shortcut gives exactly what the whole-plan
 computation it replaced gives.
 
 - PlanState (incremental evaluation) == PlanEvaluator.evaluate on random move sequences;

@@ -210,7 +210,7 @@ def test_extraction_stops_at_its_time_limit_with_the_best_plan_so_far():
 
 
 def test_rejected_alternatives_are_evaluated_only_when_asked():
-    """A compile evaluates no alternative (issue 14: they were a third of a BERT encoder's plan
+    """A compile evaluates no alternative (they were a third of a BERT encoder's plan
     evaluations); reading them evaluates each single move from the chosen plan once, and
     explain() still shows them."""
     x = _t(64, 128)

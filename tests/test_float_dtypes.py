@@ -1,4 +1,4 @@
-"""Float composites in every float dtype (issue 16): the result keeps the input's float dtype;
+"""Float composites in every float dtype: the result keeps the input's float dtype;
 float16/bfloat16 compute in float32 and round once (as torch's CPU kernels), float64 computes in
 float64 -- the transcendental primitives through the C library's double functions, the
 composites accurate to float64 (erfc above 3 excepted, docs/semantics.md) -- forward and backward

@@ -1,6 +1,6 @@
-"""A forked child can realize (issue 12, item 3): the LLVM device's thread pool, the saturation
+"""A forked child can realize: the LLVM device's thread pool, the saturation
 worker and its lock are re-created in the child; the parent's worker is left alone. It can also
-when another thread was compiling at the fork (issue 38, item 5). A hang fails the test after a
+when another thread was compiling at the fork. A hang fails the test after a
 timeout instead of hanging CI."""
 import faulthandler
 import itertools
@@ -214,7 +214,7 @@ def _fork_child(seed: int, hang: float = FORK_HANG) -> tuple[int, int]:
 
 
 def test_fork_at_any_moment_of_another_threads_compile(monkeypatch):
-    """Issue 38 item 5: a fork while another thread compiles hung the child (3 of 3 at the right
+    """A fork while another thread compiles used to hang the child (3 of 3 at the right
     moment): it waited on a lock that a thread it does not have held at the fork -- llvmlite's (the
     parent's thread inside LLVM), COMPILE_LOCK, a module's import lock (a first import inside a
     function). Each child here realizes a new program whatever the parent's thread was doing:
@@ -307,8 +307,8 @@ def _fork_into_first_use(delays_ms: list[float], hang: float) -> list[str]:
 
 
 def test_fork_at_any_moment_of_another_threads_first_use(tmp_path):
-    """Issue 38 item 5, in a process of its own, where nothing has used eqgrad yet (in pytest's the
-    LLVM device exists already): a fork while another thread made its first Tensor hung the child
+    """A fork while another thread starts eqgrad, in a process of its own, where nothing has used
+    eqgrad yet (in pytest's the LLVM device exists already): a fork while another thread made its first Tensor hung the child
     on the import lock of devices/cpu.py, which that thread was importing (get_device). Forks at
     0-400 ms after the thread started; each child realizes a new program. Before: 14, 13 and 13
     of the 14 children hung in 3 runs."""

@@ -36,7 +36,7 @@ def test_random_programs_match_numpy(device):
 def test_random_values_compared_with_their_max_have_one_value(device):
     """Random programs that end in argmax, argmin or x == x.max() of a computed value (a reduction's
     where there is one), each under the inline and the materialized plan at three input draws:
-    the campaign that finds issue 38's argmax out of range on the old code."""
+    the campaign that finds argmax out of range (a value compared with its own max) on the old code."""
     @settings(CI, max_examples=N_PROBED)
     @given(program_strategy(probe=True))
     def run(prog):
@@ -60,7 +60,7 @@ REGRESSIONS = [
 
 # A value compared with a reduction of itself (argmax, argmin, x == x.max()) of a computed input: on
 # LLVM a plan evaluated the input in two kernels that rounded differently, no element equalled the
-# max, and argmax gave the axis length (issue 38: 18 of 50 draws). Each program at many input draws,
+# max, and argmax gave the axis length (18 of 50 draws). Each program at many input draws,
 # under the inline and the materialized plan.
 ONE_VALUE = [
     Program([((3, 5), F)], [("mean", (0,), -1), ("argmax", (1,), 0)]),

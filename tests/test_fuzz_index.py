@@ -1,5 +1,6 @@
 """The loop-IR index fuzzer (eqgrad/fuzz_index.py): bounded, seeded campaigns in CI, the
-interpreter's own checks, and proof that the fuzzer finds the truncating-division bug of issue 12."""
+interpreter's own checks, and proof that the fuzzer finds the old truncating-division bug
+(a negative index numerator divided by truncation, not floor)."""
 import numpy as np
 import pytest
 

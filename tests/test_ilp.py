@@ -1,4 +1,4 @@
-"""The ILP extractor (issue: it fell back to greedy on every program tried and still labelled the
+"""The ILP extractor (it used to fall back to greedy on every program tried and still label the
 plans 'ilp'). It is warm-started from greedy's plan, its plan is costed with the same evaluator as
 every extractor's and is never worse than greedy's by it, and its status says what happened."""
 import numpy as np

@@ -1,4 +1,4 @@
-"""Issue 16, indexing: advanced indexing (index tensors, lists, NumPy arrays, bool masks), setitem,
+"""Indexing: advanced indexing (index tensors, lists, NumPy arrays, bool masks), setitem,
 and torch's gather family, forward against NumPy/torch and backward against torch, on every device."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 16, PyTorch spelling and interop: repr with values, Python numbers, __array__, DLPack both
+"""PyTorch spelling and interop: repr with values, Python numbers, __array__, DLPack both
 ways, Tensor(torch_tensor), Tensor.cat/stack class forms, requires_grad= on factories, in-place
 ``_`` methods as assigns, dim= for axis=."""
 from __future__ import annotations

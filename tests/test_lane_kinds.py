@@ -1,4 +1,4 @@
-"""Lane groups whose lanes differ in kind (devices/llvm.py ``_Lanes``, issue 38): an op is one
+"""Lane groups whose lanes differ in kind (devices/llvm.py ``_Lanes``): an op is one
 vector op only when every lane has the same operands' kinds, and a group packed from scalars is
 one vector of one element type. A property test renders lane kernels whose lanes mix constants
 of every kind the renderer has (special floats among them) with non-constant values, has LLVM
@@ -18,7 +18,7 @@ from eqgrad.graph.loopir import FLOAT64, INDEX, LInst, LoopKernel, verify
 
 
 def test_where_then_cat_then_sum_compiles_on_llvm():
-    """Issue 38: cat's bounds check (an index CMPLT) sat in the lanes beside the float CMPLT of
+    """Cat's bounds check (an index CMPLT) sat in the lanes beside the float CMPLT of
     the where, one vector op for both, so the index lanes were packed into a float vector
     (``insertelement <16 x float> ..., float 8``) and LLVM refused the kernel."""
     rng = np.random.default_rng(0)
@@ -62,7 +62,7 @@ def _leaves(data: st.DataObject, w: int, kinds: tuple[str, ...]) -> tuple:
 def _float_tree(data: st.DataObject, w: int, depth: int) -> tuple:
     """A float32 value per lane: the same op in every lane (what makes a vector op), with leaves,
     casts and comparisons whose kinds vary from lane to lane."""
-    # a where half the time (the issue's tree: a compare under it)
+    # a where half the time (the failing kernel's tree: a compare under it)
     how = data.draw(st.sampled_from(["leaf", "cast"]) if not depth else
                     st.one_of(st.just("where"), st.sampled_from(["leaf", "cast", "add", "max", "neg"])))
     if how == "leaf":
@@ -147,7 +147,7 @@ def _inputs(n: int) -> list[np.ndarray]:
 
 @settings(max_examples=60, deadline=None, derandomize=True, database=None)
 @given(w=st.sampled_from([1, 2, 4, 8, 16, 32]), data=st.data())
-@example(w=4, data=None)          # the issue's shape: a float compare in lane 0, index compares after it
+@example(w=4, data=None)          # the failing kernel's shape: a float compare in lane 0, index compares after it
 def test_lanes_mixing_kinds_and_constants_render_valid_ir_and_the_interpreters_values(w, data):
     if data is None:
         tree = ("where", ("cmp", "CMPLT", ("float32", INDEX, INDEX, INDEX), (0.3, 4, 5, 6), (None, 4, 4, 4)),

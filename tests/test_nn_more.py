@@ -1,4 +1,4 @@
-"""nn, issue 16: the module family (BatchNorm1d, GroupNorm, RMSNorm, containers, activation
+"""nn: the module family (BatchNorm1d, GroupNorm, RMSNorm, containers, activation
 modules), nn.init, the losses with torch's options, and (further down) convolutions, pooling and
 attention -- each forward and backward against torch 2.13.0 (CPU)."""
 from __future__ import annotations

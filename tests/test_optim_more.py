@@ -1,4 +1,4 @@
-"""Optimizers, issue 16: parameter groups (per-group hyperparameters, editable ``param_groups``),
+"""Optimizers: parameter groups (per-group hyperparameters, editable ``param_groups``),
 state dicts in torch's layout (loaded from torch mid-training, then stepped on against torch),
 ReduceLROnPlateau, and gradient clipping -- each against torch 2.13.0 over several steps."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""F.pad / Tensor.pad modes and Tensor.clone (issue 16), forward and backward against torch on
+"""F.pad / Tensor.pad modes and Tensor.clone, forward and backward against torch on
 every device; any rank against NumPy's pad (torch limits the non-constant modes to 1-3 trailing
 axes of 2-5-d inputs)."""
 import numpy as np

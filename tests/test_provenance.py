@@ -1,4 +1,4 @@
-"""Issue 17: explain() names, for each chosen e-node, the rule (or the input) that introduced it;
+"""explain() names, for each chosen e-node, the rule (or the input) that introduced it;
 ``python -m eqgrad rules try RULEBOOK --program FILE.py`` shows what a rulebook does to a program."""
 import textwrap
 

@@ -332,7 +332,7 @@ def test_decomposed_c_is_textually_sound_for_every_dialect():
 
 
 def test_llvm_unrolls_only_innermost_loops():
-    """Issue 14: a loop that holds another loop gets ``llvm.loop.unroll.disable`` (LLVM's O3 unrolled
+    """A loop that holds another loop gets ``llvm.loop.unroll.disable`` (LLVM's O3 unrolled
     nests of short constant loops hundreds of times: a conv weight gradient's 150 lines of IR took 1 s
     to compile), innermost loops keep LLVM's unrolling and vectorizing; the results do not change."""
     x = np.random.default_rng(0).standard_normal((4, 6, 8, 16)).astype(np.float32)

@@ -1,4 +1,4 @@
-"""Issue 17: rulebook errors in the user's terms, in every path. A constructor with the wrong
+"""Rulebook errors in the user's terms, in every path. A constructor with the wrong
 arity, or an egglog number function (lowercase ``neg``) where a tensor goes, is a RulebookError at
 the rule's file:line showing the user's own term and what the constructor takes; an error only
 egglog finds names the rule and its path (egglog names the basename and internal terms); a

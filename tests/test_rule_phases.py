@@ -1,4 +1,4 @@
-"""Issue 17's phase trap: a user rule sees the program in the form its patterns expect in every
+"""The phase trap: a user rule sees the program in the form its patterns expect in every
 phase (the program is inserted with every argument wrapped in Realize until fusion: the rule
 runs with through-Realize variants), the built-in rules re-run over what it adds, and a user
 rule that matches nothing is reported once with its phase."""

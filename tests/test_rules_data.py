@@ -1,4 +1,4 @@
-"""Rules as data (issue 13): the generated families equal the hand-maintained rules they replace,
+"""Rules as data: the generated families equal the hand-maintained rules they replace,
 the egglog analysis agrees with the op table's Python rules, a dump runs exactly like the
 configuration it was taken from, and the schedule's limits follow their flags."""
 from __future__ import annotations

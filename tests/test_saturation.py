@@ -160,7 +160,7 @@ def _endless_ac(tmp_path, phases: int = 40) -> tuple[Saturator, str]:
 
 
 def test_the_time_limit_covers_saturation_and_the_start_is_bounded_apart(tmp_path):
-    """Issue 38 (6a): a new worker's start (the process's first program, the one after a timeout
+    """A new worker's start (the process's first program, the one after a timeout
     kill) was counted as 10 s on top of EQGRAD_SATURATION_TIMEOUT: a 1 s limit stopped after ~11 s.
     Now the limit counts from when the worker is ready, the start is bounded apart (STARTUP_LIMIT)
     and reported, and a request takes at most the two together."""

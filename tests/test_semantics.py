@@ -362,7 +362,7 @@ def test_pytorch_relu_and_sign_of_nan():
 
 
 def test_prod_is_documented():
-    """prod arrived with issue 16 (frontend/shapeops.py): its NaN/inf/overflow semantics are in the docs."""
+    """prod (frontend/shapeops.py): its NaN/inf/overflow semantics are in the docs."""
     assert hasattr(Tensor, "prod")
     doc = (Path(__file__).resolve().parents[1] / "docs" / "semantics.md").read_text()
     assert "`prod`" in doc and "NaN propagates" in doc and "int32 wraps" in doc

@@ -1,5 +1,5 @@
 """Scans, sorting, einsum, extra reductions, movement/construction ops and random factories
-(frontend/shapeops.py, issue 16) against torch and NumPy, forward and backward, on every device of
+(frontend/shapeops.py) against torch and NumPy, forward and backward, on every device of
 conftest.DEVICES.
 
 Inputs are shared so that programs repeat; they cover 0-d, size-0, ties, zeros and negatives

@@ -1,4 +1,4 @@
-"""Float32 sums are accurate on every device (docs/semantics.md "Sums", issue 12 item 4).
+"""Float32 sums are accurate on every device (docs/semantics.md "Sums").
 
 Each sum is compared with a float64 reference against the documented first-order bound
     |sum - exact| <= depth * 2**-24 * sum(|x_i|)

@@ -1,4 +1,4 @@
-"""torch parity, issue 16 continued: ``nn.Sequential`` names its layers' tensors as torch's
+"""torch parity, continued: ``nn.Sequential`` names its layers' tensors as torch's
 (``0.weight``, nested ``1.0.weight``), ``SGD(dampening=)``, ``Adam/AdamW(amsgrad=True)``,
 ``max_unpool1d/3d`` and ``conv_transpose3d`` (and their modules) -- each against torch 2.13.0 (CPU)."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 17's frictions for tuning researchers, each reproduced: a partial DeviceParams override
+"""Frictions for tuning researchers, each reproduced: a partial DeviceParams override
 keeps the calibration (a whole DeviceParams that replaces one warns), explain() names the custom
 cost function and parameters the plan was chosen under (also when printed after the using()
 block), and save() renders the format its suffix names."""

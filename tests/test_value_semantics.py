@@ -1,4 +1,4 @@
-"""Issue 12, items 6-9: a tensor's value never changes after it was built (in-place updates have
+"""A tensor's value never changes after it was built (in-place updates have
 value semantics), state written in a forward pass is committed with the optimizer step (its graph
 stays bounded), ``backward()`` through a released graph raises as in torch, and ``@eqgrad.jit``
 never replays a capture whose Python state changed."""
@@ -24,7 +24,7 @@ XS = [data((8, 4), seed=20 + i) for i in range(10)]
 YS = [np.random.default_rng(30 + i).integers(0, 3, 8).astype(np.int32) for i in range(10)]
 
 
-# ------------------------------------------------------------------ item 6: value semantics of assign
+# ------------------------------------------------------------------ value semantics of assign
 
 def _model(ws=(W1, B1, W2)):
     return [Tensor(w, requires_grad=True) for w in ws]
@@ -180,7 +180,7 @@ def test_jit_torch_habit_replays_the_steps_loss():
         np.testing.assert_allclose(b.numpy(), a.numpy(), rtol=1e-6, atol=1e-7)
 
 
-# ------------------------------------------------------------------ item 7: state graphs stay bounded
+# ------------------------------------------------------------------ state graphs stay bounded
 
 def _bn_model():
     eqgrad.manual_seed(3)
@@ -228,7 +228,7 @@ def test_repeated_assigns_without_a_realize_stay_bounded():
     np.testing.assert_allclose(bn.running_mean.numpy(), mean * (1 - 0.9 ** 100), rtol=1e-4, atol=1e-6)
 
 
-# ------------------------------------------------------------------ item 8: backward twice
+# ------------------------------------------------------------------ backward twice
 
 def test_backward_twice_raises_like_torch():
     x = Tensor([1.0, 2.0, 3.0], requires_grad=True)
@@ -268,7 +268,7 @@ def test_retain_graph_accumulates_like_torch():
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
-# ------------------------------------------------------------------ item 9: the JIT never replays stale state
+# ------------------------------------------------------------------ the JIT never replays stale state
 
 def test_jit_closure_scalar_change_captures_again():
     w = Tensor(data((4, 4), seed=9))
@@ -372,7 +372,7 @@ def test_jit_warns_when_state_changes_every_call():
 
 
 # ---------------------------------------------------------------- one value where bits are compared
-# Issue 38 item 1: argmax/argmin of a computed input returned the axis length on LLVM (the input
+# argmax/argmin of a computed input used to return the axis length on LLVM (the input
 # was evaluated in two kernels that rounded differently, so no element equalled its max).
 
 ARGMAX_CASES = {

@@ -1,4 +1,4 @@
-"""The wheel works (issue 13): ``pip install .`` ships the rulebooks and every subpackage, and an
+"""The wheel works: ``pip install .`` ships the rulebooks and every subpackage, and an
 installed eqgrad saturates, with no checkout in sight.
 
 Slower than the rest (marked ``slow``, still part of ``make test``): it builds a wheel from a copy of

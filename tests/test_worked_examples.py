@@ -1,6 +1,6 @@
 """docs/rulebooks.md's three worked examples, step by step: each rule written, checked (the verdicts the
 guide shows, the failing drafts included), tried on its program with ``rules try``, and its results
-compared with NumPy. Issue 17."""
+compared with NumPy."""
 import textwrap
 
 import numpy as np

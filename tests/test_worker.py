@@ -1,6 +1,6 @@
-"""The saturation worker: its channel survives interrupts (issue 12, item 2), rulebooks and schedules
-are validated exactly as loaded and may not touch files (item 13), and its temporary directories
-do not outlive it (item 14)."""
+"""The saturation worker: its channel survives interrupts, rulebooks and schedules
+are validated exactly as loaded and may not touch files, and its temporary directories
+do not outlive it."""
 import os
 import signal
 import subprocess
@@ -30,7 +30,7 @@ def clean_rules():
     rulebook.reset()
 
 
-# ------------------------------------------------------------------ item 2: interrupts
+# ------------------------------------------------------------------ interrupts
 
 def _chain(x: Tensor, depth: int) -> Tensor:
     y = x
@@ -197,7 +197,7 @@ def test_a_reply_to_an_earlier_request_is_never_taken_for_a_later_one():
         sat.close()
 
 
-# ------------------------------------------------------------------ item 13: rulebooks and schedules
+# ------------------------------------------------------------------ rulebooks and schedules
 
 GOOD = ('(ruleset mine)\n'
         '(rewrite (Mul x (Const 2.0 d s)) (Add x x) :ruleset mine :name "mul-two-add")\n')
@@ -306,7 +306,7 @@ def test_a_schedule_swapped_after_validation_has_no_effect(tmp_path, victim):
     assert victim.read_text() == "precious\n"
 
 
-# ------------------------------------------------------------------ item 14: temporary directories
+# ------------------------------------------------------------------ temporary directories
 
 def _leftovers(d: Path) -> list[str]:
     return sorted(p.name for p in d.iterdir() if p.name.startswith("eqgrad-"))
@@ -437,7 +437,7 @@ print("saturate", engine.last_plan.seconds["saturate"])
 
 @pytest.mark.parametrize("opt", ["1", "0"])
 def test_the_first_tensor_starts_the_worker_in_the_background(opt):
-    """Issue 14: a fresh process waited ~1 s at its first realize for the worker to import egglog.
+    """A fresh process waited ~1 s at its first realize for the worker to import egglog.
     The first Tensor starts it without waiting, and the first realize uses that worker (measured:
     after 1.5 s of other work the first saturation took 0.06 s instead of 1.0 s). EQGRAD_OPT=0
     never saturates and starts no worker."""
@@ -461,7 +461,7 @@ assert (t + 1).tolist() == [2.0, 3.0]
 @pytest.mark.parametrize("prestart,opt,at_import,at_tensor", [("1", "1", True, True), ("0", "1", False, True),
                                                               ("1", "0", False, False)])
 def test_import_starts_the_worker_unless_told_not_to(prestart, opt, at_import, at_tensor):
-    """Issue 14: ``import eqgrad`` starts the saturation worker, so its ~0.15 s start overlaps the
+    """``import eqgrad`` starts the saturation worker, so its ~0.15 s start overlaps the
     rest of the import instead of a first realize (first realize, median of 9 fresh processes:
     0.59 -> 0.48 s). EQGRAD_PRESTART=0 leaves it to the first tensor; EQGRAD_OPT=0 starts none."""
     env = {**os.environ, "EQGRAD_PRESTART": prestart, "EQGRAD_OPT": opt}
@@ -533,7 +533,7 @@ def test_the_caller_works_while_the_worker_saturates():
 # ------------------------------------------------------------------ the channel and the early start
 
 def test_the_channel_carries_big_and_nested_messages_and_reports_the_end():
-    """worker.Channel (marshal over a pipe, issue 14): a message bigger than the pipe's buffer
+    """worker.Channel (marshal over a pipe): a message bigger than the pipe's buffer
     arrives whole, nested values keep their types, ``poll`` waits at most its timeout, and a closed
     end is an EOFError, not a hang."""
     from eqgrad.rules.worker import Channel

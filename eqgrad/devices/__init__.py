@@ -383,7 +383,7 @@ _devices: dict[str, Device] = {}
 _devices_lock = threading.RLock()
 
 
-# _devices_lock is held across os.fork() (issue 38): get_device imports a device's module under
+# _devices_lock is held across os.fork() (a fork during a device's first import used to hang the child): get_device imports a device's module under
 # it, and a thread inside that first import at the fork would leave the module half run and its
 # import lock held in the child for good (the child's first Tensor then waited forever). So the
 # fork waits for the import and the device's constructor instead (LLVM: ~15 ms, once). The order

@@ -1,13 +1,13 @@
 """The disk cache of compiled LLVM kernels: object code, so a later process skips O3 and codegen.
 
-One file per kernel, ``<cache_dir>/kernels/<key>.o`` (eqgrad/cache.py: the directory, its checks
-and the safe writes of issue 9). The key (``kernel_key``) is a sha256 of everything the machine
-code depends on: the kernel's LLVM IR, the target CPU's name and features, whether stores were
-made non-temporal, llvmlite's and LLVM's versions, eqgrad's version and a digest of
-devices/llvm.py and devices/llvm_worker.py (the renderer, the O3 pipeline and the
+One file per kernel, ``<cache_dir>/kernels/<key>.o`` (eqgrad/cache.py: the directory, its checks and
+its writes, safe against other threads, processes and planted files). The key (``kernel_key``) is a
+sha256 of everything the machine code depends on: the kernel's LLVM IR, the target CPU's name and
+features, whether stores were made non-temporal, llvmlite's and LLVM's versions, eqgrad's version
+and a digest of devices/llvm.py and devices/llvm_worker.py (the renderer, the O3 pipeline and the
 post-optimization rewrite live there, so an edited checkout misses rather than loads code of the
-compiler before the edit). The function's symbol
-is named by the key, so an object file defines exactly the symbol its key names.
+compiler before the edit). The function's symbol is named by the key, so an object file defines
+exactly the symbol its key names.
 
 A file is ``MAGIC``, one JSON header line ``{"key", "sha256", "size", "nontemporal_stores"}``,
 then the object's bytes. Object code is executed, so what is read is checked before LLVM sees

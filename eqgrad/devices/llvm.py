@@ -234,7 +234,7 @@ def _muladd(c: _Ctx, o: Operation, a: list[str]) -> str:
 @functools.lru_cache(maxsize=16)
 def _table_decl(t: Table, dt: Any) -> str:
     """A table's global constant: rendered once per process (sin's 1,024 doubles took ~4 ms, and a
-    kernel of 2,000 chained ops reads the table 1,000 times: 1.5-2 s of its compile, issue 14)."""
+    kernel of 2,000 chained ops reads the table 1,000 times: 1.5-2 s of its compile)."""
     ty = LT[dt]
     return (f"@{t.name} = private unnamed_addr constant [{len(t.values)} x {ty}] ["
             + ", ".join(f"{ty} {_const(v, dt)}" for v in t.values) + "]")
@@ -283,7 +283,7 @@ LLVM_OPS: dict[str, Rule] = {
 # lane, its own accumulators and its own copy of the body. Rendered one scalar per lane, an 8 x 16
 # block is 128 accumulators and 128 copies of the reduce body, which LLVM's SLP vectorizer packs
 # back into vectors: most of the compile time of the kernels that matter (the 64->128->10 MLP Adam
-# step: its two largest kernels, 1,400-1,900 lines each, took 320 of its 870 ms of LLVM, issue 14).
+# step: its two largest kernels, 1,400-1,900 lines each, took 320 of its 870 ms of LLVM).
 # _Lanes finds, in the loop IR, the groups of ``vector_lanes`` consecutive lanes -- accumulators
 # (runs of DEFACCs) and output stores (runs of STOREs at consecutive addresses) -- and the value
 # trees feeding them; the renderer then emits each group as one <W x T> instruction. A tree node
@@ -789,12 +789,12 @@ _LOOP_MD = {
 # pages that already hold code).
 COMPILE_LOCK = threading.RLock()
 
-# Both locks are held across os.fork() (issue 38): a thread inside LLVM at the fork -- an O3 run
-# holds llvmlite's own lock, which the child would wait on forever, and leaves LLVM's state half
-# changed -- makes the fork wait for it instead. Re-creating a lock in the child is no fix: the
-# parent's thread is gone mid-call, and other modules hold COMPILE_LOCK by name. The order is the
-# code's (llvmlite is only called inside COMPILE_LOCK, never the other way round); both are
-# re-entrant, so a thread that holds them may fork. llvmlite's lock (``ffi.lib._lock``, every
+# Both locks are held across os.fork() (a fork used to hang the child): a thread inside LLVM at the
+# fork -- an O3 run holds llvmlite's own lock, which the child would wait on forever, and leaves
+# LLVM's state half changed -- makes the fork wait for it instead. Re-creating a lock in the child
+# is no fix: the parent's thread is gone mid-call, and other modules hold COMPILE_LOCK by name. The
+# order is the code's (llvmlite is only called inside COMPILE_LOCK, never the other way round); both
+# are re-entrant, so a thread that holds them may fork. llvmlite's lock (``ffi.lib._lock``, every
 # call into LLVM takes it) is private: a llvmlite without it leaves COMPILE_LOCK alone guarding.
 _LLVMLITE_LOCK = getattr(llvm.ffi.lib, "_lock", None)
 _LLVMLITE_LOCK = _LLVMLITE_LOCK if hasattr(_LLVMLITE_LOCK, "__enter__") else contextlib.nullcontext()

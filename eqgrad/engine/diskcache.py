@@ -1,8 +1,9 @@
 """The disk cache of plans: a later process that compiles the same program skips saturation and
-extraction (issue 14: "the same program in a second process" paid the whole cold cost again).
+extraction (without it the same program in a second process paid the whole cold cost again).
 
 One JSON file per plan, ``<cache_dir>/plans/<sha256 of the key>.json`` (eqgrad/cache.py: the
-directory, its checks and the safe writes of issue 9), holding ``{"format", "key", "value"}``:
+directory, its checks and its writes, safe against other threads, processes and planted files),
+holding ``{"format", "key", "value"}``:
 ``key`` is the whole key, not its hash, and must equal the key of the program that reads it (a
 file copied over another's name, or a hash collision, is a miss); the value is the
 plan (graph/plan.py ``plan_to_data``: exact floats, shared nodes kept), the saturation report

@@ -29,10 +29,10 @@
   own loop nest without register lanes (the lanes pass needs it at the kernel's root); its flops
   cost ``unlaned`` times more. Measured (LLVM, Zen 5): 3.7 GFLOP/s fused against the 50 assumed
   (~95 GFLOP/s when it was its own kernel), a 21 ms kernel predicted at 1.6 ms.
-- legality (the extractor is its authority, DESIGN.md): a reduction evaluated more often than it
-  has output elements (i.e. recomputed under a broadcast) is illegal, as is a body larger than
-  ``max_nodes``. A ``Contiguous`` is never inlined: a kernel that reaches its class reads its
-  buffer (it is a kernel of its own, as a chosen ``Realize`` is).
+- legality (the extractor is its authority, not a rewrite guard: docs/extraction.md): a reduction
+  evaluated more often than it has output elements (i.e. recomputed under a broadcast) is illegal,
+  as is a body larger than ``max_nodes``. A ``Contiguous`` is never inlined: a kernel that reaches
+  its class reads its buffer (it is a kernel of its own, as a chosen ``Realize`` is).
 
 Worked example (LLVM defaults below: 5 us launch, 20 GB/s, 50 GFLOP/s). ``(a+b+1)*2`` on 1M
 float32: unfused, 3 kernels each reading/writing ~8 MB: 3 * (5 us + 8e6/20e9 s) = 3 * 405 us =

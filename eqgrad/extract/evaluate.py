@@ -171,7 +171,7 @@ class PlanEvaluator:
         size, weight, elementwise, shapes = self._numel, self._flops, self._elementwise, g.shapes
         # body in topological order (consumers first): iterative DFS post-order, reversed. A class
         # is pushed as c, and again as ~c (< 0) to be emitted once its children are done; the
-        # chosen nodes are looked up once, here (the hot loop of extraction, issue 14)
+        # chosen nodes are looked up once, here (the hot loop of extraction)
         order: list[int] = []
         nodes_of: dict[int, ENode] = {}
         seen: set[int] = set()

@@ -5,7 +5,7 @@
    node), with ``Realize`` transparent -- this picks among algebra and movement variants (``x``
    over ``x*1``, a folded constant over its expression). Among nodes of equal cost it takes the one
    with the most ``Realize`` children: the plan starts *unfused*, which is always legal.
-2. *Fusion by toggles* (shared/notes/fusion-prototype.md). A move takes one producer class P and
+2. *Fusion by toggles* (docs/extraction.md, "Extractors"). A move takes one producer class P and
    switches *every* consumer edge between ``Realize(P)`` (materialize) and ``P`` (inline) at once;
    flipping single edges gets stuck exactly on materialize-vs-recompute decisions. A move is kept
    when the plan's total cost under the kernel cost model drops and every kernel stays legal.
@@ -17,13 +17,14 @@ no move improves.
 Toggling only swaps ``Realize(P)`` and ``P`` children, which reach the same classes, so a plan that
 starts acyclic stays acyclic; flips are checked for cycles.
 
-**Cost of the search** (issue 14). A move is evaluated incrementally (evaluate.PlanState: only the
-kernels reading a changed class are re-costed), a toggle visits only the consumers of its producer
-(an index built once), a flip's cycle check searches only the flipped class's strongly connected
-component of the e-graph, and the semantic choice is two Dijkstra-like passes instead of sweeps
-to a fixpoint. Each gives the same plans as the whole-plan versions it replaced (random move
-sequences in tests/test_extract_incremental.py; every bench_core workload and the e-graphs of
-the extractor, fusion, nn and training tests, compared with the committed code: docs/extraction.md).
+**Cost of the search** (docs/extraction.md, "What the search costs"). A move is evaluated
+incrementally (evaluate.PlanState: only the kernels reading a changed class are re-costed), a toggle
+visits only the consumers of its producer (an index built once), a flip's cycle check searches only
+the flipped class's strongly connected component of the e-graph, and the semantic choice is two
+Dijkstra-like passes instead of sweeps to a fixpoint. Each gives the same plans as the whole-plan
+versions it replaced (random move sequences in tests/test_extract_incremental.py; every bench_core
+workload and the e-graphs of the extractor, fusion, nn and training tests, compared with the
+committed code: docs/extraction.md).
 """
 from __future__ import annotations
 
@@ -58,7 +59,7 @@ class Result:
     extractor: str
     # explain()'s rejected alternatives: every single move from the chosen plan, each an evaluation of
     # the plan, so they are computed when first read, not on every compile (for a BERT-shaped encoder
-    # they were 1,018 of the extraction's 2,963 plan evaluations, issue 14)
+    # they were 1,018 of the extraction's 2,963 plan evaluations)
     alternatives_of: Callable[[], list[Alternative]] | None = field(default=None, repr=False)
     candidates: list[tuple[float, Choice]] = field(default_factory=list)   # distinct legal plans seen
     info: dict = field(default_factory=dict)
@@ -69,7 +70,7 @@ class Result:
         """How the extractor ended, in words: the ILP's "optimal" / "time limit (best found)" /
         "fallback to greedy: WHY" / "skipped: WHY", the measured extractor's verdict, a local
         search's "stopped: time limit ..." or "complete" -- so that a plan labelled "ilp" that is
-        greedy's says so (issue 17)."""
+        greedy's says so."""
         i = self.info
         if "ilp" in i:
             return i["ilp"] + (f": {i['why']}" if i.get("why") and i["ilp"] in ("fallback to greedy", "skipped") else "")
@@ -347,7 +348,7 @@ class GreedyExtractor:
             # NOTE: and again from greedy's own plan (its toggles and passes, then flips as well),
             # keeping the better: moves are only taken when they improve, so improve is never worse
             # than greedy by the cost model. Interleaving flips with toggles from the start alone
-            # reached worse local optima (issue 17: a 2-layer MLP step 130.1 vs greedy's 117.3 us
+            # reached worse local optima (a 2-layer MLP step 130.1 vs greedy's 117.3 us
             # predicted), and sometimes better ones (mlp_step 1012.6 vs 1015.9 us): both are tried
             seen2 = _Rejected() if self.skip_rejected and not self.keep else None
             st2 = PlanState(self.ev, start, start_ev)

@@ -191,7 +191,7 @@ def one_value(a: LazyBuffer, b: LazyBuffer) -> None:
 
     NOTE: a plan may otherwise inline ``x`` into two kernels, and two evaluations of one expression
     can round differently (summation order, FMA contraction, lane width): then no element equals the
-    max and argmax returns the axis length. A value has one value wherever it is used (DESIGN.md);
+    max and argmax returns the axis length. A value has one value wherever it is used (docs/semantics.md);
     where its consumers compare bits, that takes one evaluation. Leaves, constants and boundaries
     already have one value and are left as they are."""
     for v, r in ((a, b), (b, a)):

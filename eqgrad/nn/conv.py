@@ -1,4 +1,4 @@
-"""Convolution and pooling modules beyond ``Conv2d`` (issue 16), each over its ``functional``
+"""Convolution and pooling modules beyond ``Conv2d``, each over its ``functional``
 counterpart with torch's constructor arguments and parameter layout.
 
     >>> from eqgrad import Tensor, nn

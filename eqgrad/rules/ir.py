@@ -6,7 +6,7 @@
 - the rule families that are mechanical consequences of the op table (analysis, movement-gen,
   fusion) are generated in ``eqgrad/rules/families.py``; hand-written rules live in ``rulebooks/*.egg``.
 - :func:`emit_program` -- a program (``eqgrad.graph.program``) as egglog ``let`` commands, inserted *unfused*: every
-  non-leaf argument is wrapped in ``Realize`` (see DESIGN.md, "Fusion").
+  non-leaf argument is wrapped in ``Realize``; the fusion family adds the fused forms (docs/rulebooks.md).
 """
 from __future__ import annotations
 

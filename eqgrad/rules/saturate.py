@@ -1,7 +1,7 @@
 """Run the rulebook schedule on a program, bounded, in a worker process.
 
 egglog 13.2.0 has no timeout, cannot be interrupted, and aborts the whole process when an
-allocation fails (shared/notes/egglog-13.2.md, Q1e). So every saturation runs in a long-lived
+allocation fails (docs/rulebooks.md, "The schedule"). So every saturation runs in a long-lived
 worker process (spawned once, reused) with an address-space rlimit; the parent waits with a
 wall-clock timeout and kills the worker when it is exceeded. Phases of the schedule run one at a
 time; after each, the worker checks the e-graph size against the node limit and stops early if it
@@ -386,7 +386,7 @@ class Saturator:
     def warm(self) -> None:
         """Start the worker now, without waiting for it, if it is not running and nobody is using
         the channel. Its start-up (a Python process importing egglog: ~0.5 s of the 0.8-1.1 s first
-        realize, issue 14) then overlaps the caller's graph building instead of the first saturation."""
+        realize) then overlaps the caller's graph building instead of the first saturation."""
         if not self._lock.acquire(blocking=False):
             return                             # a request is in flight: the worker is running
         try:
@@ -471,7 +471,7 @@ def default_saturator() -> Saturator:
 
 def prestart() -> None:
     """Called by ``import eqgrad`` as soon as this module is imported: the default saturator adopts
-    the worker that ``launch.prestart`` started at the beginning of the import (issue 14) and sends
+    the worker that ``launch.prestart`` started at the beginning of the import and sends
     it the IR and the rules to load, so that it is ready by the first realize. Never raises: a
     worker that failed is reported at the first saturation, as without a prestart."""
     try:

@@ -24,7 +24,7 @@ import os
 import time
 
 # Only modules Python has loaded already at start-up, and marshal: the worker's start is on a first
-# realize's path (issue 14), and multiprocessing.connection, pathlib, shutil and re were ~60 ms of it
+# realize's path, and multiprocessing.connection, pathlib, shutil and re were ~60 ms of it
 
 
 class Channel:
@@ -345,8 +345,8 @@ def _worker_main(bindings, conn_in, conn, mem_limit: int, tmp: str, declarations
     if mem_limit > 0:
         import resource
         resource.setrlimit(resource.RLIMIT_AS, (mem_limit, mem_limit))
-    # eqgrad's own texts are loaded with Include: the fast path for big programs (DESIGN.md), and for
-    # the generated families 25 ms a request where parse_program takes 75 ms
+    # eqgrad's own texts are loaded with Include: the fast path for big programs (docs/rulebooks.md),
+    # and for the generated families 25 ms a request where parse_program takes 75 ms
     decl, gen = os.path.join(tmp, "declarations.egg"), os.path.join(tmp, "generated.egg")
     _write(decl, declarations)
     _write(gen, generated)

@@ -60,7 +60,7 @@ def calibrate(device: str = "LLVM", reps: int = 7, progress: Callable[[str], Non
     kernels (the two rates are the cost model's kernel classes, cost.py). With ``runs`` > 1 the
     whole measurement is repeated and each parameter is the median of the runs; ``spread`` (a dict)
     receives each parameter's (min, max) over the runs -- one run on a shared machine gave
-    bandwidths of 3.4 to 5.7 GB/s (issue 17)."""
+    bandwidths of 3.4 to 5.7 GB/s."""
     if runs < 1:
         raise ValueError(f"calibrate(): runs must be >= 1, got {runs}")
     got = [_calibrate_once(device, reps, np.random.default_rng(i), progress) for i in range(runs)]

@@ -117,7 +117,7 @@ STEPS: list[Step] = [
     Step("max", 1, lambda a, p: _axis_ok(a, p) and a.shape[p] > 0, lambda a, p: a.amax(p, keepdim=True),
          lambda a, p: np.max(a, axis=p, keepdims=True), params=(0, -1)),
     # a value compared with a reduction of itself: a plan that evaluates the value in two kernels
-    # must still find its max (issue 38: argmax returned the axis length)
+    # must still find its max (argmax used to return the axis length there)
     Step("argmax", 1, lambda a, p: _axis_ok(a, p) and a.shape[p] > 0, lambda a, p: a.argmax(p),
          lambda a, p: np.argmax(a, axis=p).astype(I), params=(0, -1)),
     Step("argmin", 1, lambda a, p: _axis_ok(a, p) and a.shape[p] > 0, lambda a, p: a.argmin(p),
@@ -187,7 +187,7 @@ def run_numpy(prog: Program, arrays: list[np.ndarray]) -> list[np.ndarray]:
 # choice to the extractor (values are inlined into the kernels that use them where it pays);
 # "contiguous" makes every step's value its own kernel in that one plan (``contiguous()``);
 # "materialize" realizes each step's value on its own, so every later step reads it from a buffer.
-# A value has one value whatever the plan (DESIGN.md), so all must agree with NumPy: a difference
+# A value has one value whatever the plan (docs/semantics.md), so all must agree with NumPy: a difference
 # found only inline is a value evaluated twice that rounded two ways.
 PLANS = ("inline", "contiguous", "materialize")
 
@@ -274,7 +274,8 @@ def program_strategy(max_inputs: int = 3, max_steps: int = 6, probe: bool = Fals
             steps.append((step.name, args, p))
         # half the programs end by comparing a computed float value with its own max (argmax,
         # argmin, x == x.max()): where a plan inlines that value into two kernels that round it two
-        # ways, no element equals the max (issue 38); a random step lands there too rarely to find it
+        # ways, no element equals the max and argmax is out of range; a random step lands there too
+        # rarely to find it
         computed = [len(inputs) + j for j in range(len(steps)) if arrays[len(inputs) + j].dtype == F
                     and arrays[len(inputs) + j].ndim >= 1 and 0 not in arrays[len(inputs) + j].shape]
         reduced = [v for v in computed if steps[v - len(inputs)][0] in ("sum", "mean", "max")]
