@@ -31,6 +31,7 @@ argument (sizeargs.py, ``build_member``).
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import itertools
@@ -44,7 +45,7 @@ import llvmlite.binding as llvm
 import numpy as np
 
 from eqgrad import config
-from eqgrad.graph.plan import Kernel, KernelPlan
+from eqgrad.graph.plan import Kernel, KernelPlan, NodeMemo
 from eqgrad.devices import Buffer, Device
 from eqgrad.dtype import to_storage
 from eqgrad.lower import lowering, trace
@@ -147,6 +148,21 @@ def _near(a: int, b: int) -> bool:
     return max(a, b) <= MEASURED_SPAN * max(1, min(a, b))
 
 
+def _detached(found: contraction.Found, root: Any) -> tuple:
+    """``found`` to keep by its body ``root`` (``_contraction``) without the body itself: a pure
+    contraction's reduction (and its packed form, with no packs) is the body, and a memo's value
+    must not hold its key (the weak key would never go)."""
+    red, packed = found.red is root, found.packed is root
+    return red, packed, dataclasses.replace(found, red=None if red else found.red,
+                                            packed=None if packed else found.packed)
+
+
+def _attached(kept: tuple, root: Any) -> contraction.Found:
+    """The ``found`` that ``_detached`` kept, with its body ``root`` back in place."""
+    red, packed, f = kept
+    return dataclasses.replace(f, red=root if red else f.red, packed=root if packed else f.packed)
+
+
 def _compiled(k, src: str, make: Callable[[], Any], what: str = "") -> Any:
     """``make()`` (a program compiled from ``src``), or the CompileError naming the kernel, what
     went wrong and where its LLVM IR was saved."""
@@ -184,6 +200,14 @@ class LLVMDevice(Device):
         # program -> {bit length of the split loop's extent: [runs timed, fastest on one thread,
         # fastest split]}: launch's probes
         self._ran: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        # what is worked out once per kernel body, for the plans that share it (a resized plan's
+        # unchanged kernels, graph/resize.py): kept here by body (weakly: an entry goes with its
+        # body), never on the body -- the graph floor holds nothing of the device's
+        self._member_memo = NodeMemo()       # body -> (_memo_key, its program weakly, split extent)
+        self._unsplit_memo = NodeMemo()      # body -> what split left it alone for
+        self._blas_memo = NodeMemo()         # body -> (what it depends on, its BLAS kernels, scratch)
+        self._contraction_memo = NodeMemo()  # body -> (_gemm_key, _contraction's answer, detached)
+        self._gemm_memo = NodeMemo()         # body -> (_gemm_key, the Gemm it runs as or None)
 
     def after_fork_in_child(self) -> bool:
         # the inherited pool's threads do not exist in the child, but its idle count says they do:
@@ -321,7 +345,7 @@ class LLVMDevice(Device):
             if hit is not None:
                 return hit
             prg, n = self._build_member(k, plan, upcast, target, engine)
-            object.__setattr__(k.ast, "_llvm_member", (self, memo, weakref.ref(prg), n))
+            self._member_memo.put(k.ast, (memo, weakref.ref(prg), n))
             return prg, n
         return self._build_member(k, plan, upcast, target, engine)
 
@@ -330,11 +354,12 @@ class LLVMDevice(Device):
         (None: no memo, with DEBUG>=4, which prints each kernel's source as it is built).
 
         A kernel's program and split extent are a function of its body (its buffers' shapes and
-        dtypes are its reads' and its root's) and of these, so they are kept on the body: a body
-        that a resized plan shares with the plan it came from (graph/resize.py keeps a kernel's
-        body where no size of it changes: 28 of a decoder step's 32 kernels when the KV cache
-        grows) is not looked up again -- its loop IR, size family, disk entry -- in every prepare.
-        The lowering function is part of the key, as it is of the loop IR's (tests patch it)."""
+        dtypes are its reads' and its root's) and of these, so they are kept by the body
+        (``_member_memo``): a body that a resized plan shares with the plan it came from
+        (graph/resize.py keeps a kernel's body where no size of it changes: 28 of a decoder
+        step's 32 kernels when the KV cache grows) is not looked up again -- its loop IR, size
+        family, disk entry -- in every prepare. The lowering function is part of the key, as it
+        is of the loop IR's (tests patch it)."""
         now = self._memo_now
         if now is not None and now[0] == target:
             return now[1]
@@ -346,11 +371,11 @@ class LLVMDevice(Device):
         """(program, split extent) of the kernel's body as built for an earlier plan, while that
         program is alive (the memo holds it weakly: a program lives as long as the plans that
         run it, not as long as a body)."""
-        hit = k.ast.__dict__.get("_llvm_member") if memo is not None else None
-        if hit is None or hit[0] is not self or hit[1] != memo:
+        hit = self._member_memo.get(k.ast) if memo is not None else None
+        if hit is None or hit[0] != memo:
             return None
-        prg = hit[2]()
-        return None if prg is None else (prg, hit[3])
+        prg = hit[1]()
+        return None if prg is None else (prg, hit[2])
 
     def _build_member(self, k, plan: KernelPlan, upcast, target: Target | None,
                       engine: CodeEngine | None) -> tuple[Any, int]:
@@ -512,29 +537,31 @@ class LLVMDevice(Device):
         # kernel then runs split is launch's measurement
         options = LowerOptions(threads=threads, parallel_min=SPLIT_FLOOR if PARALLEL_MIN is None else PARALLEL_MIN)
         for k in plan.kernels:
-            # a body the device leaves alone says so on itself, for the plans that share it
+            # a body the device leaves alone is kept so, for the plans that share it
             # (graph/resize.py)
             unsplit = (options, k.predicted, blas_on)
-            if k.ast.__dict__.get("_unsplit") == unsplit:
+            if self._unsplit_memo.get(k.ast) == unsplit:
                 kernels.append(k)
                 continue
             if blas_on:
                 found = self._contraction(k, plan, threads)
                 if found is not None and (found.packs or not found.pure):
                     first = len(plan.buffers) + len(extra)
-                    # kept on the body for the plans that share it (a resized plan's unchanged
-                    # kernels: their pieces' programs are then found by their bodies too)
-                    memo = k.ast.__dict__.get("_blas_split")
+                    # kept by the body for the plans that share it (a resized plan's unchanged
+                    # kernels: their pieces' programs are then found by their bodies too) -- not
+                    # when a piece is the body itself (a memo's value must not hold its key)
+                    memo = self._blas_memo.get(k.ast)
                     if memo is None or memo[0] != (self._gemm_key(), first, k.name, k.out):
                         memo = ((self._gemm_key(), first, k.name, k.out), *self._blas_split(k, found, first))
-                        object.__setattr__(k.ast, "_blas_split", memo)
+                        if all(p.ast is not k.ast for p in memo[1]):
+                            self._blas_memo.put(k.ast, memo)
                     kernels += memo[1]
                     extra += memo[2]
                     continue
             # the "split reductions" pass decides (lower/passes.py); the device allocates the scratch
             sp = split_reduction(k, len(plan.buffers) + len(extra), options) if threads > 1 else None
             if sp is None:
-                object.__setattr__(k.ast, "_unsplit", unsplit)
+                self._unsplit_memo.put(k.ast, unsplit)
                 kernels.append(k)
                 continue
             extra.append((sp[0].ast.shape, sp[0].ast.dtype))
@@ -559,7 +586,7 @@ class LLVMDevice(Device):
             extra.append((found.red.shape, found.red.dtype))
             kernels += sp
             ast = sp[0].ast
-        object.__setattr__(ast, "_gemm", (self._gemm_key(), g))
+        self._gemm_memo.put(ast, (self._gemm_key(), g))
         return kernels, extra
 
     def gemm_program(self, k, g, threads: int) -> blas.GemmProgram:
@@ -585,12 +612,12 @@ class LLVMDevice(Device):
     def _contraction(self, k, plan: KernelPlan, threads: int) -> contraction.Found | None:
         """The contraction of ``k``'s body (lower/contraction.py) when the BLAS runs it
         (``blas.pays``, or timed: ``_measured``), else None; worked out once per body."""
-        memo = k.ast.__dict__.get("_contraction")
+        memo = self._contraction_memo.get(k.ast)
         key = self._gemm_key()
         if memo is not None and memo[0] == key:
-            return memo[1]
+            return memo[1] if memo[2] is None else _attached(memo[2], k.ast)
         if contraction.candidate(k.ast) is None or self.blas() is None:
-            object.__setattr__(k.ast, "_contraction", (key, None))
+            self._contraction_memo.put(k.ast, (key, None, None))
             return None
         # a body whose sizes keep changing (traced: a growing sequence's attention) lowers from its
         # trace in a fraction of a millisecond: where its structure had no GEMM that pays at sizes
@@ -611,7 +638,12 @@ class LLVMDevice(Device):
                 verdict = self._measured(k, found, plan, threads)
             if not verdict:
                 found = None
-        object.__setattr__(k.ast, "_contraction", (key, found))
+        # (a pure contraction's reduction is the body itself: kept without it, as a memo's value
+        # must not hold its key)
+        if found is not None and k.ast in (found.red, found.packed):
+            self._contraction_memo.put(k.ast, (key, None, _detached(found, k.ast)))
+        else:
+            self._contraction_memo.put(k.ast, (key, found, None))
         return found
 
     def _measured(self, k, found: contraction.Found, plan: KernelPlan, threads: int) -> bool:
@@ -684,12 +716,12 @@ class LLVMDevice(Device):
         """The Gemm the BLAS runs as kernel ``k`` (a pure contraction of buffers), or None."""
         if not config.BLAS.value:
             return None
-        hit = k.ast.__dict__.get("_gemm")
+        hit = self._gemm_memo.get(k.ast)
         if hit is not None and hit[0] == self._gemm_key():
             return hit[1]
         found = self._contraction(k, plan, config.THREADS.value)
         g = found.gemm if found is not None and not found.packs and found.pure else None
-        object.__setattr__(k.ast, "_gemm", (self._gemm_key(), g))
+        self._gemm_memo.put(k.ast, (self._gemm_key(), g))
         return g
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import struct
+import weakref
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -17,6 +18,42 @@ import numpy as np
 from eqgrad.dtype import DTYPES, DType
 from eqgrad.graph.walk import topological
 from eqgrad.ops import OPS, Shape
+
+
+class NodeMemo:
+    """What is worked out once per plan node (a body is immutable), kept beside the node and never
+    written onto it: keyed by the node (``KNode`` hashes and compares by identity, in C) and
+    bounded twice over. The key is weak, so an entry goes when its node does -- a long-running
+    process that plans thousands of programs keeps only the entries of the bodies still alive --
+    and the memo is emptied at ``limit`` entries, the guard for a value that holds its own node
+    (a weak key cannot free that entry: its value keeps the node alive). So a value must not hold
+    its node: ``walk`` keeps a node's sources, not the node. A memo that depends on more than the
+    node (a device's settings) keeps that in its value and checks it, as before."""
+    __slots__ = ("_data", "limit")
+
+    def __init__(self, limit: int = 1 << 16) -> None:
+        self._data: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self.limit = limit
+
+    def get(self, node: Any) -> Any:
+        """The value kept for ``node``, or None."""
+        return self._data.get(node)
+
+    def put(self, node: Any, value: Any) -> Any:
+        """Keep ``value`` for ``node`` (emptying the memo first when it is full); returns it."""
+        if len(self._data) >= self.limit:
+            self._data.clear()
+        self._data[node] = value
+        return value
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def clear(self) -> None:
+        self._data.clear()
+
+
+_WALKS = NodeMemo()       # node -> its walk without itself (the node is the walk's last)
 
 
 @dataclass(frozen=True, eq=False)
@@ -31,12 +68,12 @@ class KNode:
     def walk(self) -> list["KNode"]:
         """Topological order (sources first), each node once. Worked out once per node (a body is
         immutable; resizing, lowering, its passes and the checks each walk a kernel's body: 1,300
-        walks to lower a 300-kernel corpus); a new list each call."""
-        order = self.__dict__.get("_walk")
+        walks to lower a 300-kernel corpus), kept in ``_WALKS`` without the node itself (the
+        walk's last: a memo's value must not hold its key); a new list each call."""
+        order = _WALKS.get(self)
         if order is None:
-            order = topological([self], lambda n: n.src)
-            object.__setattr__(self, "_walk", order)
-        return list(order)
+            order = _WALKS.put(self, topological([self], lambda n: n.src)[:-1])
+        return [*order, self]
 
     def replaced(self, by: dict[int, "KNode"]) -> "KNode":
         """This body with each node whose id is in ``by`` replaced by its value (the nodes above

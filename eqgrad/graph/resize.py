@@ -1,5 +1,5 @@
 """Plans reused for new sizes: the plan compiled for one program, rewritten for a program that differs
-from it only in dimension sizes -- with no saturation and no extraction (issue 14).
+from it only in dimension sizes -- with no saturation and no extraction (docs/engine.md: a new size reuses the plan).
 
 Measured before this module: a decode step whose KV cache grows by ``cat`` cost 1.2-1.4 s per token
 (a full compile per length) against 62-85 ms with a fixed cache; a ``@eqgrad.jit`` step after a
@@ -53,7 +53,7 @@ from itertools import product as cartesian
 from typing import Any, Union
 
 from eqgrad.dtype import DTYPES, DType, bool_, cast_scalar, float32, int32
-from eqgrad.graph.plan import Kernel, KernelPlan, KNode, check_plan
+from eqgrad.graph.plan import Kernel, KernelPlan, KNode, NodeMemo, check_plan
 from eqgrad.graph.program import Program
 from eqgrad.ops import OPS, REDUCE_OPS, Shape, numel
 
@@ -610,10 +610,14 @@ class _Resizer:
         return KNode(n.op, src, arg, shape, n.dtype)
 
 
+_BODIES = NodeMemo()      # body -> _body's answer (a body that is a lone read or constant is not kept:
+                          # its answer would hold the body itself)
+
+
 def _body(ast: KNode) -> tuple[frozenset[int], bool, tuple[KNode, ...], tuple[KNode, ...]]:
     """(every size in the body's shapes and size attributes, whether resize knows all its ops, its
     buffer reads, its constants), worked out once per body (bodies are immutable)."""
-    hit = ast.__dict__.get("_resize_body")
+    hit = _BODIES.get(ast)
     if hit is None:
         sizes: set[int] = set()
         known, reads, consts = True, [], []
@@ -631,7 +635,8 @@ def _body(ast: KNode) -> tuple[frozenset[int], bool, tuple[KNode, ...], tuple[KN
                 for part in n.arg:
                     sizes.update(part)
         hit = (frozenset(sizes), known, tuple(reads), tuple(consts))
-        object.__setattr__(ast, "_resize_body", hit)
+        if ast.src:
+            _BODIES.put(ast, hit)
     return hit
 
 

@@ -141,6 +141,7 @@ def release() -> None:
     """Forget the interned expressions (and the memos that hold some, ``on_release``); the small
     constants are interned again."""
     _INTERNED.clear()
+    _SORT_KEYS.clear()
     for fn in _RELEASE_HOOKS:
         fn()
     for v, x in _NUMS.items():
@@ -161,14 +162,18 @@ class Var(_Interned):
         return self.name
 
 
+# atom -> its repr (``_sort_key``), kept beside the atom, not on it: keyed by the atom (identity,
+# as every interned expression) and emptied with the table (``release``), which holds the atoms anyway
+_SORT_KEYS: dict = {}
+
+
 def _sort_key(a: "Atom") -> str:
     """An atom's place in a Lin's terms (their repr, computed once per atom)."""
     if isinstance(a, Var):
         return a.name
-    k = a.__dict__.get("_key")
+    k = _SORT_KEYS.get(a)
     if k is None:
-        k = repr(a)
-        object.__setattr__(a, "_key", k)
+        k = _SORT_KEYS[a] = repr(a)
     return k
 
 

@@ -51,7 +51,7 @@ from typing import Any, Callable
 import numpy as np
 
 from eqgrad.graph.loopir import LInst, LoopKernel
-from eqgrad.graph.plan import Kernel, KernelPlan, KNode
+from eqgrad.graph.plan import Kernel, KernelPlan, KNode, NodeMemo
 from eqgrad import config
 from eqgrad.lower import symbolic
 from eqgrad.lower.decomp import decompose
@@ -311,6 +311,9 @@ def _fill(skel: Any, it) -> Any:
     return skel
 
 
+_SIZES = NodeMemo()       # body -> (its buffer ids, their (shape, dtype)s, body_sizes' answer for them)
+
+
 def body_sizes(k: Kernel, plan: KernelPlan) -> tuple[tuple, tuple[int, ...]]:
     """(structure with its sizes left out, the sizes): every int of its nodes' shapes and movement
     arguments and of its buffers' shapes. A kernel's lowering depends on these and nothing else
@@ -319,7 +322,7 @@ def body_sizes(k: Kernel, plan: KernelPlan) -> tuple[tuple, tuple[int, ...]]:
     inputs), constants by ``repr`` (so -0.0, NaN and 0.0 stay apart), as are floats elsewhere."""
     ast, bufs = k.ast, (k.out, *k.inputs)
     specs = tuple(plan.buffers[b] for b in bufs)
-    hit = ast.__dict__.get("_trace_sizes")
+    hit = _SIZES.get(ast)
     if hit is not None and hit[0] == bufs and hit[1] == specs:
         return hit[2]
     pos = {b: i for i, b in enumerate(bufs)}
@@ -336,7 +339,7 @@ def body_sizes(k: Kernel, plan: KernelPlan) -> tuple[tuple, tuple[int, ...]]:
         index[id(n)] = len(items) - 1
     params = tuple((_flat(tuple(shp), sizes), dt.name) for shp, dt in specs)
     out = ((tuple(items), params), tuple(sizes))
-    object.__setattr__(ast, "_trace_sizes", (bufs, specs, out))
+    _SIZES.put(ast, (bufs, specs, out))
     return out
 
 
