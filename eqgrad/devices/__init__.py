@@ -32,7 +32,7 @@ import os
 import sys
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
@@ -62,7 +62,7 @@ DEVICES = {
 }
 
 
-POOL_MIN_BYTES = 64 << 10     # smaller host buffers come from np.empty (malloc reuses them cheaply)
+POOL_MIN_BYTES = 64 << 10     # smaller host buffers come from np.empty (malloc reuses them cheaply; docs/lowering.md, Constants)
 
 
 class BufferPool:
@@ -265,6 +265,24 @@ class LoweredKernels:
 _lowered = LoweredKernels()
 
 
+@dataclass
+class DevicePlan:
+    """A plan as a device runs it: the device's stage after extraction (``Device.rewrite``). The
+    LLVM device splits large full reductions into parallel partials and hands contractions to the
+    BLAS (packing operands, splitting the ops after a contraction into their own kernel); the
+    scratch buffers those rewrites add are ``scratch`` ((shape, dtype), buffer ids after the
+    plan's). ``notes``: one line per rewrite, shown by explain() and DEBUG=3."""
+    plan: Any
+    scratch: list = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def describe(self, device: str) -> str:
+        if not self.notes:
+            return f"device stage ({device}): the plan as extracted"
+        return "\n".join([f"device stage ({device}): {len(self.notes)} rewrite(s), "
+                          f"{len(self.plan.kernels)} kernel(s) run"] + [f"  {n}" for n in self.notes])
+
+
 class Device:
     name = "?"
     host_memory = True       # buffers are NumPy arrays (base-class memory below); pooled by Buffer.empty
@@ -285,6 +303,11 @@ class Device:
 
     def prepare(self, plan: Any) -> Callable[[list[Buffer]], None]:
         raise NotImplementedError
+
+    def rewrite(self, plan: Any) -> DevicePlan:
+        """The device's rewrites of an extracted plan before it is lowered (a named stage: what the
+        device runs differs from what the extractor chose). None here."""
+        return DevicePlan(plan)
 
     def warm(self, nodes: int = 0, waiting: Callable[[], bool] | None = None) -> None:
         """Set up what the first compile waits for (LLVM: its compiler), ahead of it: the engine

@@ -46,7 +46,7 @@ import numpy as np
 
 from eqgrad import config
 from eqgrad.graph.plan import Kernel, KernelPlan, NodeMemo
-from eqgrad.devices import Buffer, Device
+from eqgrad.devices import Buffer, Device, DevicePlan
 from eqgrad.dtype import to_storage
 from eqgrad.lower import lowering, trace
 from eqgrad.lower.passes import LowerOptions
@@ -524,11 +524,19 @@ class LLVMDevice(Device):
         for f in futs:
             f.result()
 
-    def split(self, plan: KernelPlan, threads: int) -> tuple[KernelPlan, list]:
+    def rewrite(self, plan: KernelPlan) -> DevicePlan:
+        """The device's stage after extraction (``Device.rewrite``): ``split`` at the configured
+        threads, with what it did in words."""
+        threads = max(1, config.THREADS.value)
+        notes: list[str] = []
+        out, scratch = self.split(plan, threads, notes)
+        return DevicePlan(out, scratch, notes)
+
+    def split(self, plan: KernelPlan, threads: int, notes: list[str] | None = None) -> tuple[KernelPlan, list]:
         """The plan with each large full reduction split into parallel partials (lower/split.py)
         and each contraction with elementwise ops after it split into the contraction, which the
         BLAS runs, and the rest (lower/contraction.py); and the (shape, dtype) of the scratch
-        buffers that adds (allocated per run)."""
+        buffers that adds (taken from the buffer pool at each run). ``notes``: a line per rewrite."""
         blas_on = bool(config.BLAS.value)          # (the library loads at the first contraction)
         if threads < 2 and not blas_on:
             return plan, []
@@ -557,6 +565,12 @@ class LLVMDevice(Device):
                             self._blas_memo.put(k.ast, memo)
                     kernels += memo[1]
                     extra += memo[2]
+                    if notes is not None:
+                        notes.append(f"{k.name}: contraction {k.ast.shape} to the BLAS"
+                                     + (f", {len(found.packs)} operand(s) packed" if found.packs else "")
+                                     + ("" if found.pure else ", the ops after it split off into their own kernel")
+                                     + f" ({len(memo[1])} kernels, scratch "
+                                     + ", ".join(f"{list(sh)} {dt.name}" for sh, dt in memo[2]) + ")")
                     continue
             # the "split reductions" pass decides (lower/passes.py); the device allocates the scratch
             sp = split_reduction(k, len(plan.buffers) + len(extra), options) if threads > 1 else None
@@ -566,6 +580,9 @@ class LLVMDevice(Device):
                 continue
             extra.append((sp[0].ast.shape, sp[0].ast.dtype))
             kernels += sp
+            if notes is not None:
+                notes.append(f"{k.name}: reduction to {k.ast.shape} split into {sp[0].ast.shape} parallel partials "
+                             f"and a final kernel (scratch {list(sp[0].ast.shape)} {sp[0].ast.dtype.name})")
         if not extra:
             return plan, []
         return KernelPlan(plan.buffers + extra, plan.n_inputs, kernels, plan.outputs, plan.predicted, plan.notes), extra
@@ -729,7 +746,10 @@ class LLVMDevice(Device):
         threads = max(1, config.THREADS.value)
         beam = config.BEAM.value
         target = runnable_target(config.CPU.value)
-        plan, scratch = self.split(plan, threads)
+        rewritten = self.rewrite(plan)
+        if config.DEBUG.value >= 3:
+            print(rewritten.describe(self.name))
+        plan, scratch = rewritten.plan, rewritten.scratch
         engine = CodeEngine(compiler(target))     # this plan's new programs (its MCJIT engine made on the first)
         self._memo_now = (target, self._memo_key(target))
         try:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from eqgrad.dtype import DType
+from eqgrad.devices import get_device
 from eqgrad.engine import plan_for
 from eqgrad.extract import cost_model
 from eqgrad.extract.cost import default_cost
@@ -63,6 +64,11 @@ class Explanation:
     # {} with ``provenance_note`` set: it could not be had (the note says why)
     provenance: dict[str, list[tuple[str, str]]] | None = None
     provenance_note: str = ""
+
+    def device_plan(self) -> Any:
+        """What the device does to the plan before it runs it (``Device.rewrite``: the LLVM device's
+        reduction splits and BLAS routing), with a line per rewrite."""
+        return get_device(self.device).rewrite(self.plan)
 
     def rules_used(self) -> dict[str, int]:
         """Rule -> how many chosen e-nodes of the plan it introduced (the input's nodes left out)."""
@@ -114,6 +120,7 @@ class Explanation:
             lines.append("rules in the chosen plan: " + (", ".join(f"{r} ({n} node{'s' * (n != 1)})" for r, n in used.items())
                                                         or "none (every chosen node is the input's)")
                          if not self.provenance_note else f"provenance: {self.provenance_note}")
+        lines.append(self.device_plan().describe(self.device))
         if res and res.alternatives:
             lines.append("best rejected alternatives:")
             legal = [a for a in res.alternatives if a.legal][:4]
