@@ -10,6 +10,7 @@ Pure ``ast``: nothing is imported, so it runs in milliseconds.
 from __future__ import annotations
 
 import ast
+import functools
 import operator
 import re
 from pathlib import Path
@@ -53,6 +54,7 @@ def _number(node: ast.AST) -> int | float | None:
     return None
 
 
+@functools.lru_cache(maxsize=None)
 def module_constants() -> dict[tuple[str, str], int | float]:
     out = {}
     for pkg in PACKAGES:

@@ -45,8 +45,8 @@ _VP = ctypes.c_void_p
 # The smallest GEMM side (rows of C or its columns) given to the BLAS: a "contraction" with one
 # output element per batch index (a row's sum of squares, a dot product per row) is a reduction,
 # which the generated kernel streams with no call per element.
-GEMM_MIN = 2
-SPEED_N = 256          # the side of the GEMM ``speeds`` times (34 MFLOP: ~0.2 ms at 150 GFLOP/s)
+GEMM_MIN = 2           # docs/lowering.md, Constants
+SPEED_N = 256          # the side of the GEMM ``speeds`` times (34 MFLOP: ~0.2 ms at 150 GFLOP/s; docs/lowering.md, Constants)
 
 
 def pays(g: Gemm, predicted: float, threads: int) -> bool | None:

@@ -32,7 +32,7 @@ from eqgrad.devices import llvm_worker
 
 Job = tuple[str, str, str, bool]          # (LLVM IR, function name, symbol, nontemporal)
 Result = tuple[bytes, int]                # (object code, vector stores made non-temporal)
-JOB_TIMEOUT = 300.0                       # seconds the worker may take for one kernel before it is given up
+JOB_TIMEOUT = 300.0                       # seconds the worker may take for one kernel before it is given up (docs/lowering.md, Constants)
 
 
 class CompilePool:

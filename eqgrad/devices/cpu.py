@@ -67,6 +67,7 @@ from eqgrad.devices.search import search_upcast
 # leaves the module's import lock held in the child, whose own import of it then waits forever.
 
 PARALLEL_MIN: float | None = None   # predicted seconds above which a kernel is split; None: measured (launch)
+# the knobs below: docs/lowering.md, Constants (what each bounds, the measurement behind it)
 SPLIT_PROBES = 4          # first runs of a kernel timed by ``launch``, one thread and split in turn (the faster of each kind counts)
 SPLIT_FLOOR = 20e-6       # predicted seconds below which a kernel runs on one thread, unprobed: waking a
                           # thread costs about that on a fast host (10-20 us), far more on a VM
@@ -76,6 +77,7 @@ CHUNKS_PER_THREAD = 4     # pieces of the split loop per thread, taken in turn (
 CHUNK_MIN = 4             # iterations of the split loop per piece, at least (times the grain)
 MEASURED_SPAN = 4         # a BLAS-or-generated choice holds for contractions of up to 4x (1/4x) its flops
 MEASURED_KEEP = 16        # choices kept per kernel structure (the latest)
+BLAS_GIVE_UP = 4          # a BLAS this much slower than the generated kernel after one turn is not timed again
 WARM_POOL_NODES = 16      # program nodes from which warm() starts the compile worker (a smaller one rarely plans 2+ kernels)
 
 Target = tuple[str, str]  # (LLVM CPU name, LLVM feature string)
@@ -718,7 +720,7 @@ class LLVMDevice(Device):
         for turn in range(3):
             ts_gen.append(timed(generated))
             ts_blas.append(timed(with_blas))
-            if turn == 0 and ts_blas[0] > 4 * ts_gen[0]:
+            if turn == 0 and ts_blas[0] > BLAS_GIVE_UP * ts_gen[0]:
                 break
         t_gen, t_blas = sorted(ts_gen)[len(ts_gen) // 2], sorted(ts_blas)[len(ts_blas) // 2]
         verdict = t_blas < t_gen

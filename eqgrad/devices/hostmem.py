@@ -15,7 +15,7 @@ import sys
 
 import numpy as np
 
-HUGE_MIN = 4 << 20          # bytes: smaller buffers would waste most of a 2 MiB page
+HUGE_MIN = 4 << 20          # bytes: smaller buffers would waste most of a 2 MiB page (docs/lowering.md, Constants)
 
 
 def _thp_available() -> bool:

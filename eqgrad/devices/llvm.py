@@ -730,8 +730,8 @@ def render_llvm(k: LoopKernel, sized: dict[int, int] | None = None) -> str:
     return r.text()
 
 
-INTERLEAVE = 4            # forced interleave count of long innermost loops
-INTERLEAVE_MIN_TRIP = 1024
+INTERLEAVE = 4            # forced interleave count of long innermost loops (docs/lowering.md, Constants)
+INTERLEAVE_MIN_TRIP = 1024  # docs/lowering.md, Constants
 
 
 def _interleaved_loops(k: LoopKernel) -> set[int]:
@@ -970,7 +970,7 @@ def live_code() -> tuple[int, int]:
 # module's main-loop stores after optimization; the runtime guarantees the alignment they claim:
 # outputs of NT_MIN bytes or more are page-aligned mappings (hostmem.py), the thread split cuts
 # at multiples of 16 elements (cpu.py), and a misaligned output runs a plain copy of the kernel.
-NT_MIN = 4 << 20
+NT_MIN = 4 << 20          # = hostmem.HUGE_MIN, from which outputs are page-aligned (docs/lowering.md, Constants)
 
 
 def streaming_store(k: LoopKernel, out_bytes: int) -> bool:

@@ -50,13 +50,13 @@ import numpy as np
 from eqgrad.graph.loopir import INDEX, LoopKernel
 from eqgrad.lower.decomp import decompose
 
-CONCRETE_SIZES = 2       # size vectors of a family compiled with literal sizes before a sized program
+CONCRETE_SIZES = 2       # size vectors of a family compiled with literal sizes before a sized program (docs/lowering.md, Constants)
 # Reduction loops of at least this many iterations read their extent at run time from the first
 # compile on (see above). Below it LLVM unrolls a loop of a small body completely (its default
 # threshold admits a few hundred instructions), so a short window's literal extent is worth keeping;
 # the value is a property of the code's shape, not of a machine.
-SPECULATE_MIN = 16
-MAX_FAMILIES = 1024      # families remembered (least recently used dropped); each holds weak references only
+SPECULATE_MIN = 16       # docs/lowering.md, Constants
+MAX_FAMILIES = 1024      # families remembered (least recently used dropped); each holds weak references only (docs/lowering.md, Constants)
 
 
 class Skeleton:

@@ -189,7 +189,7 @@ def _compile(prog: Program, rules: RuleConfig, extraction: ExtractSettings | Non
 
 # region plans by (rules, settings, region structure): a region's plan is a function of these alone
 _REGION_PLANS: OrderedDict[tuple, tuple[KernelPlan, SaturationReport, dict]] = OrderedDict()
-REGION_PLANS_MAX = 256
+REGION_PLANS_MAX = 256     # docs/lowering.md, Constants
 
 
 def _compile_regions(prog: Program, regs: list, rules: RuleConfig, extraction: ExtractSettings | None,

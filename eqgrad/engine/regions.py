@@ -36,6 +36,7 @@ from eqgrad.graph.plan import Kernel, KernelPlan, KNode
 from eqgrad.graph.program import ConstLeaf, Input, Node, ParamLeaf, Program, Ref, is_node
 from eqgrad.ops import OPS, Shape, numel
 
+# the measurement behind each of these values: docs/lowering.md, Constants
 MIN_SAVED_NODES = 128      # nodes that repeated regions must spare from planning before the program is cut
 PERIOD_REDUCTIONS = 4      # a repeat's length is looked for up to this many reductions ahead (periodic)
 CHAIN_PERIOD_MAX = 256     # ... and in a stretch without reductions, up to this many nodes ahead

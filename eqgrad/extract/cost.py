@@ -62,7 +62,7 @@ class DeviceParams:
     launch: float = 5e-6          # seconds per kernel launch
     bandwidth: float = 20e9       # bytes per second (one core streaming)
     peak: float = 50e9            # flops per second
-    max_nodes: int = 160          # largest kernel body (nodes) the extractor will form
+    max_nodes: int = 160          # largest kernel body (nodes) the extractor will form (docs/lowering.md, Constants)
     masked_read: float = 8.0      # flops charged per Pad evaluation inside a reduction loop (see above)
     unlaned: float = 12.0         # flops multiplier of a contraction hoisted into a row-fused kernel (above)
     contraction: float = 0.0      # flops per second of a root contraction (above); 0: peak
@@ -109,6 +109,16 @@ class KernelCost:
     legal: bool
     why: str = ""
     fused: tuple[str, ...] = ()       # the ops of the kernel body, for explain()
+    # what the cost model took the lowering to do with the kernel (KERNEL_KINDS), which
+    # lower/classify.py checks against what the lowering does
+    kind: frozenset[str] = frozenset()
+
+
+# the kinds of kernel the cost model tells apart: "row-fused" (reductions rendered once per row
+# inside the output loop), "contraction" (a root contraction at the contraction rate: register lanes
+# or the BLAS), "unlaned" (a contraction inside a row-fused kernel's passes, charged ``unlaned``),
+# "masked" (a pad read beyond its source: masked loads, charged ``masked_read``)
+KERNEL_KINDS = ("row-fused", "contraction", "unlaned", "masked")
 
 
 def kernel_time(p: DeviceParams, nbytes: float, flops: float, cflops: float = 0.0) -> float:

@@ -38,7 +38,7 @@ _MOVES = frozenset(name for name, d in OPS.items() if d.kind == "movement")
 # flops per element written, for the index arithmetic (pad masks, reshape div/mod) each costs.
 # Measured: a convolution input gradient's 151 MB product ran at 5 GB/s (1.35 G elements/s) where
 # the model had priced its bytes alone, and the greedy extractor chose such plans (docs/extraction.md)
-BROADCAST_WRITE = 4
+BROADCAST_WRITE = 4        # docs/lowering.md, Constants
 
 
 class Evaluation:
@@ -214,7 +214,7 @@ class PlanEvaluator:
         loads: dict[int, float] = {}       # materialized producer class -> element reads
         inputs: dict[int, float] = {}      # input position -> element reads
         flops, nodes, legal, why = 0.0, 0, True, ""
-        hoisted = inner_reduce = any_reduce = False
+        hoisted = inner_reduce = any_reduce = masked = False
         deps: list[int] = []
         fused: list[str] = []
         row_fusion, size_k = p.row_fusion, size[k]
@@ -274,6 +274,7 @@ class PlanEvaluator:
                     fast.add(c)
             flops += f
             if op == "PAD" and e > size_k:
+                masked = True
                 flops += p.masked_read * e
                 if c in fast:                 # the lanes it slows are the contraction's
                     cflops += p.masked_read * e
@@ -322,7 +323,9 @@ class PlanEvaluator:
             # a materialized broadcast: each element written is index arithmetic over few inputs
             flops += p.masked_read * size_k
         t = self.cost.seconds(nbytes, flops, nodes, cflops)
-        return KernelCost(t, int(nbytes), int(flops), nodes, legal, why, tuple(reversed(fused))), deps, read
+        kind = frozenset(name for name, on in (("row-fused", hoisted), ("contraction", cflops > 0),
+                                               ("unlaned", bool(slow)), ("masked", masked)) if on)
+        return KernelCost(t, int(nbytes), int(flops), nodes, legal, why, tuple(reversed(fused)), kind), deps, read
 
     def evaluate(self, choice: Choice) -> Evaluation:
         """The reference: every kernel reachable from the roots, costed from scratch."""

@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 # LowerOptions; docs/lowering.md has the measurement behind each)
 LANES_LAST = (16, 8, 4)       # lanes tried on the last output axis, first that divides wins
 LANES_PREV = (8, 4, 2)        # lanes tried on the axis before it
-LANE_BODY_MAX = 8192          # most body nodes x lanes (the unrolled block must stay compilable)
-TILE_BLOCKS = 8               # register blocks of the outer lane axis per cache tile
-TILE_MIN_STREAM = 1 << 20     # bytes a block's reduce loop streams from the lane-axis operand
+LANE_BODY_MAX = 8192          # most body nodes x lanes (the unrolled block must stay compilable; docs/lowering.md, Constants)
+TILE_BLOCKS = 8               # register blocks of the outer lane axis per cache tile (docs/lowering.md, Constants)
+TILE_MIN_STREAM = 1 << 20     # bytes a block's reduce loop streams from the lane-axis operand (docs/lowering.md, Constants)
 
 
 @dataclass(frozen=True)

@@ -66,6 +66,7 @@ _PAIR_ARG = frozenset({"PAD", "SHRINK"})                    # (before, after) / 
 _AXES_ARG = frozenset({"PERMUTE", "FLIP"}) | frozenset(REDUCE_OPS)   # axes, permutations: not sizes
 # Each propagation step that must enumerate combinations of ambiguous sizes tries at most this many;
 # beyond it the sizes stay unpinned and the resize is refused (a bound on the work, not a tuning).
+# _MAX_COMBOS: docs/lowering.md, Constants
 _MAX_COMBOS = 256
 
 
@@ -80,6 +81,7 @@ def _known(op: str, arg: Any) -> bool:
 
 
 _ABSTRACT: dict[tuple, tuple] = {}       # shape -> its sizes abstracted (a program repeats its shapes)
+# _ABSTRACT_MAX: docs/lowering.md, Constants
 _ABSTRACT_MAX = 4096
 
 

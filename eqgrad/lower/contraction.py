@@ -34,7 +34,7 @@ from eqgrad.lower.symbolic import Lin, Var
 from eqgrad.ops import OPS, numel
 
 GEMM_MOVES = ("RESHAPE", "PERMUTE", "EXPAND", "SHRINK")
-PACK_MAX = 2        # a packed operand's elements, at most, per element of the buffers it reads
+PACK_MAX = 2        # a packed operand's elements, at most, per element of the buffers it reads (docs/lowering.md, Constants)
 
 
 @dataclass(frozen=True)

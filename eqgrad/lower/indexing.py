@@ -50,7 +50,7 @@ def flat_index(idx: Index, shape: tuple[int, ...]) -> Lin:
 # the calls of a lowering repeat an earlier one (an MLP/ResNet/BERT/decoder corpus: 11,500 calls a
 # pass, 5,600 distinct), and a reshape's index costs ~40 us of Lin arithmetic. Bounded by clearing.
 _MOVES_MEMO: dict = {}
-_MOVES_MEMO_MAX = 65_536
+_MOVES_MEMO_MAX = 65_536                    # docs/lowering.md, Constants
 symbolic.on_release(_MOVES_MEMO.clear)       # its keys hold interned expressions
 
 

@@ -36,8 +36,8 @@ from eqgrad.ops import numel
 
 # The thresholds, named with the measurement behind each in the pass that reads it. The register
 # block's are a device's capabilities (graph/caps.py: the CPU's here are its defaults).
-SPLIT_MIN = 1 << 20           # elements: smaller reductions are not worth a second kernel
-SPLIT_PARTS = 64              # most partial results (each thread gets several: uneven cores balance)
+SPLIT_MIN = 1 << 20           # elements: smaller reductions are not worth a second kernel (docs/lowering.md, Constants)
+SPLIT_PARTS = 64              # most partial results (each thread gets several: uneven cores balance; docs/lowering.md, Constants)
 
 
 @dataclass(frozen=True)

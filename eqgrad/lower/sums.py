@@ -12,8 +12,8 @@ import math
 
 from eqgrad.graph.loopir import LoopKernel
 
-SUM_BLOCK = 1024              # values per innermost block (and most iterations of the outermost level)
-SUM_RADIX = 32                # values per accumulator of the levels between
+SUM_BLOCK = 1024              # values per innermost block (and most iterations of the outermost level; docs/lowering.md, Constants)
+SUM_RADIX = 32                # values per accumulator of the levels between (docs/lowering.md, Constants)
 
 
 def sum_pieces(e: int, block: int, radix: int, top: int) -> list[tuple[int, tuple[int, ...]]]:

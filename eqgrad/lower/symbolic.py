@@ -32,6 +32,7 @@ from typing import Union
 # move_index's memo, only between lowerings (``release``), once it holds ``INTERN_MAX`` entries --
 # an expression kept across that (none is, in eqgrad) would only miss CSE, never be wrong.
 _INTERNED: dict[tuple, object] = {}
+# INTERN_MAX: docs/lowering.md, Constants
 INTERN_MAX = 500_000
 _active = [0]          # lowerings in progress (``lowering``), in any thread
 _active_lock = threading.Lock()

@@ -57,6 +57,7 @@ from eqgrad.lower import symbolic
 from eqgrad.lower.decomp import decompose
 from eqgrad.lower.lowering import verify_emitted
 
+# the knobs below: docs/lowering.md, Constants (what each bounds, the measurement behind it)
 CONCRETE = 2            # size vectors of a body lowered as usual, for as many earlier plans, before
                         # its sizes are symbols
 MAX_TRACES = 4          # traces kept per body structure, newest first (a size crossing a lane multiple
