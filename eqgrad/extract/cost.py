@@ -109,16 +109,10 @@ class KernelCost:
     legal: bool
     why: str = ""
     fused: tuple[str, ...] = ()       # the ops of the kernel body, for explain()
-    # what the cost model took the lowering to do with the kernel (KERNEL_KINDS), which
-    # lower/classify.py checks against what the lowering does
+    # what the cost model took the lowering to do with the kernel (graph/plan.py KERNEL_KINDS),
+    # which lower/classify.py checks against what the lowering does
     kind: frozenset[str] = frozenset()
 
-
-# the kinds of kernel the cost model tells apart: "row-fused" (reductions rendered once per row
-# inside the output loop), "contraction" (a root contraction at the contraction rate: register lanes
-# or the BLAS), "unlaned" (a contraction inside a row-fused kernel's passes, charged ``unlaned``),
-# "masked" (a pad read beyond its source: masked loads, charged ``masked_read``)
-KERNEL_KINDS = ("row-fused", "contraction", "unlaned", "masked")
 
 
 def kernel_time(p: DeviceParams, nbytes: float, flops: float, cflops: float = 0.0) -> float:

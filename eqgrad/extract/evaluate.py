@@ -323,7 +323,9 @@ class PlanEvaluator:
             # a materialized broadcast: each element written is index arithmetic over few inputs
             flops += p.masked_read * size_k
         t = self.cost.seconds(nbytes, flops, nodes, cflops)
-        kind = frozenset(name for name, on in (("row-fused", hoisted), ("contraction", cflops > 0),
+        # row-fused: a reduction below a row-invariant broadcast (computed once per row, reused)
+        fused_rows = hoisted and any(nodes_of[c].op in REDUCE_OPS for c in under_hoist if c in nodes_of)
+        kind = frozenset(name for name, on in (("row-fused", fused_rows), ("contraction", cflops > 0),
                                                ("unlaned", bool(slow)), ("masked", masked)) if on)
         return KernelCost(t, int(nbytes), int(flops), nodes, legal, why, tuple(reversed(fused)), kind), deps, read
 

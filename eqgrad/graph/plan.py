@@ -114,6 +114,14 @@ class Kernel:
     flops: int = 0
 
 
+# The kinds of kernel the cost model tells apart (extract/evaluate.py records them as
+# ``KernelCost.kind``; lower/classify.py says which the lowering builds): "row-fused" (a reduction
+# rendered once per row before the innermost output loop), "contraction" (a root contraction at the
+# contraction rate: register lanes or the BLAS), "unlaned" (a contraction inside a row-fused kernel's
+# passes, charged ``unlaned``), "masked" (a pad read inside a reduction loop, charged ``masked_read``)
+KERNEL_KINDS = ("row-fused", "contraction", "unlaned", "masked")
+
+
 @dataclass
 class KernelPlan:
     buffers: list[tuple[Shape, DType]]
