@@ -22,6 +22,8 @@ passes applied to each kernel.
 """
 from __future__ import annotations
 
+import sys
+
 from dataclasses import replace
 from typing import Any
 
@@ -419,5 +421,22 @@ def lower_kernel(kernel: Kernel, plan: KernelPlan, upcast: tuple[int, int] | Non
     options = options if options is not None else LowerOptions()
     if upcast is not None:
         options = replace(options, upcast=upcast)
+    _room_for(kernel.ast)
     with symbolic.lowering():          # (its interned index expressions stay until it is done)
         return Lowerer(merge_axes(collapse(kernel)), plan, options=options).lower()
+
+
+FRAMES_PER_LEVEL = 8          # Python frames the emitter's recursive render takes per body level (3-4 seen)
+
+
+def _room_for(root: KNode) -> None:
+    """Raise Python's recursion limit, if needed, for the emitter's recursive walk of a body as deep
+    as ``root``'s: a 400-op chain fused into one kernel (DeviceParams.max_nodes raised to 320) hit
+    RecursionError at the default 1,000 frames. Python 3.11+ runs Python-to-Python calls without
+    growing the C stack, so the limit is safe to raise this far."""
+    depth: dict[int, int] = {}
+    for n in root.walk():
+        depth[id(n)] = 1 + max((depth[id(s)] for s in n.src), default=0)
+    need = FRAMES_PER_LEVEL * depth[id(root)] + 200
+    if sys.getrecursionlimit() < need:
+        sys.setrecursionlimit(need)
