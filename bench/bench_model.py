@@ -68,6 +68,7 @@ def workloads(quick: bool) -> dict[str, Callable[[], Any]]:
 
 def check(name: str, step: Callable[[], Any], reps: int, warmup: int) -> dict[str, Any]:
   from eqgrad import GlobalCounters
+  from eqgrad.lower.classify import classify
   for _ in range(1 + warmup):
     step()
   runs: list[list[tuple]] = []
@@ -84,9 +85,12 @@ def check(name: str, step: Callable[[], Any], reps: int, warmup: int) -> dict[st
   names = list(dict.fromkeys(base(e[0]) for e in runs[-1]))
   per: dict[str, list[float]] = {n: [] for n in names}
   info: dict[str, tuple] = {}
+  kernels: dict[str, Any] = {}          # base name -> the plan kernel (its model kind and body)
   for r in runs:
     sums: dict[str, float] = {}
-    for n, sec, pred, flops, nbytes in r:
+    for n, sec, pred, flops, nbytes, k in r:
+      if n == base(n):
+        kernels[n] = k
       b = base(n)
       sums[b] = sums.get(b, 0.0) + sec
       old = info.get(b, (0.0, 0, 0))
@@ -99,8 +103,13 @@ def check(name: str, step: Callable[[], Any], reps: int, warmup: int) -> dict[st
   for n in names:
     m = statistics.median(per[n])
     pred, flops, nbytes = info[n]
+    k = kernels.get(n)
+    model = list(k.kind) if k is not None else []
+    lowering = sorted(classify(k, blas=True).kinds) if k is not None else []
     rows.append(dict(kernel=n, measured_s=m, predicted_s=pred, ratio=pred / m if m > 0 else float("inf"),
-                     gflops=flops / m / 1e9 if m > 0 else 0.0, gbs=nbytes / m / 1e9 if m > 0 else 0.0))
+                     gflops=flops / m / 1e9 if m > 0 else 0.0, gbs=nbytes / m / 1e9 if m > 0 else 0.0,
+                     model_kind=model, lowering_kind=lowering,
+                     body=k.ast.render()[:160] if k is not None else ""))
   within = sum(1 for r in rows if 0.5 <= r["ratio"] <= 2.0)
   return dict(workload=name, kernels=len(rows), within_2x=within, measured_s=sum(r["measured_s"] for r in rows),
               predicted_s=sum(r["predicted_s"] for r in rows), rows=rows)
@@ -143,11 +152,17 @@ def main(argv=None) -> int:
           f" {r['predicted_s'] * 1e3:>8.2f}ms {r['measured_s'] * 1e3:>8.2f}ms")
     worst = sorted(r["rows"], key=lambda x: -abs(np.log(max(x["ratio"], 1e-9))))[:args.worst]
     for w in worst:
+      kinds = "" if w["model_kind"] == w["lowering_kind"] else \
+          f"  [model: {','.join(w['model_kind']) or 'plain'}; lowering: {','.join(w['lowering_kind']) or 'plain'}]"
       print(f"    {w['kernel']:<6} predicted {w['predicted_s'] * 1e6:9.1f} us  measured {w['measured_s'] * 1e6:9.1f} us"
-            f"  ({w['ratio']:.2f}x; {w['gflops']:.1f} GFLOP/s, {w['gbs']:.1f} GB/s)")
+            f"  ({w['ratio']:.2f}x; {w['gflops']:.1f} GFLOP/s, {w['gbs']:.1f} GB/s){kinds}")
   total = sum(r["kernels"] for r in results)
   within = sum(r["within_2x"] for r in results)
   print(f"\nall: {within}/{total} kernels within 2x ({100 * within / max(1, total):.0f}%; target >= 90%)")
+  off = [w for r in results for w in r["rows"] if not 0.5 <= w["ratio"] <= 2.0]
+  split = sum(1 for w in off if w["model_kind"] != w["lowering_kind"])
+  print(f"of the {len(off)} outside 2x, {split} are kernels the cost model takes for another kind than the lowering "
+        "builds (lower/classify.py; [model; lowering] above)")
   if args.json:
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
     with open(args.json, "w") as f:

@@ -49,7 +49,7 @@ def timing_kernels(debug: int) -> bool:
 def log_kernel(k: Any, seconds: float, debug: int = 2) -> None:
     log = GlobalCounters.kernel_log
     if log is not None:
-        log.append((k.name, seconds, k.predicted, k.flops, k.nbytes))
+        log.append((k.name, seconds, k.predicted, k.flops, k.nbytes, k))
     if debug < 2:
         return
     gbs = k.nbytes / seconds / 1e9 if seconds > 0 else 0.0

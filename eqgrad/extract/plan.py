@@ -138,7 +138,8 @@ def build_plan(g: EGraph, choice: dict[int, ENode], input_specs: list[tuple[Shap
         if bodies is not None:
             bodies[f"k{len(kernels)}"] = _body_classes(k)
         kernels.append(Kernel(f"k{len(kernels)}", bid, ast, ins,
-                              kc.seconds if kc else 0.0, kc.bytes if kc else 0, kc.flops if kc else 0))
+                              kc.seconds if kc else 0.0, kc.bytes if kc else 0, kc.flops if kc else 0,
+                              tuple(sorted(kc.kind)) if kc else ()))
 
     outputs = []
     for r in g.roots:

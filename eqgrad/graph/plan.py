@@ -112,6 +112,7 @@ class Kernel:
     predicted: float = 0.0        # cost model seconds
     nbytes: int = 0
     flops: int = 0
+    kind: tuple[str, ...] = ()    # what the cost model took the lowering to do (KERNEL_KINDS), sorted
 
 
 # The kinds of kernel the cost model tells apart (extract/evaluate.py records them as
