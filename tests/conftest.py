@@ -150,3 +150,31 @@ def lowered_only_kernel(t: Tensor):
     lk = lower_kernel(k, plan)
     lk.name = "eqk"
     return lk
+
+
+@pytest.fixture
+def clean_rules():
+    """The built-in rules only, before and after the test (a test file that uses rulebooks marks
+    itself with it: ``pytestmark = pytest.mark.usefixtures("clean_rules")``)."""
+    from eqgrad.rules import rulebook
+    rulebook.reset()
+    yield
+    rulebook.reset()
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    """``text`` written to ``tmp_path / name``; the path."""
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+def blas_always_pays(monkeypatch) -> None:
+    """The LLVM device hands every contraction the BLAS can run to it: whether it pays is measured on
+    the machine, and a test must not depend on the host's speed."""
+    from eqgrad.devices import blas, get_device
+    from eqgrad.devices.cpu import LLVMDevice
+    monkeypatch.setattr(blas, "pays", lambda g, predicted, threads: max(g.m, g.n) >= blas.GEMM_MIN)
+    monkeypatch.setattr(LLVMDevice, "_measured", lambda self, k, found, plan, threads: True)
+    # (what earlier tests left: bodies whose sizes kept changing and had no GEMM that paid)
+    monkeypatch.setattr(get_device("LLVM"), "_no_gemm", {})

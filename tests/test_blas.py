@@ -11,7 +11,7 @@ import pytest
 import eqgrad
 from eqgrad import Tensor, engine
 from eqgrad.devices import blas, get_device
-from eqgrad.devices.cpu import LLVMDevice
+from conftest import blas_always_pays
 from eqgrad.lower import trace
 from eqgrad.lower.contraction import find_contraction, is_pure, match_contraction
 
@@ -34,10 +34,7 @@ def gemm_calls(monkeypatch):
     """The number of BLAS program calls made (a list of one count). Every contraction the BLAS
     can run goes to it (these tests' products are small; which path pays is ``test_what_pays``'s
     and ``test_a_batch_of_products_is_timed_once_per_machine``'s)."""
-    monkeypatch.setattr(blas, "pays", lambda g, predicted, threads: max(g.m, g.n) >= blas.GEMM_MIN)
-    monkeypatch.setattr(LLVMDevice, "_measured", lambda self, k, found, plan, threads: True)
-    # (what earlier tests left: bodies whose sizes kept changing and had no GEMM that paid)
-    monkeypatch.setattr(get_device("LLVM"), "_no_gemm", {})
+    blas_always_pays(monkeypatch)
     engine.clear_cache()
     calls = [0]
     orig = blas.GemmProgram.__call__

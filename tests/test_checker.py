@@ -13,13 +13,10 @@ from eqgrad.rules.rulebook import load_rulebook
 from eqgrad.rules.saturate import Saturator
 from eqgrad.tools import check
 from eqgrad.tools.check import DEFAULT_N, check_rule, check_rules
+from conftest import write
 
 
-@pytest.fixture(autouse=True)
-def clean_rules():
-    rulebook.reset()
-    yield
-    rulebook.reset()
+pytestmark = pytest.mark.usefixtures("clean_rules")     # conftest.py: the built-in rules before and after
 
 
 @pytest.fixture(scope="module")
@@ -27,12 +24,6 @@ def sat():
     s = Saturator()
     yield s
     s.close()
-
-
-def write(tmp_path, name, text):
-    p = tmp_path / name
-    p.write_text(text)
-    return p
 
 
 def rule_of(tmp_path, body, name="r.egg"):

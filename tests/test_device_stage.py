@@ -7,7 +7,8 @@ import pytest
 
 import eqgrad
 from eqgrad import Tensor, engine
-from eqgrad.devices import DevicePlan, get_device
+from eqgrad.devices import DevicePlan, blas, get_device
+from conftest import blas_always_pays
 
 rng = np.random.default_rng(0)
 
@@ -45,14 +46,10 @@ def test_one_thread_and_no_blas_leave_the_plan_as_extracted(monkeypatch):
 def test_a_contraction_with_an_epilogue_goes_to_the_blas_in_its_own_kernel(monkeypatch):
     """Whether a contraction pays on the BLAS is measured on the machine; here it always does (as
     tests/test_blas.py's fixture), so the test does not depend on the host's speed."""
-    from eqgrad.devices import blas
-    from eqgrad.devices.cpu import LLVMDevice
     if blas.blas() is None:
         pytest.skip("no BLAS library found")
     monkeypatch.setenv("EQGRAD_BLAS", "1")
-    monkeypatch.setattr(blas, "pays", lambda g, predicted, threads: max(g.m, g.n) >= blas.GEMM_MIN)
-    monkeypatch.setattr(LLVMDevice, "_measured", lambda self, k, found, plan, threads: True)
-    monkeypatch.setattr(get_device("LLVM"), "_no_gemm", {})
+    blas_always_pays(monkeypatch)
     a, b = _t(256, 256), _t(256, 256)
     y = (a @ b).relu()
     dp = eqgrad.explain(y).device_plan()

@@ -18,7 +18,7 @@ import eqgrad
 from eqgrad import Tensor, engine
 from eqgrad.counters import GlobalCounters
 from eqgrad.devices import Buffer, Device, blas, get_device
-from eqgrad.devices.cpu import LLVMDevice
+from conftest import blas_always_pays
 from eqgrad.dtype import float32
 from eqgrad.graph.plan import Kernel, KernelPlan, KNode, NodeMemo
 from eqgrad.lower.contraction import find_contraction
@@ -42,9 +42,7 @@ def gemm_calls(monkeypatch):
     through the device's contraction, BLAS split and GEMM memos. A list of one count of calls."""
     if blas.blas() is None:
         return None
-    monkeypatch.setattr(blas, "pays", lambda g, predicted, threads: max(g.m, g.n) >= blas.GEMM_MIN)
-    monkeypatch.setattr(LLVMDevice, "_measured", lambda self, k, found, plan, threads: True)
-    monkeypatch.setattr(get_device("LLVM"), "_no_gemm", {})
+    blas_always_pays(monkeypatch)
     calls = [0]
     orig = blas.GemmProgram.__call__
 

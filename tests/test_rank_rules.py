@@ -16,6 +16,7 @@ from eqgrad.rules.book import through_realize
 from eqgrad.rules.dump import dump_files, load_dump, write_dump
 from eqgrad.rules.ranks import base_name, expand, rank_of
 from eqgrad.rules.rulebook import RulebookError, load_rulebook
+from conftest import write
 
 SHRINK_OF_PAD = """\
 ;; check: exact
@@ -30,17 +31,7 @@ IDENTITY_PERMUTE = """\
 BOOK = "(ruleset mine)\n" + SHRINK_OF_PAD + "\n" + IDENTITY_PERMUTE
 
 
-@pytest.fixture(autouse=True)
-def clean_rules():
-    rulebook.reset()
-    yield
-    rulebook.reset()
-
-
-def write(tmp_path, name, text):
-    p = tmp_path / name
-    p.write_text(text)
-    return p
+pytestmark = pytest.mark.usefixtures("clean_rules")     # conftest.py: the built-in rules before and after
 
 
 def _expected_shrink_of_pad(r: int) -> str:

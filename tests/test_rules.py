@@ -12,19 +12,10 @@ from eqgrad.tools.check import check_rule, check_rules
 from eqgrad.rules.rulebook import RulebookError, all_rules, load_rulebook
 from eqgrad.rules.stats import collect
 from eqgrad.rules.book import RULEBOOK_DIR
+from conftest import write
 
 
-@pytest.fixture(autouse=True)
-def clean_rules():
-    rulebook.reset()
-    yield
-    rulebook.reset()
-
-
-def write(tmp_path, name, text):
-    p = tmp_path / name
-    p.write_text(text)
-    return p
+pytestmark = pytest.mark.usefixtures("clean_rules")     # conftest.py: the built-in rules before and after
 
 
 def test_every_builtin_rule_is_sound():

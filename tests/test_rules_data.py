@@ -33,11 +33,7 @@ GOLDEN = ROOT / "tests" / "golden" / "rules"
 OLD = "2addb74"       # the last commit with the hand-written fusion.egg and the f-string families
 
 
-@pytest.fixture(autouse=True)
-def clean_rules():
-    rulebook.reset()
-    yield
-    rulebook.reset()
+pytestmark = pytest.mark.usefixtures("clean_rules")     # conftest.py: the built-in rules before and after
 
 
 # ------------------------------------------------------------------ generated == what it replaces

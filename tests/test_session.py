@@ -18,11 +18,7 @@ EXP2_RULES = ('(ruleset mine)\n;; check: finite\n;; exp2(a) * exp2(b) = exp2(a +
 NO_FUSION = ";; phase analysis\n(run-schedule (saturate analysis))\n"
 
 
-@pytest.fixture(autouse=True)
-def clean_rules():
-    rulebook.reset()
-    yield
-    rulebook.reset()
+pytestmark = pytest.mark.usefixtures("clean_rules")     # conftest.py: the built-in rules before and after
 
 
 @pytest.fixture

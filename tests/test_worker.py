@@ -23,11 +23,7 @@ from eqgrad.rules.saturate import RULEBOOK_DIR, Saturator
 TINY = "(let $v0 (Const 1.0 \"float32\" (vec-empty)))\n"
 
 
-@pytest.fixture(autouse=True)
-def clean_rules():
-    rulebook.reset()
-    yield
-    rulebook.reset()
+pytestmark = pytest.mark.usefixtures("clean_rules")     # conftest.py: the built-in rules before and after
 
 
 # ------------------------------------------------------------------ interrupts

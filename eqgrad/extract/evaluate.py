@@ -17,6 +17,7 @@ instead of 519,647 (57.8 s -> 0.35 s of extraction; docs/extraction.md).
 """
 from __future__ import annotations
 
+import itertools
 import math
 from collections import Counter
 from dataclasses import dataclass
@@ -99,6 +100,11 @@ def _exact_total(kernels: dict[int, KernelCost]) -> int | None:
     if not all(math.isfinite(kc.seconds) for kc in kernels.values()):
         return None
     return sum(_exact(kc.seconds) for kc in kernels.values())
+
+
+# KernelCost.kind by (row-fused, contraction, unlaned, masked): made once, not per kernel costed
+_KINDS = {flags: frozenset(k for k, on in zip(("row-fused", "contraction", "unlaned", "masked"), flags) if on)
+          for flags in itertools.product((False, True), repeat=4)}
 
 
 def _row_invariant(src: tuple, shape: tuple, rg: "str | frozenset") -> bool:
@@ -325,8 +331,7 @@ class PlanEvaluator:
         t = self.cost.seconds(nbytes, flops, nodes, cflops)
         # row-fused: a reduction below a row-invariant broadcast (computed once per row, reused)
         fused_rows = hoisted and any(nodes_of[c].op in REDUCE_OPS for c in under_hoist if c in nodes_of)
-        kind = frozenset(name for name, on in (("row-fused", fused_rows), ("contraction", cflops > 0),
-                                               ("unlaned", bool(slow)), ("masked", masked)) if on)
+        kind = _KINDS[(fused_rows, cflops > 0, bool(slow), masked)]
         return KernelCost(t, int(nbytes), int(flops), nodes, legal, why, tuple(reversed(fused)), kind), deps, read
 
     def evaluate(self, choice: Choice) -> Evaluation:

@@ -223,6 +223,14 @@ def _fuzz(args: argparse.Namespace) -> int:
     return 1 if failures else 0
 
 
+def _outputs(p: argparse.ArgumentParser) -> None:
+    """The result files and the progress switch of ``tune experiment`` and ``tune sweep``."""
+    p.add_argument("--plot", default="", help="save the plot (PNG) here")
+    p.add_argument("--json", default="", help="every row, with each timed run, as JSON here")
+    p.add_argument("--csv", default="", help="one line per timed run, as CSV here")
+    p.add_argument("--no-progress", action="store_true")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m eqgrad", description="eqgrad tools")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -275,10 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     ex.add_argument("--device", default="LLVM")
     ex.add_argument("--reps", type=int, default=5)
     ex.add_argument("--sweep", action="store_true", help="also run with 10x launch overhead and 1/10 peak")
-    ex.add_argument("--plot", default="", help="save a predicted-vs-measured plot (PNG) here")
-    ex.add_argument("--json", default="", help="every row, with each timed run, as JSON here")
-    ex.add_argument("--csv", default="", help="one line per timed run, as CSV here")
-    ex.add_argument("--no-progress", action="store_true")
+    _outputs(ex)
     ex.set_defaults(fn=_tune_experiment)
     sw = tune.add_parser("sweep", help="cost parameters x extractors x programs, in parallel (local processes "
                                        "or Ray); one table, CSV/JSON and plot")
@@ -295,10 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     sw.add_argument("--ray", default="", metavar="ADDRESS", help="run the jobs as Ray tasks on this cluster "
                     "(auto, HOST:PORT, ray://HOST:10001, or local for a new local instance)")
     sw.add_argument("--no-measure", action="store_true", help="predicted times only (no plan is run)")
-    sw.add_argument("--plot", default="", help="save the plot (PNG) here")
-    sw.add_argument("--json", default="", help="every row as JSON here")
-    sw.add_argument("--csv", default="", help="every row (a line per timed run) as CSV here")
-    sw.add_argument("--no-progress", action="store_true")
+    _outputs(sw)
     sw.set_defaults(fn=_tune_sweep)
     fz = sub.add_parser("fuzz", help="random programs through the whole pipeline, compared with NumPy")
     fz.add_argument("--examples", type=int, default=500)

@@ -51,7 +51,8 @@ def provenance_of(cp: Any) -> dict[str, list[tuple[str, str]]]:
     return out
 
 
-def _same_plan(a: Any, b: Any) -> bool:
+def same_plan(a: Any, b: Any) -> bool:
+    """Do two plans run the same kernels (bodies and output buffers)?"""
     return [(k.ast.render(), k.out) for k in a.kernels] == [(k.ast.render(), k.out) for k in b.kernels]
 
 
@@ -238,7 +239,7 @@ def explain(*tensors: Any, provenance: bool = True) -> Explanation:
         pcp, _ = plan_for(lbs, provenance=True)
         if pcp.report.stop_reason not in ("completed", "node limit") or pcp.egraph is None:
             ex.provenance, ex.provenance_note = {}, f"the instrumented planning stopped: {pcp.report.stop_reason}"
-        elif not _same_plan(pcp.plan, cp.plan):
+        elif not same_plan(pcp.plan, cp.plan):
             ex.provenance, ex.provenance_note = {}, ("the instrumented planning chose another plan (the recorded "
                                                      "provenance rows count toward the e-graph's node limit)")
         else:

@@ -25,7 +25,7 @@ from eqgrad.rules.ir import emit_program
 from eqgrad.rules.saturate import default_saturator
 from eqgrad.rules.provenance import INPUT, rule_of
 from eqgrad.tools.experiments import load_callable
-from eqgrad.tools.explain import provenance_of
+from eqgrad.tools.explain import provenance_of, same_plan
 
 
 def load_program(spec: str) -> Callable[[], Any]:
@@ -89,8 +89,7 @@ class TryResult:
 
     @property
     def changed(self) -> bool:
-        key = lambda p: [(k.ast.render(), k.out) for k in p.kernels]
-        return key(self.before.plan) != key(self.after.plan)
+        return not same_plan(self.before.plan, self.after.plan)
 
     def __str__(self) -> str:
         b, a = self.before, self.after
@@ -163,8 +162,7 @@ def try_rulebook(path: str | Path, program: Callable[[], Any], phase: str = rule
             r = rule_of(tag)
             if r in matches:
                 added[r] = added.get(r, 0) + 1
-        same = [(k.ast.render(), k.out) for k in pcp.plan.kernels] == [(k.ast.render(), k.out) for k in cp1.plan.kernels]
-        if not same:
+        if not same_plan(pcp.plan, cp1.plan):
             note = "the instrumented planning chose another plan; chosen nodes not attributed"
         else:
             for nodes in provenance_of(pcp).values():
