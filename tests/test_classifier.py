@@ -14,7 +14,10 @@ from hypothesis import HealthCheck, given, settings
 import eqgrad
 from eqgrad import Tensor, engine
 from eqgrad.extract.plan import build_plan
+from eqgrad.engine import regions
+from eqgrad.engine.core import _REGION_PLANS
 from eqgrad.graph.plan import KERNEL_KINDS
+from eqgrad.graph.program import linearize
 from eqgrad.lower.classify import classify
 from eqgrad.tools.fuzz import BY_NAME, make_input, program_strategy
 
@@ -120,3 +123,52 @@ def test_a_fuzz_corpus_agrees_on_99_percent_of_its_kernels_kinds():
     run()
     assert seen[0] > 200
     assert len(bad) <= 0.01 * seen[0], bad
+
+
+def _blocks(n: int, rows: int) -> Tensor:
+    """``n`` residual blocks (RMS norm, a matmul, ReLU) over a (rows, 32) input: planned by regions."""
+    r = np.random.default_rng(5)
+    x = Tensor(r.standard_normal((rows, 32)).astype(np.float32))
+    for i in range(n):
+        w, g = (Tensor(r.standard_normal(s).astype(np.float32)) for s in ((32, 32), (32,)))
+        x = x + (x * ((x * x).mean(-1, keepdim=True) + 1e-6).rsqrt() * g @ w).relu() * 0.5
+    return x
+
+
+@pytest.mark.parametrize("how", ["regions", "resized", "disk"])
+def test_a_kernels_kind_survives_regions_resizing_and_the_disk_cache(how, monkeypatch, tmp_path):
+    """Every kernel of a plan keeps the kind its cost was predicted for, however the plan was made:
+    stitched from regions, resized from another size, or read back from the disk cache (a plan made
+    by regions once lost every kernel's kind, and explain() and bench_model read each as plain)."""
+    monkeypatch.setenv("EQGRAD_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("EQGRAD_DISK_CACHE", "1" if how == "disk" else "0")
+    engine.clear_cache()
+    _REGION_PLANS.clear()
+    if how == "regions":
+        _blocks(12, 4).realize()
+        plan = engine.last_plan.plan
+        assert any("planned by regions" in n for n in plan.notes), plan.notes
+        # the region plans, in the order stitch() laid out their kernels
+        x = _blocks(12, 4)
+        prog = linearize([x.lazydata], device=x.lazydata.device,
+                         inspected=engine.current_session().rules.config().inspected_constants)
+        keys = {key[-1]: p for key, (p, _, _) in _REGION_PLANS.items()}
+        want = [k.kind for r in regions.split(prog) for k in keys[r.program.key].kernels]
+    else:
+        _blocks(2, 64).realize()
+        want = [k.kind for k in engine.last_plan.plan.kernels]
+        engine.clear_cache()
+        resized, hits = eqgrad.GlobalCounters.plans_resized, eqgrad.GlobalCounters.disk_hits
+        if how == "resized":
+            monkeypatch.setenv("EQGRAD_DISK_CACHE", "0")
+            _blocks(2, 64).realize()              # the plan at the first size, in memory
+            _blocks(2, 96).realize()
+            assert eqgrad.GlobalCounters.plans_resized > resized
+        else:
+            _blocks(2, 64).realize()
+            assert eqgrad.GlobalCounters.disk_hits > hits
+        plan = engine.last_plan.plan
+    assert any("contraction" in k for k in want), want
+    assert [k.kind for k in plan.kernels] == want
+    engine.clear_cache()
+    _REGION_PLANS.clear()

@@ -442,4 +442,5 @@ def _renumbered(k: Kernel, m: dict[int, int], name: str) -> Kernel:
     for n in k.ast.walk():
         arg = m[n.arg] if n.op == "BUF" else n.arg
         memo[id(n)] = KNode(n.op, tuple(memo[id(s)] for s in n.src), arg, n.shape, n.dtype)
-    return Kernel(name, m[k.out], memo[id(k.ast)], tuple(m[b] for b in k.inputs), k.predicted, k.nbytes, k.flops)
+    return Kernel(name, m[k.out], memo[id(k.ast)], tuple(m[b] for b in k.inputs), k.predicted, k.nbytes, k.flops,
+                  k.kind)

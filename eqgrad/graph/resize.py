@@ -575,7 +575,7 @@ class _Resizer:
                 self.checks.append(self.new_orders[-1])
                 ast = memo[id(k.ast)]
             buffers.append((ast.shape, plan.buffers[k.out][1]))
-            kernels.append(Kernel(k.name, k.out, ast, k.inputs, k.predicted, k.nbytes, k.flops))
+            kernels.append(Kernel(k.name, k.out, ast, k.inputs, k.predicted, k.nbytes, k.flops, k.kind))
         out = KernelPlan(buffers, plan.n_inputs, kernels, list(plan.outputs), plan.predicted, list(plan.notes))
         for k, ko, order, new_order, still in zip(out.kernels, plan.kernels, self.orders, self.new_orders, self.still):
             if still:
