@@ -14,6 +14,14 @@ The parameters are the cost model's in effect: the defaults, or the calibration 
   python bench/bench_model.py                    # defaults or the stored calibration
   python bench/bench_model.py --calibrate        # calibrate this machine first
   python bench/bench_model.py --only cnn_step --worst 10
+  python bench/bench_model.py --fit              # and the best share any parameters give this model's form
+
+--fit separates what parameters can fix from what they cannot: it searches launch, bandwidth,
+peak and contraction rate (log grids, then a finer pass around the best) for the share of kernels
+within 2x that the cost model's form ``launch + max(bytes / bandwidth, compute)`` reaches on the
+kernels just measured, once with the kinds the cost model assigned and once with the kinds the
+lowering builds (lower/classify.py). A ceiling well under the target means the form, not the
+calibration, is what misses.
 """
 from __future__ import annotations
 
@@ -115,6 +123,37 @@ def check(name: str, step: Callable[[], Any], reps: int, warmup: int) -> dict[st
               predicted_s=sum(r["predicted_s"] for r in rows), rows=rows)
 
 
+FIT_GRIDS = dict(launch=np.geomspace(1e-6, 40e-6, 12), bandwidth=np.geomspace(4e9, 80e9, 14),
+                 peak=np.geomspace(5e9, 200e9, 12), contraction=np.geomspace(10e9, 600e9, 14))
+
+
+def fit(rows: list[dict[str, Any]], kinds: str = "model_kind") -> tuple[float, dict[str, float]]:
+  """The largest share of ``rows`` within 2x that any (launch, bandwidth, peak, contraction) gives
+  the cost model's form, with the compute of a kernel of kind "contraction" (in ``rows[i][kinds]``)
+  at the contraction rate and the rest at peak; and those parameters. A grid search (log-spaced),
+  then the same search on a grid 4x finer around the best point."""
+  if not rows:
+    return 0.0, {}
+  m = np.array([r["measured_s"] for r in rows])
+  nbytes = np.array([r["gbs"] * 1e9 * r["measured_s"] for r in rows])
+  flops = np.array([r["gflops"] * 1e9 * r["measured_s"] for r in rows])
+  con = np.array(["contraction" in r[kinds] for r in rows])
+  grids = dict(FIT_GRIDS)
+  best = (-1.0, {})
+  for _ in range(2):
+    L, B, P, C = np.meshgrid(grids["launch"], grids["bandwidth"], grids["peak"], grids["contraction"], indexing="ij")
+    pts = np.stack([L.ravel(), B.ravel(), P.ravel(), C.ravel()], 1)           # (points, 4)
+    compute = np.where(con[None, :], flops[None, :] / pts[:, 3:4], flops[None, :] / pts[:, 2:3])
+    pred = pts[:, 0:1] + np.maximum(nbytes[None, :] / pts[:, 1:2], compute)
+    ratio = pred / m[None, :]
+    share = ((ratio >= 0.5) & (ratio <= 2.0)).mean(1)
+    i = int(np.argmax(share))
+    if share[i] > best[0]:
+      best = (float(share[i]), dict(zip(("launch", "bandwidth", "peak", "contraction"), map(float, pts[i]))))
+    grids = {k: v * np.geomspace(0.7, 1.4, 7) for k, v in best[1].items()}
+  return best
+
+
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--reps", type=int, default=5, help="recorded runs per workload (default 5: medians per kernel)")
@@ -123,6 +162,7 @@ def main(argv=None) -> int:
   p.add_argument("--only", default=None, help="comma-separated workloads: " + ",".join(CORE_ROWS + ("bert_encoder",)))
   p.add_argument("--calibrate", action="store_true", help="calibrate the LLVM device first (stored in the cache)")
   p.add_argument("--worst", type=int, default=3, help="worst-predicted kernels to print per workload (default 3)")
+  p.add_argument("--fit", action="store_true", help="also print the best share any parameters give the model's form")
   p.add_argument("--json", default=None, metavar="PATH", help="write every kernel's row as JSON")
   args = p.parse_args(argv)
   if args.reps < 1:
@@ -163,6 +203,13 @@ def main(argv=None) -> int:
   split = sum(1 for w in off if w["model_kind"] != w["lowering_kind"])
   print(f"of the {len(off)} outside 2x, {split} are kernels the cost model takes for another kind than the lowering "
         "builds (lower/classify.py; [model; lowering] above)")
+  if args.fit:
+    rows = [w for r in results for w in r["rows"]]
+    for kinds, said in (("model_kind", "the cost model's kinds"), ("lowering_kind", "the lowering's kinds")):
+      share, prm_fit = fit(rows, kinds)
+      print(f"best fit with {said}: {100 * share:.0f}% within 2x at launch {prm_fit['launch'] * 1e6:.1f} us, "
+            f"{prm_fit['bandwidth'] / 1e9:.1f} GB/s, peak {prm_fit['peak'] / 1e9:.1f}, "
+            f"contraction {prm_fit['contraction'] / 1e9:.1f} GFLOP/s")
   if args.json:
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
     with open(args.json, "w") as f:

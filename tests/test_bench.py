@@ -85,3 +85,21 @@ def test_bench_model_records_every_kernel_of_a_step(tmp_path, capsys):
         assert all(k["measured_s"] > 0 and k["predicted_s"] > 0 and k["kernel"].startswith("k") for k in r["rows"])
         assert len({k["kernel"] for k in r["rows"]}) == r["kernels"]          # one row per plan kernel
     assert "kernels within 2x" in text and "  k" not in text.split("workload")[0]
+
+
+def test_bench_model_fit_finds_parameters_that_explain_kernels_made_with_them():
+    """bench_model.py --fit: kernels timed exactly as the cost model's form says under some
+    parameters are all explained (100 % within 2x) by the parameters it finds, and the kernels of a
+    kind are priced at their own rate (a contraction at 300 GFLOP/s, streaming work at 20)."""
+    bench = _script("bench_model")
+    launch, bw, peak, con = 6e-6, 18e9, 20e9, 300e9
+    rows = []
+    for i, (nbytes, flops, kind) in enumerate([(4e3, 1e3, []), (2e6, 1e5, []), (3e7, 2e6, []), (8e6, 4e8, []),
+                                                (6e6, 5.6e8, ["contraction"]), (3e6, 2.7e8, ["contraction"]),
+                                                (1e6, 1e9, ["contraction"]), (5e4, 1e6, ["row-fused"])]):
+        t = launch + max(nbytes / bw, flops / (con if "contraction" in kind else peak))
+        rows.append(dict(kernel=f"k{i}", measured_s=t, gbs=nbytes / t / 1e9, gflops=flops / t / 1e9,
+                         model_kind=kind, lowering_kind=kind))
+    share, got = bench.fit(rows)
+    assert share == 1.0, got
+    assert 100e9 < got["contraction"] and got["peak"] < 60e9, got

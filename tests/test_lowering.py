@@ -369,3 +369,40 @@ def test_index_expressions_are_interned_and_released_between_lowerings(monkeypat
     assert Lin.var("r0", 8) * 4 + Lin.var("r1", 4) is not a      # ... and after the last, it is
     assert Lin.num(5) is Lin((), 5)                                # (the small constants stay)
     assert str(lower_kernel(k, plan)) == before
+
+
+def test_the_thread_split_is_probed_one_thread_first_then_split(monkeypatch):
+    """``LLVMDevice.launch`` times a kernel's first SPLIT_PROBES runs, one thread first and then
+    split, and keeps the faster. Probed in turn, each one-thread run came right after a split one
+    that had left half the output in the other core's cache and ran ~6x slower than it does
+    steadily, so the split won where one thread was 4x faster (a 256K-element multiply on a
+    2-vCPU VM). Modelled here with a clock: one-thread runs cost 1 (6 right after a split run),
+    split runs 2."""
+    import eqgrad.devices.cpu as cpu
+    from eqgrad.devices import get_device
+    dev = get_device("LLVM")
+    now = [0.0]
+    ran: list[str] = []
+
+    class Prg:                       # a compiled program as launch calls it (weak-referenceable)
+        nontemporal = False
+
+        def __call__(self, *ptrs, lo, hi):
+            now[0] += 6.0 if ran and ran[-1] == "split" else 1.0
+            ran.append("one")
+
+    def split_run(prg, ptrs, n, threads):
+        now[0] += 2.0
+        ran.append("split")
+
+    class K:
+        predicted = (cpu.SPLIT_FLOOR + cpu.SPLIT_SURE) / 2
+    monkeypatch.setattr(cpu.time, "perf_counter", lambda: now[0])
+    monkeypatch.setattr(dev, "_split_run", split_run)
+    monkeypatch.setattr(cpu, "PARALLEL_MIN", None)
+    prg = Prg()
+    for _ in range(cpu.SPLIT_PROBES + 3):
+        dev.launch(K(), prg, [], 1024, 2)
+    half = cpu.SPLIT_PROBES // 2
+    assert ran[:cpu.SPLIT_PROBES] == ["one"] * half + ["split"] * (cpu.SPLIT_PROBES - half)
+    assert ran[cpu.SPLIT_PROBES:] == ["one"] * 3, ran

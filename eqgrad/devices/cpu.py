@@ -7,8 +7,8 @@ disjoint output elements. Handing work to the pool costs what waking a sleeping 
 this machine, which differs by an order of magnitude between machines: ~10-20 us on a Zen 5 host,
 100-300 us on a 2-vCPU Emerald Rapids VM (a no-op job's round trip; there a 184K-element multiply
 took 41 us on one thread and 284 us split in two, a 1M-element one 393 against 724 us). So whether a
-kernel is split is measured, per kernel: ``launch`` runs each one both ways in turn for its first
-``SPLIT_PROBES`` runs (per loop extent within a factor of 2) and keeps the faster (a threshold
+kernel is split is measured, per kernel: ``launch`` runs each one on one thread, then split, over its
+first ``SPLIT_PROBES`` runs (per loop extent within a factor of 2) and keeps the faster (a threshold
 on the predicted time would inherit the cost model's errors: it underestimates some kernels 5x).
 Kernels predicted below ``SPLIT_FLOOR`` always run on one thread, kernels predicted above
 ``SPLIT_SURE`` are always split; ``PARALLEL_MIN``, when set (tests), replaces the measurement by a
@@ -68,7 +68,7 @@ from eqgrad.devices.search import search_upcast
 
 PARALLEL_MIN: float | None = None   # predicted seconds above which a kernel is split; None: measured (launch)
 # the knobs below: docs/lowering.md, Constants (what each bounds, the measurement behind it)
-SPLIT_PROBES = 4          # first runs of a kernel timed by ``launch``, one thread and split in turn (the faster of each kind counts)
+SPLIT_PROBES = 4          # first runs of a kernel timed by ``launch``: half on one thread, then half split (the best of each counts)
 SPLIT_FLOOR = 20e-6       # predicted seconds below which a kernel runs on one thread, unprobed: waking a
                           # thread costs about that on a fast host (10-20 us), far more on a VM
 SPLIT_SURE = 10e-3        # predicted seconds above which a kernel is split, unprobed: 30x the dearest
@@ -500,14 +500,18 @@ class LLVMDevice(Device):
             else:
                 prg(*ptrs, lo=0, hi=n)
             return
+        # in two blocks, one thread first: alternating, each one-thread probe ran just after a split
+        # one had left half the output in the other core's cache, and came out 6x slower than in
+        # steady state (a 256K-element multiply: ~235 against 38 us), so the split was kept
+        split = runs >= SPLIT_PROBES // 2
         t0 = time.perf_counter()
-        if runs % 2:
+        if split:
             self._split_run(prg, ptrs, n, threads)
         else:
             prg(*ptrs, lo=0, hi=n)
         t = time.perf_counter() - t0
         seen[0] = runs + 1
-        i = 2 if runs % 2 else 1
+        i = 2 if split else 1
         if t < seen[i]:
             seen[i] = t
 
