@@ -109,3 +109,27 @@ def test_ilp_plans_give_the_numpy_numbers(tmp_path, monkeypatch):
     s = (q.numpy() @ k.numpy().transpose(0, 1, 3, 2)) * 0.5
     p = np.exp(s - s.max(-1, keepdims=True))
     np.testing.assert_allclose(at, (p / p.sum(-1, keepdims=True)) @ v.numpy(), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("name, params", [
+    # compute-bound contractions at a contraction rate 20x the peak
+    ("matmul", dict(bandwidth=1e12, peak=1e9, contraction=2e10)),
+    # a padded input summed: its pad reads are masked (bytes dear enough that they stay fused)
+    ("padded_sum", dict(bandwidth=2e8, peak=1e9, masked_read=20.0)),
+])
+def test_the_ilp_objective_charges_what_the_evaluator_charges(name, params):
+    """The ILP's objective for greedy's plan is the evaluator's total within 15 % where the plan's
+    kernels are priced by a contraction rate or masked pad reads (the objective once priced all
+    FLOPs at ``peak``: 20x off on a compute-bound matmul, blind to masked reads)."""
+    from eqgrad.extract.cost import CostModel, DeviceParams
+    a, b = _t(192, 160), _t(160, 128)
+    outs = {"matmul": lambda: [(a @ b).relu()],
+            "padded_sum": lambda: [a.pad(((2, 2), (3, 3))).exp2().sum(1)]}[name]()
+    cp, _ = engine.plan_for([o.lazydata for o in outs])
+    specs = [cp.plan.buffers[i] for i in range(cp.plan.n_inputs)]
+    cost = CostModel(DeviceParams(launch=1e-6, **params))
+    ilp = ILPExtractor(cp.egraph, cost, specs, max_classes=100_000)
+    res = ilp.extract()
+    kinds = set().union(*(kc.kind for kc in res.evaluation.kernels.values()))
+    assert ("contraction" if name == "matmul" else "masked") in kinds
+    assert res.info["ilp_greedy_objective"] == pytest.approx(res.info["greedy_total"], rel=0.15), res.info

@@ -8,7 +8,9 @@ Variables (per e-node n, e-class c, potential kernel k -- the roots and every cl
 - ``m[c,k]``    class c is evaluated inside kernel k (so its work counts in k)
 - ``q[n,k]``    node n is chosen and evaluated in k: its FLOPs count in k
 - ``r[d,k]``    kernel k reads the buffer of class d (a materialized producer or an input)
-- ``t[k]``      kernel k's time: ``t >= launch*e + bytes/bandwidth`` and ``t >= launch*e + flops/peak``
+- ``t[k]``      kernel k's time: ``t >= launch*e + bytes/bandwidth`` and ``t >= launch*e + compute``, the
+  compute with the evaluator's charges (``_compute_seconds``: contractions at the contraction rate or
+  unlaned, masked pad reads)
 - ``L[c]``      a level per class, so the chosen graph is acyclic (MTZ constraints)
 
 minimize ``sum t[k]``. The objective is a linear approximation of the evaluator (evaluate.py): a
@@ -254,6 +256,66 @@ class ILPExtractor(GreedyExtractor):
         sc, sk = self.g.shapes[c], self.g.shapes[k]
         return len(sc) == len(sk) and all(a == b or a == 1 for a, b in zip(sc, sk))
 
+    def _contractions(self, reach: list[int]) -> dict[int, int]:
+        """The classes that may compute a contraction's sum or its product (evaluate.py's
+        ``_contraction``: a sum of a product with a broadcast factor) under some choice, each with
+        the element count of that sum (the product's: its smallest such sum)."""
+        g = self.g
+        moves = {name for name, d in OPS.items() if d.kind == "movement"}
+        memo: dict[int, bool] = {}
+
+        def broadcast(c: int) -> bool:
+            # some node of c is an Expand, or a movement op over a class that has one
+            todo, seen = [c], set()
+            while todo:
+                d = todo.pop()
+                if d in memo:
+                    if memo[d]:
+                        break
+                    continue
+                if d in seen:
+                    continue
+                seen.add(d)
+                if any(n.op == "EXPAND" for n in g.classes[d]):
+                    break
+                todo.extend(n.children[0] for n in g.classes[d] if n.op in moves and n.children)
+            else:
+                memo[c] = False
+                return False
+            memo[c] = True
+            return True
+
+        out: dict[int, int] = {}
+        for c in reach:
+            for n in g.classes[c]:
+                if n.op != "RSUM":
+                    continue
+                prod = n.children[0]
+                if any(m.op == "MUL" and any(broadcast(f) for f in m.children) for m in g.classes[prod]):
+                    size = numel(g.shapes[c])
+                    out[c] = size
+                    out[prod] = min(out.get(prod, size), size)
+        return out
+
+    def _compute_seconds(self, c: int, n, k: int, contractions: dict[int, int]) -> float:
+        """Seconds node ``n`` (of class ``c``) adds to kernel ``k``'s compute, with the charges of the
+        evaluator (evaluate.py, cost.py) that a linear program can carry: FLOPs at ``peak``; a
+        contraction's sum and product at the ``contraction`` rate when it is evaluated once per
+        output element of k, at ``unlaned`` times the FLOPs when it sits in a row-fused kernel with
+        more output elements than it has (hoisted, without register lanes); a Pad read more often
+        than k has output elements pays ``masked_read`` FLOPs per element. Counted once per kernel,
+        as every term here (the evaluator counts per evaluation: a linear approximation)."""
+        g, p = self.g, self.cost.params
+        size_c, size_k = numel(g.shapes[c]), numel(g.shapes[k])
+        flops = OPS[n.op].flops * (numel(g.shapes[n.children[0]]) if n.op in REDUCE_OPS else size_c)
+        if n.op == "PAD" and size_c > size_k:
+            return (flops + p.masked_read * size_c) / p.peak
+        if flops and c in contractions and n.op in ("RSUM", "MUL"):
+            if contractions[c] >= size_k:
+                return flops / (p.contraction or p.peak)
+            return flops * p.unlaned / p.peak
+        return flops / p.peak
+
     def _cuts(self, choice: Choice, ev) -> list[tuple[int, frozenset]]:
         """From each illegal kernel k of a plan, a no-good cut ``(k, R)``: the reductions R of its
         body are never all evaluated in k again (``sum m[c,k] <= |R| - 1``). Forbidding each
@@ -291,6 +353,7 @@ class ILPExtractor(GreedyExtractor):
             nvar += count
             return nvar - count
 
+        contractions = self._contractions(reach)
         x = {(c, i): alloc(1) for c, i, _ in nodes}
         u = {c: alloc(1) for c in reach}
         e = {k: alloc(1) for k in kern}
@@ -368,9 +431,9 @@ class ILPExtractor(GreedyExtractor):
             flops_row = {t[k]: 1, e[k]: -p.launch}
             for c, i, n in nodes:
                 if (c, i, k) in q:
-                    w = OPS[n.op].flops * (numel(g.shapes[n.children[0]]) if n.op in REDUCE_OPS else numel(g.shapes[c]))
-                    if w:
-                        flops_row[q[(c, i, k)]] = -w / p.peak
+                    sec = self._compute_seconds(c, n, k, contractions)
+                    if sec:
+                        flops_row[q[(c, i, k)]] = -sec
             row(flops_row, 0, inf)
         cost = np.zeros(nvar)
         for k in kern:
