@@ -63,6 +63,9 @@ PROGRAMS = {
     "padded": lambda: [_t(32, 32).pad(((1, 1), (2, 2))).exp2() * 2],
     "conv": lambda: [eqgrad.nn.functional.conv2d(_t(2, 4, 12, 12), _t(8, 4, 3, 3), padding=1).relu()],
     "column_sum": lambda: [_t(512, 64).sum(0) * 3],
+    # a sum of squares is no contraction (no operand reuse), fused into its row or not
+    "rms_norm": lambda: [(lambda x: x * ((x * x).mean(-1, keepdim=True) + 1e-6).rsqrt())(_t(480, 384))],
+    "squared_error": lambda: [((_t(64, 32) - _t(64, 32)).square().mean() * _t(1))],
 }
 
 # (program, kind) -> why the two disagree today

@@ -26,6 +26,7 @@ from typing import Callable
 from eqgrad.ops import OPS, REDUCE_OPS, numel
 from eqgrad.extract.cost import CostModel, KernelCost
 from eqgrad.extract.egraph import EGraph, ENode
+from eqgrad.graph.plan import broadcast_product
 
 Choice = dict[int, ENode]
 
@@ -33,7 +34,6 @@ Choice = dict[int, ENode]
 # and PARAM: a runtime scalar argument, costed exactly like a constant)
 _SCALARS = ("CONST", "PARAM")
 _LEAVES = ("BUF",) + _SCALARS
-_MOVES = frozenset(name for name, d in OPS.items() if d.kind == "movement")
 # a kernel without a reduction writing more than this many times the elements it reads is a
 # materialized broadcast (a window tensor, an outer product feeding a sum): charged masked_read
 # flops per element written, for the index arithmetic (pad masks, reshape div/mod) each costs.
@@ -143,27 +143,22 @@ class PlanEvaluator:
         from fusing the sum into a row-fused consumer first (smaller producers go first) and then
         finding the product's inlining unlaned -- the plan that materialized the whole product
         (a CNN-with-pooling step: 151 MB, 5.5 -> 55 ms)."""
-        src = nodes_of.get(n.children[0])
+        src = n.children[0]
         look: dict[int, ENode] = nodes_of
-        if src is not None and src.op == "REALIZE" and choice is not None:
+        m = nodes_of.get(src)
+        if m is not None and m.op == "REALIZE" and choice is not None:
             look = choice                  # the classes it looks at are the cost's dependencies
-            c = src.children[0]
-            if read is not None:
+            src = m.children[0]
+        if look is choice and read is not None:
+            def op(c: int) -> str | None:
                 read.add(c)
-            src = choice.get(c)
-        if src is None or src.op != "MUL":
-            return False
-        def broadcast(c: int) -> bool:
-            while True:
-                if look is choice and read is not None:
-                    read.add(c)
+                m = choice.get(c)
+                return m.op if m is not None else None
+        else:
+            def op(c: int) -> str | None:
                 m = look.get(c)
-                if m is None or m.op not in _MOVES:
-                    return False
-                if m.op == "EXPAND":
-                    return True
-                c = m.children[0]
-        return any(broadcast(ch) for ch in src.children)
+                return m.op if m is not None else None
+        return broadcast_product(src, op, lambda c: look[c].children)
 
     def kernel_cost(self, choice: Choice, k: int) -> tuple[KernelCost, list[int]]:
         kc, deps, _ = self.kernel_cost_reads(choice, k)

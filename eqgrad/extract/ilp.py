@@ -47,6 +47,7 @@ from eqgrad.extract.cost import CostModel
 from eqgrad.extract.egraph import EGraph
 from eqgrad.extract.evaluate import Choice
 from eqgrad.extract.greedy import GreedyExtractor, Result
+from eqgrad.graph.plan import MOVEMENT
 
 try:
     import highspy
@@ -257,11 +258,10 @@ class ILPExtractor(GreedyExtractor):
         return len(sc) == len(sk) and all(a == b or a == 1 for a, b in zip(sc, sk))
 
     def _contractions(self, reach: list[int]) -> dict[int, int]:
-        """The classes that may compute a contraction's sum or its product (evaluate.py's
-        ``_contraction``: a sum of a product with a broadcast factor) under some choice, each with
+        """The classes that may compute a contraction's sum or its product (a sum of a product with
+        a broadcast factor: graph/plan.py ``broadcast_product``) under some choice of their nodes, each with
         the element count of that sum (the product's: its smallest such sum)."""
         g = self.g
-        moves = {name for name, d in OPS.items() if d.kind == "movement"}
         memo: dict[int, bool] = {}
 
         def broadcast(c: int) -> bool:
@@ -278,7 +278,7 @@ class ILPExtractor(GreedyExtractor):
                 seen.add(d)
                 if any(n.op == "EXPAND" for n in g.classes[d]):
                     break
-                todo.extend(n.children[0] for n in g.classes[d] if n.op in moves and n.children)
+                todo.extend(n.children[0] for n in g.classes[d] if n.op in MOVEMENT and n.children)
             else:
                 memo[c] = False
                 return False

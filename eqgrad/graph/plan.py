@@ -11,7 +11,7 @@ import math
 import struct
 import weakref
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -121,6 +121,29 @@ class Kernel:
 # contraction rate: register lanes or the BLAS), "unlaned" (a contraction inside a row-fused kernel's
 # passes, charged ``unlaned``), "masked" (a pad read inside a reduction loop, charged ``masked_read``)
 KERNEL_KINDS = ("row-fused", "contraction", "unlaned", "masked")
+
+MOVEMENT = frozenset(name for name, d in OPS.items() if d.kind == "movement")
+
+
+def broadcast_product(prod: Any, op: Callable[[Any], "str | None"], srcs: Callable[[Any], tuple]) -> bool:
+    """Is ``prod`` a product one of whose factors is a broadcast (an Expand under movement ops only)?
+    A sum of such a product is what both the cost model (extract/evaluate.py) and the lowering's
+    classifier (lower/classify.py) call a *contraction* -- a matmul, a convolution: an operand
+    reused along an axis the other one spans -- and price at the contraction rate (register lanes or
+    the BLAS). A sum of a product without one (``sum(x * x)``) is a plain reduction, streamed. The
+    one definition for both: nodes are handles, ``op(h)`` their op (None: not known here, e.g. a
+    buffer) and ``srcs(h)`` their sources, so the e-graph's classes and a kernel's KNodes both work."""
+    if op(prod) != "MUL":
+        return False
+    for f in srcs(prod):
+        while True:
+            o = op(f)
+            if o == "EXPAND":
+                return True
+            if o not in MOVEMENT:
+                break
+            f = srcs(f)[0]
+    return False
 
 
 @dataclass

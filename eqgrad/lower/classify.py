@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from eqgrad.graph.caps import CPU, Capabilities
-from eqgrad.graph.plan import Kernel, KNode
+from eqgrad.graph.plan import Kernel, KNode, broadcast_product
 from eqgrad.lower.contraction import candidate, find_contraction
 from eqgrad.lower.indexing import REDUCES
 from eqgrad.lower.passes import LowerOptions, output_loops, run_passes
@@ -90,7 +90,9 @@ def classify(kernel: Kernel, caps: Capabilities = CPU, blas: bool = False) -> Ke
     row_fused = any(ns and (k < loops or any(id(n) in nested for n in ns)) for k, ns in hoist)
     red = candidate(root)
     contraction = ""
-    if red is not None:
+    # a contraction as the cost model calls one (graph/plan.py): a sum of squares has the shape
+    # the BLAS or the lanes pass take, but no operand reuse to price at the contraction rate
+    if red is not None and broadcast_product(red.src[0], lambda n: n.op, lambda n: n.src):
         if blas and find_contraction(root) is not None:
             contraction = "blas"
         elif lanes:
