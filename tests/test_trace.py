@@ -352,3 +352,53 @@ def test_kernels_of_one_plan_at_other_sizes_count_as_one_plan():
         ref = lower_kernel(k, plans[2])
         if lk.insts != ref.insts:
             _runs_alike(lk, ref, k, plans[2])
+
+
+def test_a_gcd_of_a_traced_size_does_not_fix_it():
+    """Index simplification takes gcds of a coefficient and a divisor that may be a traced size;
+    ``math.gcd`` would take its ``int()`` and pin the trace to that one value. ``symbolic._gcd``
+    gives the same numbers and records only what the result depends on."""
+    for c in (-96, -7, 0, 1, 6, 64, 100):
+        for d in (1, 3, 64, 704, 1000):
+            assert symbolic._gcd(c, d) == np.gcd(c, d)
+            rec = _Recorder()
+            got = symbolic._gcd(c, Sym(d, "s0", 0, rec))
+            assert f"s0=={d}" not in rec.guards, rec.guards
+            assert (got.v if isinstance(got, Sym) else got) == np.gcd(c, d)
+    rec = _Recorder()
+    assert symbolic._gcd(64, Sym(11, "s0", 0, rec) * 64) == 64 and rec.guards == {"((s0*64)%64)!=0": False}
+
+
+def _gqa(T: int) -> list[Tensor]:
+    """A decode step's grouped-query attention over a cache of T positions: the kv heads are
+    repeated by an expand and a reshape, whose index divides by the cache's stride (64 * T)."""
+    rng = np.random.default_rng(T)
+    nkv, rep, hd = 2, 3, 64
+    q = Tensor(rng.standard_normal((1, nkv * rep, 1, hd)).astype(np.float32))
+    k, v = (Tensor(rng.standard_normal((1, nkv, T, hd)).astype(np.float32)) for _ in range(2))
+    kk, vv = (t.reshape(1, nkv, 1, T, hd).expand(1, nkv, rep, T, hd).reshape(1, nkv * rep, T, hd) for t in (k, v))
+    return [((q @ kk.transpose(-2, -1)) * 0.125).softmax(-1) @ vv]
+
+
+def test_grouped_query_attention_over_a_growing_cache_is_traced_once_for_every_length():
+    """Traced at one length, its products instantiate at every later one (a gcd with the cache's
+    stride once pinned each trace to the length it was made at: the products were lowered anew at
+    every decode step, 1.4x -> 1.65x the fixed-shape step). Lengths from 20: below 16, a length
+    equal to a register lane's offset still pins a trace (interned expressions compare by value:
+    the note in lower/trace.py)."""
+    tr = Traces()
+    plans = _plans(_gqa, list(range(20, 32)))
+    lowered: list[int] = []
+
+    def count(k, plan):
+        lowered.append(len(plans))
+        return lower_kernel(k, plan)
+    late = 0
+    for i, plan in enumerate(plans):
+        for k in plan.kernels:
+            before = len(lowered)
+            lk = tr.lower(k, plan, count)
+            if i >= 6:
+                late += len(lowered) - before
+                _runs_alike(lk, lower_kernel(k, plan), k, plan)
+    assert tr.traced >= 1 and late == 0, (tr.traced, tr.hits, late)

@@ -73,6 +73,23 @@ SYMBOLS: tuple[type, ...] = ()        # trace.Sym, set by lower/trace.py
 _here = threading.local()
 
 
+def _gcd(c: int, d: int) -> int:
+    """gcd(c, d) for a coefficient ``c`` and a divisor ``d > 0``, either of which may be a traced size
+    (lower/trace.py): ``math.gcd`` takes its arguments' ``int()``, which fixes a traced size to its
+    value -- a decode step's attention products were traced at one cache length and reused at none
+    (``(64*s0) == 704`` among their guards). Euclid's steps with the divisor reduced first learn only
+    what the result depends on (``(64*s0) % 64 != 0`` is False: 64 at every length)."""
+    if type(c) is int and type(d) is int:
+        return math.gcd(c, d)
+    a, b = abs(c), d
+    if not a:
+        return b
+    b = b % a
+    while b:
+        a, b = b, a % b
+    return a
+
+
 class tracing:
     def __enter__(self) -> None:
         _trace_lock.acquire()
@@ -330,7 +347,7 @@ class Lin(_Interned):
         if len(r.terms) > 1:
             # (g*b + s) // d = b // (d/g) where g divides d and 0 <= s < g: a reshape's index of a
             # merged axis group ((6*r + j) // 42 with 0 <= j < 6 is r // 7)
-            for g in sorted({math.gcd(c, d) for _, c in r.terms} - {1}, reverse=True):
+            for g in sorted({_gcd(c, d) for _, c in r.terms} - {1}, reverse=True):
                 big = {a: c // g for a, c in r.terms if c % g == 0}
                 small = Lin._make({a: c for a, c in r.terms if c % g}, r.const)
                 slo, shi = small.bounds

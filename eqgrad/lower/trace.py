@@ -32,7 +32,12 @@ an expression is built again instead of shared). The expressions are bounded (``
 (``Trace.check``), and a trace that fails or raises falls back to the usual lowering.
 
 Indexing's interned expressions (lower/symbolic.py) that hold a ``Sym`` are interned under keys of
-their own (``symbolic.tracing``), so no lowering of plain sizes, in any thread, is handed one.
+their own (``symbolic.tracing``), so no lowering of plain sizes, in any thread, is handed one. Within
+a trace they still compare by value, which is sound but can pin a trace to its sizes where two
+numbers are equal by chance (a cache of 11 positions and a register lane's offset 11); interning
+them by expression instead was tried and let expressions grow past ``MAX_CHARS``, where they are
+specialized anyway. C-level uses of a size (``math.gcd``) take its ``int()``: index arithmetic
+uses ``symbolic._gcd`` instead.
 
 Off with ``EQGRAD_SIZE_ARGS=0``, with sized programs (every size vector lowers and compiles its
 own code).
