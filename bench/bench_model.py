@@ -74,6 +74,15 @@ def workloads(quick: bool) -> dict[str, Callable[[], Any]]:
   return out
 
 
+def _features(k: Any) -> dict[str, int]:
+  """Facts of a kernel's body a cost model might read, for studying the misses (--json): its output
+  elements, the elements its reductions read, and its rows (output elements over the last axis)."""
+  out = int(np.prod(k.ast.shape)) if k.ast.shape else 1
+  red = sum(int(np.prod(n.src[0].shape)) for n in k.ast.walk() if n.op in ("RSUM", "RMAX"))
+  last = k.ast.shape[-1] if k.ast.shape else 1
+  return dict(out_elems=out, reduce_elems=red, rows=out // max(1, last))
+
+
 def check(name: str, step: Callable[[], Any], reps: int, warmup: int) -> dict[str, Any]:
   from eqgrad import GlobalCounters
   from eqgrad.lower.classify import classify
@@ -94,11 +103,13 @@ def check(name: str, step: Callable[[], Any], reps: int, warmup: int) -> dict[st
   per: dict[str, list[float]] = {n: [] for n in names}
   info: dict[str, tuple] = {}
   kernels: dict[str, Any] = {}          # base name -> the plan kernel (its model kind and body)
+  pieces: dict[str, dict[str, Any]] = {}  # base name -> the pieces the device ran it as, by name
   for r in runs:
     sums: dict[str, float] = {}
     for n, sec, pred, flops, nbytes, k in r:
       if n == base(n):
         kernels[n] = k
+      pieces.setdefault(base(n), {})[n] = k
       b = base(n)
       sums[b] = sums.get(b, 0.0) + sec
       old = info.get(b, (0.0, 0, 0))
@@ -113,8 +124,11 @@ def check(name: str, step: Callable[[], Any], reps: int, warmup: int) -> dict[st
     pred, flops, nbytes = info[n]
     k = kernels.get(n)
     model = list(k.kind) if k is not None else []
-    lowering = sorted(classify(k, blas=True).kinds) if k is not None else []
-    rows.append(dict(kernel=n, measured_s=m, predicted_s=pred, ratio=pred / m if m > 0 else float("inf"),
+    # what the lowering built, over the pieces the device ran the plan kernel as (its GEMM, the
+    # ops after it, a split reduction's partials; each piece keeps the plan kernel's kind)
+    lowering = sorted(set().union(*(classify(p, blas=True).kinds for p in pieces.get(n, {}).values())))
+    feats = _features(k) if k is not None else {}
+    rows.append(dict(kernel=n, measured_s=m, predicted_s=pred, ratio=pred / m if m > 0 else float("inf"), **feats,
                      gflops=flops / m / 1e9 if m > 0 else 0.0, gbs=nbytes / m / 1e9 if m > 0 else 0.0,
                      model_kind=model, lowering_kind=lowering,
                      body=k.ast.render()[:160] if k is not None else ""))

@@ -63,3 +63,35 @@ def test_devices_without_rewrites_describe_the_plan_as_extracted(device):
     ex = eqgrad.explain(_t(64, 64, device=device).sum())
     assert get_device(device).rewrite(ex.plan).plan is ex.plan
     assert f"device stage ({device}): the plan as extracted" in str(ex)
+
+
+@pytest.mark.parametrize("what", ["pure", "epilogue", "full_sum"])
+def test_every_kernel_the_device_runs_keeps_the_kind_it_was_predicted_as(what, monkeypatch):
+    """A kernel the device stage rewrites -- a GEMM alone (with its operands packed), a GEMM and
+    the ops after it, a sum split into partials -- runs as pieces that each keep the plan kernel's
+    kind (graph/plan.py KERNEL_KINDS): the cost model's check reads it from the kernels the device
+    runs, and a pure GEMM handed to the BLAS once lost it (bench_model then took BERT's projections
+    for plain kernels)."""
+    from eqgrad.lower.contraction import find_contraction
+    monkeypatch.setenv("EQGRAD_THREADS", "2")
+    if what != "full_sum":
+        if blas.blas() is None:
+            pytest.skip("no BLAS library found")
+        monkeypatch.setenv("EQGRAD_BLAS", "1")
+        blas_always_pays(monkeypatch)
+    a, b = _t(256, 192), _t(192, 128)
+    y = {"pure": lambda: a @ b, "epilogue": lambda: (a @ b).relu(), "full_sum": lambda: _t(2048, 1024).sum()}[what]()
+    ex = eqgrad.explain(y)
+    plan = ex.plan
+    if what == "pure":          # run by the BLAS as it stands; its pieces where its operands are packed
+        k = plan.kernels[0]
+        pieces = get_device("LLVM")._blas_split(k, find_contraction(k.ast), len(plan.buffers))[0]
+    else:
+        dp = ex.device_plan()
+        assert dp.plan is not plan, dp.notes               # the device rewrote the plan
+        pieces = dp.plan.kernels
+    kind = {k.name: k.kind for k in plan.kernels}
+    assert any(kind.values()) or what == "full_sum", kind
+    for k in pieces:
+        base = next(n for n in kind if k.name.startswith(n) and k.name[len(n):].rstrip("0123456789") in ("", "a", "g", "p"))
+        assert k.kind == kind[base], (k.name, k.kind, kind[base])

@@ -603,7 +603,7 @@ class LLVMDevice(Device):
         body, g = contraction.with_buffers(found, ids)
         if found.pure:
             ast = k.ast.replaced({id(found.red): body})
-            kernels.append(Kernel(k.name, k.out, ast, ast.buffers(), k.predicted, k.nbytes, k.flops))
+            kernels.append(Kernel(k.name, k.out, ast, ast.buffers(), k.predicted, k.nbytes, k.flops, k.kind))
         else:
             sp = contraction.split_epilogue(k, found.red, first + len(extra), body)
             extra.append((found.red.shape, found.red.dtype))

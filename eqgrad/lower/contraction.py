@@ -363,9 +363,10 @@ def split_epilogue(k: Kernel, red: KNode, new_buffer: int, body: KNode | None = 
     ``new_buffer``, the rest of ``k`` reading it there): a bias, an activation or a scale
     applied after the GEMM."""
     body = red if body is None else body
-    gemm = Kernel(f"{k.name}g", new_buffer, body, body.buffers(), k.predicted, k.nbytes, k.flops)
+    gemm = Kernel(f"{k.name}g", new_buffer, body, body.buffers(), k.predicted, k.nbytes, k.flops, k.kind)
     ast = k.ast.replaced({id(red): KNode("BUF", (), new_buffer, red.shape, red.dtype)})
-    rest = Kernel(k.name, k.out, ast, ast.buffers(), k.predicted, 8 * numel(ast.shape), 0)
+    # (each piece keeps the plan kernel's kind: the kind its prediction was made for)
+    rest = Kernel(k.name, k.out, ast, ast.buffers(), k.predicted, 8 * numel(ast.shape), 0, k.kind)
     return gemm, rest
 
 
@@ -373,5 +374,6 @@ def pack_kernels(k: Kernel, f: Found, first_buffer: int) -> list[Kernel]:
     """The kernels that materialize ``f``'s packed operands into buffers ``first_buffer``, ..."""
     out = []
     for i, u in enumerate(f.packs):
-        out.append(Kernel(f"{k.name}p{i}", first_buffer + i, u, u.buffers(), k.predicted, 8 * numel(u.shape), 0))
+        out.append(Kernel(f"{k.name}p{i}", first_buffer + i, u, u.buffers(), k.predicted, 8 * numel(u.shape), 0,
+                          k.kind))
     return out
