@@ -184,7 +184,8 @@ def main(argv=None) -> int:
   from eqgrad.extract.cost import params_for, save_calibration
   if args.calibrate:
     from eqgrad.tools.calibrate import calibrate
-    save_calibration("LLVM", calibrate("LLVM", progress=lambda m: print(f"  calibrate: {m}", flush=True)))
+    save_calibration("LLVM", calibrate("LLVM", progress=lambda m: print(f"  calibrate: {m}", flush=True), runs=3,
+                                       fit_corpus=True))
   prm = params_for("LLVM")
   core = _load("bench_core")
   print(f"CPU: {core.cpu_model()}; cost model {prm.source}: launch {prm.launch * 1e6:.1f} us, "

@@ -280,6 +280,45 @@ def test_calibration_is_stored_and_used(tmp_path, monkeypatch):
     assert load_calibrations() == {} and params_for("LLVM").source == "default"
 
 
+def test_a_fit_recovers_the_parameters_kernels_ran_with():
+    """calibrate's fit: kernels timed exactly as the cost model's form says under some parameters
+    (within its search span of the measured ones) are all predicted within 2x by what it finds, and
+    it reports the share before and after."""
+    from eqgrad.extract.cost import DeviceParams, kernel_time
+    from eqgrad.tools.calibrate import KernelSample, fit
+    true = DeviceParams(launch=6e-6, bandwidth=15e9, peak=40e9, contraction=180e9)
+    shapes = [(4e3, 1e3, False), (1.5e6, 4e5, False), (1.2e7, 2.5e7, False), (5e7, 6e7, False),
+              (7e5, 2.7e6, False), (3.5e6, 1.4e8, True), (6e6, 5.7e8, True), (1.8e6, 5.5e6, True), (64, 4, False)]
+    samples = [KernelSample(kernel_time(true, b, f, f if c else 0.0), b, f, c) for b, f, c in shapes]
+    measured = DeviceParams(launch=9e-6, bandwidth=50e9, peak=57e9, contraction=290e9)
+    p, share, before = fit(samples, measured)
+    assert share == 1.0 and before < 1.0, (share, before)
+    assert (p.max_nodes, p.masked_read, p.unlaned) == (measured.max_nodes, measured.masked_read, measured.unlaned)
+    assert fit([], measured) == (measured, 0.0, 0.0)
+
+
+def test_calibration_fitted_to_the_corpus_says_so(tmp_path, monkeypatch):
+    """The corpus's kernels are timed as they run (two of its programs here: the whole corpus
+    compiles ~40 kernels) and the calibration says whether the fit was kept."""
+    monkeypatch.setenv("EQGRAD_CACHE_DIR", str(tmp_path))
+    from eqgrad.tools import calibrate as cal
+    whole = cal._corpus
+    monkeypatch.setattr(cal, "_corpus", lambda device, rng: {k: v for k, v in whole(device, rng).items()
+                                                             if k in ("stream", "linear")})
+    samples = cal.kernel_samples(cal._corpus("LLVM", np.random.default_rng(0)), reps=2, warmup=0)
+    assert len(samples) >= 3 and all(s.seconds > 0 and s.nbytes > 0 for s in samples)
+    assert any(s.contraction for s in samples) and not all(s.contraction for s in samples)
+    said: list[str] = []
+    p = calibrate("LLVM", reps=2, fit_corpus=True, progress=said.append)
+    assert any(m.startswith("fitted to ") for m in said), said
+    assert ("fitted to " in p.source) == any("% -> " in m and _improved(m) for m in said)
+
+
+def _improved(msg: str) -> bool:
+    before, after = (int(x.rstrip("%")) for x in msg.split(": ")[1].split(" predicted")[0].split(" -> "))
+    return after > before
+
+
 def test_experiment_reports_predicted_and_measured(tmp_path):
     from eqgrad.tools.experiments import format_table, plot, rank_correlation, run_experiment
     x = _t(64, 64)
@@ -292,3 +331,14 @@ def test_experiment_reports_predicted_and_measured(tmp_path):
     assert -1 <= rank_correlation(rows) <= 1
     assert (tmp_path / "p.png").exists() is False and plot(rows, str(tmp_path / "p.png"))
     assert (tmp_path / "p.png").stat().st_size > 1000
+
+
+def test_tune_calibrate_dry_run_without_the_fit(tmp_path, monkeypatch, capsys):
+    """``python -m eqgrad tune calibrate --no-fit --dry-run``: the microbenchmarks' values, printed,
+    nothing stored."""
+    from eqgrad.tools.cli import main
+    monkeypatch.setenv("EQGRAD_CACHE_DIR", str(tmp_path))
+    assert main(["tune", "calibrate", "--no-fit", "--dry-run", "--runs", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "LLVM: launch" in out and "fitted to" not in out
+    assert not (tmp_path / "calibration.json").exists()

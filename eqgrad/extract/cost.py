@@ -40,7 +40,9 @@ float32: unfused, 3 kernels each reading/writing ~8 MB: 3 * (5 us + 8e6/20e9 s) 
 
 Parameters are per device. ``python -m eqgrad tune calibrate`` measures them on this machine
 (launch overhead with a one-element kernel run after streaming kernels, bandwidth with a large copy-like kernel, peak with a
-matmul and an FMA chain) and stores them in ``~/.cache/eqgrad/calibration.json`` (or
+matmul and an FMA chain), then fits them to the kernels of a small corpus of model-like programs as
+they run (eqgrad/tools/calibrate.py ``fit``: a large copy streams far faster than a model's
+kernels), and stores them in ``~/.cache/eqgrad/calibration.json`` (or
 ``$EQGRAD_CACHE_DIR``), keyed by device and machine; :func:`params_for` prefers them to the
 defaults. Users can replace the whole function: ``eqgrad.extract.using(cost_fn=my_fn)`` where
 ``my_fn(stats: KernelStats, params: DeviceParams) -> seconds``.

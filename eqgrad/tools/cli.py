@@ -88,7 +88,8 @@ def _tune_calibrate(args: argparse.Namespace) -> int:
     from eqgrad.tools.calibrate import calibrate
     from eqgrad.extract.cost import save_calibration
     spread: dict = {}
-    params = calibrate(args.device, progress=lambda msg: print(f"  {msg}", flush=True), runs=args.runs, spread=spread)
+    params = calibrate(args.device, progress=lambda msg: print(f"  {msg}", flush=True), runs=args.runs, spread=spread,
+                       fit_corpus=not args.no_fit)
     print(f"{args.device}: launch {params.launch * 1e6:.1f} us, bandwidth {params.bandwidth / 1e9:.1f} GB/s, "
           f"peak {params.peak / 1e9:.1f} GFLOP/s, contraction {params.contraction / 1e9:.1f} GFLOP/s"
           + (f" (median of {args.runs} runs)" if args.runs > 1 else ""))
@@ -274,6 +275,8 @@ def main(argv: list[str] | None = None) -> int:
     cal.add_argument("--dry-run", action="store_true", help="measure and print, do not save")
     cal.add_argument("--runs", type=int, default=3, help="whole measurements; each parameter is their median "
                      "(the spread is printed)")
+    cal.add_argument("--no-fit", action="store_true", help="keep the microbenchmarks' values; do not fit them to "
+                     "the kernels of a corpus of model-like programs (eqgrad/tools/calibrate.py, fit)")
     cal.set_defaults(fn=_tune_calibrate)
     ex = tune.add_parser("experiment", help="plan programs with several extractors; predicted vs measured")
     ex.add_argument("--programs", default="", help="comma-separated: softmax,layernorm,attention,mlp_step, or "
