@@ -137,35 +137,27 @@ def check(name: str, step: Callable[[], Any], reps: int, warmup: int) -> dict[st
               predicted_s=sum(r["predicted_s"] for r in rows), rows=rows)
 
 
-FIT_GRIDS = dict(launch=np.geomspace(1e-6, 40e-6, 12), bandwidth=np.geomspace(4e9, 80e9, 14),
-                 peak=np.geomspace(5e9, 200e9, 12), contraction=np.geomspace(10e9, 600e9, 14))
+# --fit's search: a wide log grid over the rates seen on two-core x86 hosts, then a fine one around
+# its best point (eqgrad/tools/calibrate.py ``fit``, which `tune calibrate` uses within FIT_SPAN)
+FIT_CENTER = dict(launch=6.3e-6, bandwidth=17.9e9, peak=31.6e9, contraction=77.5e9)
+FIT_WIDE = dict(launch=(1 / 6.3, 6.3, 12), bandwidth=(1 / 4.5, 4.5, 14), peak=(1 / 6.3, 6.3, 12),
+                contraction=(1 / 7.7, 7.7, 14))
+FIT_FINE = {f: (0.7, 1.4, 7) for f in FIT_WIDE}
 
 
 def fit(rows: list[dict[str, Any]], kinds: str = "model_kind") -> tuple[float, dict[str, float]]:
   """The largest share of ``rows`` within 2x that any (launch, bandwidth, peak, contraction) gives
   the cost model's form, with the compute of a kernel of kind "contraction" (in ``rows[i][kinds]``)
-  at the contraction rate and the rest at peak; and those parameters. A grid search (log-spaced),
-  then the same search on a grid 4x finer around the best point."""
+  at the contraction rate and the rest at peak; and those parameters."""
+  from eqgrad.extract.cost import DeviceParams
+  from eqgrad.tools.calibrate import KernelSample, fit as fit_params
   if not rows:
     return 0.0, {}
-  m = np.array([r["measured_s"] for r in rows])
-  nbytes = np.array([r["gbs"] * 1e9 * r["measured_s"] for r in rows])
-  flops = np.array([r["gflops"] * 1e9 * r["measured_s"] for r in rows])
-  con = np.array(["contraction" in r[kinds] for r in rows])
-  grids = dict(FIT_GRIDS)
-  best = (-1.0, {})
-  for _ in range(2):
-    L, B, P, C = np.meshgrid(grids["launch"], grids["bandwidth"], grids["peak"], grids["contraction"], indexing="ij")
-    pts = np.stack([L.ravel(), B.ravel(), P.ravel(), C.ravel()], 1)           # (points, 4)
-    compute = np.where(con[None, :], flops[None, :] / pts[:, 3:4], flops[None, :] / pts[:, 2:3])
-    pred = pts[:, 0:1] + np.maximum(nbytes[None, :] / pts[:, 1:2], compute)
-    ratio = pred / m[None, :]
-    share = ((ratio >= 0.5) & (ratio <= 2.0)).mean(1)
-    i = int(np.argmax(share))
-    if share[i] > best[0]:
-      best = (float(share[i]), dict(zip(("launch", "bandwidth", "peak", "contraction"), map(float, pts[i]))))
-    grids = {k: v * np.geomspace(0.7, 1.4, 7) for k, v in best[1].items()}
-  return best
+  samples = [KernelSample(r["measured_s"], r["gbs"] * 1e9 * r["measured_s"], r["gflops"] * 1e9 * r["measured_s"],
+                          "contraction" in r[kinds]) for r in rows]
+  p, share, _ = fit_params(samples, DeviceParams(**FIT_CENTER), FIT_WIDE)
+  p, share, _ = fit_params(samples, p, FIT_FINE)
+  return share, {f: getattr(p, f) for f in FIT_CENTER}
 
 
 def main(argv=None) -> int:

@@ -178,3 +178,18 @@ def blas_always_pays(monkeypatch) -> None:
     monkeypatch.setattr(LLVMDevice, "_measured", lambda self, k, found, plan, threads: True)
     # (what earlier tests left: bodies whose sizes kept changing and had no GEMM that paid)
     monkeypatch.setattr(get_device("LLVM"), "_no_gemm", {})
+
+
+def count_gemm_calls(monkeypatch) -> list[int]:
+    """``blas_always_pays``, and the number of BLAS program calls made from now on (a list of one
+    count, updated in place)."""
+    from eqgrad.devices import blas
+    blas_always_pays(monkeypatch)
+    calls = [0]
+    orig = blas.GemmProgram.__call__
+
+    def counted(self, *ptrs, lo, hi):
+        calls[0] += 1
+        return orig(self, *ptrs, lo=lo, hi=hi)
+    monkeypatch.setattr(blas.GemmProgram, "__call__", counted)
+    return calls

@@ -11,7 +11,7 @@ import pytest
 import eqgrad
 from eqgrad import Tensor, engine
 from eqgrad.devices import blas, get_device
-from conftest import blas_always_pays
+from conftest import count_gemm_calls
 from eqgrad.lower import trace
 from eqgrad.lower.contraction import find_contraction, is_pure, match_contraction
 
@@ -34,16 +34,8 @@ def gemm_calls(monkeypatch):
     """The number of BLAS program calls made (a list of one count). Every contraction the BLAS
     can run goes to it (these tests' products are small; which path pays is ``test_what_pays``'s
     and ``test_a_batch_of_products_is_timed_once_per_machine``'s)."""
-    blas_always_pays(monkeypatch)
     engine.clear_cache()
-    calls = [0]
-    orig = blas.GemmProgram.__call__
-
-    def counted(self, *ptrs, lo, hi):
-        calls[0] += 1
-        return orig(self, *ptrs, lo=lo, hi=hi)
-    monkeypatch.setattr(blas.GemmProgram, "__call__", counted)
-    return calls
+    return count_gemm_calls(monkeypatch)
 
 
 # ------------------------------------------------------------------ what is a GEMM

@@ -18,7 +18,7 @@ import eqgrad
 from eqgrad import Tensor, engine
 from eqgrad.counters import GlobalCounters
 from eqgrad.devices import Buffer, Device, blas, get_device
-from conftest import blas_always_pays
+from conftest import count_gemm_calls
 from eqgrad.dtype import float32
 from eqgrad.graph.plan import Kernel, KernelPlan, KNode, NodeMemo
 from eqgrad.lower.contraction import find_contraction
@@ -42,15 +42,7 @@ def gemm_calls(monkeypatch):
     through the device's contraction, BLAS split and GEMM memos. A list of one count of calls."""
     if blas.blas() is None:
         return None
-    blas_always_pays(monkeypatch)
-    calls = [0]
-    orig = blas.GemmProgram.__call__
-
-    def counted(self, *ptrs, lo, hi):
-        calls[0] += 1
-        return orig(self, *ptrs, lo=lo, hi=hi)
-    monkeypatch.setattr(blas.GemmProgram, "__call__", counted)
-    return calls
+    return count_gemm_calls(monkeypatch)
 
 
 def workload(device: str) -> list:

@@ -222,10 +222,11 @@ def kernel_samples(programs: dict[str, Callable[[], list[Tensor]]], reps: int = 
     return out
 
 
-def fit(samples: list[KernelSample], start: DeviceParams) -> tuple[DeviceParams, float, float]:
-    """(the parameters, searched around ``start`` within FIT_SPAN, that predict the most ``samples``
-    within 2x of their time -- ties: the smallest median |log ratio| --, that share, ``start``'s
-    share). Only launch, bandwidth, peak and contraction move."""
+def fit(samples: list[KernelSample], start: DeviceParams,
+        span: dict[str, tuple[float, float, int]] = FIT_SPAN) -> tuple[DeviceParams, float, float]:
+    """(the parameters, searched around ``start`` within ``span`` (as FIT_SPAN), that predict the
+    most ``samples`` within 2x of their time -- ties: the smallest median |log ratio| --, that share,
+    ``start``'s share). Only launch, bandwidth, peak and contraction move."""
     if not samples:
         return start, 0.0, 0.0
     sec = np.array([s.seconds for s in samples])
@@ -233,7 +234,7 @@ def fit(samples: list[KernelSample], start: DeviceParams) -> tuple[DeviceParams,
     flops = np.array([s.flops for s in samples])
     con = np.array([s.contraction for s in samples])
     grids = [getattr(start, f) * np.geomspace(lo, hi, n) if f != "contraction" else
-             (start.contraction or start.peak) * np.geomspace(lo, hi, n) for f, (lo, hi, n) in FIT_SPAN.items()]
+             (start.contraction or start.peak) * np.geomspace(lo, hi, n) for f, (lo, hi, n) in span.items()]
     pts = np.stack([g.ravel() for g in np.meshgrid(*grids, indexing="ij")], 1)       # (points, 4)
     compute = np.where(con[None, :], flops[None, :] / pts[:, 3:4], flops[None, :] / pts[:, 2:3])
     ratio = (pts[:, 0:1] + np.maximum(nbytes[None, :] / pts[:, 1:2], compute)) / sec[None, :]
