@@ -53,6 +53,16 @@ class OpDef:
     libm: str = ""                    # a float unary op's C99 <math.h> function (double; C-style
                                       # renderers add their float spelling), "" if none
 
+    @property
+    def attr_sizes(self) -> str:
+        """Where the attribute holds sizes, read off the shape rule: "shape" (RESHAPE, EXPAND: every
+        entry of the target is a size), "pairs" (PAD, SHRINK: two per-axis vectors of sizes), ""
+        (none: axes, a permutation, a dtype, or no attribute). The one answer for every module
+        that abstracts, rewrites or checks sizes (graph/resize.py, lower/trace.py)."""
+        if self.shape_of == "attr" and self.attrs == ("IVec",):
+            return "shape"
+        return "pairs" if self.shape_of in ("pad", "shrink") else ""
+
 
 # ------------------------------------------------------------------ shape rules
 
@@ -467,6 +477,55 @@ MOVEMENT_OPS = tuple(n for n, o in OPS.items() if o.kind == "movement")
 
 def numel(shape: Shape) -> int:
     return math.prod(shape)
+
+
+# ------------------------------------------------------------------ valid attributes
+# What an attribute must satisfy for the shape rule to apply to the sources: a shape rule
+# computes, it does not check (a reshape's target is its shape whatever the element count). A
+# plan rewritten for new sizes (graph/resize.py) is checked against these and the shape rules.
+
+def _axes_error(srcs: list[Shape], axes: tuple[int, ...]) -> str:
+    return "" if all(0 <= a < len(srcs[0]) for a in axes) else f"axes {axes} of rank {len(srcs[0])}"
+
+
+def _permute_error(srcs: list[Shape], perm: tuple[int, ...]) -> str:
+    return "" if sorted(perm) == list(range(len(srcs[0]))) else f"permutation {perm} of rank {len(srcs[0])}"
+
+
+def _reshape_error(srcs: list[Shape], new: Shape) -> str:
+    return "" if numel(new) == numel(srcs[0]) else f"{srcs[0]} ({numel(srcs[0])} elements) into {new}"
+
+
+def _expand_error(srcs: list[Shape], new: Shape) -> str:
+    s = srcs[0]
+    ok = len(new) == len(s) and all(a == b or a == 1 for a, b in zip(s, new))
+    return "" if ok else f"{s} to {new}"
+
+
+def _pairs_error(op: str) -> Callable[[list[Shape], Any], str]:
+    def check(srcs: list[Shape], arg: tuple[Shape, Shape]) -> str:
+        s, (lo, hi) = srcs[0], arg
+        if len(lo) != len(s) or len(hi) != len(s):
+            return f"{arg} of rank {len(s)}"
+        if op == "PAD":
+            return "" if all(x >= 0 for x in lo + hi) else f"negative padding {arg}"
+        return "" if all(0 <= b <= e <= d for b, e, d in zip(lo, hi, s)) else f"range {arg} outside {s}"
+    return check
+
+
+_ATTR_ERRORS: dict[str, Callable[[list[Shape], Any], str]] = {
+    "RSUM": _axes_error, "RMAX": _axes_error, "FLIP": _axes_error, "PERMUTE": _permute_error,
+    "RESHAPE": _reshape_error, "EXPAND": _expand_error, "PAD": _pairs_error("PAD"), "SHRINK": _pairs_error("SHRINK"),
+}
+
+
+def attr_error(op: str, srcs: list[Shape], arg: Any) -> str:
+    """Why ``arg`` is not a valid attribute of ``op`` over sources of shapes ``srcs`` ("" if it is);
+    an elementwise op's or a boundary's sources must all have one shape."""
+    check = _ATTR_ERRORS.get(op)
+    if check is not None:
+        return check(srcs, arg)
+    return "" if all(x == srcs[0] for x in srcs) else f"sources of shapes {srcs}"
 
 
 def reduce_identity(op: str, dt: DType) -> float | int | bool:

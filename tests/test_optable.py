@@ -10,7 +10,7 @@ from eqgrad.devices.llvm import LLVM_OPS
 from eqgrad.graph.loopir import LOOP_ALU_OPS
 from eqgrad.lower.decomp import DECOMPOSITIONS
 from eqgrad.dtype import bool_, float32, int32
-from eqgrad.ops import ALU_OPS, MOVEMENT_OPS, OPS, REDUCE_OPS, RETYPES, NoGrad
+from eqgrad.ops import ALU_OPS, MOVEMENT_OPS, OPS, REDUCE_OPS, RETYPES, NoGrad, attr_error
 from eqgrad.rules.families import fusion_family, generated_rulebooks
 from eqgrad.rules.ir import declarations
 
@@ -112,3 +112,35 @@ def test_op_has_a_gradient_or_says_why_not(name):
             and OPS[name].dtype_rule([float32] * max(OPS[name].arity, 1), None if name != "CAST" else float32) is float32:
         # an op that maps floats to floats is differentiable unless it says otherwise
         assert callable(g) or name == "TRUNC", f"{name} maps float32 to float32 but has no gradient rule"
+
+
+# where sizes are, and which attributes are valid: the op table's answers, which graph/resize.py
+# (the resizer, its check) and lower/trace.py (a body's sizes) read instead of keeping their own
+_VALID = {"RSUM": (1,), "RMAX": (0, 1), "FLIP": (1,), "PERMUTE": (1, 0), "RESHAPE": (6,), "EXPAND": (2, 3),
+          "PAD": ((0, 1), (2, 0)), "SHRINK": ((0, 1), (2, 3))}
+_INVALID = {"RSUM": (2,), "RMAX": (-1,), "FLIP": (5,), "PERMUTE": (0, 0), "RESHAPE": (4,), "EXPAND": (4, 4),
+            "PAD": ((0, -1), (0, 0)), "SHRINK": ((0, 2), (2, 1))}
+
+
+def test_attribute_sizes_follow_the_shape_rule():
+    assert {n for n, o in OPS.items() if o.attr_sizes == "shape"} == {"RESHAPE", "EXPAND"}
+    assert {n for n, o in OPS.items() if o.attr_sizes == "pairs"} == {"PAD", "SHRINK"}
+    assert not any(OPS[n].attr_sizes for n in ALU_OPS + REDUCE_OPS + ("PERMUTE", "FLIP", "BUF", "CONST"))
+
+
+@pytest.mark.parametrize("name", MOVEMENT_OPS + REDUCE_OPS)
+def test_attr_error_agrees_with_the_reference(name):
+    """A valid attribute runs the NumPy reference to the shape rule's shape; an invalid one is
+    named (every movement and reduce op has its check: the default is the elementwise one)."""
+    src = (2, 3) if name != "EXPAND" else (1, 3)
+    x = np.arange(np.prod(src), dtype=np.float32).reshape(src)
+    ok = _VALID[name]
+    assert attr_error(name, [src], ok) == ""
+    out = OPS[name].ref([x], ok, float32)
+    assert out.shape == tuple(OPS[name].shape_rule([src], ok))
+    assert attr_error(name, [src], _INVALID[name]) != ""
+
+
+def test_attr_error_elementwise_sources_share_a_shape():
+    assert attr_error("ADD", [(2, 3), (2, 3)], None) == ""
+    assert "sources of shapes" in attr_error("ADD", [(2, 3), (3, 2)], None)

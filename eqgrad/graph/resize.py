@@ -55,15 +55,16 @@ from typing import Any, Union
 from eqgrad.dtype import DTYPES, DType, bool_, cast_scalar, float32, int32
 from eqgrad.graph.plan import Kernel, KernelPlan, KNode, NodeMemo, check_plan
 from eqgrad.graph.program import Program
-from eqgrad.ops import OPS, REDUCE_OPS, Shape, numel
+from eqgrad.ops import OPS, REDUCE_OPS, Shape, attr_error, numel
 
 SIZE = "n"      # a size other than 0 and 1, in a size-free key
 
+# where an op's sizes are: the op table's answer (OpDef.attr_sizes, read off its shape rule)
 _ELEMENTWISE = frozenset(n for n, o in OPS.items() if o.kind in ("unary", "binary", "ternary"))
-_BOUNDARY = frozenset({"CONTIGUOUS", "REALIZE"})
-_SHAPE_ARG = frozenset({"RESHAPE", "EXPAND"})               # the attribute is a shape
-_PAIR_ARG = frozenset({"PAD", "SHRINK"})                    # (before, after) / (starts, ends)
-_AXES_ARG = frozenset({"PERMUTE", "FLIP"}) | frozenset(REDUCE_OPS)   # axes, permutations: not sizes
+_BOUNDARY = frozenset(n for n, o in OPS.items() if o.kind == "boundary")
+_SHAPE_ARG = frozenset(n for n, o in OPS.items() if o.attr_sizes == "shape")    # the attribute is a shape
+_PAIR_ARG = frozenset(n for n, o in OPS.items() if o.attr_sizes == "pairs")     # (before, after) / (starts, ends)
+_AXES_ARG = frozenset(n for n, o in OPS.items() if o.kind in ("movement", "reduce") and not o.attr_sizes)
 # Each propagation step that must enumerate combinations of ambiguous sizes tries at most this many;
 # beyond it the sizes stay unpinned and the resize is refused (a bound on the work, not a tuning).
 # _MAX_COMBOS: docs/lowering.md, Constants
@@ -228,6 +229,52 @@ class _Var:
         self.id = i
 
 
+    def __add__(self, o: Any) -> "_Lin":
+        return _Lin.of(self) + o
+
+    __radd__ = __add__
+
+    def __sub__(self, o: Any) -> "_Lin":
+        return _Lin.of(self) - o
+
+    def __rsub__(self, o: Any) -> "_Lin":
+        return _Lin.of(o) - self
+
+
+class _Lin:
+    """A sum of unknown sizes with integer coefficients plus a constant: what an op table shape
+    rule computes from unknown sizes (a pad's ``before + size + after``, a shrink's ``end - start``);
+    :meth:`_Solver.term` turns it into a size that a linear constraint pins."""
+    __slots__ = ("const", "coefs")
+
+    def __init__(self, const: int, coefs: dict[int, int]):
+        self.const, self.coefs = const, coefs
+
+    @staticmethod
+    def of(t: Any) -> "_Lin":
+        if isinstance(t, _Lin):
+            return t
+        return _Lin(t, {}) if isinstance(t, int) else _Lin(0, {t.id: 1})
+
+    def _plus(self, o: Any, sign: int) -> "_Lin":
+        o = _Lin.of(o)
+        coefs = dict(self.coefs)
+        for v, c in o.coefs.items():
+            coefs[v] = coefs.get(v, 0) + sign * c
+        return _Lin(self.const + sign * o.const, {v: c for v, c in coefs.items() if c})
+
+    def __add__(self, o: Any) -> "_Lin":
+        return self._plus(o, 1)
+
+    __radd__ = __add__
+
+    def __sub__(self, o: Any) -> "_Lin":
+        return self._plus(o, -1)
+
+    def __rsub__(self, o: Any) -> "_Lin":
+        return _Lin.of(o)._plus(self, -1)
+
+
 Term = Union[int, _Var]
 
 
@@ -293,6 +340,21 @@ class _Solver:
         self.dom[ra] = dom
         if dom is not None and len(dom) == 1:
             self.val[ra] = next(iter(dom))
+
+    def term(self, x: "Term | _Lin", old: int) -> Term:
+        """A shape rule's result as a size: an int or an unknown as it is; a sum of unknowns a new
+        unknown (for the old size ``old``; 0 and 1 are structure and stay) tied to it by a linear
+        constraint, which ``solve`` pins once the sum's unknowns are known."""
+        if not isinstance(x, _Lin):
+            return x
+        if not x.coefs:
+            return x.const
+        if x.const == 0 and len(x.coefs) == 1 and next(iter(x.coefs.values())) == 1:
+            return _Var(next(iter(x.coefs)))
+        y = old if old in (0, 1) else self.var(old, None)
+        ids = list(x.coefs)
+        self.linear.append(((1, -1, *(-x.coefs[i] for i in ids)), (y, x.const, *(_Var(i) for i in ids))))
+        return y
 
     def unify_shapes(self, a: tuple[Term, ...], b: tuple[Term, ...]) -> None:
         if len(a) != len(b):
@@ -471,19 +533,15 @@ class _Resizer:
             raise _Refuse(f"op {op} (attribute {n.arg!r}) is not one whose sizes resize knows")
         src = [self.shape[id(x)] for x in n.src]
         olds = [tuple(x.shape) for x in n.src]
+        # the attribute with its sizes as unknowns: a value that its source determines (an expand's
+        # kept axis) is the source's size; the others are free (their new values are in ``moves``)
+        arg = n.arg
         if op in _ELEMENTWISE or op in _BOUNDARY:
             if any(o != tuple(n.shape) for o in olds):
                 raise _Refuse(f"{op} over sources of shapes {olds} != {n.shape}")
-            for x in src[1:]:
+            for x in src[1:]:           # the sources of an elementwise op have one shape
                 s.unify_shapes(src[0], x)
-            return src[0]
-        if op in REDUCE_OPS:
-            return tuple(1 if i in n.arg else d for i, d in enumerate(src[0]))
-        if op == "PERMUTE":
-            return tuple(src[0][p] for p in n.arg)
-        if op == "FLIP":
-            return src[0]
-        if op == "EXPAND":
+        elif op == "EXPAND":
             if len(n.arg) != len(olds[0]):
                 raise _Refuse(f"EXPAND of rank {len(olds[0])} to {n.arg}")
             target = []
@@ -495,31 +553,20 @@ class _Resizer:
                     target.append(src[0][d])
                 else:
                     raise _Refuse(f"EXPAND of {olds[0]} to {n.arg}")
-            self.arg[id(n)] = tuple(target)
-            return tuple(target)
-        if op == "RESHAPE":
-            target = tuple(self.free(d) for d in n.arg)
-            if all(isinstance(t, int) for t in src[0] + target):
-                if numel(src[0]) != numel(target):
-                    raise _Refuse(f"RESHAPE of {src[0]} to {target}")
+            arg = self.arg[id(n)] = tuple(target)
+        elif op in _SHAPE_ARG:          # RESHAPE: any target with the source's element count
+            arg = self.arg[id(n)] = tuple(self.free(d) for d in n.arg)
+            if all(isinstance(t, int) for t in src[0] + arg):
+                if numel(src[0]) != numel(arg):
+                    raise _Refuse(f"RESHAPE of {src[0]} to {arg}")
             else:
-                s.products.append((tuple(src[0]), target))
-            self.arg[id(n)] = target
-            return target
-        # PAD (before, after) / SHRINK (starts, ends): out = before + src + after / ends - starts
-        lo, hi = (tuple(self.free(d) for d in p) for p in n.arg)
-        self.arg[id(n)] = (lo, hi)
-        out = []
-        for d, old_out in enumerate(n.shape):
-            parts = (lo[d], src[0][d], hi[d]) if op == "PAD" else (hi[d], lo[d])
-            if all(isinstance(p, int) for p in parts):
-                out.append(sum(parts) if op == "PAD" else parts[0] - parts[1])
-                continue
-            x = old_out if old_out in (0, 1) else s.var(old_out, None)    # 0 and 1 are structure
-            coefs = (1, -1, -1, -1) if op == "PAD" else (1, -1, 1)
-            s.linear.append((coefs, (x,) + parts))
-            out.append(x)
-        return tuple(out)
+                s.products.append((tuple(src[0]), arg))
+        elif op in _PAIR_ARG:
+            arg = self.arg[id(n)] = tuple(tuple(self.free(d) for d in p) for p in n.arg)
+        # the shape: the op table's shape rule over the unknowns (a pad's before + size + after
+        # becomes an unknown that a linear constraint ties to the three)
+        out = OPS[op].shape_rule(src, arg)
+        return tuple(s.term(x, old) for x, old in zip(out, n.shape))
 
     # -- constants
     def const_value(self, v: Any, dtype: DType) -> Any:
@@ -658,29 +705,6 @@ def _rescale(value: int, before: int, after: int) -> int:
 # ------------------------------------------------------------------ checking the result
 
 
-def _arg_error(op: str, srcs: list[Shape], arg: Any) -> str:
-    """Why ``arg`` is not a valid attribute of ``op`` over sources of shapes ``srcs`` ('' if it is)."""
-    s = srcs[0] if srcs else ()
-    if op in _ELEMENTWISE or op in _BOUNDARY:
-        return "" if all(x == s for x in srcs) else f"sources of shapes {srcs}"
-    if op in REDUCE_OPS or op == "FLIP":
-        return "" if all(0 <= a < len(s) for a in arg) else f"axes {arg} of rank {len(s)}"
-    if op == "PERMUTE":
-        return "" if sorted(arg) == list(range(len(s))) else f"permutation {arg} of rank {len(s)}"
-    if op == "RESHAPE":
-        return "" if numel(arg) == numel(s) else f"{s} ({numel(s)} elements) into {arg}"
-    if op == "EXPAND":
-        ok = len(arg) == len(s) and all(a == b or a == 1 for a, b in zip(s, arg))
-        return "" if ok else f"{s} to {arg}"
-    lo, hi = arg
-    if len(lo) != len(s) or len(hi) != len(s):
-        return f"{arg} of rank {len(s)}"
-    if op == "PAD":
-        return "" if all(x >= 0 for x in lo + hi) else f"negative padding {arg}"
-    ok = all(0 <= b <= e <= d for b, e, d in zip(lo, hi, s))
-    return "" if ok else f"range {arg} outside {s}"
-
-
 def _sizes_of(p: "Program | ProgramSizes") -> ProgramSizes:
     return p if isinstance(p, ProgramSizes) else program_sizes(p)
 
@@ -705,7 +729,7 @@ def verify(plan: KernelPlan, prog: "Program | ProgramSizes", orders: list[list[K
             if n.op == "CONST":
                 continue
             srcs = [tuple(x.shape) for x in n.src]
-            why = _arg_error(n.op, srcs, n.arg)
+            why = attr_error(n.op, srcs, n.arg)
             if why:
                 raise AssertionError(f"{k.name}: {n.op} {why}")
             want = tuple(OPS[n.op].shape_rule(srcs, n.arg))

@@ -61,6 +61,7 @@ from eqgrad import config
 from eqgrad.lower import symbolic
 from eqgrad.lower.decomp import decompose
 from eqgrad.lower.lowering import verify_emitted
+from eqgrad.ops import OPS
 
 # the knobs below: docs/lowering.md, Constants (what each bounds, the measurement behind it)
 CONCRETE = 2            # size vectors of a body lowered as usual, for as many earlier plans, before
@@ -321,8 +322,9 @@ _SIZES = NodeMemo()       # body -> (its buffer ids, their (shape, dtype)s, body
 
 
 def body_sizes(k: Kernel, plan: KernelPlan) -> tuple[tuple, tuple[int, ...]]:
-    """(structure with its sizes left out, the sizes): every int of its nodes' shapes and movement
-    arguments and of its buffers' shapes. A kernel's lowering depends on these and nothing else
+    """(structure with its sizes left out, the sizes): every int of its nodes' shapes, of the
+    attributes that hold sizes (``OpDef.attr_sizes``: reshape and expand targets, pad and shrink
+    amounts; axes and permutations are structure) and of its buffers' shapes. A kernel's lowering depends on these and nothing else
     of the plan: the pair is the lowering's memo key too (devices.kernel_structure), so a body is
     walked once for both. Buffers are named by parameter position (the output 0, then the
     inputs), constants by ``repr`` (so -0.0, NaN and 0.0 stay apart), as are floats elsewhere."""
@@ -339,8 +341,10 @@ def body_sizes(k: Kernel, plan: KernelPlan) -> tuple[tuple, tuple[int, ...]]:
             arg = ("buf", pos[n.arg])
         elif n.op == "CONST":
             arg = ("const", repr(n.arg))
-        else:
+        elif OPS[n.op].attr_sizes:
             arg = _flat(n.arg, sizes)
+        else:                           # axes, a permutation, a dtype: structure, not sizes
+            arg = n.arg
         items.append((n.op, arg, _flat(n.shape, sizes), n.dtype.name, tuple(index[id(s)] for s in n.src)))
         index[id(n)] = len(items) - 1
     params = tuple((_flat(tuple(shp), sizes), dt.name) for shp, dt in specs)
@@ -354,7 +358,7 @@ def _rebuilt(k: Kernel, plan: KernelPlan, values: list[Any]) -> tuple[Kernel, Ke
     it = iter(values)
     new: dict[int, KNode] = {}
     for n in k.ast.walk():
-        arg = n.arg if n.op in ("BUF", "CONST") else _fill(_flat(n.arg, []), it)
+        arg = _fill(_flat(n.arg, []), it) if n.op not in ("BUF", "CONST") and OPS[n.op].attr_sizes else n.arg
         shape = _fill(_flat(n.shape, []), it)
         new[id(n)] = KNode(n.op, tuple(new[id(s)] for s in n.src), arg, shape, n.dtype)
     buffers = list(plan.buffers)
