@@ -274,7 +274,7 @@ def test_a_batch_of_products_is_timed_once_per_machine(tmp_path, monkeypatch):
     monkeypatch.setenv("EQGRAD_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(blas, "speeds", lambda: (1e-9, 1e11))       # every product pays its calls
     trace.TRACES.clear()            # (bodies whose sizes kept changing in earlier tests are not looked at)
-    monkeypatch.setattr(get_device("LLVM"), "_no_gemm", {})
+    monkeypatch.setattr(get_device("LLVM").stage, "_no_gemm", {})
     puts = []
     real_put = blas.CHOICES.put
     monkeypatch.setattr(blas.CHOICES, "put", lambda key, v: (puts.append(v), real_put(key, v)))

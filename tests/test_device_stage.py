@@ -85,7 +85,7 @@ def test_every_kernel_the_device_runs_keeps_the_kind_it_was_predicted_as(what, m
     plan = ex.plan
     if what == "pure":          # run by the BLAS as it stands; its pieces where its operands are packed
         k = plan.kernels[0]
-        pieces = get_device("LLVM")._blas_split(k, find_contraction(k.ast), len(plan.buffers))[0]
+        pieces = get_device("LLVM").stage._blas_split(k, find_contraction(k.ast), len(plan.buffers))[0]
     else:
         dp = ex.device_plan()
         assert dp.plan is not plan, dp.notes               # the device rewrote the plan

@@ -130,7 +130,7 @@ def test_a_body_goes_when_its_plans_do(gemm_calls):
     (k,) = plan.kernels
     found = find_contraction(k.ast)
     assert found is not None and found.red is k.ast, "the body is the contraction itself"
-    memos = [dev._member_memo, dev._unsplit_memo, dev._blas_memo, dev._contraction_memo, dev._gemm_memo]
+    memos = [dev._member_memo, dev.stage._unsplit_memo, dev.stage._blas_memo, dev.stage._contraction_memo, dev.stage._gemm_memo]
     run = dev.prepare(plan)
     bufs = [Buffer.from_numpy(a, "LLVM"), Buffer.from_numpy(b, "LLVM")]
     bufs += [Buffer.empty(s, d, "LLVM") for s, d in plan.buffers[plan.n_inputs:]]

@@ -38,7 +38,7 @@ def _depth(device: str, n: int) -> int:
     plan = engine.last_plan.plan
     if device == "LLVM":         # the device splits long full sums into parallel partials
         from eqgrad.devices import get_device
-        plan, _ = get_device("LLVM").split(plan, max(1, eqgrad.config.THREADS.value))
+        plan = get_device("LLVM").rewrite(plan).plan
     d = sum(sum_depth(lower_kernel(k, plan)) for k in plan.kernels)
     assert d <= SUM_DEPTH_MAX, f"a sum's accumulation depth {d} exceeds the documented {SUM_DEPTH_MAX}"
     if device == "OPENCL":       # a work-group shares the outermost loop and adds its parts in a tree

@@ -61,7 +61,7 @@ def pays(g: Gemm, predicted: float, threads: int) -> bool | None:
     gradient with k = 10: the generated kernel 7x faster with the ops after it fused; a rule by
     arithmetic intensity would need the DRAM bandwidth, whose measurement cost 0.4 s of page
     faults), so the device times both
-    (``LLVMDevice._measured``, cached per machine)."""
+    (``cpustage.CPUStage._measured``, cached per machine)."""
     if max(g.m, g.n) < GEMM_MIN or blas() is None:
         return False
     call, rate = speeds()

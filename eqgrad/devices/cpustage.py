@@ -1,0 +1,271 @@
+"""The LLVM device's stage after extraction: what it rewrites in a plan before it compiles it.
+
+``Device.rewrite`` (devices/__init__.py) turns the extracted ``KernelPlan`` into a ``DevicePlan``:
+the plan the device runs, the scratch buffers it adds (allocated from the buffer pool at each run),
+and a line per rewrite, which ``explain()`` and ``DEBUG=3`` print. On the CPU that is:
+
+- a large full reduction cut into parallel partials and a final kernel (lower/split.py; the
+  "split reductions" pass decides, lower/passes.py), when more than one thread runs;
+- a contraction routed to the BLAS (devices/blas.py) where the BLAS runs it faster than the
+  generated kernel: decided by the call and arithmetic costs measured once per process
+  (``blas.pays``) or, where those do not settle it, by timing both (``CPUStage._measured``,
+  cached per machine in ``gemm.json``); its operands packed first where they are not BLAS
+  layouts, and the elementwise ops after it split off into a kernel of their own
+  (lower/contraction.py).
+
+``LLVMDevice`` (devices/cpu.py) keeps the runtime: compiling, the thread pool, launching, the
+BLAS programs; this module decides. What is worked out once per kernel body is kept here by body
+(weakly, ``NodeMemo``: an entry goes with its body), never on the body.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import time
+from typing import Any
+
+import numpy as np
+
+from eqgrad import config
+from eqgrad.cache import machine_key
+from eqgrad.devices import Buffer, DevicePlan, blas
+from eqgrad.dtype import to_storage
+from eqgrad.graph.plan import Kernel, KernelPlan, NodeMemo
+from eqgrad.lower import contraction, trace
+from eqgrad.lower.passes import LowerOptions
+from eqgrad.lower.split import split_reduction
+
+# the knobs below: docs/lowering.md, Constants (what each bounds, the measurement behind it)
+MEASURED_SPAN = 4         # a BLAS-or-generated choice holds for contractions of up to 4x (1/4x) its flops
+MEASURED_KEEP = 16        # choices kept per kernel structure (the latest)
+BLAS_GIVE_UP = 4          # a BLAS this much slower than the generated kernel after one turn is not timed again
+
+
+def gemm_key() -> tuple:
+    """What a BLAS-or-generated answer depends on besides the body: the BLAS flag, the threads."""
+    return (config.BLAS.value, config.THREADS.value)
+
+
+def _near(a: int, b: int) -> bool:
+    """Whether two sizes (or flop counts) are within MEASURED_SPAN x of each other."""
+    return max(a, b) <= MEASURED_SPAN * max(1, min(a, b))
+
+
+def _detached(found: contraction.Found, root: Any) -> tuple:
+    """``found`` to keep by its body ``root`` (``_contraction``) without the body itself: a pure
+    contraction's reduction (and its packed form, with no packs) is the body, and a memo's value
+    must not hold its key (the weak key would never go)."""
+    red, packed = found.red is root, found.packed is root
+    return red, packed, dataclasses.replace(found, red=None if red else found.red,
+                                            packed=None if packed else found.packed)
+
+
+def _attached(kept: tuple, root: Any) -> contraction.Found:
+    """The ``found`` that ``_detached`` kept, with its body ``root`` back in place."""
+    red, packed, f = kept
+    return dataclasses.replace(f, red=root if red else f.red, packed=root if packed else f.packed)
+
+
+class CPUStage:
+    """The rewrites of one LLVM device (``device``: the runtime it times candidates with)."""
+
+    def __init__(self, device: Any) -> None:
+        self.device = device
+        self._no_gemm: dict[tuple, int] = {}        # body skeleton -> largest size where it had no GEMM that pays
+        self._unsplit_memo = NodeMemo()      # body -> what split left it alone for
+        self._blas_memo = NodeMemo()         # body -> (what it depends on, its BLAS kernels, scratch)
+        self._contraction_memo = NodeMemo()  # body -> (gemm_key, _contraction's answer, detached)
+        self._gemm_memo = NodeMemo()         # body -> (gemm_key, the Gemm it runs as or None)
+
+    def rewrite(self, plan: KernelPlan, options: LowerOptions) -> DevicePlan:
+        """``split`` with the device's options (its threads, the predicted time above which a
+        full reduction is cut into partials), with what it did in words."""
+        notes: list[str] = []
+        out, scratch = self.split(plan, options, notes)
+        return DevicePlan(out, scratch, notes)
+
+    def split(self, plan: KernelPlan, options: LowerOptions, notes: list[str] | None = None) -> tuple[KernelPlan, list]:
+        """The plan with each large full reduction split into parallel partials (lower/split.py)
+        and each contraction with elementwise ops after it split into the contraction, which the
+        BLAS runs, and the rest (lower/contraction.py); and the (shape, dtype) of the scratch
+        buffers that adds (taken from the buffer pool at each run). ``notes``: a line per rewrite."""
+        blas_on = bool(config.BLAS.value)          # (the library loads at the first contraction)
+        threads = options.threads
+        if threads < 2 and not blas_on:
+            return plan, []
+        kernels, extra = [], []
+        for k in plan.kernels:
+            # a body the device leaves alone is kept so, for the plans that share it
+            # (graph/resize.py)
+            unsplit = (options, k.predicted, blas_on)
+            if self._unsplit_memo.get(k.ast) == unsplit:
+                kernels.append(k)
+                continue
+            if blas_on:
+                found = self._contraction(k, plan, threads)
+                if found is not None and (found.packs or not found.pure):
+                    first = len(plan.buffers) + len(extra)
+                    # kept by the body for the plans that share it (a resized plan's unchanged
+                    # kernels: their pieces' programs are then found by their bodies too) -- not
+                    # when a piece is the body itself (a memo's value must not hold its key)
+                    memo = self._blas_memo.get(k.ast)
+                    if memo is None or memo[0] != (gemm_key(), first, k.name, k.out):
+                        memo = ((gemm_key(), first, k.name, k.out), *self._blas_split(k, found, first))
+                        if all(p.ast is not k.ast for p in memo[1]):
+                            self._blas_memo.put(k.ast, memo)
+                    kernels += memo[1]
+                    extra += memo[2]
+                    if notes is not None:
+                        notes.append(f"{k.name}: contraction {k.ast.shape} to the BLAS"
+                                     + (f", {len(found.packs)} operand(s) packed" if found.packs else "")
+                                     + ("" if found.pure else ", the ops after it split off into their own kernel")
+                                     + f" ({len(memo[1])} kernels, scratch "
+                                     + ", ".join(f"{list(sh)} {dt.name}" for sh, dt in memo[2]) + ")")
+                    continue
+            # the "split reductions" pass decides (lower/passes.py); the device allocates the scratch
+            sp = split_reduction(k, len(plan.buffers) + len(extra), options) if threads > 1 else None
+            if sp is None:
+                self._unsplit_memo.put(k.ast, unsplit)
+                kernels.append(k)
+                continue
+            extra.append((sp[0].ast.shape, sp[0].ast.dtype))
+            kernels += sp
+            if notes is not None:
+                notes.append(f"{k.name}: reduction to {k.ast.shape} split into {sp[0].ast.shape} parallel partials "
+                             f"and a final kernel (scratch {list(sp[0].ast.shape)} {sp[0].ast.dtype.name})")
+        if not extra:
+            return plan, []
+        return KernelPlan(plan.buffers + extra, plan.n_inputs, kernels, plan.outputs, plan.predicted, plan.notes), extra
+
+    def _blas_split(self, k, found: contraction.Found, first: int) -> tuple[list, list]:
+        """(the kernels, the scratch buffers from id ``first``) that run kernel ``k`` through the
+        BLAS: the packs, then the GEMM, then the ops after it (lower/contraction.py)."""
+        ids = list(range(first, first + len(found.packs)))
+        extra = [(u.shape, u.dtype) for u in found.packs]
+        kernels = contraction.pack_kernels(k, found, first)
+        body, g = contraction.with_buffers(found, ids)
+        if found.pure:
+            ast = k.ast.replaced({id(found.red): body})
+            kernels.append(Kernel(k.name, k.out, ast, ast.buffers(), k.predicted, k.nbytes, k.flops, k.kind))
+        else:
+            sp = contraction.split_epilogue(k, found.red, first + len(extra), body)
+            extra.append((found.red.shape, found.red.dtype))
+            kernels += sp
+            ast = sp[0].ast
+        self._gemm_memo.put(ast, (gemm_key(), g))
+        return kernels, extra
+
+    def _contraction(self, k, plan: KernelPlan, threads: int) -> contraction.Found | None:
+        """The contraction of ``k``'s body (lower/contraction.py) when the BLAS runs it
+        (``blas.pays``, or timed: ``_measured``), else None; worked out once per body."""
+        memo = self._contraction_memo.get(k.ast)
+        key = gemm_key()
+        if memo is not None and memo[0] == key:
+            return memo[1] if memo[2] is None else _attached(memo[2], k.ast)
+        if contraction.candidate(k.ast) is None or self.device.blas() is None:
+            self._contraction_memo.put(k.ast, (key, None, None))
+            return None
+        # a body whose sizes keep changing (traced: a growing sequence's attention) lowers from its
+        # trace in a fraction of a millisecond: where its structure had no GEMM that pays at sizes
+        # within MEASURED_SPAN x of these, it is not looked at again each step (~0.25 ms a kernel)
+        skeleton, sizes = trace.body_sizes(k, plan)
+        scale = max(sizes, default=1)
+        seen = self._no_gemm.get(skeleton)
+        if seen is not None and _near(seen, scale) and trace.TRACES.has_traces(k, plan):
+            found = None
+        else:
+            found = contraction.find_contraction(k.ast)
+            verdict = False if found is None else blas.pays(found.gemm, k.predicted, threads)
+            if verdict is False:
+                if len(self._no_gemm) >= 4096:
+                    self._no_gemm.clear()
+                self._no_gemm[skeleton] = scale
+            elif verdict is None or found.packs:                     # (packing costs: timed)
+                verdict = self._measured(k, found, plan, threads)
+            if not verdict:
+                found = None
+        # (a pure contraction's reduction is the body itself: kept without it, as a memo's value
+        # must not hold its key)
+        if found is not None and k.ast in (found.red, found.packed):
+            self._contraction_memo.put(k.ast, (key, None, _detached(found, k.ast)))
+        else:
+            self._contraction_memo.put(k.ast, (key, found, None))
+        return found
+
+    def _measured(self, k, found: contraction.Found, plan: KernelPlan, threads: int) -> bool:
+        """Whether the BLAS runs the contraction ``found`` of kernel ``k`` (with the kernels that
+        materialize its packed operands first) faster than the generated kernel ``k`` runs with
+        all of its body: both timed on random inputs (medians of 3 runs each, in turns), once per
+        kernel structure (sizes aside: within MEASURED_SPAN x of the flops), thread count and
+        machine (``gemm.json`` in the cache directory, as the kernel search's picks). The
+        generated side includes the ops after the contraction, the BLAS side not (they are a
+        separate streaming kernel there, ~10 % of a Linear layer's GEMM)."""
+        g = found.gemm
+        # kept per kernel structure without its sizes: a choice measured within MEASURED_SPAN x
+        # of this contraction's flops is this one's too (a new batch size, a longer sequence: the
+        # crossover between the two moves slowly with size), so a new size is rarely timed
+        skeleton = trace.body_sizes(k, plan)[0]
+        ckey = hashlib.sha256(repr((skeleton, found.packs != (), threads, machine_key("LLVM"))).encode()).hexdigest()[:24]
+        seen = blas.CHOICES.get(ckey, None) or []
+        near = [v for f, v in seen if _near(f, g.flops)]
+        if near:
+            return near[0]
+        rng = np.random.default_rng(0)
+        first = len(plan.buffers)
+        ids = list(range(first, first + len(found.packs)))
+        tmp = KernelPlan(plan.buffers + [(u.shape, u.dtype) for u in found.packs], plan.n_inputs, [], [], 0.0)
+        packs = contraction.pack_kernels(k, found, first)
+        body, g = contraction.with_buffers(found, ids)
+        bufs = {b: Buffer.from_numpy(to_storage(rng.standard_normal(tmp.buffers[b][0]).astype(tmp.buffers[b][1].vnp),
+                                                tmp.buffers[b][1]), self.device.name, tmp.buffers[b][1])
+                for b in {k.out, *k.inputs, *ids}}
+        scratch = Buffer.from_numpy(np.zeros(found.red.shape, np.float32), self.device.name)
+        target = self.device.target()
+        gen, n = self.device.build_member(k, plan, None, target, None)
+        built = [(pk, *self.device.build_member(pk, tmp, None, target, None)) for pk in packs]
+        ins = body.buffers()
+        lib = blas.GemmProgram(f"{k.name}g", g, (-1, *ins), self.device.blas(), threads)
+        gen_ptrs = [bufs[b].ptr for b in (k.out, *k.inputs)]
+        lib_ptrs = [scratch.ptr] + [bufs[b].ptr for b in ins]
+
+        def with_blas() -> None:
+            for pk, prg, m in built:
+                self.device.launch(pk, prg, [bufs[b].ptr for b in (pk.out, *pk.inputs)], m, threads)
+            self.device.launch(k, lib, lib_ptrs, lib.units, threads)
+
+        def generated() -> None:
+            self.device.launch(k, gen, gen_ptrs, n, threads)
+
+        def timed(run) -> float:
+            t0 = time.perf_counter()
+            run()
+            return time.perf_counter() - t0
+        # in turns, so that a slow moment of a shared machine (another library's threads still
+        # spinning) falls on both; a BLAS 4x slower after one turn is not run again
+        generated(), with_blas()
+        ts_gen, ts_blas = [], []
+        for turn in range(3):
+            ts_gen.append(timed(generated))
+            ts_blas.append(timed(with_blas))
+            if turn == 0 and ts_blas[0] > BLAS_GIVE_UP * ts_gen[0]:
+                break
+        t_gen, t_blas = sorted(ts_gen)[len(ts_gen) // 2], sorted(ts_blas)[len(ts_blas) // 2]
+        verdict = t_blas < t_gen
+        if config.DEBUG.value >= 2:
+            print(f"  BLAS or generated for {k.name} ({g.batches} x {g.m}x{g.n}x{g.k}"
+                  f"{f', {len(packs)} packed' if packs else ''}): BLAS {t_blas * 1e6:.0f} us, "
+                  f"generated {t_gen * 1e6:.0f} us: {'BLAS' if verdict else 'generated'}")
+        blas.CHOICES.put(ckey, (seen + [[g.flops, verdict]])[-MEASURED_KEEP:])
+        return verdict
+
+    def gemm_of(self, k, plan: KernelPlan) -> Any:
+        """The Gemm the BLAS runs as kernel ``k`` (a pure contraction of buffers), or None."""
+        if not config.BLAS.value:
+            return None
+        hit = self._gemm_memo.get(k.ast)
+        if hit is not None and hit[0] == gemm_key():
+            return hit[1]
+        found = self._contraction(k, plan, config.THREADS.value)
+        g = found.gemm if found is not None and not found.packs and found.pure else None
+        self._gemm_memo.put(k.ast, (gemm_key(), g))
+        return g
