@@ -19,10 +19,13 @@
 - kernel classes: ``cflops`` are the flops of a contraction at the kernel's root (a sum of a
   product of broadcast operands: a matmul, a convolution; its epilogue excluded), which the
   lowering gives register lanes or hands to the BLAS; ``contraction`` is their rate, ``peak`` the
-  rate of everything else (streaming elementwise work). ``contraction`` 0 means ``peak``: the
-  defaults keep one rate, calibration measures both (matmul 512 as the device runs it, an FMA
-  chain). Measured on a CNN step (Zen 5, two cores): its three 302-MFLOP convolution kernels ran
-  at 160-195 GFLOP/s, predicted at the one 50 GFLOP/s rate (1.5-1.7 against 6.0 ms).
+  rate of everything else (streaming elementwise work). ``contraction`` 0 means ``peak``;
+  calibration measures both (matmul 512 as the device runs it, an FMA chain). The LLVM default is
+  150 GFLOP/s, what contractions run at on the two machines measured: a CNN step's three 302-MFLOP
+  convolution kernels at 160-195 GFLOP/s (Zen 5, two cores; predicted at the one 50 GFLOP/s rate,
+  1.5-1.7 against 6.0 ms), and on a 2-vCPU Xeon (AVX-512) matmul 512 at 215-270, Linear 480 at
+  255-270, attention's products at 140-165 GFLOP/s (bench_core). With contraction = peak the
+  default parameters predicted 60 % of bench_model's kernels within 2x, with 150 GFLOP/s 82 %.
 - unlaned contractions: a sum of a product of broadcast operands (a matmul or convolution) that
   is hoisted into a row-fused kernel (its result broadcast along the kernel's trailing output
   axes, e.g. a convolution's input gradient fused into max-pool's backward) is rendered in its
@@ -84,7 +87,8 @@ class DeviceParams:
 
 
 DEFAULT_PARAMS: dict[str, DeviceParams] = {
-    "LLVM": DeviceParams(source="default"),
+    # contraction: 150 GFLOP/s, 3x the elementwise peak (see "kernel classes" above)
+    "LLVM": DeviceParams(contraction=150e9, source="default"),
     "NUMPY": DeviceParams(launch=20e-6, bandwidth=5e9, peak=2e9, source="default"),
     # PoCL 3.1, 2 cores (calibrated). No row fusion: PoCL vectorizes across work-items, not a
     # work-item's loops, so a row-fused softmax ran 19.8 ms vs 11.4 ms as three kernels
