@@ -49,7 +49,7 @@ def test_structure_is_linearize(name, inspected):
 @pytest.mark.parametrize("name", NAMES)
 def test_structure_sizes_is_program_sizes(name, inspected):
     """resize's ProgramSizes from the one-walk structure (no Program) equals program_sizes(prog)."""
-    from eqgrad.graph.resize import program_sizes, structure_sizes
+    from eqgrad.graph.sizes import program_sizes, structure_sizes
     targets = dict(_programs())[name]
     lbs = list({id(t.lazydata): t.lazydata for t in targets}.values())
     prog = linearize(lbs, device="LLVM", inspected=inspected)

@@ -19,7 +19,8 @@ from eqgrad.dtype import float32
 from eqgrad.graph.interp import run_kernel, run_program
 from eqgrad.graph.plan import Kernel, KernelPlan, KNode
 from eqgrad.graph.program import Program, linearize
-from eqgrad.graph.resize import ProgramSizes, program_sizes, resize, resize_plan, size_free_key, verify
+from eqgrad.graph.resize import resize, resize_plan, verify
+from eqgrad.graph.sizes import ProgramSizes, program_sizes, size_free_key
 from eqgrad.nn import functional as F
 from eqgrad.ops import OPS
 

@@ -16,7 +16,8 @@ from eqgrad.graph.interp import run_loop
 from eqgrad.graph.loopir import LoopKernel
 from eqgrad.lower import symbolic, trace
 from eqgrad.lower.lowering import lower_kernel
-from eqgrad.lower.trace import Sym, Traces, TraceError, _Recorder, body_sizes
+from eqgrad.graph.sizes import body_sizes, with_sizes
+from eqgrad.lower.trace import Sym, Traces, TraceError, _Recorder
 import eqgrad.nn.functional as F
 
 
@@ -189,7 +190,7 @@ def test_body_sizes_keeps_the_structure_apart_from_the_sizes():
     assert s5.keys() == s9.keys()
     assert any(s5[k] != s9[k] for k in s5)
     for k in p5.kernels:           # rebuilt with its own sizes, a body is the same body
-        sk, splan = trace._rebuilt(k, p5, list(body_sizes(k, p5)[1]))
+        sk, splan = with_sizes(k, p5, list(body_sizes(k, p5)[1]))
         assert sk.ast.render() == k.ast.render()
         assert [splan.buffers[b] for b in (k.out, *k.inputs)] == [p5.buffers[b] for b in (k.out, *k.inputs)]
 

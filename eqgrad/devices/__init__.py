@@ -49,6 +49,7 @@ from eqgrad.cache import computed_once
 from eqgrad.lower import lowering, trace
 from eqgrad.lower.passes import LowerOptions
 from eqgrad.graph.caps import CPU, Capabilities
+from eqgrad.graph.sizes import body_sizes
 # imported here, not with the LLVM device at first use, for the order of the fork hooks (see
 # _before_fork): 20 ms more of ``import eqgrad``, 20 ms less of the first Tensor's
 from eqgrad.devices import llvm  # noqa: F401
@@ -218,10 +219,10 @@ def kernel_structure(k: Any, plan: Any) -> tuple:
     """What lowering a kernel depends on: its body in topological order with each buffer named by
     its parameter position (the output 0, then the inputs), attributes with their sizes taken out
     and constants by ``repr`` (so -0.0, NaN and 0.0 stay apart), the shapes and dtypes of its
-    parameters, and those sizes: ``trace.body_sizes``, which the traced lowering keys its traces by
+    parameters, and those sizes: ``graph.sizes.body_sizes``, which the traced lowering keys its traces by
     (one walk of the body for both; kept on the body's root node, for the buffers and parameter
     shapes it was worked out with)."""
-    return trace.body_sizes(k, plan)
+    return body_sizes(k, plan)
 
 
 class LoweredKernels:

@@ -31,6 +31,7 @@ from eqgrad.cache import machine_key
 from eqgrad.devices import Buffer, DevicePlan, blas
 from eqgrad.dtype import to_storage
 from eqgrad.graph.plan import Kernel, KernelPlan, NodeMemo
+from eqgrad.graph.sizes import body_sizes
 from eqgrad.lower import contraction, trace
 from eqgrad.lower.passes import LowerOptions
 from eqgrad.lower.split import split_reduction
@@ -168,7 +169,7 @@ class CPUStage:
         # a body whose sizes keep changing (traced: a growing sequence's attention) lowers from its
         # trace in a fraction of a millisecond: where its structure had no GEMM that pays at sizes
         # within MEASURED_SPAN x of these, it is not looked at again each step (~0.25 ms a kernel)
-        skeleton, sizes = trace.body_sizes(k, plan)
+        skeleton, sizes = body_sizes(k, plan)
         scale = max(sizes, default=1)
         seen = self._no_gemm.get(skeleton)
         if seen is not None and _near(seen, scale) and trace.TRACES.has_traces(k, plan):
@@ -204,7 +205,7 @@ class CPUStage:
         # kept per kernel structure without its sizes: a choice measured within MEASURED_SPAN x
         # of this contraction's flops is this one's too (a new batch size, a longer sequence: the
         # crossover between the two moves slowly with size), so a new size is rarely timed
-        skeleton = trace.body_sizes(k, plan)[0]
+        skeleton = body_sizes(k, plan)[0]
         ckey = hashlib.sha256(repr((skeleton, found.packs != (), threads, machine_key("LLVM"))).encode()).hexdigest()[:24]
         seen = blas.CHOICES.get(ckey, None) or []
         near = [v for f, v in seen if _near(f, g.flops)]

@@ -41,7 +41,8 @@ from eqgrad.graph.plan import KernelPlan
 from eqgrad.graph import lazy
 from eqgrad.graph.lazy import LazyBuffer
 from eqgrad.graph.program import Program, linearize, structure
-from eqgrad.graph.resize import ProgramSizes, program_sizes, resize, structure_sizes
+from eqgrad.graph.resize import resize
+from eqgrad.graph.sizes import ProgramSizes, program_sizes, structure_sizes
 from eqgrad.rules import rulebook
 from eqgrad.rules.rulebook import DEFAULT_PHASE, RuleConfig, RuleState
 from eqgrad.rules.provenance import instrument
@@ -72,7 +73,7 @@ _CONTEXT_LOCK = threading.Lock()
 
 class ResizablePlans:
     """The compiled plans that a plan of another size can be resized from, by size-free key (rules,
-    extraction settings, ``graph.resize.size_free_key``): the newest ``PER_KEY`` of each key
+    extraction settings, ``graph.sizes.size_free_key``): the newest ``PER_KEY`` of each key
     (which neighbour resolves an ambiguous size depends on the direction: from length 7 to 8 may
     resolve where 5 to 8 does not), least recently used keys dropped past EQGRAD_PLAN_CACHE. Holds
     ``ProgramSizes``, never a Program (whose inputs would stay alive)."""

@@ -7,11 +7,9 @@ batch-size change 1.7-2.6 s. A plan's choice (which producers fuse, where kernel
 a program's structure and on which sizes are 1, not on the other sizes' values, so the plan for a
 new size is the old plan with its sizes replaced; only lowering and the device's compiler run again.
 
-- :func:`size_free_key` -- ``Program.key`` with every size other than 0 and 1 replaced by a marker
-  (node, input, constant and parameter shapes; RESHAPE/EXPAND targets, PAD/SHRINK amounts -- reduce
-  axes, permutations and flipped axes are not sizes). A size-1 axis stays: broadcasting, the
-  extractor's row-invariance and rules such as ``expand-sum`` test it. Two programs with the same
-  size-free key differ only in sizes: the key of a cache of plans that can be resized.
+- ``graph/sizes.py`` ``size_free_key``: ``Program.key`` with every size other than 0 and 1 replaced
+  by a marker; two programs with the same key differ only in sizes: the key of a cache of plans that
+  can be resized (where the sizes are is the op table's answer, ``OpDef.attr_sizes``).
 - :func:`resize` / :func:`resize_plan` -- the rewritten plan, or None (and why) when that cannot be
   done safely. It never guesses: every size of the new plan is *derived*.
 
@@ -52,144 +50,17 @@ from dataclasses import dataclass, field
 from itertools import product as cartesian
 from typing import Any, Union
 
-from eqgrad.dtype import DTYPES, DType, bool_, cast_scalar, float32, int32
+from eqgrad.dtype import DType, bool_, cast_scalar
 from eqgrad.graph.plan import Kernel, KernelPlan, KNode, NodeMemo, check_plan
 from eqgrad.graph.program import Program
+from eqgrad.graph.sizes import (BOUNDARY, ELEMENTWISE, PAIR_ARG, SHAPE_ARG, ProgramSizes, body_sizes, known_op,
+                                program_sizes)
 from eqgrad.ops import OPS, REDUCE_OPS, Shape, attr_error, numel
 
-SIZE = "n"      # a size other than 0 and 1, in a size-free key
-
-# where an op's sizes are: the op table's answer (OpDef.attr_sizes, read off its shape rule)
-_ELEMENTWISE = frozenset(n for n, o in OPS.items() if o.kind in ("unary", "binary", "ternary"))
-_BOUNDARY = frozenset(n for n, o in OPS.items() if o.kind == "boundary")
-_SHAPE_ARG = frozenset(n for n, o in OPS.items() if o.attr_sizes == "shape")    # the attribute is a shape
-_PAIR_ARG = frozenset(n for n, o in OPS.items() if o.attr_sizes == "pairs")     # (before, after) / (starts, ends)
-_AXES_ARG = frozenset(n for n, o in OPS.items() if o.kind in ("movement", "reduce") and not o.attr_sizes)
 # Each propagation step that must enumerate combinations of ambiguous sizes tries at most this many;
 # beyond it the sizes stay unpinned and the resize is refused (a bound on the work, not a tuning).
 # _MAX_COMBOS: docs/lowering.md, Constants
 _MAX_COMBOS = 256
-
-
-def _known(op: str, arg: Any) -> bool:
-    """Is this an op (and attribute form) whose sizes this module knows where to find?"""
-    if op in _ELEMENTWISE or op in _BOUNDARY:
-        return arg is None or isinstance(arg, DType)
-    return op in _SHAPE_ARG or op in _PAIR_ARG or op in _AXES_ARG
-
-
-# ------------------------------------------------------------------ the size-free key
-
-
-_ABSTRACT: dict[tuple, tuple] = {}       # shape -> its sizes abstracted (a program repeats its shapes)
-# _ABSTRACT_MAX: docs/lowering.md, Constants
-_ABSTRACT_MAX = 4096
-
-
-class _Sizes:
-    """A program's sizes in walk order, and their abstraction for the key."""
-
-    def __init__(self) -> None:
-        self.values: list[int] = []
-
-    def shape(self, s: Shape) -> tuple:
-        self.values.extend(s)
-        try:
-            hit = _ABSTRACT.get(s)
-        except TypeError:                  # a shape given as a list
-            return tuple(d if d in (0, 1) else SIZE for d in s)
-        if hit is None:
-            if len(_ABSTRACT) >= _ABSTRACT_MAX:
-                _ABSTRACT.clear()
-            hit = _ABSTRACT[s] = tuple(d if d in (0, 1) else SIZE for d in s)
-        return hit
-
-    def arg(self, op: str, arg: Any) -> Any:
-        if op in _SHAPE_ARG:
-            return self.shape(arg)
-        if op in _PAIR_ARG:
-            return tuple(self.shape(p) for p in arg)
-        return arg.name if isinstance(arg, DType) else arg
-
-
-@dataclass(frozen=True)
-class ProgramSizes:
-    """What resizing needs of a program, and nothing that holds its buffers (a ``Program`` keeps
-    its realized inputs alive): keep one next to a cached plan instead of the program."""
-    key: tuple                                   # size_free_key
-    values: tuple[int, ...]                      # its sizes, in the order the key abstracted them
-    input_specs: tuple[tuple[Shape, DType], ...]  # the plan's input buffers (Program.input_specs)
-    roots: tuple[tuple[Shape, DType, int | None], ...]  # each root's shape, dtype, input position if an input
-    consts: frozenset[float]                     # its constants' values and their negations
-    folds: bool          # an elementwise node computes from constants alone (algebra.egg may fold it)
-    const_sums: bool     # a reduction reads constants alone (expand-sum may make a product of sizes)
-    unknown: str = ""    # why resizing cannot handle it ("" if it can)
-
-
-def program_sizes(prog: Program) -> ProgramSizes:
-    """The sizes of ``prog`` and its size-free key, in one walk of its structure key."""
-    return structure_sizes(prog.key, prog.input_specs, len(prog.inputs))
-
-
-_DTYPES = DTYPES
-
-
-def structure_sizes(key: tuple, input_specs: list[tuple[Shape, DType]], n_inputs: int) -> ProgramSizes:
-    """The sizes of a program and its size-free key, from its structure key (``Program.key``, or
-    ``graph.program.structure``'s: the same tuple) and its input specs (the realized inputs first,
-    then the parameters): a realize that resizes a cached plan never builds the Program."""
-    sz = _Sizes()
-    consts: set[float] = set()
-    unknown = ""
-
-    def ref(r: Any) -> Any:
-        if r.__class__ is int:
-            return r
-        if r[0] == "C" and r[3] != "bool":
-            consts.add(float(r[1]))
-        return (r[0], r[1], sz.shape(r[2]), r[3])
-
-    const: list[bool] = []
-    folds = sums = False
-    nodes = key[1:-1]
-    items: list[tuple] = [(key[0][0], n_inputs, tuple(d.name for _, d in input_specs[n_inputs:]))]
-    for op, arg, shape, dtname, srcs in nodes:
-        if isinstance(arg, str) and arg in _DTYPES and (op in _ELEMENTWISE or op in _BOUNDARY):
-            pass                                   # a cast's dtype, by name in the key
-        elif _known(op, arg):
-            arg = sz.arg(op, arg)
-        else:
-            unknown = unknown or f"op {op} (attribute {arg!r}), whose sizes resize does not know"
-        items.append((op, arg, sz.shape(shape), dtname, tuple([ref(r) for r in srcs])))
-        c = True
-        for r in srcs:
-            if not (const[r] if r.__class__ is int else r[0] == "C"):
-                c = False
-                break
-        const.append(c)
-        folds |= c and op in _ELEMENTWISE
-        sums |= c and op in REDUCE_OPS
-    roots = key[-1]
-    items.append(tuple([ref(r) for r in roots]))
-    root_info = tuple((tuple(nodes[r][2]), _DTYPES[nodes[r][3]], None) if isinstance(r, int) else
-                      (tuple(r[2]), _DTYPES[r[3]], r[1] if r[0] == "B" else None) for r in roots)
-    return ProgramSizes(tuple(items), tuple(sz.values), tuple((tuple(sh), d) for sh, d in input_specs), root_info,
-                        frozenset(consts | {-v for v in consts}), folds, sums, unknown)
-
-
-def size_free_key(prog: Program) -> tuple:
-    """``Program.key`` with every size other than 0 and 1 abstracted (see the module docstring).
-
-    Example::
-
-        >>> from eqgrad import Tensor
-        >>> from eqgrad.graph.program import linearize
-        >>> def prog(n): return linearize([(Tensor.ones(n, 4).realize() * 2).sum(1).lazydata])
-        >>> size_free_key(prog(3)) == size_free_key(prog(5)), size_free_key(prog(3)) == size_free_key(prog(1))
-        (True, False)
-    """
-    return program_sizes(prog).key
-
 
 # ------------------------------------------------------------------ the result
 
@@ -509,8 +380,8 @@ class _Resizer:
         value, every op one resize knows, every buffer it reads still of the shape it reads, every
         constant its own new value? Such a body is the old one (a growing sequence changes 4 of a
         decoder layer's 32 kernels); deriving it node by node gave the same nodes."""
-        sizes, known, reads, consts = _body(k.ast)
-        if not known or not sizes <= self.kept:
+        known, reads, consts = _body(k.ast)
+        if not known or not set(body_sizes(k, self.plan)[1]) <= self.kept:
             return False
         if any(self.out.get(n.arg) != n.shape for n in reads):
             return False
@@ -529,14 +400,14 @@ class _Resizer:
             return self.out[n.arg]
         if op == "CONST":
             return tuple(self.free(d) for d in n.shape)
-        if not _known(op, n.arg):
+        if not known_op(op, n.arg):
             raise _Refuse(f"op {op} (attribute {n.arg!r}) is not one whose sizes resize knows")
         src = [self.shape[id(x)] for x in n.src]
         olds = [tuple(x.shape) for x in n.src]
         # the attribute with its sizes as unknowns: a value that its source determines (an expand's
         # kept axis) is the source's size; the others are free (their new values are in ``moves``)
         arg = n.arg
-        if op in _ELEMENTWISE or op in _BOUNDARY:
+        if op in ELEMENTWISE or op in BOUNDARY:
             if any(o != tuple(n.shape) for o in olds):
                 raise _Refuse(f"{op} over sources of shapes {olds} != {n.shape}")
             for x in src[1:]:           # the sources of an elementwise op have one shape
@@ -554,14 +425,14 @@ class _Resizer:
                 else:
                     raise _Refuse(f"EXPAND of {olds[0]} to {n.arg}")
             arg = self.arg[id(n)] = tuple(target)
-        elif op in _SHAPE_ARG:          # RESHAPE: any target with the source's element count
+        elif op in SHAPE_ARG:          # RESHAPE: any target with the source's element count
             arg = self.arg[id(n)] = tuple(self.free(d) for d in n.arg)
             if all(isinstance(t, int) for t in src[0] + arg):
                 if numel(src[0]) != numel(arg):
                     raise _Refuse(f"RESHAPE of {src[0]} to {arg}")
             else:
                 s.products.append((tuple(src[0]), arg))
-        elif op in _PAIR_ARG:
+        elif op in PAIR_ARG:
             arg = self.arg[id(n)] = tuple(tuple(self.free(d) for d in p) for p in n.arg)
         # the shape: the op table's shape rule over the unknowns (a pad's before + size + after
         # becomes an unknown that a linear constraint ties to the three)
@@ -613,7 +484,7 @@ class _Resizer:
         for k, order, still in zip(plan.kernels, self.orders, self.still):
             if still:
                 self.new_orders.append(order)
-                self.checks.append(_body(k.ast)[2])
+                self.checks.append(_body(k.ast)[1])
                 ast = k.ast
             else:
                 for n in order:
@@ -645,9 +516,9 @@ class _Resizer:
         arg = n.arg
         if n.op == "CONST":
             arg = self.const_value(n.arg, n.dtype)
-        elif n.op in _SHAPE_ARG:
+        elif n.op in SHAPE_ARG:
             arg = tuple(s.value(t) for t in self.arg[id(n)])
-        elif n.op in _PAIR_ARG:
+        elif n.op in PAIR_ARG:
             arg = tuple(tuple(s.value(t) for t in p) for p in self.arg[id(n)])
         src = tuple(memo[id(x)] for x in n.src)
         # a node the new sizes leave as it was is the old node itself (bodies are immutable), so
@@ -663,27 +534,20 @@ _BODIES = NodeMemo()      # body -> _body's answer (a body that is a lone read o
                           # its answer would hold the body itself)
 
 
-def _body(ast: KNode) -> tuple[frozenset[int], bool, tuple[KNode, ...], tuple[KNode, ...]]:
-    """(every size in the body's shapes and size attributes, whether resize knows all its ops, its
-    buffer reads, its constants), worked out once per body (bodies are immutable)."""
+def _body(ast: KNode) -> tuple[bool, tuple[KNode, ...], tuple[KNode, ...]]:
+    """(whether resize knows all the body's ops, its buffer reads, its constants), worked out once
+    per body (bodies are immutable); its sizes are ``sizes.body_sizes``'."""
     hit = _BODIES.get(ast)
     if hit is None:
-        sizes: set[int] = set()
         known, reads, consts = True, [], []
         for n in ast.walk():
-            sizes.update(n.shape)
             if n.op == "BUF":
                 reads.append(n)
             elif n.op == "CONST":
                 consts.append(n)
-            elif not _known(n.op, n.arg):
+            elif not known_op(n.op, n.arg):
                 known = False
-            elif n.op in _SHAPE_ARG:
-                sizes.update(n.arg)
-            elif n.op in _PAIR_ARG:
-                for part in n.arg:
-                    sizes.update(part)
-        hit = (frozenset(sizes), known, tuple(reads), tuple(consts))
+        hit = (known, tuple(reads), tuple(consts))
         if ast.src:
             _BODIES.put(ast, hit)
     return hit
@@ -695,7 +559,7 @@ def _traffic(k: Kernel, buffers: list[tuple[Shape, DType]]) -> int:
 
 def _work(order: list[KNode]) -> int:
     return sum(numel(n.src[0].shape if n.op in REDUCE_OPS else n.shape)
-               for n in order if n.op in _ELEMENTWISE or n.op in REDUCE_OPS)
+               for n in order if n.op in ELEMENTWISE or n.op in REDUCE_OPS)
 
 
 def _rescale(value: int, before: int, after: int) -> int:

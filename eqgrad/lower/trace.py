@@ -50,18 +50,17 @@ import threading
 import weakref
 from collections import OrderedDict
 from dataclasses import replace
-from itertools import islice
 from typing import Any, Callable
 
 import numpy as np
 
 from eqgrad.graph.loopir import LInst, LoopKernel
-from eqgrad.graph.plan import Kernel, KernelPlan, KNode, NodeMemo
+from eqgrad.graph.plan import Kernel, KernelPlan
 from eqgrad import config
 from eqgrad.lower import symbolic
 from eqgrad.lower.decomp import decompose
 from eqgrad.lower.lowering import verify_emitted
-from eqgrad.ops import OPS
+from eqgrad.graph.sizes import body_sizes, with_sizes
 
 # the knobs below: docs/lowering.md, Constants (what each bounds, the measurement behind it)
 CONCRETE = 2            # size vectors of a body lowered as usual, for as many earlier plans, before
@@ -251,122 +250,6 @@ class _Recorder:
 
 
 # ------------------------------------------------------------------ the sizes of a kernel body
-
-class _Hole:
-    """Where ``_flat`` took ints out: one int, or a run of ``n`` (a shape)."""
-    __slots__ = ("n",)
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __repr__(self) -> str:
-        return f"_{self.n}"
-
-
-_HOLE = _Hole(-1)                          # one int
-_RUNS = [_Hole(n) for n in range(16)]      # a tuple of n ints
-_LIST = _Hole(-2)                          # (_LIST, items): a list
-_INT = {int}
-
-
-class _Exact:
-    """A float of a node's attribute in a skeleton: equal only to the same float, bit for bit as
-    ``repr`` tells (0.0 and -0.0 are different bodies; a NaN equals itself)."""
-    __slots__ = ("v", "r")
-
-    def __init__(self, v: float) -> None:
-        self.v, self.r = v, repr(v)
-
-    def __eq__(self, other: object) -> bool:
-        return type(other) is _Exact and other.r == self.r
-
-    def __hash__(self) -> int:
-        return hash(self.r)
-
-    def __repr__(self) -> str:
-        return self.r
-
-
-def _flat(x: Any, out: list[int]) -> Any:
-    """``x``'s structure with every int put in ``out`` (a ``_Hole`` in its place)."""
-    t = type(x)
-    if t is int:
-        out.append(x)
-        return _HOLE
-    if t is tuple:
-        if len(x) < 16 and set(map(type, x)) <= _INT:
-            out.extend(x)
-            return _RUNS[len(x)]
-        return tuple(_flat(y, out) for y in x)
-    if t is list:
-        return (_LIST, tuple(_flat(y, out) for y in x))
-    if t is float:
-        return _Exact(x)
-    return x
-
-
-def _fill(skel: Any, it) -> Any:
-    t = type(skel)
-    if t is _Hole:
-        return next(it) if skel is _HOLE else tuple(islice(it, skel.n))
-    if t is _Exact:
-        return skel.v
-    if t is tuple:
-        if skel and skel[0] is _LIST:
-            return [_fill(s, it) for s in skel[1]]
-        return tuple(_fill(s, it) for s in skel)
-    return skel
-
-
-_SIZES = NodeMemo()       # body -> (its buffer ids, their (shape, dtype)s, body_sizes' answer for them)
-
-
-def body_sizes(k: Kernel, plan: KernelPlan) -> tuple[tuple, tuple[int, ...]]:
-    """(structure with its sizes left out, the sizes): every int of its nodes' shapes, of the
-    attributes that hold sizes (``OpDef.attr_sizes``: reshape and expand targets, pad and shrink
-    amounts; axes and permutations are structure) and of its buffers' shapes. A kernel's lowering depends on these and nothing else
-    of the plan: the pair is the lowering's memo key too (devices.kernel_structure), so a body is
-    walked once for both. Buffers are named by parameter position (the output 0, then the
-    inputs), constants by ``repr`` (so -0.0, NaN and 0.0 stay apart), as are floats elsewhere."""
-    ast, bufs = k.ast, (k.out, *k.inputs)
-    specs = tuple(plan.buffers[b] for b in bufs)
-    hit = _SIZES.get(ast)
-    if hit is not None and hit[0] == bufs and hit[1] == specs:
-        return hit[2]
-    pos = {b: i for i, b in enumerate(bufs)}
-    index: dict[int, int] = {}
-    items, sizes = [], []
-    for n in ast.walk():
-        if n.op == "BUF":
-            arg = ("buf", pos[n.arg])
-        elif n.op == "CONST":
-            arg = ("const", repr(n.arg))
-        elif OPS[n.op].attr_sizes:
-            arg = _flat(n.arg, sizes)
-        else:                           # axes, a permutation, a dtype: structure, not sizes
-            arg = n.arg
-        items.append((n.op, arg, _flat(n.shape, sizes), n.dtype.name, tuple(index[id(s)] for s in n.src)))
-        index[id(n)] = len(items) - 1
-    params = tuple((_flat(tuple(shp), sizes), dt.name) for shp, dt in specs)
-    out = ((tuple(items), params), tuple(sizes))
-    _SIZES.put(ast, (bufs, specs, out))
-    return out
-
-
-def _rebuilt(k: Kernel, plan: KernelPlan, values: list[Any]) -> tuple[Kernel, KernelPlan]:
-    """``k`` and ``plan`` with the body's sizes (``body_sizes`` order) replaced by ``values``."""
-    it = iter(values)
-    new: dict[int, KNode] = {}
-    for n in k.ast.walk():
-        arg = _fill(_flat(n.arg, []), it) if n.op not in ("BUF", "CONST") and OPS[n.op].attr_sizes else n.arg
-        shape = _fill(_flat(n.shape, []), it)
-        new[id(n)] = KNode(n.op, tuple(new[id(s)] for s in n.src), arg, shape, n.dtype)
-    buffers = list(plan.buffers)
-    for b in (k.out, *k.inputs):
-        shp, dt = plan.buffers[b]
-        buffers[b] = (_fill(_flat(tuple(shp), []), it), dt)
-    return replace(k, ast=new[id(k.ast)]), replace(plan, buffers=buffers, kernels=[])
-
 
 # ------------------------------------------------------------------ traces
 
@@ -591,7 +474,7 @@ class Traces:
             for p in g:
                 values[p] = s
         try:
-            sk, splan = _rebuilt(k, plan, values)
+            sk, splan = with_sizes(k, plan, values)
             with symbolic.tracing():
                 lk = lower(sk, splan)
             tr = Trace(groups, fixed, dict(rec.guards), lk)

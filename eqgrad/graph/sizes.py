@@ -1,0 +1,279 @@
+"""Where a program's and a kernel body's sizes are, and their skeletons: the one place that
+abstracts sizes (docs/engine.md: a new size reuses the plan; docs/lowering.md: traces, families).
+
+Which attribute entries of an op are sizes is the op table's answer (``OpDef.attr_sizes``, read off
+the shape rule: a reshape's or expand's target, a pad's or shrink's amounts; reduce axes,
+permutations and flipped axes are structure). Three levels abstract them, each for what depends on
+sizes there:
+
+- a **program** (:func:`size_free_key`, :func:`program_sizes`): ``Program.key`` with every size other
+  than 0 and 1 replaced by a marker. A size-1 axis stays: broadcasting, the extractor's
+  row-invariance and rules such as ``expand-sum`` test it, so a plan's choices depend on which sizes
+  are 1 and not on the others. Two programs with the same key differ only in sizes: the key of the
+  cache of plans that graph/resize.py rewrites for new sizes.
+- a **kernel body** (:func:`body_sizes`, :func:`with_sizes`): the body's structure with every size
+  taken out, and the sizes in walk order. The lowering depends on these and nothing else of the
+  plan: the pair keys the lowered-kernel memo (devices.kernel_structure), the skeleton keys the
+  traced lowering (lower/trace.py: a body lowered once with its sizes as symbols) and the device's
+  BLAS-or-generated choices (devices/cpustage.py), and graph/resize.py keeps a body whose sizes all
+  stay as it is.
+- a **loop kernel** (devices/sizeargs.py): the loop IR without its index constants and loop extents,
+  the key of a family of kernels that compile once with their sizes as arguments; a loop kernel
+  instantiated from a trace gets its positions from the trace's holes, not by comparing.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from itertools import islice
+from typing import Any
+
+from eqgrad.dtype import DTYPES, DType
+from eqgrad.graph.plan import Kernel, KernelPlan, KNode, NodeMemo
+from eqgrad.graph.program import Program
+from eqgrad.ops import OPS, REDUCE_OPS, Shape
+
+# ------------------------------------------------------------------ a program's sizes
+
+SIZE = "n"      # a size other than 0 and 1, in a size-free key
+
+# where an op's sizes are: the op table's answer (OpDef.attr_sizes, read off its shape rule)
+ELEMENTWISE = frozenset(n for n, o in OPS.items() if o.kind in ("unary", "binary", "ternary"))
+BOUNDARY = frozenset(n for n, o in OPS.items() if o.kind == "boundary")
+SHAPE_ARG = frozenset(n for n, o in OPS.items() if o.attr_sizes == "shape")    # the attribute is a shape
+PAIR_ARG = frozenset(n for n, o in OPS.items() if o.attr_sizes == "pairs")     # (before, after) / (starts, ends)
+AXES_ARG = frozenset(n for n, o in OPS.items() if o.kind in ("movement", "reduce") and not o.attr_sizes)
+
+
+def known_op(op: str, arg: Any) -> bool:
+    """Is this an op (and attribute form) whose sizes this module knows where to find?"""
+    if op in ELEMENTWISE or op in BOUNDARY:
+        return arg is None or isinstance(arg, DType)
+    return op in SHAPE_ARG or op in PAIR_ARG or op in AXES_ARG
+
+
+_ABSTRACT: dict[tuple, tuple] = {}       # shape -> its sizes abstracted (a program repeats its shapes)
+# _ABSTRACT_MAX: docs/lowering.md, Constants
+_ABSTRACT_MAX = 4096
+
+
+class _Sizes:
+    """A program's sizes in walk order, and their abstraction for the key."""
+
+    def __init__(self) -> None:
+        self.values: list[int] = []
+
+    def shape(self, s: Shape) -> tuple:
+        self.values.extend(s)
+        try:
+            hit = _ABSTRACT.get(s)
+        except TypeError:                  # a shape given as a list
+            return tuple(d if d in (0, 1) else SIZE for d in s)
+        if hit is None:
+            if len(_ABSTRACT) >= _ABSTRACT_MAX:
+                _ABSTRACT.clear()
+            hit = _ABSTRACT[s] = tuple(d if d in (0, 1) else SIZE for d in s)
+        return hit
+
+    def arg(self, op: str, arg: Any) -> Any:
+        if op in SHAPE_ARG:
+            return self.shape(arg)
+        if op in PAIR_ARG:
+            return tuple(self.shape(p) for p in arg)
+        return arg.name if isinstance(arg, DType) else arg
+
+
+@dataclass(frozen=True)
+class ProgramSizes:
+    """What resizing needs of a program, and nothing that holds its buffers (a ``Program`` keeps
+    its realized inputs alive): keep one next to a cached plan instead of the program."""
+    key: tuple                                   # size_free_key
+    values: tuple[int, ...]                      # its sizes, in the order the key abstracted them
+    input_specs: tuple[tuple[Shape, DType], ...]  # the plan's input buffers (Program.input_specs)
+    roots: tuple[tuple[Shape, DType, int | None], ...]  # each root's shape, dtype, input position if an input
+    consts: frozenset[float]                     # its constants' values and their negations
+    folds: bool          # an elementwise node computes from constants alone (algebra.egg may fold it)
+    const_sums: bool     # a reduction reads constants alone (expand-sum may make a product of sizes)
+    unknown: str = ""    # why resizing cannot handle it ("" if it can)
+
+
+def program_sizes(prog: Program) -> ProgramSizes:
+    """The sizes of ``prog`` and its size-free key, in one walk of its structure key."""
+    return structure_sizes(prog.key, prog.input_specs, len(prog.inputs))
+
+
+_DTYPES = DTYPES
+
+
+def structure_sizes(key: tuple, input_specs: list[tuple[Shape, DType]], n_inputs: int) -> ProgramSizes:
+    """The sizes of a program and its size-free key, from its structure key (``Program.key``, or
+    ``graph.program.structure``'s: the same tuple) and its input specs (the realized inputs first,
+    then the parameters): a realize that resizes a cached plan never builds the Program."""
+    sz = _Sizes()
+    consts: set[float] = set()
+    unknown = ""
+
+    def ref(r: Any) -> Any:
+        if r.__class__ is int:
+            return r
+        if r[0] == "C" and r[3] != "bool":
+            consts.add(float(r[1]))
+        return (r[0], r[1], sz.shape(r[2]), r[3])
+
+    const: list[bool] = []
+    folds = sums = False
+    nodes = key[1:-1]
+    items: list[tuple] = [(key[0][0], n_inputs, tuple(d.name for _, d in input_specs[n_inputs:]))]
+    for op, arg, shape, dtname, srcs in nodes:
+        if isinstance(arg, str) and arg in _DTYPES and (op in ELEMENTWISE or op in BOUNDARY):
+            pass                                   # a cast's dtype, by name in the key
+        elif known_op(op, arg):
+            arg = sz.arg(op, arg)
+        else:
+            unknown = unknown or f"op {op} (attribute {arg!r}), whose sizes resize does not know"
+        items.append((op, arg, sz.shape(shape), dtname, tuple([ref(r) for r in srcs])))
+        c = True
+        for r in srcs:
+            if not (const[r] if r.__class__ is int else r[0] == "C"):
+                c = False
+                break
+        const.append(c)
+        folds |= c and op in ELEMENTWISE
+        sums |= c and op in REDUCE_OPS
+    roots = key[-1]
+    items.append(tuple([ref(r) for r in roots]))
+    root_info = tuple((tuple(nodes[r][2]), _DTYPES[nodes[r][3]], None) if isinstance(r, int) else
+                      (tuple(r[2]), _DTYPES[r[3]], r[1] if r[0] == "B" else None) for r in roots)
+    return ProgramSizes(tuple(items), tuple(sz.values), tuple((tuple(sh), d) for sh, d in input_specs), root_info,
+                        frozenset(consts | {-v for v in consts}), folds, sums, unknown)
+
+
+def size_free_key(prog: Program) -> tuple:
+    """``Program.key`` with every size other than 0 and 1 abstracted (see the module docstring).
+
+    Example::
+
+        >>> from eqgrad import Tensor
+        >>> from eqgrad.graph.program import linearize
+        >>> def prog(n): return linearize([(Tensor.ones(n, 4).realize() * 2).sum(1).lazydata])
+        >>> size_free_key(prog(3)) == size_free_key(prog(5)), size_free_key(prog(3)) == size_free_key(prog(1))
+        (True, False)
+    """
+    return program_sizes(prog).key
+
+
+# ------------------------------------------------------------------ a kernel body's sizes
+
+class _Hole:
+    """Where ``_flat`` took ints out: one int, or a run of ``n`` (a shape)."""
+    __slots__ = ("n",)
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __repr__(self) -> str:
+        return f"_{self.n}"
+
+
+_HOLE = _Hole(-1)                          # one int
+_RUNS = [_Hole(n) for n in range(16)]      # a tuple of n ints
+_LIST = _Hole(-2)                          # (_LIST, items): a list
+_INT = {int}
+
+
+class _Exact:
+    """A float of a node's attribute in a skeleton: equal only to the same float, bit for bit as
+    ``repr`` tells (0.0 and -0.0 are different bodies; a NaN equals itself)."""
+    __slots__ = ("v", "r")
+
+    def __init__(self, v: float) -> None:
+        self.v, self.r = v, repr(v)
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is _Exact and other.r == self.r
+
+    def __hash__(self) -> int:
+        return hash(self.r)
+
+    def __repr__(self) -> str:
+        return self.r
+
+
+def _flat(x: Any, out: list[int]) -> Any:
+    """``x``'s structure with every int put in ``out`` (a ``_Hole`` in its place)."""
+    t = type(x)
+    if t is int:
+        out.append(x)
+        return _HOLE
+    if t is tuple:
+        if len(x) < 16 and set(map(type, x)) <= _INT:
+            out.extend(x)
+            return _RUNS[len(x)]
+        return tuple(_flat(y, out) for y in x)
+    if t is list:
+        return (_LIST, tuple(_flat(y, out) for y in x))
+    if t is float:
+        return _Exact(x)
+    return x
+
+
+def _fill(skel: Any, it) -> Any:
+    t = type(skel)
+    if t is _Hole:
+        return next(it) if skel is _HOLE else tuple(islice(it, skel.n))
+    if t is _Exact:
+        return skel.v
+    if t is tuple:
+        if skel and skel[0] is _LIST:
+            return [_fill(s, it) for s in skel[1]]
+        return tuple(_fill(s, it) for s in skel)
+    return skel
+
+
+_SIZES = NodeMemo()       # body -> (its buffer ids, their (shape, dtype)s, body_sizes' answer for them)
+
+
+def body_sizes(k: Kernel, plan: KernelPlan) -> tuple[tuple, tuple[int, ...]]:
+    """(structure with its sizes left out, the sizes): every int of its nodes' shapes, of the
+    attributes that hold sizes (``OpDef.attr_sizes``: reshape and expand targets, pad and shrink
+    amounts; axes and permutations are structure) and of its buffers' shapes. A kernel's lowering depends on these and nothing else
+    of the plan: the pair is the lowering's memo key too (devices.kernel_structure), so a body is
+    walked once for both. Buffers are named by parameter position (the output 0, then the
+    inputs), constants by ``repr`` (so -0.0, NaN and 0.0 stay apart), as are floats elsewhere."""
+    ast, bufs = k.ast, (k.out, *k.inputs)
+    specs = tuple(plan.buffers[b] for b in bufs)
+    hit = _SIZES.get(ast)
+    if hit is not None and hit[0] == bufs and hit[1] == specs:
+        return hit[2]
+    pos = {b: i for i, b in enumerate(bufs)}
+    index: dict[int, int] = {}
+    items, sizes = [], []
+    for n in ast.walk():
+        if n.op == "BUF":
+            arg = ("buf", pos[n.arg])
+        elif n.op == "CONST":
+            arg = ("const", repr(n.arg))
+        elif OPS[n.op].attr_sizes:
+            arg = _flat(n.arg, sizes)
+        else:                           # axes, a permutation, a dtype: structure, not sizes
+            arg = n.arg
+        items.append((n.op, arg, _flat(n.shape, sizes), n.dtype.name, tuple(index[id(s)] for s in n.src)))
+        index[id(n)] = len(items) - 1
+    params = tuple((_flat(tuple(shp), sizes), dt.name) for shp, dt in specs)
+    out = ((tuple(items), params), tuple(sizes))
+    _SIZES.put(ast, (bufs, specs, out))
+    return out
+
+
+def with_sizes(k: Kernel, plan: KernelPlan, values: list[Any]) -> tuple[Kernel, KernelPlan]:
+    """``k`` and ``plan`` with the body's sizes (``body_sizes`` order) replaced by ``values``."""
+    it = iter(values)
+    new: dict[int, KNode] = {}
+    for n in k.ast.walk():
+        arg = _fill(_flat(n.arg, []), it) if n.op not in ("BUF", "CONST") and OPS[n.op].attr_sizes else n.arg
+        shape = _fill(_flat(n.shape, []), it)
+        new[id(n)] = KNode(n.op, tuple(new[id(s)] for s in n.src), arg, shape, n.dtype)
+    buffers = list(plan.buffers)
+    for b in (k.out, *k.inputs):
+        shp, dt = plan.buffers[b]
+        buffers[b] = (_fill(_flat(tuple(shp), []), it), dt)
+    return replace(k, ast=new[id(k.ast)]), replace(plan, buffers=buffers, kernels=[])
