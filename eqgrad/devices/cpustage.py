@@ -241,9 +241,13 @@ class CPUStage:
             t0 = time.perf_counter()
             run()
             return time.perf_counter() - t0
-        # in turns, so that a slow moment of a shared machine (another library's threads still
-        # spinning) falls on both; a BLAS 4x slower after one turn is not run again
-        generated(), with_blas()
+        # each as a plan's later runs run it (its thread split chosen), then in turns, so that a
+        # slow moment of a shared machine (another library's threads still spinning) falls on
+        # both; a BLAS 4x slower after one turn is not run again
+        self.device.settle(k, gen, gen_ptrs, n, threads)
+        for pk, prg, m in built:
+            self.device.settle(pk, prg, [bufs[b].ptr for b in (pk.out, *pk.inputs)], m, threads)
+        self.device.settle(k, lib, lib_ptrs, lib.units, threads)
         ts_gen, ts_blas = [], []
         for turn in range(3):
             ts_gen.append(timed(generated))
