@@ -26,6 +26,13 @@ Workloads (full size / --quick size):
   ffn_step     Adam step of a transformer FFN: x (480, 384) -> Linear 1536, gelu(tanh) -> Linear 384,
                mean squared error (30 rows)
   layernorm_backward  d/dx of sum(layer_norm(x, w, b) * g), x (4096, 1024) ((256, 1024)), w, b, g
+  softmax_backward  d/dx of sum(softmax(x) * g), x and g (4096, 1024) ((256, 1024))
+  attention_s1024 / attention_s1024_causal  softmax(q @ k.transpose(-1, -2) / 8 [+ causal mask]) @ v,
+               batch 1, heads 4, seq 1024, dim 64 ((1, 2, 128, 64)); the mask an input of 0 and -inf
+  attention_s1024_backward / attention_s1024_causal_backward  d/dq of sum(attention(q, k, v) * g),
+               with the gradients of k and v computed in the same step
+  matmul_chain / matmul_chain_right  (A @ B) @ x and A @ (B @ x), A and B (1024, 1024), x (1024, 1)
+               ((256, 256), (256, 1)): the same product in the order written and in the cheap one
   Torch runs on every usable core ("torch") and on one thread ("torch[1 thread]"), and so does
   eqgrad on LLVM ("eqgrad[LLVM, 1 thread]": EQGRAD_THREADS=1 through eqgrad.Context).
   NumPy's and eqgrad's OpenBLAS pick their kernels for the CPU unless OPENBLAS_CORETYPE says
@@ -35,8 +42,9 @@ Workloads (full size / --quick size):
 Per workload and framework it reports the median wall time over --reps timed
 repetitions (after warm-up), the ratio to the first eqgrad column's median (to
 NumPy's when eqgrad is unavailable), the first-call latency (includes compilation for the
-lazy frameworks), kernels launched per run (eqgrad and tinygrad) and whether
-the result matches NumPy's.  Inputs are created and realized once, outside the
+lazy frameworks), kernels launched per run (eqgrad and tinygrad), eqgrad's plan as the cost
+model sees it (bytes its kernels move, the largest buffer it writes, its predicted time) and
+whether the result matches NumPy's.  Inputs are created and realized once, outside the
 timed region; for lazy frameworks every repetition rebuilds the lazy graph from
 those inputs and forces it.
 
@@ -104,6 +112,19 @@ def attention(F, q, kt, v):
   # batch 8, heads 8, seq 256, dim 64; K is passed transposed so every framework needs only @
   return F.softmax((q @ kt) * 0.125) @ v
 
+def attention_masked(F, q, k, v, m):
+  # an additive mask (0 where a query may attend, -inf where it may not: causal), as models pass it
+  return F.softmax((q @ F.swap(k)) * (1.0 / np.sqrt(q.shape[-1])) + m) @ v
+
+def matmul_chain(F, a, b, x): return (a @ b) @ x
+
+def matmul_chain_right(F, a, b, x): return a @ (b @ x)
+
+def causal_mask(arrays: list[np.ndarray]) -> list[np.ndarray]:
+  """The workload's inputs with the last one replaced by a causal mask over the queries' length."""
+  s = arrays[0].shape[-2]
+  return arrays[:-1] + [np.triu(np.full((s, s), -np.inf, np.float32), 1)]
+
 def attention_sdpa(F, q, k, v):
   # torch: its fused attention; everyone else composes it as attention_t
   return F.sdpa(q, k, v) if hasattr(F, "sdpa") else attention_t(F, q, k, v)
@@ -150,6 +171,17 @@ def numpy_train(kind: str, a: list[np.ndarray]) -> np.ndarray:
     x, y, w1, b1, w2, b2 = a
     h = _np_gelu(x @ _scaled(w1).T + b1)
     return np.asarray(float(((h @ _scaled(w2).T + b2 - y) ** 2).mean()))
+  if kind == "softmax_backward":
+    x, g = a
+    p = np.exp(x - x.max(-1, keepdims=True)); p /= p.sum(-1, keepdims=True)
+    return p * (g - (g * p).sum(-1, keepdims=True))
+  if kind.startswith("attention"):                 # d/dq of sum(softmax(q k^T / sqrt(d) + m) v * g)
+    q, k, v, g = a[:4]
+    sc = 1.0 / np.sqrt(q.shape[-1])
+    z = q @ np.swapaxes(k, -1, -2) * sc + (a[4] if len(a) > 4 else 0.0)
+    p = np.exp(z - z.max(-1, keepdims=True)); p /= p.sum(-1, keepdims=True)
+    dp = g @ np.swapaxes(v, -1, -2)
+    return (p * (dp - (dp * p).sum(-1, keepdims=True))) @ k * sc
   x, w, b, g = a                                  # layernorm_backward
   m = x.mean(-1, keepdims=True); d = x - m; r = 1 / np.sqrt((d * d).mean(-1, keepdims=True) + 1e-5)
   xh, gy = d * r, g * w
@@ -172,6 +204,7 @@ class Workload:
   matmul_tol: bool = False                     # atol scaled by the result's magnitude
   flops: Callable | None = None                # shapes -> FLOPs (compute-bound rows: efficiency vs peak FLOP/s)
   train: bool = False                          # a training row: NumPy is only its reference (not timed)
+  fix: Callable | None = None                  # inputs -> inputs (a mask that is not random)
   # bandwidth-bound rows: efficiency = (input + output bytes) / time vs the measured DRAM bandwidth
 
 def _mm_flops(s): return 2 * np.prod(s[0]) * s[1][-1]
@@ -179,6 +212,8 @@ def _conv_flops(s): return 2 * s[0][0] * s[1][0] * s[0][2] * s[0][3] * np.prod(s
 def _attn_flops(s): return 2 * 2 * np.prod(s[0]) * s[1][-1]
 def _lin_flops(s): return 2 * np.prod(s[0]) * s[1][0]
 def _attn_t_flops(s): return 2 * 2 * np.prod(s[0]) * s[1][-2]
+def _chain_flops(s): return 2 * s[0][0] * s[0][1] * s[1][1] + 2 * s[0][0] * s[1][1] * s[2][1]   # (A @ B) @ x
+def _chain_right_flops(s): return 2 * s[1][0] * s[1][1] * s[2][1] + 2 * s[0][0] * s[0][1] * s[2][1]   # A @ (B @ x)
 
 N_EW = 16 * 1024 * 1024
 WORKLOADS = [
@@ -221,12 +256,27 @@ WORKLOADS = [
            ((30, 384), (30, 384), (1536, 384), (1536,), (384, 1536), (384,)), train=True),
   Workload("layernorm_backward", train_step("layernorm_backward"), ((4096, 1024), (1024,), (1024,), (4096, 1024)),
            ((256, 1024), (1024,), (1024,), (256, 1024)), train=True),
+  Workload("softmax_backward", train_step("softmax_backward"), ((4096, 1024),) * 2, ((256, 1024),) * 2, train=True),
+  Workload("attention_s1024", attention_t, ((1, 4, 1024, 64),) * 3, ((1, 2, 128, 64),) * 3, matmul_tol=True,
+           flops=_attn_t_flops),
+  Workload("attention_s1024_causal", attention_masked, ((1, 4, 1024, 64),) * 3 + ((1024, 1024),),
+           ((1, 2, 128, 64),) * 3 + ((128, 128),), matmul_tol=True, flops=_attn_t_flops, fix=causal_mask),
+  Workload("attention_s1024_backward", train_step("attention_backward"), ((1, 4, 1024, 64),) * 4,
+           ((1, 2, 128, 64),) * 4, matmul_tol=True, train=True),
+  Workload("attention_s1024_causal_backward", train_step("attention_causal_backward"),
+           ((1, 4, 1024, 64),) * 4 + ((1024, 1024),), ((1, 2, 128, 64),) * 4 + ((128, 128),), matmul_tol=True,
+           train=True, fix=causal_mask),
+  Workload("matmul_chain", matmul_chain, ((1024, 1024), (1024, 1024), (1024, 1)), ((256, 256), (256, 256), (256, 1)),
+           matmul_tol=True, flops=_chain_flops),
+  Workload("matmul_chain_right", matmul_chain_right, ((1024, 1024), (1024, 1024), (1024, 1)),
+           ((256, 256), (256, 256), (256, 1)), matmul_tol=True, flops=_chain_right_flops),
 ]
 
 
 def make_inputs(w: Workload, quick: bool, seed: int = 0) -> list[np.ndarray]:
   rng = np.random.default_rng(seed)
-  return [rng.uniform(-1.0, 1.0, size=s).astype(np.float32) for s in (w.quick_shapes if quick else w.shapes)]
+  arrays = [rng.uniform(-1.0, 1.0, size=s).astype(np.float32) for s in (w.quick_shapes if quick else w.shapes)]
+  return w.fix(arrays) if w.fix else arrays
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -246,6 +296,7 @@ class Framework:
   def force(self, out): return out
   def to_numpy(self, out) -> np.ndarray: return np.asarray(out)
   def kernel_count(self) -> int | None: return None
+  def plan_stats(self) -> tuple | None: return None   # (bytes moved, largest buffer written, predicted s)
   def enter(self): pass              # before its workload (torch: its thread count)
   def context(self): return contextlib.nullcontext()   # around each timed call (eqgrad: its thread count)
 
@@ -310,6 +361,21 @@ class TorchFW(Framework):
         x.grad = None
         (nnf.layer_norm(x, x.shape[-1:], w, b) * g).sum().backward()
         return x.grad
+      return step
+    if kind == "softmax_backward":
+      x, g = T(a[0]), torch.tensor(a[1])
+      def step():
+        x.grad = None
+        (torch.softmax(x, dim=-1) * g).sum().backward()
+        return x.grad
+      return step
+    if kind.startswith("attention"):
+      q, k, v, g = T(a[0]), T(a[1]), T(a[2]), torch.tensor(a[3])
+      m = torch.tensor(a[4]) if len(a) > 4 else 0.0
+      def step():
+        q.grad = k.grad = v.grad = None
+        (torch.softmax(q @ k.transpose(-1, -2) * (1.0 / np.sqrt(q.shape[-1])) + m, dim=-1) @ v * g).sum().backward()
+        return q.grad
       return step
     if kind == "ffn_step":
       x, y = torch.tensor(a[0]), torch.tensor(a[1])
@@ -422,6 +488,12 @@ class EqgradFW(LazyTensorFW):
     self.has_realize = hasattr(self.Tensor, "realize")
   def layer_norm(self, x, w, b): return self.eqgrad.nn.functional.layer_norm(x, x.shape[-1:], w, b)
   def conv2d(self, x, w): return self.eqgrad.nn.functional.conv2d(x, w, padding=1)
+  def plan_stats(self):
+    cp = self.eqgrad.engine.last_plan           # the plan of the last timed run (a @jit step's too)
+    if cp is None: return None
+    p = cp.plan
+    largest = max((int(np.prod(sh)) * dt.itemsize for sh, dt in p.buffers[p.n_inputs:]), default=0)
+    return sum(k.nbytes for k in p.kernels), largest, p.predicted
   def train(self, kind, inputs):
     steps = self.__dict__.setdefault("_steps", {})
     if kind not in steps: steps[kind] = self._build(kind, [t.numpy() for t in inputs])
@@ -436,6 +508,22 @@ class EqgradFW(LazyTensorFW):
         x.grad = None
         (F.layer_norm(x, x.shape[-1:], w, b) * g).sum().backward()
         return x.grad
+      return step
+    if kind == "softmax_backward":
+      x, g = P(a[0]), T(a[1], device=self.device)
+      def step():
+        x.grad = None
+        (x.softmax(-1) * g).sum().backward()
+        return x.grad
+      return step
+    if kind.startswith("attention"):
+      q, k, v, g = P(a[0]), P(a[1]), P(a[2]), T(a[3], device=self.device)
+      m = T(a[4], device=self.device) if len(a) > 4 else 0.0
+      def step():
+        q.grad = k.grad = v.grad = None
+        ((q @ k.transpose(-1, -2) * (1.0 / np.sqrt(q.shape[-1])) + m).softmax(-1) @ v * g).sum().backward()
+        eqgrad.realize(q.grad, k.grad, v.grad)      # a training step computes all three
+        return q.grad
       return step
     if kind == "ffn_step":
       X, Y = T(a[0], device=self.device), T(a[1], device=self.device)
@@ -498,6 +586,11 @@ class Result:
   ratio_vs_baseline: float | None = None
   rate: str = ""                 # GB/s (bandwidth-bound rows) or GFLOP/s (compute-bound rows)
   efficiency: float | None = None   # rate / the machine's measured peak bandwidth or FLOP/s
+  # eqgrad: its plan as the cost model sees it (bytes its kernels move, the largest buffer it
+  # writes, the predicted seconds), next to the measured time
+  plan_bytes: int | None = None
+  plan_largest: int | None = None
+  predicted_s: float | None = None
 
 
 def timed(fw: Framework, w: Workload, inputs) -> tuple[float, Any]:
@@ -553,6 +646,8 @@ def bench_one(fw: Framework, w: Workload, arrays: list[np.ndarray], ref: np.ndar
     gc.enable()
   r.median_s = statistics.median(r.times_s)
   r.mad_s = statistics.median(abs(t - r.median_s) for t in r.times_s)
+  stats = fw.plan_stats()
+  if stats is not None: r.plan_bytes, r.plan_largest, r.predicted_s = stats
   if kernels:
     r.kernels_per_run = max(kernels)
     if len(kernels) > 1: r.note = f"kernels per run varied: {sorted(kernels)}"
@@ -607,17 +702,20 @@ def print_env(fws: list[Framework], skipped: dict[str, str], args) -> dict:
   return env
 
 def print_table(results: list[Result], baseline: str):
-  head = ["workload", "framework", "median", "±MAD", f"vs {baseline}", "rate", "of peak", "kernels", "1st call", "check"]
+  head = ["workload", "framework", "median", "±MAD", f"vs {baseline}", "rate", "of peak", "kernels", "plan: moved, largest, predicted",
+          "1st call", "check"]
   rows = []
   for r in results:
     if r.status in ("skipped", "error"):
-      rows.append([r.workload, r.framework, r.status.upper(), "", "", "", "", "", "", r.note[:60]]); continue
+      rows.append([r.workload, r.framework, r.status.upper(), "", "", "", "", "", "", "", r.note[:60]]); continue
     mad = f"{100 * r.mad_s / r.median_s:.0f}%" if r.median_s else "-"
     check = "ok" if r.status == "ok" else f"MISMATCH (max err {r.max_abs_err:.3g})" if r.max_abs_err is not None else f"MISMATCH {r.note}"
     if r.status == "ok" and r.note: check += f" ({r.note})"
     rows.append([r.workload, r.framework, fmt_time(r.median_s), mad, fmt_ratio(r.ratio_vs_baseline, r.framework == baseline),
                  r.rate, "-" if r.efficiency is None else f"{100 * r.efficiency:.0f}%",
-                 "-" if r.kernels_per_run is None else str(r.kernels_per_run), fmt_time(r.first_call_s), check])
+                 "-" if r.kernels_per_run is None else str(r.kernels_per_run),
+                 "-" if r.predicted_s is None else f"{r.plan_bytes / 1e6:.1f} MB, {r.plan_largest / 1e6:.1f} MB, {fmt_time(r.predicted_s)}",
+                 fmt_time(r.first_call_s), check])
   widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
   line = lambda cells: "  ".join(str(c).ljust(wd) if i < 2 or i == len(cells) - 1 else str(c).rjust(wd)
                                  for i, (c, wd) in enumerate(zip(cells, widths))).rstrip()
