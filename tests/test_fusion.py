@@ -206,6 +206,20 @@ def test_a_contraction_is_not_hoisted_into_a_row_fused_kernel():
                            for n in k.ast.walk()), k.ast.render()[:300]
 
 
+def test_a_product_is_not_inlined_into_another_products_loop():
+    """(A @ B) @ x as one kernel computes A @ B inside the outer product's reduction loop, in a
+    scalar loop without register lanes (measured at 1024: 2.26 s, where materializing A @ B takes
+    ~7 ms); the cost model charges such a nested reduction ``unlaned`` (evaluate.py), so A @ B is
+    a kernel of its own."""
+    r = np.random.default_rng(5)
+    a, b, x = (r.uniform(-1, 1, s).astype(np.float32) for s in ((256, 256), (256, 256), (256, 1)))
+    out = ((Tensor(a) @ Tensor(b)) @ Tensor(x)).realize()
+    for k in engine.last_plan.plan.kernels:
+        sums = [n for n in k.ast.walk() if n.op == "RSUM"]
+        assert len(sums) <= 1, k.ast.render()[:300]
+    np.testing.assert_allclose(out.numpy(), (a.astype(np.float64) @ b) @ x, rtol=1e-4, atol=1e-3)
+
+
 def test_attention_scores_are_materialized_not_recomputed_per_pass():
     """softmax(q @ k) @ v: the row-fused softmax makes three passes over each row without
     register lanes, so the scores' contraction is not inlined into it (it would be recomputed
