@@ -14,7 +14,9 @@ Variables (per e-node n, e-class c, potential kernel k -- the roots and every cl
 - ``L[c]``      a level per class, so the chosen graph is acyclic (MTZ constraints)
 
 minimize ``sum t[k]``. The objective is a linear approximation of the evaluator (evaluate.py): a
-node inlined under a broadcast is counted once per kernel rather than once per evaluation, and
+node inlined under a broadcast is counted once per kernel rather than once per evaluation, a
+reduction inside a root contraction's loop is charged as part of the contraction (the evaluator
+charges it ``unlaned``), and
 legality is encoded as "a reduction is never evaluated in a kernel with more output elements than
 it has" (a necessary condition).
 
@@ -42,12 +44,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from eqgrad.ops import OPS, REDUCE_OPS, numel
+from eqgrad.ops import MOVEMENT_OPS, OPS, REDUCE_OPS, numel
 from eqgrad.extract.cost import CostModel
 from eqgrad.extract.egraph import EGraph
 from eqgrad.extract.evaluate import Choice
 from eqgrad.extract.greedy import GreedyExtractor, Result
-from eqgrad.graph.plan import MOVEMENT
 
 try:
     import highspy
@@ -278,7 +279,7 @@ class ILPExtractor(GreedyExtractor):
                 seen.add(d)
                 if any(n.op == "EXPAND" for n in g.classes[d]):
                     break
-                todo.extend(n.children[0] for n in g.classes[d] if n.op in MOVEMENT and n.children)
+                todo.extend(n.children[0] for n in g.classes[d] if n.op in MOVEMENT_OPS and n.children)
             else:
                 memo[c] = False
                 return False

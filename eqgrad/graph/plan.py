@@ -17,7 +17,7 @@ import numpy as np
 
 from eqgrad.dtype import DTYPES, DType
 from eqgrad.graph.walk import topological
-from eqgrad.ops import OPS, Shape
+from eqgrad.ops import MOVEMENT_OPS, OPS, Shape
 
 
 class NodeMemo:
@@ -122,7 +122,7 @@ class Kernel:
 # passes, charged ``unlaned``), "masked" (a pad read inside a reduction loop, charged ``masked_read``)
 KERNEL_KINDS = ("row-fused", "contraction", "unlaned", "masked")
 
-MOVEMENT = frozenset(name for name, d in OPS.items() if d.kind == "movement")
+_MOVEMENT = frozenset(MOVEMENT_OPS)
 
 
 def broadcast_product(prod: Any, op: Callable[[Any], "str | None"], srcs: Callable[[Any], tuple]) -> bool:
@@ -140,7 +140,7 @@ def broadcast_product(prod: Any, op: Callable[[Any], "str | None"], srcs: Callab
             o = op(f)
             if o == "EXPAND":
                 return True
-            if o not in MOVEMENT:
+            if o not in _MOVEMENT:
                 break
             f = srcs(f)[0]
     return False

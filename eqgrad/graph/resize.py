@@ -99,7 +99,6 @@ class _Var:
     def __init__(self, i: int):
         self.id = i
 
-
     def __add__(self, o: Any) -> "_Lin":
         return _Lin.of(self) + o
 

@@ -101,9 +101,6 @@ def program_sizes(prog: Program) -> ProgramSizes:
     return structure_sizes(prog.key, prog.input_specs, len(prog.inputs))
 
 
-_DTYPES = DTYPES
-
-
 def structure_sizes(key: tuple, input_specs: list[tuple[Shape, DType]], n_inputs: int) -> ProgramSizes:
     """The sizes of a program and its size-free key, from its structure key (``Program.key``, or
     ``graph.program.structure``'s: the same tuple) and its input specs (the realized inputs first,
@@ -124,7 +121,7 @@ def structure_sizes(key: tuple, input_specs: list[tuple[Shape, DType]], n_inputs
     nodes = key[1:-1]
     items: list[tuple] = [(key[0][0], n_inputs, tuple(d.name for _, d in input_specs[n_inputs:]))]
     for op, arg, shape, dtname, srcs in nodes:
-        if isinstance(arg, str) and arg in _DTYPES and (op in ELEMENTWISE or op in BOUNDARY):
+        if isinstance(arg, str) and arg in DTYPES and (op in ELEMENTWISE or op in BOUNDARY):
             pass                                   # a cast's dtype, by name in the key
         elif known_op(op, arg):
             arg = sz.arg(op, arg)
@@ -141,8 +138,8 @@ def structure_sizes(key: tuple, input_specs: list[tuple[Shape, DType]], n_inputs
         sums |= c and op in REDUCE_OPS
     roots = key[-1]
     items.append(tuple([ref(r) for r in roots]))
-    root_info = tuple((tuple(nodes[r][2]), _DTYPES[nodes[r][3]], None) if isinstance(r, int) else
-                      (tuple(r[2]), _DTYPES[r[3]], r[1] if r[0] == "B" else None) for r in roots)
+    root_info = tuple((tuple(nodes[r][2]), DTYPES[nodes[r][3]], None) if isinstance(r, int) else
+                      (tuple(r[2]), DTYPES[r[3]], r[1] if r[0] == "B" else None) for r in roots)
     return ProgramSizes(tuple(items), tuple(sz.values), tuple((tuple(sh), d) for sh, d in input_specs), root_info,
                         frozenset(consts | {-v for v in consts}), folds, sums, unknown)
 
