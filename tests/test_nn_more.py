@@ -33,6 +33,19 @@ def test_norm_layers():
     check_layer(nn.RMSNorm((2, 5), eps=1e-3), torch.nn.RMSNorm((2, 5), eps=1e-3), data((3, 2, 5), seed=6))
 
 
+def test_layer_norm_normalized_shape_is_checked():
+    x, w = Tensor(data((4, 6), seed=7)), Tensor(data((6,), seed=8))
+    ref = torch.nn.functional.layer_norm(torch.tensor(x.numpy()), (6,))       # an int, as nn.LayerNorm takes
+    np.testing.assert_allclose(F.layer_norm(x, 6).numpy(), ref.numpy(), rtol=1e-5, atol=1e-5)
+    # the weight passed where the shape goes: one clear error, not the weight iterated into scalars
+    with pytest.raises(TypeError, match=r"normalized_shape must be an int or a tuple of ints, got a Tensor of shape \(6,\)"):
+        F.layer_norm(x, w)
+    with pytest.raises(TypeError, match="normalized_shape"):
+        F.layer_norm(x, (6.0,))
+    with pytest.raises(TypeError, match=r"rms_norm\(\): normalized_shape .* got a Tensor"):
+        F.rms_norm(x, w)
+
+
 def test_batchnorm1d_running_stats_and_eval():
     for momentum in (0.1, None):
         bn, tbn = nn.BatchNorm1d(3, momentum=momentum), torch.nn.BatchNorm1d(3, momentum=momentum)

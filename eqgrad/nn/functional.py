@@ -610,10 +610,21 @@ def batch_norm(x: Tensor, mean: Tensor, var: Tensor, weight: Tensor | None, bias
     return out + bias.reshape(shape) if bias is not None else out
 
 
+def _normalized_shape(v, op: str) -> tuple[int, ...]:
+    """``normalized_shape`` as a tuple: an int or a tuple/list of ints, nothing else (a Tensor --
+    the weight passed first, say -- would iterate into scalars)."""
+    if isinstance(v, int) and not isinstance(v, bool):
+        return (v,)
+    if isinstance(v, (tuple, list)) and all(isinstance(i, int) and not isinstance(i, bool) for i in v):
+        return tuple(v)
+    got = f"a Tensor of shape {v.shape}" if isinstance(v, Tensor) else repr(v)
+    raise TypeError(f"{op}(): normalized_shape must be an int or a tuple of ints, got {got}")
+
+
 def layer_norm(x: Tensor, normalized_shape: Sequence[int], weight: Tensor | None = None,
                bias: Tensor | None = None, eps: float = 1e-5) -> Tensor:
     """Normalize over the last ``len(normalized_shape)`` axes (biased variance, as torch)."""
-    ns = tuple(normalized_shape)
+    ns = _normalized_shape(normalized_shape, "layer_norm")
     if x.shape[x.ndim - len(ns):] != ns:
         raise ShapeError(f"layer_norm(): the input's last axes {x.shape} do not match normalized_shape {ns}")
     axes = tuple(range(x.ndim - len(ns), x.ndim))
@@ -644,7 +655,7 @@ def rms_norm(x: Tensor, normalized_shape: Sequence[int], weight: Tensor | None =
              eps: float | None = None) -> Tensor:
     """x / sqrt(mean(x^2) + eps) over the last ``len(normalized_shape)`` axes, times ``weight``;
     ``eps`` None is float32's machine epsilon, as torch.nn.functional.rms_norm."""
-    ns = tuple(normalized_shape)
+    ns = _normalized_shape(normalized_shape, "rms_norm")
     if x.shape[x.ndim - len(ns):] != ns:
         raise ShapeError(f"rms_norm(): the input's last axes {x.shape} do not match normalized_shape {ns}")
     eps = float(np.finfo(np.float32).eps) if eps is None else eps
