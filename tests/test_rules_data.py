@@ -237,10 +237,10 @@ def test_a_dump_runs_exactly_like_the_configuration_it_came_from(tmp_path):
     rulebook.use(book)                  # a user rulebook too: its runs travel in the dumped schedule
     cfg = rulebook.active_config()
     files = write_dump(tmp_path / "dump", cfg)
-    assert [f.kind for f in files] == ["generated"] * 3 + ["built-in"] * 3 + ["user", "schedule"]
+    assert [f.kind for f in files] == ["generated"] * 3 + ["built-in"] * 4 + ["user", "schedule"]
     assert sum(f.count for f in files if f.kind != "schedule") == len(rulebook.all_rules(cfg))
     dumped = load_dump(tmp_path / "dump")
-    assert not dumped.generated and len(dumped.books) == 7
+    assert not dumped.generated and len(dumped.books) == 8
     # the dump alone holds every rule
     assert sorted(r.name for r in rulebook.all_rules(dumped)) == sorted(r.name for r in rulebook.all_rules(cfg))
     sat = Saturator()
@@ -261,7 +261,7 @@ def test_the_dump_is_checked_as_a_whole_configuration(tmp_path):
     d = tmp_path / "dump"
     write_dump(d)
     books, schedule = load_files(sorted(d.glob("*.egg")))
-    assert schedule == d / "schedule.egg" and len(books) == 6
+    assert schedule == d / "schedule.egg" and len(books) == 7
     out = subprocess.run([sys.executable, "-m", "eqgrad", "rules", "check", *map(str, sorted(d.glob("*.egg"))),
                           "--rule", "fuse-where-2", "--rule", "permute-permute-3", "--rule", "mul-one", "-n", "4"],
                          capture_output=True, text=True, cwd=ROOT, timeout=300)

@@ -56,7 +56,7 @@ def _summed(p: PhaseReport) -> dict[str, int]:
 def test_per_iteration_matches_sum_to_the_phase_totals(sat, trace):
     js, rep = sat.run(_text(_chain()), trace=trace)
     assert js is not None and rep.stop_reason == "completed"
-    assert [p.name for p in rep.phases] == ["analysis", "movement", "algebra", "fusion", "cleanup"]
+    assert [p.name for p in rep.phases] == ["analysis", "movement", "algebra", "fusion", "contraction", "cleanup"]
     for p in rep.phases:
         assert p.traced == trace
         assert len(p.per_iteration) == p.iterations

@@ -67,7 +67,7 @@ def _rulebook_dir() -> Path:
 
 
 RULEBOOK_DIR = _rulebook_dir()
-BUILTIN_RULEBOOKS = ("movement.egg", "algebra.egg", "fusion.egg")
+BUILTIN_RULEBOOKS = ("movement.egg", "algebra.egg", "fusion.egg", "contraction.egg")
 DEFAULT_SCHEDULE = RULEBOOK_DIR / "schedule.egg"
 DEFAULT_PHASE = "cleanup"
 

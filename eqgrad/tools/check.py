@@ -41,6 +41,9 @@ Annotations (a ``;; check: A, B`` comment before a rule):
   values far from INT_MIN/INT_MAX -- for rules that are only claimed sound away from overflow,
   underflow and NaN (say so in the rule's comment);
 - ``subnormal``: with ``finite``, keep the float32 subnormals among the inputs;
+- ``zerosign``: +0 and -0 compare equal -- for rules that reassociate a sum of products (the sign
+  of a zero sum depends on the order its terms are added in: (-0 * 1) + (-0 * -1) is +0, while
+  -0 * (1 + -1) is -0), claimed sound up to the sign of zero as a BLAS is;
 - ``exact``: no tolerance: the two sides must be bit-for-bit equal (any NaN equals any NaN).
 
 Integer index arithmetic (permutation composition) is checked exhaustively for small ranks by the
@@ -59,7 +62,7 @@ from typing import Any
 import numpy as np
 
 from eqgrad.dtype import DTYPES, DType, bool_, cast_scalar, float32, int32
-from eqgrad.ops import EGG_TO_OP, OPS, OpDef
+from eqgrad.ops import EGG_TO_OP, OPS, OpDef, attr_error
 from eqgrad.rules.rulebook import Rule
 from eqgrad.rules.ranks import base_name, rank_of
 from eqgrad.rules.sexpr import SExpr, SList, Str, Sym
@@ -258,23 +261,116 @@ def _factorizations(n: int, rng: np.random.Generator) -> tuple[int, ...]:
 
 # ------------------------------------------------------------------ building instances from a pattern
 
+class Guides:
+    """What a rule's guards say about the shapes of its variables, read so that instances are drawn
+    that can satisfy them (a rule over a product of products guards half a dozen shapes; drawn
+    blind, not one instance in thousands fits): ``(= V (vec-of ...))`` and ``(= (shape X) (vec-of
+    ...))`` define a vector, or a tensor variable's shape, from integer variables; ``(= i (vec-get
+    V j))`` names V's elements (and, with ``(= (vec-length V) L)``, defines V from them). The
+    guards themselves are still egglog's to evaluate: an instance that misses them does not fire."""
+
+    def __init__(self, guards: list[SExpr]):
+        self.vec: dict[str, SList] = {}
+        self.shape: dict[str, SList] = {}
+        gets: dict[str, dict[int, str]] = {}
+        length: dict[str, int] = {}
+        for g in guards:
+            if not (isinstance(g, SList) and g.head == "=" and len(g) == 3):
+                continue
+            for x, y in ((g[1], g[2]), (g[2], g[1])):
+                if isinstance(y, SList) and y.head == "vec-of" and isinstance(x, Sym):
+                    self.vec[x.name] = y
+                elif isinstance(y, SList) and y.head == "vec-of" and isinstance(x, SList) and x.head == "shape" \
+                        and isinstance(x[1], Sym):
+                    self.shape[x[1].name] = y
+                elif isinstance(x, Sym) and isinstance(y, SList) and y.head == "vec-get" and len(y) == 3 \
+                        and isinstance(y[1], Sym) and isinstance(y[2], int):
+                    gets.setdefault(y[1].name, {})[y[2]] = x.name
+                elif isinstance(x, SList) and x.head == "vec-length" and isinstance(x[1], Sym) and isinstance(y, int):
+                    length[x[1].name] = y
+        for v, idx in gets.items():
+            if v not in self.vec and length.get(v) is not None and set(idx) == set(range(length[v])):
+                self.vec[v] = SList([Sym("vec-of")] + [Sym(idx[i]) for i in range(length[v])])
+
+
 class Builder:
-    def __init__(self, sampler: Sampler):
+    def __init__(self, sampler: Sampler, guides: Guides | None = None):
         self.s = sampler
+        self.g = guides or Guides([])
         self.env: dict[str, Any] = {}
         self.leaves: list[Inst] = []
         self.pad_after: tuple[int, ...] | None = None     # a Shrink's wish for the Pad below it
 
+    def _int(self, e: SExpr, sample: bool) -> int:
+        """An integer of a guard's vector: a literal, or an integer variable (drawn 1-3 when unbound
+        and ``sample``)."""
+        if isinstance(e, int):
+            return e
+        if isinstance(e, Sym):
+            if e.name not in self.env and sample:
+                self.env[e.name] = int(self.s.rng.integers(1, 4))
+            v = self.env.get(e.name)
+            if isinstance(v, int):
+                return v
+        raise Retry
+
+    def _guided(self, e: SList | None, sample: bool) -> tuple[int, ...] | None:
+        if e is None:
+            return None
+        try:
+            return tuple(self._int(x, sample) for x in e.items[1:])
+        except Retry:
+            return None
+
+    def _unify(self, name: str, value) -> None:
+        """Bind the integer variables that a guard's definition of vector ``name`` names."""
+        e = self.g.vec.get(name)
+        if e is not None and isinstance(value, tuple) and len(e.items) - 1 == len(value):
+            for x, v in zip(e.items[1:], value):
+                if isinstance(x, Sym) and x.name not in self.env:
+                    self.env[x.name] = int(v)
+
+    def wanted(self, pat: SExpr) -> tuple[int, ...] | None:
+        """The shape the guards want term ``pat`` to have, or None when they do not say."""
+        if isinstance(pat, Sym):
+            v = self.env.get(pat.name)
+            return v.shape if isinstance(v, Inst) else self._guided(self.g.shape.get(pat.name), True)
+        if not isinstance(pat, SList) or pat.head not in EGG_TO_OP:
+            return None
+        o, args = EGG_TO_OP[pat.head], pat.items[1:]
+        if o.name in ("EXPAND", "RESHAPE"):
+            return self._vector(args[1])
+        if o.kind in ("unary", "binary", "ternary", "boundary") and o.name not in ("CMPLT", "CMPEQ", "CAST", "BITCAST"):
+            return next((w for w in map(self.wanted, args[:o.arity]) if w is not None), None)
+        if o.kind == "reduce":
+            w, axes = self.wanted(args[0]), self._vector(args[1])
+            return None if w is None or axes is None else tuple(1 if d in axes else x for d, x in enumerate(w))
+        return None
+
+    def _vector(self, pat: SExpr) -> tuple[int, ...] | None:
+        if isinstance(pat, Sym):
+            v = self.env.get(pat.name)
+            return tuple(v) if isinstance(v, tuple) else self._guided(self.g.vec.get(pat.name), True)
+        try:
+            v = _literal(pat)
+        except Exception:
+            return None
+        return tuple(v) if isinstance(v, tuple) else None
+
     def attr(self, pat: SExpr, make, check=None):
-        """Resolve an attribute position: a literal, a bound variable, or a fresh random value."""
+        """Resolve an attribute position: a literal, a bound variable, the value a guard defines
+        it as (when all its integers are bound), or a fresh random value."""
         if isinstance(pat, Sym):
             if pat.name in self.env:
                 v = self.env[pat.name]
                 if check is not None and not check(v):
                     raise Retry
                 return v
-            v = make()
+            v = self._guided(self.g.vec.get(pat.name), False)
+            if v is None or (check is not None and not check(v)):
+                v = make()
             self.env[pat.name] = v
+            self._unify(pat.name, tuple(v) if isinstance(v, (tuple, list)) else v)
             return v
         v = _literal(pat)
         if check is not None and not check(v):
@@ -369,7 +465,10 @@ class Builder:
             k = int(self.s.rng.integers(1, len(ones) + 1))
             return tuple(sorted(int(x) for x in self.s.rng.choice(ones, k, replace=False)))
         axes = tuple(self.attr(attrs_p[0], make, lambda a: len(a) > 0 and all(x in ones for x in a)))
-        src_shape = tuple(int(self.s.rng.integers(1, 4)) if d in axes else s for d, s in enumerate(shape))
+        want = self.wanted(kids_p[0])
+        src_shape = want if want is not None and len(want) == len(shape) and \
+            all(w == s for d, (w, s) in enumerate(zip(want, shape)) if d not in axes) else \
+            tuple(int(self.s.rng.integers(1, 4)) if d in axes else s for d, s in enumerate(shape))
         if o.name == "RSUM" and dt is bool_ and self.s.chance(0.5):
             raise Retry
         kid = self.build(kids_p[0], src_shape, dt)
@@ -381,13 +480,18 @@ class Builder:
         bound = self.env.get(kid_pat.name) if isinstance(kid_pat, Sym) else None
         if o.name == "RESHAPE":
             self.attr(attrs_p[0], lambda: shape, lambda s: tuple(s) == shape)
-            src = bound.shape if isinstance(bound, Inst) else (shape if self.s.chance(0.3) else _factorizations(math.prod(shape), rng))
+            want = None if isinstance(bound, Inst) else self.wanted(kid_pat)
+            src = bound.shape if isinstance(bound, Inst) else want if want is not None and \
+                math.prod(want) == math.prod(shape) else \
+                (shape if self.s.chance(0.3) else _factorizations(math.prod(shape), rng))
             if math.prod(src) != math.prod(shape):
                 raise Retry
             return self._make(o, [self.build(kid_pat, tuple(src), dt)], shape, dt)
         if o.name == "EXPAND":
             self.attr(attrs_p[0], lambda: shape, lambda s: tuple(s) == shape)
-            src = bound.shape if isinstance(bound, Inst) else \
+            want = None if isinstance(bound, Inst) else self.wanted(kid_pat)
+            src = bound.shape if isinstance(bound, Inst) else want if want is not None and len(want) == n and \
+                all(a == b or a == 1 for a, b in zip(want, shape)) else \
                 tuple(1 if self.s.chance(0.5) else s for s in shape)
             if len(src) != n or any(a != b and a != 1 for a, b in zip(src, shape)):
                 raise Retry
@@ -447,7 +551,7 @@ def _literal(pat: SExpr) -> Any:
 
 # ------------------------------------------------------------------ running one rule
 
-Tol = "tuple[float, float] | None"         # (rtol, atol), or None: exact
+Tol = "tuple[float, float, bool] | None"   # (rtol, atol, zerosign), or None: exact
 
 
 def _close(a: np.ndarray, b: np.ndarray, dt: DType, tol=(RTOL, ATOL)) -> np.ndarray:
@@ -463,10 +567,13 @@ def _same_float(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (np.isnan(a64) & np.isnan(b64)) | ((a64 == b64) & (np.signbit(a64) == np.signbit(b64)))
 
 
-def _close_float(a: np.ndarray, b: np.ndarray, rtol: float = RTOL, atol: float = ATOL) -> np.ndarray:
+def _close_float(a: np.ndarray, b: np.ndarray, rtol: float = RTOL, atol: float = ATOL,
+                 zerosign: bool = False) -> np.ndarray:
+    """``zerosign``: +0 and -0 are equal (a rule annotated ``zerosign``)."""
     a64, b64 = a.astype(np.float64), b.astype(np.float64)
     tol = np.abs(a64 - b64) <= atol + rtol * np.abs(b64)
-    return _same_float(a, b) | (tol & np.isfinite(a64) & np.isfinite(b64) & ((a64 != 0) | (b64 != 0)))
+    zeros = (a64 == 0) & (b64 == 0) if zerosign else False
+    return _same_float(a, b) | zeros | (tol & np.isfinite(a64) & np.isfinite(b64) & ((a64 != 0) | (b64 != 0)))
 
 
 @dataclass
@@ -483,7 +590,7 @@ def check_rule(rule: Rule, n: int = DEFAULT_N, seed: int = 0, saturator=None,
     if rule.rhs is None:
         return CheckResult(rule, "skipped", note="sets analysis facts only (checked by no-merge)")
     finite = "finite" in rule.check
-    tol = None if "exact" in rule.check else (rtol, atol)
+    tol = None if "exact" in rule.check else (rtol, atol, "zerosign" in rule.check)
     rng = np.random.default_rng(seed)
     decks: dict = {}
 
@@ -491,6 +598,7 @@ def check_rule(rule: Rule, n: int = DEFAULT_N, seed: int = 0, saturator=None,
         return Sampler(rng, finite, special, decks, "subnormal" in rule.check)
 
     cases: list[_Case] = []
+    guides = Guides(rule.guards)
     sides = [rule.lhs] + ([rule.rhs] if rule.kind == "birewrite" else [])
     rank = rank_of(rule.name)           # a rank-generic rule's expansion: instances of its rank
     rank = _rank_hint(rule.guards) if rank is None else rank
@@ -508,7 +616,7 @@ def check_rule(rule: Rule, n: int = DEFAULT_N, seed: int = 0, saturator=None,
                 else (tuple(tuple(int(x) for x in rng.permutation(r)) for _ in perm_vars)
                       for _ in range(200 if rank is not None else 40))
             for combo in combos:
-                b = Builder(sampler(False))
+                b = Builder(sampler(False), guides)
                 b.env.update(dict(zip(perm_vars, combo)))
                 try:
                     cases.append(_Case(b.build(pat, tuple(int(x) for x in rng.integers(1, 3, r)), b.s.dtype()), side))
@@ -522,7 +630,7 @@ def check_rule(rule: Rule, n: int = DEFAULT_N, seed: int = 0, saturator=None,
             break
         side = min(live, key=lambda s: built[s])
         tries[side] += 1
-        b = Builder(sampler(built[side] < SPECIAL_INSTANCES))
+        b = Builder(sampler(built[side] < SPECIAL_INSTANCES), guides)
         try:
             dt = b.s.dtype()
             shape = b.s.shape() if rank is None else tuple(int(x) for x in rng.integers(1, 3, rank))
@@ -736,14 +844,18 @@ def _run(rule: Rule, cases: list[_Case], sat, tol) -> tuple[list[Counterexample]
         if c not in value or not report(c):
             continue
         for nd in nodes:
-            v = _eval_node(nd, value, leaves_by_pos, g.dtypes[c], params)
-            if v is None or v.shape != value[c].shape:
-                continue
-            if not _close(v, value[c], g.dtypes[c], tol).all():
+            # a term the op table rejects (an elementwise op over two shapes: NumPy would broadcast
+            # it), or one of another shape than its class, is as wrong as a different value
+            bad = _ill_formed(nd, value)
+            v = None if bad else _eval_node(nd, value, leaves_by_pos, g.dtypes[c], params)
+            if not bad and v is not None and v.shape != value[c].shape:
+                bad = f"a value of shape {v.shape} in a class of shape {value[c].shape}"
+            if bad or (v is not None and not _close(v, value[c], g.dtypes[c], tol).all()):
                 case = cases[next(iter(reach[c]))]
                 # the instance's largest term in this class (the rule's left side), else the instance
                 big = max(members[c], key=lambda x: len(_postorder(x))) if c in members else case.inst
-                failures.append(_cx(big, value[c], v, _node_text(nd), _direction(rule, case.side)))
+                failures.append(_cx(big, value[c], f"(an ill-formed term: {bad})" if bad else v,
+                                    _node_text(nd), _direction(rule, case.side)))
                 break
     return failures, fired, [cases[k] for k in sorted(tangled)], None
 
@@ -792,6 +904,14 @@ def _postorder(inst: Inst) -> list[Inst]:
         out.append(x)
     go(inst)
     return out
+
+
+def _ill_formed(nd, value: dict) -> str:
+    """Why the op table rejects e-node ``nd`` over its children's values' shapes ("" if it does
+    not, or when a child's value is unknown)."""
+    if nd.op in ("BUF", "PARAM", "CONST") or any(k not in value for k in nd.children):
+        return ""
+    return attr_error(nd.op, [tuple(value[k].shape) for k in nd.children], nd.arg)
 
 
 def _eval_node(nd, value: dict, leaves: list[Inst], dt: DType, params: list[Inst]) -> np.ndarray | None:

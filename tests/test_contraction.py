@@ -1,0 +1,81 @@
+"""Contraction order (rulebooks/contraction.egg): a product of products is planned in the order
+the cost model prefers, not the order it was written in. Values against NumPy in float64, forward
+and backward; the rule that reordered is named by explain(); a plan that reorders writes no
+intermediate as large as the product it avoided."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import eqgrad
+from eqgrad import Tensor
+from conftest import data
+
+
+def _plan(y: Tensor):
+    ex = eqgrad.explain(y, provenance=True)
+    p = ex.plan
+    largest = max((int(np.prod(sh)) for sh, _ in p.buffers[p.n_inputs:]), default=0)
+    return ex.rules_used(), largest
+
+
+def _close(got, want, tol=2e-5):
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol * np.abs(want).max())
+
+
+def test_matrix_times_matrix_times_vector_is_two_matrix_vector_products():
+    n = 96
+    a, b, x = data((n, n), seed=1), data((n, n), seed=2), data((n,), seed=3)
+    y = (Tensor(a) @ Tensor(b)) @ Tensor(x)
+    rules, largest = _plan(y)
+    assert rules.get("matvec-assoc-right", 0) > 0, rules
+    assert largest < n * n                  # the n x n product a @ b is never written
+    _close(y.numpy(), (a.astype(np.float64) @ b) @ x)
+
+
+def test_a_narrow_right_factor_is_multiplied_first():
+    a, b, c = data((64, 48), seed=4), data((48, 80), seed=5), data((80, 3), seed=6)
+    y = (Tensor(a) @ Tensor(b)) @ Tensor(c)
+    rules, largest = _plan(y)
+    assert rules.get("matmul-assoc-right", 0) > 0, rules
+    assert largest < 64 * 80
+    _close(y.numpy(), (a.astype(np.float64) @ b) @ c)
+
+
+def test_the_written_order_is_kept_where_it_is_cheaper():
+    """(a @ b) @ c with a narrow a: a @ b is 2 x 80, the other order would compute b @ c, 48 x 96."""
+    a, b, c = data((2, 48), seed=7), data((48, 80), seed=8), data((80, 96), seed=9)
+    y = (Tensor(a) @ Tensor(b)) @ Tensor(c)
+    rules, _ = _plan(y)
+    assert "matmul-assoc-right" not in rules, rules
+    _close(y.numpy(), (a.astype(np.float64) @ b) @ c)
+
+
+def test_a_chain_of_four_is_planned_by_its_cost():
+    """((a @ b) @ c) @ x: every association is reachable from the written one; the plan never
+    forms a 64 x 64 product."""
+    a, b, c = (data((64, 64), seed=s) for s in (10, 11, 12))
+    x = data((64,), seed=13)
+    y = ((Tensor(a) @ Tensor(b)) @ Tensor(c)) @ Tensor(x)
+    rules, largest = _plan(y)
+    assert largest < 64 * 64, (rules, largest)
+    _close(y.numpy(), ((a.astype(np.float64) @ b) @ c) @ x)
+
+
+def test_gradients_through_a_reordered_chain():
+    n = 40
+    a, b, x = data((n, n), seed=14), data((n, n), seed=15), data((n,), seed=16)
+    ta, tb = Tensor(a, requires_grad=True), Tensor(b, requires_grad=True)
+    g = data((n,), seed=17)
+    (((ta @ tb) @ Tensor(x)) * Tensor(g)).sum().backward()
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    # d/da sum(g * (a b x)) = g (b x)^T ; d/db = a^T g x^T
+    _close(ta.grad.numpy(), np.outer(g, b64 @ x))
+    _close(tb.grad.numpy(), np.outer(a64.T @ g, x))
+
+
+@pytest.mark.parametrize("device", ["NUMPY", "LLVM"])
+def test_reordered_chain_on_each_device(device):
+    a, b, x = data((32, 24), seed=18), data((24, 16), seed=19), data((16,), seed=20)
+    y = (Tensor(a, device=device) @ Tensor(b, device=device)) @ Tensor(x, device=device)
+    _close(y.numpy(), (a.astype(np.float64) @ b) @ x)
