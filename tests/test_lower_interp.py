@@ -22,6 +22,7 @@ from eqgrad.lower import passes
 from eqgrad.lower.lowering import Lowerer, lower_kernel
 from eqgrad.lower.passes import LowerOptions, run_passes
 from eqgrad.lower.split import split_reduction
+from eqgrad.lower.symbolic import Lin
 
 
 def _t(*shape: int, seed: int = 0, dtype=np.float32) -> Tensor:
@@ -53,6 +54,9 @@ CORPUS: dict[str, Callable[[], Tensor]] = {
     "matmul_lanes": lambda: _t(32, 16) @ _t(16, 64, seed=1),
     "matmul_odd": lambda: _t(5, 9) @ _t(9, 7, seed=1),
     "softmax": lambda: _t(8, 16).softmax(-1),
+    "softmax_3d": lambda: _t(2, 3, 8).softmax(-1),
+    "softmax_cols": lambda: _t(16, 8).softmax(0),               # the stash's row check says no
+    "softmax_long": lambda: _t(3, 40).softmax(-1),               # blocked sums with SMALL
     "layernorm": lambda: F.layer_norm(_t(8, 16), (16,)),
     "row_max": lambda: _t(8, 16) - _t(8, 16).amax(-1, keepdim=True),
     "full_variance": lambda: ((_t(6, 7) - _t(6, 7).mean()) ** 2).mean(),
@@ -62,7 +66,7 @@ CORPUS: dict[str, Callable[[], Tensor]] = {
 }
 # thresholds lowered so that the passes for big kernels apply to these small ones
 SMALL = LowerOptions(tile_blocks=2, tile_min_stream=0, sum_block=16, sum_radix=4)
-SMALL_CASES = ("matmul_lanes", "sum_blocked", "sum_rows_blocked", "sum_axes", "layernorm")
+SMALL_CASES = ("matmul_lanes", "sum_blocked", "sum_rows_blocked", "sum_axes", "layernorm", "softmax_long")
 
 
 @pytest.fixture(scope="module")
@@ -151,6 +155,34 @@ def test_the_passes_decide_what_the_docs_say(plans):
     assert sched("full_variance").hoist[0][0] == 0           # no output loop: hoisted before the store
     assert sched("sum_blocked").blocked and not sched("sum_rows").blocked
     assert sched("elementwise").parallel == 1 and not sched("elementwise").hoist
+    assert soft.stash is not None and soft.stash.op == "EXP2" and sched("layernorm").stash is None
+
+
+@pytest.mark.parametrize("case", ["softmax", "softmax_3d", "softmax_long"])
+def test_softmax_computes_exp_once_per_element(case, plans):
+    """The stash pass: exp2 of each element is stored by the sum's loop and loaded back by the
+    loop over the row's outputs (one EXP2 in the loop IR, two without the pass)."""
+    (k,) = plans[case].kernels
+    for options, exps in ((LowerOptions(), 1), (LowerOptions(disabled={"stash"}), 2)):
+        lk = lower_kernel(k, plans[case], options=options)
+        assert sum(x.op == "EXP2" for x in lk.insts) == exps, (case, options.disabled)
+        assert sum(x.op == "STORE" for x in lk.insts) == 3 - exps, (case, options.disabled)
+
+
+def test_the_stash_is_stored_only_by_a_loop_over_the_unopened_row(plans):
+    """The emitter's check: a hoisted sum stores the stashed value only when it loops over exactly
+    the output elements the output loops have not opened yet, read at the open loops' row (a
+    store from a loop over written outputs, or over another row, would overwrite results)."""
+    (k,) = plans["softmax"].kernels
+    lw = Lowerer(k, plans["softmax"])
+    lw.sched = passes.schedule_kernel(k)
+    (r,) = [n for n in k.ast.walk() if n.op == "RSUM"]
+    o0, o1, zero = Lin.var("o0", 8), Lin.var("o1", 16), Lin.num(0)
+    assert lw._covers_the_row(r, (o0, zero), [o0, None])
+    assert not lw._covers_the_row(r, (o0, zero), [o0, o1])          # the row's loop is already open
+    assert not lw._covers_the_row(r, (zero, zero), [o0, None])      # read at another row
+    lw.sched = replace(lw.sched, stash=None)
+    assert not lw._covers_the_row(r, (o0, zero), [o0, None])        # nothing to stash
 
 
 def test_forced_lanes_of_the_kernel_search():

@@ -75,6 +75,12 @@ class Lowerer:
         self.has_reduce: dict[int, bool] = reduce_map(kernel.ast)
         self.sched = Schedule()
         self._blocked: set[int] = set()
+        # the stash pass's value: stored where a hoisted reduction's loop renders it at _stash_idx,
+        # loaded where the loop over the row's outputs renders it at _main_idx (once one was stored)
+        self._stash_in: KNode | None = None
+        self._stash_idx: tuple | None = None
+        self._stashed = False
+        self._main_idx: tuple | None = None
 
     # ------------------------------------------------------------------ emission with scoped CSE
     def emit(self, op: str, dtype: Any, src: tuple[int, ...] = (), arg: Any = None, cse: bool = True) -> int:
@@ -153,7 +159,10 @@ class Lowerer:
         hit = self.memo.get(key)
         if hit is not None:
             return hit
-        v = self._render(n, idx, valid)
+        if n is self.sched.stash and valid is None:
+            v = self._stashed_value(n, idx, lambda: self._render(n, idx, valid))
+        else:
+            v = self._render(n, idx, valid)
         self.memo[key] = v
         self.scope_keys[-1].append(key)
         return v
@@ -186,6 +195,17 @@ class Lowerer:
     def move_index(self, n: KNode, idx: tuple[Lin, ...]) -> tuple[Lin, ...]:
         return move_index(n, idx)
 
+    def _stashed_value(self, n: KNode, idx: tuple[Lin, ...], compute) -> int:
+        """The stash pass's value ``n`` at ``idx``: loaded from the output where the row's outputs
+        read it after a hoisted loop stored it, stored to the output where that loop computes it."""
+        if idx == self._main_idx and self._stashed:
+            return self.emit("LOAD", n.dtype, (0, self.index(flat_index(idx, n.shape))), cse=False)
+        v = compute()
+        if idx == self._stash_idx:
+            self.emit("STORE", None, (0, self.index(flat_index(idx, n.shape)), v), cse=False)
+            self._stashed = True
+        return v
+
     def _reduce(self, n: KNode, idx: tuple[Lin, ...], valid: int | None) -> int:
         return self._reduce_lanes(n, (idx,), (valid,))[0]
 
@@ -201,7 +221,27 @@ class Lowerer:
         chosen = {id(n) for n in nodes}
         for n, ix in hoistable(root, idx, self.has_reduce, self._dry_sources):
             if id(n) in chosen:
+                self._stash_in = n if self._covers_the_row(n, ix, out_idx) else None
                 self.render_lanes(n, (ix,), (None,))      # the key the main pass looks up
+                self._stash_in = None
+
+    def _covers_the_row(self, n: KNode, ix: tuple[Lin, ...], out_idx: list[Lin | None]) -> bool:
+        """Whether reduction ``n``, hoisted at index ``ix``, loops over exactly the output elements
+        of the row the output loops have not opened yet (its reduced axes are those, and every other
+        axis is an open loop's), so that what it stores at its source's index is read back by this
+        row's outputs before they are written."""
+        root = self.kernel.ast
+        if self.sched.stash is None or n.src[0].shape != root.shape:
+            return False
+        for d, size in enumerate(root.shape):
+            if size <= 1:
+                continue
+            if d in n.arg:
+                if out_idx[d] is not None or ix[d] != Lin.num(0):
+                    return False
+            elif out_idx[d] is None or ix[d] != out_idx[d]:
+                return False
+        return True
 
     def _dry_sources(self, n: KNode, idx: tuple[Lin, ...], tag: str) -> list[tuple[KNode, tuple[Lin, ...]]]:
         return dry_sources(n, idx, tag, self.move_index)
@@ -219,7 +259,10 @@ class Lowerer:
         hit = self.memo.get(key)
         if hit is not None:
             return hit
-        out = self._render_lanes(n, idxs, valids)
+        if n is self.sched.stash and valids == (None,):
+            out = (self._stashed_value(n, idxs[0], lambda: self._render_lanes(n, idxs, valids)[0]),)
+        else:
+            out = self._render_lanes(n, idxs, valids)
         self.memo[key] = out
         self.scope_keys[-1].append(key)
         return out
@@ -264,7 +307,11 @@ class Lowerer:
         src = n.src[0]
         if k == len(axes):
             cidxs = tuple(tuple(sub.get(d, i) for d, i in enumerate(idx)) for idx in idxs)
+            outer = self._stash_idx
+            if self._stash_in is n:          # the stash pass's value is stored at this element
+                self._stash_idx = cidxs[0]
             vals = self.render_lanes(src, cidxs, valids)
+            self._stash_idx = outer
             for acc, v in zip(accs, vals):
                 self.emit("ACCUM", None, (acc, v), "ADD" if n.op == "RSUM" else "MAX", cse=False)
             return
@@ -385,6 +432,7 @@ class Lowerer:
             loops.append(r)
             out_idx[tile[0]] = out_idx[tile[0]] + r * up[tile[0]]
         if 0 not in root.shape:
+            self._main_idx = tuple(out_idx) if not lane_axes else None
             lanes = [tuple(out_idx)]
             for d in lane_axes:      # lanes: every combination of offsets on the upcast axes
                 lanes = [l[:d] + (l[d] + u,) + l[d + 1:] for l in lanes for u in range(up.get(d, root.shape[d]))]

@@ -15,6 +15,7 @@ on the whole suite verifies the loop IR after every pass).
 ``lanes``             kernel   output axes split into register lanes (upcast)
 ``tiling``            kernel   a cache tile loop over a two-axis register block
 ``hoist``             kernel   row fusion: reductions rendered once per row, inside the row loop
+``stash``             kernel   a row's costly shared value stored by its reduction's loop, loaded back
 ``blocked sums``      kernel   float sums of more than 1024 values summed in levels
 ``parallel``          kernel   which leading output loops have independent iterations
 ====================  =======  ===============================================================
@@ -32,12 +33,13 @@ from eqgrad.graph.plan import Kernel, KNode
 from eqgrad.lower.indexing import REDUCES, dry_sources, flat_index, hoistable, reduce_map
 from eqgrad.lower.sums import SUM_BLOCK, SUM_RADIX
 from eqgrad.lower.symbolic import Lin, Var
-from eqgrad.ops import numel
+from eqgrad.ops import OPS, numel
 
 # The thresholds, named with the measurement behind each in the pass that reads it. The register
 # block's are a device's capabilities (graph/caps.py: the CPU's here are its defaults).
 SPLIT_MIN = 1 << 20           # elements: smaller reductions are not worth a second kernel (docs/lowering.md, Constants)
 SPLIT_PARTS = 64              # most partial results (each thread gets several: uneven cores balance; docs/lowering.md, Constants)
+STASH_MIN_FLOPS = 8           # op-table flops per element a stashed value must cost (docs/lowering.md, Constants)
 
 
 @dataclass(frozen=True)
@@ -100,6 +102,7 @@ class Schedule:
     sum_block: int = SUM_BLOCK
     sum_radix: int = SUM_RADIX
     parallel: int = 0                                  # leading output loops with independent iterations
+    stash: KNode | None = None                         # a value stored by a hoisted loop, loaded by the row's
     split: Split | None = None                         # for the device (a plan pass)
 
     @property
@@ -307,6 +310,60 @@ class Hoist(Pass):
                          for k, ns in s.hoist) or "nothing to hoist"
 
 
+_ELEMENTWISE = ("unary", "binary", "ternary")
+
+
+def _elementwise_below(n: KNode) -> list[KNode]:
+    """``n`` and the nodes below it reached through elementwise ops only (rendered at ``n``'s index)."""
+    out, seen, todo = [], set(), [n]
+    while todo:
+        x = todo.pop()
+        if id(x) in seen:
+            continue
+        seen.add(id(x))
+        out.append(x)
+        if OPS[x.op].kind in _ELEMENTWISE:
+            todo.extend(x.src)
+    return out
+
+
+def _flops(n: KNode) -> int:
+    """Op-table flops per element of ``n``'s elementwise part (a reduction below is a row value)."""
+    return sum(OPS[x.op].flops for x in _elementwise_below(n) if OPS[x.op].kind in _ELEMENTWISE)
+
+
+class Stash(Pass):
+    """Row fusion's shared values: a value that a hoisted row reduction reads elementwise and the
+    root reads elementwise at the same element -- softmax's ``exp2((x - max) * log2 e)``, summed for
+    the denominator and then divided by it -- is stored into the output row by the reduction's loop
+    and loaded back by the loop over the row's outputs, instead of computed twice. One value per
+    kernel (two would overwrite each other in the output), of the output's shape and dtype, costing
+    at least ``STASH_MIN_FLOPS`` per element (a transcendental; not layernorm's ``x - mean``, which
+    a load costs as much as). The emitter stores and loads only where the reduction's loop covers
+    exactly the row the output loops have not opened (it checks the indices); elsewhere the value
+    is computed as before. Applies to row-fused kernels whose output is not one of their inputs."""
+    name = "stash"
+
+    def applies(self, ctx: PassCtx, s: Schedule) -> bool:
+        return bool(s.hoist) and not s.lanes and ctx.kernel.out not in ctx.kernel.inputs
+
+    def run(self, ctx: PassCtx, s: Schedule) -> Schedule:
+        root = ctx.root
+        at_root = {id(x) for x in _elementwise_below(root) if x is not root}
+        best, cost = None, STASH_MIN_FLOPS - 1
+        for _, reds in s.hoist:
+            for r in reds:
+                if r.src[0].shape != root.shape:
+                    continue
+                for x in _elementwise_below(r.src[0]):
+                    if id(x) in at_root and x.shape == root.shape and x.dtype == root.dtype and _flops(x) > cost:
+                        best, cost = x, _flops(x)
+        return replace(s, stash=best)
+
+    def describe(self, s: Schedule) -> str:
+        return f"{s.stash.op} stored by its row's reduction" if s.stash is not None else "nothing to stash"
+
+
 class BlockedSums(Pass):
     """Accuracy, every device: a float sum of more than 1024 values is summed in levels, each with
     its own accumulator (per lane): innermost blocks of 1024, levels of 32, an outermost level of
@@ -353,7 +410,7 @@ class Parallel(Pass):
         return f"{s.parallel} loop(s)"
 
 
-PASSES: tuple[Pass, ...] = (SplitReductions(), Lanes(), Tiling(), Hoist(), BlockedSums(), Parallel())
+PASSES: tuple[Pass, ...] = (SplitReductions(), Lanes(), Tiling(), Hoist(), Stash(), BlockedSums(), Parallel())
 PASS_NAMES: tuple[str, ...] = tuple(p.name for p in PASSES)
 
 

@@ -37,38 +37,17 @@ __kernel void eqk(__global float* restrict b0, __global const float* restrict b1
     int v52 = (int)((uint)v50 << 23);
     float v53 = as_float(v52);
     float v54 = v47 * v53;
+    b0[v17] = v54;
     acc13 = acc13 + v54;
   }
-  float v57 = acc13;
-  for (long r58 = 0; r58 < 8L; r58++) {
-    long v60 = r3 * 8L;
-    long v61 = v60 + r58;
-    float v62 = b1[v61];
-    float v63 = -v12;
-    float v64 = v62 + v63;
-    float v66 = b2[0L];
-    float v67 = v64 * v66;
-    bool v69 = 0x1p+7f < v67;
-    float v71 = v69 ? 0x1p+7f : v67;
-    bool v73 = v71 < (-0x1.fcp+6f);
-    float v75 = v73 ? (-0x1.fcp+6f) : v71;
-    float v76 = floor(v75);
-    float v77 = -v76;
-    float v78 = v75 + v77;
-    float v81 = 0x1.c6e292p-13f * v78 + 0x1.46301cp-10f;
-    float v83 = v81 * v78 + 0x1.3d24eap-7f;
-    float v85 = v83 * v78 + 0x1.c68562p-5f;
-    float v87 = v85 * v78 + 0x1.ebfd9ap-3f;
-    float v89 = v87 * v78 + 0x1.62e42ap-1f;
-    float v91 = v89 * v78 + 0x1p+0f;
-    float v93 = v76 + 0x1.8000fep+23f;
-    int v94 = as_int(v93);
-    int v96 = (int)((uint)v94 << 23);
-    float v97 = as_float(v96);
-    float v98 = v91 * v97;
-    float v99 = 1.0f / v57;
-    float v100 = v98 * v99;
-    b0[v61] = v100;
+  float v58 = acc13;
+  for (long r59 = 0; r59 < 8L; r59++) {
+    long v61 = r3 * 8L;
+    long v62 = v61 + r59;
+    float v63 = b0[v62];
+    float v64 = 1.0f / v58;
+    float v65 = v63 * v64;
+    b0[v62] = v65;
   }
 }
 

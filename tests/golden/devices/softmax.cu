@@ -20,21 +20,17 @@ extern "C" __global__ void eqk(float* __restrict__ b0, const float* __restrict__
     float v22 = b2[0LL];
     float v23 = v20 * v22;
     float v24 = exp2f(v23);
+    b0[v17] = v24;
     acc13 = acc13 + v24;
   }
-  float v27 = acc13;
-  for (long long r28 = 0; r28 < 8LL; r28++) {
-    long long v30 = r3 * 8LL;
-    long long v31 = v30 + r28;
-    float v32 = b1[v31];
-    float v33 = -v12;
-    float v34 = v32 + v33;
-    float v36 = b2[0LL];
-    float v37 = v34 * v36;
-    float v38 = exp2f(v37);
-    float v39 = 1.0f / v27;
-    float v40 = v38 * v39;
-    b0[v31] = v40;
+  float v28 = acc13;
+  for (long long r29 = 0; r29 < 8LL; r29++) {
+    long long v31 = r3 * 8LL;
+    long long v32 = v31 + r29;
+    float v33 = b0[v32];
+    float v34 = 1.0f / v28;
+    float v35 = v33 * v34;
+    b0[v32] = v35;
   }
 }
 

@@ -10,7 +10,7 @@ entry:
   %r5.p = alloca i64
   %a13 = alloca float
   %r14.p = alloca i64
-  %r58.p = alloca i64
+  %r59.p = alloca i64
   store i64 %lo, ptr %r3.p
   br label %L3.cond
 L3.cond:
@@ -79,62 +79,35 @@ L14.body:
   %t38 = shl i32 %t37, 23
   %t39 = bitcast i32 %t38 to float
   %t40 = fmul contract float %t35, %t39
-  %t41 = load float, ptr %a13
-  %t42 = fadd reassoc nsz contract float %t41, %t40
-  store float %t42, ptr %a13
+  %t41 = getelementptr inbounds float, ptr %p0, i64 %t9
+  store float %t40, ptr %t41
+  %t42 = load float, ptr %a13
+  %t43 = fadd reassoc nsz contract float %t42, %t40
+  store float %t43, ptr %a13
   %r14.n = add nuw nsw i64 %r14, 1
   store i64 %r14.n, ptr %r14.p
   br label %L14.cond, !llvm.loop !0
 L14.exit:
-  %t43 = load float, ptr %a13
-  store i64 0, ptr %r58.p
-  br label %L58.cond
-L58.cond:
-  %r58 = load i64, ptr %r58.p
-  %r58.c = icmp slt i64 %r58, 8
-  br i1 %r58.c, label %L58.body, label %L58.exit
-L58.body:
-  %t44 = mul i64 %r3, 8
-  %t45 = add i64 %t44, %r58
-  %t46 = getelementptr inbounds float, ptr %p1, i64 %t45
-  %t47 = load float, ptr %t46
-  %t48 = fneg float %t7
-  %t49 = fadd contract float %t47, %t48
-  %t50 = getelementptr inbounds float, ptr %p2, i64 0
-  %t51 = load float, ptr %t50
-  %t52 = fmul contract float %t49, %t51
-  %t53 = fcmp olt float 0x4060000000000000, %t52
-  %t54 = select i1 %t53, float 0x4060000000000000, float %t52
-  %t55 = fcmp olt float %t54, 0xC05FC00000000000
-  %t56 = select i1 %t55, float 0xC05FC00000000000, float %t54
-  %t57 = call float @llvm.floor.f32(float %t56)
-  %t58 = fneg float %t57
-  %t59 = fadd contract float %t56, %t58
-  %t60 = fmul contract float 0x3F2C6E2920000000, %t59
-  %t61 = fadd contract float %t60, 0x3F546301C0000000
-  %t62 = fmul contract float %t61, %t59
-  %t63 = fadd contract float %t62, 0x3F83D24EA0000000
-  %t64 = fmul contract float %t63, %t59
-  %t65 = fadd contract float %t64, 0x3FAC685620000000
-  %t66 = fmul contract float %t65, %t59
-  %t67 = fadd contract float %t66, 0x3FCEBFD9A0000000
-  %t68 = fmul contract float %t67, %t59
-  %t69 = fadd contract float %t68, 0x3FE62E42A0000000
-  %t70 = fmul contract float %t69, %t59
-  %t71 = fadd contract float %t70, 0x3FF0000000000000
-  %t72 = fadd contract float %t57, 0x4168000FE0000000
-  %t73 = bitcast float %t72 to i32
-  %t74 = shl i32 %t73, 23
-  %t75 = bitcast i32 %t74 to float
-  %t76 = fmul contract float %t71, %t75
-  %t77 = fdiv float 1.0, %t43
-  %t78 = fmul contract float %t76, %t77
-  %t79 = getelementptr inbounds float, ptr %p0, i64 %t45
-  store float %t78, ptr %t79
-  %r58.n = add nuw nsw i64 %r58, 1
-  store i64 %r58.n, ptr %r58.p
-  br label %L58.cond, !llvm.loop !0
-L58.exit:
+  %t44 = load float, ptr %a13
+  store i64 0, ptr %r59.p
+  br label %L59.cond
+L59.cond:
+  %r59 = load i64, ptr %r59.p
+  %r59.c = icmp slt i64 %r59, 8
+  br i1 %r59.c, label %L59.body, label %L59.exit
+L59.body:
+  %t45 = mul i64 %r3, 8
+  %t46 = add i64 %t45, %r59
+  %t47 = getelementptr inbounds float, ptr %p0, i64 %t46
+  %t48 = load float, ptr %t47
+  %t49 = fdiv float 1.0, %t44
+  %t50 = fmul contract float %t48, %t49
+  %t51 = getelementptr inbounds float, ptr %p0, i64 %t46
+  store float %t50, ptr %t51
+  %r59.n = add nuw nsw i64 %r59, 1
+  store i64 %r59.n, ptr %r59.p
+  br label %L59.cond, !llvm.loop !0
+L59.exit:
   %r3.n = add nuw nsw i64 %r3, 1
   store i64 %r3.n, ptr %r3.p
   br label %L3.cond, !llvm.loop !4
