@@ -49,6 +49,22 @@ def test_the_written_order_is_kept_where_it_is_cheaper():
     rules, _ = _plan(y)
     assert "matmul-assoc-right" not in rules, rules
     _close(y.numpy(), (a.astype(np.float64) @ b) @ c)
+    # and a @ (b @ c) with a narrow c: b @ c is 48 x 3
+    a, b, c = data((64, 48), seed=24), data((48, 80), seed=25), data((80, 3), seed=26)
+    y = Tensor(a) @ (Tensor(b) @ Tensor(c))
+    rules, _ = _plan(y)
+    assert "matmul-assoc-left" not in rules, rules
+    _close(y.numpy(), a.astype(np.float64) @ (b.astype(np.float64) @ c))
+
+
+def test_a_narrow_left_factor_is_multiplied_first():
+    """a @ (b @ c) with a 2 x 48: (a @ b) @ c is 2 x 80 then 2 x 96, where b @ c is 48 x 96."""
+    a, b, c = data((2, 48), seed=21), data((48, 80), seed=22), data((80, 96), seed=23)
+    y = Tensor(a) @ (Tensor(b) @ Tensor(c))
+    rules, largest = _plan(y)
+    assert rules.get("matmul-assoc-left", 0) > 0, rules
+    assert largest < 48 * 96
+    _close(y.numpy(), a.astype(np.float64) @ (b.astype(np.float64) @ c))
 
 
 def test_a_chain_of_four_is_planned_by_its_cost():

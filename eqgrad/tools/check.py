@@ -302,13 +302,13 @@ class Builder:
         self.pad_after: tuple[int, ...] | None = None     # a Shrink's wish for the Pad below it
 
     def _int(self, e: SExpr, sample: bool) -> int:
-        """An integer of a guard's vector: a literal, or an integer variable (drawn 1-3 when unbound
-        and ``sample``)."""
+        """An integer of a guard's vector: a literal, or an integer variable (drawn from 1-3 when
+        unbound and ``sample``)."""
         if isinstance(e, int):
             return e
         if isinstance(e, Sym):
-            if e.name not in self.env and sample:
-                self.env[e.name] = int(self.s.rng.integers(1, 4))
+            if e.name not in self.env and sample:       # 1 seldom: a size-1 axis hides most index mix-ups
+                self.env[e.name] = int(self.s.rng.choice((1, 2, 3), p=(0.2, 0.4, 0.4)))
             v = self.env.get(e.name)
             if isinstance(v, int):
                 return v
@@ -340,6 +340,10 @@ class Builder:
         o, args = EGG_TO_OP[pat.head], pat.items[1:]
         if o.name in ("EXPAND", "RESHAPE"):
             return self._vector(args[1])
+        if o.name == "PERMUTE":
+            w, perm = self.wanted(args[0]), self._vector(args[1])
+            ok = w is not None and perm is not None and sorted(perm) == list(range(len(w)))
+            return tuple(w[i] for i in perm) if ok else None
         if o.kind in ("unary", "binary", "ternary", "boundary") and o.name not in ("CMPLT", "CMPEQ", "CAST", "BITCAST"):
             return next((w for w in map(self.wanted, args[:o.arity]) if w is not None), None)
         if o.kind == "reduce":
@@ -634,6 +638,8 @@ def check_rule(rule: Rule, n: int = DEFAULT_N, seed: int = 0, saturator=None,
         try:
             dt = b.s.dtype()
             shape = b.s.shape() if rank is None else tuple(int(x) for x in rng.integers(1, 3, rank))
+            want = b.wanted(sides[side])          # the guards' shape for the whole term, if they say
+            shape = want if want is not None and (rank is None or len(want) == rank) else shape
             cases.append(_Case(b.build(sides[side], shape, dt), side))
             built[side] += 1
         except Retry:
