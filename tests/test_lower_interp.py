@@ -368,3 +368,13 @@ def test_the_verifier_accepts_what_the_interpreter_runs():
     out = np.zeros(6, np.bool_)
     run_loop(lk, [out, np.array([0.0, 2.5, 0.0, -1.0], np.float32)])
     np.testing.assert_array_equal(out, [False, False, True, False, True, False])
+
+
+def test_explain_shows_row_fusion_and_the_stash():
+    x = Tensor(np.random.default_rng(3).uniform(-2, 2, (8, 64)).astype(np.float32))
+    ex = eqgrad.explain(x.softmax(-1))
+    assert ("k0", "stash", "EXP2 stored by its row's reduction") in ex.lowering()
+    assert "lowering: k0 hoist: 2 reduction(s) after output loop 1; k0 stash: EXP2" in str(ex)
+    ln = eqgrad.explain(F.layer_norm(x, (64,)))
+    assert [p for _, p, _ in ln.lowering()] == ["hoist"]         # x - mean is recomputed, not stashed
+    assert eqgrad.explain(x * 2).lowering() == []

@@ -22,6 +22,7 @@ from eqgrad.engine import plan_for
 from eqgrad.extract import cost_model
 from eqgrad.extract.cost import default_cost
 from eqgrad.extract.plan import build_plan
+from eqgrad.lower.passes import LowerOptions, run_passes
 from eqgrad.rules.provenance import INPUT, rule_of
 
 
@@ -80,6 +81,19 @@ class Explanation:
                     out[r] = out.get(r, 0) + 1
         return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
+    def lowering(self) -> list[tuple[str, str, str]]:
+        """(kernel, pass, what it decided) for the lowering passes that change what a kernel of the
+        device's plan computes where: row fusion (``hoist``) and a value stored for reuse
+        (``stash``: softmax's exp computed once per element); docs/lowering.md."""
+        dev = get_device(self.device)
+        options = LowerOptions.for_caps(dev.caps)
+        out = []
+        for k in self.device_plan().plan.kernels:
+            for st in run_passes(k, options):
+                if st.name in ("hoist", "stash") and st.status == "applied" and not st.detail.startswith("nothing"):
+                    out.append((k.name, st.name, st.detail))
+        return out
+
     @property
     def plan(self):
         return self.compiled.plan
@@ -122,6 +136,9 @@ class Explanation:
                                                         or "none (every chosen node is the input's)")
                          if not self.provenance_note else f"provenance: {self.provenance_note}")
         lines.append(self.device_plan().describe(self.device))
+        low = self.lowering()
+        if low:
+            lines.append("lowering: " + "; ".join(f"{k} {p}: {d}" for k, p, d in low))
         if res and res.alternatives:
             lines.append("best rejected alternatives:")
             legal = [a for a in res.alternatives if a.legal][:4]
