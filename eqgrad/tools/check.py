@@ -6,8 +6,11 @@ For each rule, ``check_rule``:
    right-hand pattern too, so that both directions are checked): each tensor variable becomes a
    random buffer, constant or parameter, each attribute variable a random value consistent with the
    shapes (a valid permutation, a reshape with the same element count, axes to reduce, pads, ...),
-   biased towards the cases guards ask for (identity permutations, unchanged shapes). Shapes are
-   small (0-d up to rank 5, sizes 1-3) so a failure is a small counterexample;
+   biased towards the cases guards ask for (identity permutations, unchanged shapes); guards that
+   state shapes (``vec-of``, ``vec-get``, ``vec-length`` and ``shape`` equations) choose the sizes
+   of the term, its operands and its reshape and broadcast targets (:class:`Guides`). Shapes are
+   small (0-d up to rank 5, sizes 1-3) so a failure is a small counterexample. A term a rule builds
+   that the op table rejects (``ops.attr_error``), or of another shape than its class, is unsound;
 2. fills them with values: the first ``SPECIAL_INSTANCES`` instances take every leaf element,
    constant and parameter from the dtype's *special values* (``F_SPECIAL``/``I_SPECIAL``: +-0,
    float32 subnormals down to the smallest 1.4e-45, the smallest normal, +-inf, NaN, +-float32 max;
