@@ -95,3 +95,18 @@ def test_reordered_chain_on_each_device(device):
     a, b, x = data((32, 24), seed=18), data((24, 16), seed=19), data((16,), seed=20)
     y = (Tensor(a, device=device) @ Tensor(b, device=device)) @ Tensor(x, device=device)
     _close(y.numpy(), (a.astype(np.float64) @ b) @ x)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_written_association_does_not_change_the_plan(seed):
+    """(a @ b) @ c and a @ (b @ c) hold both orders in one e-graph: planned the same (the same
+    predicted time), whichever the cheaper one is, with the values of either."""
+    rng = np.random.default_rng(seed)
+    n, k, m, p = (int(x) for x in rng.choice([2, 3, 8, 24, 64, 96], 4))
+    a, b, c = data((n, k), seed=3 * seed), data((k, m), seed=3 * seed + 1), data((m, p), seed=3 * seed + 2)
+    left, right = (Tensor(a) @ Tensor(b)) @ Tensor(c), Tensor(a) @ (Tensor(b) @ Tensor(c))
+    pl, pr = eqgrad.explain(left).plan.predicted, eqgrad.explain(right).plan.predicted
+    assert pl == pytest.approx(pr, rel=1e-9), ((n, k, m, p), pl, pr)
+    want = (a.astype(np.float64) @ b) @ c
+    _close(left.numpy(), want)
+    _close(right.numpy(), want)
