@@ -30,6 +30,7 @@ from typing import ClassVar
 
 from eqgrad.graph.caps import LANE_BODY_MAX, LANES_LAST, LANES_PREV, TILE_BLOCKS, TILE_MIN_STREAM, Capabilities
 from eqgrad.graph.plan import Kernel, KNode
+from eqgrad.graph.sizes import ELEMENTWISE
 from eqgrad.lower.indexing import REDUCES, dry_sources, flat_index, hoistable, reduce_map
 from eqgrad.lower.sums import SUM_BLOCK, SUM_RADIX
 from eqgrad.lower.symbolic import Lin, Var
@@ -310,9 +311,6 @@ class Hoist(Pass):
                          for k, ns in s.hoist) or "nothing to hoist"
 
 
-_ELEMENTWISE = ("unary", "binary", "ternary")
-
-
 def _elementwise_below(n: KNode) -> list[KNode]:
     """``n`` and the nodes below it reached through elementwise ops only (rendered at ``n``'s index)."""
     out, seen, todo = [], set(), [n]
@@ -322,14 +320,14 @@ def _elementwise_below(n: KNode) -> list[KNode]:
             continue
         seen.add(id(x))
         out.append(x)
-        if OPS[x.op].kind in _ELEMENTWISE:
+        if x.op in ELEMENTWISE:
             todo.extend(x.src)
     return out
 
 
 def _flops(n: KNode) -> int:
     """Op-table flops per element of ``n``'s elementwise part (a reduction below is a row value)."""
-    return sum(OPS[x.op].flops for x in _elementwise_below(n) if OPS[x.op].kind in _ELEMENTWISE)
+    return sum(OPS[x.op].flops for x in _elementwise_below(n) if x.op in ELEMENTWISE)
 
 
 class Stash(Pass):
@@ -356,8 +354,10 @@ class Stash(Pass):
                 if r.src[0].shape != root.shape:
                     continue
                 for x in _elementwise_below(r.src[0]):
-                    if id(x) in at_root and x.shape == root.shape and x.dtype == root.dtype and _flops(x) > cost:
-                        best, cost = x, _flops(x)
+                    if id(x) in at_root and x.shape == root.shape and x.dtype == root.dtype:
+                        f = _flops(x)
+                        if f > cost:
+                            best, cost = x, f
         return replace(s, stash=best)
 
     def describe(self, s: Schedule) -> str:

@@ -360,7 +360,7 @@ class Builder:
             return tuple(v) if isinstance(v, tuple) else self._guided(self.g.vec.get(pat.name), True)
         try:
             v = _literal(pat)
-        except Exception:
+        except Retry:            # a computed attribute: the guards do not say
             return None
         return tuple(v) if isinstance(v, tuple) else None
 

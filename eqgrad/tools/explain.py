@@ -81,14 +81,14 @@ class Explanation:
                     out[r] = out.get(r, 0) + 1
         return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
-    def lowering(self) -> list[tuple[str, str, str]]:
+    def lowering(self, dp: Any = None) -> list[tuple[str, str, str]]:
         """(kernel, pass, what it decided) for the lowering passes that change what a kernel of the
         device's plan computes where: row fusion (``hoist``) and a value stored for reuse
-        (``stash``: softmax's exp computed once per element); docs/lowering.md."""
-        dev = get_device(self.device)
-        options = LowerOptions.for_caps(dev.caps)
+        (``stash``: softmax's exp computed once per element); docs/lowering.md. ``dp``: the
+        device plan, when the caller has it already."""
+        options = LowerOptions.for_caps(get_device(self.device).caps)
         out = []
-        for k in self.device_plan().plan.kernels:
+        for k in (dp if dp is not None else self.device_plan()).plan.kernels:
             for st in run_passes(k, options):
                 if st.name in ("hoist", "stash") and st.status == "applied" and not st.detail.startswith("nothing"):
                     out.append((k.name, st.name, st.detail))
@@ -135,8 +135,9 @@ class Explanation:
             lines.append("rules in the chosen plan: " + (", ".join(f"{r} ({n} node{'s' * (n != 1)})" for r, n in used.items())
                                                         or "none (every chosen node is the input's)")
                          if not self.provenance_note else f"provenance: {self.provenance_note}")
-        lines.append(self.device_plan().describe(self.device))
-        low = self.lowering()
+        dp = self.device_plan()
+        lines.append(dp.describe(self.device))
+        low = self.lowering(dp)
         if low:
             lines.append("lowering: " + "; ".join(f"{k} {p}: {d}" for k, p, d in low))
         if res and res.alternatives:
