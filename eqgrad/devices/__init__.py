@@ -48,7 +48,7 @@ from eqgrad.dtype import to_dtype, to_storage
 from eqgrad.cache import computed_once
 from eqgrad.lower import lowering, trace
 from eqgrad.lower.passes import LowerOptions
-from eqgrad.graph.caps import CPU, Capabilities
+from eqgrad.graph.caps import CPU, Capabilities, record as record_caps
 from eqgrad.graph.sizes import body_sizes
 # imported here, not with the LLVM device at first use, for the order of the fork hooks (see
 # _before_fork): 20 ms more of ``import eqgrad``, 20 ms less of the first Tensor's
@@ -454,7 +454,9 @@ def get_device(name: str) -> Device:
             if name not in DEVICES:
                 raise _unknown(name)
             module, cls = DEVICES[name].split(":")
-            _devices[name] = getattr(importlib.import_module(f".{module}", __name__), cls)()
+            dev = getattr(importlib.import_module(f".{module}", __name__), cls)()
+            record_caps(name, dev.caps)          # what the cost model reads of it (graph/caps.py)
+            _devices[name] = dev
         return _devices[name]
 
 

@@ -26,6 +26,9 @@
   1.5-1.7 against 6.0 ms), and on a 2-vCPU Xeon (AVX-512) matmul 512 at 215-270, Linear 480 at
   255-270, attention's products at 140-165 GFLOP/s (bench_core). With contraction = peak the
   default parameters predicted 60 % of bench_model's kernels within 2x, with 150 GFLOP/s 82 %.
+  That rate is a full register block's: a contraction the lowering gives a smaller block (or none)
+  runs at ``contraction * fill`` (``KernelStats.fill``: the share of the block it fills, at least
+  one lane axis's; graph/caps.py ``Capabilities.block_fill``, docs/extraction.md).
 - unlaned contractions: a sum of a product of broadcast operands (a matmul or convolution) that
   is hoisted into a row-fused kernel (its result broadcast along the kernel's trailing output
   axes, e.g. a convolution's input gradient fused into max-pool's backward) is rendered in its
@@ -58,6 +61,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from eqgrad.cache import JsonCache, check_fields, machine_key
+from eqgrad.graph.caps import Capabilities, block_of
 
 CALIBRATION_VERSION = 1
 
@@ -104,6 +108,7 @@ class KernelStats:
     flops: float
     nodes: int
     cflops: float = 0.0          # of ``flops``, those of a contraction at the kernel's root (the class above)
+    fill: float = 1.0            # the share of the device's register block that contraction's lanes fill (above)
 
 
 @dataclass
@@ -121,13 +126,13 @@ class KernelCost:
 
 
 
-def kernel_time(p: DeviceParams, nbytes: float, flops: float, cflops: float = 0.0) -> float:
-    compute = (flops - cflops) / p.peak + cflops / (p.contraction or p.peak)
+def kernel_time(p: DeviceParams, nbytes: float, flops: float, cflops: float = 0.0, fill: float = 1.0) -> float:
+    compute = (flops - cflops) / p.peak + (cflops / (p.contraction * fill) if p.contraction else cflops / p.peak)
     return p.launch + max(nbytes / p.bandwidth, compute)
 
 
 def default_cost(s: KernelStats, p: DeviceParams) -> float:
-    return kernel_time(p, s.nbytes, s.flops, s.cflops)
+    return kernel_time(p, s.nbytes, s.flops, s.cflops, s.fill)
 
 
 CostFn = Callable[[KernelStats, DeviceParams], float]
@@ -174,9 +179,20 @@ class Overrides:
 class CostModel:
     params: DeviceParams
     fn: CostFn = default_cost
+    # the device's lowering capabilities (graph/caps.py), for the register block a contraction
+    # gets; None (a cost model built by hand): every contraction fills it
+    caps: Capabilities | None = None
 
-    def seconds(self, nbytes: float, flops: float, nodes: int, cflops: float = 0.0) -> float:
-        return self.fn(KernelStats(nbytes, flops, nodes, cflops), self.params)
+    def seconds(self, nbytes: float, flops: float, nodes: int, cflops: float = 0.0, fill: float = 1.0) -> float:
+        return self.fn(KernelStats(nbytes, flops, nodes, cflops, fill), self.params)
+
+    def fill(self, body: Any) -> float:
+        """The share of the register block a root contraction with kernel body ``body`` (a KNode)
+        fills on this device (``Capabilities.block_fill`` of the lanes pass's block); 1 without a
+        contraction rate of its own or known capabilities."""
+        if self.caps is None or not self.params.contraction:
+            return 1.0
+        return self.caps.block_fill(block_of(body, self.caps))
 
 
 # ------------------------------------------------------------------ calibration storage

@@ -26,7 +26,7 @@ from typing import Callable
 from eqgrad.ops import OPS, REDUCE_OPS, numel
 from eqgrad.extract.cost import CostModel, KernelCost
 from eqgrad.extract.egraph import EGraph, ENode
-from eqgrad.graph.plan import broadcast_product
+from eqgrad.graph.plan import KNode, broadcast_product, shared_factor
 
 Choice = dict[int, ENode]
 
@@ -132,6 +132,32 @@ class PlanEvaluator:
         self._numel = [numel(s) if s is not None else 0 for s in g.shapes]
         self._flops = {name: d.flops for name, d in OPS.items()}
         self._elementwise = {name for name, d in OPS.items() if d.kind in ("unary", "binary", "ternary")}
+        self._fills: dict[tuple, float] = {}      # _fill's answers, by kernel body
+
+    def _fill(self, k: int, order: list[int], nodes_of: dict[int, ENode]) -> float:
+        """The share of the device's register block the lanes pass gives kernel ``k`` (a root
+        contraction) with the body ``nodes_of`` (``CostModel.fill``), built as the kernel body the
+        plan would hold -- the lanes pass reads strides -- and kept per body."""
+        key = (k, tuple((c, nodes_of[c]) for c in order))
+        hit = self._fills.get(key)
+        if hit is not None:
+            return hit
+        g = self.g
+        memo: dict[int, KNode] = {}
+        for c in reversed(order):               # sources first
+            n = nodes_of[c]
+            if n.op == "CONST":
+                memo[c] = KNode("CONST", (), 0, g.shapes[c], g.dtypes[c])
+            elif n.op in _LEAVES or ((n.op == "REALIZE" or n.op == "CONTIGUOUS") and c != k):
+                memo[c] = KNode("BUF", (), c, g.shapes[c], g.dtypes[c])     # a load (strides are what count)
+            elif n.op in ("REALIZE", "CONTIGUOUS"):
+                memo[c] = memo[n.children[0]]
+            else:
+                memo[c] = KNode(n.op, tuple(memo[ch] for ch in n.children), n.arg, g.shapes[c], g.dtypes[c])
+        if len(self._fills) >= 4096:
+            self._fills.clear()
+        out = self._fills[key] = self.cost.fill(memo[k])
+        return out
 
     @staticmethod
     def _contraction(nodes_of: dict[int, ENode], n: ENode, choice: Choice | None = None,
@@ -216,6 +242,7 @@ class PlanEvaluator:
         inputs: dict[int, float] = {}      # input position -> element reads
         flops, nodes, legal, why = 0.0, 0, True, ""
         hoisted = inner_reduce = any_reduce = masked = False
+        croot: ENode | None = None         # the root contraction's sum
         deps: list[int] = []
         fused: list[str] = []
         row_fusion, size_k = p.row_fusion, size[k]
@@ -279,6 +306,7 @@ class PlanEvaluator:
                 elif not nested.get(c, True):
                     cflops += f
                     fast.add(c)
+                    croot = n
             flops += f
             if op == "PAD" and e > size_k:
                 masked = True
@@ -329,7 +357,12 @@ class PlanEvaluator:
         if size_k > BROADCAST_WRITE * max(1, distinct) and not any_reduce:
             # a materialized broadcast: each element written is index arithmetic over few inputs
             flops += p.masked_read * size_k
-        t = self.cost.seconds(nbytes, flops, nodes, cflops)
+        fill = 1.0
+        if cflops and croot is not None and not shared_factor(
+                croot.children[0], croot.arg, lambda c: nodes_of[c].op if c in nodes_of else None,
+                lambda c: nodes_of[c].children, lambda c: shapes[c]):
+            fill = self._fill(k, order, nodes_of)        # the register block the lanes pass gives it
+        t = self.cost.seconds(nbytes, flops, nodes, cflops, fill)
         # row-fused: a reduction below a row-invariant broadcast (computed once per row, reused)
         fused_rows = hoisted and any(nodes_of[c].op in REDUCE_OPS for c in under_hoist if c in nodes_of)
         kind = _KINDS[(fused_rows, cflops > 0, bool(slow), masked)]

@@ -21,6 +21,7 @@ fills in. An OpenCL platform on a CPU (PoCL) keeps them: measured on PoCL, 2-cor
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, Callable
 
 # the CPU lowering's register-block widths and thresholds (lower/passes.py reads them through
 # LowerOptions; docs/lowering.md has the measurement behind each)
@@ -49,6 +50,26 @@ class Capabilities:
     tile_min_stream: int = TILE_MIN_STREAM
     reduce_group: int = field(default=0, compare=False)
 
+    def register_block(self, shape: tuple[int, ...], body: int) -> tuple[int, int]:
+        """The register block the lanes pass gives a kernel of output ``shape`` whose body has
+        ``body`` nodes, as (lanes on the last axis, lanes on the one before): :func:`register_block`
+        with this device's widths; (1, 1) on a device without register lanes."""
+        if not self.register_lanes:
+            return 1, 1
+        return register_block(shape, body, self.lanes_last, self.lanes_prev, self.lane_body_max)
+
+    def block_fill(self, block: tuple[int, int]) -> float:
+        """The share of a full register block (the widest lanes on both axes) that a contraction
+        lowered with lanes ``block`` (last axis, axis before) gets, at least one full lane axis's
+        (1/8 on the CPU): a contraction without lanes runs in a loop the loop vectorizer widens
+        along its reduction, about one vector of accumulators. The cost model divides its
+        contraction rate by it (docs/extraction.md: BERT's batched 15 x 15 attention products,
+        without lanes, ran at 14-20 GFLOP/s; full blocks at 150-270)."""
+        if not self.register_lanes:
+            return 1.0
+        full = max(self.lanes_last) * max(self.lanes_prev)
+        return max(block[0] * block[1], max(self.lanes_last)) / full
+
     def lane_room(self, n: int) -> int:
         """How well an axis of ``n`` elements fills this device's register lanes: the largest lane
         width dividing it (1: none, or a device without register lanes)."""
@@ -58,3 +79,56 @@ class Capabilities:
 
 
 CPU = Capabilities("CPU")
+
+
+def register_block(shape: tuple[int, ...], body: int, lanes_last: tuple[int, ...], lanes_prev: tuple[int, ...],
+                   body_max: int) -> tuple[int, int]:
+    """The lanes pass's widths (lower/passes.py ``Lanes``) for output ``shape``: on the last axis
+    with more than one element, the first of ``lanes_last`` that divides it and keeps
+    ``body * lanes <= body_max``; if one does, on the axis before it (with more than one element)
+    the first of ``lanes_prev`` that divides it within the same bound. (1, 1): no lanes. The one
+    definition the lowering and the cost model (``Capabilities.block_fill``) read."""
+    big = [d for d, n in enumerate(shape) if n > 1]
+    if not big:
+        return 1, 1
+    last = shape[big[-1]]
+    w1 = next((w for w in lanes_last if w > 1 and last % w == 0 and body * w <= body_max), 1)
+    if w1 == 1 or len(big) < 2:
+        return w1, 1
+    prev = shape[big[-2]]
+    w0 = next((w for w in lanes_prev if w > 1 and prev % w == 0 and body * w * w1 <= body_max), 1)
+    return w1, w0
+
+
+# the lanes pass's decision for a kernel body on a device (lower/passes.py ``block_of`` registers
+# itself when imported): the cost model asks it through here, as the extractor's floor does not
+# import the lowering's
+_BLOCK_OF: Callable[[Any, Capabilities], tuple[int, int]] | None = None
+
+
+def register_block_rule(fn: Callable[[Any, Capabilities], tuple[int, int]]) -> None:
+    """Install the lanes pass's decision (``fn(kernel body, caps) -> (lanes last, lanes before)``)."""
+    global _BLOCK_OF
+    _BLOCK_OF = fn
+
+
+def block_of(body: Any, caps: Capabilities) -> tuple[int, int]:
+    """The register block the lanes pass gives kernel body ``body`` (a KNode) on a device with
+    ``caps``; (1, 1) before the lowering is imported."""
+    return _BLOCK_OF(body, caps) if _BLOCK_OF is not None else (1, 1)
+
+
+# the capabilities of each device created in this process, by its name (devices/__init__.py
+# get_device records them): the cost model reads a device's register block from here, since the
+# extractor's floor does not import the devices
+_BY_DEVICE: dict[str, Capabilities] = {}
+
+
+def record(device: str, caps: Capabilities) -> None:
+    """Note ``caps`` as device ``device``'s (called when the device object is created)."""
+    _BY_DEVICE[device] = caps
+
+
+def caps_for(device: str) -> Capabilities | None:
+    """The capabilities of device ``device`` if it was created in this process, else None."""
+    return _BY_DEVICE.get(device)

@@ -146,6 +146,25 @@ def broadcast_product(prod: Any, op: Callable[[Any], "str | None"], srcs: Callab
     return False
 
 
+def shared_factor(prod: Any, reduced: tuple[int, ...], op: Callable[[Any], "str | None"], srcs: Callable[[Any], tuple],
+                  shape: Callable[[Any], tuple[int, ...]]) -> bool:
+    """Is a factor of contraction product ``prod`` (reduced along ``reduced``) the same in every row
+    -- an Expand whose source has one element along each kept axis but the last (a Linear layer's
+    weight, broadcast over the batch)? Such a contraction is one GEMM over all the rows, which the
+    BLAS runs at its full rate whatever the register block (devices/cpustage.py times the two);
+    a batched product (attention's) is many small ones. Handles as in :func:`broadcast_product`."""
+    full = shape(prod)
+    kept = [d for d, n in enumerate(full) if d not in reduced and n > 1]
+    if op(prod) != "MUL" or len(kept) < 2:
+        return False
+    for f in srcs(prod):
+        if op(f) == "EXPAND":
+            src = shape(srcs(f)[0])
+            if len(src) == len(full) and all(src[d] == 1 for d in kept[:-1]):
+                return True
+    return False
+
+
 @dataclass
 class KernelPlan:
     buffers: list[tuple[Shape, DType]]

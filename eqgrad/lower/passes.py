@@ -28,9 +28,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
-from eqgrad.graph.caps import LANE_BODY_MAX, LANES_LAST, LANES_PREV, TILE_BLOCKS, TILE_MIN_STREAM, Capabilities
+from eqgrad.graph.caps import (LANE_BODY_MAX, LANES_LAST, LANES_PREV, TILE_BLOCKS, TILE_MIN_STREAM, Capabilities,
+                               register_block, register_block_rule)
 from eqgrad.graph.plan import Kernel, KNode
 from eqgrad.graph.sizes import ELEMENTWISE
+from eqgrad.lower.contraction import find_contraction
 from eqgrad.lower.indexing import REDUCES, dry_sources, flat_index, hoistable, reduce_map
 from eqgrad.lower.sums import SUM_BLOCK, SUM_RADIX
 from eqgrad.lower.symbolic import Lin, Var
@@ -215,27 +217,40 @@ class Lanes(Pass):
         return bool(ctx.has_reduce[id(root)] and big) and contiguous_under_reduce(root, big[-1])
 
     def run(self, ctx: PassCtx, s: Schedule) -> Schedule:
-        root = ctx.root
-        shape = root.shape
-        last = [d for d, n in enumerate(shape) if n > 1][-1]
-        body = len(root.walk())
-        cap = ctx.options.lane_body_max
-        forced = ctx.options.upcast
-        o = ctx.options
+        shape = ctx.root.shape
+        o, forced = ctx.options, ctx.options.upcast
         w1s, w0s = ((forced[0],), (forced[1],)) if forced is not None else (o.lanes_last, o.lanes_prev)
-        up: dict[int, int] = {}
-        w1 = next((w for w in w1s if w > 1 and shape[last] % w == 0 and body * w <= cap), 1)
-        if w1 > 1:
-            up[last] = w1
-            prev = next((d for d in range(last - 1, -1, -1) if shape[d] > 1), None)
-            if prev is not None:
-                w0 = next((w for w in w0s if w > 1 and shape[prev] % w == 0 and body * w * w1 <= cap), 1)
-                if w0 > 1:
-                    up[prev] = w0
+        # the widths as the cost model prices them (graph/caps.py, Capabilities.block_fill)
+        w1, w0 = register_block(shape, len(ctx.root.walk()), w1s, w0s, o.lane_body_max)
+        big = [d for d, n in enumerate(shape) if n > 1]
+        up = {d: w for d, w in zip(big[::-1], (w1, w0)) if w > 1}
         return replace(s, lanes=tuple(sorted(up.items())))
 
     def describe(self, s: Schedule) -> str:
         return ", ".join(f"axis {d} x{w}" for d, w in s.lanes) or "no width divides"
+
+
+def block_of(root: KNode, caps: Capabilities) -> tuple[int, int]:
+    """The register block (lanes on the last output axis, on the one before) the lanes pass gives
+    kernel body ``root`` on a device with ``caps``: its condition and its widths, for the cost
+    model (graph/caps.py ``block_of``; extract/evaluate.py prices a contraction by it)."""
+    if not caps.register_lanes:
+        return 1, 1
+    full = (max(caps.lanes_last), max(caps.lanes_prev))
+    # a GEMM at least a register block's width in every dimension (one or a batch of them) runs
+    # in the BLAS where the device has one (devices/cpustage.py times the two), at the full rate:
+    # BERT's batched 15 x 15 x 32 products ran generated at 14-20 GFLOP/s, attention's 128 x 128 x 32
+    # in the BLAS at 100-150, though the lanes pass gives neither lanes
+    found = find_contraction(root)
+    if found is not None and min(found.gemm.m, found.gemm.n, found.gemm.k) >= full[0]:
+        return full
+    big = [d for d, n in enumerate(root.shape) if n > 1]
+    if not big or not any(n.op in REDUCES for n in root.walk()) or not contiguous_under_reduce(root, big[-1]):
+        return 1, 1
+    return caps.register_block(root.shape, len(root.walk()))
+
+
+register_block_rule(block_of)
 
 
 class Tiling(Pass):
