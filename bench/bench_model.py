@@ -85,7 +85,9 @@ def _features(k: Any) -> dict[str, int]:
 
 def check(name: str, step: Callable[[], Any], reps: int, warmup: int) -> dict[str, Any]:
   from eqgrad import GlobalCounters
+  from eqgrad.extract import cost_model
   from eqgrad.lower.classify import classify
+  cm = cost_model("LLVM")
   for _ in range(1 + warmup):
     step()
   runs: list[list[tuple]] = []
@@ -128,9 +130,10 @@ def check(name: str, step: Callable[[], Any], reps: int, warmup: int) -> dict[st
     # ops after it, a split reduction's partials; each piece keeps the plan kernel's kind)
     lowering = sorted(set().union(*(classify(p, blas=True).kinds for p in pieces.get(n, {}).values())))
     feats = _features(k) if k is not None else {}
+    fill = cm.fill(k.ast) if k is not None and "contraction" in model else 1.0
     rows.append(dict(kernel=n, measured_s=m, predicted_s=pred, ratio=pred / m if m > 0 else float("inf"), **feats,
                      gflops=flops / m / 1e9 if m > 0 else 0.0, gbs=nbytes / m / 1e9 if m > 0 else 0.0,
-                     model_kind=model, lowering_kind=lowering,
+                     model_kind=model, lowering_kind=lowering, fill=fill,
                      body=k.ast.render()[:160] if k is not None else ""))
   within = sum(1 for r in rows if 0.5 <= r["ratio"] <= 2.0)
   return dict(workload=name, kernels=len(rows), within_2x=within, measured_s=sum(r["measured_s"] for r in rows),
@@ -154,7 +157,7 @@ def fit(rows: list[dict[str, Any]], kinds: str = "model_kind") -> tuple[float, d
   if not rows:
     return 0.0, {}
   samples = [KernelSample(r["measured_s"], r["gbs"] * 1e9 * r["measured_s"], r["gflops"] * 1e9 * r["measured_s"],
-                          "contraction" in r[kinds]) for r in rows]
+                          "contraction" in r[kinds], r.get("fill", 1.0)) for r in rows]
   p, share, _ = fit_params(samples, DeviceParams(**FIT_CENTER), FIT_WIDE)
   p, share, _ = fit_params(samples, p, FIT_FINE)
   return share, {f: getattr(p, f) for f in FIT_CENTER}

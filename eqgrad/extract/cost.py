@@ -26,9 +26,9 @@
   1.5-1.7 against 6.0 ms), and on a 2-vCPU Xeon (AVX-512) matmul 512 at 215-270, Linear 480 at
   255-270, attention's products at 140-165 GFLOP/s (bench_core). With contraction = peak the
   default parameters predicted 60 % of bench_model's kernels within 2x, with 150 GFLOP/s 82 %.
-  That rate is a full register block's: a contraction the lowering gives a smaller block (or none)
-  runs at ``contraction * fill`` (``KernelStats.fill``: the share of the block it fills, at least
-  one lane axis's; graph/caps.py ``Capabilities.block_fill``, docs/extraction.md).
+  That rate is a register-blocked contraction's: one the lowering gives no lanes at all runs at
+  ``contraction * fill`` (``KernelStats.fill``: one lane axis's share of the block, 1/8 on the CPU;
+  graph/caps.py ``Capabilities.block_fill``, docs/extraction.md).
 - unlaned contractions: a sum of a product of broadcast operands (a matmul or convolution) that
   is hoisted into a row-fused kernel (its result broadcast along the kernel's trailing output
   axes, e.g. a convolution's input gradient fused into max-pool's backward) is rendered in its
@@ -108,7 +108,7 @@ class KernelStats:
     flops: float
     nodes: int
     cflops: float = 0.0          # of ``flops``, those of a contraction at the kernel's root (the class above)
-    fill: float = 1.0            # the share of the device's register block that contraction's lanes fill (above)
+    fill: float = 1.0            # that contraction's rate as a share of a register-blocked one's (above)
 
 
 @dataclass
@@ -139,19 +139,20 @@ CostFn = Callable[[KernelStats, DeviceParams], float]
 
 
 def rescaled(p: DeviceParams, predicted: float, old_bytes: float, old_flops: float,
-             new_bytes: float, new_flops: float) -> float:
+             new_bytes: float, new_flops: float, slower: float = 1.0) -> float:
     """A kernel's predicted seconds at other sizes, from its prediction at the old ones: the
     prediction of a plan resized without extraction (graph/resize.py), whose kernels' bytes and
     flops were rescaled but not costed again. The old prediction's body (``predicted - launch``)
     is compute where it exceeds the bytes term, else at most the bytes term; the compute scales
     with the flops, the bytes term is recomputed. The device reads the prediction to decide whether
     a kernel is split across threads and whether the BLAS runs it, so a plan resized from 8 rows to
-    8,192 must not keep the small plan's 10 us."""
+    8,192 must not keep the small plan's 10 us. ``slower``: the new sizes' compute per flop over the
+    old's (a contraction that gets register lanes at the new sizes and had none: < 1)."""
     body = max(predicted - p.launch, 0.0)
     t_bytes = old_bytes / p.bandwidth
     compute = body if body > t_bytes else min(body, old_flops / p.peak)
     scale = new_flops / old_flops if old_flops > 0 else (new_bytes / old_bytes if old_bytes > 0 else 1.0)
-    return p.launch + max(new_bytes / p.bandwidth, compute * scale)
+    return p.launch + max(new_bytes / p.bandwidth, compute * scale * slower)
 
 
 @dataclass(frozen=True)
@@ -187,9 +188,9 @@ class CostModel:
         return self.fn(KernelStats(nbytes, flops, nodes, cflops, fill), self.params)
 
     def fill(self, body: Any) -> float:
-        """The share of the register block a root contraction with kernel body ``body`` (a KNode)
-        fills on this device (``Capabilities.block_fill`` of the lanes pass's block); 1 without a
-        contraction rate of its own or known capabilities."""
+        """The rate, as a share of a register-blocked contraction's, of a root contraction with
+        kernel body ``body`` (a KNode) on this device (``Capabilities.block_fill`` of the lanes
+        pass's block); 1 without a contraction rate of its own or known capabilities."""
         if self.caps is None or not self.params.contraction:
             return 1.0
         return self.caps.block_fill(block_of(body, self.caps))

@@ -26,7 +26,7 @@ from typing import Callable
 from eqgrad.ops import OPS, REDUCE_OPS, numel
 from eqgrad.extract.cost import CostModel, KernelCost
 from eqgrad.extract.egraph import EGraph, ENode
-from eqgrad.graph.plan import KNode, broadcast_product, shared_factor
+from eqgrad.graph.plan import KNode, broadcast_product
 
 Choice = dict[int, ENode]
 
@@ -135,9 +135,9 @@ class PlanEvaluator:
         self._fills: dict[tuple, float] = {}      # _fill's answers, by kernel body
 
     def _fill(self, k: int, order: list[int], nodes_of: dict[int, ENode]) -> float:
-        """The share of the device's register block the lanes pass gives kernel ``k`` (a root
-        contraction) with the body ``nodes_of`` (``CostModel.fill``), built as the kernel body the
-        plan would hold -- the lanes pass reads strides -- and kept per body."""
+        """The rate share (``CostModel.fill``) of kernel ``k``'s root contraction, by the register
+        block the lanes pass gives the body ``nodes_of``: built as the kernel body the plan would
+        hold (the lanes pass reads strides) and kept per body."""
         key = (k, tuple((c, nodes_of[c]) for c in order))
         hit = self._fills.get(key)
         if hit is not None:
@@ -357,11 +357,7 @@ class PlanEvaluator:
         if size_k > BROADCAST_WRITE * max(1, distinct) and not any_reduce:
             # a materialized broadcast: each element written is index arithmetic over few inputs
             flops += p.masked_read * size_k
-        fill = 1.0
-        if cflops and croot is not None and not shared_factor(
-                croot.children[0], croot.arg, lambda c: nodes_of[c].op if c in nodes_of else None,
-                lambda c: nodes_of[c].children, lambda c: shapes[c]):
-            fill = self._fill(k, order, nodes_of)        # the register block the lanes pass gives it
+        fill = self._fill(k, order, nodes_of) if cflops and croot is not None else 1.0   # the lanes pass's block
         t = self.cost.seconds(nbytes, flops, nodes, cflops, fill)
         # row-fused: a reduction below a row-invariant broadcast (computed once per row, reused)
         fused_rows = hoisted and any(nodes_of[c].op in REDUCE_OPS for c in under_hoist if c in nodes_of)

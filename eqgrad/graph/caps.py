@@ -59,16 +59,18 @@ class Capabilities:
         return register_block(shape, body, self.lanes_last, self.lanes_prev, self.lane_body_max)
 
     def block_fill(self, block: tuple[int, int]) -> float:
-        """The share of a full register block (the widest lanes on both axes) that a contraction
-        lowered with lanes ``block`` (last axis, axis before) gets, at least one full lane axis's
-        (1/8 on the CPU): a contraction without lanes runs in a loop the loop vectorizer widens
-        along its reduction, about one vector of accumulators. The cost model divides its
-        contraction rate by it (docs/extraction.md: BERT's batched 15 x 15 attention products,
-        without lanes, ran at 14-20 GFLOP/s; full blocks at 150-270)."""
-        if not self.register_lanes:
+        """The rate, as a share of a register-blocked contraction's, of a contraction lowered with
+        lanes ``block`` (last axis, axis before): 1 with any lanes; without them, one lane axis's
+        share of the full block (1/8 on the CPU), as the loop vectorizer widens the reduction into
+        about one vector of accumulators. The cost model multiplies its contraction rate by it
+        (docs/extraction.md: BERT's batched 15 x 15 x 32 attention products get no lanes and ran
+        at 14-20 GFLOP/s, blocked contractions at 150-270). A partial block (4 x 4 lanes on a 12 x 12
+        image) is priced as a full one: pricing it by its share sent a small convolution to a plan
+        that materialized its 16x-expanded windows for the BLAS, 4x slower, and the plan, resized,
+        to the large ones (631 against 8 ms at (32, 32, 32, 32))."""
+        if not self.register_lanes or block[0] * block[1] > 1:
             return 1.0
-        full = max(self.lanes_last) * max(self.lanes_prev)
-        return max(block[0] * block[1], max(self.lanes_last)) / full
+        return max(self.lanes_last) / (max(self.lanes_last) * max(self.lanes_prev))
 
     def lane_room(self, n: int) -> int:
         """How well an axis of ``n`` elements fills this device's register lanes: the largest lane

@@ -30,9 +30,9 @@ from typing import ClassVar
 
 from eqgrad.graph.caps import (LANE_BODY_MAX, LANES_LAST, LANES_PREV, TILE_BLOCKS, TILE_MIN_STREAM, Capabilities,
                                register_block, register_block_rule)
-from eqgrad.graph.plan import Kernel, KNode
+from eqgrad.graph.plan import Kernel, KNode, shared_factor
 from eqgrad.graph.sizes import ELEMENTWISE
-from eqgrad.lower.contraction import find_contraction
+from eqgrad.lower.contraction import candidate, find_contraction
 from eqgrad.lower.indexing import REDUCES, dry_sources, flat_index, hoistable, reduce_map
 from eqgrad.lower.sums import SUM_BLOCK, SUM_RADIX
 from eqgrad.lower.symbolic import Lin, Var
@@ -243,6 +243,10 @@ def block_of(root: KNode, caps: Capabilities) -> tuple[int, int]:
     # in the BLAS at 100-150, though the lanes pass gives neither lanes
     found = find_contraction(root)
     if found is not None and min(found.gemm.m, found.gemm.n, found.gemm.k) >= full[0]:
+        return full
+    # so does a product with a factor shared by every row (a Linear layer's weight): one GEMM
+    red = candidate(root)
+    if red is not None and shared_factor(red.src[0], red.arg, lambda n: n.op, lambda n: n.src, lambda n: n.shape):
         return full
     big = [d for d, n in enumerate(root.shape) if n > 1]
     if not big or not any(n.op in REDUCES for n in root.walk()) or not contiguous_under_reduce(root, big[-1]):

@@ -15,6 +15,7 @@ import numpy as np
 
 from eqgrad import engine
 from eqgrad.devices import Buffer
+from eqgrad.extract import cost_model
 from eqgrad.extract.cost import DEFAULT_PARAMS, DeviceParams, kernel_time
 from eqgrad.counters import GlobalCounters
 from eqgrad.frontend.tensor import Tensor, realize
@@ -77,7 +78,7 @@ def calibrate(device: str = "LLVM", reps: int = 7, progress: Callable[[str], Non
     p = replace(DEFAULT_PARAMS.get(device, DeviceParams()), **med,
                 source=f"calibrated {time.strftime('%Y-%m-%d %H:%M')}{how}")
     if fit_corpus:
-        samples = kernel_samples(_corpus(device, np.random.default_rng(7)))
+        samples = kernel_samples(_corpus(device, np.random.default_rng(7)), device=device)
         fitted, share, share0 = fit(samples, p)
         if progress:
             progress(f"fitted to {len(samples)} kernels of model-like programs: {100 * share0:.0f}% -> "
@@ -188,13 +189,16 @@ class KernelSample:
     nbytes: float
     flops: float
     contraction: bool
+    fill: float = 1.0           # a contraction's rate share by its register block (``KernelStats.fill``)
 
 
 def kernel_samples(programs: dict[str, Callable[[], list[Tensor]]], reps: int = 5,
-                   warmup: int = 2) -> list[KernelSample]:
+                   warmup: int = 2, device: str = "LLVM") -> list[KernelSample]:
     """Each kernel of each program, timed alone (``GlobalCounters.kernel_log``) ``reps`` times after
     ``warmup`` runs; the pieces the device runs a plan kernel as (its BLAS call, a split
-    reduction's partials) are summed into it."""
+    reduction's partials) are summed into it. ``device``: whose cost model gives a contraction's
+    rate share (``CostModel.fill``)."""
+    cm = cost_model(device)
     out = []
     for make in programs.values():
         for _ in range(1 + warmup):
@@ -210,15 +214,17 @@ def kernel_samples(programs: dict[str, Callable[[], list[Tensor]]], reps: int = 
             for name, sec, _pred, flops, nbytes, k in log:
                 m = re.match(r"k\d+", name)
                 base = m.group(0) if m else name
-                e = per.setdefault(base, [0.0, 0.0, 0.0, False])
+                e = per.setdefault(base, [0.0, 0.0, 0.0, False, 1.0])
                 e[0] += sec
                 e[1] += nbytes          # the pieces' own figures: the GEMM's are the plan kernel's
                 e[2] += flops
                 e[3] = e[3] or "contraction" in k.kind
+                if name == base and "contraction" in k.kind:
+                    e[4] = cm.fill(k.ast)
             runs.append(per)
         for base, e in runs[-1].items():
             secs = sorted(r[base][0] for r in runs if base in r)
-            out.append(KernelSample(secs[len(secs) // 2], e[1], e[2], e[3]))
+            out.append(KernelSample(secs[len(secs) // 2], e[1], e[2], e[3], e[4]))
     return out
 
 
@@ -233,16 +239,17 @@ def fit(samples: list[KernelSample], start: DeviceParams,
     nbytes = np.array([s.nbytes for s in samples])
     flops = np.array([s.flops for s in samples])
     con = np.array([s.contraction for s in samples])
+    fill = np.array([s.fill for s in samples])
     grids = [getattr(start, f) * np.geomspace(lo, hi, n) if f != "contraction" else
              (start.contraction or start.peak) * np.geomspace(lo, hi, n) for f, (lo, hi, n) in span.items()]
     pts = np.stack([g.ravel() for g in np.meshgrid(*grids, indexing="ij")], 1)       # (points, 4)
-    compute = np.where(con[None, :], flops[None, :] / pts[:, 3:4], flops[None, :] / pts[:, 2:3])
+    compute = np.where(con[None, :], flops[None, :] / (pts[:, 3:4] * fill[None, :]), flops[None, :] / pts[:, 2:3])
     ratio = (pts[:, 0:1] + np.maximum(nbytes[None, :] / pts[:, 1:2], compute)) / sec[None, :]
     share = ((ratio >= 0.5) & (ratio <= 2.0)).mean(1)
     spread = np.median(np.abs(np.log(ratio)), 1)
     best = int(np.lexsort((spread, -share))[0])
     st = replace(start, contraction=start.contraction or start.peak)
-    r0 = np.array([kernel_time(st, s.nbytes, s.flops, s.flops if s.contraction else 0.0) for s in samples]) / sec
+    r0 = np.array([kernel_time(st, s.nbytes, s.flops, s.flops if s.contraction else 0.0, s.fill) for s in samples]) / sec
     p = replace(start, **dict(zip(FIT_FIELDS, map(float, pts[best]))))
     return p, float(share[best]), float(((r0 >= 0.5) & (r0 <= 2.0)).mean())
 
