@@ -224,8 +224,8 @@ def test_a_gemm_a_block_wide_is_priced_at_the_full_rate(shapes):
 @pytest.mark.parametrize("name", list(PROGRAMS))
 def test_the_cost_models_block_is_the_lanes_passs(name):
     """``block_of`` (what the cost model prices a contraction by) is the lanes pass's block for every
-    kernel the pass gives lanes, except a GEMM the BLAS takes at the full block (16 wide in every
-    dimension, or one GEMM over all rows: a factor shared by every row)."""
+    kernel the pass gives lanes; without lanes, the full block for a GEMM the BLAS takes at its rate
+    (16 wide in every dimension, or one GEMM over all rows: a factor shared by every row), else none."""
     from eqgrad.graph.caps import CPU
     from eqgrad.graph.plan import shared_factor
     from eqgrad.lower.contraction import candidate, find_contraction
@@ -235,8 +235,10 @@ def test_the_cost_models_block_is_the_lanes_passs(name):
         lanes = dict(classify(k).lanes)
         w = [lanes[d] for d in sorted(lanes, reverse=True)] + [1, 1]
         found, red = find_contraction(k.ast), candidate(k.ast)
-        if (found is not None and min(found.gemm.m, found.gemm.n, found.gemm.k) >= 16) or (
+        if lanes:
+            assert block_of(k.ast, CPU) == tuple(w[:2]), k.ast.render()[:200]
+        elif (found is not None and min(found.gemm.m, found.gemm.n, found.gemm.k) >= 16) or (
                 red is not None and shared_factor(red.src[0], red.arg, lambda n: n.op, lambda n: n.src, lambda n: n.shape)):
             assert block_of(k.ast, CPU) == (16, 8)
         else:
-            assert block_of(k.ast, CPU) == tuple(w[:2]), k.ast.render()[:200]
+            assert block_of(k.ast, CPU) == (1, 1), k.ast.render()[:200]

@@ -342,14 +342,14 @@ class Session:
 
     def _repredict(self, old: KernelPlan, new: KernelPlan, device: str) -> None:
         """The predicted seconds of a resized plan's kernels at their new sizes (``cost.rescaled``,
-        with this session's cost parameters): resize rescales bytes and flops only, and the rate of
-        a contraction by the register block it gets at each size."""
-        cm = cost_model(device, self.extraction)
+        with this session's cost parameters): resize rescales bytes and flops only. A contraction
+        keeps the rate share of its register block at the old sizes (cost.py ``fill``): working
+        it out again per resize (the lanes pass's decision) made a growing KV cache's decode step
+        1.7x a fixed-shape one's."""
+        p = cost_model(device, self.extraction).params
         for ko, kn in zip(old.kernels, new.kernels):
             if (kn.nbytes, kn.flops) != (ko.nbytes, ko.flops):
-                # a contraction's rate by the register block it gets at each size (cost.py: fill)
-                slower = cm.fill(ko.ast) / cm.fill(kn.ast) if "contraction" in kn.kind else 1.0
-                kn.predicted = rescaled(cm.params, ko.predicted, ko.nbytes, ko.flops, kn.nbytes, kn.flops, slower)
+                kn.predicted = rescaled(p, ko.predicted, ko.nbytes, ko.flops, kn.nbytes, kn.flops)
         new.predicted = sum(k.predicted for k in new.kernels)
 
     def _realize_on(self, device: str, targets: list[LazyBuffer]) -> None:

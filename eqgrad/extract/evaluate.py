@@ -121,6 +121,26 @@ def _row_invariant(src: tuple, shape: tuple, rg: "str | frozenset") -> bool:
     return frozenset(bcast) == rg
 
 
+# PlanEvaluator._fill's answers, by kernel body structure (a bounded memo: cleared when full)
+_FILLS: dict[tuple, float] = {}
+
+
+def _body(s: tuple, memo: dict[int, KNode]) -> KNode:
+    """The kernel body (KNodes) of a structure ``PlanEvaluator._fill`` built: (op, arg, sources,
+    shape, dtype), or a leaf ("BUF", i, shape, dtype) / ("CONST", shape, dtype); shared parts once."""
+    hit = memo.get(id(s))
+    if hit is not None:
+        return hit
+    if s[0] == "CONST":
+        out = KNode("CONST", (), 0, s[1], s[2])
+    elif s[0] == "BUF":
+        out = KNode("BUF", (), s[1], s[2], s[3])
+    else:
+        out = KNode(s[0], tuple(_body(x, memo) for x in s[2]), s[1], s[3], s[4])
+    memo[id(s)] = out
+    return out
+
+
 class PlanEvaluator:
     def __init__(self, g: EGraph, cost: CostModel, inputs: list[tuple]):
         self.g, self.cost, self.inputs = g, cost, inputs
@@ -132,32 +152,33 @@ class PlanEvaluator:
         self._numel = [numel(s) if s is not None else 0 for s in g.shapes]
         self._flops = {name: d.flops for name, d in OPS.items()}
         self._elementwise = {name for name, d in OPS.items() if d.kind in ("unary", "binary", "ternary")}
-        self._fills: dict[tuple, float] = {}      # _fill's answers, by kernel body
 
     def _fill(self, k: int, order: list[int], nodes_of: dict[int, ENode]) -> float:
         """The rate share (``CostModel.fill``) of kernel ``k``'s root contraction, by the register
         block the lanes pass gives the body ``nodes_of``: built as the kernel body the plan would
-        hold (the lanes pass reads strides) and kept per body."""
-        key = (k, tuple((c, nodes_of[c]) for c in order))
-        hit = self._fills.get(key)
-        if hit is not None:
-            return hit
+        hold (the lanes pass reads strides), and kept by the body's structure (buffers numbered in
+        the order first read), so a body repeated in other layers, regions or programs is worked
+        out once (resnet's training step: 333 stride analyses -> 158)."""
         g = self.g
-        memo: dict[int, KNode] = {}
+        struct: dict[int, tuple] = {}
+        bufs: dict[int, int] = {}
         for c in reversed(order):               # sources first
             n = nodes_of[c]
-            if n.op == "CONST":
-                memo[c] = KNode("CONST", (), 0, g.shapes[c], g.dtypes[c])
-            elif n.op in _LEAVES or ((n.op == "REALIZE" or n.op == "CONTIGUOUS") and c != k):
-                memo[c] = KNode("BUF", (), c, g.shapes[c], g.dtypes[c])     # a load (strides are what count)
+            if n.op in _LEAVES or ((n.op == "REALIZE" or n.op == "CONTIGUOUS") and c != k):
+                struct[c] = ("CONST",) if n.op == "CONST" else ("BUF", bufs.setdefault(c, len(bufs)))
             elif n.op in ("REALIZE", "CONTIGUOUS"):
-                memo[c] = memo[n.children[0]]
+                struct[c] = struct[n.children[0]]
+                continue
             else:
-                memo[c] = KNode(n.op, tuple(memo[ch] for ch in n.children), n.arg, g.shapes[c], g.dtypes[c])
-        if len(self._fills) >= 4096:
-            self._fills.clear()
-        out = self._fills[key] = self.cost.fill(memo[k])
-        return out
+                struct[c] = (n.op, n.arg, tuple(struct[ch] for ch in n.children))
+            struct[c] += (g.shapes[c], g.dtypes[c])
+        key = (struct[k], self.cost.caps, self.cost.params.contraction > 0)
+        hit = _FILLS.get(key)
+        if hit is None:
+            if len(_FILLS) >= 4096:
+                _FILLS.clear()
+            hit = _FILLS[key] = self.cost.fill(_body(struct[k], {}))
+        return hit
 
     @staticmethod
     def _contraction(nodes_of: dict[int, ENode], n: ENode, choice: Choice | None = None,

@@ -231,27 +231,31 @@ class Lanes(Pass):
 
 
 def block_of(root: KNode, caps: Capabilities) -> tuple[int, int]:
-    """The register block (lanes on the last output axis, on the one before) the lanes pass gives
-    kernel body ``root`` on a device with ``caps``: its condition and its widths, for the cost
-    model (graph/caps.py ``block_of``; extract/evaluate.py prices a contraction by it)."""
+    """The register block (lanes on the last output axis, on the one before) a contraction with
+    kernel body ``root`` runs with on a device with ``caps``, for the cost model (graph/caps.py
+    ``block_of``; extract/evaluate.py prices a contraction by it): the lanes pass's condition and
+    widths; where the pass gives none, the full block for a GEMM the BLAS would run at its rate --
+    at least a block's width (16) in every dimension, one or a batch of them (BERT's batched
+    15 x 15 x 32 products ran generated at 14-20 GFLOP/s, attention's 128 x 128 x 32 in the BLAS at
+    100-150, though the lanes pass gives neither lanes), or one GEMM over all rows (a factor shared
+    by every row: a Linear layer's weight); devices/cpustage.py times the BLAS against the
+    generated kernel and runs the faster. The lanes are looked at first: the GEMM match is the
+    costly part (resnet's extraction 0.25 -> 0.44 s when it came first)."""
     if not caps.register_lanes:
         return 1, 1
+    big = [d for d, n in enumerate(root.shape) if n > 1]
+    if big and any(n.op in REDUCES for n in root.walk()) and contiguous_under_reduce(root, big[-1]):
+        block = caps.register_block(root.shape, len(root.walk()))
+        if block != (1, 1):
+            return block
     full = (max(caps.lanes_last), max(caps.lanes_prev))
-    # a GEMM at least a register block's width in every dimension (one or a batch of them) runs
-    # in the BLAS where the device has one (devices/cpustage.py times the two), at the full rate:
-    # BERT's batched 15 x 15 x 32 products ran generated at 14-20 GFLOP/s, attention's 128 x 128 x 32
-    # in the BLAS at 100-150, though the lanes pass gives neither lanes
-    found = find_contraction(root)
-    if found is not None and min(found.gemm.m, found.gemm.n, found.gemm.k) >= full[0]:
-        return full
-    # so does a product with a factor shared by every row (a Linear layer's weight): one GEMM
     red = candidate(root)
     if red is not None and shared_factor(red.src[0], red.arg, lambda n: n.op, lambda n: n.src, lambda n: n.shape):
         return full
-    big = [d for d, n in enumerate(root.shape) if n > 1]
-    if not big or not any(n.op in REDUCES for n in root.walk()) or not contiguous_under_reduce(root, big[-1]):
-        return 1, 1
-    return caps.register_block(root.shape, len(root.walk()))
+    found = find_contraction(root)
+    if found is not None and min(found.gemm.m, found.gemm.n, found.gemm.k) >= full[0]:
+        return full
+    return 1, 1
 
 
 register_block_rule(block_of)
