@@ -88,3 +88,19 @@ def test_conv_weight_gradient_on_both_devices_matches():
         ew = Tensor(w, device=device, requires_grad=True)
         eqgrad.nn.functional.conv2d(Tensor(x, device=device), ew, padding=1).sum().backward()
         np.testing.assert_allclose(ew.grad.numpy(), tw.grad.numpy(), rtol=1e-4, atol=1e-3)
+
+
+def test_the_cost_model_reads_the_devices_capabilities_as_they_are_now():
+    """The cost model prices a contraction by the register block the device's capabilities give it
+    (extract/cost.py ``CostModel.fill``): capabilities set on the device object after it was
+    created are the ones it reads."""
+    from eqgrad.devices import get_device
+    from eqgrad.extract import cost_model
+    dev = get_device("LLVM")
+    old = dev.caps
+    try:
+        assert cost_model("LLVM").caps == old
+        dev.caps = Capabilities("CPU", lanes_last=(8, 4), lanes_prev=(4, 2))
+        assert cost_model("LLVM").caps.lanes_last == (8, 4)
+    finally:
+        dev.caps = old

@@ -455,7 +455,7 @@ def get_device(name: str) -> Device:
                 raise _unknown(name)
             module, cls = DEVICES[name].split(":")
             dev = getattr(importlib.import_module(f".{module}", __name__), cls)()
-            record_caps(name, dev.caps)          # what the cost model reads of it (graph/caps.py)
+            record_caps(name, dev)               # the cost model reads its caps (graph/caps.py)
             _devices[name] = dev
         return _devices[name]
 

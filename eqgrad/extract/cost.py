@@ -139,20 +139,19 @@ CostFn = Callable[[KernelStats, DeviceParams], float]
 
 
 def rescaled(p: DeviceParams, predicted: float, old_bytes: float, old_flops: float,
-             new_bytes: float, new_flops: float, slower: float = 1.0) -> float:
+             new_bytes: float, new_flops: float) -> float:
     """A kernel's predicted seconds at other sizes, from its prediction at the old ones: the
     prediction of a plan resized without extraction (graph/resize.py), whose kernels' bytes and
     flops were rescaled but not costed again. The old prediction's body (``predicted - launch``)
     is compute where it exceeds the bytes term, else at most the bytes term; the compute scales
     with the flops, the bytes term is recomputed. The device reads the prediction to decide whether
     a kernel is split across threads and whether the BLAS runs it, so a plan resized from 8 rows to
-    8,192 must not keep the small plan's 10 us. ``slower``: the new sizes' compute per flop over the
-    old's (a contraction that gets register lanes at the new sizes and had none: < 1)."""
+    8,192 must not keep the small plan's 10 us."""
     body = max(predicted - p.launch, 0.0)
     t_bytes = old_bytes / p.bandwidth
     compute = body if body > t_bytes else min(body, old_flops / p.peak)
     scale = new_flops / old_flops if old_flops > 0 else (new_bytes / old_bytes if old_bytes > 0 else 1.0)
-    return p.launch + max(new_bytes / p.bandwidth, compute * scale * slower)
+    return p.launch + max(new_bytes / p.bandwidth, compute * scale)
 
 
 @dataclass(frozen=True)

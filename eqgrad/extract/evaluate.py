@@ -263,7 +263,6 @@ class PlanEvaluator:
         inputs: dict[int, float] = {}      # input position -> element reads
         flops, nodes, legal, why = 0.0, 0, True, ""
         hoisted = inner_reduce = any_reduce = masked = False
-        croot: ENode | None = None         # the root contraction's sum
         deps: list[int] = []
         fused: list[str] = []
         row_fusion, size_k = p.row_fusion, size[k]
@@ -327,7 +326,6 @@ class PlanEvaluator:
                 elif not nested.get(c, True):
                     cflops += f
                     fast.add(c)
-                    croot = n
             flops += f
             if op == "PAD" and e > size_k:
                 masked = True
@@ -378,7 +376,7 @@ class PlanEvaluator:
         if size_k > BROADCAST_WRITE * max(1, distinct) and not any_reduce:
             # a materialized broadcast: each element written is index arithmetic over few inputs
             flops += p.masked_read * size_k
-        fill = self._fill(k, order, nodes_of) if cflops and croot is not None else 1.0   # the lanes pass's block
+        fill = self._fill(k, order, nodes_of) if fast else 1.0     # a root contraction: by its register block
         t = self.cost.seconds(nbytes, flops, nodes, cflops, fill)
         # row-fused: a reduction below a row-invariant broadcast (computed once per row, reused)
         fused_rows = hoisted and any(nodes_of[c].op in REDUCE_OPS for c in under_hoist if c in nodes_of)

@@ -120,17 +120,18 @@ def block_of(body: Any, caps: Capabilities) -> tuple[int, int]:
     return _BLOCK_OF(body, caps) if _BLOCK_OF is not None else (1, 1)
 
 
-# the capabilities of each device created in this process, by its name (devices/__init__.py
-# get_device records them): the cost model reads a device's register block from here, since the
-# extractor's floor does not import the devices
-_BY_DEVICE: dict[str, Capabilities] = {}
+# each device created in this process, by its name (devices/__init__.py get_device records it):
+# the cost model reads a device's capabilities from here, since the extractor's floor does not
+# import the devices; read at each use, so capabilities a user set on the device object count
+_BY_DEVICE: dict[str, Any] = {}
 
 
-def record(device: str, caps: Capabilities) -> None:
-    """Note ``caps`` as device ``device``'s (called when the device object is created)."""
-    _BY_DEVICE[device] = caps
+def record(device: str, owner: Any) -> None:
+    """Note ``owner`` (an object whose ``caps`` are a Capabilities) as device ``device``."""
+    _BY_DEVICE[device] = owner
 
 
 def caps_for(device: str) -> Capabilities | None:
     """The capabilities of device ``device`` if it was created in this process, else None."""
-    return _BY_DEVICE.get(device)
+    owner = _BY_DEVICE.get(device)
+    return owner.caps if owner is not None else None

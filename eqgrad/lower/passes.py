@@ -212,9 +212,7 @@ class Lanes(Pass):
     name = "lanes"
 
     def applies(self, ctx: PassCtx, s: Schedule) -> bool:
-        root = ctx.root
-        big = [d for d, n in enumerate(root.shape) if n > 1]
-        return bool(ctx.has_reduce[id(root)] and big) and contiguous_under_reduce(root, big[-1])
+        return lanes_apply(ctx.root, ctx.has_reduce[id(ctx.root)])
 
     def run(self, ctx: PassCtx, s: Schedule) -> Schedule:
         shape = ctx.root.shape
@@ -230,6 +228,13 @@ class Lanes(Pass):
         return ", ".join(f"axis {d} x{w}" for d, w in s.lanes) or "no width divides"
 
 
+def lanes_apply(root: KNode, has_reduce: bool) -> bool:
+    """The lanes pass's condition: a reduction below the root and a load it streams with unit stride
+    along the last output axis with more than one element."""
+    big = [d for d, n in enumerate(root.shape) if n > 1]
+    return bool(has_reduce and big) and contiguous_under_reduce(root, big[-1])
+
+
 def block_of(root: KNode, caps: Capabilities) -> tuple[int, int]:
     """The register block (lanes on the last output axis, on the one before) a contraction with
     kernel body ``root`` runs with on a device with ``caps``, for the cost model (graph/caps.py
@@ -243,8 +248,7 @@ def block_of(root: KNode, caps: Capabilities) -> tuple[int, int]:
     costly part (resnet's extraction 0.25 -> 0.44 s when it came first)."""
     if not caps.register_lanes:
         return 1, 1
-    big = [d for d, n in enumerate(root.shape) if n > 1]
-    if big and any(n.op in REDUCES for n in root.walk()) and contiguous_under_reduce(root, big[-1]):
+    if lanes_apply(root, any(n.op in REDUCES for n in root.walk())):
         block = caps.register_block(root.shape, len(root.walk()))
         if block != (1, 1):
             return block
