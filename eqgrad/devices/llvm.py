@@ -143,6 +143,51 @@ def _max(c: _Ctx, k: str, ty: str, a: str, b: str) -> str:
     return c(f"select i1 {gt}, {ty} {a}, {ty} {b}")
 
 
+# A float max reduction of the scalar path accumulates integers that order as the floats do: the
+# bits with the magnitude flipped when the sign is set (-inf < ... < -0 < +0 < ... < +inf < NaN), a
+# NaN made positive first, so that it wins as ``maximum``'s does (the result is the canonical
+# NaN). LLVM's loop vectorizer reduces ``llvm.maximum`` with NaN and signed-zero checks between
+# every scalar step of the final horizontal reduction (~45 dependent instructions a row on x86)
+# and with 6 instructions a vector in the loop; the integer max is one instruction in both. Measured
+# (2-vCPU Xeon, each kernel over 4 MB of float32, two runs): amax over rows of 8 541 -> 267 us, of
+# 15 596 -> 300 us, of 1024 unchanged; softmax over rows of 15 1,900 -> 1,040 us, of 1024 1,250 ->
+# 1,125 us; BERT's (32, 12, 15, 15) softmax 147 -> 93 us; 3 x 3 max pooling 1,650 -> 1,290 us.
+# The flip is ``b ^ ((b >>s (w-1)) >>u 1)``: written ``b ^ ((b >>s (w-1)) & 0x7FF...)``, LLVM's
+# AVX-512 code (mask registers) gave a NaN first row on the first call of a cross-entropy
+# backward kernel on a 2-vCPU Xeon VM, and the right one on every later call; not reproduced out
+# of the process, not with AVX2 code, not with this form.
+_ORDERED = {"float": "i32", "double": "i64"}
+_ORDERED_BITS = {"i32": 32, "i64": 64}
+
+
+def _ordered(c: _Ctx, ty: str, v: str) -> str:
+    """The ordered integer of float ``v`` (a NaN's is the largest)."""
+    nan = c(f"fcmp uno {ty} {v}, {v}")
+    clean = c(f"select i1 {nan}, {ty} {_dbl(float('nan'))}, {ty} {v}")
+    return _flip(c, _ORDERED[ty], c(f"bitcast {ty} {clean} to {_ORDERED[ty]}"))
+
+
+def _from_ordered(c: _Ctx, ty: str, k: str) -> str:
+    return c(f"bitcast {_ORDERED[ty]} {_flip(c, _ORDERED[ty], k)} to {ty}")
+
+
+def _flip(c: _Ctx, it: str, b: str) -> str:
+    """Bits <-> ordered integer (its own inverse: the sign bit is unchanged)."""
+    sign = c(f"ashr {it} {b}, {_ORDERED_BITS[it] - 1}")
+    return c(f"xor {it} {b}, {c(f'lshr {it} {sign}, 1')}")
+
+
+def _ordered_const(v: float, ty: str) -> int:
+    """The ordered integer of the float constant ``v`` (an accumulator's start)."""
+    if v != v:
+        v = float("nan")
+    if ty == "float":
+        b = struct.unpack("<i", struct.pack("<f", v))[0]
+    else:
+        b = struct.unpack("<q", struct.pack("<d", v))[0]
+    return b ^ ((1 << (_ORDERED_BITS[_ORDERED[ty]] - 1)) - 1 if b < 0 else 0)
+
+
 def _div_guarded(c: _Ctx, ty: str, a: str, b: str, instr: str, index: bool, nonneg: bool = False) -> str:
     if index:     # index arithmetic divides by positive constants only, with floor semantics (loopir.py)
         q = c(f"{instr} {ty} {a}, {b}")
@@ -499,6 +544,10 @@ class _Kernel:
         self.lanes = lanes if lanes is not None and lanes.grouped else None
         self.vmemo: dict[tuple, str] = {}
         self.vscopes: list[list[tuple]] = [[]]
+        # float max accumulators of the scalar path, kept as ordered integers (_ordered)
+        self.max_accs = {x.src[0] for x in k.insts if x.op == "ACCUM" and x.arg == "MAX"
+                         and _name(k.insts[x.src[0]].dtype) in _SUFFIX
+                         and (self.lanes is None or x.src[0] not in self.lanes.grouped)}
 
     def set(self, i: int, v: str, kd: str) -> None:
         self.val[i], self.kinds[i] = v, kd
@@ -535,6 +584,12 @@ class _Kernel:
                 for a in self.lanes.first_acc[i]:
                     self.set(a, f"%a{i}", kd)
             return
+        if i in self.max_accs:
+            it = _ORDERED[LT[kd]]
+            self.allocas.append(f"  %a{i} = alloca {it}")
+            self.c.lines.append(f"  store {it} {_ordered_const(x.arg, LT[kd])}, ptr %a{i}")
+            self.set(i, f"%a{i}", kd)
+            return
         self.allocas.append(f"  %a{i} = alloca {LT[kd]}")
         self.c.lines.append(f"  store {LT[kd]} {_const(x.arg, x.dtype)}, ptr %a{i}")
         self.set(i, f"%a{i}", kd)
@@ -555,6 +610,12 @@ class _Kernel:
             return
         kd = self.kinds[acc]
         ty = LT[kd]
+        if acc in self.max_accs:
+            it = _ORDERED[ty]
+            key = _ordered(c, ty, self.val[v])
+            new = _intrinsic(c, f"llvm.smax.{it}", it, c(f"load {it}, ptr {self.val[acc]}"), key)
+            c.lines.append(f"  store {it} {new}, ptr {self.val[acc]}")
+            return
         cur = c(f"load {ty}, ptr {self.val[acc]}")
         if x.arg == "ADD":        # reassoc: LLVM may vectorize the sum (docs/semantics.md, "Float sums")
             new = c(f"fadd reassoc nsz contract {ty} {cur}, {self.val[v]}") if kd in _SUFFIX else \
@@ -574,7 +635,11 @@ class _Kernel:
                     if r in self.lanes.need:
                         self.set(r, self.c(f"extractelement {self.vt(kd)} {v}, i64 {lane}"), kd)
             return
-        v = self.c(f"load {LT[kd]}, ptr {self.val[x.src[0]]}")
+        if x.src[0] in self.max_accs:
+            it = _ORDERED[LT[kd]]
+            v = _from_ordered(self.c, LT[kd], self.c(f"load {it}, ptr {self.val[x.src[0]]}"))
+        else:
+            v = self.c(f"load {LT[kd]}, ptr {self.val[x.src[0]]}")
         # a float16/bfloat16 sum is accumulated in float32 and rounded once, here
         self.set(i, _round_narrow(self.c, v, kd) if kd in _NARROW else v, kd)
 

@@ -1,12 +1,12 @@
 // ---- kernel 0
 ; kernel eqk
 declare float @llvm.floor.f32(float)
-declare float @llvm.maximum.f32(float, float)
+declare i32 @llvm.smax.i32(i32, i32)
 
 define void @eqk(ptr noalias %p0, ptr noalias readonly %p1, ptr noalias readonly %p2, i64 %lo, i64 %hi) nounwind {
 entry:
   %r3.p = alloca i64
-  %a4 = alloca float
+  %a4 = alloca i32
   %r5.p = alloca i64
   %a13 = alloca float
   %r14.p = alloca i64
@@ -18,7 +18,7 @@ L3.cond:
   %r3.c = icmp slt i64 %r3, %hi
   br i1 %r3.c, label %L3.body, label %L3.exit
 L3.body:
-  store float 0xFFF0000000000000, ptr %a4
+  store i32 -2139095041, ptr %a4
   store i64 0, ptr %r5.p
   br label %L5.cond
 L5.cond:
@@ -30,14 +30,24 @@ L5.body:
   %t2 = add i64 %t1, %r5
   %t3 = getelementptr inbounds float, ptr %p1, i64 %t2
   %t4 = load float, ptr %t3
-  %t5 = load float, ptr %a4
-  %t6 = call float @llvm.maximum.f32(float %t5, float %t4)
-  store float %t6, ptr %a4
+  %t5 = fcmp uno float %t4, %t4
+  %t6 = select i1 %t5, float 0x7FF8000000000000, float %t4
+  %t7 = bitcast float %t6 to i32
+  %t8 = ashr i32 %t7, 31
+  %t9 = lshr i32 %t8, 1
+  %t10 = xor i32 %t7, %t9
+  %t11 = load i32, ptr %a4
+  %t12 = call i32 @llvm.smax.i32(i32 %t11, i32 %t10)
+  store i32 %t12, ptr %a4
   %r5.n = add nuw nsw i64 %r5, 1
   store i64 %r5.n, ptr %r5.p
   br label %L5.cond, !llvm.loop !0
 L5.exit:
-  %t7 = load float, ptr %a4
+  %t13 = load i32, ptr %a4
+  %t14 = ashr i32 %t13, 31
+  %t15 = lshr i32 %t14, 1
+  %t16 = xor i32 %t13, %t15
+  %t17 = bitcast i32 %t16 to float
   store float 0x0000000000000000, ptr %a13
   store i64 0, ptr %r14.p
   br label %L14.cond
@@ -46,49 +56,49 @@ L14.cond:
   %r14.c = icmp slt i64 %r14, 8
   br i1 %r14.c, label %L14.body, label %L14.exit
 L14.body:
-  %t8 = mul i64 %r3, 8
-  %t9 = add i64 %t8, %r14
-  %t10 = getelementptr inbounds float, ptr %p1, i64 %t9
-  %t11 = load float, ptr %t10
-  %t12 = fneg float %t7
-  %t13 = fadd contract float %t11, %t12
-  %t14 = getelementptr inbounds float, ptr %p2, i64 0
-  %t15 = load float, ptr %t14
-  %t16 = fmul contract float %t13, %t15
-  %t17 = fcmp olt float 0x4060000000000000, %t16
-  %t18 = select i1 %t17, float 0x4060000000000000, float %t16
-  %t19 = fcmp olt float %t18, 0xC05FC00000000000
-  %t20 = select i1 %t19, float 0xC05FC00000000000, float %t18
-  %t21 = call float @llvm.floor.f32(float %t20)
-  %t22 = fneg float %t21
-  %t23 = fadd contract float %t20, %t22
-  %t24 = fmul contract float 0x3F2C6E2920000000, %t23
-  %t25 = fadd contract float %t24, 0x3F546301C0000000
-  %t26 = fmul contract float %t25, %t23
-  %t27 = fadd contract float %t26, 0x3F83D24EA0000000
-  %t28 = fmul contract float %t27, %t23
-  %t29 = fadd contract float %t28, 0x3FAC685620000000
-  %t30 = fmul contract float %t29, %t23
-  %t31 = fadd contract float %t30, 0x3FCEBFD9A0000000
-  %t32 = fmul contract float %t31, %t23
-  %t33 = fadd contract float %t32, 0x3FE62E42A0000000
-  %t34 = fmul contract float %t33, %t23
-  %t35 = fadd contract float %t34, 0x3FF0000000000000
-  %t36 = fadd contract float %t21, 0x4168000FE0000000
-  %t37 = bitcast float %t36 to i32
-  %t38 = shl i32 %t37, 23
-  %t39 = bitcast i32 %t38 to float
-  %t40 = fmul contract float %t35, %t39
-  %t41 = getelementptr inbounds float, ptr %p0, i64 %t9
-  store float %t40, ptr %t41
-  %t42 = load float, ptr %a13
-  %t43 = fadd reassoc nsz contract float %t42, %t40
-  store float %t43, ptr %a13
+  %t18 = mul i64 %r3, 8
+  %t19 = add i64 %t18, %r14
+  %t20 = getelementptr inbounds float, ptr %p1, i64 %t19
+  %t21 = load float, ptr %t20
+  %t22 = fneg float %t17
+  %t23 = fadd contract float %t21, %t22
+  %t24 = getelementptr inbounds float, ptr %p2, i64 0
+  %t25 = load float, ptr %t24
+  %t26 = fmul contract float %t23, %t25
+  %t27 = fcmp olt float 0x4060000000000000, %t26
+  %t28 = select i1 %t27, float 0x4060000000000000, float %t26
+  %t29 = fcmp olt float %t28, 0xC05FC00000000000
+  %t30 = select i1 %t29, float 0xC05FC00000000000, float %t28
+  %t31 = call float @llvm.floor.f32(float %t30)
+  %t32 = fneg float %t31
+  %t33 = fadd contract float %t30, %t32
+  %t34 = fmul contract float 0x3F2C6E2920000000, %t33
+  %t35 = fadd contract float %t34, 0x3F546301C0000000
+  %t36 = fmul contract float %t35, %t33
+  %t37 = fadd contract float %t36, 0x3F83D24EA0000000
+  %t38 = fmul contract float %t37, %t33
+  %t39 = fadd contract float %t38, 0x3FAC685620000000
+  %t40 = fmul contract float %t39, %t33
+  %t41 = fadd contract float %t40, 0x3FCEBFD9A0000000
+  %t42 = fmul contract float %t41, %t33
+  %t43 = fadd contract float %t42, 0x3FE62E42A0000000
+  %t44 = fmul contract float %t43, %t33
+  %t45 = fadd contract float %t44, 0x3FF0000000000000
+  %t46 = fadd contract float %t31, 0x4168000FE0000000
+  %t47 = bitcast float %t46 to i32
+  %t48 = shl i32 %t47, 23
+  %t49 = bitcast i32 %t48 to float
+  %t50 = fmul contract float %t45, %t49
+  %t51 = getelementptr inbounds float, ptr %p0, i64 %t19
+  store float %t50, ptr %t51
+  %t52 = load float, ptr %a13
+  %t53 = fadd reassoc nsz contract float %t52, %t50
+  store float %t53, ptr %a13
   %r14.n = add nuw nsw i64 %r14, 1
   store i64 %r14.n, ptr %r14.p
   br label %L14.cond, !llvm.loop !0
 L14.exit:
-  %t44 = load float, ptr %a13
+  %t54 = load float, ptr %a13
   store i64 0, ptr %r59.p
   br label %L59.cond
 L59.cond:
@@ -96,14 +106,14 @@ L59.cond:
   %r59.c = icmp slt i64 %r59, 8
   br i1 %r59.c, label %L59.body, label %L59.exit
 L59.body:
-  %t45 = mul i64 %r3, 8
-  %t46 = add i64 %t45, %r59
-  %t47 = getelementptr inbounds float, ptr %p0, i64 %t46
-  %t48 = load float, ptr %t47
-  %t49 = fdiv float 1.0, %t44
-  %t50 = fmul contract float %t48, %t49
-  %t51 = getelementptr inbounds float, ptr %p0, i64 %t46
-  store float %t50, ptr %t51
+  %t55 = mul i64 %r3, 8
+  %t56 = add i64 %t55, %r59
+  %t57 = getelementptr inbounds float, ptr %p0, i64 %t56
+  %t58 = load float, ptr %t57
+  %t59 = fdiv float 1.0, %t54
+  %t60 = fmul contract float %t58, %t59
+  %t61 = getelementptr inbounds float, ptr %p0, i64 %t56
+  store float %t60, ptr %t61
   %r59.n = add nuw nsw i64 %r59, 1
   store i64 %r59.n, ptr %r59.p
   br label %L59.cond, !llvm.loop !0
