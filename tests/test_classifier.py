@@ -221,6 +221,44 @@ def test_a_gemm_a_block_wide_is_priced_at_the_full_rate(shapes):
     assert with_caps == pytest.approx(without)
 
 
+def _priced_with_library(a, b, speed) -> tuple[float, float]:
+    """(a @ b)'s one kernel priced with the device's library GEMM answering ``speed`` and without a
+    library, in seconds."""
+    from eqgrad.extract import cost_model
+    from dataclasses import replace
+    cp, _ = engine.plan_for([(a @ b).lazydata])
+    (k,) = cp.plan.kernels
+    base = cost_model("LLVM")
+    with_lib = replace(base, library=lambda: speed, threads=2)
+    without = replace(base, library=None)
+    ev = lambda cm: cm.seconds(k.nbytes, k.flops, 0, k.flops, cm.fill(k.ast))
+    return ev(with_lib), ev(without)
+
+
+def test_a_large_gemm_is_priced_at_the_library_rate():
+    """A GEMM at least as large in every dimension as the product the device timed its library on
+    is priced at that rate on the device's threads (plus a call), not the generated kernel's: a
+    Linear 480 x 1536 x 384 ran at 300-320 GFLOP/s in the BLAS on two threads and was priced at 150.
+    A library slower than the generated kernel changes nothing (the device runs the faster)."""
+    a, b = _t(512, 384), _t(384, 1536)
+    fast, base = _priced_with_library(a, b, (1e-6, 150e9, 256))
+    flops = 2 * 512 * 384 * 1536
+    p = _params()
+    assert fast == pytest.approx(p.launch + 1e-6 + flops / 300e9, rel=1e-6)     # (the arithmetic outweighs the bytes)
+    assert fast < base / 1.5
+    slow, base2 = _priced_with_library(a, b, (1e-6, 10e9, 256))
+    assert slow == pytest.approx(base2)
+
+
+@pytest.mark.parametrize("shapes", [((128, 384), (384, 1536)), ((8, 256, 256), (8, 256, 256))])
+def test_a_small_or_batched_gemm_keeps_the_generated_rate(shapes):
+    """Smaller than the timed product in a dimension, or a batch of products: the one timing does not
+    tell the library's rate there (attention's 384 products of 128 x 128 x 32 ran at 89 GFLOP/s), so
+    the generated kernel's price stands (the device times both and runs the faster)."""
+    fast, base = _priced_with_library(_t(*shapes[0]), _t(*shapes[1]), (1e-6, 150e9, 256))
+    assert fast == pytest.approx(base)
+
+
 @pytest.mark.parametrize("name", list(PROGRAMS))
 def test_the_cost_models_block_is_the_lanes_passs(name):
     """``block_of`` (what the cost model prices a contraction by) is the lanes pass's block for every

@@ -537,6 +537,15 @@ class LLVMDevice(Device):
             prg = self._gemms[key] = blas.GemmProgram(k.name, g, (k.out, *k.inputs), self.blas(), threads)
         return prg
 
+    def library_speed(self) -> tuple[float, float, int] | None:
+        """The BLAS's (seconds a call costs, FLOP/s of one thread on a SPEED_N-cubed product,
+        SPEED_N), measured once per process (``blas.speeds``), for the cost model (graph/caps.py
+        ``library_for``); None when contractions do not use it."""
+        if self.blas() is None:
+            return None
+        call, rate = blas.speeds()
+        return call, rate, blas.SPEED_N
+
     def blas(self) -> blas.Blas | None:
         """The BLAS when contractions use it (``EQGRAD_BLAS``, and SciPy's loads), else None.
         SciPy's is loaded at the first contraction, not by a program without one."""

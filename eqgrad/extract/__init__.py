@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterator
 from eqgrad import config
 from eqgrad.counters import EqgradWarning
 from eqgrad.extract.cost import CALIBRATIONS, CostFn, CostModel, DeviceParams, Overrides, default_cost, params_for
-from eqgrad.graph.caps import caps_for
+from eqgrad.graph.caps import caps_for, library_for
 from eqgrad.extract.egraph import EGraph
 from eqgrad.extract.evaluate import Choice
 from eqgrad.extract.greedy import GreedyExtractor, ImproveExtractor, Result
@@ -74,7 +74,7 @@ def cost_model(device: str, settings: ExtractSettings | None = None) -> CostMode
     s = effective(settings)
     p = s.params.get(device)
     p = p.apply(params_for(device)) if isinstance(p, Overrides) else p or params_for(device)
-    return CostModel(p, s.cost_fn or default_cost, caps_for(device))
+    return CostModel(p, s.cost_fn or default_cost, caps_for(device), library_for(device), max(1, config.THREADS.value))
 
 
 def _params_value(device: str, v: Any) -> DeviceParams | Overrides:

@@ -28,7 +28,9 @@
   default parameters predicted 60 % of bench_model's kernels within 2x, with 150 GFLOP/s 82 %.
   That rate is a register-blocked contraction's: one the lowering gives no lanes at all runs at
   ``contraction * fill`` (``KernelStats.fill``: one lane axis's share of the block, 1/8 on the CPU;
-  graph/caps.py ``Capabilities.block_fill``, docs/extraction.md).
+  graph/caps.py ``Capabilities.block_fill``, docs/extraction.md). A large GEMM the device hands its
+  library (the BLAS) is priced at the library's rate, timed by the device on this machine, where
+  that is faster: its fill is then that rate over ``contraction``, above 1 (``CostModel.library_gemm``).
 - unlaned contractions: a sum of a product of broadcast operands (a matmul or convolution) that
   is hoisted into a row-fused kernel (its result broadcast along the kernel's trailing output
   axes, e.g. a convolution's input gradient fused into max-pool's backward) is rendered in its
@@ -61,7 +63,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from eqgrad.cache import JsonCache, check_fields, machine_key
-from eqgrad.graph.caps import Capabilities, block_of
+from eqgrad.graph.caps import Capabilities, block_of, gemm_of
 
 CALIBRATION_VERSION = 1
 
@@ -108,7 +110,7 @@ class KernelStats:
     flops: float
     nodes: int
     cflops: float = 0.0          # of ``flops``, those of a contraction at the kernel's root (the class above)
-    fill: float = 1.0            # that contraction's rate as a share of a register-blocked one's (above)
+    fill: float = 1.0            # that contraction's rate as a share of a register-blocked one's (above; > 1: the library's)
 
 
 @dataclass
@@ -182,6 +184,11 @@ class CostModel:
     # the device's lowering capabilities (graph/caps.py), for the register block a contraction
     # gets; None (a cost model built by hand): every contraction fills it
     caps: Capabilities | None = None
+    # the device's library GEMM (graph/caps.py ``library_for``: (call seconds, FLOP/s of one
+    # thread, the size it was timed at), asked the first time a large GEMM is priced) and the
+    # threads it runs a single product on; None: no library
+    library: Callable[[], tuple[float, float, int] | None] | None = None
+    threads: int = 1
 
     def seconds(self, nbytes: float, flops: float, nodes: int, cflops: float = 0.0, fill: float = 1.0) -> float:
         return self.fn(KernelStats(nbytes, flops, nodes, cflops, fill), self.params)
@@ -192,7 +199,39 @@ class CostModel:
         pass's block); 1 without a contraction rate of its own or known capabilities."""
         if self.caps is None or not self.params.contraction:
             return 1.0
-        return self.caps.block_fill(block_of(body, self.caps))
+        fill = self.caps.block_fill(block_of(body, self.caps))
+        lib = self.library_gemm(body)
+        return fill if lib is None else max(fill, lib / self.params.contraction)
+
+    def library_speed(self) -> tuple[float, float, int] | None:
+        return self.library() if self.library is not None else None
+
+    def library_gemm(self, body: Any) -> float | None:
+        """The FLOP/s the device's library GEMM runs kernel body ``body`` at, when the body is one
+        GEMM (no batch) at least as large in every dimension as the product the library was timed
+        on (``size`` cubed): its calls cost ``call`` and its arithmetic runs at the timed rate on
+        each of ``threads`` threads. None otherwise: smaller or batched products run the library
+        at rates the one timing does not tell (attention's 384 products of 128 x 128 x 32 ran at
+        89 GFLOP/s against 277 for the timed 256-cubed one on two threads), and the device times the
+        library against the generated kernel for them (devices/cpustage.py). Measured on a 2-vCPU
+        Xeon: 139 GFLOP/s a thread timed; Linear 480 x 1536 x 384 ran at 300-320 GFLOP/s on two
+        threads, matmul 512 at 260, both priced at the generated contraction's 150 before."""
+        if len(body.shape) < 2 or body.shape[-1] * body.shape[-2] < 4:
+            return None
+        lib = self.library_speed()
+        if lib is None:
+            return None
+        call, rate, size = lib
+        out = 1
+        for n in body.shape:
+            out *= n
+        if out < size * size:                     # (cheap: most bodies stop here, before the match)
+            return None
+        g = gemm_of(body)
+        if g is None or g[0] != 1 or min(g[1:]) < size:
+            return None
+        flops = 2.0 * g[1] * g[2] * g[3]
+        return flops / (call + flops / (rate * max(1, self.threads)))
 
 
 # ------------------------------------------------------------------ calibration storage

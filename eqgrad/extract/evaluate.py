@@ -172,7 +172,7 @@ class PlanEvaluator:
             else:
                 struct[c] = (n.op, n.arg, tuple(struct[ch] for ch in n.children))
             struct[c] += (g.shapes[c], g.dtypes[c])
-        key = (struct[k], self.cost.caps, self.cost.params.contraction > 0)
+        key = (struct[k], self.cost.caps, self.cost.params.contraction, self.cost.library_speed(), self.cost.threads)
         hit = _FILLS.get(key)
         if hit is None:
             if len(_FILLS) >= 4096:

@@ -120,6 +120,23 @@ def block_of(body: Any, caps: Capabilities) -> tuple[int, int]:
     return _BLOCK_OF(body, caps) if _BLOCK_OF is not None else (1, 1)
 
 
+# the GEMM a kernel body is (lower/contraction.py ``gemm_shape`` registers itself when imported):
+# (batches, m, n, k), or None for a body that is not one
+_GEMM_OF: Callable[[Any], tuple[int, int, int, int] | None] | None = None
+
+
+def register_gemm_rule(fn: Callable[[Any], tuple[int, int, int, int] | None]) -> None:
+    """Install the contraction matcher (``fn(kernel body) -> (batches, m, n, k) or None``)."""
+    global _GEMM_OF
+    _GEMM_OF = fn
+
+
+def gemm_of(body: Any) -> tuple[int, int, int, int] | None:
+    """(batches, m, n, k) of the GEMM kernel body ``body`` is, or None (also before the lowering is
+    imported)."""
+    return _GEMM_OF(body) if _GEMM_OF is not None else None
+
+
 # each device created in this process, by its name (devices/__init__.py get_device records it):
 # the cost model reads a device's capabilities from here, since the extractor's floor does not
 # import the devices; read at each use, so capabilities a user set on the device object count
@@ -135,3 +152,13 @@ def caps_for(device: str) -> Capabilities | None:
     """The capabilities of device ``device`` if it was created in this process, else None."""
     owner = _BY_DEVICE.get(device)
     return owner.caps if owner is not None else None
+
+
+def library_for(device: str) -> Callable[[], tuple[float, float, int] | None] | None:
+    """How to ask device ``device`` for the library GEMM it hands large contractions to, if it was
+    created in this process and has one (the LLVM device: the BLAS): a function that returns
+    (seconds a call costs, FLOP/s of one thread on a product of ``size`` cubed, ``size``), measured
+    on this machine the first time it is asked, or None when the library is off. A function, so that
+    a program without a contraction never loads or times the library."""
+    owner = _BY_DEVICE.get(device)
+    return getattr(owner, "library_speed", None) if owner is not None else None

@@ -27,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from eqgrad.dtype import float32
+from eqgrad.graph.caps import register_gemm_rule
 from eqgrad.graph.plan import Kernel, KNode
 from eqgrad.lower import symbolic
 from eqgrad.lower.indexing import flat_index, move_index, strides_of
@@ -377,3 +378,16 @@ def pack_kernels(k: Kernel, f: Found, first_buffer: int) -> list[Kernel]:
         out.append(Kernel(f"{k.name}p{i}", first_buffer + i, u, u.buffers(), k.predicted, 8 * numel(u.shape), 0,
                           k.kind))
     return out
+
+
+def gemm_shape(root: KNode) -> tuple[int, int, int, int] | None:
+    """(batches, m, n, k) of the GEMM kernel body ``root`` is (``find_contraction``), or None: the cost
+    model's question (graph/caps.py ``gemm_of``), as it may not import the lowering."""
+    found = find_contraction(root)
+    if found is None:
+        return None
+    g = found.gemm
+    return g.batches, g.m, g.n, g.k
+
+
+register_gemm_rule(gemm_shape)

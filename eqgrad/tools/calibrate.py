@@ -1,6 +1,7 @@
 """Calibration: measure a device's launch overhead, bandwidth, peak FLOP/s (an FMA chain: the
-rate of elementwise work) and contraction FLOP/s (matmul 512, run as the device runs it: register
-lanes or the BLAS) with small eqgrad kernels (``python -m eqgrad tune calibrate``), then (its
+rate of elementwise work) and contraction FLOP/s (matmul 512 as a generated kernel with register
+lanes, the library off: a large GEMM the device hands its BLAS is priced at the rate the device
+times the library at, extract/cost.py ``CostModel.library_gemm``) with small eqgrad kernels (``python -m eqgrad tune calibrate``), then (its
 default) fit the four to the kernels of a small corpus of model-like programs as they run
 (``fit``, below); the result is stored per device and machine and read by
 ``eqgrad.extract.cost.params_for``."""
@@ -13,7 +14,7 @@ from typing import Callable
 
 import numpy as np
 
-from eqgrad import engine
+from eqgrad import config, engine
 from eqgrad.devices import Buffer
 from eqgrad.extract import cost_model
 from eqgrad.extract.cost import DEFAULT_PARAMS, DeviceParams, kernel_time
@@ -112,7 +113,8 @@ def _calibrate_once(device: str, reps: int, rng: np.random.Generator,
         progress(f"bandwidth {bandwidth / 1e9:.1f} GB/s")
     m = 512
     a = Tensor(rng.random((m, m), dtype=np.float32), device=device)
-    t_mm, _ = timed(lambda: a @ a)
+    with config.Context(BLAS=0):                 # the generated kernel's rate (module docstring)
+        t_mm, _ = timed(lambda: a @ a)
     small = Tensor(rng.random(1 << 18, dtype=np.float32), device=device)
 
     def fma_chain() -> Tensor:
