@@ -297,8 +297,11 @@ def test_cl_alias(monkeypatch):
 # ---------------------------------------------------------------------------- unavailable devices
 @pytest.fixture
 def fresh_devices(monkeypatch):
-    """Forget created devices for one test (restored afterwards)."""
+    """Forget created devices for one test (restored afterwards, with the cost model's record of
+    them: graph/caps.py, which a device created here would otherwise leave pointing at itself)."""
+    from eqgrad.graph import caps
     monkeypatch.setattr(devices, "_devices", {})
+    monkeypatch.setattr(caps, "_BY_DEVICE", dict(caps._BY_DEVICE))
 
 
 def test_missing_pyopencl_is_a_clear_error(fresh_devices, monkeypatch):
