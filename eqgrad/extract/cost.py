@@ -20,7 +20,7 @@
   product of broadcast operands: a matmul, a convolution; its epilogue excluded), which the
   lowering gives register lanes or hands to the BLAS; ``contraction`` is their rate, ``peak`` the
   rate of everything else (streaming elementwise work). ``contraction`` 0 means ``peak``;
-  calibration measures both (matmul 512 as the device runs it, an FMA chain). The LLVM default is
+  calibration measures both (matmul 512 as a generated kernel, the BLAS off; an FMA chain). The LLVM default is
   150 GFLOP/s, what contractions run at on the two machines measured: a CNN step's three 302-MFLOP
   convolution kernels at 160-195 GFLOP/s (Zen 5, two cores; predicted at the one 50 GFLOP/s rate,
   1.5-1.7 against 6.0 ms), and on a 2-vCPU Xeon (AVX-512) matmul 512 at 215-270, Linear 480 at
