@@ -216,16 +216,11 @@ class CostModel:
         library against the generated kernel for them (devices/cpustage.py). Measured on a 2-vCPU
         Xeon: 139 GFLOP/s a thread timed; Linear 480 x 1536 x 384 ran at 300-320 GFLOP/s on two
         threads, matmul 512 at 260, both priced at the generated contraction's 150 before."""
-        if len(body.shape) < 2 or body.shape[-1] * body.shape[-2] < 4:
-            return None
         lib = self.library_speed()
         if lib is None:
             return None
         call, rate, size = lib
-        out = 1
-        for n in body.shape:
-            out *= n
-        if out < size * size:                     # (cheap: most bodies stop here, before the match)
+        if math.prod(body.shape) < size * size:     # (cheap: most bodies stop here, before the match)
             return None
         g = gemm_of(body)
         if g is None or g[0] != 1 or min(g[1:]) < size:

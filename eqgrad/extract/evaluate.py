@@ -21,7 +21,7 @@ import itertools
 import math
 from collections import Counter
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 from eqgrad.ops import OPS, REDUCE_OPS, numel
 from eqgrad.extract.cost import CostModel, KernelCost
@@ -123,6 +123,7 @@ def _row_invariant(src: tuple, shape: tuple, rg: "str | frozenset") -> bool:
 
 # PlanEvaluator._fill's answers, by kernel body structure (a bounded memo: cleared when full)
 _FILLS: dict[tuple, float] = {}
+_UNASKED = object()
 
 
 def _body(s: tuple, memo: dict[int, KNode]) -> KNode:
@@ -152,6 +153,7 @@ class PlanEvaluator:
         self._numel = [numel(s) if s is not None else 0 for s in g.shapes]
         self._flops = {name: d.flops for name, d in OPS.items()}
         self._elementwise = {name for name, d in OPS.items() if d.kind in ("unary", "binary", "ternary")}
+        self._library: Any = _UNASKED          # the cost model's library speed, asked at the first fill
 
     def _fill(self, k: int, order: list[int], nodes_of: dict[int, ENode]) -> float:
         """The rate share (``CostModel.fill``) of kernel ``k``'s root contraction, by the register
@@ -172,7 +174,9 @@ class PlanEvaluator:
             else:
                 struct[c] = (n.op, n.arg, tuple(struct[ch] for ch in n.children))
             struct[c] += (g.shapes[c], g.dtypes[c])
-        key = (struct[k], self.cost.caps, self.cost.params.contraction, self.cost.library_speed(), self.cost.threads)
+        if self._library is _UNASKED:             # the device's answer, once per evaluator
+            self._library = self.cost.library_speed()
+        key = (struct[k], self.cost.caps, self.cost.params.contraction, self._library, self.cost.threads)
         hit = _FILLS.get(key)
         if hit is None:
             if len(_FILLS) >= 4096:
