@@ -101,46 +101,85 @@ def program_sizes(prog: Program) -> ProgramSizes:
     return structure_sizes(prog.key, prog.input_specs, len(prog.inputs))
 
 
+def _node_sizes(node: tuple) -> tuple[tuple, tuple[int, ...], frozenset[float], str]:
+    """One node of a structure key abstracted: (its item in the size-free key, its sizes in walk
+    order, the values of the constants it reads, why resize cannot handle it or "")."""
+    op, arg, shape, dtname, srcs = node
+    sz = _Sizes()
+    consts: set[float] = set()
+    unknown = ""
+    if isinstance(arg, str) and arg in DTYPES and (op in ELEMENTWISE or op in BOUNDARY):
+        pass                                   # a cast's dtype, by name in the key
+    elif known_op(op, arg):
+        arg = sz.arg(op, arg)
+    else:
+        unknown = f"op {op} (attribute {arg!r}), whose sizes resize does not know"
+    shape = sz.shape(shape)
+    return (op, arg, shape, dtname, _refs(srcs, sz, consts)), tuple(sz.values), frozenset(consts), unknown
+
+
+def _refs(refs: tuple, sz: _Sizes, consts: set[float]) -> tuple:
+    """A node's sources (or the roots) abstracted: a node's index stays, a leaf's shape loses its
+    sizes (into ``sz``), a constant's value goes into ``consts``."""
+    out = []
+    for r in refs:
+        if r.__class__ is not int:
+            if r[0] == "C" and r[3] != "bool":
+                consts.add(float(r[1]))
+            r = (r[0], r[1], sz.shape(r[2]), r[3])
+        out.append(r)
+    return tuple(out)
+
+
+# a structure key's node -> _node_sizes' answer: consecutive programs of a model share most nodes
+# (a growing sequence's step changes the few whose shapes hold its length), so a realize that
+# resizes abstracts only those (_NODES_MAX: docs/lowering.md, Constants)
+_NODES: dict[tuple, tuple] = {}
+_NODES_MAX = 16384
+
+
 def structure_sizes(key: tuple, input_specs: list[tuple[Shape, DType]], n_inputs: int) -> ProgramSizes:
     """The sizes of a program and its size-free key, from its structure key (``Program.key``, or
     ``graph.program.structure``'s: the same tuple) and its input specs (the realized inputs first,
     then the parameters): a realize that resizes a cached plan never builds the Program."""
-    sz = _Sizes()
+    values: list[int] = []
     consts: set[float] = set()
     unknown = ""
-
-    def ref(r: Any) -> Any:
-        if r.__class__ is int:
-            return r
-        if r[0] == "C" and r[3] != "bool":
-            consts.add(float(r[1]))
-        return (r[0], r[1], sz.shape(r[2]), r[3])
-
     const: list[bool] = []
     folds = sums = False
     nodes = key[1:-1]
     items: list[tuple] = [(key[0][0], n_inputs, tuple(d.name for _, d in input_specs[n_inputs:]))]
-    for op, arg, shape, dtname, srcs in nodes:
-        if isinstance(arg, str) and arg in DTYPES and (op in ELEMENTWISE or op in BOUNDARY):
-            pass                                   # a cast's dtype, by name in the key
-        elif known_op(op, arg):
-            arg = sz.arg(op, arg)
-        else:
-            unknown = unknown or f"op {op} (attribute {arg!r}), whose sizes resize does not know"
-        items.append((op, arg, sz.shape(shape), dtname, tuple([ref(r) for r in srcs])))
+    memo = _NODES
+    for node in nodes:
+        try:
+            hit = memo.get(node)
+        except TypeError:                      # an attribute given as a list
+            hit = _node_sizes(node)
+        if hit is None:
+            if len(memo) >= _NODES_MAX:
+                memo.clear()
+            hit = memo[node] = _node_sizes(node)
+        items.append(hit[0])
+        values.extend(hit[1])
+        if hit[2]:
+            consts |= hit[2]
+        unknown = unknown or hit[3]
         c = True
-        for r in srcs:
+        for r in node[4]:
             if not (const[r] if r.__class__ is int else r[0] == "C"):
                 c = False
                 break
         const.append(c)
+        op = node[0]
         folds |= c and op in ELEMENTWISE
         sums |= c and op in REDUCE_OPS
     roots = key[-1]
-    items.append(tuple([ref(r) for r in roots]))
+    sz = _Sizes()
+    items.append(_refs(roots, sz, consts))
+    values += sz.values
     root_info = tuple((tuple(nodes[r][2]), DTYPES[nodes[r][3]], None) if isinstance(r, int) else
                       (tuple(r[2]), DTYPES[r[3]], r[1] if r[0] == "B" else None) for r in roots)
-    return ProgramSizes(tuple(items), tuple(sz.values), tuple((tuple(sh), d) for sh, d in input_specs), root_info,
+    return ProgramSizes(tuple(items), tuple(values), tuple((tuple(sh), d) for sh, d in input_specs), root_info,
                         frozenset(consts | {-v for v in consts}), folds, sums, unknown)
 
 
