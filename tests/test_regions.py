@@ -79,6 +79,49 @@ def test_cuts_are_where_one_tensor_flows_on():
     assert regions.cuts(prog) == [1, 2]
 
 
+def test_no_cut_materializes_a_broadcast():
+    """A product of broadcasts before its sum is the only tensor flowing on when both operands are
+    computed from realized buffers (a first attention layer's q k^T): no cut there -- it would
+    write the product at many times its data's size instead of fusing it into the sum."""
+    rng = np.random.default_rng(0)
+    x = Tensor(rng.standard_normal((4, 8), dtype=np.float32)).realize()
+    w = Tensor(rng.standard_normal((8, 5), dtype=np.float32)).realize()
+    a, b = (x * 2).exp(), (w + 1).exp()
+    z = ((a.reshape(4, 8, 1) * b.reshape(1, 8, 5)).sum(1) + 1).exp()
+    prog = linearize([z.lazydata])
+    ops = [n.op for n in prog.nodes]
+    mul = max(i for i, op in enumerate(ops) if op == "MUL" and prog.nodes[i].shape == (4, 8, 5))
+    assert ops[mul + 1] == "RSUM"
+    c = regions.cuts(prog)
+    assert mul + 1 not in c                 # after the product: it alone flows on, but it is a broadcast
+    assert mul + 2 in c                     # after the sum: the sum alone, no larger than its data
+
+
+def test_a_first_attention_layer_fuses_its_product_into_its_sum(fresh):
+    """Layers of single-head attention over a realized input, planned by regions: the first
+    layer's q k^T and p v are fused contractions as in the others, no buffer the size of a
+    broadcast product is written, and the numbers are NumPy's."""
+    rng = np.random.default_rng(2)
+    B, T, E, n = 2, 6, 16, 6
+    x0 = rng.standard_normal((B, T, E)).astype(np.float32)
+    ws = [[(rng.standard_normal((E, E)) / 4).astype(np.float32) for _ in range(3)] for _ in range(n)]
+    x, xn = Tensor(x0), x0
+    for wq, wk, wv in ws:
+        q, k, v = x @ Tensor(wq), x @ Tensor(wk), x @ Tensor(wv)
+        x = x + (q @ k.transpose(1, 2)).softmax(-1) @ v
+        s = xn @ wq @ (xn @ wk).transpose(0, 2, 1)
+        e = np.exp(s - s.max(-1, keepdims=True))
+        xn = xn + (e / e.sum(-1, keepdims=True)) @ (xn @ wv)
+    assert regions.split(program([x])) is not None
+    got = run([x])[0]
+    plan = engine.last_plan.plan
+    assert any("planned by regions" in note for note in plan.notes), plan.notes
+    product = B * T * T * E
+    written = [np.prod(plan.buffers[k.out][0]) for k in plan.kernels]
+    assert max(written) < product, sorted(written)[-3:]
+    np.testing.assert_allclose(got, xn, rtol=1e-4, atol=1e-4)
+
+
 def test_repeated_blocks_plan_once_and_give_the_numbers_of_the_whole_program(fresh, monkeypatch):
     ts, want = forward(12)
     s0 = GlobalCounters.saturations
