@@ -342,3 +342,23 @@ def test_tune_calibrate_dry_run_without_the_fit(tmp_path, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "LLVM: launch" in out and "fitted to" not in out
     assert not (tmp_path / "calibration.json").exists()
+
+
+@pytest.mark.parametrize("extractor", ["greedy", "improve"])
+def test_a_projection_is_written_in_the_layout_its_product_reads(extractor, tmp_path, monkeypatch):
+    """Attention's v = (x @ Wv + b).reshape(B, T, H, D).permute(0, 2, 1, 3), read by p @ v: the
+    projection's kernel writes v's data (B, T, H*D) and the product reads it through the permute,
+    with unit stride along its lanes -- not v transposed, which the product reads with no lanes.
+    No single toggle reaches that plan from the transposed one (greedy's "sink" move does)."""
+    monkeypatch.setenv("EQGRAD_CACHE_DIR", str(tmp_path))
+    B, T, H, D = 4, 15, 4, 32
+    x, w, b, p = _t(B, T, H * D), _t(H * D, H * D), _t(H * D), _t(B, H, T, T)
+    with using(extractor=extractor):
+        v = (x @ w + b).reshape(B, T, H, D).permute(0, 2, 1, 3)
+        got = (p @ v).numpy()
+        plan = engine.last_plan.plan
+    assert len(plan.kernels) == 2
+    proj, prod = plan.kernels
+    assert int(np.prod(proj.ast.shape)) == B * T * H * D and proj.ast.shape[-1] == D, proj.ast.shape
+    want = p.numpy() @ (x.numpy() @ w.numpy() + b.numpy()).reshape(B, T, H, D).transpose(0, 2, 1, 3)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-3)

@@ -253,9 +253,34 @@ class GreedyExtractor:
         for prod in self._by_size:
             if prod in used or self.realize_of[prod] in used:
                 specs += [("toggle", prod, True), ("toggle", prod, False)]
+        specs += self._sink_specs(choice, used)
         if self.flips if flips is None else flips:
             for c in sorted(used):
                 specs += [("flip", c, n) for n in self.g.classes[c] if n.op != "REALIZE"]
+        return specs
+
+    def _sink_specs(self, choice: Choice, used: set[int]) -> list[tuple]:
+        """("sink", producer, target): a materialized producer whose chosen node is a movement op
+        (a reshape or permute of a projection, as attention's q, k and v are) written instead as
+        the data below its chain of movement ops -- ``target``, each class down the chain -- with
+        the movement inlined into the readers. Which layout a buffer is written in matters to its
+        readers (a product reads an operand with unit stride along its lanes, or not at all:
+        BERT's p @ v at 96 against 300 us predicted), and no single toggle reaches it: inlining
+        the producer alone fuses the projection into the product, materializing the data alone
+        adds a copy."""
+        specs: list[tuple] = []
+        for prod in self._by_size:
+            if self.realize_of[prod] not in used:
+                continue
+            n, seen = choice.get(prod), {prod}
+            while n is not None and OPS[n.op].kind == "movement" and len(n.children) == 1:
+                target = n.children[0]
+                if target in seen:
+                    break
+                seen.add(target)
+                if target in self.realize_of:
+                    specs.append(("sink", prod, target))
+                n = choice.get(target)
         return specs
 
     def _apply(self, st: PlanState, spec: tuple) -> tuple[str, dict[int, ENode] | None, bool]:
@@ -271,6 +296,17 @@ class GreedyExtractor:
             # Realize(P) and P reach the same classes when Realize(P)'s class chooses Realize(P)
             rn = choice.get(self.realize_of[a])
             return move, changes, rn is not None and rn.op == "REALIZE" and rn.children == (a,)
+        if kind == "sink":
+            move = f"write class {b} ({self._describe(choice, b)}) for class {a} ({self._describe(choice, a)})"
+            first = self.toggle_changes(choice, a, True)
+            if first is None:
+                return move, None, True
+            then = self.toggle_changes({**choice, **first}, b, False)
+            if then is None:
+                return move, None, True
+            ra, rb = choice.get(self.realize_of[a]), choice.get(self.realize_of[b])
+            safe = all(r is not None and r.op == "REALIZE" and r.children == (c,) for r, c in ((ra, a), (rb, b)))
+            return move, {**first, **then}, safe
         if choice.get(a) is b:
             return "", None, True
         move = f"use {b.op} for class {a}"

@@ -85,7 +85,12 @@ class Lowerer:
     # ------------------------------------------------------------------ emission with scoped CSE
     def emit(self, op: str, dtype: Any, src: tuple[int, ...] = (), arg: Any = None, cse: bool = True) -> int:
         if cse:
-            key = ("i", op, dtype, src, arg)
+            # a traced size (lower/trace.py) is keyed by its expression, not its value: two sizes
+            # equal at the values being traced (a decode step's cache length 11 and a lane offset
+            # that folds to 11) compared equal here, and the guard that comparison records pinned
+            # the trace to that one length -- a new lowering and compile at every step
+            k_arg = ("traced size", arg.e) if symbolic._tracing[0] and isinstance(arg, symbolic.SYMBOLS) else arg
+            key = ("i", op, dtype, src, k_arg)
             hit = self.memo.get(key)
             if hit is not None:
                 return hit

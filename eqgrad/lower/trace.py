@@ -36,7 +36,10 @@ their own (``symbolic.tracing``), so no lowering of plain sizes, in any thread, 
 a trace they still compare by value, which is sound but can pin a trace to its sizes where two
 numbers are equal by chance (a cache of 11 positions and a register lane's offset 11); interning
 them by expression instead was tried and let expressions grow past ``MAX_CHARS``, where they are
-specialized anyway. C-level uses of a size (``math.gcd``) take its ``int()``: index arithmetic
+specialized anyway. The emitter's common-subexpression memo keys a constant that is a ``Sym`` by its
+expression (lowering.py ``emit``): keyed by value, a decode step's ``p @ v`` with 64 register lanes
+merged its length with the lane offset equal to it, and every trace of it held for that one length
+(a lowering and a compile at every step). C-level uses of a size (``math.gcd``) take its ``int()``: index arithmetic
 uses ``symbolic._gcd`` instead.
 
 Off with ``EQGRAD_SIZE_ARGS=0``, with sized programs (every size vector lowers and compiles its
@@ -44,6 +47,7 @@ own code).
 """
 from __future__ import annotations
 
+import ast
 import math
 import os
 import threading
@@ -292,6 +296,30 @@ class _Holes:
         return replace(self.lk, insts=insts, params=list(self.lk.params), **fields)
 
 
+def _check_source(names: str, conds: list[str]) -> str:
+    """The source of ``check(names)``: every condition holds. Each distinct arithmetic
+    subexpression of the conditions is computed once, into a local, before they are tested: a
+    lowering's guards repeat their subexpressions (a decode step's attention product with 64
+    register lanes recorded 623 guards, one per lane offset and index form, over the same few
+    products and quotients of its length), and checking them each as written cost 0.2 ms a step.
+    A subexpression computed ahead that a condition before it would have skipped may raise
+    (a division by a size now 0): ``instantiate`` then falls back to the usual lowering."""
+    shared: dict[str, str] = {}
+    lines: list[str] = []
+
+    class _Share(ast.NodeTransformer):
+        def visit_BinOp(self, node: ast.BinOp) -> ast.AST:
+            self.generic_visit(node)
+            text = ast.unparse(node)
+            name = shared.get(text)
+            if name is None:
+                name = shared[text] = f"_t{len(shared)}"
+                lines.append(f" {name} = {text}\n")
+            return ast.Name(id=name, ctx=ast.Load())
+    tests = [ast.unparse(_Share().visit(ast.parse(c, mode="eval")).body) for c in conds]
+    return f"def check({names}):\n{''.join(lines)} return {' and '.join(f'({t})' for t in tests) or 'True'}\n"
+
+
 class Trace:
     """One symbolic lowering: which sizes are which symbol, its guards and its loop IR."""
 
@@ -301,8 +329,7 @@ class Trace:
         self.names = ", ".join(f"s{j}" for j in range(len(groups)))
         conds = [f"({c})" if r else f"not ({c})" for c, r in guards.items()]
         scope: dict[str, Any] = {}
-        exec(compile(f"def check({self.names}):\n return {' and '.join(conds) or 'True'}\n",      # noqa: S102
-                     "<eqgrad trace>", "exec"), scope)
+        exec(compile(_check_source(self.names, conds), "<eqgrad trace>", "exec"), scope)      # noqa: S102
         self.check = scope["check"]
         self.n_guards = len(guards)
         self.ir = _Holes(lk, self.names)
