@@ -158,6 +158,22 @@ def test_jit_replays_with_pooled_buffers_stay_right():
         np.testing.assert_allclose(o.numpy(), np.maximum(x @ w1, 0) @ w2 + 1, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.skipif(not hasattr(__import__("resource"), "RUSAGE_THREAD"), reason="per-thread page-fault counts are Linux's")
+@pytest.mark.parametrize("nbytes", [1 << 20, 12 << 20])
+def test_fresh_host_buffers_are_faulted_in_when_allocated(nbytes):
+    """A fresh host buffer's pages are mapped when it is allocated, not when a kernel first writes
+    it: the device times a kernel's first runs to choose its thread split, and those runs write
+    fresh buffers (a page fault costs ~1.4 us here: a one-thread probe of a small softmax timed at
+    2-3x its steady state, and the split chosen where one thread is faster)."""
+    import resource
+    from eqgrad.devices import hostmem
+    a = hostmem.host_empty(nbytes)
+    before = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
+    a[:] = 1
+    faults = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - before
+    assert faults <= 2, f"{faults} page faults writing a fresh {nbytes}-byte buffer"
+
+
 def test_large_host_buffers_are_huge_page_mappings():
     """Buffers of HUGE_MIN bytes or more are page-aligned anonymous mappings (advised MADV_HUGEPAGE
     where Linux allows it), smaller ones plain NumPy memory; both hold what is written to them and

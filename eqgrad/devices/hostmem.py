@@ -53,16 +53,29 @@ def host_empty(nbytes: int) -> np.ndarray:
     """An uninitialized flat uint8 array of ``nbytes``; from ``HUGE_MIN`` bytes on, a page-aligned
     anonymous mapping (the LLVM device's streaming stores rely on 64-byte alignment, llvm.py),
     huge-page backed where possible. The array keeps its mapping alive; the mapping is unmapped
-    when the array is collected."""
+    when the array is collected.
+
+    Its pages are faulted in here (one byte written per page), not by the first kernel that writes
+    it: the device times a kernel's first runs to choose between one thread and the split
+    (devices/cpu.py ``launch``), and each of a new plan's first runs writes fresh buffers (the
+    results of the runs before are still held). At ~1.4 us a page, a softmax over (32, 12, 15, 15)
+    timed 256-304 us on one thread against 186-200 split, and ran split at 148 us where one thread
+    runs it in 99; with the pages faulted here, one thread timed 121-165 us and was chosen."""
     if nbytes >= HUGE_MIN and hasattr(mmap, "MAP_ANONYMOUS"):
         try:
             m = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         except (OSError, ValueError):
-            return np.empty(nbytes, np.uint8)
+            return _faulted(np.empty(nbytes, np.uint8))
         if THP:
             try:
                 m.madvise(mmap.MADV_HUGEPAGE)
             except OSError:
                 pass
-        return np.frombuffer(m, np.uint8)
-    return np.empty(nbytes, np.uint8)
+        return _faulted(np.frombuffer(m, np.uint8))
+    return _faulted(np.empty(nbytes, np.uint8))
+
+
+def _faulted(a: np.ndarray) -> np.ndarray:
+    """``a`` (flat uint8) with a byte of each page written, so that its pages are mapped."""
+    a[::mmap.PAGESIZE] = 0
+    return a
