@@ -113,13 +113,17 @@ def test_a_sum_of_squares_per_row_is_left_to_the_generated_kernel():
 def test_what_pays(monkeypatch):
     """A contraction whose calls cost more than their arithmetic at the measured rate stays
     generated where the BLAS's best case comes in above the generated kernel's predicted time;
-    otherwise it is timed both ways by the device (None), as is one whose calls cost less; a
-    reduction (one output per batch index) is never the BLAS's."""
+    otherwise a single product goes to the BLAS, and a batch of them is timed both ways by the
+    device (None), as is a product whose call costs less than its arithmetic; a reduction (one
+    output per batch index) is never the BLAS's."""
     monkeypatch.setattr(blas, "speeds", lambda: (1e-6, 1e11))      # 1 us a call, 100 GFLOP/s
     q, k = Tensor(rnd(32, 12, 15, 32)), Tensor(rnd(32, 12, 15, 32, seed=1))
     small = find_contraction(body(q @ k.transpose(-1, -2))).gemm             # 14,400 flops a call: 0.14 us
     assert not blas.pays(small, predicted=1e-4, threads=2)                 # 384 calls: 0.44 ms
     assert blas.pays(small, predicted=1.0, threads=2) is None              # ... unless the kernel is slower: timed
+    one = find_contraction(body(Tensor(rnd(16, 24)) @ Tensor(rnd(24, 16, seed=1)))).gemm   # one call, 12,288 flops
+    assert blas.pays(one, predicted=1e-4, threads=2) is True              # 1.1 us: the BLAS, unmeasured
+    assert blas.pays(one, predicted=1e-6, threads=2) is False
     big = find_contraction(body(Tensor(rnd(64, 64)) @ Tensor(rnd(64, 64, seed=1)))).gemm   # 524,288: 5.2 us
     assert blas.pays(big, predicted=0.0, threads=2) is None                # timed by the device
     row = match_contraction([n for n in body((q * q).sum(-1)).walk() if n.op == "RSUM"][0])

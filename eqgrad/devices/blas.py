@@ -56,11 +56,12 @@ def pays(g: Gemm, predicted: float, threads: int) -> bool | None:
     even the BLAS's best case -- every call at that cost, the arithmetic at that rate, shared
     evenly by ``threads`` -- comes in above the cost model's ``predicted`` seconds for the
     generated kernel (attention over 15 tokens: 384 products of 15 x 15 x 32 at 4.9 us a call lose
-    to one generated kernel by 4x on the calls alone). Never True unmeasured: the best case is a
-    bound, not a prediction -- at 1.0 us a call the same 384 products came to 0.21 ms with the
-    calls shared by two threads, under the generated kernel's 0.30 predicted, and ran at 0.65 ms
-    (1.7 us a call of that shape; shared by two threads, 1.6 ms) against the generated kernel's
-    0.21. None otherwise: which is faster then depends on the shape and layout (attention over 128 tokens: the
+    to one generated kernel by 4x on the calls alone). True for one such product that comes in
+    below: its one call costs what was measured. Never True unmeasured for a batch: there the best
+    case is a bound, not a prediction -- at 1.0 us a call the same 384 products came to 0.21 ms
+    with the calls shared by two threads, under the generated kernel's 0.30 predicted, and ran at
+    0.65 ms (1.7 us a call of that shape; shared by two threads, 1.6 ms) against the generated
+    kernel's 0.21. None otherwise: which is faster then depends on the shape and layout (attention over 128 tokens: the
     BLAS 2.5x faster for q @ k^T, the generated kernel 1.6x faster for p @ v; a Linear's input
     gradient with k = 10: the generated kernel 7x faster with the ops after it fused; a rule by
     arithmetic intensity would need the DRAM bandwidth, whose measurement cost 0.4 s of page
@@ -70,8 +71,11 @@ def pays(g: Gemm, predicted: float, threads: int) -> bool | None:
         return False
     call, rate = speeds()
     per_call = g.flops / g.batches / rate
-    if per_call < call and g.batches * (call + per_call) / threads >= predicted:
-        return False
+    if per_call < call:
+        if g.batches * (call + per_call) / min(threads, g.batches) >= predicted:
+            return False
+        if g.batches == 1:           # one call: its cost is what was measured (a tiny product's)
+            return True
     return None
 
 
