@@ -273,16 +273,24 @@ def test_a_jitted_step_replays_the_blas_program(gemm_calls):
     assert gemm_calls[0] >= 4
 
 
-def test_a_batch_of_products_is_timed_once_per_machine(tmp_path, monkeypatch):
-    """Batched products that pay for their calls are timed against the generated kernel; the
-    choice is kept in the cache directory and not measured again (in this or a later process)."""
+@pytest.fixture
+def timed_choices(tmp_path, monkeypatch):
+    """Every product is timed BLAS against generated (its calls cost next to nothing), with a
+    fresh cache directory; the list of the choices stored in ``gemm.json``, as they are stored."""
     monkeypatch.setenv("EQGRAD_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(blas, "speeds", lambda: (1e-9, 1e11))       # every product pays its calls
+    monkeypatch.setattr(blas, "speeds", lambda: (1e-9, 1e11))
     trace.TRACES.clear()            # (bodies whose sizes kept changing in earlier tests are not looked at)
     monkeypatch.setattr(get_device("LLVM").stage, "_no_gemm", {})
     puts = []
     real_put = blas.CHOICES.put
     monkeypatch.setattr(blas.CHOICES, "put", lambda key, v: (puts.append(v), real_put(key, v)))
+    return puts
+
+
+def test_a_batch_of_products_is_timed_once_per_machine(tmp_path, timed_choices):
+    """Batched products that pay for their calls are timed against the generated kernel; the
+    choice is kept in the cache directory and not measured again (in this or a later process)."""
+    puts = timed_choices
     q, k = rnd(4, 3, 32, 16), rnd(4, 3, 32, 16, seed=1)
     want = q @ k.swapaxes(-1, -2)
     for _ in range(2):
@@ -309,15 +317,12 @@ def test_a_batch_of_products_is_timed_once_per_machine(tmp_path, monkeypatch):
     # a BLAS slower by more than BLAS_GIVE_UP in two turns is not run a third time
     ([(1e-3, 9e-3), (1e-3, 9e-3)], False),
 ])
-def test_one_slow_run_does_not_decide_blas_or_generated(tmp_path, monkeypatch, runs, verdict):
+def test_one_slow_run_does_not_decide_blas_or_generated(timed_choices, monkeypatch, runs, verdict):
     """``CPUStage._measured`` times the generated kernel and the BLAS in turns; each side's
     fastest run counts, so a slow moment of a shared machine in one run cannot decide (it once
     kept BERT's value projection generated, 2.6x slower, in gemm.json for good)."""
     from eqgrad.devices import cpustage
-    monkeypatch.setenv("EQGRAD_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(blas, "speeds", lambda: (1e-9, 1e11))       # every product is timed
-    trace.TRACES.clear()
-    monkeypatch.setattr(get_device("LLVM").stage, "_no_gemm", {})
+    puts = timed_choices
     durations = [d for turn in runs for d in turn]
     calls = []
 
@@ -328,9 +333,6 @@ def test_one_slow_run_does_not_decide_blas_or_generated(tmp_path, monkeypatch, r
             n = len(calls) - 1
             return float(n // 2) + (durations[n // 2] if n % 2 else 0.0)
     monkeypatch.setattr(cpustage, "time", Clock)
-    puts = []
-    real_put = blas.CHOICES.put
-    monkeypatch.setattr(blas.CHOICES, "put", lambda key, v: (puts.append(v), real_put(key, v)))
     engine.clear_cache()
     q, k = rnd(4, 3, 32, 16), rnd(4, 3, 32, 16, seed=1)
     got = (Tensor(q) @ Tensor(k).transpose(-1, -2)).numpy()

@@ -61,21 +61,22 @@ def host_empty(nbytes: int) -> np.ndarray:
     results of the runs before are still held). At ~1.4 us a page, a softmax over (32, 12, 15, 15)
     timed 256-304 us on one thread against 186-200 split, and ran split at 148 us where one thread
     runs it in 99; with the pages faulted here, one thread timed 121-165 us and was chosen."""
+    a = _unmapped(nbytes)
+    a[::mmap.PAGESIZE] = 0
+    return a
+
+
+def _unmapped(nbytes: int) -> np.ndarray:
+    """``host_empty``'s array before its pages are touched."""
     if nbytes >= HUGE_MIN and hasattr(mmap, "MAP_ANONYMOUS"):
         try:
             m = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         except (OSError, ValueError):
-            return _faulted(np.empty(nbytes, np.uint8))
+            return np.empty(nbytes, np.uint8)
         if THP:
             try:
                 m.madvise(mmap.MADV_HUGEPAGE)
             except OSError:
                 pass
-        return _faulted(np.frombuffer(m, np.uint8))
-    return _faulted(np.empty(nbytes, np.uint8))
-
-
-def _faulted(a: np.ndarray) -> np.ndarray:
-    """``a`` (flat uint8) with a byte of each page written, so that its pages are mapped."""
-    a[::mmap.PAGESIZE] = 0
-    return a
+        return np.frombuffer(m, np.uint8)
+    return np.empty(nbytes, np.uint8)
