@@ -115,6 +115,10 @@ def test_containers_name_tensors_as_torch():
                 x = layer(x)
             return self.heads["a"](self.heads["b"](x))
 
+    # torch's default init is random: with some draws (17 of seeds 0..59) the ReLU leaves a batch
+    # norm feature constant over the batch of 5, and its gradient is float32 noise amplified by
+    # 1/sqrt(eps) -- ill-conditioned in any float32 framework, not what this test is about
+    torch.manual_seed(0)
     net, tnet = Net(), TNet()
     assert list(net.state_dict()) == list(tnet.state_dict())
     assert [k for k, _ in net.named_parameters()] == [k for k, _ in tnet.named_parameters()]

@@ -19,7 +19,7 @@ from eqgrad.dtype import DType, bfloat16, from_storage, round_bf16, to_storage
 from eqgrad.graph.loopir import INDEX, NONNEG, LInst, LoopIRError, LoopKernel, Table
 from eqgrad.graph.plan import Kernel
 from eqgrad.graph.program import ConstLeaf, Input, ParamLeaf, Program, is_node
-from eqgrad.ops import OPS, RETYPES, Shape
+from eqgrad.ops import MOVEMENT_OPS, OPS, RETYPES, Shape
 
 
 def eval_op(op: str, arg: Any, shape: Shape, dtype: DType, srcs: list[np.ndarray]) -> np.ndarray:
@@ -62,9 +62,50 @@ def float_sum(a: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
 
 def run_program(prog: Program, inputs: list[np.ndarray] | None = None) -> list[np.ndarray]:
     """The value of each root of ``prog``; ``inputs`` default to the realized buffers' contents."""
+    return _walk(prog, inputs, False)[0]
+
+
+def run_program_magnitudes(prog: Program) -> tuple[list[np.ndarray], list[np.ndarray | None]]:
+    """Each root's value and its *rounding magnitude*: the same program evaluated with absolute
+    values through its linear ops, so that any correct float evaluation of a root element lies
+    within a few units of rounding of that magnitude, where the result itself may have cancelled to
+    near zero (a sum of terms of size 1 that is mathematically 0 carries noise of ~1e-7, not of its
+    own size). The classical running-error bound: through ADD, MUL, NEG, sums, maxima, WHERE and
+    movement the magnitude is propagated (|a| + |b|, |a| |b|, sums of magnitudes, ...); every other
+    op restarts it at the absolute value of its result (its inputs' noise is taken to be relative
+    to its value, as without this bound). ``None`` for roots that are not floats (compared exactly)."""
+    return _walk(prog, None, True)
+
+
+_LINEAR = frozenset({"ADD", "MUL", "NEG", "MAX", "RSUM", "RMAX", "WHERE", "CONTIGUOUS"})
+
+
+def _magnitude(n: Any, value: np.ndarray, vsrcs: list[np.ndarray], srcs: list[np.ndarray | None]
+               ) -> np.ndarray | None:
+    if not n.dtype.is_float:
+        return None
+    linear = n.op in MOVEMENT_OPS or n.op in _LINEAR or n.op == "CAST"
+    ms = srcs[1:] if n.op == "WHERE" else srcs
+    if not linear or any(m is None for m in ms):
+        return np.abs(value)
+    with np.errstate(all="ignore"):
+        if n.op == "ADD":
+            return ms[0] + ms[1]
+        if n.op == "MUL":
+            return ms[0] * ms[1]
+        if n.op == "WHERE":
+            return np.where(vsrcs[0], ms[0], ms[1])
+        if n.op in ("NEG", "CAST", "CONTIGUOUS"):
+            return ms[0]
+        return np.asarray(eval_op(n.op, n.arg, n.shape, n.dtype, ms))
+
+
+def _walk(prog: Program, inputs: list[np.ndarray] | None, magnitudes: bool
+          ) -> tuple[list[np.ndarray], list[np.ndarray | None]]:
     if inputs is None:
         inputs = [from_storage(lb.buffer.numpy(), lb.dtype).reshape(lb.shape) for lb in prog.inputs]
     vals: list[np.ndarray] = []
+    mags: list[np.ndarray | None] = []
 
     def ref(r: Any) -> np.ndarray:
         if is_node(r):
@@ -76,9 +117,18 @@ def run_program(prog: Program, inputs: list[np.ndarray] | None = None) -> list[n
         assert isinstance(r, ConstLeaf)
         return const(r.value, r.shape, r.dtype)
 
+    def mag(r: Any) -> np.ndarray | None:
+        if is_node(r):
+            return mags[r]
+        v = ref(r)
+        return np.abs(v) if v.dtype.kind == "f" else None
+
     for n in prog.nodes:
         vals.append(eval_op(n.op, n.arg, n.shape, n.dtype, [ref(s) for s in n.src]))
-    return [np.asarray(ref(r)) for r in prog.roots]
+        if magnitudes:
+            mags.append(_magnitude(n, vals[-1], [ref(s) for s in n.src], [mag(s) for s in n.src]))
+    return ([np.asarray(ref(r)) for r in prog.roots],
+            [mag(r) for r in prog.roots] if magnitudes else [])
 
 
 def run_kernel(k: Kernel, bufs: list[np.ndarray]) -> np.ndarray:
