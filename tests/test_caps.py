@@ -104,3 +104,39 @@ def test_the_cost_model_reads_the_devices_capabilities_as_they_are_now():
         assert cost_model("LLVM").caps.lanes_last == (8, 4)
     finally:
         dev.caps = old
+
+
+def test_one_estimate_of_the_librarys_time_serves_the_cost_model_and_the_device():
+    """graph/caps.py ``library_seconds`` is the BLAS time both the cost model (a large GEMM's rate)
+    and the device (whether a call-bound product is worth timing) read: a large single product
+    shares its arithmetic across threads and pays one call; small products pay a call each, one
+    thread a call, the calls shared across threads."""
+    from eqgrad.devices import blas
+    from eqgrad.extract.cost import CostModel, DeviceParams
+    from eqgrad.graph.caps import library_seconds
+    from eqgrad.lower.contraction import Gemm
+    call, rate = 1e-6, 1e11
+    assert library_seconds(call, rate, 2e9, 1, 2, threaded=True) == pytest.approx(1e-6 + 2e9 / 2e11)
+    assert library_seconds(call, rate, 2e9, 1, 2, threaded=False) == pytest.approx(1e-6 + 2e9 / 1e11)
+    # 384 products of 15 x 15 x 32 on two threads: 192 calls a thread
+    f = 384 * 2 * 15 * 15 * 32
+    assert library_seconds(call, rate, f, 384, 2, threaded=False) == pytest.approx(192 * (call + f / 384 / rate))
+    assert library_seconds(call, rate, f, 3, 8, threaded=False) == pytest.approx(call + f / 3 / rate)
+    # the cost model's library rate is that estimate's
+    a = Tensor(np.ones((512, 512), np.float32)) @ Tensor(np.ones((512, 512), np.float32))
+    cm = CostModel(DeviceParams(contraction=1.5e11), library=lambda: (call, rate, 256), threads=2)
+    from eqgrad.graph.caps import gemm_of
+    from eqgrad.tools.explain import explain
+    k = explain(a, provenance=False).device_plan().plan.kernels[0]
+    if gemm_of(k.ast) is None:
+        pytest.skip("the product is not planned as one GEMM kernel")
+    flops = 2.0 * 512 ** 3
+    assert cm.library_gemm(k.ast) == pytest.approx(flops / library_seconds(call, rate, flops, 1, 2, threaded=True))
+    # and the device's skip: a batch whose best case is above the prediction is not timed
+    if blas.blas() is not None:
+        c, r = blas.speeds()
+        g = Gemm(15, 15, 32, 0, 1, 0, 0, 32, 1, 15, 1, 15, 1, ((384, 225, 480, 480),))
+        best = library_seconds(c, r, g.flops, g.batches, 2, threaded=False)
+        if g.flops / g.batches / r < c:
+            assert blas.pays(g, best * 0.99, 2) is False
+            assert blas.pays(g, best * 1.01, 2) is None

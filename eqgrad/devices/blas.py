@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from eqgrad.cache import JsonCache
+from eqgrad.graph.caps import library_seconds
 from eqgrad.lower.contraction import Gemm, lead
 
 _VP = ctypes.c_void_p
@@ -70,9 +71,8 @@ def pays(g: Gemm, predicted: float, threads: int) -> bool | None:
     if max(g.m, g.n) < GEMM_MIN or blas() is None:
         return False
     call, rate = speeds()
-    per_call = g.flops / g.batches / rate
-    if per_call < call:
-        if g.batches * (call + per_call) / min(threads, g.batches) >= predicted:
+    if g.flops / g.batches / rate < call:
+        if library_seconds(call, rate, g.flops, g.batches, threads, threaded=False) >= predicted:
             return False
         if g.batches == 1:           # one call: its cost is what was measured (a tiny product's)
             return True

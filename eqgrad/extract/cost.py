@@ -63,7 +63,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from eqgrad.cache import JsonCache, check_fields, machine_key
-from eqgrad.graph.caps import Capabilities, block_of, gemm_of
+from eqgrad.graph.caps import Capabilities, block_of, gemm_of, library_seconds
 
 CALIBRATION_VERSION = 1
 
@@ -226,7 +226,7 @@ class CostModel:
         if g is None or g[0] != 1 or min(g[1:]) < size:
             return None
         flops = 2.0 * g[1] * g[2] * g[3]
-        return flops / (call + flops / (rate * max(1, self.threads)))
+        return flops / library_seconds(call, rate, flops, 1, self.threads, threaded=True)
 
 
 # ------------------------------------------------------------------ calibration storage

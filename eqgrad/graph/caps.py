@@ -173,3 +173,18 @@ def library_for(device: str) -> Callable[[], tuple[float, float, int] | None] | 
     a program without a contraction never loads or times the library."""
     owner = _BY_DEVICE.get(device)
     return getattr(owner, "library_speed", None) if owner is not None else None
+
+
+def library_seconds(call: float, rate: float, flops: float, batches: int, threads: int, threaded: bool) -> float:
+    """The library GEMM's best-case seconds for ``batches`` products of ``flops`` FLOPs in all, from
+    what the device measured of it (``library_for``): each call costs ``call`` seconds plus its
+    arithmetic at ``rate`` FLOP/s on one thread. A single product the library threads itself
+    (``threaded``: at least as large in every dimension as the product ``rate`` was timed on) shares
+    its arithmetic across ``threads``; otherwise each call runs on one thread and the calls are
+    shared across ``threads``. The one estimate of both readers: the cost model prices a large GEMM
+    with it (extract/cost.py ``CostModel.library_gemm``) and the device skips timing a call-bound
+    product whose best case loses to the generated kernel (devices/blas.py ``pays``)."""
+    threads = max(1, threads)
+    if batches == 1 and threaded:
+        return call + flops / (rate * threads)
+    return batches * (call + flops / max(1, batches) / rate) / min(threads, max(1, batches))
