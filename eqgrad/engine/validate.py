@@ -2,6 +2,8 @@
 when they differ."""
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 
 from eqgrad.dtype import from_storage
@@ -58,19 +60,26 @@ def _matches(targets: list[LazyBuffer], refs: list[np.ndarray], outs: list[np.nd
     return bad
 
 
-def _mismatches(targets: list[LazyBuffer], prog: Program, refs: list[np.ndarray],
-                outs: list[np.ndarray]) -> list[str]:
-    """:func:`_matches`, with the rounding magnitudes computed only where the cheap check fails
-    (they cost a second evaluation of the program)."""
-    if not _matches(targets, refs, outs):
-        return []
-    return _matches(targets, refs, outs, run_program_magnitudes(prog)[1])
+def _checker(targets: list[LazyBuffer], prog: Program, refs: list[np.ndarray]
+             ) -> Callable[[list[np.ndarray]], list[str]]:
+    """:func:`_matches` against ``refs`` as a function of the outputs, with the program's rounding
+    magnitudes computed the first time the cheap check fails (a second evaluation of the program)
+    and kept for the checks after it (rule blame checks one plan per fired rule)."""
+    mags: list[list[np.ndarray | None]] = []
+
+    def check(outs: list[np.ndarray]) -> list[str]:
+        if not _matches(targets, refs, outs):
+            return []
+        if not mags:
+            mags.append(run_program_magnitudes(prog)[1])
+        return _matches(targets, refs, outs, mags[0])
+    return check
 
 
 def validate(targets: list[LazyBuffer], prog: Program, outs: list[Buffer], plan: KernelPlan,
              report: SaturationReport, rules: RuleConfig) -> None:
     refs = reference(prog)
-    bad = _mismatches(targets, prog, refs, [from_storage(o.numpy(), o.dtype) for o in outs])
+    bad = _checker(targets, prog, refs)([from_storage(o.numpy(), o.dtype) for o in outs])
     if not bad:
         return
     fired = sorted(k for k, v in report.matches.items() if v and not k.startswith("shape-"))
@@ -103,10 +112,12 @@ def blame_rules(targets: list[LazyBuffer], prog: Program, refs: list[np.ndarray]
     ins = [lb.buffer.to("NUMPY") for lb in prog.inputs] + [Buffer.scalar(v, dt, "NUMPY")
                                                           for v, dt in prog.params]
 
+    check = _checker(targets, prog, refs)
+
     def right_on_numpy(p: KernelPlan) -> bool:
         bufs = ins + [Buffer.empty(s, d, "NUMPY") for s, d in p.buffers[len(specs):]]
         NumpyDevice().prepare(p)(bufs)
-        return not _mismatches(targets, prog, refs, [bufs[o].data for o in p.outputs])
+        return not check([bufs[o].data for o in p.outputs])
 
     def plan_of(g: EGraph) -> KernelPlan:
         res = make_extractor("greedy", g, "NUMPY", specs).extract()

@@ -184,7 +184,7 @@ def library_seconds(call: float, rate: float, flops: float, batches: int, thread
     shared across ``threads``. The one estimate of both readers: the cost model prices a large GEMM
     with it (extract/cost.py ``CostModel.library_gemm``) and the device skips timing a call-bound
     product whose best case loses to the generated kernel (devices/blas.py ``pays``)."""
-    threads = max(1, threads)
+    threads, batches = max(1, threads), max(1, batches)
     if batches == 1 and threaded:
         return call + flops / (rate * threads)
-    return batches * (call + flops / max(1, batches) / rate) / min(threads, max(1, batches))
+    return batches * (call + flops / batches / rate) / min(threads, batches)

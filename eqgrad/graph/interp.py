@@ -124,9 +124,10 @@ def _walk(prog: Program, inputs: list[np.ndarray] | None, magnitudes: bool
         return np.abs(v) if v.dtype.kind == "f" else None
 
     for n in prog.nodes:
-        vals.append(eval_op(n.op, n.arg, n.shape, n.dtype, [ref(s) for s in n.src]))
+        srcs = [ref(s) for s in n.src]
+        vals.append(eval_op(n.op, n.arg, n.shape, n.dtype, srcs))
         if magnitudes:
-            mags.append(_magnitude(n, vals[-1], [ref(s) for s in n.src], [mag(s) for s in n.src]))
+            mags.append(_magnitude(n, vals[-1], srcs, [mag(s) for s in n.src]))
     return ([np.asarray(ref(r)) for r in prog.roots],
             [mag(r) for r in prog.roots] if magnitudes else [])
 
