@@ -51,6 +51,32 @@ def test_killed_worker_falls_back_with_a_warning(monkeypatch):
     assert engine.last_plan.report.stop_reason == "completed"
 
 
+def test_a_worker_that_cannot_load_egglog_says_so(tmp_path):
+    """A broken or missing egglog (seen on a machine whose Python lacked it): the realize still
+    gives the right numbers, and the warning and the report name the import error instead of
+    guessing at the memory limit."""
+    import subprocess
+    import sys
+    (tmp_path / "egglog").mkdir()
+    (tmp_path / "egglog" / "__init__.py").write_text('raise ImportError("no egglog on this path")\n')
+    child = ("import json, warnings, eqgrad\nfrom eqgrad import Tensor\n"
+             "with warnings.catch_warnings(record=True) as w:\n"
+             "    warnings.simplefilter('always')\n"
+             "    v = float(((Tensor([1.0, 2.0]) * 2 + 1).sum()).numpy())\n"
+             "r = eqgrad.engine.last_plan.report\n"
+             "print(json.dumps(dict(v=v, stop=r.stop_reason, detail=r.detail, warned=[str(x.message) for x in w])))\n")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), root]))
+    r = subprocess.run([sys.executable, "-c", child], env=env, capture_output=True, text=True, timeout=300,
+                       cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr[-3000:]
+    import json
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["v"] == 8.0 and got["stop"] == "worker died"
+    assert "cannot load egglog (ImportError: no egglog on this path" in got["detail"]
+    assert any("cannot load egglog" in m for m in got["warned"]), got["warned"]
+
+
 def test_kernel_that_fails_to_compile_names_kernel_device_and_source(monkeypatch, tmp_path):
     monkeypatch.setenv("EQGRAD_CACHE_DIR", str(tmp_path))
     import eqgrad.devices.cpu as cpu

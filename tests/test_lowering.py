@@ -382,6 +382,33 @@ def test_validation_tolerance_scales_with_the_summed_terms_only():
         assert check([off])
 
 
+def test_validation_accepts_any_nan_payload_in_the_bits_of_computed_floats():
+    """An arithmetic NaN's payload is the hardware's (NVIDIA GPUs give 0x7fffffff, x86 keeps the
+    operand's): where the reference bitcast holds a NaN any NaN's bits are right, and every other
+    element, a NaN against a number included, must still match bit for bit."""
+    from eqgrad.engine.validate import _checker
+    from eqgrad.graph.interp import run_program
+    from eqgrad.graph.program import linearize
+    for name, itype, canonical in (("float32", np.int32, 0x7FFFFFFF), ("float64", np.int64, 2 ** 63 - 1),
+                                   ("bfloat16", np.int16, 0x7FFF)):
+        x = Tensor(np.array([1.5, np.nan, -2.0], dtype=np.float32), dtype=name)
+        t = (x * 2.0).bitcast(itype)
+        prog = linearize([t.lazydata])
+        refs = run_program(prog)
+        check = _checker([t.lazydata], prog, refs)
+        assert not check([refs[0].copy()])
+        other = refs[0].copy()
+        other[1] = canonical
+        assert other[1] != refs[0][1]           # another NaN's bits
+        assert not check([other])
+        not_nan = refs[0].copy()
+        not_nan[1] = refs[0][0]
+        assert check([not_nan])
+        off_by_one = refs[0].copy()
+        off_by_one[2] += 1
+        assert check([off_by_one])
+
+
 def test_index_expressions_are_interned_and_released_between_lowerings(monkeypatch):
     """Equal index expressions are one object (equality and hashing are identity, in C); the table
     is emptied only between lowerings, and a kernel lowers to the same loop IR before and after."""

@@ -26,7 +26,7 @@ def test_pad_matches_torch_forward_and_backward(mode, case, device):
     want = torch.nn.functional.pad(x, p, mode=mode, value=(1.5 if mode == "constant" else None))
     g = torch.randn(want.shape, dtype=torch.float64)
     (want * g).sum().backward()
-    dt = "float64" if device != "CUDA" else "float32"
+    dt = "float64"
     t = Tensor(x.detach().numpy(), dtype=dt, device=device, requires_grad=True)
     got = F.pad(t, p, mode=mode, value=(1.5 if mode == "constant" else None))
     (got * Tensor(g.numpy(), dtype=dt, device=device)).sum().backward()

@@ -343,6 +343,10 @@ class Saturator:
                 return SaturationReport("timeout", seconds=time.perf_counter() - t0, detail=detail,
                                         startup=(time.monotonic() if starting else began) - sent)
             res = self._conn.recv()
+            if isinstance(res, dict) and "failed" in res:     # the worker could not start; it has ended
+                self._kill()
+                return SaturationReport("worker died", seconds=time.perf_counter() - t0, detail=res["failed"],
+                                        startup=time.monotonic() - sent)
             if isinstance(res, dict) and res.get("ready"):
                 # the worker stamps when it was ready (one system-wide monotonic clock); kept between
                 # the send and now, so a stamp from a different clock cannot stretch the limit

@@ -99,7 +99,12 @@ def main() -> None:
     sys.path += [p for p in sys.argv[4:] if p not in sys.path]
     try:
         conn_in, conn_out = Channel(int(sys.argv[1])), Channel(int(sys.argv[2]))
-        bindings = load_bindings()
+        try:
+            bindings = load_bindings()
+        except Exception as e:           # egglog missing or broken: the parent's report says so
+            conn_out.send(dict(failed=f"the worker cannot load egglog ({type(e).__name__}: {e}; "
+                                      f"Python {sys.executable})"))
+            return
         mem_limit, declarations, generated, books = conn_in.recv()
         _worker_main(bindings, conn_in, conn_out, mem_limit, tmp, declarations, generated, books)
     except (EOFError, OSError):          # the parent went away
