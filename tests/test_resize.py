@@ -527,3 +527,37 @@ def test_a_resized_plan_is_predicted_at_its_new_sizes():
     assert 0.5 < resized.predicted / fresh.predicted < 2.0
     for kr, kf in zip(resized.kernels, fresh.kernels):
         assert 0.5 < kr.predicted / kf.predicted < 2.0, (kr.ast.render()[:80], kr.predicted, kf.predicted)
+
+
+# ---------------------------------------------------------------------------- rules that write constants
+
+TWICE = """(ruleset mine)
+(rule ((= e (Add x x)) (= d (dtype x)) (= s (shape x)) (= d "float32"))
+      ((union e (Mul x (Const {value} d s)))) :ruleset mine :name "add-self")
+"""
+
+
+@pytest.mark.parametrize("value", ["2.0", "(+ 1.0 1.0)"])
+def test_a_constant_a_user_rule_writes_is_never_read_as_a_size(tmp_path, value):
+    """x + x -> x * 2 (a sound user rule) on rows of 2, then 3, then 5: the plan's 2.0 is the rule's,
+    not the row count. Resize used to read it as the size 2 and multiply by 3 and then 5. A literal
+    the rule writes stays (refused while 2 is a size that changes); a value the rule computes could
+    be anything, so no constant is read as a size while such a rule runs."""
+    book = tmp_path / "twice.egg"
+    book.write_text(TWICE.format(value=value))
+    with engine.Session(rulebooks=[book]) as s:
+        assert s.rules.config().constant_writers == (() if value == "2.0" else ("add-self",))
+        for n in (2, 3, 5, 4):
+            x = np.arange(n * 4, dtype=np.float32).reshape(n, 4) / 8
+            t = Tensor(x).exp2()
+            got = (t + t).sum(0).numpy()
+            assert "2.0" in engine.last_plan.plan.kernels[-1].ast.render()      # the rule's rewrite ran
+            np.testing.assert_allclose(got, (np.exp2(x) * 2).sum(0), rtol=1e-5)
+
+
+def test_no_built_in_rule_writes_a_constant_resize_cannot_account_for():
+    """graph/resize.py reads a plan constant as a size only because the built-in rules that compute
+    constants are the folds and expand-sum (book.RESIZE_EXPLAINED); a new one must be added there
+    with what resize does about it."""
+    from eqgrad.rules.book import builtin_config
+    assert builtin_config().constant_writers == ()

@@ -310,7 +310,7 @@ class Session:
                 return cp
             skey = (key[0], ps.key)
             if resize and config.RESIZE.value:
-                cp = self._resized(ps, skey, device)
+                cp = self._resized(ps, skey, device, rules)
             if cp is None:
                 prog = program()
                 if prog is None:
@@ -320,13 +320,14 @@ class Session:
             self._resizable.add(skey, ps, cp)
         return cp
 
-    def _resized(self, ps: ProgramSizes, skey: tuple, device: str) -> CompiledPlan | None:
+    def _resized(self, ps: ProgramSizes, skey: tuple, device: str, rules: RuleConfig) -> CompiledPlan | None:
         """A cached plan of the same program at other sizes, rewritten for ``ps``'s (graph/resize.py):
         no saturation, no extraction; the device lowers and compiles the resized kernels. None when
         no candidate resizes safely."""
         for old_ps, old in self._resizable.candidates(skey):
             t0 = time.perf_counter()
-            r = resize(old_ps, old.plan, ps)
+            r = resize(old_ps, old.plan, ps, rule_values=rules.inspected_constants,
+                       rule_writers=rules.constant_writers)
             if config.DEBUG.value >= 2:
                 print(f"plan cache miss: {r.describe()}")
             if r.plan is None:

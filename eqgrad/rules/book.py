@@ -437,6 +437,31 @@ class RuleConfig:
         return frozenset(vals | {-v for v in vals})
 
 
+    @computed_once
+    def constant_writers(self) -> tuple[str, ...]:
+        """The rules in what runs that write a ``Const`` whose value they compute (``(Const (* a b)
+        ..)``, ``(Const (to-f64 ..) ..)``) and whose values graph/resize.py cannot account for: all
+        but ``RESIZE_EXPLAINED``. While one runs, a plan constant that is no constant of the program
+        may be anything, so a plan is not resized by reading such a constant as a size."""
+        out = []
+        for path, text in self.sources:
+            for f in parse(_COMMENT.sub("", text), path):
+                if f.head == "ruleset" or not _COMPUTED_CONST.search(to_text(f)):
+                    continue
+                kw = keyword_args(f, 3)
+                name = kw[":name"].value if isinstance(kw.get(":name"), Str) else f"{path}:{f.line}"
+                if base_name(name.split(REALIZE_SUFFIX)[0]) not in RESIZE_EXPLAINED:
+                    out.append(name)
+        return tuple(dict.fromkeys(out))
+
+
+# The built-in rules that compute a constant's value, each accounted for by graph/resize.py: the
+# folds make constants from the program's own (``ProgramSizes.folds``), expand-sum a size or a
+# product of two (tests/test_resize.py checks that no other built-in rule computes one).
+RESIZE_EXPLAINED = frozenset({"fold-add", "fold-mul", "fold-neg", "expand-sum"})
+_COMPUTED_CONST = re.compile(r"\(Const\s+\(")
+
+
 def builtin_paths() -> list[Path]:
     return [RULEBOOK_DIR / r for r in BUILTIN_RULEBOOKS]
 
