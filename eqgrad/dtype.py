@@ -299,10 +299,18 @@ def bf16_to_f32(bits: np.ndarray) -> np.ndarray:
 
 
 def f32_to_bf16(x: np.ndarray) -> np.ndarray:
-    """float32 (or float64, rounded to float32 first) values as bfloat16 bits: round to nearest,
-    ties to even (LLVM's fptrunc to bfloat); NaN stays a quiet NaN of its sign."""
+    """float32 or float64 values as bfloat16 bits: round to nearest, ties to even, once (LLVM's
+    fptrunc to bfloat); NaN stays a quiet NaN of its sign. A float64 goes to float32 rounding to
+    odd first (toward zero, then the last bit set if anything was cut off), which then rounds to
+    bfloat16 as the float64 would have: rounding it to nearest twice is wrong just above a midpoint."""
+    x = np.asarray(x)
     with np.errstate(over="ignore", invalid="ignore"):
         u = np.asarray(x, np.float32, order="C").view(np.uint32)       # (asarray: a 0-d array stays 0-d)
+        if x.dtype == np.float64:
+            back = u.view(np.float32).astype(np.float64)
+            inexact = (back != x) & ~np.isnan(x)
+            away = (inexact & (np.abs(back) > np.abs(x))).astype(np.uint32)
+            u = np.where(inexact, (u - away) | np.uint32(1), u).astype(np.uint32)
     r = (u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)
     nan = (u & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
     return np.where(nan, (u >> np.uint32(16)) | np.uint32(0x40), r).astype(np.uint16)
@@ -437,7 +445,7 @@ def convert_array(a: np.ndarray, d: DType, op: str = "", source: str = "", warn:
     # a float dtype: ints of any width and wider floats round to nearest; a finite value must stay finite
     with np.errstate(over="ignore", invalid="ignore"):
         if d is bfloat16:
-            vals = round_bf16(a.astype(np.float32))
+            vals = round_bf16(a if k == "f" else a.astype(np.float64))
             big = np.abs(a.astype(np.float64)) > BFLOAT16_MAX * (1 + 2.0**-9)   # rounds to inf
             vals = np.where(big & np.isfinite(a), np.copysign(np.inf, a.astype(np.float32)), vals)
         else:

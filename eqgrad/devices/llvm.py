@@ -76,7 +76,72 @@ def _const(v: Any, dt: Any) -> str:
 def _round_narrow(c: "_Ctx", v: str, kd: str) -> str:
     """A float32 register value rounded to float16/bfloat16 (``kd``), still in a float32 register."""
     t = _NARROW[kd]
-    return c(f"fpext {t} {c(f'fptrunc float {v} to {t}')} to float")
+    return c(f"fpext {t} {_to_narrow(c, v, kd)} to float")
+
+
+# Conversions to the narrow floats are written so that no target needs a library routine for them:
+# x86 has no instruction for double -> half/bfloat, nor float -> bfloat without AVX512-BF16, and
+# LLVM calls compiler-rt/libgcc (__truncdfhf2, __truncdfbf2, __truncsfbf2) there, which a JIT may
+# not find (measured: a segfault on an AMD EPYC, Zen 4, whose process had no such symbol).
+
+def _to_narrow(c: "_Ctx", v: str, kd: str) -> str:
+    """The float register value ``v`` rounded to nearest (ties to even) into float16/bfloat16."""
+    if kd == "float16":          # vcvtps2ph where F16C exists; else libgcc's __truncsfhf2 (_libcalls)
+        return c(f"fptrunc float {v} to half")
+    b = c(f"bitcast float {v} to i32")            # bfloat16 is float32's top half: round at bit 16
+    hi = c(f"lshr i32 {b}, 16")
+    lsb = c(f"and i32 {hi}, 1")
+    bias = c(f"add i32 {lsb}, 32767")
+    up = c(f"add i32 {b}, {bias}")
+    quiet = c(f"or i32 {b}, 4194304")             # a NaN stays a NaN (its quiet bit set), never rounds to inf
+    nan = c(f"fcmp uno float {v}, 0.0")
+    pick = c(f"select i1 {nan}, i32 {quiet}, i32 {up}")
+    top = c(f"lshr i32 {pick}, 16")
+    h = c(f"trunc i32 {top} to i16")
+    return c(f"bitcast i16 {h} to bfloat")
+
+
+def _f64_to_narrow(c: "_Ctx", d: str, kd: str) -> str:
+    """A double rounded once to float16/bfloat16: first to float32 rounding to odd (truncate toward
+    zero, then set the last bit if anything was cut off), then to nearest. float32's 24 bits are
+    at least twice the narrow type's precision plus 2, so the two steps round as one would."""
+    t = c(f"fptrunc double {d} to float")
+    back = c(f"fpext float {t} to double")
+    inexact = c(f"fcmp one double {back}, {d}")   # false for NaN and for exact values
+    # rounded away from zero (|t| > |d|): step the magnitude down one ulp; a float's magnitude is
+    # its bits less the sign, so that is bits - 1 for either sign
+    above = c(f"fcmp ogt double {back}, {d}")
+    negative = c(f"fcmp olt double {d}, 0.0")
+    away = c(f"xor i1 {above}, {negative}")
+    bits = c(f"bitcast float {t} to i32")
+    step = c(f"zext i1 {away} to i32")
+    down = c(f"sub i32 {bits}, {step}")
+    odd = c(f"or i32 {down}, 1")
+    r = c(f"select i1 {inexact}, i32 {odd}, i32 {bits}")
+    return _to_narrow(c, c(f"bitcast i32 {r} to float"), kd)
+
+
+_LIBCALLS = ("__truncsfhf2", "__extendhfsf2")     # float <-> half on x86 without F16C (x86-64-v2)
+_libcalls_done: list[bool] = []
+
+
+def _libcalls() -> None:
+    """Make libgcc's float <-> half routines visible to the JIT, for targets without F16C (LLVM
+    calls them there); once per process. Where libgcc lacks them such a target cannot run float16
+    kernels, and LLVM reports the unresolved symbol."""
+    if _libcalls_done:
+        return
+    _libcalls_done.append(True)
+    import ctypes.util
+    from llvmlite import binding as llvm
+    name = ctypes.util.find_library("gcc_s") or "libgcc_s.so.1"
+    try:
+        lib = ctypes.CDLL(name)
+    except OSError:
+        return
+    for sym in _LIBCALLS:
+        if llvm.address_of_symbol(sym) is None and hasattr(lib, sym):
+            llvm.add_symbol(sym, ctypes.cast(getattr(lib, sym), ctypes.c_void_p).value)
 
 
 class _Ctx:
@@ -225,8 +290,10 @@ def _cast(c: _Ctx, a: str, src: str, dst: str) -> str:
     unsigned = src in _UNSIGNED or src == "bool"
     if dst in _NARROW:            # straight to the narrow type (one rounding), back in a float register
         t = _NARROW[dst]
-        if src == "float64" or (src in _SUFFIX and src != dst):
-            n = c(f"fptrunc {ts} {a} to {t}")
+        if src == "float64":
+            n = _f64_to_narrow(c, a, dst)
+        elif src in _SUFFIX and src != dst:
+            n = _to_narrow(c, a, dst)
         elif src in _SUFFIX:
             return a
         else:
@@ -252,7 +319,7 @@ def _cast(c: _Ctx, a: str, src: str, dst: str) -> str:
 
 def _bitcast(c: _Ctx, o: Operation, a: list[str]) -> str:
     """The same bits as another type of the same size; a narrow float is rounded into its memory type."""
-    v = c(f"fptrunc float {a[0]} to {_NARROW[o.src]}") if o.src in _NARROW else a[0]
+    v = _to_narrow(c, a[0], o.src) if o.src in _NARROW else a[0]
     if o.dst in _NARROW:
         return c(f"fpext {_NARROW[o.dst]} {c(f'bitcast {MT[o.src]} {v} to {_NARROW[o.dst]}')} to float")
     return c(f"bitcast {MT[o.src] if o.src in _NARROW else LT[o.src]} {v} to {LT[o.dst]}")
@@ -668,7 +735,7 @@ class _Kernel:
         kd = self.kinds[v]
         ptr = c(f"getelementptr inbounds {MT[kd]}, ptr {self.val[p]}, i64 {self.val[idx]}")
         sv = c(f"zext i1 {self.val[v]} to i8") if kd == "bool" else \
-            c(f"fptrunc float {self.val[v]} to {MT[kd]}") if kd in _NARROW else self.val[v]
+            _to_narrow(c, self.val[v], kd) if kd in _NARROW else self.val[v]
         c.lines.append(f"  store {MT[kd]} {sv}, ptr {ptr}")
 
     # ---------------------------------------------------------------- vectors (see _Lanes)
@@ -992,6 +1059,7 @@ class CodeEngine:
         _free_unfreed()
         llvm = self.compiler.llvm
         if self._engine is None:
+            _libcalls()
             empty = llvm.parse_assembly("")
             self._engine = llvm.create_mcjit_compiler(empty, self.compiler.target_machine())
             self._engine.remove_module(empty)
