@@ -326,8 +326,7 @@ class Session:
         no candidate resizes safely."""
         for old_ps, old in self._resizable.candidates(skey):
             t0 = time.perf_counter()
-            r = resize(old_ps, old.plan, ps, rule_values=rules.inspected_constants,
-                       rule_writers=rules.constant_writers)
+            r = resize(old_ps, old.plan, ps, rule_writers=rules.constant_writers)
             if config.DEBUG.value >= 2:
                 print(f"plan cache miss: {r.describe()}")
             if r.plan is None:

@@ -33,9 +33,8 @@ program's constants (or 0, +-1, inf, NaN) stays; an integer-valued one that is n
 size (or a product of two sizes) and gets its new value when exactly one explanation exists;
 anything else -- ambiguous, a program whose constant-only arithmetic rules could fold into an
 integer, a non-integer derived value -- is refused. The rules' own constants are not sizes either:
-a literal an active rule writes (``rule_values``) stays (refused if it is also a size that
-changes), and while a rule runs that computes constants other than the folds and expand-sum
-(``rule_writers``) no constant is read as a size.
+while a rule runs that writes constants other than the folds and expand-sum (``rule_writers``: a
+computed value, or a literal other than 0 and +-1) no constant is read as a size.
 
 The result is checked on its own before it is returned: ``check_plan``, every node's shape equal to
 its op's shape rule of its sources and its op's argument valid (a reshape keeps the element count,
@@ -327,9 +326,9 @@ def _solve_product(n: int, v: list[Term], idx: list[int]) -> int | None:
 
 class _Resizer:
     def __init__(self, old: ProgramSizes, plan: KernelPlan, new: ProgramSizes,
-                 rule_values: frozenset[float] = frozenset(), rule_writers: tuple[str, ...] = ()):
+                 rule_writers: tuple[str, ...] = ()):
         self.old, self.plan, self.new = old, plan, new
-        self.rule_values, self.rule_writers = rule_values, rule_writers
+        self.rule_writers = rule_writers
         self.s = _Solver()
         if old.key != new.key:
             raise _Refuse("the programs differ in more than sizes (their size-free keys differ)")
@@ -452,15 +451,14 @@ class _Resizer:
             return v
         n = abs(f)
         changing = n.is_integer() and int(n) in self.moves and self.moves[int(n)] != {int(n)}
-        if f in self.consts or f in self.rule_values:
+        if f in self.consts:
             if changing:
-                raise _Refuse(f"constant {v} is a constant of the {'program' if f in self.consts else 'rules'} "
-                              "and also a size that changes")
+                raise _Refuse(f"constant {v} is a constant of the program and also a size that changes")
             return v
         if not n.is_integer():
             raise _Refuse(f"constant {v} is neither a constant of the program nor a size")
         if self.rule_writers:
-            raise _Refuse(f"constant {v} is not the program's, and rules that compute constants run "
+            raise _Refuse(f"constant {v} is not the program's, and rules that write constants run "
                           f"({', '.join(self.rule_writers[:3])}): it need not be a size")
         if self.folds:
             raise _Refuse(f"constant {v} is not the program's, and the program computes from constants "
@@ -618,18 +616,16 @@ def verify(plan: KernelPlan, prog: "Program | ProgramSizes", orders: list[list[K
 
 
 def resize(old: "Program | ProgramSizes", plan: KernelPlan, new: "Program | ProgramSizes", *,
-           rule_values: frozenset[float] = frozenset(), rule_writers: tuple[str, ...] = ()) -> Resized:
+           rule_writers: tuple[str, ...] = ()) -> Resized:
     """``plan`` (compiled for ``old``) rewritten for ``new``'s sizes, with the sizes that changed;
     ``Resized.plan`` is None, and ``reason`` says why, when that cannot be done safely. Either
     program may be given as its ``program_sizes`` (what a plan cache keeps).
 
-    The rules that made ``plan`` (``RuleConfig``): ``rule_values`` the float literals they can write
-    (``inspected_constants``; a plan constant equal to one stays, and is refused if it is also a size
-    that changes), ``rule_writers`` the rules that compute constants that resize cannot account for
-    (``constant_writers``; while any runs, no constant is read as a size)."""
+    ``rule_writers``: the rules that made ``plan`` and write constants that resize cannot account
+    for (``RuleConfig.constant_writers``); while any runs, no constant is read as a size."""
     new_sizes = _sizes_of(new)
     try:
-        r = _Resizer(_sizes_of(old), plan, new_sizes, rule_values, rule_writers)
+        r = _Resizer(_sizes_of(old), plan, new_sizes, rule_writers)
         r.build()
         r.s.solve()
         out = r.emit()

@@ -439,14 +439,16 @@ class RuleConfig:
 
     @computed_once
     def constant_writers(self) -> tuple[str, ...]:
-        """The rules in what runs that write a ``Const`` whose value they compute (``(Const (* a b)
-        ..)``, ``(Const (to-f64 ..) ..)``) and whose values graph/resize.py cannot account for: all
+        """The rules in what runs that name a ``Const`` whose value graph/resize.py cannot account
+        for: one they compute (``(Const (* a b) ..)``, ``(Const (to-f64 ..) ..)``) or a literal other
+        than 0 and +-1 (``(Const 2.0 ..)``, which the folds can then multiply with a size), in all
         but ``RESIZE_EXPLAINED``. While one runs, a plan constant that is no constant of the program
-        may be anything, so a plan is not resized by reading such a constant as a size."""
+        may be anything, so a plan is not resized by reading such a constant as a size. (A rule that
+        only matches such a constant is counted too: that costs a resize, never a wrong answer.)"""
         out = []
         for path, text in self.sources:
             for f in parse(_COMMENT.sub("", text), path):
-                if f.head == "ruleset" or not _COMPUTED_CONST.search(to_text(f)):
+                if f.head == "ruleset" or not _writes_constant(to_text(f)):
                     continue
                 kw = keyword_args(f, 3)
                 name = kw[":name"].value if isinstance(kw.get(":name"), Str) else f"{path}:{f.line}"
@@ -459,7 +461,21 @@ class RuleConfig:
 # folds make constants from the program's own (``ProgramSizes.folds``), expand-sum a size or a
 # product of two (tests/test_resize.py checks that no other built-in rule computes one).
 RESIZE_EXPLAINED = frozenset({"fold-add", "fold-mul", "fold-neg", "expand-sum"})
-_COMPUTED_CONST = re.compile(r"\(Const\s+\(")
+_CONST_VALUE = re.compile(r"\(Const\s+([^\s()]+|\()")
+
+
+def _writes_constant(rule: str) -> bool:
+    """Does the rule's text name a ``Const`` with a computed value or a literal other than 0, +-1?"""
+    for m in _CONST_VALUE.finditer(rule):
+        v = m.group(1)
+        if v == "(":
+            return True
+        try:
+            if float(v) not in (0.0, 1.0, -1.0):
+                return True
+        except ValueError:       # a variable: the value of a constant the rule matched
+            pass
+    return False
 
 
 def builtin_paths() -> list[Path]:
