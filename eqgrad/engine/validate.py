@@ -6,7 +6,7 @@ from typing import Callable
 
 import numpy as np
 
-from eqgrad.dtype import from_storage
+from eqgrad.dtype import bf16_to_f32, from_storage
 from eqgrad.devices import Buffer
 from eqgrad.devices.numpy_device import NumpyDevice
 from eqgrad.extract import make_extractor
@@ -33,9 +33,7 @@ class ValidationError(AssertionError):
 def _nan_bits(a: np.ndarray, fdt) -> np.ndarray:
     """Where the integers ``a`` hold the bits of a NaN of the float dtype ``fdt`` (same width)."""
     u = a.view(f"u{fdt.itemsize}")
-    if fdt.name == "bfloat16":          # float32's top half
-        return np.isnan((u.astype(np.uint32) << 16).view(np.float32))
-    return np.isnan(u.view(f"f{fdt.itemsize}"))
+    return np.isnan(bf16_to_f32(u) if fdt.name == "bfloat16" else u.view(f"f{fdt.itemsize}"))
 
 
 def _matches(targets: list[LazyBuffer], refs: list[np.ndarray], outs: list[np.ndarray],
