@@ -30,9 +30,10 @@ opencl:
 
 # The second run: the LLVM device's op, semantics and special-value tests again, compiled for
 # EQGRAD_CPU=x86-64-v2 (SSE4.2, 128-bit vectors; every x86-64 CPU since 2009 executes it), so a
-# vector width other than the host's is tested on any machine (docs/env.md). ~80 CPU-seconds.
+# vector width other than the host's is tested on any machine (docs/env.md), and float16/bfloat16
+# without F16C/AVX512-BF16 (LLVM calls conversion routines there: llvm.py _libcalls). ~100 CPU-seconds.
 LLVM_TESTS := tests/test_ops.py tests/test_semantics.py tests/test_devices.py tests/test_transcendental.py \
-              tests/test_sum_accuracy.py tests/test_targets.py
+              tests/test_sum_accuracy.py tests/test_targets.py tests/test_dtypes.py tests/test_float_dtypes.py
 # --dist worksteal: an idle worker takes queued tests from the other, so a long test near the end
 # does not leave one core idle (6m42s -> 6m08s on the 2-core machine)
 test: $(VENV)/.installed opencl

@@ -298,12 +298,33 @@ def bf16_to_f32(bits: np.ndarray) -> np.ndarray:
     return (np.asarray(bits, np.uint16).astype(np.uint32) << np.uint32(16)).view(np.float32)
 
 
+def ints_to_f64_odd(x: np.ndarray) -> np.ndarray:
+    """Integers (or bools) as float64: exact where they fit in 53 bits; a wider int64 is rounded to
+    odd (toward zero, the last kept bit set if anything was cut off), so that rounding the result to
+    nearest at 51 bits or fewer rounds as the integer would (NumPy's own conversion rounds to nearest,
+    and a second rounding to nearest after it is wrong just above a midpoint)."""
+    x = np.asarray(x)
+    if x.dtype.kind == "b" or x.dtype.itemsize < 8:
+        return x.astype(np.float64)
+    neg = x < 0
+    a = x.astype(np.int64).view(np.uint64)
+    mag = np.where(neg, ~a + np.uint64(1), a)                  # |x|, 2**63 included, as uint64
+    e = np.frexp(mag.astype(np.float64))[1]                    # the bit length, or one more
+    shift = np.clip(e - 53, 0, 63).astype(np.uint64)           # keeping 52 bits rounds as well
+    mask = (np.uint64(1) << shift) - np.uint64(1)
+    kept = (mag & ~mask) | (((mag & mask) != 0).astype(np.uint64) << shift)
+    f = kept.astype(np.float64)                                # exact: at most 53 bits
+    return np.where(neg, -f, f)
+
+
 def f32_to_bf16(x: np.ndarray) -> np.ndarray:
-    """float32 or float64 values as bfloat16 bits: round to nearest, ties to even, once (LLVM's
+    """Integers, float32 or float64 values as bfloat16 bits: round to nearest, ties to even, once (LLVM's
     fptrunc to bfloat); NaN stays a quiet NaN of its sign. A float64 goes to float32 rounding to
     odd first (toward zero, then the last bit set if anything was cut off), which then rounds to
     bfloat16 as the float64 would have: rounding it to nearest twice is wrong just above a midpoint."""
     x = np.asarray(x)
+    if x.dtype.kind in "biu":
+        x = ints_to_f64_odd(x)
     with np.errstate(over="ignore", invalid="ignore"):
         u = np.asarray(x, np.float32, order="C").view(np.uint32)       # (asarray: a 0-d array stays 0-d)
         if x.dtype == np.float64:
@@ -445,7 +466,7 @@ def convert_array(a: np.ndarray, d: DType, op: str = "", source: str = "", warn:
     # a float dtype: ints of any width and wider floats round to nearest; a finite value must stay finite
     with np.errstate(over="ignore", invalid="ignore"):
         if d is bfloat16:
-            vals = round_bf16(a if k == "f" else a.astype(np.float64))
+            vals = round_bf16(a)
             big = np.abs(a.astype(np.float64)) > BFLOAT16_MAX * (1 + 2.0**-9)   # rounds to inf
             vals = np.where(big & np.isfinite(a), np.copysign(np.inf, a.astype(np.float32)), vals)
         else:

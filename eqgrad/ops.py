@@ -214,7 +214,7 @@ def _cast(a: np.ndarray, dt: DType) -> np.ndarray:
         if dt.itemsize == 8:       # 2**63 - 1 is not a float64: the clip gave 2**63, astype is undefined there
             out = np.where(t >= 2.0**63, hi, out).astype(dt.np)
         return out
-    if dt is bfloat16 and a.dtype == np.float64:     # rounded once (float32 first would round twice)
+    if dt is bfloat16 and a.dtype != np.float32:     # rounded once (float32 first would round twice)
         return round_bf16(a)
     return a.astype(dt.vnp)
 

@@ -1,6 +1,8 @@
 """Dtypes: promotion against NumPy/torch for every pair, strict names, casts of special
 values, arithmetic and reductions in every dtype against NumPy on LLVM and NUMPY, float16/bfloat16
 against torch, int64 beyond int32."""
+import warnings
+
 import numpy as np
 import pytest
 
@@ -167,6 +169,69 @@ def test_narrow_casts_round_once(device, dst):
     # that would become inf is an OverflowError there)
     keep = np.isfinite(want) | ~np.isfinite(d)
     np.testing.assert_array_equal(Tensor(d[keep], dtype=dst, device=device).numpy().astype(np.float64), want[keep])
+
+
+def _bf16_of_int(v: int) -> float:
+    """An integer rounded once to bfloat16 (8 significant bits), ties to even, in exact arithmetic."""
+    n = abs(v)
+    shift = max(n.bit_length() - 8, 0)
+    q, r = divmod(n, 1 << shift)
+    if shift and (r > 1 << (shift - 1) or (r == 1 << (shift - 1) and q & 1)):
+        q += 1
+    return float(q << shift) * (-1 if v < 0 else 1)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("src", ["int16", "int32", "uint32", "int64"])
+def test_ints_to_bfloat16_round_once(device, src):
+    """Integer -> bfloat16 rounds to nearest once: just above a midpoint between two bfloat16
+    neighbours, going through float32 (as LLVM's own conversion and NumPy-then-round do) lands on
+    the midpoint and then rounds to even, the lower one (2**24 + 2**16 + 1 gave 2**24)."""
+    if device in ("OPENCL", "CUDA"):
+        pytest.skip(f"{device} has no bfloat16 kernels (docs/semantics.md, Dtypes)")
+    d = getattr(dt, src)
+    vals = {0, 1, 255, 256, 257, 383, 384, 385, d.min, d.max}
+    for e in range(8, 64):
+        mid = (1 << e) + (1 << (e - 8))              # between 2**e and its next bfloat16
+        for k in (1, 3, 5):
+            vals |= {mid * k - 1, mid * k, mid * k + 1, mid * k + (1 << max(e - 30, 0))}
+    vals = sorted(v for v in vals | {-v for v in vals} if d.min <= v <= d.max)
+    x = np.array(vals, d.np)
+    want = np.array([_bf16_of_int(int(v)) for v in vals])
+    got = Tensor(x, device=device).cast("bfloat16").numpy().astype(np.float64)
+    np.testing.assert_array_equal(got, want)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")                 # the host says when a value is not exact
+        host = Tensor(x, dtype="bfloat16", device=device).numpy().astype(np.float64)
+    np.testing.assert_array_equal(host, want)
+
+
+def test_own_bfloat16_routines_round_as_the_reference():
+    """__truncsfbf2/__truncdfbf2, which LLVM calls on targets without AVX512-BF16 once its optimizer
+    has narrowed a comparison or select to bfloat16 (libgcc has no such routines), are compiled by
+    eqgrad and given to the JIT; called directly here, they round as dtype.f32_to_bf16."""
+    import ctypes
+
+    from eqgrad.devices import llvm as L
+    comp = L.compiler()
+    L._libcalls(comp)
+    llvm = comp.llvm
+    src = "".join(f"declare bfloat @{n}({t})\ndefine i16 @w_{t}({t} %x) {{\n  %r = call bfloat @{n}({t} %x)\n"
+                  f"  %b = bitcast bfloat %r to i16\n  ret i16 %b\n}}\n"
+                  for n, t in (("__truncsfbf2", "float"), ("__truncdfbf2", "double")))
+    engine = llvm.create_mcjit_compiler(llvm.parse_assembly(src), comp.target_machine())
+    engine.finalize_object()
+    vals = (np.arange(0, 0x7F80, 37, dtype=np.uint32) << 16).view(np.float32).astype(np.float64)
+    mids = (vals[:-1] + vals[1:]) / 2
+    d = np.concatenate([vals, mids, np.nextafter(mids, np.inf), np.nextafter(mids, -np.inf),
+                        [np.inf, 3.4e38, 1e300, 1e-45, 5e-324, 0.0]])
+    d = np.concatenate([d, -d])
+    for ty, cty, xs in (("float", ctypes.c_float, d.astype(np.float32)), ("double", ctypes.c_double, d)):
+        fn = ctypes.CFUNCTYPE(ctypes.c_uint16, cty)(engine.get_function_address(f"w_{ty}"))
+        got = np.array([fn(float(v)) for v in xs], np.uint16)
+        np.testing.assert_array_equal(got, dt.f32_to_bf16(xs), err_msg=ty)
+        nan = fn(float("nan"))
+        assert dt.bf16_to_f32(np.uint16(nan)) != dt.bf16_to_f32(np.uint16(nan)), hex(nan)
 
 
 @pytest.mark.parametrize("device", DEVICES)

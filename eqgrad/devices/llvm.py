@@ -121,27 +121,82 @@ def _f64_to_narrow(c: "_Ctx", d: str, kd: str) -> str:
     return _to_narrow(c, c(f"bitcast i32 {r} to float"), kd)
 
 
+def _int_to_f64_odd(c: "_Ctx", a: str, ts: str, unsigned: bool) -> str:
+    """An integer register value as a double: exact up to 53 bits; a wider i64 rounded to odd (as
+    ``dtype.ints_to_f64_odd``), so that rounding it to nearest again rounds as the integer would."""
+    conv = "uitofp" if unsigned else "sitofp"
+    if _BITS[ts] < 64:
+        return c(f"{conv} {ts} {a} to double")
+    c.decls.add("declare i64 @llvm.ctlz.i64(i64, i1)")
+    if unsigned:
+        mag = a
+    else:
+        neg = c(f"icmp slt i64 {a}, 0")
+        minus = c(f"sub i64 0, {a}")
+        mag = c(f"select i1 {neg}, i64 {minus}, i64 {a}")     # -2**63 gives 2**63, read unsigned
+    lz = c(f"call i64 @llvm.ctlz.i64(i64 {mag}, i1 false)")
+    over = c(f"sub i64 11, {lz}")                      # bits beyond 53
+    wide = c(f"icmp sgt i64 {over}, 0")
+    shift = c(f"select i1 {wide}, i64 {over}, i64 0")
+    one = c(f"shl i64 1, {shift}")
+    mask = c(f"sub i64 {one}, 1")
+    cut = c(f"and i64 {mag}, {mask}")
+    lost = c(f"icmp ne i64 {cut}, 0")
+    keep = c(f"xor i64 {mask}, -1")
+    top = c(f"and i64 {mag}, {keep}")
+    odd = c(f"select i1 {lost}, i64 {one}, i64 0")
+    kept = c(f"or i64 {top}, {odd}")
+    f = c(f"uitofp i64 {kept} to double")             # exact
+    if unsigned:
+        return f
+    fn = c(f"fneg double {f}")
+    return c(f"select i1 {neg}, double {fn}, double {f}")
+
+
 _LIBCALLS = ("__truncsfhf2", "__extendhfsf2")     # float <-> half on x86 without F16C (x86-64-v2)
-_libcalls_done: list[bool] = []
+_libcalls_done: list[Any] = []
 
 
-def _libcalls() -> None:
-    """Make libgcc's float <-> half routines visible to the JIT, for targets without F16C (LLVM
-    calls them there); once per process. Where libgcc lacks them such a target cannot run float16
-    kernels, and LLVM reports the unresolved symbol."""
+def _own_bf16_routines() -> str:
+    """IR for ``__truncsfbf2``/``__truncdfbf2`` (float/double -> bfloat16, one rounding to nearest
+    even), written with the integer rounding above. LLVM's optimizer narrows a comparison or a
+    select of widened bfloat16 values to bfloat16 itself (``fcmp ogt bfloat``), and a target without
+    AVX512-BF16 legalizes that through a float and a call to ``__truncsfbf2``, which libgcc lacks
+    (measured: celu in bfloat16 for x86-64-v2 segfaulted on an AMD EPYC)."""
+    out = []
+    for name, ty, conv in (("__truncsfbf2", "float", _to_narrow), ("__truncdfbf2", "double", _f64_to_narrow)):
+        c = _Ctx()
+        r = conv(c, "%x", "bfloat16")
+        body = "\n".join(c.lines)
+        out.append(f"define bfloat @{name}({ty} %x) {{\n{body}\n  ret bfloat {r}\n}}\n")
+    return "".join(out)
+
+
+def _libcalls(compiler: "LLVMCompiler") -> None:
+    """Make the float <-> narrow float routines LLVM may call visible to the JIT; once per process.
+    libgcc's float <-> half routines serve targets without F16C (LLVM calls them there); the
+    bfloat16 ones are compiled here (``_own_bf16_routines``). Where libgcc lacks the half ones such
+    a target cannot run float16 kernels, and LLVM reports the unresolved symbol."""
     if _libcalls_done:
         return
-    _libcalls_done.append(True)
     import ctypes.util
     from llvmlite import binding as llvm
     name = ctypes.util.find_library("gcc_s") or "libgcc_s.so.1"
     try:
         lib = ctypes.CDLL(name)
     except OSError:
-        return
+        lib = None
     for sym in _LIBCALLS:
-        if llvm.address_of_symbol(sym) is None and hasattr(lib, sym):
+        if lib is not None and llvm.address_of_symbol(sym) is None and hasattr(lib, sym):
             llvm.add_symbol(sym, ctypes.cast(getattr(lib, sym), ctypes.c_void_p).value)
+    mod = llvm.parse_assembly(_own_bf16_routines())
+    mod.verify()
+    engine = llvm.create_mcjit_compiler(mod, compiler.target_machine())
+    engine.finalize_object()
+    for sym in ("__truncsfbf2", "__truncdfbf2"):
+        if llvm.address_of_symbol(sym) is None:
+            llvm.add_symbol(sym, engine.get_function_address(sym))
+    _libcalls_done.append(engine)             # the routines' code lives as long as the process
 
 
 class _Ctx:
@@ -296,7 +351,9 @@ def _cast(c: _Ctx, a: str, src: str, dst: str) -> str:
             n = _to_narrow(c, a, dst)
         elif src in _SUFFIX:
             return a
-        else:
+        elif dst == "bfloat16":     # through a double that rounds as the integer (LLVM goes through float: twice)
+            n = _f64_to_narrow(c, _int_to_f64_odd(c, a, ts, unsigned), dst)
+        else:                       # float16: every integer that stays finite is exact in float32
             n = c(f"{'uitofp' if unsigned else 'sitofp'} {ts} {a} to {t}")
         return c(f"fpext {t} {n} to float")
     if src in _SUFFIX:
@@ -1059,7 +1116,7 @@ class CodeEngine:
         _free_unfreed()
         llvm = self.compiler.llvm
         if self._engine is None:
-            _libcalls()
+            _libcalls(self.compiler)
             empty = llvm.parse_assembly("")
             self._engine = llvm.create_mcjit_compiler(empty, self.compiler.target_machine())
             self._engine.remove_module(empty)
