@@ -619,17 +619,18 @@ def measure_peaks(reps: int = 5) -> dict:
 def timeit_once(f) -> float:
   t0 = time.perf_counter(); f(); return time.perf_counter() - t0
 
-IDLE_S = 0.3       # seconds of idle before each framework's workload (bench_one)
+IDLE_S = 0.3       # seconds of idle before each framework's workload (bench_one; --idle)
 
 
-def bench_one(fw: Framework, w: Workload, arrays: list[np.ndarray], ref: np.ndarray, reps: int, warmup: int) -> Result:
+def bench_one(fw: Framework, w: Workload, arrays: list[np.ndarray], ref: np.ndarray, reps: int, warmup: int,
+              idle: float = IDLE_S) -> Result:
   r = Result(w.name, fw.name)
   if w.train and isinstance(fw, NumpyFW): raise Skip("the reference (forward loss) of a training row")
   fw.enter()
   inputs = [fw.to_input(a) for a in arrays]
   # the previous framework's BLAS threads (NumPy's and SciPy's OpenBLAS, torch's pool) spin for
   # ~0.1 s after their last call and take cores from this one's first calls
-  time.sleep(IDLE_S)
+  time.sleep(idle)
   r.first_call_s, out = timed(fw, w, inputs)
   for _ in range(warmup): out = None; timed(fw, w, inputs)
   gc.collect()
@@ -736,6 +737,9 @@ def main(argv=None) -> int:
   p.add_argument("--reps", type=int, default=None, help="timed repetitions per case (default 10, 3 with --quick)")
   p.add_argument("--warmup", type=int, default=None, help="untimed repetitions after the first call (default 2, 1 with --quick)")
   p.add_argument("--quick", action="store_true", help="1/16 of the elements and 3 reps (CI smoke run)")
+  p.add_argument("--idle", type=float, default=IDLE_S, metavar="S",
+                 help=f"seconds of idle before each framework's workload, for the previous one's BLAS threads "
+                      f"to stop spinning (default {IDLE_S}; 0 in a smoke run whose times are not read)")
   p.add_argument("--only", default=None, help="comma-separated workloads: " + ",".join(w.name for w in WORKLOADS))
   p.add_argument("--frameworks", default="eqgrad,numpy,torch,tinygrad",
                  help="comma-separated subset of eqgrad,numpy,torch,tinygrad (default: all)")
@@ -751,6 +755,7 @@ def main(argv=None) -> int:
   args.reps = args.reps if args.reps is not None else (3 if args.quick else 10)
   args.warmup = args.warmup if args.warmup is not None else (1 if args.quick else 2)
   if args.reps < 1: p.error("--reps must be >= 1")
+  if args.idle < 0: p.error(f"--idle must be >= 0 seconds, not {args.idle}")
 
   workloads = WORKLOADS
   if args.only:
@@ -795,7 +800,7 @@ def main(argv=None) -> int:
     for fw in fws:
       progress(f"running {w.name} / {fw.name}")
       try:
-        r = bench_one(fw, w, arrays, ref, args.reps, args.warmup)
+        r = bench_one(fw, w, arrays, ref, args.reps, args.warmup, args.idle)
       except Skip as e:
         r = Result(w.name, fw.name, status="skipped", note=str(e))
       except Exception as e:

@@ -55,6 +55,13 @@ def test_pad_errors_name_the_limits():
         F.pad(x, (1, 1), mode="reflect", value=2.0)
     with pytest.raises(ShapeError, match="even number"):
         F.pad(x, (1, 1, 1))
+    # Tensor.pad takes a pair per axis: torch's flat amounts are an error naming F.pad, not an IndexError
+    with pytest.raises(TypeError, match=r"one \(before, after\) pair of ints or None per axis, got 1 .*functional.pad"):
+        x.pad((1, 1))
+    with pytest.raises(TypeError, match="got \\(1, 2, 3\\)"):
+        x.pad(((1, 2, 3), None))
+    with pytest.raises(TypeError, match="got \\(1.5, 0\\)"):
+        x.pad(((1.5, 0), None))
 
 
 def test_negative_padding_crops_in_every_mode():

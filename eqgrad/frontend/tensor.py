@@ -1356,6 +1356,12 @@ class Tensor(ElementwiseOps, ShapeOps, IndexingOps, InteropOps):
             raise ValueError(f"pad(): mode must be one of {PAD_MODES}, got {mode!r}")
         if len(padding) != self.ndim:
             raise ShapeError(f"pad(): expected one (before, after) pair per axis ({self.ndim}), got {len(padding)}")
+        for p in padding:
+            if p is not None and not (isinstance(p, (tuple, list)) and len(p) == 2
+                                      and all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in p)):
+                raise TypeError(f"pad(): expected one (before, after) pair of ints or None per axis, got {p!r} in "
+                                f"{tuple(padding)!r}; for torch's flat amounts (last axis first) use "
+                                "eqgrad.nn.functional.pad")
         pairs = [(0, 0) if p is None else (int(p[0]), int(p[1])) for p in padding]
         crop = tuple((max(0, -b), s - max(0, -a)) for (b, a), s in zip(pairs, self.shape))
         if any(e < b for b, e in crop):
