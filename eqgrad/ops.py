@@ -417,6 +417,12 @@ OPS: dict[str, OpDef] = {o.name: o for o in [
     # whose value no active rule inspects (graph/program.py), so a new value reuses the plan
     _op("PARAM", "Param", "leaf", 0, "given", "given", None, ("i64", "String", "IVec"),
         doc="a runtime scalar argument broadcast to a shape (index, dtype, shape)", grad=_LEAF),
+    # a size of the program as a constant (the size, dtype, shape): what a rule writes where a value
+    # is a size (expand-sum: a sum over an axis expanded from 1 is x * n). Extraction makes it a
+    # CONST whose value remembers the size (graph/plan.py ``size_value``), so that a plan resized
+    # for new sizes gives it the new size (graph/resize.py) instead of guessing which constants are sizes
+    _op("SIZE", "Size", "leaf", 0, "given", "given", None, ("i64", "String", "IVec"),
+        doc="a size of the program as a constant (size, dtype, shape)", grad=_LEAF),
     # unary
     _op("NEG", "Neg", _U, 1, "same", "same", _np(_neg), flops=1, doc="-x (logical not for bool)", grad=_g_neg),
     _op("EXP2", "Exp2", _U, 1, "same", "same", _np(np.exp2), flops=20, dtypes="f", grad=_g_exp2, libm="exp2"),

@@ -17,7 +17,7 @@ from eqgrad import GlobalCounters, Tensor, engine
 from eqgrad.devices import Buffer, get_device
 from eqgrad.dtype import float32
 from eqgrad.graph.interp import run_kernel, run_program
-from eqgrad.graph.plan import Kernel, KernelPlan, KNode
+from eqgrad.graph.plan import Kernel, KernelPlan, KNode, size_value
 from eqgrad.graph.program import Program, linearize
 from eqgrad.graph.resize import resize, resize_plan, verify
 from eqgrad.graph.sizes import ProgramSizes, program_sizes, size_free_key
@@ -337,12 +337,14 @@ def test_refuses_other_structure():
     assert resize(old, plan, prog).plan is None
 
 
-def expand_sum_plan(old: Program, plan: KernelPlan, n: float) -> KernelPlan:
+def expand_sum_plan(old: Program, plan: KernelPlan, n: float, size: int | None = None) -> KernelPlan:
     """``plan`` of ``bcast_sum`` with its reduction replaced by what the rule ``expand-sum`` makes of
-    it: sum(expand(x, (B, H)), [1]) -> x * Const(H) + 0, with ``n`` as the constant."""
+    it: sum(expand(x, (B, H)), [1]) -> x * Size(H) + 0, with ``n`` as the constant: a size of the
+    program ``size`` (what extraction makes of a Size e-node), or a plain constant (size None)."""
     (B, _), dt = old.inputs[0].shape, float32
     x, y = KNode("BUF", (), 0, (B, 1), dt), KNode("BUF", (), 1, (B, 1), dt)
-    s = KNode("ADD", (KNode("MUL", (x, KNode("CONST", (), n, (B, 1), dt)), None, (B, 1), dt),
+    c = KNode("CONST", (), n if size is None else size_value(n, size), (B, 1), dt)
+    s = KNode("ADD", (KNode("MUL", (x, c), None, (B, 1), dt),
                       KNode("CONST", (), 0.0, (B, 1), dt)), None, (B, 1), dt)
     ast = KNode("ADD", (s, y), None, (B, 1), dt)
     (bid,) = plan.outputs
@@ -351,10 +353,10 @@ def expand_sum_plan(old: Program, plan: KernelPlan, n: float) -> KernelPlan:
 
 
 def test_size_made_constant_follows_the_size():
-    """A Const that a rule made from a size (expand-sum) takes the new size."""
+    """A Size that a rule wrote (expand-sum), a CONST of the plan that remembers its size, takes the new size."""
     rng = np.random.default_rng(10)
     old, plan = compiled(*bcast_sum(rng, 6, 8))
-    hand = expand_sum_plan(old, plan, 8.0)
+    hand = expand_sum_plan(old, plan, 8.0, size=8)
     close(run_interp(hand, old), [np.asarray(a) for a in run_program(old)])   # the hand plan is right
     prog = program(*bcast_sum(rng, 5, 9))
     r = resize(old, hand, prog)
@@ -364,16 +366,64 @@ def test_size_made_constant_follows_the_size():
 
 
 @pytest.mark.parametrize("value, sizes, why", [
-    (8.0, (8, 8), "ambiguous"),      # batch == hidden: the constant could be either
-    (7.0, (6, 8), "unknown"),        # a size-like value that is no size of the program
-    (2.5, (6, 8), "neither"),        # a derived non-integer
+    (8.0, (8, 8), "ambiguous"),      # batch == hidden: the size could be either
+    (7.0, (6, 8), "unknown"),        # a size that is no size of the program
 ])
-def test_refuses_a_derived_constant_it_cannot_explain(value, sizes, why):
+def test_refuses_a_size_it_cannot_map(value, sizes, why):
     rng = np.random.default_rng(11)
     old, plan = compiled(*bcast_sum(rng, *sizes))
     prog = program(*bcast_sum(rng, 4, 9))
-    r = resize(old, expand_sum_plan(old, plan, value), prog)
+    r = resize(old, expand_sum_plan(old, plan, value, size=int(value)), prog)
     assert r.plan is None and why in r.reason, r.reason
+
+
+def test_a_size_in_a_compiled_plan_follows_the_new_size():
+    """End to end: the ILP extractor takes expand-sum's x * Size(n) for a sum over an axis expanded to
+    3,000; the plan's CONST remembers the size, and the plans for 5,000 and 4,000 are resizes of it
+    that multiply by the new sizes."""
+    from eqgrad.graph.plan import is_size
+    rng = np.random.default_rng(16)
+    before = GlobalCounters.plans_resized
+    with eqgrad.Context(EQGRAD_EXTRACTOR="ilp"):
+        for i, n in enumerate((3000, 5000, 4000)):
+            a = rng.random((8, 1, 16), dtype=np.float32)
+            got = (Tensor(a).exp().expand(8, n, 16).sum(1) * 2).numpy()
+            np.testing.assert_allclose(got, np.exp(a[:, 0, :]) * n * 2, rtol=1e-5)
+            sizes = [x.arg for k in engine.last_plan.plan.kernels for x in k.ast.walk()
+                     if x.op == "CONST" and is_size(x.arg)]
+            assert [(float(v), v.size) for v in sizes] == [(float(n), n)], sizes
+            assert GlobalCounters.plans_resized == before + i
+
+
+def test_a_plain_constant_is_never_read_as_a_size():
+    """A plan constant that is not a Size keeps its value: 8.0 where the program's hidden size is 8
+    (and becomes 9) stays 8.0 -- resize no longer guesses that an integer constant is a size. With a
+    user rule that computes constants from sizes, such a constant may depend on them: refused."""
+    rng = np.random.default_rng(14)
+    old, plan = compiled(*bcast_sum(rng, 6, 8))
+    prog = program(*bcast_sum(rng, 5, 9))
+    r = resize(old, expand_sum_plan(old, plan, 8.0), prog)
+    assert r.plan is not None, r.reason
+    assert "MUL(b0, 8.0)" in r.plan.kernels[0].ast.render()
+    r = resize(old, expand_sum_plan(old, plan, 8.0), prog, rule_writers=("mine",))
+    assert r.plan is None and "mine" in r.reason, r.reason
+    r = resize(old, expand_sum_plan(old, plan, 8.0, size=8), prog, rule_writers=("mine",))
+    assert r.plan is not None and "MUL(b0, 9.0)" in r.plan.kernels[0].ast.render(), r.reason   # a Size still maps
+
+
+def test_a_size_survives_the_plan_file_and_a_pickle():
+    """The size a CONST remembers is kept by the plan's JSON (the disk cache) and by pickling."""
+    import pickle
+
+    from eqgrad.graph.plan import is_size, plan_from_json, plan_to_json
+    rng = np.random.default_rng(15)
+    old, plan = compiled(*bcast_sum(rng, 6, 8))
+    hand = expand_sum_plan(old, plan, 8.0, size=8)
+    for back in (plan_from_json(plan_to_json(hand)), pickle.loads(pickle.dumps(hand))):
+        (c,) = [n for n in back.kernels[0].ast.walk() if n.op == "CONST" and n.arg == 8.0]
+        assert is_size(c.arg) and c.arg.size == 8 and type(c.arg) is type(size_value(8.0, 8))
+    ci = size_value(3, 3)
+    assert ci == 3 and isinstance(ci, int) and is_size(pickle.loads(pickle.dumps(ci)))
 
 
 def test_refuses_an_op_it_does_not_know():
@@ -540,32 +590,58 @@ TWICE = """(ruleset mine)
 @pytest.mark.parametrize("value", ["2.0", "(+ 1.0 1.0)"])
 def test_a_constant_a_user_rule_writes_is_never_read_as_a_size(tmp_path, value):
     """x + x -> x * 2 (a sound user rule) on rows of 2, then 3, then 5: the plan's 2.0 is the rule's,
-    not the row count. Resize used to read it as the size 2 and multiply by 3 and then 5. A constant
-    a user rule writes, literal or computed, could be anything (and the folds may multiply it with
-    a size), so no constant is read as a size while such a rule runs."""
+    not the row count. Resize used to read it as the size 2 and multiply by 3 and then 5. Sizes are
+    written as Size (expand-sum), so a constant is never read as a size: the rule's 2.0, literal or
+    computed from literals, is the same at every size, and the plan is resized with it kept."""
     book = tmp_path / "twice.egg"
     book.write_text(TWICE.format(value=value))
     with engine.Session(rulebooks=[book]) as s:
-        assert s.rules.config().constant_writers == ("add-self",)
+        assert s.rules.config().constant_writers == ()
+        before = GlobalCounters.plans_resized
         for n in (2, 3, 5, 4):
             x = np.arange(n * 4, dtype=np.float32).reshape(n, 4) / 8
             t = Tensor(x).exp2()
             got = (t + t).sum(0).numpy()
             assert "2.0" in engine.last_plan.plan.kernels[-1].ast.render()      # the rule's rewrite ran
             np.testing.assert_allclose(got, (np.exp2(x) * 2).sum(0), rtol=1e-5)
+        assert GlobalCounters.plans_resized > before
+
+
+ROWS = """(ruleset mine)
+(rule ((= e (Sum x ax)) (= s (shape x)) (= d (dtype x)) (= d "float32") (= (vec-length s) 2) (= ax (vec-of 0))
+       (= n (vec-get s 0)) (= (vec-get s 1) 1))
+      ((union e (Mul (Realize (Sum x ax)) (Mul (Const (to-f64 n) d (vec-of 1 1)) (Recip (Const (to-f64 n) d (vec-of 1 1)))))))
+      :ruleset mine :name "times-n-over-n")
+"""
+
+
+def test_a_user_rule_that_computes_a_constant_from_a_size_stops_resizing_its_plans(tmp_path):
+    """A rule whose constant is computed from a size ((Const (to-f64 n) ..)) is a constant writer: a
+    plan holding such a constant is compiled for each size, not resized, and the numbers stay right."""
+    book = tmp_path / "rows.egg"
+    book.write_text(ROWS)
+    with engine.Session(rulebooks=[book]) as s:
+        assert s.rules.config().constant_writers == ("times-n-over-n",)
+        for n in (2, 3, 5):
+            x = np.arange(n, dtype=np.float32).reshape(n, 1) + 1
+            np.testing.assert_allclose(Tensor(x).exp2().sum(0).numpy(), np.exp2(x).sum(0), rtol=1e-5)
 
 
 def test_no_built_in_rule_writes_a_constant_resize_cannot_account_for():
-    """graph/resize.py reads a plan constant as a size only because the built-in rules that compute
-    constants are the folds and expand-sum (book.RESIZE_EXPLAINED); a new one must be added there
-    with what resize does about it."""
+    """No built-in rule computes a constant from a size or writes a Size that is not one size of a
+    shape, but expand-sum (book.RESIZE_EXPLAINED, whose Size resize maps); a new one must be taught
+    to resize (graph/resize.py) and added there."""
     from eqgrad.rules.book import builtin_config
     assert builtin_config().constant_writers == ()
 
 
 @pytest.mark.parametrize("rule, writes", [
-    ("(rewrite (Add x x) (Mul x (Const 2.0 d s)))", True),
-    ("(rewrite (Add (Const a d s) (Const b d s)) (Const (+ a b) d s))", True),
+    ("(rewrite (Add x x) (Mul x (Const 2.0 d s)))", False),                       # a literal: the same at every size
+    ("(rewrite (Add (Const a d s) (Const b d s)) (Const (+ a b) d s))", False),   # from matched constants
+    ("(rule ((= e (Sum x ax)) (= s (shape x))) ((union e (Mul x (Const (to-f64 (vec-get s 0)) \"float32\" s)))))", True),
+    ("(rule ((= e (Sum x ax)) (= s (shape x))) ((union e (Mul x (Size (* (vec-get s 0) 2) \"float32\" s)))))", True),
+    ("(rule ((= e (Sum x ax)) (= s (shape x))) ((union e (Mul x (Size 3 \"float32\" s)))))", True),
+    ("(rule ((= e (Sum x ax)) (= s (shape x))) ((union e (Mul x (Size (vec-get s 0) \"float32\" s)))))", False),
     ("(rewrite (Mul x (Const 1.0 d s)) x)", False),
     ("(rule ((= e (Permute (Const v d s) p)) (= s2 (shape e))) ((union e (Const v d s2))))", False),
     ("(rewrite (Add x (Const -0.0 d s)) x)", False),

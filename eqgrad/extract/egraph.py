@@ -88,7 +88,7 @@ class EGraph:
     def node_type(self, n: ENode) -> tuple[Shape, DType] | None:
         if n.op == "BUF":
             return n.arg[1], n.arg[2]
-        if n.op in ("CONST", "PARAM"):
+        if n.op in ("CONST", "PARAM", "SIZE"):
             return n.arg[2], n.arg[1]
         if any(self.shapes[k] is None for k in n.children):
             return None
@@ -102,7 +102,7 @@ def _decode_arg(d: OpDef, prims: list[Any]) -> Any:
         return (int(prims[0]), tuple(prims[1]), DTYPES[prims[2]])
     if d.name == "CONST":
         return (float(prims[0]), DTYPES[prims[1]], tuple(prims[2]))
-    if d.name == "PARAM":
+    if d.name in ("PARAM", "SIZE"):
         return (int(prims[0]), DTYPES[prims[1]], tuple(prims[2]))
     if d.name in RETYPES:
         return DTYPES[prims[0]]

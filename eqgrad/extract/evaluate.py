@@ -31,8 +31,8 @@ from eqgrad.graph.plan import KNode, broadcast_product
 Choice = dict[int, ENode]
 
 # leaves a kernel body stops at: read from a buffer (BUF) or free and never materialized (CONST,
-# and PARAM: a runtime scalar argument, costed exactly like a constant)
-_SCALARS = ("CONST", "PARAM")
+# SIZE: a size as a constant, and PARAM: a runtime scalar argument, costed exactly like a constant)
+_SCALARS = ("CONST", "PARAM", "SIZE")
 _LEAVES = ("BUF",) + _SCALARS
 # a kernel without a reduction writing more than this many times the elements it reads is a
 # materialized broadcast (a window tensor, an outer product feeding a sum): charged masked_read
@@ -167,7 +167,7 @@ class PlanEvaluator:
         for c in reversed(order):               # sources first
             n = nodes_of[c]
             if n.op in _LEAVES or ((n.op == "REALIZE" or n.op == "CONTIGUOUS") and c != k):
-                struct[c] = ("CONST",) if n.op == "CONST" else ("BUF", bufs.setdefault(c, len(bufs)))
+                struct[c] = ("CONST",) if n.op in ("CONST", "SIZE") else ("BUF", bufs.setdefault(c, len(bufs)))
             elif n.op in ("REALIZE", "CONTIGUOUS"):
                 struct[c] = struct[n.children[0]]
                 continue

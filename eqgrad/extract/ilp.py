@@ -333,7 +333,7 @@ class ILPExtractor(GreedyExtractor):
                     continue
                 body.add(c)
                 n = choice[c]
-                if n.op in ("BUF", "CONST", "PARAM") or (n.op in ("REALIZE", "CONTIGUOUS") and c != k):
+                if n.op in ("BUF", "CONST", "PARAM", "SIZE") or (n.op in ("REALIZE", "CONTIGUOUS") and c != k):
                     continue
                 stack.extend(n.children)
             red = frozenset(c for c in body if c != k and choice[c].op in REDUCE_OPS)
@@ -359,7 +359,7 @@ class ILPExtractor(GreedyExtractor):
         u = {c: alloc(1) for c in reach}
         e = {k: alloc(1) for k in kern}
         m = {(c, k): alloc(1) for c in reach for k in kern}
-        q = {(c, i, k): alloc(1) for c, i, n in nodes if n.op not in ("BUF", "CONST", "PARAM", "REALIZE") for k in kern}
+        q = {(c, i, k): alloc(1) for c, i, n in nodes if n.op not in ("BUF", "CONST", "PARAM", "SIZE", "REALIZE") for k in kern}
         r = {(d, k): alloc(1) for d in reach for k in kern}
         t = {k: alloc(1) for k in kern}
         lv = {c: alloc(1) for c in reach}
@@ -381,7 +381,7 @@ class ILPExtractor(GreedyExtractor):
         for c, i, n in nodes:
             if n.op == "REALIZE":
                 realize_node.setdefault(c, []).append((i, n.children[0]))
-            if n.op in ("BUF", "CONST", "PARAM"):
+            if n.op in ("BUF", "CONST", "PARAM", "SIZE"):
                 leaf_node.setdefault(c, []).append((i, n))
         for c in reach:
             row({**{x[(c, i)]: 1 for i in range(len(g.classes[c]))}, u[c]: -1}, 0, 0)
@@ -401,7 +401,7 @@ class ILPExtractor(GreedyExtractor):
                     if inner == k:
                         row({e[k]: 1, x[(rc, i)]: -1}, 0, inf)
         for c, i, n in nodes:
-            if n.op in ("BUF", "CONST", "PARAM", "REALIZE"):
+            if n.op in ("BUF", "CONST", "PARAM", "SIZE", "REALIZE"):
                 continue
             for k in kern:
                 row({q[(c, i, k)]: 1, m[(c, k)]: -1, x[(c, i)]: -1}, -1, inf)       # q >= m + x - 1

@@ -5,7 +5,7 @@ from typing import Any
 
 from eqgrad.dtype import DType, cast_scalar
 from eqgrad.extract.egraph import EGraph, ENode
-from eqgrad.graph.plan import Kernel, KernelPlan, KNode
+from eqgrad.graph.plan import Kernel, KernelPlan, KNode, size_value
 from eqgrad.ops import Shape
 
 
@@ -47,6 +47,9 @@ def build_plan(g: EGraph, choice: dict[int, ENode], input_specs: list[tuple[Shap
             return KNode("BUF", (), n.arg[0], g.shapes[c], g.dtypes[c])
         if n.op == "CONST":
             return KNode("CONST", (), cast_scalar(n.arg[0], g.dtypes[c]), g.shapes[c], g.dtypes[c])
+        if n.op == "SIZE":           # a constant that remembers the size it is (graph/resize.py)
+            return KNode("CONST", (), size_value(cast_scalar(n.arg[0], g.dtypes[c]), n.arg[0]), g.shapes[c],
+                         g.dtypes[c])
         if n.op == "PARAM":
             if not 0 <= n.arg[0] < n_params:
                 raise ValueError(f"build_plan: parameter {n.arg[0]} of {n_params}")
@@ -81,7 +84,7 @@ def build_plan(g: EGraph, choice: dict[int, ENode], input_specs: list[tuple[Shap
             seen.add(c)
             out.append(c)
             n = choice[c]
-            if n.op in ("BUF", "CONST") or (n.op in ("REALIZE", "CONTIGUOUS") and c != k):
+            if n.op in ("BUF", "CONST", "SIZE") or (n.op in ("REALIZE", "CONTIGUOUS") and c != k):
                 continue
             stack.extend(n.children)
         return out

@@ -53,6 +53,44 @@ class NodeMemo:
         self._data.clear()
 
 
+class SizeFloat(float):
+    """A CONST's value that is a size of the program (an ``Size`` e-node extraction made a CONST:
+    expand-sum's ``x * n``): the float it is, remembering ``size``, the program's size it was made
+    from, so that a plan resized for new sizes (graph/resize.py) gives it the new size. It compares,
+    hashes, prints and computes as the float; only ``is_size`` and the plan's JSON tell it apart."""
+    __slots__ = ("size",)
+
+    def __new__(cls, value: float, size: int) -> "SizeFloat":
+        x = super().__new__(cls, value)
+        x.size = int(size)
+        return x
+
+    def __reduce__(self):
+        return (SizeFloat, (float(self), self.size))
+
+
+class SizeInt(int):
+    """``SizeFloat`` for an integer dtype's CONST (an int subclass cannot have slots)."""
+
+    def __new__(cls, value: int, size: int) -> "SizeInt":
+        x = super().__new__(cls, value)
+        x.size = int(size)
+        return x
+
+    def __reduce__(self):
+        return (SizeInt, (int(self), self.size))
+
+
+def size_value(value: float | int, size: int) -> "SizeFloat | SizeInt":
+    """A CONST's value ``value`` (already in its dtype) that is the program's size ``size``."""
+    return SizeInt(value, size) if isinstance(value, int) else SizeFloat(value, size)
+
+
+def is_size(v: Any) -> bool:
+    """Is the CONST value ``v`` a size of the program (``size_value``)?"""
+    return isinstance(v, (SizeFloat, SizeInt))
+
+
 _WALKS = NodeMemo()       # node -> its walk without itself (the node is the walk's last)
 
 
@@ -210,6 +248,7 @@ def check_plan(plan: KernelPlan, orders: list[list[KNode]] | None = None) -> Non
 #   None, bool, int, str       as themselves (JSON keeps bool apart from int)
 #   float                      {"float": float.hex(x)} -- exact, with -0.0 and +-inf; a NaN as
 #                              {"float": "nan:<its 64 bits in hex>"}, so its sign and payload stay
+#   a CONST value that is a size (``size_value``)   {"size": [the value, the size]}
 #   tuple                      {"tuple": [...]}  (a list stays a JSON list)
 #   DType                      {"dtype": "float32"}
 #   KNode                      {"dag": [node, ...]}: the body's nodes in ``walk()`` order (sources
@@ -235,6 +274,8 @@ def _float_of(s: str) -> float:
 def _enc(v: Any, where: str) -> Any:
     if isinstance(v, np.generic):         # a NumPy scalar is written as the Python one it equals
         return _enc(v.item(), where)
+    if is_size(v):
+        return {"size": [_enc(float(v) if isinstance(v, float) else int(v), where), v.size]}
     if v is None or isinstance(v, (bool, int, str)):
         return v
     if isinstance(v, float):
@@ -266,6 +307,10 @@ def _dec(v: Any) -> Any:
     (tag, x), = v.items()
     if tag == "float" and isinstance(x, str):
         return _float_of(x)
+    if tag == "size" and isinstance(x, list) and len(x) == 2 and isinstance(x[1], int) and not isinstance(x[1], bool):
+        value = _dec(x[0])
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return size_value(value, x[1])
     if tag == "tuple" and isinstance(x, list):
         return tuple(_dec(e) for e in x)
     if tag == "dtype" and x in DTYPES:

@@ -27,14 +27,14 @@ and a reshape's element count and a pad's or shrink's sum pin the rest. A free v
 this pins is refused, never chosen. Sizes that are not in the program at all (a user rule's
 arithmetic) are accepted only where the shape rules pin them.
 
-Constants: a ``Const`` whose value a rule made from a size (``expand-sum``: a sum over an axis
-expanded from 1 is ``x * Const(n)``) must follow the size. A plan constant that is one of the old
-program's constants (or 0, +-1, inf, NaN) stays; an integer-valued one that is not is taken to be a
-size (or a product of two sizes) and gets its new value when exactly one explanation exists;
-anything else -- ambiguous, a program whose constant-only arithmetic rules could fold into an
-integer, a non-integer derived value -- is refused. The rules' own constants are not sizes either:
-while a rule runs that writes constants other than the folds and expand-sum (``rule_writers``: a
-computed value, or a literal other than 0 and +-1) no constant is read as a size.
+Constants: a size that a rule writes as a value is a ``Size`` e-node (``expand-sum``: a sum over an
+axis expanded from 1 is ``x * Size(n)``), which the plan holds as a CONST whose value remembers the
+size (``graph.plan.size_value``): it gets the new value of that size, and the resize is refused
+when the size maps to several new values or none. No other constant is read as a size: the
+program's constants and what the built-in folds compute from them are the same in the new program
+(its size-free key holds their values), and so is a literal a user rule writes. Only while a rule
+runs that computes a constant from a size or writes a ``Size`` that is not one size of a shape
+(``rule_writers``, ``RuleConfig.constant_writers``) is a constant that is not the program's refused.
 
 The result is checked on its own before it is returned: ``check_plan``, every node's shape equal to
 its op's shape rule of its sources and its op's argument valid (a reshape keeps the element count,
@@ -53,7 +53,7 @@ from itertools import product as cartesian
 from typing import Any, Union
 
 from eqgrad.dtype import DType, bool_, cast_scalar
-from eqgrad.graph.plan import Kernel, KernelPlan, KNode, NodeMemo, check_plan
+from eqgrad.graph.plan import Kernel, KernelPlan, KNode, NodeMemo, check_plan, is_size, size_value
 from eqgrad.graph.program import Program
 from eqgrad.graph.sizes import (BOUNDARY, ELEMENTWISE, PAIR_ARG, SHAPE_ARG, ProgramSizes, body_sizes, known_op,
                                 program_sizes)
@@ -340,7 +340,7 @@ class _Resizer:
         self.sigma = {a: next(iter(b)) for a, b in self.moves.items() if len(b) == 1 and a not in b}
         self.kept = {a for a, b in self.moves.items() if b == {a}} | {0, 1}     # sizes that stay
         self.ambiguous = {a: tuple(sorted(b)) for a, b in self.moves.items() if len(b) > 1}
-        self.consts, self.folds, self.const_sums = old.consts, old.folds, old.const_sums
+        self.consts = old.consts
 
     def free(self, v: int) -> Term:
         """The new value of a plan value that no source determines (see the module docstring)."""
@@ -444,41 +444,27 @@ class _Resizer:
 
     # -- constants
     def const_value(self, v: Any, dtype: DType) -> Any:
+        if is_size(v):                 # a size as a constant (an expand-sum's x * n): the new size
+            if v.size in (0, 1):
+                return v
+            news = self.moves.get(v.size, set())
+            if len(news) != 1:
+                raise _Refuse(f"the size {v.size} (a constant of the plan) is " +
+                              ("unknown: no size of the program has it" if not news else
+                               f"ambiguous: it becomes one of {sorted(news)}"))
+            n = next(iter(news))
+            return v if n == v.size else size_value(cast_scalar(n, dtype), n)
         if dtype is bool_ or isinstance(v, bool):
             return v
         f = float(v)
-        if not math.isfinite(f) or f in (0.0, 1.0, -1.0):
+        if not math.isfinite(f) or f in (0.0, 1.0, -1.0) or f in self.consts:
             return v
-        n = abs(f)
-        changing = n.is_integer() and int(n) in self.moves and self.moves[int(n)] != {int(n)}
-        if f in self.consts:
-            if changing:
-                raise _Refuse(f"constant {v} is a constant of the program and also a size that changes")
-            return v
-        if not n.is_integer():
-            raise _Refuse(f"constant {v} is neither a constant of the program nor a size")
         if self.rule_writers:
             raise _Refuse(f"constant {v} is not the program's, and rules that write constants run "
-                          f"({', '.join(self.rule_writers[:3])}): it need not be a size")
-        if self.folds:
-            raise _Refuse(f"constant {v} is not the program's, and the program computes from constants "
-                          "alone (a rule may have folded them into it)")
-        news = self._explain(int(n))
-        if len(news) != 1:
-            raise _Refuse(f"constant {v} looks like a size, and its new value is "
-                          f"{'unknown' if not news else 'ambiguous: ' + str(sorted(news))}")
-        return cast_scalar(math.copysign(next(iter(news)), f), dtype)
-
-    def _explain(self, n: int) -> set[int]:
-        """The new values of ``n`` read as a size, or as a product of two sizes when the program
-        sums constants (expand-sum over an already size-derived constant)."""
-        out = set(self.moves.get(n, ()))
-        if self.const_sums:
-            sizes = sorted(v for v in self.moves if v > 1)
-            for a in sizes:
-                if n % a == 0 and n // a >= a and n // a in self.moves:
-                    out |= {x * y for x in self.moves[a] for y in self.moves[n // a]}
-        return out
+                          f"({', '.join(self.rule_writers[:3])}): it may depend on the sizes")
+        # the built-in folds made it from the program's own constants, which the new program shares
+        # (its size-free key holds their values); a rule that writes a size writes a Size
+        return v
 
     # -- the concrete plan
     def emit(self) -> KernelPlan:
@@ -621,8 +607,9 @@ def resize(old: "Program | ProgramSizes", plan: KernelPlan, new: "Program | Prog
     ``Resized.plan`` is None, and ``reason`` says why, when that cannot be done safely. Either
     program may be given as its ``program_sizes`` (what a plan cache keeps).
 
-    ``rule_writers``: the rules that made ``plan`` and write constants that resize cannot account
-    for (``RuleConfig.constant_writers``); while any runs, no constant is read as a size."""
+    ``rule_writers``: the rules that made ``plan`` and compute constants from sizes
+    (``RuleConfig.constant_writers``); while any runs, a plan constant that is neither the program's
+    nor a size (``size_value``) refuses the resize."""
     new_sizes = _sizes_of(new)
     try:
         r = _Resizer(_sizes_of(old), plan, new_sizes, rule_writers)

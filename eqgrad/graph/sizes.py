@@ -30,7 +30,7 @@ from typing import Any
 from eqgrad.dtype import DTYPES, DType
 from eqgrad.graph.plan import Kernel, KernelPlan, KNode, NodeMemo
 from eqgrad.graph.program import Program
-from eqgrad.ops import OPS, REDUCE_OPS, Shape
+from eqgrad.ops import OPS, Shape
 
 # ------------------------------------------------------------------ a program's sizes
 
@@ -91,8 +91,6 @@ class ProgramSizes:
     input_specs: tuple[tuple[Shape, DType], ...]  # the plan's input buffers (Program.input_specs)
     roots: tuple[tuple[Shape, DType, int | None], ...]  # each root's shape, dtype, input position if an input
     consts: frozenset[float]                     # its constants' values and their negations
-    folds: bool          # an elementwise node computes from constants alone (algebra.egg may fold it)
-    const_sums: bool     # a reduction reads constants alone (expand-sum may make a product of sizes)
     unknown: str = ""    # why resizing cannot handle it ("" if it can)
 
 
@@ -145,8 +143,6 @@ def structure_sizes(key: tuple, input_specs: list[tuple[Shape, DType]], n_inputs
     values: list[int] = []
     consts: set[float] = set()
     unknown = ""
-    const: list[bool] = []
-    folds = sums = False
     nodes = key[1:-1]
     items: list[tuple] = [(key[0][0], n_inputs, tuple(d.name for _, d in input_specs[n_inputs:]))]
     memo = _NODES
@@ -164,15 +160,6 @@ def structure_sizes(key: tuple, input_specs: list[tuple[Shape, DType]], n_inputs
         if hit[2]:
             consts |= hit[2]
         unknown = unknown or hit[3]
-        c = True
-        for r in node[4]:
-            if not (const[r] if r.__class__ is int else r[0] == "C"):
-                c = False
-                break
-        const.append(c)
-        op = node[0]
-        folds |= c and op in ELEMENTWISE
-        sums |= c and op in REDUCE_OPS
     roots = key[-1]
     sz = _Sizes()
     items.append(_refs(roots, sz, consts))
@@ -180,7 +167,7 @@ def structure_sizes(key: tuple, input_specs: list[tuple[Shape, DType]], n_inputs
     root_info = tuple((tuple(nodes[r][2]), DTYPES[nodes[r][3]], None) if isinstance(r, int) else
                       (tuple(r[2]), DTYPES[r[3]], r[1] if r[0] == "B" else None) for r in roots)
     return ProgramSizes(tuple(items), tuple(values), tuple((tuple(sh), d) for sh, d in input_specs), root_info,
-                        frozenset(consts | {-v for v in consts}), folds, sums, unknown)
+                        frozenset(consts | {-v for v in consts}), unknown)
 
 
 def size_free_key(prog: Program) -> tuple:

@@ -439,12 +439,13 @@ class RuleConfig:
 
     @computed_once
     def constant_writers(self) -> tuple[str, ...]:
-        """The rules in what runs that name a ``Const`` whose value graph/resize.py cannot account
-        for: one they compute (``(Const (* a b) ..)``, ``(Const (to-f64 ..) ..)``) or a literal other
-        than 0 and +-1 (``(Const 2.0 ..)``, which the folds can then multiply with a size), in all
-        but ``RESIZE_EXPLAINED``. While one runs, a plan constant that is no constant of the program
-        may be anything, so a plan is not resized by reading such a constant as a size. (A rule that
-        only matches such a constant is counted too: that costs a resize, never a wrong answer.)"""
+        """The rules in what runs, other than ``RESIZE_EXPLAINED``, that write a value graph/resize.py
+        cannot account for: a ``Const`` computed from a size (its value converts an integer,
+        ``(Const (to-f64 ..) ..)``: sizes are the only integers a rule reads) or a ``Size`` that is
+        not one size of a shape (``(Size (* a b) ..)``, a literal). While one runs, a plan is not
+        resized (its constants may depend on sizes in ways resize cannot see). A literal or a value
+        computed from matched constants is the same at every size: resize keeps it. (A rule that
+        only matches such a value is counted too: that costs a resize, never a wrong answer.)"""
         out = []
         for path, text in self.sources:
             for f in parse(_COMMENT.sub("", text), path):
@@ -457,25 +458,30 @@ class RuleConfig:
         return tuple(dict.fromkeys(out))
 
 
-# The built-in rules that compute a constant's value, each accounted for by graph/resize.py: the
-# folds make constants from the program's own (``ProgramSizes.folds``), expand-sum a size or a
-# product of two (tests/test_resize.py checks that no other built-in rule computes one).
-RESIZE_EXPLAINED = frozenset({"fold-add", "fold-mul", "fold-neg", "expand-sum"})
-_CONST_VALUE = re.compile(r"\(Const\s+([^\s()]+|\()")
+# The built-in rules that write a size: expand-sum, as ``(Size (vec-get s a) ..)``, which resize
+# gives its new size (tests/test_resize.py checks that no other built-in rule writes one).
+RESIZE_EXPLAINED = frozenset({"expand-sum"})
 
 
 def _writes_constant(rule: str) -> bool:
-    """Does the rule's text name a ``Const`` with a computed value or a literal other than 0, +-1?"""
-    for m in _CONST_VALUE.finditer(rule):
-        v = m.group(1)
-        if v == "(":
+    """Does the rule write a ``Const`` computed from a size (its value holds ``to-f64``), or a
+    ``Size`` that is not one size of a shape (``(vec-get s a)``) or a matched ``Size``'s value?"""
+    def bad(e: SExpr) -> bool:
+        if not isinstance(e, SList):
+            return False
+        if e.head == "Const" and len(e) > 1 and _mentions(e[1], "to-f64"):
             return True
-        try:
-            if float(v) not in (0.0, 1.0, -1.0):
-                return True
-        except ValueError:       # a variable: the value of a constant the rule matched
-            pass
-    return False
+        if e.head == "Size" and len(e) > 1 and not (isinstance(e[1], Sym) or
+                                                   (isinstance(e[1], SList) and e[1].head == "vec-get")):
+            return True
+        return any(bad(x) for x in e.items)
+    return any(bad(f) for f in parse(rule))
+
+
+def _mentions(e: SExpr, name: str) -> bool:
+    if isinstance(e, Sym):
+        return e.name == name
+    return isinstance(e, SList) and any(_mentions(x, name) for x in e.items)
 
 
 def builtin_paths() -> list[Path]:

@@ -98,6 +98,8 @@ class Inst:
             v = float(self.arg)
             c = f'(Const {fmt_f64(abs(v) if v == 0 else v)} "{self.dtype.name}" {fmt_vec(self.shape)})'
             return f"(Neg {c})" if v == 0 and math.copysign(1.0, v) < 0 else c
+        if self.op == "SIZE":
+            return f'(Size {int(self.arg)} "{self.dtype.name}" {fmt_vec(self.shape)})'
         if self.op == "PARAM":          # (a counterexample's text; _run numbers the parameters)
             return f'(Param {float(self.arg)!r} "{self.dtype.name}" {fmt_vec(self.shape)})'
         return f"({o.egg} {' '.join([k.text(leaves) for k in self.kids] + fmt_attrs(o, self.arg))})"
@@ -426,6 +428,13 @@ class Builder:
             v = self.attr(v_p, lambda: float(self.s.scalar(dt)))
             v = cast_scalar(v, DTYPES[d])
             return Inst("CONST", (), v, shape, dt, np.full(shape, v, dt.np))
+        if o.name == "SIZE":              # a size as a constant: a non-negative integer
+            n_p, d_p, s_p = attrs_p
+            d = self.attr(d_p, lambda: dt.name, lambda d: d == dt.name)
+            self.attr(s_p, lambda: shape, lambda s: tuple(s) == shape)
+            n = self.attr(n_p, lambda: int(self.s.rng.integers(0, 9)), lambda n: isinstance(n, int) and n >= 0)
+            v = cast_scalar(n, DTYPES[d])
+            return Inst("SIZE", (), n, shape, dt, np.full(shape, v, dt.np))
         if o.name == "PARAM":
             _, d_p, s_p = attrs_p                     # the index is _run's to number
             self.attr(d_p, lambda: dt.name, lambda d: d == dt.name and dt.is_float)
@@ -918,7 +927,7 @@ def _postorder(inst: Inst) -> list[Inst]:
 def _ill_formed(nd, value: dict) -> str:
     """Why the op table rejects e-node ``nd`` over its children's values' shapes ("" if it does
     not, or when a child's value is unknown)."""
-    if nd.op in ("BUF", "PARAM", "CONST") or any(k not in value for k in nd.children):
+    if nd.op in ("BUF", "PARAM", "CONST", "SIZE") or any(k not in value for k in nd.children):
         return ""
     return attr_error(nd.op, [tuple(value[k].shape) for k in nd.children], nd.arg)
 
@@ -932,6 +941,9 @@ def _eval_node(nd, value: dict, leaves: list[Inst], dt: DType, params: list[Inst
     if nd.op == "CONST":
         v, d, shape = nd.arg
         return np.full(shape, cast_scalar(v, d), d.np)
+    if nd.op == "SIZE":
+        n, d, shape = nd.arg
+        return np.full(shape, cast_scalar(n, d), d.np)
     if any(k not in value for k in nd.children):
         return None
     try:
