@@ -338,7 +338,11 @@ def _semantic_by_fixpoint(g: EGraph):
                 if n.op == "REALIZE":
                     v = cost[n.children[0]] if n.children[0] != c else INF
                 else:
-                    v = OPS[n.op].flops * numel(g.shapes[c]) + 1 + sum(cost[k] for k in n.children)
+                    # a node's own work: its FLOP weight times the elements it computes over (a
+                    # reduction's: the elements it reads)
+                    d = OPS[n.op]
+                    v = d.flops * numel(g.shapes[n.children[0]] if d.kind == "reduce" else g.shapes[c]) + 1 + \
+                        sum(cost[k] for k in n.children)
                 realized = sum(1 for k in n.children if is_realize[k])
                 cur = best[c]
                 tie = v == cost[c] and cur is not None and (

@@ -362,3 +362,18 @@ def test_a_projection_is_written_in_the_layout_its_product_reads(extractor, tmp_
     assert int(np.prod(proj.ast.shape)) == B * T * H * D and proj.ast.shape[-1] == D, proj.ast.shape
     want = p.numpy() @ (x.numpy() @ w.numpy() + b.numpy()).reshape(B, T, H, D).transpose(0, 2, 1, 3)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("extractor", ["greedy", "ilp"])
+def test_a_sum_over_an_expanded_axis_becomes_a_multiply(extractor):
+    """sum(expand(x, 3,000 along an axis)) and expand-sum's x * Size(3000) are one e-class; greedy's
+    starting choice weighed a reduction by the elements it writes, so the sum (3,000 adds per output)
+    looked cheaper than the multiply and was kept (predicted 252 us against 7 us). Weighed by the
+    elements it reads, every extractor takes the multiply, and the numbers are the sum's."""
+    rng = np.random.default_rng(3)
+    a = rng.random((64, 1, 64), dtype=np.float32)
+    with eqgrad.Context(EQGRAD_EXTRACTOR=extractor):
+        y = Tensor(a).exp().expand(64, 3000, 64).sum(1) * 2
+        np.testing.assert_allclose(y.numpy(), np.exp(a[:, 0, :]) * 6000, rtol=1e-5)
+    ops = {n.op for k in engine.last_plan.plan.kernels for n in k.ast.walk()}
+    assert "RSUM" not in ops, engine.last_plan.plan.describe()

@@ -549,3 +549,21 @@ def test_c_renderers_code_on_the_host_matches_the_op_table(dialect, tmp_path):
         else:
             got = np.array([int(v) for v in vals]).astype(dt.np)
         assert_same(got, ref, f"{dialect} {name}: {e}", tuple(xs))
+
+
+@pytest.mark.parametrize("shape", [(4, 5), (5, 5), (3, 64), (64, 33)])
+def test_sums_of_values_that_cancel_keep_nan_and_inf(shape, device):
+    """sum(x - x) is NaN wherever x holds inf or NaN, and sum(x + y - y) is inf where y is finite and
+    x inf: a sum reorders its additions (reassoc), but never cancels a value against its negation
+    (LLVM's sum accumulators also carried nsz, with which LLVM folded acc + (x - x) to acc: 0 for
+    every column, found by the fuzzer)."""
+    x = np.ones(shape, np.float32)
+    x[1, -1], x[2, 0], x[0, 1] = np.inf, np.nan, -np.inf
+    y = np.full(shape, 3.0, np.float32)
+    t, u = Tensor(x, device=device), Tensor(y, device=device)
+    with np.errstate(invalid="ignore"):
+        d = x - x
+        for axis in (0, 1, None):
+            assert_same((t - t).sum(axis).numpy(), d.sum(axis), f"sum(x - x, {axis})", ())
+            assert_same(((t + u) - u).sum(axis).numpy(), ((x + y) - y).sum(axis), f"sum(x + y - y, {axis})", ())
+        assert_same((t - t).mean(0).numpy(), d.mean(0), "mean(x - x, 0)", ())

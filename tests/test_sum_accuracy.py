@@ -39,7 +39,9 @@ def _depth(device: str, n: int) -> int:
     if device == "LLVM":         # the device splits long full sums into parallel partials
         from eqgrad.devices import get_device
         plan = get_device("LLVM").rewrite(plan).plan
-    d = sum(sum_depth(lower_kernel(k, plan)) for k in plan.kernels)
+    # at least one rounding: a sum over an expanded axis may be the value times the count
+    # (expand-sum), which rounds once and accumulates nothing
+    d = max(1, sum(sum_depth(lower_kernel(k, plan)) for k in plan.kernels))
     assert d <= SUM_DEPTH_MAX, f"a sum's accumulation depth {d} exceeds the documented {SUM_DEPTH_MAX}"
     if device == "OPENCL":       # a work-group shares the outermost loop and adds its parts in a tree
         d += 8

@@ -28,13 +28,13 @@ L11.body:
   %t10 = load <4 x float>, ptr %t9, align 4
   %t11 = fmul contract <4 x float> %t8, %t10
   %t12 = load <4 x float>, ptr %a3
-  %t13 = fadd reassoc nsz contract <4 x float> %t12, %t11
+  %t13 = fadd reassoc contract <4 x float> %t12, %t11
   store <4 x float> %t13, ptr %a3
   %t14 = insertelement <4 x float> poison, float %t6, i64 0
   %t15 = shufflevector <4 x float> %t14, <4 x float> poison, <4 x i32> zeroinitializer
   %t16 = fmul contract <4 x float> %t15, %t10
   %t17 = load <4 x float>, ptr %a7
-  %t18 = fadd reassoc nsz contract <4 x float> %t17, %t16
+  %t18 = fadd reassoc contract <4 x float> %t17, %t16
   store <4 x float> %t18, ptr %a7
   %r11.n = add nuw nsw i64 %r11, 1
   store i64 %r11.n, ptr %r11.p

@@ -92,7 +92,7 @@ L14.body:
   %t51 = getelementptr inbounds float, ptr %p0, i64 %t19
   store float %t50, ptr %t51
   %t52 = load float, ptr %a13
-  %t53 = fadd reassoc nsz contract float %t52, %t50
+  %t53 = fadd reassoc contract float %t52, %t50
   store float %t53, ptr %a13
   %r14.n = add nuw nsw i64 %r14, 1
   store i64 %r14.n, ptr %r14.p

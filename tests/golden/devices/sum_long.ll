@@ -27,7 +27,7 @@ L4.body:
   %t3 = getelementptr inbounds float, ptr %p1, i64 %t2
   %t4 = load float, ptr %t3
   %t5 = load float, ptr %a3
-  %t6 = fadd reassoc nsz contract float %t5, %t4
+  %t6 = fadd reassoc contract float %t5, %t4
   store float %t6, ptr %a3
   %r4.n = add nuw nsw i64 %r4, 1
   store i64 %r4.n, ptr %r4.p
