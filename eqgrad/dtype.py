@@ -306,9 +306,12 @@ def ints_to_f64_odd(x: np.ndarray) -> np.ndarray:
     x = np.asarray(x)
     if x.dtype.kind == "b" or x.dtype.itemsize < 8:
         return x.astype(np.float64)
-    neg = x < 0
-    a = x.astype(np.int64).view(np.uint64)
-    mag = np.where(neg, ~a + np.uint64(1), a)                  # |x|, 2**63 included, as uint64
+    if x.dtype.kind == "u":                                    # a uint64 array from the host
+        neg, mag = np.zeros(x.shape, bool), x.astype(np.uint64)
+    else:
+        neg = x < 0
+        a = x.astype(np.int64).view(np.uint64)
+        mag = np.where(neg, ~a + np.uint64(1), a)              # |x|, 2**63 included, as uint64
     e = np.frexp(mag.astype(np.float64))[1]                    # the bit length, or one more
     shift = np.clip(e - 53, 0, 63).astype(np.uint64)           # keeping 52 bits rounds as well
     mask = (np.uint64(1) << shift) - np.uint64(1)

@@ -206,6 +206,15 @@ def test_ints_to_bfloat16_round_once(device, src):
     np.testing.assert_array_equal(host, want)
 
 
+def test_a_uint64_host_array_rounds_once_into_bfloat16():
+    """NumPy's uint64 has no eqgrad dtype, but the host converts it: beyond 2**63 too, once."""
+    v = [2 ** 64 - 1, 2 ** 63 + 2 ** 55 + 1, 2 ** 63 + 2 ** 55, 2 ** 53 + 2 ** 45 + 1, 5]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = Tensor(np.array(v, np.uint64), dtype="bfloat16").numpy().astype(np.float64)
+    np.testing.assert_array_equal(got, [_bf16_of_int(x) for x in v])
+
+
 def test_own_bfloat16_routines_round_as_the_reference():
     """__truncsfbf2/__truncdfbf2, which LLVM calls on targets without AVX512-BF16 once its optimizer
     has narrowed a comparison or select to bfloat16 (libgcc has no such routines), are compiled by

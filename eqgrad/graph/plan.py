@@ -54,7 +54,7 @@ class NodeMemo:
 
 
 class SizeFloat(float):
-    """A CONST's value that is a size of the program (an ``Size`` e-node extraction made a CONST:
+    """A CONST's value that is a size of the program (a ``Size`` e-node that extraction made a CONST:
     expand-sum's ``x * n``): the float it is, remembering ``size``, the program's size it was made
     from, so that a plan resized for new sizes (graph/resize.py) gives it the new size. It compares,
     hashes, prints and computes as the float; only ``is_size`` and the plan's JSON tell it apart."""

@@ -442,8 +442,9 @@ class RuleConfig:
         """The rules in what runs, other than ``RESIZE_EXPLAINED``, that write a value graph/resize.py
         cannot account for: a ``Const`` computed from a size (its value converts an integer,
         ``(Const (to-f64 ..) ..)``: sizes are the only integers a rule reads) or a ``Size`` that is
-        not one size of a shape (``(Size (* a b) ..)``, a literal). While one runs, a plan is not
-        resized (its constants may depend on sizes in ways resize cannot see). A literal or a value
+        not one size of a shape (``(Size (* a b) ..)``, a literal). While one runs, a plan constant
+        that is neither the program's nor a size may depend on sizes in ways resize cannot see, and
+        refuses the resize (graph/resize.py ``rule_writers``). A literal or a value
         computed from matched constants is the same at every size: resize keeps it. (A rule that
         only matches such a value is counted too: that costs a resize, never a wrong answer.)"""
         out = []
