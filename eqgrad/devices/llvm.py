@@ -137,9 +137,7 @@ def _int_to_f64_odd(c: "_Ctx", a: str, ts: str, unsigned: bool) -> str:
         minus = c(f"sub i64 0, {a}")
         mag = c(f"select i1 {neg}, i64 {minus}, i64 {a}")     # -2**63 gives 2**63, read unsigned
     lz = c(f"call i64 @llvm.ctlz.i64(i64 {mag}, i1 false)")
-    over = c(f"sub i64 11, {lz}")                      # bits beyond 53
-    wide = c(f"icmp sgt i64 {over}, 0")
-    shift = c(f"select i1 {wide}, i64 {over}, i64 0")
+    shift = _intrinsic(c, "llvm.smax.i64", "i64", c(f"sub i64 11, {lz}"), "0")    # bits beyond 53
     one = c(f"shl i64 1, {shift}")
     mask = c(f"sub i64 {one}, 1")
     cut = c(f"and i64 {mag}, {mask}")
