@@ -31,6 +31,7 @@ import json
 import os
 import re
 import statistics
+from dataclasses import asdict
 import sys
 from typing import Any, Callable
 
@@ -85,9 +86,7 @@ def _features(k: Any) -> dict[str, int]:
 
 def check(name: str, step: Callable[[], Any], reps: int, warmup: int) -> dict[str, Any]:
   from eqgrad import GlobalCounters
-  from eqgrad.extract import cost_model
   from eqgrad.lower.classify import classify
-  cm = cost_model("LLVM")
   for _ in range(1 + warmup):
     step()
   runs: list[list[tuple]] = []
@@ -130,10 +129,11 @@ def check(name: str, step: Callable[[], Any], reps: int, warmup: int) -> dict[st
     # ops after it, a split reduction's partials; each piece keeps the plan kernel's kind)
     lowering = sorted(set().union(*(classify(p, blas=True).kinds for p in pieces.get(n, {}).values())))
     feats = _features(k) if k is not None else {}
-    fill = cm.fill(k.ast) if k is not None and "contraction" in model else 1.0
+    stats = asdict(k.stats) if k is not None and k.stats is not None else None
+    fill = stats["fill"] if stats else 1.0
     rows.append(dict(kernel=n, measured_s=m, predicted_s=pred, ratio=pred / m if m > 0 else float("inf"), **feats,
                      gflops=flops / m / 1e9 if m > 0 else 0.0, gbs=nbytes / m / 1e9 if m > 0 else 0.0,
-                     model_kind=model, lowering_kind=lowering, fill=fill,
+                     model_kind=model, lowering_kind=lowering, fill=fill, stats=stats,
                      body=k.ast.render()[:160] if k is not None else ""))
   within = sum(1 for r in rows if 0.5 <= r["ratio"] <= 2.0)
   return dict(workload=name, kernels=len(rows), within_2x=within, measured_s=sum(r["measured_s"] for r in rows),
@@ -150,14 +150,24 @@ FIT_FINE = {f: (0.7, 1.4, 7) for f in FIT_WIDE}
 
 def fit(rows: list[dict[str, Any]], kinds: str = "model_kind") -> tuple[float, dict[str, float]]:
   """The largest share of ``rows`` within 2x that any (launch, bandwidth, peak, contraction) gives
-  the cost model's form, with the compute of a kernel of kind "contraction" (in ``rows[i][kinds]``)
-  at the contraction rate and the rest at peak; and those parameters."""
-  from eqgrad.extract.cost import DeviceParams
+  the cost model's form, evaluated on the stats each kernel was priced from; with ``kinds``
+  "lowering_kind", a kernel the lowering builds as a contraction and the cost model did not has all
+  its FLOPs at the contraction rate, and the other way round none. And those parameters."""
+  from eqgrad.extract.cost import DeviceParams, KernelStats
   from eqgrad.tools.calibrate import KernelSample, fit as fit_params
-  if not rows:
+  samples = []
+  for r in rows:
+    if not r.get("stats"):
+      continue
+    s = KernelStats(**r["stats"])
+    model, built = "contraction" in r["model_kind"], "contraction" in r[kinds]
+    if built and not model:
+      s = KernelStats(s.nbytes, s.flops, s.nodes, s.flops)
+    elif model and not built:
+      s = KernelStats(s.nbytes, s.flops, s.nodes)
+    samples.append(KernelSample(r["measured_s"], s))
+  if not samples:
     return 0.0, {}
-  samples = [KernelSample(r["measured_s"], r["gbs"] * 1e9 * r["measured_s"], r["gflops"] * 1e9 * r["measured_s"],
-                          "contraction" in r[kinds], r.get("fill", 1.0)) for r in rows]
   p, share, _ = fit_params(samples, DeviceParams(**FIT_CENTER), FIT_WIDE)
   p, share, _ = fit_params(samples, p, FIT_FINE)
   return share, {f: getattr(p, f) for f in FIT_CENTER}

@@ -98,8 +98,10 @@ def test_bench_model_fit_finds_parameters_that_explain_kernels_made_with_them():
                                                 (6e6, 5.6e8, ["contraction"]), (3e6, 2.7e8, ["contraction"]),
                                                 (1e6, 1e9, ["contraction"]), (5e4, 1e6, ["row-fused"])]):
         t = launch + max(nbytes / bw, flops / (con if "contraction" in kind else peak))
+        stats = dict(nbytes=nbytes, flops=flops, nodes=5, cflops=flops if "contraction" in kind else 0.0,
+                     fill=1.0, library=0.0)
         rows.append(dict(kernel=f"k{i}", measured_s=t, gbs=nbytes / t / 1e9, gflops=flops / t / 1e9,
-                         model_kind=kind, lowering_kind=kind))
+                         model_kind=kind, lowering_kind=kind, stats=stats))
     share, got = bench.fit(rows)
     assert share == 1.0, got
     assert 100e9 < got["contraction"] and got["peak"] < 60e9, got

@@ -147,7 +147,8 @@ class CPUStage:
         body, g = contraction.with_buffers(found, ids)
         if found.pure:
             ast = k.ast.replaced({id(found.red): body})
-            kernels.append(Kernel(k.name, k.out, ast, ast.buffers(), k.predicted, k.nbytes, k.flops, k.kind))
+            kernels.append(Kernel(k.name, k.out, ast, ast.buffers(), k.predicted, k.nbytes, k.flops, k.kind,
+                                      k.stats))
         else:
             sp = contraction.split_epilogue(k, found.red, first + len(extra), body)
             extra.append((found.red.shape, found.red.dtype))

@@ -64,6 +64,7 @@ from typing import Any, Callable
 
 from eqgrad.cache import JsonCache, check_fields, machine_key
 from eqgrad.graph.caps import Capabilities, block_of, gemm_of, library_seconds
+from eqgrad.graph.plan import KernelStats      # the cost function's input (defined on the graph floor: plans keep it)
 
 CALIBRATION_VERSION = 1
 
@@ -103,16 +104,6 @@ DEFAULT_PARAMS: dict[str, DeviceParams] = {
 }
 
 
-@dataclass(frozen=True)
-class KernelStats:
-    """What the cost function sees of one kernel."""
-    nbytes: float
-    flops: float
-    nodes: int
-    cflops: float = 0.0          # of ``flops``, those of a contraction at the kernel's root (the class above)
-    fill: float = 1.0            # that contraction's rate as a share of a register-blocked one's (above; > 1: the library's)
-
-
 @dataclass
 class KernelCost:
     seconds: float
@@ -125,6 +116,8 @@ class KernelCost:
     # what the cost model took the lowering to do with the kernel (graph/plan.py KERNEL_KINDS),
     # which lower/classify.py checks against what the lowering does
     kind: frozenset[str] = frozenset()
+    stats: KernelStats | None = None  # what the cost function was given (Kernel.stats)
+    recomputed: tuple[int, ...] = ()  # the reductions (e-classes) that make it illegal by being recomputed
 
 
 
@@ -197,11 +190,17 @@ class CostModel:
         """The rate, as a share of a register-blocked contraction's, of a root contraction with
         kernel body ``body`` (a KNode) on this device (``Capabilities.block_fill`` of the lanes
         pass's block); 1 without a contraction rate of its own or known capabilities."""
+        return self.fill_parts(body)[0]
+
+    def fill_parts(self, body: Any) -> tuple[float, float]:
+        """(``fill``, the library GEMM's FLOP/s where the library sets it, else 0)."""
         if self.caps is None or not self.params.contraction:
-            return 1.0
+            return 1.0, 0.0
         fill = self.caps.block_fill(block_of(body, self.caps))
         lib = self.library_gemm(body)
-        return fill if lib is None else max(fill, lib / self.params.contraction)
+        if lib is None or lib / self.params.contraction <= fill:
+            return fill, 0.0
+        return lib / self.params.contraction, lib
 
     def library_speed(self) -> tuple[float, float, int] | None:
         return self.library() if self.library is not None else None

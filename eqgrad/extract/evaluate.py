@@ -26,7 +26,7 @@ from typing import Any, Callable
 from eqgrad.ops import OPS, REDUCE_OPS, numel
 from eqgrad.extract.cost import CostModel, KernelCost
 from eqgrad.extract.egraph import EGraph, ENode
-from eqgrad.graph.plan import KNode, broadcast_product
+from eqgrad.graph.plan import KernelStats, KNode, broadcast_product
 
 Choice = dict[int, ENode]
 
@@ -122,7 +122,7 @@ def _row_invariant(src: tuple, shape: tuple, rg: "str | frozenset") -> bool:
 
 
 # PlanEvaluator._fill's answers, by kernel body structure (a bounded memo: cleared when full)
-_FILLS: dict[tuple, float] = {}
+_FILLS: dict[tuple, tuple[float, float]] = {}
 _UNASKED = object()
 
 
@@ -155,8 +155,8 @@ class PlanEvaluator:
         self._elementwise = {name for name, d in OPS.items() if d.kind in ("unary", "binary", "ternary")}
         self._library: Any = _UNASKED          # the cost model's library speed, asked at the first fill
 
-    def _fill(self, k: int, order: list[int], nodes_of: dict[int, ENode]) -> float:
-        """The rate share (``CostModel.fill``) of kernel ``k``'s root contraction, by the register
+    def _fill(self, k: int, order: list[int], nodes_of: dict[int, ENode]) -> tuple[float, float]:
+        """The rate share and library rate (``CostModel.fill_parts``) of kernel ``k``'s root contraction, by the register
         block the lanes pass gives the body ``nodes_of``: built as the kernel body the plan would
         hold (the lanes pass reads strides), and kept by the body's structure (buffers numbered in
         the order first read), so a body repeated in other layers, regions or programs is worked
@@ -181,7 +181,7 @@ class PlanEvaluator:
         if hit is None:
             if len(_FILLS) >= 4096:
                 _FILLS.clear()
-            hit = _FILLS[key] = self.cost.fill(_body(struct[k], {}))
+            hit = _FILLS[key] = self.cost.fill_parts(_body(struct[k], {}))
         return hit
 
     @staticmethod
@@ -269,6 +269,7 @@ class PlanEvaluator:
         hoisted = inner_reduce = any_reduce = masked = False
         deps: list[int] = []
         fused: list[str] = []
+        recomputed: list[int] = []
         row_fusion, size_k = p.row_fusion, size[k]
         for c in order:
             e = ev.get(c, 0)
@@ -312,6 +313,7 @@ class PlanEvaluator:
                 mult = size[n.children[0]] // max(1, size_c)
                 if e > size_c:       # (an empty reduction under a Pad is read e > 0 times, masked)
                     legal, why = False, f"reduction {op} recomputed {e / max(1, size_c):.0f}x per element"
+                    recomputed.append(c)
             f = weight[op] * e * max(1, mult)
             if c in slow:
                 f *= p.unlaned
@@ -380,12 +382,14 @@ class PlanEvaluator:
         if size_k > BROADCAST_WRITE * max(1, distinct) and not any_reduce:
             # a materialized broadcast: each element written is index arithmetic over few inputs
             flops += p.masked_read * size_k
-        fill = self._fill(k, order, nodes_of) if fast else 1.0     # a root contraction: by its register block
-        t = self.cost.seconds(nbytes, flops, nodes, cflops, fill)
+        fill, library = self._fill(k, order, nodes_of) if fast else (1.0, 0.0)   # a root contraction: by its register block
+        stats = KernelStats(nbytes, flops, nodes, cflops, fill, library)
+        t = self.cost.fn(stats, p)
         # row-fused: a reduction below a row-invariant broadcast (computed once per row, reused)
         fused_rows = hoisted and any(nodes_of[c].op in REDUCE_OPS for c in under_hoist if c in nodes_of)
         kind = _KINDS[(fused_rows, cflops > 0, bool(slow), masked)]
-        return KernelCost(t, int(nbytes), int(flops), nodes, legal, why, tuple(reversed(fused)), kind), deps, read
+        return KernelCost(t, int(nbytes), int(flops), nodes, legal, why, tuple(reversed(fused)), kind, stats,
+                          tuple(recomputed)), deps, read
 
     def evaluate(self, choice: Choice) -> Evaluation:
         """The reference: every kernel reachable from the roots, costed from scratch."""

@@ -142,7 +142,7 @@ def build_plan(g: EGraph, choice: dict[int, ENode], input_specs: list[tuple[Shap
             bodies[f"k{len(kernels)}"] = _body_classes(k)
         kernels.append(Kernel(f"k{len(kernels)}", bid, ast, ins,
                               kc.seconds if kc else 0.0, kc.bytes if kc else 0, kc.flops if kc else 0,
-                              tuple(sorted(kc.kind)) if kc else ()))
+                              tuple(sorted(kc.kind)) if kc else (), kc.stats if kc else None))
 
     outputs = []
     for r in g.roots:

@@ -141,6 +141,21 @@ class KNode:
         return memo[id(self)]
 
 
+@dataclass(frozen=True)
+class KernelStats:
+    """What the cost function sees of one kernel (extract/cost.py: its form and units): the bytes it
+    moves, its FLOPs, its body's nodes, of those FLOPs the root contraction's (``cflops``), and that
+    contraction's rate as a share of a register-blocked one's (``fill``; above 1 where the device's
+    library GEMM runs it faster, whose FLOP/s are then ``library``, else 0). A plan kernel keeps the
+    stats it was priced from (``Kernel.stats``), so calibration fits the cost function itself."""
+    nbytes: float
+    flops: float
+    nodes: int
+    cflops: float = 0.0
+    fill: float = 1.0
+    library: float = 0.0
+
+
 @dataclass
 class Kernel:
     name: str
@@ -151,6 +166,9 @@ class Kernel:
     nbytes: int = 0
     flops: int = 0
     kind: tuple[str, ...] = ()    # what the cost model took the lowering to do (KERNEL_KINDS), sorted
+    # what the cost function priced the plan kernel from (None: not priced, e.g. built by hand); the
+    # pieces the device runs a plan kernel as (its GEMM, a split reduction's partials) keep it
+    stats: KernelStats | None = None
 
 
 # The kinds of kernel the cost model tells apart (extract/evaluate.py records them as
@@ -255,6 +273,7 @@ def check_plan(plan: KernelPlan, orders: list[list[KNode]] | None = None) -> Non
 #                              first, the kernel's root last), each {"op", "src": [indices], "arg",
 #                              "shape", "dtype"}: a node shared inside the body stays shared
 #   Kernel                     {"kernel": {field: value, ...}}
+#   KernelStats                {"stats": {field: value, ...}}
 # A plan is {field: value} over KernelPlan's fields. Fields are read from the dataclasses, so a
 # field added to Kernel or KernelPlan is written and read without a change here (its values must
 # be of the kinds above: anything else is a TypeError naming it).
@@ -293,8 +312,10 @@ def _enc(v: Any, where: str) -> Any:
                          "shape": _enc(n.shape, where), "dtype": _enc(n.dtype, where)} for n in nodes]}
     if isinstance(v, Kernel):
         return {"kernel": {f.name: _enc(getattr(v, f.name), f"{where} {v.name}.{f.name}") for f in fields(Kernel)}}
-    raise TypeError(f"plan_to_json: {where}: expected None, bool, int, float, str, tuple, list, DType, KNode "
-                    f"or Kernel, got {type(v).__name__} {v!r}")
+    if isinstance(v, KernelStats):
+        return {"stats": {f.name: _enc(getattr(v, f.name), where) for f in fields(KernelStats)}}
+    raise TypeError(f"plan_to_json: {where}: expected None, bool, int, float, str, tuple, list, DType, KNode, "
+                    f"Kernel or KernelStats, got {type(v).__name__} {v!r}")
 
 
 def _dec(v: Any) -> Any:
@@ -317,6 +338,8 @@ def _dec(v: Any) -> Any:
         return DTYPES[x]
     if tag == "kernel" and isinstance(x, dict):
         return Kernel(**{k: _dec(e) for k, e in x.items()})
+    if tag == "stats" and isinstance(x, dict):
+        return KernelStats(**{k: _dec(e) for k, e in x.items()})
     if tag == "dag" and isinstance(x, list) and x:
         built: list[KNode] = []
         for n in x:

@@ -48,7 +48,7 @@ before the device reads them to choose threads and the BLAS.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import product as cartesian
 from typing import Any, Union
 
@@ -485,13 +485,16 @@ class _Resizer:
                 self.checks.append(self.new_orders[-1])
                 ast = memo[id(k.ast)]
             buffers.append((ast.shape, plan.buffers[k.out][1]))
-            kernels.append(Kernel(k.name, k.out, ast, k.inputs, k.predicted, k.nbytes, k.flops, k.kind))
+            kernels.append(Kernel(k.name, k.out, ast, k.inputs, k.predicted, k.nbytes, k.flops, k.kind, k.stats))
         out = KernelPlan(buffers, plan.n_inputs, kernels, list(plan.outputs), plan.predicted, list(plan.notes))
         for k, ko, order, new_order, still in zip(out.kernels, plan.kernels, self.orders, self.new_orders, self.still):
             if still:
                 continue
             k.nbytes = _rescale(ko.nbytes, _traffic(ko, plan.buffers), _traffic(k, out.buffers))
             k.flops = _rescale(ko.flops, _work(order), _work(new_order))
+            if ko.stats is not None:      # what the cost function would read at the new sizes, rescaled alike
+                r = k.flops / ko.flops if ko.flops else 1.0
+                k.stats = replace(ko.stats, nbytes=float(k.nbytes), flops=ko.stats.flops * r, cflops=ko.stats.cflops * r)
         changed = dict(sorted(self.sigma.items()))
         if self.ambiguous:
             changed.update({a: b for a, b in sorted(self.ambiguous.items())})

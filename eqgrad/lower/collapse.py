@@ -82,7 +82,8 @@ def collapse(kernel: Kernel) -> Kernel:
         body = go(root)
     except _Keep:
         return kernel
-    return Kernel(kernel.name, kernel.out, body, kernel.inputs, kernel.predicted, kernel.nbytes, kernel.flops, kernel.kind)
+    return Kernel(kernel.name, kernel.out, body, kernel.inputs, kernel.predicted, kernel.nbytes, kernel.flops, kernel.kind,
+                  kernel.stats)
 
 
 _NO_MERGE = frozenset({"RSUM", "RMAX", "PAD"})     # reads across elements, or per-axis masks
@@ -128,4 +129,5 @@ def merge_axes(kernel: Kernel) -> Kernel:
         return kernel
     merged = tuple(numel(tuple(shape[d] for d in g)) for g in groups)
     body = KNode("RESHAPE", (root,), merged, merged, root.dtype)
-    return Kernel(kernel.name, kernel.out, body, kernel.inputs, kernel.predicted, kernel.nbytes, kernel.flops, kernel.kind)
+    return Kernel(kernel.name, kernel.out, body, kernel.inputs, kernel.predicted, kernel.nbytes, kernel.flops, kernel.kind,
+                  kernel.stats)

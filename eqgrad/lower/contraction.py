@@ -364,10 +364,10 @@ def split_epilogue(k: Kernel, red: KNode, new_buffer: int, body: KNode | None = 
     ``new_buffer``, the rest of ``k`` reading it there): a bias, an activation or a scale
     applied after the GEMM."""
     body = red if body is None else body
-    gemm = Kernel(f"{k.name}g", new_buffer, body, body.buffers(), k.predicted, k.nbytes, k.flops, k.kind)
+    gemm = Kernel(f"{k.name}g", new_buffer, body, body.buffers(), k.predicted, k.nbytes, k.flops, k.kind, k.stats)
     ast = k.ast.replaced({id(red): KNode("BUF", (), new_buffer, red.shape, red.dtype)})
     # (each piece keeps the plan kernel's kind: the kind its prediction was made for)
-    rest = Kernel(k.name, k.out, ast, ast.buffers(), k.predicted, 8 * numel(ast.shape), 0, k.kind)
+    rest = Kernel(k.name, k.out, ast, ast.buffers(), k.predicted, 8 * numel(ast.shape), 0, k.kind, k.stats)
     return gemm, rest
 
 
@@ -376,7 +376,7 @@ def pack_kernels(k: Kernel, f: Found, first_buffer: int) -> list[Kernel]:
     out = []
     for i, u in enumerate(f.packs):
         out.append(Kernel(f"{k.name}p{i}", first_buffer + i, u, u.buffers(), k.predicted, 8 * numel(u.shape), 0,
-                          k.kind))
+                          k.kind, k.stats))
     return out
 
 

@@ -37,10 +37,11 @@ def split_reduction(k: Kernel, new_buffer: int, options: LowerOptions) -> tuple[
     axes = tuple(d for d in range(len(split_shape)) if d != lead)
     part_shape = tuple(p if d == lead else 1 for d in range(len(split_shape)))
     partial = KNode(red.op, (reshaped,), axes, part_shape, red.dtype)
-    k1 = Kernel(f"{k.name}a", new_buffer, partial, partial.buffers(), k.predicted, k.nbytes, k.flops, k.kind)
+    k1 = Kernel(f"{k.name}a", new_buffer, partial, partial.buffers(), k.predicted, k.nbytes, k.flops, k.kind,
+                k.stats)
     final = KNode(red.op, (KNode("BUF", (), new_buffer, part_shape, red.dtype),), (lead,),
                   (1,) * len(split_shape), red.dtype)
     final = KNode("RESHAPE", (final,), red.shape, red.shape, red.dtype)
     ast = k.ast.replaced({id(red): final})
-    k2 = Kernel(k.name, k.out, ast, ast.buffers(), 5e-6, 4 * p, p, k.kind)
+    k2 = Kernel(k.name, k.out, ast, ast.buffers(), 5e-6, 4 * p, p, k.kind, k.stats)
     return k1, k2
