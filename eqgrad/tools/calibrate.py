@@ -67,8 +67,8 @@ def calibrate(device: str = "LLVM", reps: int = 7, progress: Callable[[str], Non
     kernels (the two rates are the cost model's kernel classes, cost.py). With ``runs`` > 1 the
     whole measurement is repeated and each parameter is the median of the runs; ``spread`` (a dict)
     receives each parameter's (min, max) over the runs -- one run on a shared machine gave
-    bandwidths of 3.4 to 5.7 GB/s. With ``fit_corpus`` the medians are then fitted (``fit``) and
-    kept only where that predicts more of the corpus's kernels within 2x."""
+    bandwidths of 3.4 to 5.7 GB/s. With ``fit_corpus`` the medians are then fitted (``fit_error``)
+    and kept only where that predicts the corpus's kernels with a smaller mean error."""
     if runs < 1:
         raise ValueError(f"calibrate(): runs must be >= 1, got {runs}")
     got = [_calibrate_once(device, reps, np.random.default_rng(i), progress) for i in range(runs)]
@@ -80,13 +80,14 @@ def calibrate(device: str = "LLVM", reps: int = 7, progress: Callable[[str], Non
                 source=f"calibrated {time.strftime('%Y-%m-%d %H:%M')}{how}")
     if fit_corpus:
         samples = kernel_samples(_corpus(device, np.random.default_rng(7)), device=device)
-        fitted, share, share0 = fit(samples, p)
+        fitted, err, err0 = fit_error(samples, p)
+        share0, share = within_2x(samples, p), within_2x(samples, fitted)
+        said = (f"mean error x{err0:.3f} -> x{err:.3f}, {100 * share0:.0f}% -> {100 * share:.0f}% "
+                "predicted within 2x")
         if progress:
-            progress(f"fitted to {len(samples)} kernels of model-like programs: {100 * share0:.0f}% -> "
-                     f"{100 * share:.0f}% predicted within 2x")
-        if share > share0:
-            p = replace(fitted, source=f"{p.source}, fitted to {len(samples)} kernels "
-                                        f"({100 * share0:.0f}% -> {100 * share:.0f}% within 2x)")
+            progress(f"fitted to {len(samples)} kernels of model-like programs: {said}")
+        if round(err, 3) < round(err0, 3):         # (an improvement the message shows)
+            p = replace(fitted, source=f"{p.source}, fitted to {len(samples)} kernels ({said})")
     return p
 
 
@@ -145,9 +146,14 @@ def _calibrate_once(device: str, reps: int, rng: np.random.Generator,
 # bench_model's 216 kernels within 2x where the cost model put 197, and calibrating on this AMD
 # EPYC fitted 8.3 GB/s and took bench_model from 91 % to 67 %.
 
-FIT_SPAN = dict(launch=(0.5, 1.5, 5), bandwidth=(0.125, 2.0, 9), peak=(0.25, 4.0, 9), contraction=(0.25, 2.0, 7))
+FIT_SPAN = dict(launch=(1.0, 2.0, 5), bandwidth=(0.125, 2.0, 9), peak=(0.25, 4.0, 9), contraction=(0.25, 2.0, 7))
 """Each parameter's search range, as (lowest, highest) multiples of its measured value and the
-number of log-spaced points: the bandwidth is searched mostly below the copy's (the case above)."""
+number of log-spaced points: the bandwidth is searched mostly below the copy's (the case above),
+the launch not below the measured one, which is already timed as a model's kernels pay it
+(``LAUNCH_CONTEXT``). Searched from half of it, the fit took the corpus's back-to-back scalar
+kernels (2.0-2.8 us, as in a tight loop) for the rule: on a 2-vCPU AMD EPYC it fitted 2.7 us
+against 4.0 measured, and ten tiny kernels of bench_model's training steps (6-10 us each) fell
+outside 2x."""
 
 
 def _corpus(device: str, rng: np.random.Generator) -> dict[str, Callable[[], list[Tensor]]]:
@@ -245,25 +251,58 @@ def predicted(samples: list[KernelSample], points: np.ndarray) -> np.ndarray:
     return launch + np.maximum(nbytes / bandwidth, compute)
 
 
+def _grid(samples: list[KernelSample], start: DeviceParams, span: dict[str, tuple[float, float, int]]
+          ) -> tuple[DeviceParams, np.ndarray, np.ndarray, np.ndarray]:
+    """(``start`` with a contraction rate, the grid's points (points, 4), each sample's predicted
+    over measured time at each point, and at ``start``)."""
+    sec = np.array([s.seconds for s in samples])[None, :]
+    st = replace(start, contraction=start.contraction or start.peak)
+    grids = [getattr(st, f) * np.geomspace(lo, hi, n) for f, (lo, hi, n) in span.items()]
+    pts = np.stack([g.ravel() for g in np.meshgrid(*grids, indexing="ij")], 1)       # (points, 4)
+    r0 = predicted(samples, np.array([[getattr(st, f) for f in FIT_FIELDS]])) / sec
+    return st, pts, predicted(samples, pts) / sec, r0[0]
+
+
+def within_2x(samples: list[KernelSample], p: DeviceParams) -> float:
+    """The share of ``samples`` the cost model with parameters ``p`` predicts within 2x."""
+    if not samples:
+        return 0.0
+    r = _grid(samples, p, {f: (1.0, 1.0, 1) for f in FIT_FIELDS})[3]
+    return float(((r >= 0.5) & (r <= 2.0)).mean())
+
+
 def fit(samples: list[KernelSample], start: DeviceParams,
         span: dict[str, tuple[float, float, int]] = FIT_SPAN) -> tuple[DeviceParams, float, float]:
     """(the parameters, searched around ``start`` within ``span`` (as FIT_SPAN), that predict the
     most ``samples`` within 2x of their time -- ties: the smallest median |log ratio| --, that share,
     ``start``'s share). Only launch, bandwidth, peak and contraction move; the predictions are the
-    cost model's own (``predicted``)."""
+    cost model's own (``predicted``). What the form can reach on kernels (bench_model --fit)."""
     if not samples:
         return start, 0.0, 0.0
-    sec = np.array([s.seconds for s in samples])[None, :]
-    st = replace(start, contraction=start.contraction or start.peak)
-    grids = [getattr(st, f) * np.geomspace(lo, hi, n) for f, (lo, hi, n) in span.items()]
-    pts = np.stack([g.ravel() for g in np.meshgrid(*grids, indexing="ij")], 1)       # (points, 4)
-    ratio = predicted(samples, pts) / sec
+    _, pts, ratio, r0 = _grid(samples, start, span)
     share = ((ratio >= 0.5) & (ratio <= 2.0)).mean(1)
     spread = np.median(np.abs(np.log(ratio)), 1)
     best = int(np.lexsort((spread, -share))[0])
-    r0 = predicted(samples, np.array([[getattr(st, f) for f in FIT_FIELDS]])) / sec
     p = replace(start, **dict(zip(FIT_FIELDS, map(float, pts[best]))))
     return p, float(share[best]), float(((r0 >= 0.5) & (r0 <= 2.0)).mean())
+
+
+def fit_error(samples: list[KernelSample], start: DeviceParams,
+              span: dict[str, tuple[float, float, int]] = FIT_SPAN) -> tuple[DeviceParams, float, float]:
+    """(the parameters, searched as ``fit`` does, with the smallest mean error -- the geometric
+    mean of each sample's predicted/measured or its inverse, >= 1 --, that error, ``start``'s).
+    What calibration keeps: the share within 2x of a corpus of 34 kernels moves in steps of 3 %
+    and its best points lie anywhere along ridges; refitted on the same machine it gave 8.3, 18.5
+    and 42.5 GB/s (2-vCPU AMD EPYC). The mean error is smooth in the parameters: on corpora timed
+    with three calibrations' measurements it fitted 16.5-20.0 GB/s, and those parameters put 88-89 %
+    of bench_model's kernels within 2x where the share's best points put 72-83 %."""
+    if not samples:
+        return start, 1.0, 1.0
+    _, pts, ratio, r0 = _grid(samples, start, span)
+    err = np.abs(np.log(ratio)).mean(1)
+    best = int(np.argmin(err))
+    p = replace(start, **dict(zip(FIT_FIELDS, map(float, pts[best]))))
+    return p, float(np.exp(err[best])), float(np.exp(np.abs(np.log(r0)).mean()))
 
 
 FIT_FIELDS = ("launch", "bandwidth", "peak", "contraction")
