@@ -54,6 +54,34 @@ def test_matmul_kernel_uses_register_lanes():
     assert not lk.loop_vectorize
 
 
+def test_no_lanes_where_a_streamed_load_would_be_gathered():
+    """The lanes pass wants a load streamed with unit stride along the lane axis; a load streamed
+    with a larger stride there would be a gather per lane. A sum over axes (0, 2, 3) of a relu mask
+    times a per-(batch, channel) broadcast: the broadcast steps by 1 along the channels, the mask by
+    256 -- no lanes (it ran in 233 us with them, 90 without). A column sum and a product keep theirs.
+    The numbers are NumPy's."""
+    from eqgrad.lower.passes import lanes_apply
+    rng = np.random.default_rng(5)
+    mn = rng.random((32, 32, 16, 16)) > 0.5
+    sn = rng.standard_normal((32, 32, 1, 1)).astype(np.float32)
+    xn = rng.standard_normal((64, 48)).astype(np.float32)
+
+    def root(t):
+        out = t.numpy()
+        plan = engine.last_plan.plan
+        assert len(plan.kernels) == 1, plan.describe()
+        return out, plan.kernels[0].ast
+    got, gathered = root(Tensor(mn).where(Tensor(sn).expand(32, 32, 16, 16), 0.0).sum((0, 2, 3)))
+    np.testing.assert_allclose(got, np.where(mn, sn, 0).sum((0, 2, 3)), rtol=1e-5, atol=1e-4)
+    assert not lanes_apply(gathered, True)
+    got, column = root(Tensor(xn).sum(0))
+    np.testing.assert_allclose(got, xn.sum(0), rtol=1e-5, atol=1e-5)
+    assert lanes_apply(column, True)
+    got, product = root(Tensor(xn) @ Tensor(xn.T.copy()))
+    np.testing.assert_allclose(got, xn @ xn.T, rtol=1e-4, atol=1e-3)
+    assert lanes_apply(product, True)
+
+
 @pytest.mark.parametrize("m,k,n,transposed", [(128, 2048, 128, False), (136, 1024, 256, True), (384, 4096, 80, False)])
 def test_cache_tiled_matmul(m, k, n, transposed):
     """Large contractions get a tile loop: (tiles, column blocks, 8 row blocks, reduce); results
