@@ -79,7 +79,7 @@ def calibrate(device: str = "LLVM", reps: int = 7, progress: Callable[[str], Non
     p = replace(DEFAULT_PARAMS.get(device, DeviceParams()), **med,
                 source=f"calibrated {time.strftime('%Y-%m-%d %H:%M')}{how}")
     if fit_corpus:
-        samples = kernel_samples(_corpus(device, np.random.default_rng(7)), device=device)
+        samples = kernel_samples(_corpus(device, np.random.default_rng(7)))
         fitted, err, err0 = fit_error(samples, p)
         share0, share = within_2x(samples, p), within_2x(samples, fitted)
         said = (f"mean error x{err0:.3f} -> x{err:.3f}, {100 * share0:.0f}% -> {100 * share:.0f}% "
@@ -203,11 +203,11 @@ class KernelSample:
 
 
 def kernel_samples(programs: dict[str, Callable[[], list[Tensor]]], reps: int = 5,
-                   warmup: int = 2, device: str = "LLVM") -> list[KernelSample]:
+                   warmup: int = 2) -> list[KernelSample]:
     """Each kernel of each program, timed alone (``GlobalCounters.kernel_log``) ``reps`` times after
     ``warmup`` runs; the pieces the device runs a plan kernel as (its BLAS call, a split
     reduction's partials) are summed into it. A kernel the cost model did not price (no stats) is
-    left out. ``device``: unused (each kernel carries its own stats); kept for callers."""
+    left out."""
     out = []
     for make in programs.values():
         for _ in range(1 + warmup):
