@@ -53,32 +53,32 @@ class NodeMemo:
         self._data.clear()
 
 
-class SizeFloat(float):
+class _Sized:
+    """What SizeFloat and SizeInt share: the value, remembering the program's ``size`` it was made
+    from, through construction and pickling."""
+    __slots__ = ()
+    _base: type = float
+
+    def __new__(cls, value: float | int, size: int):
+        x = super().__new__(cls, value)
+        x.size = int(size)
+        return x
+
+    def __reduce__(self):
+        return (type(self), (self._base(self), self.size))
+
+
+class SizeFloat(_Sized, float):
     """A CONST's value that is a size of the program (a ``Size`` e-node that extraction made a CONST:
     expand-sum's ``x * n``): the float it is, remembering ``size``, the program's size it was made
     from, so that a plan resized for new sizes (graph/resize.py) gives it the new size. It compares,
     hashes, prints and computes as the float; only ``is_size`` and the plan's JSON tell it apart."""
     __slots__ = ("size",)
 
-    def __new__(cls, value: float, size: int) -> "SizeFloat":
-        x = super().__new__(cls, value)
-        x.size = int(size)
-        return x
 
-    def __reduce__(self):
-        return (SizeFloat, (float(self), self.size))
-
-
-class SizeInt(int):
+class SizeInt(_Sized, int):
     """``SizeFloat`` for an integer dtype's CONST (an int subclass cannot have slots)."""
-
-    def __new__(cls, value: int, size: int) -> "SizeInt":
-        x = super().__new__(cls, value)
-        x.size = int(size)
-        return x
-
-    def __reduce__(self):
-        return (SizeInt, (int(self), self.size))
+    _base = int
 
 
 def size_value(value: float | int, size: int) -> "SizeFloat | SizeInt":
