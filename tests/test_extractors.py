@@ -358,6 +358,16 @@ def test_calibration_fitted_to_the_corpus_says_so(tmp_path, monkeypatch):
     samples = cal.kernel_samples(cal._corpus("LLVM", np.random.default_rng(0)), reps=2, warmup=0)
     assert len(samples) >= 3 and all(s.seconds > 0 and s.stats.nbytes > 0 for s in samples)
     assert any(s.stats.cflops for s in samples) and not all(s.stats.cflops for s in samples)
+    # in passes over all the programs: the same kernels, each the median of every pass's runs
+    timed: list[float] = []
+    real = cal.kernel_samples.__globals__["realize"]
+    monkeypatch.setitem(cal.kernel_samples.__globals__, "realize", lambda *ts: (timed.append(1), real(*ts)))
+    rounds = cal.kernel_samples(cal._corpus("LLVM", np.random.default_rng(0)), reps=2, warmup=1, rounds=3)
+    assert len(timed) == 2 * (1 + 1 + 2) + 2 * 2 * (1 + 2)    # first pass: 1 + warmup, later: 1 unrecorded
+    assert [s.stats for s in rounds] == [s.stats for s in samples]
+    monkeypatch.setitem(cal.kernel_samples.__globals__, "realize", real)
+    with pytest.raises(ValueError, match="rounds must be >= 1"):
+        cal.kernel_samples({}, rounds=0)
     said: list[str] = []
     p = calibrate("LLVM", reps=2, fit_corpus=True, progress=said.append)
     assert any(m.startswith("fitted to ") for m in said), said

@@ -79,7 +79,7 @@ def calibrate(device: str = "LLVM", reps: int = 7, progress: Callable[[str], Non
     p = replace(DEFAULT_PARAMS.get(device, DeviceParams()), **med,
                 source=f"calibrated {time.strftime('%Y-%m-%d %H:%M')}{how}")
     if fit_corpus:
-        samples = kernel_samples(_corpus(device, np.random.default_rng(7)))
+        samples = kernel_samples(_corpus(device, np.random.default_rng(7)), rounds=max(runs, CORPUS_ROUNDS))
         fitted, err, err0 = fit_error(samples, p)
         share0, share = within_2x(samples, p), within_2x(samples, fitted)
         said = (f"mean error x{err0:.3f} -> x{err:.3f}, {100 * share0:.0f}% -> {100 * share:.0f}% "
@@ -146,6 +146,12 @@ def _calibrate_once(device: str, reps: int, rng: np.random.Generator,
 # bench_model's 216 kernels within 2x where the cost model put 197, and calibrating on this AMD
 # EPYC fitted 8.3 GB/s and took bench_model from 91 % to 67 %.
 
+# passes over the corpus whose per-kernel medians the fit reads (at least; ``runs`` if more): one
+# pass of 5 runs each gave a corpus whose fit took 12.3 GB/s and bench_model's kernels from 86 % to
+# 67 % within 2x, where fits of other passes on the same 2-vCPU AMD EPYC gave 17.5-18.8 GB/s (88 %).
+# A pass takes about a second.
+CORPUS_ROUNDS = 3          # docs/lowering.md, Constants
+
 FIT_SPAN = dict(launch=(1.0, 2.0, 5), bandwidth=(0.125, 2.0, 9), peak=(0.25, 4.0, 9), contraction=(0.25, 2.0, 7))
 """Each parameter's search range, as (lowest, highest) multiples of its measured value and the
 number of log-spaced points: the bandwidth is searched mostly below the copy's (the case above),
@@ -203,35 +209,43 @@ class KernelSample:
 
 
 def kernel_samples(programs: dict[str, Callable[[], list[Tensor]]], reps: int = 5,
-                   warmup: int = 2) -> list[KernelSample]:
+                   warmup: int = 2, rounds: int = 1) -> list[KernelSample]:
     """Each kernel of each program, timed alone (``GlobalCounters.kernel_log``) ``reps`` times after
-    ``warmup`` runs; the pieces the device runs a plan kernel as (its BLAS call, a split
-    reduction's partials) are summed into it. A kernel the cost model did not price (no stats) is
-    left out."""
-    out = []
-    for make in programs.values():
-        for _ in range(1 + warmup):
-            realize(*make())
-        runs: list[dict[str, float]] = []
-        stats: dict[str, KernelStats] = {}
-        for _ in range(reps):
-            GlobalCounters.kernel_log = log = []
-            try:
+    ``warmup`` runs, in each of ``rounds`` passes over all the programs (a kernel's time is the
+    median of its ``rounds * reps``); the pieces the device runs a plan kernel as (its BLAS call, a
+    split reduction's partials) are summed into it. A kernel the cost model did not price (no
+    stats) is left out."""
+    if rounds < 1 or reps < 1:
+        raise ValueError(f"kernel_samples(): reps and rounds must be >= 1, got reps={reps}, rounds={rounds}")
+    times: dict[tuple[str, str], list[float]] = {}
+    stats: dict[tuple[str, str], KernelStats] = {}
+    last: dict[str, list[str]] = {}
+    for r in range(rounds):
+        for name, make in programs.items():
+            for _ in range(1 + warmup if r == 0 else 1):
                 realize(*make())
-            finally:
-                GlobalCounters.kernel_log = None
-            per: dict[str, float] = {}
-            for name, sec, _pred, _flops, _nbytes, k in log:
-                m = re.match(r"k\d+", name)
-                base = m.group(0) if m else name
-                per[base] = per.get(base, 0.0) + sec
-                if k.stats is not None:
-                    stats[base] = k.stats
-            runs.append(per)
-        for base in runs[-1]:
-            if base in stats:
-                secs = sorted(r[base] for r in runs if base in r)
-                out.append(KernelSample(secs[len(secs) // 2], stats[base]))
+            for _ in range(reps):
+                GlobalCounters.kernel_log = log = []
+                try:
+                    realize(*make())
+                finally:
+                    GlobalCounters.kernel_log = None
+                per: dict[str, float] = {}
+                for kname, sec, _pred, _flops, _nbytes, k in log:
+                    m = re.match(r"k\d+", kname)
+                    base = m.group(0) if m else kname
+                    per[base] = per.get(base, 0.0) + sec
+                    if k.stats is not None:
+                        stats[name, base] = k.stats
+                for base, sec in per.items():
+                    times.setdefault((name, base), []).append(sec)
+                last[name] = list(per)
+    out = []
+    for name, bases in last.items():
+        for base in bases:
+            if (name, base) in stats:
+                secs = sorted(times[name, base])
+                out.append(KernelSample(secs[len(secs) // 2], stats[name, base]))
     return out
 
 
