@@ -201,6 +201,44 @@ def test_kernel_source_golden(case, ext):
                                      "EQGRAD_UPDATE_GOLDEN=1 and review the diff")
 
 
+
+def test_short_loops_over_strided_rows_are_not_vectorized():
+    """A loop of fewer than GATHER_TRIP iterations that holds the rows it strides over (an attention
+    score's 15 query rows of 15) keeps LLVM's loop vectorizer off (``!6``: it made one masked vector
+    of gathers and scatters of it, docs/lowering.md); the loop over a column sum's 15 columns, whose
+    loads step by 1 along it, and a loop over 40 rows of 3 keep it (``!4``). The LLVM device's
+    numbers are NumPy's."""
+    from eqgrad.devices.llvm import GATHER_TRIP
+
+    def latches(t: Tensor, extent: int) -> set[str]:
+        """The metadata of the latches of the loops of ``extent`` iterations that hold another loop."""
+        t.realize()
+        plan = engine.last_plan.plan
+        out = set()
+        for k in plan.kernels:
+            lk = lower_kernel(k, plan)
+            src = render_llvm(lk).splitlines()
+            ranges = [i for i, x in enumerate(lk.insts) if x.op == "RANGE"]
+            closes = {x.src[0]: i for i, x in enumerate(lk.insts) if x.op == "ENDRANGE"}
+            for r in ranges:
+                if lk.insts[r].arg == extent and any(r < q < closes[r] for q in ranges):
+                    out.add(next(ln for ln in src if ln.strip().startswith(f"br label %L{r}.cond, !llvm.loop")).split()[-1])
+        return out
+    x = data((2, 3, 15, 15), seed=4)
+    r = data((40, 3), seed=5)
+    cases = {"rows": (lambda t: t - t.amax(-1, keepdim=True), x, lambda a: a - a.max(-1, keepdims=True), 15, "!6"),
+             "row sums": (lambda t: t.sum(-1), x, lambda a: a.sum(-1), 15, "!6"),
+             "columns": (lambda t: t.sum(-2), x, lambda a: a.sum(-2), 15, "!4"),
+             "rows of 3": (lambda t: t.sum(-1), r, lambda a: a.sum(-1), 40, "!4")}
+    assert GATHER_TRIP > 15
+    for name, (f, a, ref, extent, tag) in cases.items():
+        assert latches(f(Tensor(a, device="NUMPY")), extent) == {tag}, name
+        np.testing.assert_allclose(f(Tensor(a, device="LLVM")).numpy(), ref(a), rtol=1e-5, atol=1e-5, err_msg=name)
+    src = render_llvm(lower_kernel(engine.last_plan.plan.kernels[0], engine.last_plan.plan))
+    assert "!llvm.loop !6" not in src and "!7 = " not in src          # the metadata only where it is used
+
+
+
 # ---------------------------------------------------------------------------- CUDA C -> PTX (no GPU needed)
 def _cuda_corpus() -> list[tuple[str, str]]:
     r = CUDARenderer()

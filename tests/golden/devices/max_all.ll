@@ -41,7 +41,7 @@ L4.body:
 L4.exit:
   %r3.n = add nuw nsw i64 %r3, 1
   store i64 %r3.n, ptr %r3.p
-  br label %L3.cond, !llvm.loop !4
+  br label %L3.cond, !llvm.loop !6
 L3.exit:
   %t13 = load i32, ptr %a2
   %t14 = ashr i32 %t13, 31
@@ -59,4 +59,6 @@ L3.exit:
 !3 = distinct !{!3, !1, !2}
 !4 = distinct !{!4, !1, !5}
 !5 = !{!"llvm.loop.unroll.disable"}
+!6 = distinct !{!6, !1, !5, !7}
+!7 = !{!"llvm.loop.vectorize.width", i32 1}
 

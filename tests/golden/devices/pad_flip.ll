@@ -45,7 +45,7 @@ L3.body:
 L3.exit:
   %r2.n = add nuw nsw i64 %r2, 1
   store i64 %r2.n, ptr %r2.p
-  br label %L2.cond, !llvm.loop !4
+  br label %L2.cond, !llvm.loop !6
 L2.exit:
   ret void
 }
@@ -56,4 +56,6 @@ L2.exit:
 !3 = distinct !{!3, !1, !2}
 !4 = distinct !{!4, !1, !5}
 !5 = !{!"llvm.loop.unroll.disable"}
+!6 = distinct !{!6, !1, !5, !7}
+!7 = !{!"llvm.loop.vectorize.width", i32 1}
 

@@ -120,7 +120,7 @@ L59.body:
 L59.exit:
   %r3.n = add nuw nsw i64 %r3, 1
   store i64 %r3.n, ptr %r3.p
-  br label %L3.cond, !llvm.loop !4
+  br label %L3.cond, !llvm.loop !6
 L3.exit:
   ret void
 }
@@ -131,4 +131,6 @@ L3.exit:
 !3 = distinct !{!3, !1, !2}
 !4 = distinct !{!4, !1, !5}
 !5 = !{!"llvm.loop.unroll.disable"}
+!6 = distinct !{!6, !1, !5, !7}
+!7 = !{!"llvm.loop.vectorize.width", i32 1}
 
