@@ -146,10 +146,17 @@ def _same_state(st: PlanState, ref: PlanState) -> None:
     assert +st.refs == +ref.refs and st.illegal == ref.illegal and st.exact == ref.exact
 
 
+class _Unremembered(PlanEvaluator):
+    """Every kernel costed from its body (PlanEvaluator remembers the bodies it costed)."""
+    kernel_cost_reads = PlanEvaluator._kernel_cost_reads
+
+
 def _walk(ex: GreedyExtractor, rng, steps: int = 300) -> tuple[int, int, int]:
     """A random walk over plans from the semantic choice (toggles and flips, taken whether they
     improve or not, legal or not), checking every incremental evaluation against a full one and,
-    every fifth move taken, the whole state against one built from scratch."""
+    every fifth move taken, the whole state against one built from scratch; and every full
+    evaluation against one that costs each kernel from its body (no remembered costs)."""
+    fresh = _Unremembered(ex.ev.g, ex.ev.cost, ex.ev.inputs)
     st = PlanState(ex.ev, ex.semantic_choice())
     assert st.acyclic
     specs_now = ex._move_specs(st.choice)
@@ -162,6 +169,7 @@ def _walk(ex: GreedyExtractor, rng, steps: int = 300) -> tuple[int, int, int]:
         if changes is None:
             continue
         full = ex.ev.evaluate({**st.choice, **changes})
+        _same(full, fresh.evaluate({**st.choice, **changes}))
         if not (safe and st.acyclic):      # a move that may close a cycle: the extractors evaluate it in full
             unsafe += 1
             if rng.random() < 0.3:

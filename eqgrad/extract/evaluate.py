@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import operator
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -40,6 +41,7 @@ _LEAVES = ("BUF",) + _SCALARS
 # Measured: a convolution input gradient's 151 MB product ran at 5 GB/s (1.35 G elements/s) where
 # the model had priced its bytes alone, and the greedy extractor chose such plans (docs/extraction.md)
 BROADCAST_WRITE = 4        # docs/lowering.md, Constants
+KERNEL_MEMO = 4            # bodies remembered per kernel class by kernel_cost_reads (docs/lowering.md, Constants)
 
 
 class Evaluation:
@@ -148,6 +150,8 @@ class PlanEvaluator:
         self.evaluations = 0          # plans evaluated (a full evaluation or an incremental one)
         self.full_evaluations = 0     # of which full ones (every kernel costed)
         self.kernels_costed = 0       # kernel_cost calls, over all evaluations
+        # kernel class -> its last costed bodies: (params, read classes, their chosen nodes, result)
+        self._memo: dict[int, list[tuple[Any, tuple[int, ...], tuple[Any, ...], tuple]]] = {}
         # looked up once per body node: per class, its element count; per op, its FLOP weight and
         # whether it is elementwise
         self._numel = [numel(s) if s is not None else 0 for s in g.shapes]
@@ -217,8 +221,30 @@ class PlanEvaluator:
 
     def kernel_cost_reads(self, choice: Choice, k: int) -> tuple[KernelCost, list[int], set[int]]:
         """Kernel k's cost, the kernels it reads (one entry per Realize leaf) and the classes whose
-        chosen node the cost depends on (no other entry of ``choice`` is read)."""
+        chosen node the cost depends on (no other entry of ``choice`` is read).
+
+        Remembered per kernel class with the chosen nodes of the classes it read (its last
+        KERNEL_MEMO bodies): a search costs a body again when a move is tried, undone and its kernel
+        reached again."""
         self.kernels_costed += 1
+        p = self.cost.params
+        seen = self._memo.get(k)
+        if seen is not None:
+            get = choice.get
+            for i, (params, classes, nodes, out) in enumerate(seen):
+                if params is p and all(map(operator.is_, map(get, classes), nodes)):
+                    if i:
+                        seen.insert(0, seen.pop(i))
+                    return out[0], list(out[1]), out[2]
+        else:
+            seen = self._memo[k] = []
+        kc, deps, read = self._kernel_cost_reads(choice, k)
+        classes = tuple(read)
+        seen.insert(0, (p, classes, tuple(map(choice.get, classes)), (kc, tuple(deps), read)))
+        del seen[KERNEL_MEMO:]
+        return kc, deps, read
+
+    def _kernel_cost_reads(self, choice: Choice, k: int) -> tuple[KernelCost, list[int], set[int]]:
         g, p = self.g, self.cost.params
         size, weight, elementwise, shapes = self._numel, self._flops, self._elementwise, g.shapes
         # body in topological order (consumers first): iterative DFS post-order, reversed. A class
