@@ -239,6 +239,58 @@ def test_short_loops_over_strided_rows_are_not_vectorized():
 
 
 
+
+def test_masked_reads_load_under_their_mask():
+    """A pad's border is read through a clamped address whose value the mask then discards; LLVM
+    loads it under a branch on the mask from the unclamped address instead (``_guarded_loads``: an
+    affine address, a masked vector load, where the clamped one was a gather) -- only where every
+    use of the value ends in that mask's WHERE, before any store, load or accumulation. Numbers:
+    NumPy's, borders included, through a bool mask, a broadcast, a shifted slice and an integer
+    division by a padded divisor (0 at the border: x // 0 = 0, docs/semantics.md)."""
+    from eqgrad.devices.llvm import _guarded_loads
+    from eqgrad.graph.loopir import INDEX, LInst
+    rng = np.random.default_rng(6)
+    a = rng.standard_normal((2, 3, 5, 7)).astype(np.float32)
+    m = rng.random((2, 3, 5, 7)) < 0.5
+    b = rng.standard_normal((1, 3, 1, 1)).astype(np.float32)
+    n = rng.integers(-9, 9, (4, 6)).astype(np.int32)
+    d = rng.integers(1, 4, (4, 6)).astype(np.int32)
+    pads = ((0, 0), (0, 0), (1, 2), (2, 1))
+    cases = {
+        "pad": (lambda a, m, b, n, d: a.pad((None, None, (1, 2), (2, 1))), lambda: np.pad(a, pads)),
+        "where": (lambda a, m, b, n, d: m.where(a + b, 0.0).pad((None, None, (1, 2), (2, 1))).exp(),
+                  lambda: np.exp(np.pad(np.where(m, a + b, 0), pads))),
+        "shift": (lambda a, m, b, n, d: a[..., 1:].pad((None, None, None, (0, 1))) + a,
+                  lambda: np.pad(a[..., 1:], ((0, 0), (0, 0), (0, 0), (0, 1))) + a),
+        "division": (lambda a, m, b, n, d: n.pad(((1, 0), (0, 1))) // d.pad(((1, 0), (0, 1))),
+                     lambda: np.where(np.pad(d, ((1, 0), (0, 1))) == 0, 0,
+                                      np.floor_divide(np.pad(n, ((1, 0), (0, 1))), np.maximum(np.pad(d, ((1, 0), (0, 1))), 1)))),
+    }
+    for name, (f, ref) in cases.items():
+        args = [Tensor(v, device="NUMPY") for v in (a, m, b, n, d)]
+        f(*args).realize()
+        plan = engine.last_plan.plan
+        assert any(_guarded_loads(lower_kernel(k, plan)) for k in plan.kernels), name
+        got = f(*[Tensor(v, device="LLVM") for v in (a, m, b, n, d)]).numpy()
+        np.testing.assert_allclose(got, ref(), rtol=1e-6, atol=1e-6, err_msg=name)
+    # a masked read whose value is stored, or read as an address, before its mask discards it: not guarded
+    ix, f32 = INDEX, float32
+    head = [LInst("PARAM", f32, (), 0), LInst("PARAM", f32, (), 1), LInst("RANGE", ix, (), 4),   # 0 1 2
+            LInst("CONST", ix, (), 1), LInst("CMPLT", bool_, (3, 2)), LInst("CONST", ix, (), -1),  # 3 4 5
+            LInst("ADD", ix, (2, 5)), LInst("CONST", ix, (), 0), LInst("WHERE", ix, (4, 6, 7)),    # 6 7 8
+            LInst("LOAD", f32, (1, 8)), LInst("CONST", f32, (), 0.0)]                            # 9 10
+    params = [("b1", f32, True), ("b0", f32, False)]
+    masked = LInst("WHERE", f32, (4, 9, 10))                                                    # 11
+    kept = LoopKernel("k", params, head + [LInst("NEG", f32, (9,)), LInst("WHERE", f32, (4, 11, 10)),
+                                           LInst("STORE", None, (0, 2, 12)), LInst("ENDRANGE", None, (2,))], parallel=1)
+    stored = LoopKernel("k", params, head + [masked, LInst("STORE", None, (0, 2, 9)), LInst("ENDRANGE", None, (2,))],
+                        parallel=1)
+    other = LoopKernel("k", params, head + [LInst("WHERE", f32, (4, 10, 9)), LInst("STORE", None, (0, 2, 11)),
+                                            LInst("ENDRANGE", None, (2,))], parallel=1)
+    assert _guarded_loads(kept) == {9: (4, 6)}
+    assert _guarded_loads(stored) == {} and _guarded_loads(other) == {}
+
+
 # ---------------------------------------------------------------------------- CUDA C -> PTX (no GPU needed)
 def _cuda_corpus() -> list[tuple[str, str]]:
     r = CUDARenderer()

@@ -671,6 +671,9 @@ class _Kernel:
         self.vmemo: dict[tuple, str] = {}
         self.vscopes: list[list[tuple]] = [[]]
         # float max accumulators of the scalar path, kept as ordered integers (_ordered)
+        # loads of a masked read (a pad's border) whose every reader discards them where the mask
+        # is off: loaded under a branch from their unclamped address (see _guarded_loads)
+        self.guarded = _guarded_loads(k) if self.lanes is None else {}
         self.max_accs = {x.src[0] for x in k.insts if x.op == "ACCUM" and x.arg == "MAX"
                          and _name(k.insts[x.src[0]].dtype) in _SUFFIX
                          and (self.lanes is None or x.src[0] not in self.lanes.grouped)}
@@ -774,8 +777,18 @@ class _Kernel:
             return
         c, kd = self.c, _name(x.dtype)
         p, idx = x.src
-        ptr = c(f"getelementptr inbounds {MT[kd]}, ptr {self.val[p]}, i64 {self.val[idx]}")
-        v = c(f"load {MT[kd]}, ptr {ptr}")
+        guard = self.guarded.get(i)
+        if guard is not None:
+            cond, addr = guard
+            ptr = c(f"getelementptr {MT[kd]}, ptr {self.val[p]}, i64 {self.val[addr]}")
+            c.lines += [f"  br label %G{i}.pre", f"G{i}.pre:", f"  br i1 {self.val[cond]}, label %G{i}.ld, label %G{i}.join",
+                        f"G{i}.ld:"]
+            ld = c(f"load {MT[kd]}, ptr {ptr}")
+            c.lines += [f"  br label %G{i}.join", f"G{i}.join:"]
+            v = c(f"phi {MT[kd]} [ {ld}, %G{i}.ld ], [ zeroinitializer, %G{i}.pre ]")
+        else:
+            ptr = c(f"getelementptr inbounds {MT[kd]}, ptr {self.val[p]}, i64 {self.val[idx]}")
+            v = c(f"load {MT[kd]}, ptr {ptr}")
         self.set(i, c(f"trunc i8 {v} to i1") if kd == "bool" else
                  c(f"fpext {MT[kd]} {v} to float") if kd in _NARROW else v, kd)
 
@@ -936,6 +949,55 @@ def _interleaved_loops(k: LoopKernel) -> set[int]:
             r, innermost = stack.pop()
             if innermost and isinstance(k.insts[r].arg, int) and k.insts[r].arg >= INTERLEAVE_MIN_TRIP:
                 out.add(r)
+    return out
+
+
+# instructions that are not pure values of their sources: a guarded load's value may not reach them
+# (a store or an accumulation would keep it, a load or a table would read at an address made from it)
+_EFFECTS = frozenset({"LOAD", "STORE", "ACCUM", "DEFACC", "ACCREAD", "RANGE", "ENDRANGE", "TABLE"})
+
+
+def _guarded_loads(k: LoopKernel) -> dict[int, tuple[int, int]]:
+    """The lowering's masked reads (lower/indexing.py: a pad's border): ``LOAD(p, WHERE(c, a, e))``,
+    the address clamped to ``e`` where the mask ``c`` is off, whose value is discarded there -- every
+    path from it through pure instructions ends in a ``WHERE(c, ..., z)`` that takes it only where
+    ``c`` holds, before any store, accumulation, load or table. Load id -> (c, a): rendered as a load
+    from ``a`` under a branch on ``c`` (0 where it is off), so the address stays affine in the loop
+    and the loop vectorizer makes a masked load of it, where the clamped address was a gather.
+    The pure instructions that then compute on that 0 cannot trap (integer division is rendered
+    with its divisor guarded, ``_divmod``)."""
+    insts = k.insts
+    users: dict[int, list[int]] = {}
+    for i, x in enumerate(insts):
+        for s in x.src:
+            users.setdefault(s, []).append(i)
+    def discarded(v: int, c: int) -> bool:
+        """Every use of ``v`` leads only into the taken side of a WHERE on ``c`` (iteratively: a
+        chain after a pad may be deeper than Python's recursion limit)."""
+        seen, stack = set(), [v]
+        while stack:
+            n = stack.pop()
+            if n in seen:
+                continue
+            seen.add(n)
+            us = users.get(n)
+            if not us:
+                return False
+            for u in us:
+                x = insts[u]
+                if x.op == "WHERE" and x.src[0] == c and x.src[1] == n and x.src[2] != n:
+                    continue
+                if x.op in _EFFECTS:
+                    return False
+                stack.append(u)
+        return True
+    out = {}
+    for i, x in enumerate(insts):
+        if x.op != "LOAD":
+            continue
+        w = insts[x.src[1]]
+        if w.op == "WHERE" and w.dtype == INDEX and discarded(i, w.src[0]):
+            out[i] = (w.src[0], w.src[1])
     return out
 
 

@@ -30,15 +30,22 @@ L3.body:
   %t8 = add i64 %t7, %t3
   %t9 = add i64 %t8, 1
   %t10 = select i1 %t6, i64 %t9, i64 0
-  %t11 = getelementptr inbounds float, ptr %p1, i64 %t10
+  %t11 = getelementptr float, ptr %p1, i64 %t9
+  br label %G20.pre
+G20.pre:
+  br i1 %t6, label %G20.ld, label %G20.join
+G20.ld:
   %t12 = load float, ptr %t11
-  %t13 = select i1 %t6, float %t12, float 0x0000000000000000
-  %t14 = fcmp olt float 0x0000000000000000, %t13
-  %t15 = select i1 %t14, float %t13, float 0x0000000000000000
-  %t16 = mul i64 %r2, 6
-  %t17 = add i64 %t16, %r3
-  %t18 = getelementptr inbounds float, ptr %p0, i64 %t17
-  store float %t15, ptr %t18
+  br label %G20.join
+G20.join:
+  %t13 = phi float [ %t12, %G20.ld ], [ zeroinitializer, %G20.pre ]
+  %t14 = select i1 %t6, float %t13, float 0x0000000000000000
+  %t15 = fcmp olt float 0x0000000000000000, %t14
+  %t16 = select i1 %t15, float %t14, float 0x0000000000000000
+  %t17 = mul i64 %r2, 6
+  %t18 = add i64 %t17, %r3
+  %t19 = getelementptr inbounds float, ptr %p0, i64 %t18
+  store float %t16, ptr %t19
   %r3.n = add nuw nsw i64 %r3, 1
   store i64 %r3.n, ptr %r3.p
   br label %L3.cond, !llvm.loop !0
