@@ -971,6 +971,7 @@ def _guarded_loads(k: LoopKernel) -> dict[int, tuple[int, int]]:
     for i, x in enumerate(insts):
         for s in x.src:
             users.setdefault(s, []).append(i)
+
     def discarded(v: int, c: int) -> bool:
         """Every use of ``v`` leads only into the taken side of a WHERE on ``c`` (iteratively: a
         chain after a pad may be deeper than Python's recursion limit)."""
@@ -1030,6 +1031,7 @@ def _gathering_loops(k: LoopKernel) -> set[int]:
 
     def deps(c: dict[int, int] | frozenset[int]) -> frozenset[int]:
         return c if isinstance(c, frozenset) else frozenset(r for r, v in c.items() if v)
+
     for i, x in enumerate(k.insts):
         op = x.op
         if op == "RANGE":
