@@ -967,6 +967,10 @@ def _guarded_loads(k: LoopKernel) -> dict[int, tuple[int, int]]:
     The pure instructions that then compute on that 0 cannot trap (integer division is rendered
     with its divisor guarded, ``_divmod``)."""
     insts = k.insts
+    masked = [i for i, x in enumerate(insts)
+              if x.op == "LOAD" and insts[x.src[1]].op == "WHERE" and insts[x.src[1]].dtype == INDEX]
+    if not masked:                                  # most kernels: no use map to build
+        return {}
     users: dict[int, list[int]] = {}
     for i, x in enumerate(insts):
         for s in x.src:
@@ -993,11 +997,9 @@ def _guarded_loads(k: LoopKernel) -> dict[int, tuple[int, int]]:
                 stack.append(u)
         return True
     out = {}
-    for i, x in enumerate(insts):
-        if x.op != "LOAD":
-            continue
-        w = insts[x.src[1]]
-        if w.op == "WHERE" and w.dtype == INDEX and discarded(i, w.src[0]):
+    for i in masked:
+        w = insts[insts[i].src[1]]
+        if discarded(i, w.src[0]):
             out[i] = (w.src[0], w.src[1])
     return out
 
