@@ -21,13 +21,15 @@ demo: $(VENV)/.installed
 	$(PY) examples/train_digits.py
 
 # PoCL, a CPU OpenCL, so the op tests also run on the OPENCL device, and Graphviz for explain()'s
-# SVG pictures. Installed with apt where apt exists and we are root; elsewhere (or if apt fails)
-# the OPENCL and SVG tests are skipped, not failed.
+# SVG pictures. Installed with apt where apt exists and we are root (from the package lists already
+# there; `apt-get update` first only when that fails); elsewhere (or if apt fails) the OPENCL and
+# SVG tests are skipped, not failed.
 OPENCL_PKGS := pocl-opencl-icd ocl-icd-libopencl1 graphviz
 opencl:
 	@if dpkg -s $(OPENCL_PKGS) >/dev/null 2>&1; then :; \
 	elif command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
-	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(OPENCL_PKGS) >/dev/null) \
+	  (DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(OPENCL_PKGS) >/dev/null 2>&1 \
+	   || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(OPENCL_PKGS) >/dev/null)) \
 	    || echo "make: could not install $(OPENCL_PKGS); the OPENCL tests will be skipped"; \
 	else echo "make: no apt-get or not root: PoCL not installed; the OPENCL tests will be skipped"; fi
 
