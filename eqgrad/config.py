@@ -319,6 +319,10 @@ EXTRACTOR = Flag("EQGRAD_EXTRACTOR", "greedy", _extractor, "greedy, improve, ilp
 EXTRACT_TIME = Flag("EQGRAD_EXTRACT_TIME", 60.0, _seconds, f"a finite number of seconds > 0 and <= {MAX_SECONDS:g}",
                     "wall-clock limit of the greedy/improve local search of one plan; past it the best plan "
                     "found so far is used, with a warning")
+PEAK_MEMORY = Flag("EQGRAD_PEAK_MEMORY", 0, _bytes_at_least(0), "a size in bytes >= 0 (e.g. 2G, 512M, 0)",
+                   "bound on the bytes of a plan's buffers (its intermediates and outputs, all held while "
+                   "it runs): extraction recomputes producers instead of storing them until the plan fits, "
+                   "then minimizes time; a warning when no plan found fits (0: no bound)")
 ILP_TIME = Flag("EQGRAD_ILP_TIME", 10.0, _seconds, f"a finite number of seconds > 0 and <= {MAX_SECONDS:g}",
                 "time limit of the ILP extractor")
 ILP_MAX_CLASSES = Flag("EQGRAD_ILP_MAX_CLASSES", 300, _integer_in(0), "an integer >= 0",

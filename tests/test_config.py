@@ -40,6 +40,7 @@ CASES: dict[str, tuple[list, list]] = {
     "EQGRAD_REGIONS": (["2", "-1", "yes", 0.5], [("0", 0), ("1", 1)]),
     "EQGRAD_PROGRESS": (["-1", "nan", "inf", "soon", True], [("0", 0.0), ("2", 2.0), ("0.5", 0.5)]),
     "EQGRAD_POOL_BYTES": (["-1", "-1M", "nanM", "1.5", "big"], [("0", 0), ("1M", 1 << 20), ("1G", 1 << 30)]),
+    "EQGRAD_PEAK_MEMORY": (["-1", "-1M", "nanM", "1.5", "lots", -2], [("0", 0), ("512M", 512 << 20), (4096, 4096)]),
     "EQGRAD_VALIDATE": (["2", "-1", "on", 0.5], [("0", 0), ("1", 1)]),
     "EQGRAD_VERIFY": (["2", "-1", "yes", 1.0], [("0", 0), ("1", 1), (0, 0)]),
     "EQGRAD_CACHE_DIR": (["   ", 5], [("/tmp/eqgrad-test-cache", "/tmp/eqgrad-test-cache")]),
@@ -159,7 +160,8 @@ def _recompiles(**flags) -> int:
 @pytest.mark.parametrize("flags", [dict(OPT=0), dict(EXTRACTOR="improve"), dict(SATURATION_TIMEOUT=33.0),
                                    dict(EGRAPH_NODES=150_000), dict(EGRAPH_MEMORY="3G"),
                                    dict(THREADS=config.THREADS.default % 8 + 1), dict(BEAM=1), dict(BEAM_TIME=3.0),
-                                   dict(EXTRACTOR="ilp", ILP_TIME=7.0), dict(CPU="x86-64-v2"), dict(EXTRACT_TIME=30.0)])
+                                   dict(EXTRACTOR="ilp", ILP_TIME=7.0), dict(CPU="x86-64-v2"), dict(EXTRACT_TIME=30.0),
+                                   dict(PEAK_MEMORY="1G")])
 def test_settings_that_change_the_plan_are_in_the_key(flags):
     before = settings_key("LLVM")
     with eqgrad.Context(**flags):

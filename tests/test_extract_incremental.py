@@ -137,6 +137,7 @@ def saturated(name: str) -> tuple[EGraph, list[tuple]]:
 def _same(inc, full) -> None:
     assert inc.kernels == full.kernels          # the same kernels with the same costs, field by field
     assert inc.total == full.total and inc.legal == full.legal and inc.why == full.why
+    assert inc.peak == full.peak                # the bytes of the buffers (EQGRAD_PEAK_MEMORY's measure)
 
 
 def _same_state(st: PlanState, ref: PlanState) -> None:

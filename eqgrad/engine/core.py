@@ -30,6 +30,7 @@ from eqgrad.extract.egraph import EGraph, from_json, from_program
 from eqgrad.extract.plan import build_plan
 from eqgrad.graph.plan import KernelPlan
 from eqgrad.graph.program import Program
+from eqgrad.ops import numel
 from eqgrad.rules.ir import emit_program
 from eqgrad.rules.rulebook import RuleConfig
 from eqgrad.rules.saturate import SaturationReport, Saturator, default_saturator
@@ -123,7 +124,8 @@ def _compile(prog: Program, rules: RuleConfig, extraction: ExtractSettings | Non
         hit = diskcache.load_plan(key, prog)          # checked, and checked against prog: a bad file is a miss
         if hit is not None:
             return _from_disk(hit, dev, t0, dbg)
-    if disk and prepare and config.REGIONS.value:
+    # (a bound on the plan's memory is one on the whole program's buffers: no regions then)
+    if disk and prepare and config.REGIONS.value and not config.PEAK_MEMORY.value:
         regs = regions.split(prog, cost_model(prog.device, extraction).params.max_nodes)
         if regs is not None:
             return _compile_regions(prog, regs, rules, extraction, saturator, dev, key, dbg)
@@ -164,6 +166,13 @@ def _compile(prog: Program, rules: RuleConfig, extraction: ExtractSettings | Non
                       "found so far", EqgradWarning, stacklevel=6)
     choice, ev = result.choice, result.evaluation
     plan = build_plan(g, choice, specs, ev.kernels, n_params=n_params)
+    bound = result.info.get("peak_bound")
+    if bound and ev.peak > bound:
+        outs = sum(numel(plan.buffers[o][0]) * plan.buffers[o][1].itemsize for o in set(plan.outputs)
+                   if o >= plan.n_inputs)
+        warnings.warn(f"eqgrad: no plan found keeps its buffers within EQGRAD_PEAK_MEMORY={bound} bytes: the "
+                      f"chosen one's take {ev.peak} ({len(ev.kernels)} kernels; the outputs alone {outs}), the "
+                      "fewest over the bound that extraction found", EqgradWarning, stacklevel=6)
     t2 = time.perf_counter()
     run: Any = None
     if prepare:

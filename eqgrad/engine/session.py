@@ -309,7 +309,8 @@ class Session:
             if cp is not None:
                 return cp
             skey = (key[0], ps.key)
-            if resize and config.RESIZE.value:
+            # (under EQGRAD_PEAK_MEMORY a plan is extracted for its own sizes: a resized one may not fit)
+            if resize and config.RESIZE.value and not config.PEAK_MEMORY.value:
                 cp = self._resized(ps, skey, device, rules)
             if cp is None:
                 prog = program()
@@ -369,7 +370,8 @@ class Session:
                 # other sizes may be resized (a growing KV cache's step never builds one)
                 ps = structure_sizes(skey, [(lb.shape, lb.dtype) for lb in in_lbs] + [((), dt) for _, dt in pvals],
                                      len(in_lbs))
-                if not (config.RESIZE.value and self._resizable.candidates((ctx, ps.key))):
+                if not (config.RESIZE.value and not config.PEAK_MEMORY.value
+                        and self._resizable.candidates((ctx, ps.key))):
                     prog = linearize(targets, order, device=device, inspected=rules.inspected_constants)
                     prog.__dict__["key"] = skey        # the same tuple (Program.key is computed_once)
             # host buffers come from the pool (devices/__init__.py); the intermediates go back to it as

@@ -93,7 +93,7 @@ def _params_value(device: str, v: Any) -> DeviceParams | Overrides:
 # the device parameters was ~15 us of a ~50 us realize
 _KEY_FLAGS = (config.OPT, config.SATURATION_TIMEOUT, config.EGRAPH_NODES, config.EGRAPH_MEMORY, config.EXTRACTOR,
               config.ILP_TIME, config.ILP_MAX_CLASSES, config.EXTRACT_TIME, config.THREADS, config.BEAM,
-              config.BEAM_TIME, config.CPU, config.BLAS)
+              config.BEAM_TIME, config.CPU, config.BLAS, config.PEAK_MEMORY)
 _KEYS: dict[tuple, tuple] = {}
 
 
@@ -114,6 +114,7 @@ def settings_key(device: str, settings: ExtractSettings | None = None) -> tuple:
       EQGRAD_EXTRACT_TIME        in: a local search stopped at its limit keeps an earlier plan
       EQGRAD_ILP_TIME, EQGRAD_ILP_MAX_CLASSES
                                  in for the ilp extractor only (the others never read them)
+      EQGRAD_PEAK_MEMORY         in: a bound on the plan's buffers makes the extractors store fewer of them
       cost function, DeviceParams (using(), or the calibration in effect from the cache directory)
                                  in: the extractor minimizes the cost they give
       EQGRAD_THREADS             in for LLVM only: a large reduction is split for the threads, and the
@@ -169,7 +170,7 @@ def _settings_key(device: str, s: ExtractSettings) -> tuple:
         hash(fn)
     except TypeError:               # a callable object without __hash__: while using() holds it, its id is its own
         fn = ("cost function", id(fn))
-    return (opt, sat, extractor, ilp, search, fn, cost_model(device, s).params, llvm)
+    return (opt, sat, extractor, ilp, search, fn, cost_model(device, s).params, llvm, config.PEAK_MEMORY.value)
 
 
 @contextlib.contextmanager
@@ -212,14 +213,17 @@ def make_extractor(name: str, g: EGraph, device: str, inputs: list[tuple],
                    measure: Callable[[Choice], float] | None = None, cache_key: str | None = None,
                    progress=None, settings: ExtractSettings | None = None):
     cost = cost_model(device, settings)
+    bound = config.PEAK_MEMORY.value
     if name == "measured":
-        return MeasuredExtractor(g, cost, inputs, measure=measure, cache_key=cache_key, progress=progress)
+        return MeasuredExtractor(g, cost, inputs, measure=measure, cache_key=cache_key, progress=progress,
+                                 peak_bound=bound)
     if name == "ilp":
-        return ILPExtractor(g, cost, inputs, time_limit=config.ILP_TIME.value, max_classes=config.ILP_MAX_CLASSES.value)
+        return ILPExtractor(g, cost, inputs, time_limit=config.ILP_TIME.value, max_classes=config.ILP_MAX_CLASSES.value,
+                            peak_bound=bound)
     if name not in EXTRACTORS:
         raise ValueError(f"unknown extractor {name!r}: expected one of {sorted(EXTRACTORS)}")
     return EXTRACTORS[name](g, cost, inputs, max_passes=4 if name == "greedy" else 8,
-                            time_limit=config.EXTRACT_TIME.value)
+                            time_limit=config.EXTRACT_TIME.value, peak_bound=bound)
 
 
 __all__ = ["EXTRACTORS", "DEFAULT", "DeviceParams", "ExtractSettings", "Result", "cost_model", "effective",

@@ -59,6 +59,9 @@ class Evaluation:
                  n_kernels: int | None = None):
         self.total, self.legal, self.why = total, legal, why
         self.deps, self.reads, self.delta = deps, reads, delta
+        # the bytes of the buffers the kernels write (the plan's intermediates and outputs, all held
+        # while it runs): what EQGRAD_PEAK_MEMORY bounds (docs/extraction.md, "A bound on memory")
+        self.peak = 0
         self._kernels = kernels if isinstance(kernels, dict) else None
         self._build = None if isinstance(kernels, dict) else kernels
         self._n = len(kernels) if isinstance(kernels, dict) else n_kernels
@@ -433,8 +436,14 @@ class PlanEvaluator:
             kernels[k], deps_of[k], reads_of[k] = kc, tuple(deps), reads
             todo.extend(d for d in deps if d not in kernels)
         illegal = [k for k, kc in kernels.items() if not kc.legal]
-        return Evaluation(math.fsum(kc.seconds for kc in kernels.values()), kernels, not illegal,
-                          _why(kernels, illegal), deps_of, reads_of)
+        res = Evaluation(math.fsum(kc.seconds for kc in kernels.values()), kernels, not illegal,
+                         _why(kernels, illegal), deps_of, reads_of)
+        res.peak = sum(map(self.out_bytes, kernels))
+        return res
+
+    def out_bytes(self, k: int) -> int:
+        """The bytes of the buffer kernel ``k`` (the class it computes) writes."""
+        return self._numel[k] * self.g.dtypes[k].itemsize
 
     def reachable(self, choice: Choice) -> set[int]:
         out, stack = set(), list(self.g.roots)
@@ -530,6 +539,7 @@ class PlanState:
             self.refs.update(ds)
         self.illegal = {k for k, kc in self.kernels.items() if not kc.legal}
         self.exact = _exact_total(self.kernels)
+        self.peak = evaluation.peak
         self.version = 0
 
     def reachable(self, c: int) -> bool:
@@ -632,6 +642,8 @@ class PlanState:
         result = Evaluation(0.0, kernels, not illegal, why, n_kernels=len(base) - len(removed) + len(added),
                             delta=_Delta(self.version, changed, removed, fresh, refs, exact, illegal))
         result.total = exact / _ULPS if exact is not None else math.fsum(kc.seconds for kc in result.kernels.values())
+        out_bytes = ev.out_bytes
+        result.peak = self.peak - sum(map(out_bytes, removed)) + sum(map(out_bytes, added))
         return result
 
     def accept(self, evaluation: Evaluation) -> None:
@@ -655,7 +667,7 @@ class PlanState:
                 self.refs[k] += v
                 if not self.refs[k]:
                     del self.refs[k]
-        self.kernels, self.illegal, self.exact = evaluation.kernels, d.illegal, d.exact
+        self.kernels, self.illegal, self.exact, self.peak = evaluation.kernels, d.illegal, d.exact, evaluation.peak
         if self.exact is None:
             self.exact = _exact_total(self.kernels)
         self.evaluation = evaluation

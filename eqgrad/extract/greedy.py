@@ -98,9 +98,14 @@ class GreedyExtractor:
     DEFAULT_PASSES = 4
 
     def __init__(self, g: EGraph, cost: CostModel, inputs: list[tuple], max_passes: int = DEFAULT_PASSES,
-                 keep_candidates: int = 0, time_limit: float | None = None):
+                 keep_candidates: int = 0, time_limit: float | None = None, peak_bound: int = 0):
         self.g, self.cost = g, cost
         self.time_limit = time_limit      # seconds of local search (None: no limit); then the best plan so far
+        # EQGRAD_PEAK_MEMORY: bytes the plan's buffers may take (0: no bound). Plans are then compared
+        # first by their bytes over the bound, then by time (``better``)
+        if isinstance(peak_bound, bool) or not isinstance(peak_bound, int) or peak_bound < 0:
+            raise ValueError(f"peak_bound: expected an integer number of bytes >= 0 (0: no bound), got {peak_bound!r}")
+        self.peak_bound = peak_bound
         self.ev = PlanEvaluator(g, cost, inputs)
         self.max_passes, self.keep = max_passes, keep_candidates
         self.greedy_plan: tuple[Choice, Evaluation] | None = None      # improve: greedy's own plan, once found
@@ -118,7 +123,7 @@ class GreedyExtractor:
         # producers smallest first (see _move_specs); sorted once, stable as before
         self._by_size = sorted(self.realize_of, key=lambda c: numel(self.g.shapes[c]))
         self._scc = _cyclic_components(g)
-        self._candidates: dict[tuple, tuple[float, Choice]] = {}
+        self._candidates: dict[tuple, tuple[float, Choice, int]] = {}
         self._state: PlanState | None = None
         self._follow: dict[tuple, tuple | None] = {}   # inline toggle -> the "apart" move it led to (_search)
 
@@ -366,17 +371,32 @@ class GreedyExtractor:
             return st
         return PlanState(self.ev, {**st.choice, **changes}, ev)
 
+    def over(self, ev: Evaluation) -> int:
+        """The bytes by which plan ``ev``'s buffers exceed the bound (0 without one)."""
+        return max(0, ev.peak - self.peak_bound) if self.peak_bound else 0
+
+    def better(self, ev: Evaluation, cur: Evaluation) -> bool:
+        """Is the legal plan ``ev`` an improvement on ``cur``: fewer bytes over the memory bound,
+        or as many and faster (by more than rounding)."""
+        if not ev.legal:
+            return False
+        if self.peak_bound:
+            a, b = self.over(ev), self.over(cur)
+            if a != b:
+                return a < b
+        return ev.total < cur.total * (1 - 1e-9)
+
     def _describe(self, choice: Choice, c: int) -> str:
         n = choice[c]
         return f"{n.op} {list(self.g.shapes[c])}"
 
-    def _remember(self, total: float, choice: Choice) -> None:
+    def _remember(self, ev: Evaluation, choice: Choice) -> None:
         if not self.keep:
             return
         used = self.ev.reachable(choice)
         key = tuple(sorted((c, id(n)) for c, n in choice.items() if c in used))
         if key not in self._candidates:
-            self._candidates[key] = (total, choice)
+            self._candidates[key] = (ev.total, choice, ev.peak)     # (its bytes, for the memory bound)
 
     def extract(self) -> Result:
         choice = self.semantic_choice()
@@ -384,7 +404,14 @@ class GreedyExtractor:
         if not cur.legal:
             raise RuntimeError("extraction: the unfused starting plan is illegal: "
                                + "; ".join(kc.why for kc in cur.kernels.values() if not kc.legal))
-        self._remember(cur.total, choice)
+        # Under a memory bound the search first runs as without one (the fastest plan, which is kept
+        # when it fits), then again from there with the bound (``better``: fewest bytes over it
+        # first): judged by the bound from the unfused plan -- every buffer stored, the most memory
+        # -- the first moves took were any that saved bytes, however slow (an MLP step's GELU recomputed
+        # inside its weight gradient's contraction: 25.9 ms predicted, where the fastest plan, 1.7 ms,
+        # fitted the bound)
+        bound, self.peak_bound = self.peak_bound, 0
+        self._remember(cur, choice)
         st = PlanState(self.ev, choice, cur)
         start, start_ev = dict(choice), cur          # the unfused plan: improve searches from it twice
         # every program gets all its passes: one pass for programs of 400+ producers dated from when
@@ -395,7 +422,8 @@ class GreedyExtractor:
         deadline = None if self.time_limit is None else time.perf_counter() + self.time_limit
         # rejected moves whose evaluation could not have changed are not evaluated again (the last
         # pass, which finds nothing by definition, is mostly skips); off when candidates are kept,
-        # since a skipped move is not remembered as a candidate of the new plan
+        # since a skipped move is not remembered as a candidate of the new plan (nor under the memory
+        # bound, below, where a move is judged by the bytes over it as well as by its total)
         seen = _Rejected() if self.skip_rejected and not self.keep else None
         st, cur, stopped = self._search(st, cur, self.flips, self.max_passes, deadline, seen)
         seen2 = None
@@ -411,13 +439,20 @@ class GreedyExtractor:
             self.greedy_plan = (dict(st2.choice), cur2) if not stopped else None     # (the measured extractor's)
             if not stopped:
                 st2, cur2, stopped = self._search(st2, cur2, True, self.max_passes, deadline, seen2)
-            if cur2.total < cur.total * (1 - 1e-9):
+            if self.better(cur2, cur):
                 st, cur = st2, cur2
+        self.peak_bound = bound
+        if bound and self.over(cur) and not stopped:
+            st, cur, stopped = self._search(st, cur, self.flips, self.max_passes, deadline, None)
         self._state = st
         choice = dict(st.choice)
-        cands = sorted(self._candidates.values(), key=lambda t: t[0])[:self.keep] if self.keep else []
+        cands = sorted((t for t in self._candidates.values() if not (bound and t[2] > bound)),
+                       key=lambda t: t[0])[:self.keep] if self.keep else []
+        cands = [(total, c) for total, c, _ in cands]
         skipped = sum(s.skipped for s in (seen, seen2) if s is not None)
-        info = dict(evaluations=self.ev.evaluations, skipped=skipped)
+        info = dict(evaluations=self.ev.evaluations, skipped=skipped, peak=cur.peak)
+        if self.peak_bound:
+            info["peak_bound"] = self.peak_bound
         return Result(choice, cur, self.name, alternatives_of=lambda: self.alternatives_from(choice),
                       candidates=cands, info=dict(info, **({"stopped": stopped} if stopped else {})))
 
@@ -466,8 +501,8 @@ class GreedyExtractor:
                             continue
                         ev = self._evaluate(st, changes, safe)
                 if ev.legal and self.keep:
-                    self._remember(ev.total, {**st.choice, **changes})
-                if ev.legal and ev.total < cur.total * (1 - 1e-9):
+                    self._remember(ev, {**st.choice, **changes})
+                if self.better(ev, cur):
                     if seen is not None:
                         seen.accepted(st, ev)
                     st, cur, improved = self._accept(st, ev, changes), ev, True
@@ -635,8 +670,8 @@ class ImproveExtractor(GreedyExtractor):
     flips = True
 
     def __init__(self, g: EGraph, cost: CostModel, inputs: list[tuple], max_passes: int = 6, keep_candidates: int = 0,
-                 time_limit: float | None = None):
-        super().__init__(g, cost, inputs, max_passes, keep_candidates, time_limit)
+                 time_limit: float | None = None, peak_bound: int = 0):
+        super().__init__(g, cost, inputs, max_passes, keep_candidates, time_limit, peak_bound)
 
 
 def _node_work(g: EGraph, c: int, n: ENode) -> int:

@@ -164,8 +164,8 @@ class ILPExtractor(GreedyExtractor):
     name = "ilp"
 
     def __init__(self, g: EGraph, cost: CostModel, inputs: list[tuple], time_limit: float = 10.0,
-                 max_classes: int = 300, keep_candidates: int = 0):
-        super().__init__(g, cost, inputs, max_passes=4, keep_candidates=keep_candidates)
+                 max_classes: int = 300, keep_candidates: int = 0, peak_bound: int = 0):
+        super().__init__(g, cost, inputs, max_passes=4, keep_candidates=keep_candidates, peak_bound=peak_bound)
         # (not ``self.ilp_time``: that is greedy's own search limit, and a tiny ILP limit stopped
         # the greedy search it starts from at the unfused plan)
         self.ilp_time, self.max_classes = time_limit, max_classes
@@ -224,7 +224,8 @@ class ILPExtractor(GreedyExtractor):
                 if same and status != "optimal":
                     why = f"no better plan found within {self.ilp_time:g} s"
                     break
-                if ev.total <= gt * (1 + 1e-9):
+                if self.better(ev, greedy.evaluation) or \
+                        (self.over(ev) == self.over(greedy.evaluation) and ev.total <= gt * (1 + 1e-9)):
                     info.update(ilp="optimal" if status == "optimal" else "time limit (best found)", ilp_status=status,
                                 ilp_seconds=time.perf_counter() - t0, ilp_plan="ilp")
                     return Result(choice, ev, self.name, greedy.alternatives_of, greedy.candidates, info)
@@ -423,6 +424,8 @@ class ILPExtractor(GreedyExtractor):
         for k, red in cuts:
             if k in e and all((c, k) in m for c in red):
                 row({m[(c, k)]: 1 for c in red}, -inf, len(red) - 1)
+        if self.peak_bound:          # EQGRAD_PEAK_MEMORY: the buffers the kernels write
+            row({e[k]: numel(g.shapes[k]) * g.dtypes[k].itemsize for k in kern}, -inf, self.peak_bound)
         for k in kern:
             write = numel(g.shapes[k]) * g.dtypes[k].itemsize
             bytes_row = {t[k]: 1, e[k]: -(p.launch + write / p.bandwidth)}

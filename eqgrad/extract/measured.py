@@ -44,8 +44,9 @@ class MeasuredExtractor(ImproveExtractor):
     name = "measured"
 
     def __init__(self, g: EGraph, cost: CostModel, inputs: list[tuple], measure: Callable[[Choice], float] | None = None,
-                 k: int = 4, cache_key: str | None = None, progress: Callable[[int, int], None] | None = None):
-        super().__init__(g, cost, inputs, keep_candidates=max(k, 1))
+                 k: int = 4, cache_key: str | None = None, progress: Callable[[int, int], None] | None = None,
+                 peak_bound: int = 0):
+        super().__init__(g, cost, inputs, keep_candidates=max(k, 1), peak_bound=peak_bound)
         self.measure, self.k, self.cache_key, self.progress = measure, k, cache_key, progress
 
     def extract(self) -> Result:
@@ -64,6 +65,8 @@ class MeasuredExtractor(ImproveExtractor):
                 return Result(choice, self.ev.evaluate(choice), self.name, res.alternatives_of, cands, res.info)
         # greedy's own plan is always measured: the winner is never a plan slower than it
         g = self.greedy_plan
+        if g is not None and self.over(g[1]) > self.over(res.evaluation):
+            g = None                  # (over the memory bound where the candidates are not)
         if g is not None:
             gsig = choice_signature(self.g, g[0], self.ev.reachable(g[0]))
             if gsig not in sigs:

@@ -23,6 +23,7 @@ from eqgrad.extract import cost_model
 from eqgrad.extract.cost import default_cost
 from eqgrad.extract.plan import build_plan
 from eqgrad.lower.passes import LowerOptions, run_passes
+from eqgrad.ops import numel
 from eqgrad.rules.provenance import INPUT, rule_of
 
 
@@ -123,6 +124,10 @@ class Explanation:
                  f"{p.bandwidth / 1e9:.1f} GB/s, {p.peak / 1e9:.1f} GFLOP/s)",
                  f"saturation: {cp.report.stop_reason}, {cp.report.enodes_before} -> {cp.report.enodes} e-nodes, "
                  f"{cp.report.eclasses} e-classes"]
+        held = sum(numel(s) * d.itemsize for s, d in self.plan.buffers[self.plan.n_inputs:])
+        bound = res.info.get("peak_bound") if res else None
+        lines.append(f"buffers: {held} bytes of intermediates and outputs, all held while the plan runs"
+                     + (f" (EQGRAD_PEAK_MEMORY {bound}: {'within' if held <= bound else 'OVER'} it)" if bound else ""))
         for k in self.kernels():
             fused = " ".join(dict.fromkeys(k["ops"])) or "(copy)"
             lines.append(f"  {k['name']}: b{k['out']}{list(k['shape'])}  fuses {len(k['ops'])} ops [{fused}]  "

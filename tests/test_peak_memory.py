@@ -1,0 +1,123 @@
+"""EQGRAD_PEAK_MEMORY: a bound on the bytes of a plan's buffers (its intermediates and outputs, all
+held while it runs), met by extraction recomputing producers inside their consumers instead of
+storing them -- and the plan's numbers stay right."""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+import eqgrad
+from eqgrad import EqgradWarning, GlobalCounters, Tensor
+from eqgrad.engine import clear_cache, plan_for
+from eqgrad.extract import cost_model
+from eqgrad.extract.greedy import GreedyExtractor
+from eqgrad.ops import numel
+
+RNG = np.random.default_rng(3)
+X = RNG.standard_normal((64, 96)).astype(np.float32)
+W1 = (RNG.standard_normal((96, 80)) * 0.1).astype(np.float32)
+W2 = (RNG.standard_normal((80, 10)) * 0.1).astype(np.float32)
+
+
+def _step() -> tuple[Tensor, Tensor]:
+    """A 2-layer GELU MLP's weight gradients: the GELU's output is read by the forward's second
+    product and by both backward products, so it may be stored or recomputed in each."""
+    a, b = Tensor(W1, requires_grad=True), Tensor(W2, requires_grad=True)
+    ((Tensor(X) @ a).gelu() @ b).log_softmax(-1).mean().backward()
+    return a.grad, b.grad
+
+
+def _reference() -> tuple[np.ndarray, np.ndarray]:
+    """The same step in torch, float64."""
+    torch = pytest.importorskip("torch")
+    a = torch.tensor(W1, dtype=torch.float64, requires_grad=True)
+    b = torch.tensor(W2, dtype=torch.float64, requires_grad=True)
+    torch.nn.functional.gelu(torch.tensor(X, dtype=torch.float64) @ a).matmul(b).log_softmax(-1).mean().backward()
+    return a.grad.numpy(), b.grad.numpy()
+
+
+def _plan(bound: int, extractor: str = "greedy"):
+    ga, gb = _step()
+    with eqgrad.Context(PEAK_MEMORY=bound, EXTRACTOR=extractor, REGIONS=0):
+        cp, _ = plan_for([ga.lazydata, gb.lazydata])
+    return cp
+
+
+def _held(plan) -> int:
+    return sum(numel(s) * d.itemsize for s, d in plan.buffers[plan.n_inputs:])
+
+
+def test_the_evaluation_counts_the_buffers_the_plan_allocates():
+    cp = _plan(0)
+    assert cp.result.evaluation.peak == _held(cp.plan) > 0
+    assert cp.result.info["peak"] == _held(cp.plan) and "peak_bound" not in cp.result.info
+
+
+def test_a_bound_the_fastest_plan_fits_changes_nothing():
+    free = _plan(0)
+    fits = _plan(_held(free.plan))
+    assert [k.ast.render() for k in fits.plan.kernels] == [k.ast.render() for k in free.plan.kernels]
+    assert fits.plan.predicted == free.plan.predicted
+
+
+@pytest.mark.parametrize("extractor", ["greedy", "improve", "ilp", "measured"])
+def test_a_bound_below_the_fastest_plan_stores_less_and_the_numbers_stay_right(extractor):
+    free = _held(_plan(0, extractor).plan)
+    # every float32 output of the step (the two gradients) must be stored: the bound lies between
+    outs = (W1.size + W2.size) * 4
+    bound = free - 1
+    cp = _plan(bound, extractor)
+    assert _held(cp.plan) <= bound < free, (free, _held(cp.plan), bound)
+    assert outs < _held(cp.plan)
+    assert cp.result.info["peak_bound"] == bound
+    clear_cache()
+    ga, gb = _step()
+    with eqgrad.Context(PEAK_MEMORY=bound, EXTRACTOR=extractor, REGIONS=0):
+        got = (ga.numpy(), gb.numpy())
+    ref = _reference()
+    np.testing.assert_allclose(got[0], ref[0], rtol=2e-3, atol=1e-5)
+    np.testing.assert_allclose(got[1], ref[1], rtol=2e-3, atol=1e-5)
+
+
+def test_an_unreachable_bound_warns_with_the_bytes_and_keeps_the_least_over():
+    free = _held(_plan(0).plan)
+    with warnings.catch_warnings(record=True) as ws:
+        warnings.simplefilter("always")
+        cp = _plan(1000)
+    msgs = [str(w.message) for w in ws if issubclass(w.category, EqgradWarning)]
+    assert any("EQGRAD_PEAK_MEMORY=1000" in m and str(_held(cp.plan)) in m for m in msgs), msgs
+    assert _held(cp.plan) < free          # it still brought the buffers down as far as it could
+
+
+def test_the_bound_keys_the_plan_cache_and_explain_shows_it():
+    bound = _held(_plan(0).plan) - 1
+    clear_cache()
+    ga, gb = _step()
+    lbs = [ga.lazydata, gb.lazydata]
+    with eqgrad.Context(REGIONS=0):
+        n0 = GlobalCounters.saturations
+        plan_for(lbs)
+        with eqgrad.Context(PEAK_MEMORY=bound):
+            cp, _ = plan_for(lbs)
+        plan_for(lbs)                               # the unbounded plan again: cached
+        n1 = GlobalCounters.saturations
+        with eqgrad.Context(PEAK_MEMORY=bound):
+            text = str(eqgrad.explain(ga, gb, provenance=False))
+    assert n1 - n0 == 2
+    assert f"buffers: {_held(cp.plan)} bytes" in text and f"EQGRAD_PEAK_MEMORY {bound}: within it" in text, text
+
+
+def test_bad_bounds_are_refused_naming_what_was_expected():
+    with pytest.raises(ValueError, match="EQGRAD_PEAK_MEMORY"):
+        with eqgrad.Context(PEAK_MEMORY=-1):
+            pass
+    with pytest.raises(ValueError, match="EQGRAD_PEAK_MEMORY"):
+        with eqgrad.Context(PEAK_MEMORY="lots"):
+            pass
+    with eqgrad.Context(PEAK_MEMORY="2M"):
+        assert eqgrad.config.PEAK_MEMORY.value == 2 << 20
+    cm = cost_model("LLVM")
+    with pytest.raises(ValueError, match="peak_bound: expected an integer number of bytes >= 0"):
+        GreedyExtractor(None, cm, [], peak_bound=-5)          # noqa: the graph is not read before the check
