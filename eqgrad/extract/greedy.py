@@ -404,12 +404,12 @@ class GreedyExtractor:
         if not cur.legal:
             raise RuntimeError("extraction: the unfused starting plan is illegal: "
                                + "; ".join(kc.why for kc in cur.kernels.values() if not kc.legal))
-        # Under a memory bound the search first runs as without one (the fastest plan, which is kept
-        # when it fits), then again from there with the bound (``better``: fewest bytes over it
-        # first): judged by the bound from the unfused plan -- every buffer stored, the most memory
-        # -- the first moves took were any that saved bytes, however slow (an MLP step's GELU recomputed
-        # inside its weight gradient's contraction: 25.9 ms predicted, where the fastest plan, 1.7 ms,
-        # fitted the bound)
+        # Under a memory bound the search first runs as without one (the fastest plan, kept when it
+        # fits), then again from there with the bound (``better``: fewest bytes over it first).
+        # Judged by the bound from the unfused plan (every buffer stored: the most memory), the first
+        # moves taken were any that saved bytes, however slow: an MLP step's GELU was recomputed
+        # inside its weight gradient's contraction, 25.9 ms predicted, where the fastest plan
+        # (1.7 ms) fitted the bound
         bound, self.peak_bound = self.peak_bound, 0
         self._remember(cur, choice)
         st = PlanState(self.ev, choice, cur)
