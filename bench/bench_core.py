@@ -623,7 +623,7 @@ IDLE_S = 0.3       # seconds of idle before each framework's workload (bench_one
 
 
 def bench_one(fw: Framework, w: Workload, arrays: list[np.ndarray], ref: np.ndarray, reps: int, warmup: int,
-              idle: float = IDLE_S) -> Result:
+              idle: float = IDLE_S, collect: bool = True) -> Result:
   r = Result(w.name, fw.name)
   if w.train and isinstance(fw, NumpyFW): raise Skip("the reference (forward loss) of a training row")
   fw.enter()
@@ -633,7 +633,7 @@ def bench_one(fw: Framework, w: Workload, arrays: list[np.ndarray], ref: np.ndar
   time.sleep(idle)
   r.first_call_s, out = timed(fw, w, inputs)
   for _ in range(warmup): out = None; timed(fw, w, inputs)
-  gc.collect()
+  if collect: gc.collect()
   gc.disable()
   try:
     kernels = set()
@@ -740,6 +740,10 @@ def main(argv=None) -> int:
   p.add_argument("--idle", type=float, default=IDLE_S, metavar="S",
                  help=f"seconds of idle before each framework's workload, for the previous one's BLAS threads "
                       f"to stop spinning (default {IDLE_S}; 0 in a smoke run whose times are not read)")
+  p.add_argument("--no-gc", action="store_true",
+                 help="no full garbage collection before each framework's timed runs and after each workload (they "
+                      "keep a collection out of the timings; a smoke run whose times are not read skips them: in a "
+                      "test worker's large heap each took ~90 ms)")
   p.add_argument("--only", default=None, help="comma-separated workloads: " + ",".join(w.name for w in WORKLOADS))
   p.add_argument("--frameworks", default="eqgrad,numpy,torch,tinygrad",
                  help="comma-separated subset of eqgrad,numpy,torch,tinygrad (default: all)")
@@ -800,7 +804,7 @@ def main(argv=None) -> int:
     for fw in fws:
       progress(f"running {w.name} / {fw.name}")
       try:
-        r = bench_one(fw, w, arrays, ref, args.reps, args.warmup, args.idle)
+        r = bench_one(fw, w, arrays, ref, args.reps, args.warmup, args.idle, collect=not args.no_gc)
       except Skip as e:
         r = Result(w.name, fw.name, status="skipped", note=str(e))
       except Exception as e:
@@ -819,7 +823,7 @@ def main(argv=None) -> int:
           g = (sum(a.nbytes for a in arrays) + 4 * ref.size) / r.median_s / 1e9
           r.rate, r.efficiency = f"{g:.1f} GB/s", g / peaks["gbs"]
     results += case
-    gc.collect()
+    if not args.no_gc: gc.collect()
   progress("")
 
   print_table(results, baseline)

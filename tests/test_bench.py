@@ -26,7 +26,7 @@ def test_bench_core_quick_run_matches_numpy(tmp_path, capsys, half):
     out = tmp_path / "core.json"
     names = {w.name for w in bench.WORKLOADS[half::2]}
     rc = bench.main(["--quick", "--frameworks", "eqgrad,numpy", "--eqgrad-devices", "LLVM", "--reps", "1",
-                     "--warmup", "0", "--idle", "0", "--peak-gflops", "100", "--peak-gbs", "10", "--json", str(out),
+                     "--warmup", "0", "--idle", "0", "--no-gc", "--peak-gflops", "100", "--peak-gbs", "10", "--json", str(out),
                      "--only", ",".join(w.name for w in bench.WORKLOADS[half::2])])
     text = capsys.readouterr().out
     assert rc == 0, text
