@@ -107,6 +107,11 @@ def test_the_bound_keys_the_plan_cache_and_explain_shows_it():
             text = str(eqgrad.explain(ga, gb, provenance=False))
     assert n1 - n0 == 2
     assert f"buffers: {_held(cp.plan)} bytes" in text and f"EQGRAD_PEAK_MEMORY {bound}: within it" in text, text
+    # the moves the bound made, from the fastest plan (over it) to this one, each with its bytes
+    moves = cp.result.info["memory_moves"]
+    assert moves[0].startswith("fastest plan: ") and len(moves) >= 2, moves
+    assert moves[-1].endswith(f": {_held(cp.plan)} bytes, {cp.result.evaluation.total * 1e6:.1f} us"), moves
+    assert all(f"  for the bound: {m}" in text for m in moves), text
 
 
 def test_bad_bounds_are_refused_naming_what_was_expected():

@@ -442,8 +442,10 @@ class GreedyExtractor:
             if self.better(cur2, cur):
                 st, cur = st2, cur2
         self.peak_bound = bound
+        memory_moves: list[str] = []
         if bound and self.over(cur) and not stopped:
-            st, cur, stopped = self._search(st, cur, self.flips, self.max_passes, deadline, None)
+            memory_moves.append(f"fastest plan: {cur.peak} bytes, {cur.total * 1e6:.1f} us")
+            st, cur, stopped = self._search(st, cur, self.flips, self.max_passes, deadline, None, memory_moves)
         self._state = st
         choice = dict(st.choice)
         cands = sorted((t for t in self._candidates.values() if not (bound and t[2] > bound)),
@@ -453,11 +455,13 @@ class GreedyExtractor:
         info = dict(evaluations=self.ev.evaluations, skipped=skipped, peak=cur.peak)
         if self.peak_bound:
             info["peak_bound"] = self.peak_bound
+        if memory_moves:
+            info["memory_moves"] = memory_moves       # explain(): what the bound made the search do
         return Result(choice, cur, self.name, alternatives_of=lambda: self.alternatives_from(choice),
                       candidates=cands, info=dict(info, **({"stopped": stopped} if stopped else {})))
 
     def _search(self, st: PlanState, cur: Evaluation, flips: bool, passes: int, deadline: float | None,
-                seen: "_Rejected | None") -> tuple[PlanState, Evaluation, str]:
+                seen: "_Rejected | None", taken: list[str] | None = None) -> tuple[PlanState, Evaluation, str]:
         """Passes of improving moves (toggles; and flips when ``flips``) until one finds none, the
         pass count or the deadline: the final state, its evaluation, why it stopped early ("")."""
         stopped = ""
@@ -472,7 +476,7 @@ class GreedyExtractor:
                     stopped = (f"time limit {self.time_limit:g} s (EQGRAD_EXTRACT_TIME) after "
                                f"{self.ev.evaluations} plan evaluations")
                     break
-                _, changes, safe = self._apply(st, spec)      # applied to the current (updated) plan
+                move, changes, safe = self._apply(st, spec)      # applied to the current (updated) plan
                 if changes is None:
                     continue
                 if seen is not None and seen.rejects(spec, changes, st, cur.total):
@@ -481,7 +485,7 @@ class GreedyExtractor:
                     spec = self._follow.get(spec)
                     if spec is None:
                         continue
-                    _, changes, safe = self._apply(st, spec)
+                    move, changes, safe = self._apply(st, spec)
                     if changes is None or seen.rejects(spec, changes, st, cur.total):
                         continue
                     ev = self._evaluate(st, changes, safe)
@@ -496,7 +500,7 @@ class GreedyExtractor:
                         spec = follow
                         if spec is None:
                             continue
-                        _, changes, safe = self._apply(st, spec)
+                        move, changes, safe = self._apply(st, spec)
                         if changes is None or (seen is not None and seen.rejects(spec, changes, st, cur.total)):
                             continue
                         ev = self._evaluate(st, changes, safe)
@@ -505,6 +509,8 @@ class GreedyExtractor:
                 if self.better(ev, cur):
                     if seen is not None:
                         seen.accepted(st, ev)
+                    if taken is not None:
+                        taken.append(f"{move}: {ev.peak} bytes, {ev.total * 1e6:.1f} us")
                     st, cur, improved = self._accept(st, ev, changes), ev, True
                 elif seen is not None:
                     seen.rejected(spec, changes, st, ev)

@@ -128,6 +128,8 @@ class Explanation:
         bound = res.info.get("peak_bound") if res else None
         lines.append(f"buffers: {held} bytes of intermediates and outputs, all held while the plan runs"
                      + (f" (EQGRAD_PEAK_MEMORY {bound}: {'within' if held <= bound else 'OVER'} it)" if bound else ""))
+        for m in (res.info.get("memory_moves", ()) if res else ()):
+            lines.append(f"  for the bound: {m}")      # the fastest plan, then each move the bound made
         for k in self.kernels():
             fused = " ".join(dict.fromkeys(k["ops"])) or "(copy)"
             lines.append(f"  {k['name']}: b{k['out']}{list(k['shape'])}  fuses {len(k['ops'])} ops [{fused}]  "
