@@ -126,6 +126,7 @@ class GreedyExtractor:
         self._candidates: dict[tuple, tuple[float, Choice, int]] = {}
         self._state: PlanState | None = None
         self._follow: dict[tuple, tuple | None] = {}   # inline toggle -> the "apart" move it led to (_search)
+        self._largest_first = False    # toggles of the largest producers first (the memory bound's search)
 
     # ------------------------------------------------------------------ step 1
     def semantic_choice(self) -> Choice:
@@ -256,7 +257,7 @@ class GreedyExtractor:
         # smaller producers first: when materializing either of two nested producers improves the
         # plan (a padded input or the window tensor built from it), the first improving move is
         # taken, and the smaller one writes and reads fewer bytes
-        for prod in self._by_size:
+        for prod in (reversed(self._by_size) if self._largest_first else self._by_size):
             if prod in used or self.realize_of[prod] in used:
                 specs += [("toggle", prod, True), ("toggle", prod, False)]
         specs += self._sink_specs(choice, used)
@@ -445,7 +446,13 @@ class GreedyExtractor:
         memory_moves: list[str] = []
         if bound and self.over(cur) and not stopped:
             memory_moves.append(f"fastest plan: {cur.peak} bytes, {cur.total * 1e6:.1f} us")
-            st, cur, stopped = self._search(st, cur, self.flips, self.max_passes, deadline, None, memory_moves)
+            # the largest producers' toggles first: the first move that lowers the bytes over the
+            # bound is taken, and one that stores a big buffer no longer saves the most
+            self._largest_first = True
+            try:
+                st, cur, stopped = self._search(st, cur, self.flips, self.max_passes, deadline, None, memory_moves)
+            finally:
+                self._largest_first = False
         self._state = st
         choice = dict(st.choice)
         cands = sorted((t for t in self._candidates.values() if not (bound and t[2] > bound)),
