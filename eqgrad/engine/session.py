@@ -71,6 +71,12 @@ _CONTEXT_IDS: dict[tuple, int] = {}
 _CONTEXT_LOCK = threading.Lock()
 
 
+def _resizing() -> bool:
+    """May a missing plan be resized from a cached one of other sizes (EQGRAD_RESIZE)? Not under
+    EQGRAD_PEAK_MEMORY: a plan is then extracted for its own sizes (a resized one's buffers grow)."""
+    return bool(config.RESIZE.value) and not config.PEAK_MEMORY.value
+
+
 class ResizablePlans:
     """The compiled plans that a plan of another size can be resized from, by size-free key (rules,
     extraction settings, ``graph.sizes.size_free_key``): the newest ``PER_KEY`` of each key
@@ -309,8 +315,7 @@ class Session:
             if cp is not None:
                 return cp
             skey = (key[0], ps.key)
-            # (under EQGRAD_PEAK_MEMORY a plan is extracted for its own sizes: a resized one may not fit)
-            if resize and config.RESIZE.value and not config.PEAK_MEMORY.value:
+            if resize and _resizing():
                 cp = self._resized(ps, skey, device, rules)
             if cp is None:
                 prog = program()
@@ -370,8 +375,7 @@ class Session:
                 # other sizes may be resized (a growing KV cache's step never builds one)
                 ps = structure_sizes(skey, [(lb.shape, lb.dtype) for lb in in_lbs] + [((), dt) for _, dt in pvals],
                                      len(in_lbs))
-                if not (config.RESIZE.value and not config.PEAK_MEMORY.value
-                        and self._resizable.candidates((ctx, ps.key))):
+                if not (_resizing() and self._resizable.candidates((ctx, ps.key))):
                     prog = linearize(targets, order, device=device, inspected=rules.inspected_constants)
                     prog.__dict__["key"] = skey        # the same tuple (Program.key is computed_once)
             # host buffers come from the pool (devices/__init__.py); the intermediates go back to it as

@@ -224,8 +224,7 @@ class ILPExtractor(GreedyExtractor):
                 if same and status != "optimal":
                     why = f"no better plan found within {self.ilp_time:g} s"
                     break
-                if self.better(ev, greedy.evaluation) or \
-                        (self.over(ev) == self.over(greedy.evaluation) and ev.total <= gt * (1 + 1e-9)):
+                if not self.better(greedy.evaluation, ev):       # no worse than greedy's (bound first, then time)
                     info.update(ilp="optimal" if status == "optimal" else "time limit (best found)", ilp_status=status,
                                 ilp_seconds=time.perf_counter() - t0, ilp_plan="ilp")
                     return Result(choice, ev, self.name, greedy.alternatives_of, greedy.candidates, info)
