@@ -346,6 +346,45 @@ def test_opencl_buffers_live_on_the_device():
     np.testing.assert_array_equal(t.numpy(), np.arange(6) * 2)
 
 
+def test_one_program_writes_shared_lines_once_and_keeps_conflicting_ones_apart():
+    from eqgrad.devices.cstyle import one_program
+    pre = "__kernel void"
+    a = ("#pragma OPENCL EXTENSION cl_khr_fp64 : enable\ninline float h(float a) { return a; }\n"
+         f"{pre} eqk(__global float* x) {{\n  x[0] = h(x[0]);\n}}\n")
+    b = f"inline float h(float a) {{ return a; }}\n{pre} eqk(__global float* x) {{\n  x[0] = 2.0f;\n}}\n"
+    c = f"__constant float t[2] = {{1.0f, 2.0f}};\n{pre} eqk(__global float* x) {{\n  x[0] = t[1];\n}}\n"
+    d = f"__constant float t[2] = {{3.0f, 4.0f}};\n{pre} eqk(__global float* x) {{\n  x[0] = t[0];\n}}\n"
+    progs = one_program([b, a, c, d], pre)
+    assert [names for _, names in progs] == [["eqk_0", "eqk_1", "eqk_2"], ["eqk_3"]]
+    one = progs[0][0]
+    assert one.startswith("#pragma OPENCL EXTENSION cl_khr_fp64")       # before everything it enables
+    assert one.count("inline float h(") == 1 and one.count("__constant float t[2]") == 1
+    assert all(f"{pre} eqk_{j}(" in one for j in range(3)) and f"{pre} eqk(" not in one
+    assert "{3.0f, 4.0f}" in progs[1][0] and f"{pre} eqk_3(" in progs[1][0]
+
+
+@pytest.mark.skipif(not HAS_OPENCL, reason="no OpenCL platform")
+def test_opencl_builds_a_plans_new_kernels_as_one_program(monkeypatch):
+    import pyopencl as cl
+    built: list[str] = []
+    real = cl.Program
+
+    def program(ctx, src):
+        built.append(src)
+        return real(ctx, src)
+    monkeypatch.setattr(cl, "Program", program)
+    engine.clear_cache()
+    x = data((6, 37), seed=11)
+    t = Tensor(x, device="OPENCL")
+    y = (t * 1.75 - 0.5).exp2()
+    z = y / y.sum(1, keepdim=True) + y.amax(0)     # several kernels, none built before
+    got = z.numpy()
+    e = np.exp2(x * np.float32(1.75) - np.float32(0.5))
+    np.testing.assert_allclose(got, e / e.sum(1, keepdims=True) + e.max(0), rtol=1e-5)
+    n = sum(src.count("__kernel void eqk_") for src in built)
+    assert len(built) == 1 and n >= 2, (len(built), n)
+
+
 def test_host_buffers_are_numpy_arrays():
     t = Tensor([1.0, 2.0], device="LLVM") + 1
     t.realize()

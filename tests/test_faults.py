@@ -281,6 +281,30 @@ def test_opencl_kernel_that_fails_to_compile_names_kernel_device_and_source(monk
 
 
 @needs_opencl
+def test_opencl_kernel_that_fails_among_others_is_named(monkeypatch, tmp_path):
+    """A plan's new kernels are built as one program; when that build fails, each is built alone
+    and the error names the one that failed (the others run once it is fixed)."""
+    monkeypatch.setenv("EQGRAD_CACHE_DIR", str(tmp_path))
+    from eqgrad.devices.opencl import OpenCLRenderer
+    real = OpenCLRenderer.render
+
+    def render(self, lk):
+        src = real(self, lk)             # the reduction kernel only: one that loops
+        return src.rstrip()[:-1] + "  undeclared_y = 1;\n}\n" if "for (" in src else src
+    monkeypatch.setattr(OpenCLRenderer, "render", render)
+    engine.clear_cache()
+    x = Tensor(X, device="OPENCL")
+    y = (x * 3.5 + 0.25).exp2()
+    z = y.sum(1, keepdim=True) + y     # a row sum and an elementwise kernel
+    with pytest.raises(eqgrad.CompileError, match=r"OPENCL device: kernel k\d \(.*failed to compile: .*error.*undeclared_y"):
+        z.realize()
+    monkeypatch.undo()
+    engine.clear_cache()
+    e = np.exp2(X * np.float32(3.5) + np.float32(0.25))
+    np.testing.assert_allclose(z.numpy(), e.sum(1, keepdims=True) + e, rtol=1e-5)
+
+
+@needs_opencl
 def test_device_lost_while_building_a_kernel(monkeypatch, no_hang):
     """Not a compile error: the runtime fails during the build (a DeviceError, not a CompileError)."""
     import pyopencl as cl

@@ -461,7 +461,7 @@ def test_opencl_and_cuda_build_without_fast_math(monkeypatch):
     assert "--ptx" in flags and not any(f in flags for f in ("fast_math", "fast-math", "ftz=true", "prec-div=false", "prec-sqrt=false"))
     import inspect
     from eqgrad.devices import opencl
-    src = inspect.getsource(opencl.OpenCLDevice.kernel)
+    src = inspect.getsource(opencl.OpenCLDevice._build)
     assert "-cl-fp32-correctly-rounded-divide-sqrt" in src
     assert not any(f in src for f in ("-cl-fast-relaxed-math", "-cl-unsafe-math", "-cl-denorms-are-zero", "-cl-finite-math"))
 

@@ -586,3 +586,42 @@ class _CKernel:
 
 _STRUCTURE = {op: getattr(_CKernel, op) for op in
               ("PARAM", "CONST", "RANGE", "ENDRANGE", "DEFACC", "ACCUM", "ACCREAD", "LOAD", "STORE")}
+
+
+# ------------------------------------------------------------------ several kernels, one program
+
+_DECLARES = re.compile(r"(\w+)\s*[\[(]")      # the name a helper or table line declares
+
+
+def one_program(srcs: list[str], prefix: str, name: str = "eqk") -> list[tuple[str, list[str]]]:
+    """Sources rendered by one renderer (each its helpers, tables and pragma, one line each, then
+    the kernel ``{prefix} {name}(...)``) as programs that each define several kernels, named
+    ``{name}_0``, ``{name}_1``, ...: ``[(program, [its kernels' names, in the order of srcs])]``.
+    A line before a kernel is written once per program; a source whose line declares a name that a
+    program holds with other text (two tables of one name) goes to a program of its own.
+
+    An OpenCL build has a fixed cost that does not grow with the kernels it builds (PoCL on a
+    2-core AMD EPYC: 101 ms for one small kernel and for eight), and a plan's new kernels are built
+    together (``OpenCLDevice.kernels``)."""
+    programs: list[tuple[dict[str, str], list[str], list[str], list[str]]] = []   # declared, head, kernels, names
+    for j, src in enumerate(srcs):
+        at = src.index(f"{prefix} {name}(")
+        lines = [ln for ln in src[:at].splitlines() if ln]
+        mine = {}
+        for ln in lines:
+            m = _DECLARES.search(ln) if not ln.startswith("#") else None
+            if m:
+                mine[m.group(1)] = ln
+        for declared, head, kernels, names in programs:
+            if all(declared.get(d, ln) == ln for d, ln in mine.items()):
+                break
+        else:
+            declared, head, kernels, names = {}, [], [], []
+            programs.append((declared, head, kernels, names))
+        declared.update(mine)
+        head.extend(ln for ln in lines if ln not in head)
+        names.append(f"{name}_{j}")
+        kernels.append(src[at:].replace(f"{prefix} {name}(", f"{prefix} {name}_{j}(", 1))
+    # a pragma first: it applies to what follows it
+    return [("".join(ln + "\n" for ln in sorted(head, key=lambda ln: not ln.startswith("#"))) + "".join(kernels), names)
+            for _, head, kernels, names in programs]

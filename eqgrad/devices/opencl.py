@@ -31,7 +31,7 @@ from eqgrad.graph.caps import Capabilities
 from eqgrad.graph.plan import KernelPlan
 from eqgrad.ops import Shape, numel
 from eqgrad.devices import Buffer, Device
-from eqgrad.devices.cstyle import CSTYLE_OPS, INT_KINDS, SUPPORTED_KINDS, CStyleRenderer
+from eqgrad.devices.cstyle import CSTYLE_OPS, INT_KINDS, SUPPORTED_KINDS, CStyleRenderer, one_program
 from eqgrad.lower.decomp import DECOMPOSITIONS
 from eqgrad.counters import GlobalCounters, log_kernel, timing_kernels
 from eqgrad.cache import save_failed_source
@@ -170,24 +170,54 @@ class OpenCLDevice(Device):
         names it in errors: a build the compiler rejects is a CompileError (the source is written to
         the cache's failed/ folder), any other runtime error a DeviceError."""
         if src not in self.kernels:
-            cl = self.cl
-            try:
-                # -cl-fp32-correctly-rounded-divide-sqrt: 1/x and sqrt rounded like the LLVM device
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore", cl.CompilerWarning)   # PoCL's build log chatter
-                    prg = cl.Program(self.ctx, src).build(options=["-cl-fp32-correctly-rounded-divide-sqrt"])
-                knl = prg.eqk
-            except cl.Error as e:
-                what = f"kernel {k.name} ({k.ast.render()[:80]})" if k is not None else "a kernel"
-                if getattr(e, "code", None) not in (cl.status_code.BUILD_PROGRAM_FAILURE, cl.status_code.INVALID_KERNEL_NAME):
-                    raise self.failed(f"building {what}", e) from e
-                where = save_failed_source(k.name if k is not None else "kernel", ".cl", src)   # never raises
-                log = [ln.strip() for ln in str(e).splitlines() if "error" in ln.lower() and ln.strip()]
-                first = next((ln for ln in log if "error:" in ln), log[0] if log else type(e).__name__)
-                raise CompileError(f"OPENCL device: {what} failed to compile: {first}; "
-                                   f"its OpenCL C {where}") from e
-            self.kernels[src] = knl
+            self.kernels[src] = self._build(src, [k], "eqk")[0]
         return self.kernels[src]
+
+    def build_kernels(self, items: list[tuple[str, Any]]) -> list[Any]:
+        """The compiled kernels of ``items`` (source, the plan's kernel), in order: those not built
+        yet are built together, as one program (``cstyle.one_program``: a build costs the same for
+        one kernel as for several); when that build fails, each is built alone, so the error names
+        the kernel that failed."""
+        new: dict[str, Any] = {}
+        for src, k in items:
+            if src not in self.kernels:
+                new.setdefault(src, k)
+        if len(new) > 1:
+            srcs = list(new)
+            at = {name: src for src, name in zip(srcs, (f"eqk_{j}" for j in range(len(srcs))))}
+            for program, names in one_program(srcs, self.renderer.kernel_prefix):
+                try:
+                    built = self._build(program, [new[at[n]] for n in names], *names, quiet=True)
+                except CompileError:
+                    continue                            # each alone, below
+                for n, knl in zip(names, built):
+                    self.kernels[at[n]] = knl
+        return [self.kernel(src, k) for src, k in items]
+
+    def _build(self, src: str, ks: list[Any], *names: str, quiet: bool = False) -> list[Any]:
+        """Build one program and return its kernels ``names``. ``ks``: the plan's kernels it holds
+        (for errors); ``quiet``: a rejected build raises a bare CompileError (its kernels are built
+        again one by one)."""
+        cl = self.cl
+        try:
+            # -cl-fp32-correctly-rounded-divide-sqrt: 1/x and sqrt rounded like the LLVM device
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", cl.CompilerWarning)   # PoCL's build log chatter
+                prg = cl.Program(self.ctx, src).build(options=["-cl-fp32-correctly-rounded-divide-sqrt"])
+            return [cl.Kernel(prg, n) for n in names]
+        except cl.Error as e:
+            k = ks[0] if len(ks) == 1 else None
+            what = (f"kernel {k.name} ({k.ast.render()[:80]})" if k is not None else
+                    f"kernels {', '.join(x.name for x in ks if x is not None)}" if any(ks) else "a kernel")
+            if getattr(e, "code", None) not in (cl.status_code.BUILD_PROGRAM_FAILURE, cl.status_code.INVALID_KERNEL_NAME):
+                raise self.failed(f"building {what}", e) from e
+            if quiet:
+                raise CompileError(f"OPENCL device: {what} failed to compile") from e
+            where = save_failed_source(k.name if k is not None else "kernel", ".cl", src)   # never raises
+            log = [ln.strip() for ln in str(e).splitlines() if "error" in ln.lower() and ln.strip()]
+            first = next((ln for ln in log if "error:" in ln), log[0] if log else type(e).__name__)
+            raise CompileError(f"OPENCL device: {what} failed to compile: {first}; "
+                               f"its OpenCL C {where}") from e
 
     def launch(self, knl: Any, gsize: tuple[int, ...], lsize: tuple[int, ...], raws: list[Any]) -> None:
         """Enqueue one kernel (returns before it has run)."""
@@ -195,12 +225,13 @@ class OpenCLDevice(Device):
             knl(self.queue, gsize, lsize, *raws)
 
     def prepare(self, plan: KernelPlan) -> Callable[[list[Buffer]], None]:
+        rendered = [(k, *self.render_kernel(k, plan, self.renderer.render, "OpenCL C")) for k in plan.kernels]
+        knls = self.build_kernels([(src, k) for k, _, src in rendered])
         steps = []
-        for k in plan.kernels:
-            lk, src = self.render_kernel(k, plan, self.renderer.render, "OpenCL C")
+        for (k, lk, _), knl in zip(rendered, knls):
             geo = self.renderer.launch(lk)
             gsize = geo.global_size if numel(plan.buffers[k.out][0]) else None      # an empty output: no launch
-            steps.append((k, self.kernel(src, k), gsize, geo.local_size, (k.out, *k.inputs)))
+            steps.append((k, knl, gsize, geo.local_size, (k.out, *k.inputs)))
         names = ", ".join(k.name for k in plan.kernels)
 
         def run(bufs: list[Buffer]) -> None:
