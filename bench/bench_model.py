@@ -98,7 +98,8 @@ def check(name: str, step: Callable[[], Any], reps: int, warmup: int) -> dict[st
       GlobalCounters.kernel_log = None
     runs.append(log)
   # the pieces the device runs one plan kernel as (the BLAS's "k4g", its packs "k4p0", a split
-  # reduction's partials "k4a" and the rest "k4") carry that kernel's prediction: summed into it
+  # reduction's partials "k4a" and the rest "k4") carry that kernel's prediction: summed into it;
+  # siblings the device runs as one kernel ("k3+k4", devices/cpustage.py) are one row, k3's
   base = lambda n: re.match(r"k\d+", n).group(0) if re.match(r"k\d+", n) else n
   names = list(dict.fromkeys(base(e[0]) for e in runs[-1]))
   per: dict[str, list[float]] = {n: [] for n in names}
@@ -108,8 +109,8 @@ def check(name: str, step: Callable[[], Any], reps: int, warmup: int) -> dict[st
   for r in runs:
     sums: dict[str, float] = {}
     for n, sec, pred, flops, nbytes, k in r:
-      if n == base(n):
-        kernels[n] = k
+      if n == base(n) or "+" in n:       # (a GROUP of siblings "k3+k4" runs as one kernel: k3's row)
+        kernels[base(n)] = k
       pieces.setdefault(base(n), {})[n] = k
       b = base(n)
       sums[b] = sums.get(b, 0.0) + sec

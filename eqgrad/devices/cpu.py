@@ -607,12 +607,12 @@ class LLVMDevice(Device):
                     # each candidate in an engine of its own: the losers' code is freed after the search
                     src, prg, n = self.build(k, plan, up, target)
                     candidates.append(prg)
-                    return src, lambda bufs: self.launch(k, prg, [bufs[i].ptr for i in (k.out, *k.inputs)], n, threads)
+                    return src, lambda bufs: self.launch(k, prg, [bufs[i].ptr for i in k.params], n, threads)
                 upcast, tried = search_upcast(k, plan, beam, config.BEAM_TIME.value, build)
                 if config.DEBUG.value >= 2:
                     print(f"  search {k.name}: picked {upcast or 'heuristic'} from {tried}")
             prg, n = self.build_member(k, plan, upcast, target, engine)
-            steps.append((k, prg, (k.out, *k.inputs), n))
+            steps.append((k, prg, k.params, n))
         return steps
 
     def _runner(self, steps: list[tuple], scratch: list, threads: int) -> Callable[[list[Buffer]], None]:

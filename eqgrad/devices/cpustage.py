@@ -30,10 +30,11 @@ from eqgrad import config
 from eqgrad.cache import machine_key, source_digest
 from eqgrad.devices import Buffer, DevicePlan, blas
 from eqgrad.dtype import to_storage
-from eqgrad.graph.plan import Kernel, KernelPlan, NodeMemo
+from eqgrad.graph.plan import GROUP, Kernel, KernelPlan, KernelStats, KNode, NodeMemo
 from eqgrad.graph.sizes import body_sizes
 from eqgrad.lower import contraction, trace
-from eqgrad.lower.passes import LowerOptions
+from eqgrad.lower.passes import LowerOptions, schedule_kernel
+from eqgrad.ops import numel
 from eqgrad.lower.split import split_reduction
 
 # the knobs below: docs/lowering.md, Constants (what each bounds, the measurement behind it)
@@ -77,13 +78,103 @@ class CPUStage:
         self._blas_memo = NodeMemo()         # body -> (what it depends on, its BLAS kernels, scratch)
         self._contraction_memo = NodeMemo()  # body -> (gemm_key, _contraction's answer, detached)
         self._gemm_memo = NodeMemo()         # body -> (gemm_key, the Gemm it runs as or None)
+        self._schedule_memo = NodeMemo()     # body -> (options, its lowering decisions alone)
 
     def rewrite(self, plan: KernelPlan, options: LowerOptions) -> DevicePlan:
         """``split`` with the device's options (its threads, the predicted time above which a
         full reduction is cut into partials), with what it did in words."""
         notes: list[str] = []
         out, scratch = self.split(plan, options, notes)
+        if config.MERGE.value:
+            out = self.merge_siblings(out, options, notes)
         return DevicePlan(out, scratch, notes)
+
+    def merge_siblings(self, plan: KernelPlan, options: LowerOptions, notes: list[str] | None = None) -> KernelPlan:
+        """The plan with *sibling* kernels -- of one output shape, reading a buffer in common, neither
+        reading what the other writes -- run as one kernel with several outputs: a GROUP of their
+        roots in one loop nest (graph/plan.py ``Kernel.also``), which reads each shared buffer once.
+        A layer norm's backward sums its weight's and its bias's gradients over the rows of the same
+        ``dy`` (480 x 384: two column sums reading ``dy`` twice); an Adam step's three updates of one
+        parameter read its gradient three times. The merged kernel runs where the last of them ran,
+        so no kernel between them may read what an earlier one wrote; and only kernels the lowering
+        gives the same decisions alone and together are merged (register lanes, the parallel loops;
+        none with row fusion, a stash or a cache tile, and none the BLAS runs), so each root's loop
+        IR is what it was, in a shared loop nest. What it saves is the shared buffers' bytes and a
+        launch: the bytes the cost model prices a kernel by (extract/cost.py), so a merge never
+        costs more there, and the merged kernel's ``nbytes`` and ``predicted`` say what it saved."""
+        kernels = plan.kernels
+        if len(kernels) < 2:
+            return plan
+        readers: dict[int, list[int]] = {}                # buffer -> the kernels that read it, in order
+        for i, k in enumerate(kernels):
+            for b in k.inputs:
+                readers.setdefault(b, []).append(i)
+        groups: list[list[int]] = []                       # kernel indices run as one, in plan order
+        open_by_shape: dict[tuple, list[int]] = {}         # output shape -> indices into groups
+        for j, k in enumerate(kernels):
+            if not self._mergeable(k, plan, options):
+                continue
+            for gi in reversed(open_by_shape.get(k.ast.shape, [])):
+                g = groups[gi]
+                if self._joins(g, j, kernels, readers, plan, options):
+                    g.append(j)
+                    break
+            else:
+                open_by_shape.setdefault(k.ast.shape, []).append(len(groups))
+                groups.append([j])
+        merged = {g[-1]: g for g in groups if len(g) > 1}
+        if not merged:
+            return plan
+        skip = {i for g in merged.values() for i in g[:-1]}
+        out = []
+        for j, k in enumerate(kernels):
+            if j in skip:
+                continue
+            if j not in merged:
+                out.append(k)
+                continue
+            members = [kernels[i] for i in merged[j]]
+            mk = _merged(members, plan)
+            out.append(mk)
+            if notes is not None:
+                saved = sum(k.nbytes for k in members) - mk.nbytes
+                notes.append(f"{', '.join(k.name for k in members)}: one kernel with {len(members)} outputs "
+                             f"({mk.ast.shape} each), their common reads done once ({saved} bytes fewer)")
+        return KernelPlan(plan.buffers, plan.n_inputs, out, plan.outputs, plan.predicted, plan.notes)
+
+    def _mergeable(self, k, plan: KernelPlan, options: LowerOptions) -> bool:
+        """Whether ``k`` may join a GROUP: a generated kernel (not the BLAS's) with an output loop
+        whose schedule has no row fusion, stash or cache tile (``_alone``)."""
+        if k.also or not k.inputs or not any(n > 1 for n in k.ast.shape) or self.gemm_of(k, plan) is not None:
+            return False
+        _, _, hoist, stash, tile, split, *_ = self._schedule(k, options)
+        return not (hoist or stash or tile is not None or split)
+
+    def _schedule(self, k, options: LowerOptions) -> tuple:
+        """The lowering's decisions for ``k`` alone (``_decisions``), kept by its body."""
+        hit = self._schedule_memo.get(k.ast)
+        if hit is None or hit[0] != options:
+            hit = (options, _decisions(schedule_kernel(k, options)))
+            self._schedule_memo.put(k.ast, hit)
+        return hit[1]
+
+    def _joins(self, g: list[int], j: int, kernels: list, readers: dict[int, list[int]], plan: KernelPlan,
+               options: LowerOptions) -> bool:
+        """Whether kernel ``j`` may join group ``g`` (module docstring of ``merge_siblings``)."""
+        k = kernels[j]
+        members = [kernels[i] for i in g]
+        if not set(k.inputs) & {b for m in members for b in m.inputs}:
+            return False
+        outs = {m.out for m in members}
+        if outs & set(k.inputs):
+            return False                            # k reads what a member writes: not a sibling
+        for m_i in g:                               # none between a member and k reads the member
+            if any(m_i < r < j for r in readers.get(kernels[m_i].out, ())):
+                return False
+        mk = _merged(members + [k], plan)
+        want = self._schedule(k, options)
+        return all(self._schedule(m, options) == want for m in members) and \
+            _decisions(schedule_kernel(mk, options)) == want
 
     def split(self, plan: KernelPlan, options: LowerOptions, notes: list[str] | None = None) -> tuple[KernelPlan, list]:
         """The plan with each large full reduction split into parallel partials (lower/split.py)
@@ -274,7 +365,7 @@ class CPUStage:
 
     def gemm_of(self, k, plan: KernelPlan) -> Any:
         """The Gemm the BLAS runs as kernel ``k`` (a pure contraction of buffers), or None."""
-        if not config.BLAS.value:
+        if not config.BLAS.value or k.also:
             return None
         hit = self._gemm_memo.get(k.ast)
         if hit is not None and hit[0] == gemm_key():
@@ -283,3 +374,31 @@ class CPUStage:
         g = found.gemm if found is not None and not found.packs and found.pure else None
         self._gemm_memo.put(k.ast, (gemm_key(), g))
         return g
+
+
+def _decisions(s: Any) -> tuple:
+    """What of a schedule must be the same for a kernel alone and in a GROUP (``merge_siblings``)."""
+    return (s.lanes, s.parallel, bool(s.hoist), s.stash is not None, s.tile, s.split is not None,
+            len(s.blocked), s.sum_block, s.sum_radix)
+
+
+def _merged(members: list, plan: KernelPlan) -> Kernel:
+    """One kernel running ``members`` (siblings of one output shape): their roots as a GROUP, its
+    outputs theirs in order, its inputs the GROUP's reads; bytes as the cost model counts them
+    (every buffer read or written once), FLOPs and kinds summed."""
+    ast = KNode(GROUP, tuple(m.ast for m in members), None, members[0].ast.shape, members[0].ast.dtype)
+    inputs = ast.buffers()
+    first = members[0]
+    nbytes = sum(numel(plan.buffers[b][0]) * plan.buffers[b][1].itemsize
+                 for b in (*(m.out for m in members), *inputs))
+    saved = sum(m.nbytes for m in members) - nbytes
+    stats = None
+    if all(m.stats is not None for m in members):
+        st = [m.stats for m in members]
+        stats = KernelStats(float(nbytes), sum(x.flops for x in st), sum(x.nodes for x in st),
+                            sum(x.cflops for x in st), min(x.fill for x in st), 0.0)
+    total = sum(m.predicted for m in members)
+    share = max(0.0, saved) / max(1, sum(m.nbytes for m in members))
+    return Kernel("+".join(m.name for m in members), first.out, ast, inputs, total * (1.0 - share), nbytes,
+                  sum(m.flops for m in members), tuple(sorted({x for m in members for x in m.kind})), stats,
+                  tuple(m.out for m in members[1:]))

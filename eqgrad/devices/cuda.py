@@ -162,7 +162,7 @@ class CUDADevice(Device):
             grid = tuple(g // b for g, b in zip(geo.global_size, geo.local_size))
             if not numel(plan.buffers[k.out][0]):
                 grid = (0, 1, 1)     # an empty output: no launch
-            steps.append((k, self.function(src, len(lk.params)), grid, geo.local_size, (k.out, *k.inputs)))
+            steps.append((k, self.function(src, len(lk.params)), grid, geo.local_size, k.params))
         names = ", ".join(k.name for k in plan.kernels)
 
         def run(bufs: list[Buffer]) -> None:

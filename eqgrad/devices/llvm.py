@@ -21,6 +21,7 @@ import contextlib
 import ctypes
 import functools
 import os
+import re
 import struct
 import sys
 import threading
@@ -1295,15 +1296,17 @@ NT_MIN = 4 << 20          # = hostmem.HUGE_MIN, from which outputs are page-alig
 
 
 def streaming_store(k: LoopKernel, out_bytes: int) -> bool:
-    """One parallel loop whose only store writes element ``i`` at iteration ``i`` (so vector stores
-    from a loop start that is a multiple of 16 are 64-byte aligned), with an output of NT_MIN+ bytes."""
+    """One parallel loop whose stores, one per output (a GROUP's several), each write element ``i``
+    at iteration ``i`` (so vector stores from a loop start that is a multiple of 16 are 64-byte
+    aligned, for outputs that are: ``LLVMProgram`` checks), with outputs of NT_MIN+ bytes each."""
     if out_bytes < NT_MIN or not k.loop_vectorize or k.parallel != 1:
         return False
     ranges = [i for i, x in enumerate(k.insts) if x.op == "RANGE"]
     stores = [x for x in k.insts if x.op == "STORE"]
-    return (k.loop_vectorize and k.parallel == 1 and len(ranges) == 1 and len(stores) == 1
-            and stores[0].src[1] == ranges[0] and k.insts[ranges[0]].arg % 16 == 0
-            and out_bytes >= NT_MIN and _name(k.params[0][1]) in ("float32", "int32"))
+    outs = [i for i, p in enumerate(k.params) if p[2]]
+    return (len(ranges) == 1 and sorted(x.src[0] for x in stores) == outs
+            and all(x.src[1] == ranges[0] for x in stores) and k.insts[ranges[0]].arg % 16 == 0
+            and all(_name(k.params[i][1]) in ("float32", "int32") for i in outs))
 
 
 class LLVMProgram:
@@ -1320,6 +1323,10 @@ class LLVMProgram:
         self.engine = engine if engine is not None else CodeEngine(self.compiler)
         # a sized program (render_llvm's ``sized``) takes its size array after the buffers
         self.n_params = len(k.params)
+        # the outputs: the first parameters, the buffers the code writes (not ``readonly``; read off
+        # the source, which a disk-cached kernel has without its loop IR)
+        head = src[src.find("define void @"):]
+        self.n_outs = len(re.findall(r"ptr noalias %p\d+[,)]", head[:head.find("{")]))
         n_ptrs = len(k.params) + bool(sized)
         self._sig = ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * n_ptrs), ctypes.c_int64, ctypes.c_int64)
         self.fn, stores = self._load(nontemporal)
@@ -1343,7 +1350,7 @@ class LLVMProgram:
     def __call__(self, *ptrs: int, lo: int, hi: int) -> None:
         """Run iterations [lo, hi) of the kernel's outermost parallel loop (ignored without one).
         With streaming stores, ``lo`` must be a multiple of 16 (cpu.py cuts so)."""
-        if self.nontemporal and ptrs[0] % 64:
+        if self.nontemporal and (ptrs[0] % 64 or (self.n_outs > 1 and any(p % 64 for p in ptrs[1:self.n_outs]))):
             if not self._plain:
                 self._plain = self._load(False)[0]
             self._plain(*ptrs, lo, hi)

@@ -231,7 +231,7 @@ class OpenCLDevice(Device):
         for (k, lk, _), knl in zip(rendered, knls):
             geo = self.renderer.launch(lk)
             gsize = geo.global_size if numel(plan.buffers[k.out][0]) else None      # an empty output: no launch
-            steps.append((k, knl, gsize, geo.local_size, (k.out, *k.inputs)))
+            steps.append((k, knl, gsize, geo.local_size, k.params))
         names = ", ".join(k.name for k in plan.kernels)
 
         def run(bufs: list[Buffer]) -> None:

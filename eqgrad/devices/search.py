@@ -51,7 +51,7 @@ def search_upcast(k: Kernel, plan: KernelPlan, width: int, time_limit: float,
     if cached != "miss":
         return (tuple(cached) if cached else None), {"cache": "hit"}
     rng = np.random.default_rng(0)
-    ids = [k.out, *k.inputs]
+    ids = list(k.params)
     bufs: dict[int, Buffer] = {}
     for b in ids:
         shape, dt = plan.buffers[b]

@@ -169,6 +169,25 @@ class Kernel:
     # what the cost function priced the plan kernel from (None: not priced, e.g. built by hand); the
     # pieces the device runs a plan kernel as (its GEMM, a split reduction's partials) keep it
     stats: KernelStats | None = None
+    # more buffers written, by a kernel whose body is a GROUP of roots (one per output: ``out`` the
+    # first root's, these the others', in order) that share the output loops (a device's stage
+    # merges sibling kernels so, devices/cpustage.py ``merge_siblings``)
+    also: tuple[int, ...] = ()
+
+    @property
+    def params(self) -> tuple[int, ...]:
+        """The buffers its code takes, in parameter order: those it writes (``out``, then ``also``),
+        then those it reads (``inputs``)."""
+        return (self.out, *self.also, *self.inputs) if self.also else (self.out, *self.inputs)
+
+    @property
+    def outs(self) -> tuple[int, ...]:
+        return (self.out, *self.also)
+
+
+# The root of a kernel with several outputs: its sources are the roots, one per output buffer, all of
+# one shape (the GROUP's); it is not an op of the table (ops.py) and never in a program or an e-graph
+GROUP = "GROUP"
 
 
 # The kinds of kernel the cost model tells apart (extract/evaluate.py records them as
@@ -311,7 +330,9 @@ def _enc(v: Any, where: str) -> Any:
         return {"dag": [{"op": n.op, "src": [index[id(s)] for s in n.src], "arg": _enc(n.arg, f"{where} {n.op}"),
                          "shape": _enc(n.shape, where), "dtype": _enc(n.dtype, where)} for n in nodes]}
     if isinstance(v, Kernel):
-        return {"kernel": {f.name: _enc(getattr(v, f.name), f"{where} {v.name}.{f.name}") for f in fields(Kernel)}}
+        # (``also`` only where a kernel has more outputs: a device's stage writes it, never extraction)
+        return {"kernel": {f.name: _enc(getattr(v, f.name), f"{where} {v.name}.{f.name}") for f in fields(Kernel)
+                           if f.name != "also" or v.also}}
     if isinstance(v, KernelStats):
         return {"stats": {f.name: _enc(getattr(v, f.name), where) for f in fields(KernelStats)}}
     raise TypeError(f"plan_to_json: {where}: expected None, bool, int, float, str, tuple, list, DType, KNode, "

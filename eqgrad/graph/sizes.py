@@ -260,9 +260,9 @@ def body_sizes(k: Kernel, plan: KernelPlan) -> tuple[tuple, tuple[int, ...]]:
     attributes that hold sizes (``OpDef.attr_sizes``: reshape and expand targets, pad and shrink
     amounts; axes and permutations are structure) and of its buffers' shapes. A kernel's lowering depends on these and nothing else
     of the plan: the pair is the lowering's memo key too (devices.kernel_structure), so a body is
-    walked once for both. Buffers are named by parameter position (the output 0, then the
-    inputs), constants by ``repr`` (so -0.0, NaN and 0.0 stay apart), as are floats elsewhere."""
-    ast, bufs = k.ast, (k.out, *k.inputs)
+    walked once for both. Buffers are named by parameter position (``Kernel.params``: the outputs,
+    then the inputs), constants by ``repr`` (so -0.0, NaN and 0.0 stay apart), as are floats elsewhere."""
+    ast, bufs = k.ast, k.params
     specs = tuple(plan.buffers[b] for b in bufs)
     hit = _SIZES.get(ast)
     if hit is not None and hit[0] == bufs and hit[1] == specs:
@@ -275,7 +275,7 @@ def body_sizes(k: Kernel, plan: KernelPlan) -> tuple[tuple, tuple[int, ...]]:
             arg = ("buf", pos[n.arg])
         elif n.op == "CONST":
             arg = ("const", repr(n.arg))
-        elif OPS[n.op].attr_sizes:
+        elif n.op in OPS and OPS[n.op].attr_sizes:         # (a GROUP root is not an op of the table)
             arg = _flat(n.arg, sizes)
         else:                           # axes, a permutation, a dtype: structure, not sizes
             arg = n.arg
@@ -292,11 +292,12 @@ def with_sizes(k: Kernel, plan: KernelPlan, values: list[Any]) -> tuple[Kernel, 
     it = iter(values)
     new: dict[int, KNode] = {}
     for n in k.ast.walk():
-        arg = _fill(_flat(n.arg, []), it) if n.op not in ("BUF", "CONST") and OPS[n.op].attr_sizes else n.arg
+        arg = _fill(_flat(n.arg, []), it) if n.op in OPS and n.op not in ("BUF", "CONST") and OPS[n.op].attr_sizes \
+            else n.arg
         shape = _fill(_flat(n.shape, []), it)
         new[id(n)] = KNode(n.op, tuple(new[id(s)] for s in n.src), arg, shape, n.dtype)
     buffers = list(plan.buffers)
-    for b in (k.out, *k.inputs):
+    for b in k.params:
         shp, dt = plan.buffers[b]
         buffers[b] = (_fill(_flat(tuple(shp), []), it), dt)
     return replace(k, ast=new[id(k.ast)]), replace(plan, buffers=buffers, kernels=[])

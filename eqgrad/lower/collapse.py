@@ -25,7 +25,9 @@ division and a modulo of the merged loop variable, which the index arithmetic fo
 """
 from __future__ import annotations
 
-from eqgrad.graph.plan import Kernel, KNode
+from dataclasses import replace
+
+from eqgrad.graph.plan import GROUP, Kernel, KNode
 from eqgrad.lower.indexing import dry_sources, flat_index
 from eqgrad.lower.symbolic import Lin, Var
 from eqgrad.ops import OPS, numel
@@ -71,7 +73,7 @@ def collapse(kernel: Kernel) -> Kernel:
                 out = KNode("BUF", (), src.arg, flat, x.dtype)      # a whole buffer, read in order
             else:
                 raise _Keep
-        elif OPS[x.op].kind in _ELEMENTWISE:
+        elif x.op == GROUP or OPS[x.op].kind in _ELEMENTWISE:        # (a GROUP: each of its roots)
             out = KNode(x.op, tuple(go(s) for s in x.src), x.arg, flat, x.dtype)
         else:
             raise _Keep
@@ -82,8 +84,7 @@ def collapse(kernel: Kernel) -> Kernel:
         body = go(root)
     except _Keep:
         return kernel
-    return Kernel(kernel.name, kernel.out, body, kernel.inputs, kernel.predicted, kernel.nbytes, kernel.flops, kernel.kind,
-                  kernel.stats)
+    return replace(kernel, ast=body)
 
 
 _NO_MERGE = frozenset({"RSUM", "RMAX", "PAD"})     # reads across elements, or per-axis masks
@@ -117,7 +118,7 @@ def merge_axes(kernel: Kernel) -> Kernel:
                 c[names[a.name]] = k
             coefs.append(c)
         else:
-            stack.extend(dry_sources(n, idx, "r"))
+            stack.extend(dry_sources(n, idx, "r"))       # (a GROUP: each root at the output index)
     groups = [[axes[0]]]
     for d in axes[1:]:
         p = groups[-1][-1]
@@ -128,6 +129,9 @@ def merge_axes(kernel: Kernel) -> Kernel:
     if len(groups) == len(axes):
         return kernel
     merged = tuple(numel(tuple(shape[d] for d in g)) for g in groups)
-    body = KNode("RESHAPE", (root,), merged, merged, root.dtype)
-    return Kernel(kernel.name, kernel.out, body, kernel.inputs, kernel.predicted, kernel.nbytes, kernel.flops, kernel.kind,
-                  kernel.stats)
+    if root.op == GROUP:            # each root under the reshape, the GROUP stays the root
+        body = KNode(GROUP, tuple(KNode("RESHAPE", (r,), merged, merged, r.dtype) for r in root.src), None, merged,
+                     root.dtype)
+    else:
+        body = KNode("RESHAPE", (root,), merged, merged, root.dtype)
+    return replace(kernel, ast=body)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from eqgrad.graph.plan import KNode
+from eqgrad.graph.plan import GROUP, KNode
 from eqgrad.lower import symbolic
 from eqgrad.lower.symbolic import Lin, substitute_free
 
@@ -121,6 +121,13 @@ def reduce_map(root: KNode) -> dict[int, bool]:
     return has
 
 
+def roots_of(root: KNode) -> frozenset[int]:
+    """The ids of a kernel body's roots: ``root``, or a GROUP and each of its roots (graph/plan.py)."""
+    if root.op == GROUP:
+        return frozenset((id(root), *(id(r) for r in root.src)))
+    return frozenset((id(root),))
+
+
 def hoistable(root: KNode, idx: Index, has_reduce: dict[int, bool],
               sources: Sources = dry_sources) -> list[tuple[KNode, Index]]:
     """The reductions below ``root`` (not ``root`` itself) whose index depends only on the loops
@@ -130,6 +137,7 @@ def hoistable(root: KNode, idx: Index, has_reduce: dict[int, bool],
     where they are (their mask is per element)."""
     order: list[tuple[KNode, Index]] = []
     seen: set = set()
+    tops = roots_of(root)
 
     def walk(n: KNode, ix: Index) -> None:
         if (id(n), ix) in seen or not has_reduce[id(n)] or n.op == "PAD":
@@ -137,7 +145,7 @@ def hoistable(root: KNode, idx: Index, has_reduce: dict[int, bool],
         seen.add((id(n), ix))
         for x, cix in sources(n, ix, "_r"):
             walk(x, cix)
-        if n.op in REDUCES and n is not root and not any(
+        if n.op in REDUCES and id(n) not in tops and not any(
                 v.startswith("_") for i in ix for v in substitute_free(i)):
             order.append((n, ix))
 

@@ -30,7 +30,7 @@ from typing import Any
 from eqgrad import config
 from eqgrad.dtype import DType, bool_
 from eqgrad.graph.loopir import INDEX, NONNEG, LInst, LoopIRError, LoopKernel, verify
-from eqgrad.graph.plan import Kernel, KernelPlan, KNode
+from eqgrad.graph.plan import GROUP, Kernel, KernelPlan, KNode
 from eqgrad.lower.collapse import collapse, merge_axes
 from eqgrad.lower.indexing import MOVES, REDUCES, dry_sources, flat_index, hoistable, move_index, reduce_map, strides_of
 from eqgrad.lower.passes import LowerOptions, Schedule, describe_steps, run_passes
@@ -57,8 +57,12 @@ class Lowerer:
         self.options = options if options is not None else LowerOptions(upcast=upcast)
         if upcast is not None and self.options.upcast != upcast:
             raise ValueError(f"Lowerer: upcast {upcast} and options.upcast {self.options.upcast} disagree")
-        self.param_of: dict[int, int] = {kernel.out: 0}
-        self.params: list[tuple[str, DType, bool]] = [(f"b{kernel.out}", plan.buffers[kernel.out][1], True)]
+        # the outputs first (parameter 0, then a GROUP's other roots'), then the inputs
+        self.param_of: dict[int, int] = {}
+        self.params: list[tuple[str, DType, bool]] = []
+        for b in kernel.outs:
+            self.param_of[b] = len(self.params)
+            self.params.append((f"b{b}", plan.buffers[b][1], True))
         for b in kernel.inputs:
             self.param_of[b] = len(self.params)
             self.params.append((f"b{b}", plan.buffers[b][1], False))
@@ -441,10 +445,13 @@ class Lowerer:
             lanes = [tuple(out_idx)]
             for d in lane_axes:      # lanes: every combination of offsets on the upcast axes
                 lanes = [l[:d] + (l[d] + u,) + l[d + 1:] for l in lanes for u in range(up.get(d, root.shape[d]))]
-            vals = self.render_lanes(root, tuple(lanes), (None,) * len(lanes))
-            for idx, v in zip(lanes, vals):
-                # src[0]: parameter 0
-                self.emit("STORE", None, (0, self.index(flat_index(idx, root.shape)), v), cse=False)
+            # a GROUP's roots one after another in the same loops, each to its own output (its
+            # parameter: 0 for the first root, then the next)
+            for p, r in enumerate(root.src if root.op == GROUP else (root,)):
+                vals = self.render_lanes(r, tuple(lanes), (None,) * len(lanes))
+                for idx, v in zip(lanes, vals):
+                    # src[0]: the output's parameter
+                    self.emit("STORE", None, (p, self.index(flat_index(idx, root.shape)), v), cse=False)
         for r in reversed(loops):
             self.close_range(r)
         width = up.get(lane_axes[-1], root.shape[lane_axes[-1]]) if lane_axes else 0

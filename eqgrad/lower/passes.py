@@ -33,7 +33,7 @@ from eqgrad.graph.caps import (LANE_BODY_MAX, LANES_LAST, LANES_PREV, TILE_BLOCK
 from eqgrad.graph.plan import Kernel, KNode, shared_factor
 from eqgrad.graph.sizes import ELEMENTWISE
 from eqgrad.lower.contraction import candidate, find_contraction
-from eqgrad.lower.indexing import REDUCES, dry_sources, flat_index, hoistable, reduce_map
+from eqgrad.lower.indexing import REDUCES, dry_sources, flat_index, hoistable, reduce_map, roots_of
 from eqgrad.lower.sums import SUM_BLOCK, SUM_RADIX
 from eqgrad.lower.symbolic import Lin, Var
 from eqgrad.ops import OPS, numel
@@ -307,8 +307,8 @@ class Hoist(Pass):
     name = "hoist"
 
     def applies(self, ctx: PassCtx, s: Schedule) -> bool:
-        root = ctx.root
-        return not s.lanes and any(n.op in REDUCES and n is not root for n in root.walk())
+        tops = roots_of(ctx.root)
+        return not s.lanes and any(n.op in REDUCES and id(n) not in tops for n in ctx.root.walk())
 
     def run(self, ctx: PassCtx, s: Schedule) -> Schedule:
         # a dry run of the emitter's loop opening: open loops are o<d>, the ones to come _o<d>

@@ -1,0 +1,199 @@
+"""Kernels with several outputs: the LLVM device's stage runs sibling kernels as one
+(devices/cpustage.py ``merge_siblings``; graph/plan.py ``GROUP``, ``Kernel.also``).
+
+Siblings: one output shape, a buffer read in common, neither reading what the other writes, and
+no kernel between them reading what the first writes. Each test checks the numbers against the
+same program run with ``EQGRAD_MERGE=0`` (bit for bit: a GROUP's roots are lowered as they were
+alone) and against NumPy or torch, and what the stage did."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import eqgrad
+import eqgrad.nn.functional as F
+from eqgrad import GlobalCounters, Tensor, config, engine
+from eqgrad.graph.plan import GROUP
+
+RNG = np.random.default_rng(1234)
+
+
+def _t(*shape: int) -> Tensor:
+    return Tensor(RNG.standard_normal(shape, dtype=np.float32)).realize()
+
+
+def _run(make, merge: int) -> tuple[list[np.ndarray], list[str]]:
+    """The outputs of ``make()`` realized together with EQGRAD_MERGE=``merge``, and the names of
+    the kernels that ran."""
+    with config.Context(MERGE=merge):
+        outs = make()
+        GlobalCounters.kernel_log = log = []
+        try:
+            eqgrad.realize(*outs)
+        finally:
+            GlobalCounters.kernel_log = None
+        return [o.numpy() for o in outs], [e[0] for e in log]
+
+
+def _both(make) -> tuple[list[np.ndarray], list[str], list[str]]:
+    merged, names = _run(make, 1)
+    alone, names0 = _run(make, 0)
+    for a, b in zip(merged, alone):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        np.testing.assert_array_equal(a, b)
+    return merged, names, names0
+
+
+def test_siblings_that_read_a_buffer_in_common_run_as_one_kernel():
+    g, m, v = _t(64, 48), _t(64, 48), _t(64, 48)
+    (m2, v2), names, names0 = _both(lambda: [m * 0.9 + g * 0.1, v * 0.999 + g * g * 0.001])
+    assert len(names) == 1 and "+" in names[0] and len(names0) == 2
+    G, M, V = g.numpy(), m.numpy(), v.numpy()
+    np.testing.assert_allclose(m2, M * np.float32(0.9) + G * np.float32(0.1), rtol=1e-6, atol=1e-6)  # (an FMA)
+    np.testing.assert_allclose(v2, V * np.float32(0.999) + G * G * np.float32(0.001), rtol=1e-6, atol=1e-7)
+
+
+def test_three_siblings_and_outputs_of_other_dtypes():
+    g, a, b = _t(33, 17), _t(33, 17), _t(33, 17)
+    outs, names, names0 = _both(lambda: [g * 2 + a, g > b, (g * b).cast(eqgrad.int32)])
+    assert len(names) == 1 and names[0].count("+") == 2 and len(names0) == 3
+    G, A, B = g.numpy(), a.numpy(), b.numpy()
+    np.testing.assert_allclose(outs[0], G * 2 + A, rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(outs[1], G > B)
+    np.testing.assert_array_equal(outs[2], (G * B).astype(np.int32))
+
+
+def test_a_kernel_that_reads_its_siblings_output_is_not_merged_with_it():
+    g, a = _t(40, 40), _t(40, 40)
+
+    def make():
+        x = g * 3 + a
+        y = (g - a).exp2()
+        return [x, y, x.sum(1, keepdim=True) + y]      # the last reads both: not their sibling
+    outs, names, _ = _both(make)
+    G, A = g.numpy(), a.numpy()
+    X, Y = G * 3 + A, np.exp2(G - A)
+    np.testing.assert_allclose(outs[2], X.sum(1, keepdims=True) + Y, rtol=1e-5, atol=1e-5)
+    plan = engine.last_plan.plan
+    assert all(not k.also for k in plan.kernels)             # the extracted plan has none
+
+
+def test_siblings_with_a_reader_of_the_first_between_them_stay_apart():
+    """k0 writes x, k1 reads x, k2 reads what k0 read: k0 and k2 cannot run as one kernel where
+    k2 runs (k1 would read x before it is written)."""
+    from eqgrad.devices import get_device
+    from eqgrad.graph.plan import Kernel, KernelPlan, KNode
+    from eqgrad.lower.passes import LowerOptions
+    f32 = eqgrad.float32
+    shape = (8, 16)
+
+    def buf(i):
+        return KNode("BUF", (), i, shape, f32)
+    k0 = Kernel("k0", 2, KNode("ADD", (buf(0), buf(1)), None, shape, f32), (0, 1))
+    k1 = Kernel("k1", 3, KNode("MUL", (buf(2), buf(2)), None, shape, f32), (2,))
+    k2 = Kernel("k2", 4, KNode("MUL", (buf(0), buf(1)), None, shape, f32), (0, 1))
+    k3 = Kernel("k3", 5, KNode("ADD", (buf(0), buf(0)), None, shape, f32), (0,))
+    plan = KernelPlan([(shape, f32)] * 6, 2, [k0, k1, k2, k3], [3, 4, 5])
+    stage = get_device("LLVM").stage
+    notes: list[str] = []
+    out = stage.merge_siblings(plan, LowerOptions(threads=2), notes)
+    names = [k.name for k in out.kernels]
+    # k0 cannot move past k1 (its reader); k2 and k3 are siblings (both read b0)
+    assert names == ["k0", "k1", "k2+k3"], (names, notes)
+    merged = out.kernels[2]
+    assert merged.ast.op == GROUP and merged.out == 4 and merged.also == (5,) and merged.params == (4, 5, 0, 1)
+    assert len(notes) == 1 and "k2, k3: one kernel with 2 outputs" in notes[0]
+
+
+def test_layer_norm_backward_sums_its_weight_and_bias_gradients_in_one_kernel():
+    """At (480, 384) the extracted plan sums dw = sum(dy * xhat) and db = sum(dy) over the rows in
+    two kernels that both read dy (the default cost model; a smaller tensor gets another plan, whose
+    dw reads a kernel's output instead, and no siblings)."""
+    import torch
+    x, w, b, dy = _t(480, 384), _t(384), _t(384), _t(480, 384)
+
+    def make():
+        xs = x.detach().requires_grad_()
+        ws = w.detach().requires_grad_()
+        bs = b.detach().requires_grad_()
+        (F.layer_norm(xs, (384,), ws, bs) * dy).sum().backward()
+        return [xs.grad, ws.grad, bs.grad]
+    outs, names, names0 = _both(make)
+    assert len(names) == len(names0) - 1
+    tx, tw, tb = (torch.tensor(t.numpy(), requires_grad=True) for t in (x, w, b))
+    (torch.nn.functional.layer_norm(tx, (384,), tw, tb) * torch.tensor(dy.numpy())).sum().backward()
+    for got, want in zip(outs, (tx.grad, tw.grad, tb.grad)):
+        np.testing.assert_allclose(got, want.numpy(), rtol=1e-4, atol=1e-4)
+    text = str(eqgrad.explain(*make()))
+    assert "one kernel with 2 outputs" in text and "their common reads done once" in text
+
+
+def test_column_sums_of_one_tensor_share_its_reads():
+    x, y = _t(300, 48), _t(300, 48)
+    outs, names, names0 = _both(lambda: [x.sum(0), (x * y).sum(0), x.amax(0)])
+    X, Y = x.numpy(), y.numpy()
+    np.testing.assert_allclose(outs[0], X.sum(0), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(outs[1], (X * Y).sum(0), rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(outs[2], X.max(0))
+    assert len(names) < len(names0)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_merged_kernel_runs_split_over_threads(threads):
+    g, m, v = _t(512, 1024), _t(512, 1024), _t(512, 1024)
+    with config.Context(THREADS=threads):
+        (m2, v2), names, _ = _both(lambda: [m * 0.5 + g, v - g * g])
+    assert len(names) == 1
+    G, M, V = g.numpy(), m.numpy(), v.numpy()
+    np.testing.assert_allclose(m2, M * np.float32(0.5) + G, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(v2, V - G * G, rtol=1e-6, atol=1e-6)
+
+
+def test_streaming_stores_write_every_output_and_check_each_ones_alignment():
+    """A merged elementwise kernel over 4 MiB+ outputs writes both with streaming stores, which need
+    64-byte aligned outputs: one that is not runs the plain code (the check covers every output,
+    not only the first)."""
+    from eqgrad.devices import get_device
+    from eqgrad.devices.llvm import NT_MIN
+    from eqgrad.graph.plan import Kernel, KernelPlan, KNode
+    from eqgrad.lower.passes import LowerOptions
+    f32 = eqgrad.float32
+    n = NT_MIN // 4 + 16 * 64
+    shape = (n,)
+
+    def buf(i):
+        return KNode("BUF", (), i, shape, f32)
+    k0 = Kernel("k0", 2, KNode("ADD", (buf(0), buf(1)), None, shape, f32), (0, 1))
+    k1 = Kernel("k1", 3, KNode("MUL", (buf(0), buf(1)), None, shape, f32), (0, 1))
+    plan = KernelPlan([(shape, f32)] * 4, 2, [k0, k1], [2, 3])
+    dev = get_device("LLVM")
+    merged = dev.stage.merge_siblings(plan, LowerOptions(threads=1)).kernels
+    assert [k.name for k in merged] == ["k0+k1"]
+    _, prg, extent = dev.build(merged[0], plan, None, dev.target())
+    assert extent == n and prg.n_outs == 2 and prg.nontemporal and prg.nontemporal_stores >= 2
+    a, b = RNG.standard_normal(n, dtype=np.float32), RNG.standard_normal(n, dtype=np.float32)
+
+    def out(offset: int) -> np.ndarray:          # ``offset`` floats past a 64-byte aligned address
+        raw = np.full(n + 32, np.nan, np.float32)
+        start = (-raw.ctypes.data // 4) % 16 + offset
+        return raw[start:start + n]
+    for off0, off1 in ((0, 0), (0, 1), (3, 0)):
+        o0, o1 = out(off0), out(off1)
+        prg(o0.ctypes.data, o1.ctypes.data, a.ctypes.data, b.ctypes.data, lo=0, hi=n)
+        np.testing.assert_array_equal(o0, a + b)
+        np.testing.assert_array_equal(o1, a * b)
+    assert prg._plain                                    # a misaligned output ran the plain code
+
+
+def test_a_group_body_has_a_structure_and_a_trace_at_new_sizes():
+    """Sizes that keep changing: the GROUP's body is lowered from its trace (lower/trace.py) and
+    its sized program (devices/sizeargs.py) like any other."""
+    from eqgrad.lower.trace import TRACES
+    before = TRACES.hits + TRACES.traced
+    for n in (40, 41, 42, 43, 45):
+        g, a = _t(n, 24, 3), _t(n, 24, 3)
+        (x, y), names, _ = _both(lambda: [(g * 2 + a).permute(1, 0, 2), (g - a).exp2().permute(1, 0, 2)])
+        assert len(names) == 1
+        np.testing.assert_allclose(x, (g.numpy() * 2 + a.numpy()).transpose(1, 0, 2), rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(y, np.exp2(g.numpy() - a.numpy()).transpose(1, 0, 2), rtol=2e-6)
+    assert TRACES.hits + TRACES.traced > before
