@@ -79,6 +79,8 @@ class CPUStage:
         self._contraction_memo = NodeMemo()  # body -> (gemm_key, _contraction's answer, detached)
         self._gemm_memo = NodeMemo()         # body -> (gemm_key, the Gemm it runs as or None)
         self._schedule_memo = NodeMemo()     # body -> (options, its lowering decisions alone)
+        # body -> {ids of the bodies of a group it may join: (options, those bodies, whether it may)}
+        self._group_memo = NodeMemo()
 
     def rewrite(self, plan: KernelPlan, options: LowerOptions) -> DevicePlan:
         """``split`` with the device's options (its threads, the predicted time above which a
@@ -112,7 +114,8 @@ class CPUStage:
         groups: list[list[int]] = []                       # kernel indices run as one, in plan order
         open_by_shape: dict[tuple, list[int]] = {}         # output shape -> indices into groups
         for j, k in enumerate(kernels):
-            if not self._mergeable(k, plan, options):
+            # (the cheap conditions first: a resized plan's stage runs at every new size)
+            if k.also or not k.inputs or not any(n > 1 for n in k.ast.shape) or self.gemm_of(k, plan) is not None:
                 continue
             for gi in reversed(open_by_shape.get(k.ast.shape, [])):
                 g = groups[gi]
@@ -142,14 +145,6 @@ class CPUStage:
                              f"({mk.ast.shape} each), their common reads done once ({saved} bytes fewer)")
         return KernelPlan(plan.buffers, plan.n_inputs, out, plan.outputs, plan.predicted, plan.notes)
 
-    def _mergeable(self, k, plan: KernelPlan, options: LowerOptions) -> bool:
-        """Whether ``k`` may join a GROUP: a generated kernel (not the BLAS's) with an output loop
-        whose schedule has no row fusion, stash or cache tile (``_alone``)."""
-        if k.also or not k.inputs or not any(n > 1 for n in k.ast.shape) or self.gemm_of(k, plan) is not None:
-            return False
-        _, _, hoist, stash, tile, split, *_ = self._schedule(k, options)
-        return not (hoist or stash or tile is not None or split)
-
     def _schedule(self, k, options: LowerOptions) -> tuple:
         """The lowering's decisions for ``k`` alone (``_decisions``), kept by its body."""
         hit = self._schedule_memo.get(k.ast)
@@ -160,21 +155,38 @@ class CPUStage:
 
     def _joins(self, g: list[int], j: int, kernels: list, readers: dict[int, list[int]], plan: KernelPlan,
                options: LowerOptions) -> bool:
-        """Whether kernel ``j`` may join group ``g`` (module docstring of ``merge_siblings``)."""
+        """Whether kernel ``j`` may join group ``g`` (``merge_siblings``): a buffer read in common, no
+        dependency, and the same lowering decisions alone and together, none of them row fusion, a
+        stash, a tile or a split (``_decisions``; worked out once per set of bodies)."""
         k = kernels[j]
         members = [kernels[i] for i in g]
         if not set(k.inputs) & {b for m in members for b in m.inputs}:
             return False
-        outs = {m.out for m in members}
-        if outs & set(k.inputs):
+        if {m.out for m in members} & set(k.inputs):
             return False                            # k reads what a member writes: not a sibling
         for m_i in g:                               # none between a member and k reads the member
             if any(m_i < r < j for r in readers.get(kernels[m_i].out, ())):
                 return False
-        mk = _merged(members + [k], plan)
         want = self._schedule(k, options)
-        return all(self._schedule(m, options) == want for m in members) and \
-            _decisions(schedule_kernel(mk, options)) == want
+        if want[2] or want[3] or want[4] is not None or want[5]:      # hoist, stash, tile, split
+            return False
+        if any(self._schedule(m, options) != want for m in members):
+            return False
+        bodies = tuple(m.ast for m in members)
+        memo = self._group_memo.get(k.ast)
+        hit = memo.get(tuple(map(id, bodies))) if memo is not None else None
+        if hit is not None and hit[0] == options and all(a is b for a, b in zip(hit[1], bodies)):
+            return hit[2]
+        ok = _decisions(schedule_kernel(_merged(members + [k], plan), options)) == want
+        if any(b is k.ast for b in bodies):         # (a memo's value must not hold its key)
+            return ok
+        if memo is None:
+            memo = {}
+            self._group_memo.put(k.ast, memo)
+        if len(memo) >= 16:
+            memo.clear()
+        memo[tuple(map(id, bodies))] = (options, bodies, ok)
+        return ok
 
     def split(self, plan: KernelPlan, options: LowerOptions, notes: list[str] | None = None) -> tuple[KernelPlan, list]:
         """The plan with each large full reduction split into parallel partials (lower/split.py)
