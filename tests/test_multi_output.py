@@ -128,8 +128,9 @@ def test_layer_norm_backward_sums_its_weight_and_bias_gradients_in_one_kernel():
     assert "one kernel with 2 outputs" in text and "their common reads done once" in text
 
 
-def test_column_sums_of_one_tensor_share_its_reads():
-    x, y = _t(300, 48), _t(300, 48)
+@pytest.mark.parametrize("rows", [300, 3000])        # 3000: sums of more than 1024 values, summed in levels
+def test_column_sums_of_one_tensor_share_its_reads(rows):
+    x, y = _t(rows, 48), _t(rows, 48)
     outs, names, names0 = _both(lambda: [x.sum(0), (x * y).sum(0), x.amax(0)])
     X, Y = x.numpy(), y.numpy()
     np.testing.assert_allclose(outs[0], X.sum(0), rtol=1e-5, atol=1e-5)

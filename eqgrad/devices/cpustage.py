@@ -145,11 +145,13 @@ class CPUStage:
                              f"({mk.ast.shape} each), their common reads done once ({saved} bytes fewer)")
         return KernelPlan(plan.buffers, plan.n_inputs, out, plan.outputs, plan.predicted, plan.notes)
 
-    def _schedule(self, k, options: LowerOptions) -> tuple:
-        """The lowering's decisions for ``k`` alone (``_decisions``), kept by its body."""
+    def _schedule(self, k, options: LowerOptions) -> tuple[tuple, int]:
+        """The lowering's decisions for ``k`` alone (``_decisions``) and how many of its sums are
+        blocked, kept by its body."""
         hit = self._schedule_memo.get(k.ast)
         if hit is None or hit[0] != options:
-            hit = (options, _decisions(schedule_kernel(k, options)))
+            s = schedule_kernel(k, options)
+            hit = (options, (_decisions(s), len(s.blocked)))
             self._schedule_memo.put(k.ast, hit)
         return hit[1]
 
@@ -167,17 +169,21 @@ class CPUStage:
         for m_i in g:                               # none between a member and k reads the member
             if any(m_i < r < j for r in readers.get(kernels[m_i].out, ())):
                 return False
-        want = self._schedule(k, options)
+        want, blocked = self._schedule(k, options)
         if want[2] or want[3] or want[4] is not None or want[5]:      # hoist, stash, tile, split
             return False
-        if any(self._schedule(m, options) != want for m in members):
-            return False
+        for m in members:
+            d, n = self._schedule(m, options)
+            if d != want:
+                return False
+            blocked += n
         bodies = tuple(m.ast for m in members)
         memo = self._group_memo.get(k.ast)
         hit = memo.get(tuple(map(id, bodies))) if memo is not None else None
         if hit is not None and hit[0] == options and all(a is b for a, b in zip(hit[1], bodies)):
             return hit[2]
-        ok = _decisions(schedule_kernel(_merged(members + [k], plan), options)) == want
+        got = schedule_kernel(_merged(members + [k], plan), options)
+        ok = _decisions(got) == want and len(got.blocked) == blocked     # (each root's long sums blocked)
         if any(b is k.ast for b in bodies):         # (a memo's value must not hold its key)
             return ok
         if memo is None:
@@ -389,9 +395,10 @@ class CPUStage:
 
 
 def _decisions(s: Any) -> tuple:
-    """What of a schedule must be the same for a kernel alone and in a GROUP (``merge_siblings``)."""
+    """What of a schedule must be the same for a kernel alone and in a GROUP (``merge_siblings``;
+    the GROUP's blocked sums are its roots' together)."""
     return (s.lanes, s.parallel, bool(s.hoist), s.stash is not None, s.tile, s.split is not None,
-            len(s.blocked), s.sum_block, s.sum_radix)
+            s.sum_block, s.sum_radix)
 
 
 def _merged(members: list, plan: KernelPlan) -> Kernel:
