@@ -632,4 +632,5 @@ class LLVMDevice(Device):
                 GlobalCounters.kernel_count += 1
                 if timed:
                     log_kernel(k, time.perf_counter() - t0, dbg)
+        run.launches = len(steps)          # (the stage's pieces and merges: not the plan's kernel count)
         return run

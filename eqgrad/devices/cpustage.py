@@ -31,7 +31,7 @@ from eqgrad.cache import machine_key, source_digest
 from eqgrad.devices import Buffer, DevicePlan, blas
 from eqgrad.dtype import to_storage
 from eqgrad.graph.plan import GROUP, Kernel, KernelPlan, KernelStats, KNode, NodeMemo
-from eqgrad.graph.sizes import body_sizes
+from eqgrad.graph.sizes import ELEMENTWISE, body_sizes
 from eqgrad.lower import contraction, trace
 from eqgrad.lower.passes import LowerOptions, schedule_kernel
 from eqgrad.ops import numel
@@ -92,25 +92,30 @@ class CPUStage:
         return DevicePlan(out, scratch, notes)
 
     def merge_siblings(self, plan: KernelPlan, options: LowerOptions, notes: list[str] | None = None) -> KernelPlan:
-        """The plan with *sibling* kernels -- of one output shape, reading a buffer in common, neither
-        reading what the other writes -- run as one kernel with several outputs: a GROUP of their
-        roots in one loop nest (graph/plan.py ``Kernel.also``), which reads each shared buffer once.
-        A layer norm's backward sums its weight's and its bias's gradients over the rows of the same
-        ``dy`` (480 x 384: two column sums reading ``dy`` twice); an Adam step's three updates of one
-        parameter read its gradient three times. The merged kernel runs where the last of them ran,
-        so no kernel between them may read what an earlier one wrote; and only kernels the lowering
+        """The plan with *sibling* kernels -- of one output shape, reading a buffer in common, or one
+        reading what another writes only at the element it computes itself, where that output is
+        also an output of the plan or read by a later kernel -- run as one kernel with
+        several outputs: a GROUP of their roots in one loop nest (graph/plan.py ``Kernel.also``),
+        which reads each shared buffer once, and where a root that read another's output has that
+        root in its place (computed once per element, stored, and used from a register). A layer
+        norm's backward sums its weight's and its bias's gradients over the rows of the same ``dy``
+        (two column sums reading ``dy`` twice); an Adam step writes ``m`` and ``v`` and then reads
+        them back with its gradient to update the parameter: one kernel, 10 -> 7 tensor passes. The
+        merged kernel runs where the last of them ran, so no kernel between them may read what an
+        earlier one wrote; and only kernels the lowering
         gives the same decisions alone and together are merged (register lanes, the parallel loops;
         none with row fusion, a stash or a cache tile, and none the BLAS runs), so each root's loop
         IR is what it was, in a shared loop nest. What it saves is the shared buffers' bytes and a
         launch: the bytes the cost model prices a kernel by (extract/cost.py), so a merge never
         costs more there, and the merged kernel's ``nbytes`` and ``predicted`` say what it saved."""
         kernels = plan.kernels
-        if len(kernels) < 2:
+        if len(kernels) < 2 or not config.OPT.value:         # (EQGRAD_OPT=0: one kernel per op, as extracted)
             return plan
         readers: dict[int, list[int]] = {}                # buffer -> the kernels that read it, in order
         for i, k in enumerate(kernels):
             for b in k.inputs:
                 readers.setdefault(b, []).append(i)
+        outputs = set(plan.outputs)
         groups: list[list[int]] = []                       # kernel indices run as one, in plan order
         open_by_shape: dict[tuple, list[int]] = {}         # output shape -> indices into groups
         for j, k in enumerate(kernels):
@@ -119,7 +124,7 @@ class CPUStage:
                 continue
             for gi in reversed(open_by_shape.get(k.ast.shape, [])):
                 g = groups[gi]
-                if self._joins(g, j, kernels, readers, plan, options):
+                if self._joins(g, j, kernels, readers, outputs, plan, options):
                     g.append(j)
                     break
             else:
@@ -140,7 +145,7 @@ class CPUStage:
             mk = _merged(members, plan)
             out.append(mk)
             if notes is not None:
-                saved = sum(k.nbytes for k in members) - mk.nbytes
+                saved = sum(_traffic(m, plan) for m in members) - _traffic(mk, plan)
                 notes.append(f"{', '.join(k.name for k in members)}: one kernel with {len(members)} outputs "
                              f"({mk.ast.shape} each), their common reads done once ({saved} bytes fewer)")
         return KernelPlan(plan.buffers, plan.n_inputs, out, plan.outputs, plan.predicted, plan.notes)
@@ -155,17 +160,24 @@ class CPUStage:
             self._schedule_memo.put(k.ast, hit)
         return hit[1]
 
-    def _joins(self, g: list[int], j: int, kernels: list, readers: dict[int, list[int]], plan: KernelPlan,
-               options: LowerOptions) -> bool:
-        """Whether kernel ``j`` may join group ``g`` (``merge_siblings``): a buffer read in common, no
-        dependency, and the same lowering decisions alone and together, none of them row fusion, a
-        stash, a tile or a split (``_decisions``; worked out once per set of bodies)."""
+    def _joins(self, g: list[int], j: int, kernels: list, readers: dict[int, list[int]], outputs: set[int],
+               plan: KernelPlan, options: LowerOptions) -> bool:
+        """Whether kernel ``j`` may join group ``g`` (``merge_siblings``): a buffer read in common or a
+        member's output read only at the element it computes, no kernel between them reading a
+        member's output, and the same lowering decisions alone and together, none of them row fusion,
+        a stash, a tile or a split (``_decisions``; worked out once per set of bodies)."""
         k = kernels[j]
         members = [kernels[i] for i in g]
-        if not set(k.inputs) & {b for m in members for b in m.inputs}:
+        fed = {m.out for m in members} & set(k.inputs)
+        if fed and not _reads_at_its_index(k.ast, fed):
+            return False                            # k reads what a member writes elsewhere than its element
+        # a member's output that k reads is also an output of the plan or read after k: where k alone
+        # reads it, extraction chose to store it (a cost, ``contiguous()``, a schedule without
+        # fusion), and taking its root into k would undo that choice, not share a value
+        if any(b not in outputs and all(r <= j for r in readers.get(b, ())) for b in fed):
             return False
-        if {m.out for m in members} & set(k.inputs):
-            return False                            # k reads what a member writes: not a sibling
+        if not fed and not set(k.inputs) & {b for m in members for b in m.inputs}:
+            return False                            # nothing to read once
         for m_i in g:                               # none between a member and k reads the member
             if any(m_i < r < j for r in readers.get(kernels[m_i].out, ())):
                 return False
@@ -401,16 +413,47 @@ def _decisions(s: Any) -> tuple:
             s.sum_block, s.sum_radix)
 
 
+def _traffic(k: Kernel, plan: KernelPlan) -> int:
+    """The bytes of every buffer ``k`` writes or reads, once each (the cost model's count)."""
+    return sum(numel(plan.buffers[b][0]) * plan.buffers[b][1].itemsize for b in k.params)
+
+
+def _reads_at_its_index(root: KNode, bufs: set[int]) -> bool:
+    """Whether every read of ``bufs`` in the body ``root`` is at the element the root computes:
+    reached from the root through elementwise ops only (no movement, reduction or pad on the way)."""
+    stack, seen = [(root, True)], set()
+    while stack:
+        n, here = stack.pop()
+        if (id(n), here) in seen:
+            continue
+        seen.add((id(n), here))
+        if n.op == "BUF":
+            if n.arg in bufs and (not here or n.shape != root.shape):
+                return False
+            continue
+        here = here and n.op in ELEMENTWISE
+        stack.extend((x, here) for x in n.src)
+    return True
+
+
 def _merged(members: list, plan: KernelPlan) -> Kernel:
-    """One kernel running ``members`` (siblings of one output shape): their roots as a GROUP, its
-    outputs theirs in order, its inputs the GROUP's reads; bytes as the cost model counts them
-    (every buffer read or written once), FLOPs and kinds summed."""
-    ast = KNode(GROUP, tuple(m.ast for m in members), None, members[0].ast.shape, members[0].ast.dtype)
+    """One kernel running ``members`` (of one output shape, in plan order): their roots as a GROUP,
+    a member's reads of an earlier member's output replaced by that member's root (the emitter
+    computes a node once per element, so its value is shared, not read back), its outputs the
+    members' in order, its inputs the GROUP's reads; bytes as the cost model counts them (every
+    buffer read or written once), FLOPs and kinds summed."""
+    roots: list[KNode] = []
+    made: dict[int, KNode] = {}                  # an earlier member's output -> its root
+    for m in members:
+        subs = {id(n): made[n.arg] for n in m.ast.walk() if n.op == "BUF" and n.arg in made}
+        roots.append(m.ast.replaced(subs) if subs else m.ast)
+        made[m.out] = roots[-1]
+    ast = KNode(GROUP, tuple(roots), None, members[0].ast.shape, members[0].ast.dtype)
     inputs = ast.buffers()
     first = members[0]
     nbytes = sum(numel(plan.buffers[b][0]) * plan.buffers[b][1].itemsize
                  for b in (*(m.out for m in members), *inputs))
-    saved = sum(m.nbytes for m in members) - nbytes
+    saved = sum(_traffic(m, plan) for m in members) - nbytes
     stats = None
     if all(m.stats is not None for m in members):
         st = [m.stats for m in members]

@@ -115,7 +115,8 @@ class _Recorder:
         scratch = {i: bufs[i] for i in range(n_in, len(bufs)) if i not in outs}
         specs = [(shape, dt, b.device) for (shape, dt), b in zip(plan.buffers[n_in:], bufs[n_in:])]
         self.cap.actions.append(("run", _Run(cp.run, slots, specs, scratch, list(zip(targets, plan.outputs)))))
-        self.cap.kernels += len(plan.kernels)
+        # the kernels the device launches (its stage may run a plan kernel as several, or several as one)
+        self.cap.kernels += getattr(cp.run, "launches", len(plan.kernels))
 
     def commit(self, dst: LazyBuffer, src: LazyBuffer, old: Buffer | None) -> None:
         slot = None
