@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -102,10 +102,9 @@ class CPUStage:
         (two column sums reading ``dy`` twice); an Adam step writes ``m`` and ``v`` and then reads
         them back with its gradient to update the parameter: one kernel, 10 -> 7 tensor passes. The
         merged kernel runs where the last of them ran, so no kernel between them may read what an
-        earlier one wrote; and only kernels the lowering
-        gives the same decisions alone and together are merged (register lanes, the parallel loops;
-        none with row fusion, a stash or a cache tile, and none the BLAS runs), so each root's loop
-        IR is what it was, in a shared loop nest. What it saves is the shared buffers' bytes and a
+        earlier one wrote; and only kernels the lowering gives the same decisions alone and together
+        are merged (register lanes, the parallel loops; none with row fusion, a stash or a cache
+        tile, and none the BLAS runs), so each root's loop IR is what it was, in a shared loop nest. What it saves is the shared buffers' bytes and a
         launch: the bytes the cost model prices a kernel by (extract/cost.py), so a merge never
         costs more there, and the merged kernel's ``nbytes`` and ``predicted`` say what it saved."""
         kernels = plan.kernels
@@ -150,7 +149,7 @@ class CPUStage:
                              f"({mk.ast.shape} each), their common reads done once ({saved} bytes fewer)")
         return KernelPlan(plan.buffers, plan.n_inputs, out, plan.outputs, plan.predicted, plan.notes)
 
-    def _schedule(self, k, options: LowerOptions) -> tuple[tuple, int]:
+    def _schedule(self, k, options: LowerOptions) -> tuple[_Decisions, int]:
         """The lowering's decisions for ``k`` alone (``_decisions``) and how many of its sums are
         blocked, kept by its body."""
         hit = self._schedule_memo.get(k.ast)
@@ -182,7 +181,7 @@ class CPUStage:
             if any(m_i < r < j for r in readers.get(kernels[m_i].out, ())):
                 return False
         want, blocked = self._schedule(k, options)
-        if want[2] or want[3] or want[4] is not None or want[5]:      # hoist, stash, tile, split
+        if want.hoist or want.stash or want.tile is not None or want.split:
             return False
         for m in members:
             d, n = self._schedule(m, options)
@@ -406,11 +405,22 @@ class CPUStage:
         return g
 
 
-def _decisions(s: Any) -> tuple:
+class _Decisions(NamedTuple):
     """What of a schedule must be the same for a kernel alone and in a GROUP (``merge_siblings``;
     the GROUP's blocked sums are its roots' together)."""
-    return (s.lanes, s.parallel, bool(s.hoist), s.stash is not None, s.tile, s.split is not None,
-            s.sum_block, s.sum_radix)
+    lanes: tuple
+    parallel: int
+    hoist: bool
+    stash: bool
+    tile: Any
+    split: bool
+    sum_block: int
+    sum_radix: int
+
+
+def _decisions(s: Any) -> _Decisions:
+    return _Decisions(s.lanes, s.parallel, bool(s.hoist), s.stash is not None, s.tile, s.split is not None,
+                      s.sum_block, s.sum_radix)
 
 
 def _traffic(k: Kernel, plan: KernelPlan) -> int:
@@ -453,14 +463,14 @@ def _merged(members: list, plan: KernelPlan) -> Kernel:
     first = members[0]
     nbytes = sum(numel(plan.buffers[b][0]) * plan.buffers[b][1].itemsize
                  for b in (*(m.out for m in members), *inputs))
-    saved = sum(_traffic(m, plan) for m in members) - nbytes
+    before = sum(_traffic(m, plan) for m in members)
     stats = None
     if all(m.stats is not None for m in members):
         st = [m.stats for m in members]
         stats = KernelStats(float(nbytes), sum(x.flops for x in st), sum(x.nodes for x in st),
                             sum(x.cflops for x in st), min(x.fill for x in st), 0.0)
-    total = sum(m.predicted for m in members)
-    share = max(0.0, saved) / max(1, sum(m.nbytes for m in members))
-    return Kernel("+".join(m.name for m in members), first.out, ast, inputs, total * (1.0 - share), nbytes,
+    # its prediction: the members' less the share of their bytes it does not move
+    total = sum(m.predicted for m in members) * min(1.0, nbytes / max(1, before))
+    return Kernel("+".join(m.name for m in members), first.out, ast, inputs, total, nbytes,
                   sum(m.flops for m in members), tuple(sorted({x for m in members for x in m.kind})), stats,
                   tuple(m.out for m in members[1:]))
