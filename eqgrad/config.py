@@ -369,9 +369,9 @@ SIZE_ARGS = Flag("EQGRAD_SIZE_ARGS", 1, _integer_in(0, 1), "0 or 1",
                  "size, and a reduction loop of 16 or more iterations reads its extent at run time "
                  "from the first compile on (devices/sizeargs.py); 0: compile each size's own code")
 MERGE = Flag("EQGRAD_MERGE", 1, _integer_in(0, 1), "0 or 1",
-             "1: on the LLVM device, sibling kernels (one output shape, a buffer read in common, or one "
-             "reading another's output at its own element) run as one kernel with several outputs "
-             "(devices/cpustage.py); 0: each as its own kernel")
+             "1: on the LLVM and OpenCL devices, sibling kernels (one output shape, a buffer read in "
+             "common, or one reading another's output at its own element) run as one kernel with "
+             "several outputs (lower/merge.py); 0: each as its own kernel")
 POOL_BYTES = Flag("EQGRAD_POOL_BYTES", 1 << 30, _bytes_at_least(0), "a size in bytes >= 0 (e.g. 1G, 256M, 0)",
                   "freed host buffers kept for reuse by later realizes (0 disables; "
                   "eqgrad.devices.clear_pool() empties the pool)")

@@ -14,6 +14,7 @@ import eqgrad
 import eqgrad.nn.functional as F
 from eqgrad import GlobalCounters, Tensor, config, engine
 from eqgrad.graph.plan import GROUP
+from conftest import DEVICES
 
 RNG = np.random.default_rng(1234)
 
@@ -223,3 +224,36 @@ def test_a_group_body_has_a_structure_and_a_trace_at_new_sizes():
         np.testing.assert_allclose(x, (g.numpy() * 2 + a.numpy()).transpose(1, 0, 2), rtol=1e-6, atol=1e-6)
         np.testing.assert_allclose(y, np.exp2(g.numpy() - a.numpy()).transpose(1, 0, 2), rtol=2e-6)
     assert TRACES.hits + TRACES.traced > before
+
+
+@pytest.mark.skipif("OPENCL" not in DEVICES, reason="no OpenCL platform")
+def test_opencl_runs_siblings_as_one_kernel_too():
+    """The OpenCL device's stage merges as the LLVM device's does (its own lowering choices): a
+    layer norm's dw and db, and an Adam-style update, against EQGRAD_MERGE=0 and torch/NumPy."""
+    import torch
+    rng = np.random.default_rng(5)
+    d = "OPENCL"
+    x, w, b, dy = (Tensor(rng.standard_normal(s, dtype=np.float32), device=d).realize()
+                   for s in ((480, 384), (384,), (384,), (480, 384)))
+    g, m, v, p = (Tensor(rng.standard_normal((64, 80), dtype=np.float32), device=d).realize() for _ in range(4))
+    v = (v * v).realize()
+
+    def lnb():
+        xs, ws, bs = x.detach().requires_grad_(), w.detach().requires_grad_(), b.detach().requires_grad_()
+        (F.layer_norm(xs, (384,), ws, bs) * dy).sum().backward()
+        return [xs.grad, ws.grad, bs.grad]
+
+    def adam():
+        m2, v2 = m * 0.9 + g * 0.1, v * 0.999 + g * g * 0.001
+        return [m2, v2, p - 0.01 * (m2 / 0.1) / ((v2 / 0.001).sqrt() + 1e-8)]
+    outs, names, names0 = _both(lnb)
+    assert len(names) == len(names0) - 1
+    tx, tw, tb = (torch.tensor(t.numpy(), requires_grad=True) for t in (x, w, b))
+    (torch.nn.functional.layer_norm(tx, (384,), tw, tb) * torch.tensor(dy.numpy())).sum().backward()
+    for got, want in zip(outs, (tx.grad, tw.grad, tb.grad)):
+        np.testing.assert_allclose(got, want.numpy(), rtol=1e-4, atol=2e-4)
+    outs, names, names0 = _both(adam)
+    assert len(names) == 1 and len(names0) == 3
+    G, M, V, P = (t.numpy().astype(np.float64) for t in (g, m, v, p))
+    M2, V2 = M * 0.9 + G * 0.1, V * 0.999 + G * G * 0.001
+    np.testing.assert_allclose(outs[2], P - 0.01 * (M2 / 0.1) / (np.sqrt(V2 / 0.001) + 1e-8), rtol=1e-5, atol=1e-5)

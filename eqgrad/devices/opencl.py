@@ -30,9 +30,11 @@ from eqgrad.errors import CompileError, DeviceError
 from eqgrad.graph.caps import Capabilities
 from eqgrad.graph.plan import KernelPlan
 from eqgrad.ops import Shape, numel
-from eqgrad.devices import Buffer, Device
+from eqgrad.devices import Buffer, Device, DevicePlan
 from eqgrad.devices.cstyle import CSTYLE_OPS, INT_KINDS, SUPPORTED_KINDS, CStyleRenderer, one_program
 from eqgrad.lower.decomp import DECOMPOSITIONS
+from eqgrad.lower.merge import SiblingMerger
+from eqgrad.lower.passes import LowerOptions
 from eqgrad.counters import GlobalCounters, log_kernel, timing_kernels
 from eqgrad.cache import save_failed_source
 
@@ -138,6 +140,7 @@ class OpenCLDevice(Device):
                                  register_lanes=bool(self.device.type & cl.device_type.CPU),
                                  reduce_group=self.renderer.reduce_group)
         self.kernels: dict[str, Any] = {}          # compiled once per distinct source
+        self.merger = SiblingMerger()
         # a launch sets the kernel object's arguments, then enqueues it: two threads launching one
         # kernel (the same source is one object) must not interleave the two, or one runs with the
         # other's buffers (seen in tests/test_threads.py); copies and waits are thread-safe in OpenCL
@@ -224,7 +227,16 @@ class OpenCLDevice(Device):
         with self._launch_lock:
             knl(self.queue, gsize, lsize, *raws)
 
+    def rewrite(self, plan: KernelPlan) -> DevicePlan:
+        """The device's stage: sibling kernels run as one kernel with several outputs (lower/merge.py)."""
+        notes: list[str] = []
+        return DevicePlan(self.merger.merge(plan, LowerOptions.for_caps(self.caps), notes), [], notes)
+
     def prepare(self, plan: KernelPlan) -> Callable[[list[Buffer]], None]:
+        rewritten = self.rewrite(plan)
+        if config.DEBUG.value >= 3:
+            print(rewritten.describe(self.name))
+        plan = rewritten.plan
         rendered = [(k, *self.render_kernel(k, plan, self.renderer.render, "OpenCL C")) for k in plan.kernels]
         knls = self.build_kernels([(src, k) for k, _, src in rendered])
         steps = []
@@ -253,4 +265,5 @@ class OpenCLDevice(Device):
                 self.synchronize()
             except self.cl.Error as e:          # an error of a kernel that ran after its launch returned
                 raise self.failed(f"running kernel(s) {names}", e) from e
+        run.launches = len(steps)
         return run

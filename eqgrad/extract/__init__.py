@@ -124,7 +124,7 @@ def settings_key(device: str, settings: ExtractSettings | None = None) -> tuple:
       EQGRAD_CPU                 in for LLVM only: the compiled steps are machine code for that target
                                  (lowering itself does not read it: LLVM picks the vector width)
       EQGRAD_BLAS                in for LLVM only: it decides whether a contraction's step calls the BLAS
-      EQGRAD_MERGE               in for LLVM only: the compiled steps run sibling kernels as one
+      EQGRAD_MERGE               in: the compiled steps (LLVM, OpenCL) run sibling kernels as one
       rulebooks and schedule (EQGRAD_RULEBOOKS, EQGRAD_SCHEDULE, eqgrad.rules.use)
                                  in, as ``rules.key`` (a hash of the text of every file) next to this
       DEBUG                      out: it only prints
@@ -164,14 +164,15 @@ def _settings_key(device: str, s: ExtractSettings) -> tuple:
     extractor = s.extractor or config.EXTRACTOR.value
     ilp = (config.ILP_TIME.value, config.ILP_MAX_CLASSES.value) if extractor == "ilp" else None
     search = config.EXTRACT_TIME.value          # a search stopped at its limit may choose another plan
-    llvm = ((config.THREADS.value, config.BEAM.value, config.BEAM_TIME.value, config.CPU.value, config.BLAS.value,
-             config.MERGE.value) if device == "LLVM" else None)
+    llvm = ((config.THREADS.value, config.BEAM.value, config.BEAM_TIME.value, config.CPU.value, config.BLAS.value)
+            if device == "LLVM" else None)
     fn = s.cost_fn or default_cost
     try:
         hash(fn)
     except TypeError:               # a callable object without __hash__: while using() holds it, its id is its own
         fn = ("cost function", id(fn))
-    return (opt, sat, extractor, ilp, search, fn, cost_model(device, s).params, llvm, config.PEAK_MEMORY.value)
+    return (opt, sat, extractor, ilp, search, fn, cost_model(device, s).params, llvm, config.PEAK_MEMORY.value,
+            config.MERGE.value)
 
 
 @contextlib.contextmanager

@@ -171,7 +171,7 @@ class Kernel:
     stats: KernelStats | None = None
     # more buffers written, by a kernel whose body is a GROUP of roots (one per output: ``out`` the
     # first root's, these the others', in order) that share the output loops (a device's stage
-    # merges sibling kernels so, devices/cpustage.py ``merge_siblings``)
+    # merges sibling kernels so, lower/merge.py)
     also: tuple[int, ...] = ()
 
     @property

@@ -1,0 +1,218 @@
+"""Kernels with several outputs: sibling kernels of a plan run as one (a device's stage).
+
+A plan's kernels each write one buffer. Kernels of one output shape that read a buffer in common
+(a layer norm's ``dw`` and ``db``, both sums over the rows of ``dy``), or where one reads what
+another writes only at the element it computes itself (an Adam step's parameter update, which
+reads the ``m`` and ``v`` the kernels before it wrote), are *siblings*: run as one kernel whose body
+is a GROUP of their roots (graph/plan.py), they read each shared buffer once and never read back
+what they wrote. The lowering (lowering.py) opens the output loops once and stores each root to
+its own output; the emitter renders a node once per element, so a root that another root holds is
+computed once. A device's stage runs :class:`SiblingMerger` on the extracted plan (the LLVM
+device's in devices/cpustage.py, OpenCL's in devices/opencl.py); ``EQGRAD_MERGE=0`` turns it off.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+from eqgrad import config
+from eqgrad.graph.plan import GROUP, Kernel, KernelPlan, KernelStats, KNode, NodeMemo
+from eqgrad.graph.sizes import ELEMENTWISE
+from eqgrad.lower.passes import LowerOptions, schedule_kernel
+from eqgrad.ops import numel
+
+
+class SiblingMerger:
+    """Merges sibling kernels (``merge``), keeping what it worked out per kernel body."""
+
+    def __init__(self) -> None:
+        self._schedule_memo = NodeMemo()     # body -> (options, its lowering decisions alone)
+        # body -> {ids of the bodies of a group it may join: (options, those bodies, whether it may)}
+        self._group_memo = NodeMemo()
+
+    def merge(self, plan: KernelPlan, options: LowerOptions, notes: list[str] | None = None,
+              exclude: Callable[[Kernel], bool] | None = None) -> KernelPlan:
+        """The plan with *sibling* kernels -- of one output shape, reading a buffer in common, or one
+        reading what another writes only at the element it computes itself, where that output is
+        also an output of the plan or read by a later kernel -- run as one kernel with
+        several outputs: a GROUP of their roots in one loop nest (graph/plan.py ``Kernel.also``),
+        which reads each shared buffer once, and where a root that read another's output has that
+        root in its place (computed once per element, stored, and used from a register). A layer
+        norm's backward sums its weight's and its bias's gradients over the rows of the same ``dy``
+        (two column sums reading ``dy`` twice); an Adam step writes ``m`` and ``v`` and then reads
+        them back with its gradient to update the parameter: one kernel, 10 -> 7 tensor passes. The
+        merged kernel runs where the last of them ran, so no kernel between them may read what an
+        earlier one wrote; and only kernels the lowering gives the same decisions alone and together
+        are merged (register lanes, the parallel loops; none with row fusion, a stash or a cache
+        tile, none that ``exclude`` names: the LLVM device's BLAS calls), so each root's loop IR is
+        what it was, in a shared loop nest. What it saves is the shared buffers' bytes and a
+        launch: the bytes the cost model prices a kernel by (extract/cost.py), so a merge never
+        costs more there, and the merged kernel's ``nbytes`` and ``predicted`` say what it saved."""
+        kernels = plan.kernels
+        # (EQGRAD_OPT=0: one kernel per op, as extracted)
+        if len(kernels) < 2 or not config.MERGE.value or not config.OPT.value:
+            return plan
+        readers: dict[int, list[int]] = {}                # buffer -> the kernels that read it, in order
+        for i, k in enumerate(kernels):
+            for b in k.inputs:
+                readers.setdefault(b, []).append(i)
+        outputs = set(plan.outputs)
+        groups: list[list[int]] = []                       # kernel indices run as one, in plan order
+        open_by_shape: dict[tuple, list[int]] = {}         # output shape -> indices into groups
+        for j, k in enumerate(kernels):
+            # (the cheap conditions first: a resized plan's stage runs at every new size)
+            if k.also or not k.inputs or not any(n > 1 for n in k.ast.shape) or (exclude is not None and exclude(k)):
+                continue
+            for gi in reversed(open_by_shape.get(k.ast.shape, [])):
+                g = groups[gi]
+                if self._joins(g, j, kernels, readers, outputs, plan, options):
+                    g.append(j)
+                    break
+            else:
+                open_by_shape.setdefault(k.ast.shape, []).append(len(groups))
+                groups.append([j])
+        merged = {g[-1]: g for g in groups if len(g) > 1}
+        if not merged:
+            return plan
+        skip = {i for g in merged.values() for i in g[:-1]}
+        out = []
+        for j, k in enumerate(kernels):
+            if j in skip:
+                continue
+            if j not in merged:
+                out.append(k)
+                continue
+            members = [kernels[i] for i in merged[j]]
+            mk = _merged(members, plan)
+            out.append(mk)
+            if notes is not None:
+                saved = sum(_traffic(m, plan) for m in members) - _traffic(mk, plan)
+                notes.append(f"{', '.join(k.name for k in members)}: one kernel with {len(members)} outputs "
+                             f"({mk.ast.shape} each), their common reads done once ({saved} bytes fewer)")
+        return KernelPlan(plan.buffers, plan.n_inputs, out, plan.outputs, plan.predicted, plan.notes)
+
+    def _schedule(self, k, options: LowerOptions) -> tuple[_Decisions, int]:
+        """The lowering's decisions for ``k`` alone (``_decisions``) and how many of its sums are
+        blocked, kept by its body."""
+        hit = self._schedule_memo.get(k.ast)
+        if hit is None or hit[0] != options:
+            s = schedule_kernel(k, options)
+            hit = (options, (_decisions(s), len(s.blocked)))
+            self._schedule_memo.put(k.ast, hit)
+        return hit[1]
+
+    def _joins(self, g: list[int], j: int, kernels: list, readers: dict[int, list[int]], outputs: set[int],
+               plan: KernelPlan, options: LowerOptions) -> bool:
+        """Whether kernel ``j`` may join group ``g`` (``merge``): a buffer read in common or a
+        member's output read only at the element it computes, no kernel between them reading a
+        member's output, and the same lowering decisions alone and together, none of them row fusion,
+        a stash, a tile or a split (``_decisions``; worked out once per set of bodies)."""
+        k = kernels[j]
+        members = [kernels[i] for i in g]
+        fed = {m.out for m in members} & set(k.inputs)
+        if fed and not _reads_at_its_index(k.ast, fed):
+            return False                            # k reads what a member writes elsewhere than its element
+        # a member's output that k reads is also an output of the plan or read after k: where k alone
+        # reads it, extraction chose to store it (a cost, ``contiguous()``, a schedule without
+        # fusion), and taking its root into k would undo that choice, not share a value
+        if any(b not in outputs and all(r <= j for r in readers.get(b, ())) for b in fed):
+            return False
+        if not fed and not set(k.inputs) & {b for m in members for b in m.inputs}:
+            return False                            # nothing to read once
+        for m_i in g:                               # none between a member and k reads the member
+            if any(m_i < r < j for r in readers.get(kernels[m_i].out, ())):
+                return False
+        want, blocked = self._schedule(k, options)
+        if want.hoist or want.stash or want.tile is not None or want.split:
+            return False
+        for m in members:
+            d, n = self._schedule(m, options)
+            if d != want:
+                return False
+            blocked += n
+        bodies = tuple(m.ast for m in members)
+        memo = self._group_memo.get(k.ast)
+        hit = memo.get(tuple(map(id, bodies))) if memo is not None else None
+        if hit is not None and hit[0] == options and all(a is b for a, b in zip(hit[1], bodies)):
+            return hit[2]
+        got = schedule_kernel(_merged(members + [k], plan), options)
+        ok = _decisions(got) == want and len(got.blocked) == blocked     # (each root's long sums blocked)
+        if any(b is k.ast for b in bodies):         # (a memo's value must not hold its key)
+            return ok
+        if memo is None:
+            memo = {}
+            self._group_memo.put(k.ast, memo)
+        if len(memo) >= 16:
+            memo.clear()
+        memo[tuple(map(id, bodies))] = (options, bodies, ok)
+        return ok
+
+
+class _Decisions(NamedTuple):
+    """What of a schedule must be the same for a kernel alone and in a GROUP (``SiblingMerger.merge``;
+    the GROUP's blocked sums are its roots' together)."""
+    lanes: tuple
+    parallel: int
+    hoist: bool
+    stash: bool
+    tile: Any
+    split: bool
+    sum_block: int
+    sum_radix: int
+
+
+def _decisions(s: Any) -> _Decisions:
+    return _Decisions(s.lanes, s.parallel, bool(s.hoist), s.stash is not None, s.tile, s.split is not None,
+                      s.sum_block, s.sum_radix)
+
+
+def _traffic(k: Kernel, plan: KernelPlan) -> int:
+    """The bytes of every buffer ``k`` writes or reads, once each (the cost model's count)."""
+    return sum(numel(plan.buffers[b][0]) * plan.buffers[b][1].itemsize for b in k.params)
+
+
+def _reads_at_its_index(root: KNode, bufs: set[int]) -> bool:
+    """Whether every read of ``bufs`` in the body ``root`` is at the element the root computes:
+    reached from the root through elementwise ops only (no movement, reduction or pad on the way)."""
+    stack, seen = [(root, True)], set()
+    while stack:
+        n, here = stack.pop()
+        if (id(n), here) in seen:
+            continue
+        seen.add((id(n), here))
+        if n.op == "BUF":
+            if n.arg in bufs and (not here or n.shape != root.shape):
+                return False
+            continue
+        here = here and n.op in ELEMENTWISE
+        stack.extend((x, here) for x in n.src)
+    return True
+
+
+def _merged(members: list, plan: KernelPlan) -> Kernel:
+    """One kernel running ``members`` (of one output shape, in plan order): their roots as a GROUP,
+    a member's reads of an earlier member's output replaced by that member's root (the emitter
+    computes a node once per element, so its value is shared, not read back), its outputs the
+    members' in order, its inputs the GROUP's reads; bytes as the cost model counts them (every
+    buffer read or written once), FLOPs and kinds summed."""
+    roots: list[KNode] = []
+    made: dict[int, KNode] = {}                  # an earlier member's output -> its root
+    for m in members:
+        subs = {id(n): made[n.arg] for n in m.ast.walk() if n.op == "BUF" and n.arg in made}
+        roots.append(m.ast.replaced(subs) if subs else m.ast)
+        made[m.out] = roots[-1]
+    ast = KNode(GROUP, tuple(roots), None, members[0].ast.shape, members[0].ast.dtype)
+    inputs = ast.buffers()
+    first = members[0]
+    nbytes = sum(numel(plan.buffers[b][0]) * plan.buffers[b][1].itemsize
+                 for b in (*(m.out for m in members), *inputs))
+    before = sum(_traffic(m, plan) for m in members)
+    stats = None
+    if all(m.stats is not None for m in members):
+        st = [m.stats for m in members]
+        stats = KernelStats(float(nbytes), sum(x.flops for x in st), sum(x.nodes for x in st),
+                            sum(x.cflops for x in st), min(x.fill for x in st), 0.0)
+    # its prediction: the members' less the share of their bytes it does not move
+    total = sum(m.predicted for m in members) * min(1.0, nbytes / max(1, before))
+    return Kernel("+".join(m.name for m in members), first.out, ast, inputs, total, nbytes,
+                  sum(m.flops for m in members), tuple(sorted({x for m in members for x in m.kind})), stats,
+                  tuple(m.out for m in members[1:]))
