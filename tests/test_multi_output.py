@@ -45,6 +45,39 @@ def _both(make) -> tuple[list[np.ndarray], list[str], list[str]]:
     return merged, names, names0
 
 
+def _layer_norm_backward(x: Tensor, w: Tensor, b: Tensor, dy: Tensor):
+    """A program making d/dx, d/dw, d/db of sum(layer_norm(x, w, b) * dy), and a check of them
+    against torch."""
+    import torch
+    n = x.shape[-1]
+
+    def make():
+        xs, ws, bs = x.detach().requires_grad_(), w.detach().requires_grad_(), b.detach().requires_grad_()
+        (F.layer_norm(xs, (n,), ws, bs) * dy).sum().backward()
+        return [xs.grad, ws.grad, bs.grad]
+
+    def check(outs: list[np.ndarray], atol: float) -> None:
+        tx, tw, tb = (torch.tensor(t.numpy(), requires_grad=True) for t in (x, w, b))
+        (torch.nn.functional.layer_norm(tx, (n,), tw, tb) * torch.tensor(dy.numpy())).sum().backward()
+        for got, want in zip(outs, (tx.grad, tw.grad, tb.grad)):
+            np.testing.assert_allclose(got, want.numpy(), rtol=1e-4, atol=atol)
+    return make, check
+
+
+def _adam_update(g: Tensor, m: Tensor, v: Tensor, p: Tensor):
+    """A program making an Adam-style update (m, v, then the parameter from them), and a check of
+    the parameter against NumPy in float64."""
+    def make():
+        m2, v2 = m * 0.9 + g * 0.1, v * 0.999 + g * g * 0.001
+        return [m2, v2, p - 0.01 * (m2 / 0.1) / ((v2 / 0.001).sqrt() + 1e-8)]
+
+    def check(outs: list[np.ndarray]) -> None:
+        G, M, V, P = (t.numpy().astype(np.float64) for t in (g, m, v, p))
+        M2, V2 = M * 0.9 + G * 0.1, V * 0.999 + G * G * 0.001
+        np.testing.assert_allclose(outs[2], P - 0.01 * (M2 / 0.1) / (np.sqrt(V2 / 0.001) + 1e-8), rtol=1e-5, atol=1e-5)
+    return make, check
+
+
 def test_siblings_that_read_a_buffer_in_common_run_as_one_kernel():
     g, m, v = _t(64, 48), _t(64, 48), _t(64, 48)
     (m2, v2), names, names0 = _both(lambda: [m * 0.9 + g * 0.1, v * 0.999 + g * g * 0.001])
@@ -87,17 +120,10 @@ def test_a_kernel_that_reads_its_siblings_outputs_at_its_element_takes_their_roo
     and v at its own element: one kernel computes m and v once, stores them, and uses them for p
     (its parameters: the three outputs, then what they read, never m or v)."""
     g, m, v, p = _t(64, 80), _t(64, 80), _t(64, 80), _t(64, 80)
-    v = (v * v).realize()
-
-    def make():
-        m2 = m * 0.9 + g * 0.1
-        v2 = v * 0.999 + g * g * 0.001
-        return [m2, v2, p - 0.01 * (m2 / 0.1) / ((v2 / 0.001).sqrt() + 1e-8)]
+    make, check = _adam_update(g, m, (v * v).realize(), p)
     outs, names, names0 = _both(make)
     assert len(names) == 1 and names[0].count("+") == 2 and len(names0) == 3
-    G, M, V, P = (t.numpy().astype(np.float64) for t in (g, m, v, p))
-    M2, V2 = M * 0.9 + G * 0.1, V * 0.999 + G * G * 0.001
-    np.testing.assert_allclose(outs[2], P - 0.01 * (M2 / 0.1) / (np.sqrt(V2 / 0.001) + 1e-8), rtol=1e-5, atol=1e-5)
+    check(outs)
     text = str(eqgrad.explain(*make()))
     assert "one kernel with 3 outputs" in text
 
@@ -134,21 +160,10 @@ def test_layer_norm_backward_sums_its_weight_and_bias_gradients_in_one_kernel():
     """At (480, 384) the extracted plan sums dw = sum(dy * xhat) and db = sum(dy) over the rows in
     two kernels that both read dy (the default cost model; a smaller tensor gets another plan, whose
     dw reads a kernel's output instead, and no siblings)."""
-    import torch
-    x, w, b, dy = _t(480, 384), _t(384), _t(384), _t(480, 384)
-
-    def make():
-        xs = x.detach().requires_grad_()
-        ws = w.detach().requires_grad_()
-        bs = b.detach().requires_grad_()
-        (F.layer_norm(xs, (384,), ws, bs) * dy).sum().backward()
-        return [xs.grad, ws.grad, bs.grad]
+    make, check = _layer_norm_backward(_t(480, 384), _t(384), _t(384), _t(480, 384))
     outs, names, names0 = _both(make)
     assert len(names) == len(names0) - 1
-    tx, tw, tb = (torch.tensor(t.numpy(), requires_grad=True) for t in (x, w, b))
-    (torch.nn.functional.layer_norm(tx, (384,), tw, tb) * torch.tensor(dy.numpy())).sum().backward()
-    for got, want in zip(outs, (tx.grad, tw.grad, tb.grad)):
-        np.testing.assert_allclose(got, want.numpy(), rtol=1e-4, atol=1e-4)
+    check(outs, 1e-4)
     text = str(eqgrad.explain(*make()))
     assert "one kernel with 2 outputs" in text and "their common reads done once" in text
 
@@ -230,30 +245,16 @@ def test_a_group_body_has_a_structure_and_a_trace_at_new_sizes():
 def test_opencl_runs_siblings_as_one_kernel_too():
     """The OpenCL device's stage merges as the LLVM device's does (its own lowering choices): a
     layer norm's dw and db, and an Adam-style update, against EQGRAD_MERGE=0 and torch/NumPy."""
-    import torch
     rng = np.random.default_rng(5)
     d = "OPENCL"
     x, w, b, dy = (Tensor(rng.standard_normal(s, dtype=np.float32), device=d).realize()
                    for s in ((480, 384), (384,), (384,), (480, 384)))
     g, m, v, p = (Tensor(rng.standard_normal((64, 80), dtype=np.float32), device=d).realize() for _ in range(4))
-    v = (v * v).realize()
-
-    def lnb():
-        xs, ws, bs = x.detach().requires_grad_(), w.detach().requires_grad_(), b.detach().requires_grad_()
-        (F.layer_norm(xs, (384,), ws, bs) * dy).sum().backward()
-        return [xs.grad, ws.grad, bs.grad]
-
-    def adam():
-        m2, v2 = m * 0.9 + g * 0.1, v * 0.999 + g * g * 0.001
-        return [m2, v2, p - 0.01 * (m2 / 0.1) / ((v2 / 0.001).sqrt() + 1e-8)]
-    outs, names, names0 = _both(lnb)
+    make, check = _layer_norm_backward(x, w, b, dy)
+    outs, names, names0 = _both(make)
     assert len(names) == len(names0) - 1
-    tx, tw, tb = (torch.tensor(t.numpy(), requires_grad=True) for t in (x, w, b))
-    (torch.nn.functional.layer_norm(tx, (384,), tw, tb) * torch.tensor(dy.numpy())).sum().backward()
-    for got, want in zip(outs, (tx.grad, tw.grad, tb.grad)):
-        np.testing.assert_allclose(got, want.numpy(), rtol=1e-4, atol=2e-4)
-    outs, names, names0 = _both(adam)
+    check(outs, 2e-4)
+    make, check = _adam_update(g, m, (v * v).realize(), p)
+    outs, names, names0 = _both(make)
     assert len(names) == 1 and len(names0) == 3
-    G, M, V, P = (t.numpy().astype(np.float64) for t in (g, m, v, p))
-    M2, V2 = M * 0.9 + G * 0.1, V * 0.999 + G * G * 0.001
-    np.testing.assert_allclose(outs[2], P - 0.01 * (M2 / 0.1) / (np.sqrt(V2 / 0.001) + 1e-8), rtol=1e-5, atol=1e-5)
+    check(outs)
