@@ -249,6 +249,10 @@ class KernelPlan:
     predicted: float = 0.0
     notes: list[str] = field(default_factory=list)
 
+    def traffic(self, k: Kernel) -> int:
+        """The bytes of the buffers kernel ``k`` writes and reads, each once (``Kernel.params``)."""
+        return sum(math.prod(self.buffers[b][0]) * self.buffers[b][1].itemsize for b in k.params)
+
     def describe(self) -> str:
         lines = [f"plan: {len(self.kernels)} kernel(s), predicted {self.predicted*1e6:.1f} us"]
         for k in self.kernels:

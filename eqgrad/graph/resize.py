@@ -57,7 +57,7 @@ from eqgrad.graph.plan import Kernel, KernelPlan, KNode, NodeMemo, check_plan, i
 from eqgrad.graph.program import Program
 from eqgrad.graph.sizes import (BOUNDARY, ELEMENTWISE, PAIR_ARG, SHAPE_ARG, ProgramSizes, body_sizes, known_op,
                                 program_sizes)
-from eqgrad.ops import OPS, REDUCE_OPS, Shape, attr_error, numel
+from eqgrad.ops import OPS, REDUCE_OPS, attr_error, numel
 
 # Each propagation step that must enumerate combinations of ambiguous sizes tries at most this many;
 # beyond it the sizes stay unpinned and the resize is refused (a bound on the work, not a tuning).
@@ -490,7 +490,7 @@ class _Resizer:
         for k, ko, order, new_order, still in zip(out.kernels, plan.kernels, self.orders, self.new_orders, self.still):
             if still:
                 continue
-            k.nbytes = _rescale(ko.nbytes, _traffic(ko, plan.buffers), _traffic(k, out.buffers))
+            k.nbytes = _rescale(ko.nbytes, plan.traffic(ko), out.traffic(k))
             k.flops = _rescale(ko.flops, _work(order), _work(new_order))
             if ko.stats is not None:      # what the cost function would read at the new sizes, rescaled alike
                 r = k.flops / ko.flops if ko.flops else 1.0
@@ -546,10 +546,6 @@ def _body(ast: KNode) -> tuple[bool, tuple[KNode, ...], tuple[KNode, ...]]:
         if ast.src:
             _BODIES.put(ast, hit)
     return hit
-
-
-def _traffic(k: Kernel, buffers: list[tuple[Shape, DType]]) -> int:
-    return sum(numel(buffers[b][0]) * buffers[b][1].itemsize for b in (k.out, *k.inputs))
 
 
 def _work(order: list[KNode]) -> int:

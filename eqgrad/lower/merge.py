@@ -18,7 +18,6 @@ from eqgrad import config
 from eqgrad.graph.plan import GROUP, Kernel, KernelPlan, KernelStats, KNode, NodeMemo
 from eqgrad.graph.sizes import ELEMENTWISE
 from eqgrad.lower.passes import LowerOptions, schedule_kernel
-from eqgrad.ops import numel
 
 
 class SiblingMerger:
@@ -85,7 +84,7 @@ class SiblingMerger:
             mk = _merged(members, plan)
             out.append(mk)
             if notes is not None:
-                saved = sum(_traffic(m, plan) for m in members) - _traffic(mk, plan)
+                saved = sum(plan.traffic(m) for m in members) - mk.nbytes
                 notes.append(f"{', '.join(k.name for k in members)}: one kernel with {len(members)} outputs "
                              f"({mk.ast.shape} each), their common reads done once ({saved} bytes fewer)")
         return KernelPlan(plan.buffers, plan.n_inputs, out, plan.outputs, plan.predicted, plan.notes)
@@ -165,11 +164,6 @@ def _decisions(s: Any) -> _Decisions:
                       s.sum_block, s.sum_radix)
 
 
-def _traffic(k: Kernel, plan: KernelPlan) -> int:
-    """The bytes of every buffer ``k`` writes or reads, once each (the cost model's count)."""
-    return sum(numel(plan.buffers[b][0]) * plan.buffers[b][1].itemsize for b in k.params)
-
-
 def _reads_at_its_index(root: KNode, bufs: set[int]) -> bool:
     """Whether every read of ``bufs`` in the body ``root`` is at the element the root computes:
     reached from the root through elementwise ops only (no movement, reduction or pad on the way)."""
@@ -201,18 +195,14 @@ def _merged(members: list, plan: KernelPlan) -> Kernel:
         roots.append(m.ast.replaced(subs) if subs else m.ast)
         made[m.out] = roots[-1]
     ast = KNode(GROUP, tuple(roots), None, members[0].ast.shape, members[0].ast.dtype)
-    inputs = ast.buffers()
-    first = members[0]
-    nbytes = sum(numel(plan.buffers[b][0]) * plan.buffers[b][1].itemsize
-                 for b in (*(m.out for m in members), *inputs))
-    before = sum(_traffic(m, plan) for m in members)
-    stats = None
+    k = Kernel("+".join(m.name for m in members), members[0].out, ast, ast.buffers(),
+               flops=sum(m.flops for m in members), kind=tuple(sorted({x for m in members for x in m.kind})),
+               also=tuple(m.out for m in members[1:]))
+    k.nbytes = plan.traffic(k)
+    # its prediction: the members' less the share of their bytes it does not move
+    k.predicted = sum(m.predicted for m in members) * min(1.0, k.nbytes / max(1, sum(map(plan.traffic, members))))
     if all(m.stats is not None for m in members):
         st = [m.stats for m in members]
-        stats = KernelStats(float(nbytes), sum(x.flops for x in st), sum(x.nodes for x in st),
-                            sum(x.cflops for x in st), min(x.fill for x in st), 0.0)
-    # its prediction: the members' less the share of their bytes it does not move
-    total = sum(m.predicted for m in members) * min(1.0, nbytes / max(1, before))
-    return Kernel("+".join(m.name for m in members), first.out, ast, inputs, total, nbytes,
-                  sum(m.flops for m in members), tuple(sorted({x for m in members for x in m.kind})), stats,
-                  tuple(m.out for m in members[1:]))
+        k.stats = KernelStats(float(k.nbytes), sum(x.flops for x in st), sum(x.nodes for x in st),
+                              sum(x.cflops for x in st), min(x.fill for x in st), 0.0)
+    return k
