@@ -19,7 +19,7 @@ class GlobalCounters:
     saturations = 0
     disk_hits = 0             # plans read from the disk cache (no saturation, no extraction)
     plans_resized = 0         # plan cache misses served by resizing a plan of other sizes (graph/resize.py)
-    kernels_compiled = 0      # LLVM kernels optimized and compiled to object code (devices/llvm.py)
+    kernels_compiled = 0      # kernels compiled to machine code: LLVM's object code (devices/llvm.py), OpenCL's builds
     kernel_disk_hits = 0      # LLVM kernels whose object code was read from disk (devices/kernelcache.py)
     lowered_disk_hits = 0     # LLVM kernels whose source was read from disk instead of lowered (the same)
     # seconds spent in compile_plan's phases, summed over its calls: saturation (with inserting

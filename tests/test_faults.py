@@ -268,8 +268,10 @@ def test_opencl_kernel_that_fails_to_compile_names_kernel_device_and_source(monk
     from eqgrad.devices.opencl import OpenCLRenderer
     real = OpenCLRenderer.render
     # a statement the OpenCL C compiler rejects, before the kernel's closing brace
-    monkeypatch.setattr(OpenCLRenderer, "render", lambda self, lk: real(self, lk).rstrip()[:-1] + "  undeclared_x = 1;\n}\n")
+    monkeypatch.setattr(OpenCLRenderer, "render",
+                        lambda self, lk, sized=None: real(self, lk, sized).rstrip()[:-1] + "  undeclared_x = 1;\n}\n")
     engine.clear_cache()
+    eqgrad.devices.get_device("OPENCL").families.clear()     # (a family built before runs without rendering)
     with pytest.raises(eqgrad.CompileError, match=r"OPENCL device: kernel k0 .* failed to compile: .*error.*"
                                                    r"its OpenCL C was written to") as e:
         (Tensor(np.ones((3, 3), np.float32), device="OPENCL") * 17 + 3).realize()
@@ -288,11 +290,12 @@ def test_opencl_kernel_that_fails_among_others_is_named(monkeypatch, tmp_path):
     from eqgrad.devices.opencl import OpenCLRenderer
     real = OpenCLRenderer.render
 
-    def render(self, lk):
-        src = real(self, lk)             # the reduction kernel only: one that loops
+    def render(self, lk, sized=None):
+        src = real(self, lk, sized)      # the reduction kernel only: one that loops
         return src.rstrip()[:-1] + "  undeclared_y = 1;\n}\n" if "for (" in src else src
     monkeypatch.setattr(OpenCLRenderer, "render", render)
     engine.clear_cache()
+    eqgrad.devices.get_device("OPENCL").families.clear()
     x = Tensor(X, device="OPENCL")
     y = (x * 3.5 + 0.25).exp2()
     z = y.sum(1, keepdim=True) + y     # a row sum and an elementwise kernel

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import pytest
@@ -21,15 +22,17 @@ from eqgrad.devices.sizeargs import CONCRETE_SIZES, SPECULATE_MIN, Families, Siz
 from eqgrad.graph.loopir import INDEX, LInst, LoopKernel
 from eqgrad.dtype import float32
 
+from conftest import DEVICES
 
-def decode(T: int, D: int = 8, seed: int = 0) -> tuple[list[Tensor], list[np.ndarray]]:
+
+def decode(T: int, D: int = 8, seed: int = 0, device: str | None = None) -> tuple[list[Tensor], list[np.ndarray]]:
     """One decode step over a cache of length T that grows by ``cat``: attention of one query, and
     the cache flipped and padded (index divisions whose numerators are negative at some positions:
     floor division by a size that is now a runtime value). Returns the tensors and NumPy's answers."""
     rng = np.random.default_rng(seed + T)
     cache, new, q = (rng.standard_normal(s).astype(np.float32) for s in ((1, T, D), (1, 1, D), (1, 1, D)))
-    k = Tensor(cache).cat(Tensor(new), dim=1)
-    att = ((Tensor(q) @ k.transpose(-1, -2)) * (1 / np.sqrt(D))).softmax(-1) @ k
+    k = Tensor(cache, device=device).cat(Tensor(new, device=device), dim=1)
+    att = ((Tensor(q, device=device) @ k.transpose(-1, -2)) * (1 / np.sqrt(D))).softmax(-1) @ k
     side = k.flip(1).pad(((0, 0), (2, 1), (0, 0))).reshape(1, -1).sum(1)
     kn = np.concatenate([cache, new], axis=1)
     s = q @ kn.transpose(0, 2, 1) / np.sqrt(D)
@@ -38,12 +41,12 @@ def decode(T: int, D: int = 8, seed: int = 0) -> tuple[list[Tensor], list[np.nda
     return [att, side, k], [(e / e.sum(-1, keepdims=True)) @ kn, want_side, kn]
 
 
-def run_steps(lengths) -> list[int]:
+def run_steps(lengths, device: str | None = None) -> list[int]:
     """Realize decode steps at these cache lengths; check each against NumPy; return the kernels
     compiled per step."""
     compiled = []
     for T in lengths:
-        ts, want = decode(T)
+        ts, want = decode(T, device=device)
         c0 = GlobalCounters.kernels_compiled
         eqgrad.realize(*ts)
         compiled.append(GlobalCounters.kernels_compiled - c0)
@@ -284,3 +287,92 @@ def test_a_prepare_works_out_each_kernels_structure_once(fresh_llvm, monkeypatch
     assert len(plan.kernels) >= 2 and calls
     assert len(calls) == len(set(calls)), "a kernel's structure was computed twice in one prepare"
     assert get_device("LLVM")._structures == {}, "the memo is the prepare's only"
+
+
+# ------------------------------------------------------------------ OpenCL: sized OpenCL C programs
+
+HAS_OPENCL = "OPENCL" in DEVICES
+needs_opencl = pytest.mark.skipif(not HAS_OPENCL, reason="no OpenCL platform")
+
+
+@pytest.fixture
+def fresh_opencl():
+    engine.clear_cache()
+    get_device("OPENCL").families.clear()
+    yield
+    engine.clear_cache()
+
+
+@needs_opencl
+def test_opencl_a_growing_cache_compiles_its_kernels_once_more_then_never(fresh_opencl):
+    """As on the CPU: a decode step's kernels build OpenCL programs for the first lengths, then a
+    sized program per family, and from then on a new length builds nothing (each build of PoCL
+    ~85 ms: a growing cache's step took ~420 ms, now ~3 ms)."""
+    compiled = run_steps(range(5, 21), device="OPENCL")
+    assert compiled[0] > 0 and compiled[1] > 0, compiled
+    later = compiled[5:]
+    assert sum(c == 0 for c in later) >= len(later) - 2 and sum(later) <= compiled[0], compiled
+
+
+def _cases(n: int, rng: np.random.Generator) -> list[tuple[Callable[..., Tensor], Callable[..., np.ndarray], list[np.ndarray]]]:
+    """Programs whose kernels' sizes change with ``n``, covering the launch forms of the OpenCL
+    renderer (CStyleRenderer.launch): a grid whose extents are not multiples of the group (its
+    bounds check), more than two parallel loops (delinearized from one id), a long reduction done
+    by a work-group, floor division and modulo by sizes."""
+    f = lambda *s: rng.standard_normal(s).astype(np.float32)
+    a, b, c, d = f(3, n, 5, 7), f(n, 300), f(n + 2, 9), f(2 * n + 1)
+    return [
+        (lambda x: (x.permute(2, 0, 3, 1) * 2 + 1).exp2(), lambda x: np.exp2(x.transpose(2, 0, 3, 1) * 2 + 1), [a]),
+        (lambda x: x.sum(1), lambda x: x.sum(1), [b]),                                   # rows: one group each
+        (lambda x: x.sum(0), lambda x: x.sum(0), [b]),
+        (lambda x: x.flip(0).pad(((1, 2), (0, 0))).reshape(-1, 3).amax(1),
+         lambda x: np.pad(x[::-1], ((1, 2), (0, 0))).reshape(-1, 3).max(1), [c]),
+        (lambda x: x.reshape(1, -1).expand(3, -1).T.contiguous() * 3,
+         lambda x: np.broadcast_to(x.reshape(1, -1), (3, x.size)).T * 3, [d]),
+    ]
+
+
+@needs_opencl
+def test_opencl_sized_programs_give_numpys_numbers_at_every_size(fresh_opencl, monkeypatch):
+    """Each case at six sizes (the last ones run the families' sized programs), against NumPy and
+    against the code built for each size alone (EQGRAD_SIZE_ARGS=0)."""
+    got: dict[str, list] = {}
+    for flag in ("1", "0"):
+        monkeypatch.setenv("EQGRAD_SIZE_ARGS", flag)
+        engine.clear_cache()
+        get_device("OPENCL").families.clear()
+        outs, sized = [], 0
+        for n in (4, 6, 9, 13, 20, 33):
+            rng = np.random.default_rng(n)
+            for fn, ref, xs in _cases(n, rng):
+                out = fn(*[Tensor(x, device="OPENCL") for x in xs]).numpy()
+                np.testing.assert_allclose(out, ref(*xs), rtol=1e-5, atol=1e-5)
+                outs.append(out)
+        got[flag] = outs
+        sized = sum(bool(f.sized) for f in get_device("OPENCL").families._items.values())
+        assert (sized > 0) == (flag == "1"), sized
+    for x, y in zip(got["1"], got["0"]):
+        np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-6)
+
+
+@needs_opencl
+def test_opencl_sized_source_reads_its_sizes_from_an_argument():
+    """The renderer's sized form: the positions it is given are ``sz[slot]`` (a loop's extent, an
+    index constant, a work-item's bounds check and its delinearization), the argument is last."""
+    dev = get_device("OPENCL")
+    lk = kernel(40, 5, split=7)
+    dk, shape = dev.families.shape_of(lk)
+    assert shape.values == (7, 40, 5)                   # the work-items' extent is a size on OpenCL
+    sized = {p: j for j, p in enumerate(shape.positions)}
+    src = dev.renderer.render(dk, sized)
+    assert "const long* restrict sz)" in src and "sz[0]" in src and "sz[1]" in src and "sz[2]" in src
+    assert "40" not in src and dev.renderer.render(dk) != src
+    with pytest.raises(ValueError, match="decomposed"):
+        dev.renderer.render(_needs_decomposing(), {2: 0})
+
+
+def _needs_decomposing() -> LoopKernel:
+    I = [LInst("PARAM", float32, (), 0), LInst("PARAM", float32, (), 1), LInst("RANGE", INDEX, (), 4),
+         LInst("LOAD", float32, (1, 2)), LInst("EXP2", float32, (3,)), LInst("STORE", None, (0, 2, 4)),
+         LInst("ENDRANGE", None, (2,))]
+    return LoopKernel("eqk", [("b0", float32, True), ("b1", float32, False)], I, parallel=1)

@@ -396,16 +396,23 @@ class CStyleRenderer:
         return Launch("grid", (grid[0] * l0, grid[1] * l1, e2), (l0, l1, 1))
 
     def _delinearize(self, par: list[int], k: LoopKernel, gid: str, put: Callable[[str], None],
-                     val: dict[int, str], kinds: dict[int, str]) -> None:
-        """Declare the loop variables of ``par`` (outermost first) from one linear id."""
-        decls, stride = [], 1
+                     val: dict[int, str], kinds: dict[int, str], sized: dict[int, int] | None = None) -> None:
+        """Declare the loop variables of ``par`` (outermost first) from one linear id. ``sized``: a
+        sized program's slots (``render``), whose extents are read from its argument ``sz``."""
+        sized = sized or {}
+        decls, lit, syms = [], 1, []       # the stride so far: a literal product times sized extents
         for r in reversed(par):                          # innermost varies fastest
-            e = k.insts[r].arg
-            q = gid if stride == 1 else f"{gid} / {self.const(stride, INDEX)}"
+            parts = ([self.const(lit, INDEX)] if lit != 1 or not syms else []) + syms
+            stride = None if lit == 1 and not syms else " * ".join(parts)
+            q = gid if stride is None else f"{gid} / {stride}" if len(parts) == 1 else f"{gid} / ({stride})"
             if r != par[0]:
-                q = f"{q} % {self.const(e, INDEX)}" if stride == 1 else f"({q}) % {self.const(e, INDEX)}"
+                e = f"sz[{sized[r]}]" if r in sized else self.const(k.insts[r].arg, INDEX)
+                q = f"{q} % {e}" if stride is None else f"({q}) % {e}"
             decls.append((r, q))
-            stride *= e
+            if r in sized:
+                syms.append(f"sz[{sized[r]}]")
+            else:
+                lit *= k.insts[r].arg
         for r, q in reversed(decls):
             val[r], kinds[r] = f"r{r}", INDEX
             put(f"{self.index_type} r{r} = {q};")
@@ -415,23 +422,31 @@ class CStyleRenderer:
         const = "" if written else "const "
         return f"{self.global_ptr}{const}{self.mem_type(kind)}* {self.restrict} b{i}"
 
-    def render(self, k: LoopKernel) -> str:
-        """C source of ``k``, after rewriting the ops ``code_for_op`` lacks (lower/decomp.py)."""
+    def render(self, k: LoopKernel, sized: dict[int, int] | None = None) -> str:
+        """C source of ``k``, after rewriting the ops ``code_for_op`` lacks (lower/decomp.py).
+        ``sized`` (instruction id -> slot, devices/sizeargs.py): a *sized* program, which reads
+        those index constants and loop extents from its last argument ``sz`` (``k`` must be
+        decomposed for this renderer already: the ids are its instructions')."""
         for x in (*(d for _, d, _ in k.params), *(x.dtype for x in k.insts)):
             if x is not None and _kind(x) not in self.supported_kinds:
                 # never wrong numbers: a dtype this renderer has no types and casts for is refused
                 raise DTypeError(f"the {self.name} device does not support {_kind(x)} yet (it supports "
                                  f"{', '.join(sorted(self.supported_kinds - {INDEX}))}; float64 needs cl_khr_fp64 "
                                  f"on OpenCL); use the LLVM or NUMPY device, or cast to a supported dtype")
-        k = decompose(k, self.code_for_op)
+        dk = decompose(k, self.code_for_op)
+        if sized and dk is not k:
+            raise ValueError("render: a sized program's loop kernel must be decomposed for the renderer first")
+        k = dk
         self.used: set[str] = set()
         self.tables: dict[str, tuple[Table, str]] = {}
-        body = _CKernel(self, k)
+        body = _CKernel(self, k, sized or {})
         for i, x in enumerate(k.insts):
             if i not in body.skip:
                 _STRUCTURE.get(x.op, _CKernel.value)(body, i, x)
         assert body.n_par_end == 0 and body.depth == 1, "unbalanced loops"
         params = ", ".join(self.param(i, _kind(d), w) for i, (_, d, w) in enumerate(k.params))
+        if sized:
+            params += f", {self.global_ptr}const {self.index_type}* {self.restrict} sz"
         helpers = self.helpers()
         head = "".join(helpers[h] + "\n" for h in sorted(self.used))
         if any(x.dtype == FLOAT64 for x in k.insts) and self.fp64_pragma:
@@ -453,8 +468,8 @@ class _CKernel:
     instruction (loops, accumulators, memory); every other instruction is its ``code_for_op`` rule,
     declared as a local ``v<id>``."""
 
-    def __init__(self, r: CStyleRenderer, k: LoopKernel) -> None:
-        self.r, self.k = r, k
+    def __init__(self, r: CStyleRenderer, k: LoopKernel, sized: dict[int, int]) -> None:
+        self.r, self.k, self.sized = r, k, sized
         self.val: dict[int, str] = {}
         self.kinds: dict[int, str] = {}
         self.lines: list[str] = []
@@ -472,6 +487,12 @@ class _CKernel:
         self.val[i], self.kinds[i] = f"v{i}", kind
         self.put(f"{self.r.reg_type(kind)} v{i} = {rhs};")
 
+    def size(self, i: int) -> str:
+        """Instruction ``i``'s size (an index constant's value, a loop's extent): the argument's
+        slot in a sized program, else the literal."""
+        slot = self.sized.get(i)
+        return self.r.const(self.k.insts[i].arg, INDEX) if slot is None else f"sz[{slot}]"
+
     def prologue(self, par: list[int]) -> None:
         """The parallel loops' variables from the work-item's ids, as ``launch`` maps them."""
         r, k, idx_t = self.r, self.k, self.r.index_type
@@ -483,11 +504,13 @@ class _CKernel:
                 self.put(f"{r.local_prefix} {r.reg_type(lk)} red_{lk}[{r.reduce_group}];")
             self.put(f"{idx_t} gid = {r.group_id};")
             self.put(f"{idx_t} lid = {r.local_id};")
-            r._delinearize(par, k, "gid", self.put, self.val, self.kinds)
+            r._delinearize(par, k, "gid", self.put, self.val, self.kinds, self.sized)
         elif geo.mode == "flat":
             self.put(f"{idx_t} gid = {r.global_id};")
-            self.put(f"if (gid >= {r.const(work_items(k), INDEX)}) return;")
-            r._delinearize(par, k, "gid", self.put, self.val, self.kinds)
+            n = " * ".join(self.size(p) for p in par) if any(p in self.sized for p in par) else \
+                r.const(work_items(k), INDEX)
+            self.put(f"if (gid >= {n}) return;")
+            r._delinearize(par, k, "gid", self.put, self.val, self.kinds, self.sized)
         elif par:
             inner = par[::-1][:2]                            # dimensions 0 and 1
             for d, rg in reversed(list(enumerate(inner))):
@@ -495,9 +518,10 @@ class _CKernel:
                 self.put(f"{idx_t} r{rg} = {r.global_ids[d]};")
             if len(par) > 2:
                 self.put(f"{idx_t} gid = {r.global_ids[2]};")
-                r._delinearize(par[:-2], k, "gid", self.put, self.val, self.kinds)
-            past = [f"r{rg} >= {r.const(k.insts[rg].arg, INDEX)}" for d, rg in enumerate(inner)
-                    if geo.global_size[d] != k.insts[rg].arg]
+                r._delinearize(par[:-2], k, "gid", self.put, self.val, self.kinds, self.sized)
+            # (a sized extent is checked whatever this member's rounding: another's may round up)
+            past = [f"r{rg} >= {self.size(rg)}" for d, rg in enumerate(inner)
+                    if geo.global_size[d] != k.insts[rg].arg or rg in self.sized]
             if past:
                 self.put(f"if ({' || '.join(past)}) return;")
 
@@ -521,11 +545,12 @@ class _CKernel:
         self.val[i], self.kinds[i] = f"b{x.arg}", _kind(x.dtype)
 
     def CONST(self, i: int, x: LInst) -> None:
-        self.val[i], self.kinds[i] = self.r.const(x.arg, _kind(x.dtype)), _kind(x.dtype)
+        self.val[i], self.kinds[i] = (self.size(i) if i in self.sized else self.r.const(x.arg, _kind(x.dtype))), \
+            _kind(x.dtype)
 
     def RANGE(self, i: int, x: LInst) -> None:
         r, idx_t = self.r, self.r.index_type
-        ext = r.const(x.arg, INDEX)
+        ext = self.size(i)
         if self.grouped and i in self.grouped:             # this work-item's share of the iterations
             self.put(f"for ({idx_t} r{i} = lid; r{i} < {ext}; r{i} += {r.const(r.reduce_group, INDEX)}) {{")
         else:

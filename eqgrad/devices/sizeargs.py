@@ -35,6 +35,11 @@ the same run time within 1-2 %, the noise; but such kernels compile 20-70 % slow
 remainder loops for a trip count it does not know (docs/devices.md). A kernel that writes with
 streaming stores compiles as before (a sized program does not use them).
 
+Two devices keep families: LLVM (devices/cpu.py; ``render_llvm(sized=...)`` reads an ``i64``
+array) and OpenCL (devices/opencl.py; ``CStyleRenderer.render(k, sized)`` reads a ``long``
+buffer), where the work-items' loops are sizes as well (``launch_split=False``) and the launch
+form keys the family too.
+
 ``EQGRAD_SIZE_ARGS=0`` turns sized programs off (every size compiles its own code).
 """
 from __future__ import annotations
@@ -83,16 +88,18 @@ class Shape:
     reductions: tuple[int, ...] = ()   # indices into positions: reduction loops of >= SPECULATE_MIN iterations
 
 
-def split_sizes(lk: LoopKernel) -> Shape:
+def split_sizes(lk: LoopKernel, launch_split: bool = True) -> Shape:
     """The loop kernel's skeleton and its sizes: every index ``CONST`` and every ``RANGE`` but the
-    split one (whose extent the program takes as ``[lo, hi)`` already)."""
-    return _split_sizes(lk)[0]
+    split one where the program takes its extent as ``[lo, hi)`` already (``launch_split``: the
+    CPU's programs; a GPU-style program's parallel loops are its work-items, and their extents are
+    sizes like any other)."""
+    return _split_sizes(lk, launch_split)[0]
 
 
-def _split_sizes(lk: LoopKernel) -> tuple[Shape, frozenset[int]]:
+def _split_sizes(lk: LoopKernel, launch_split: bool = True) -> tuple[Shape, frozenset[int]]:
     """``split_sizes`` and the indices into its positions of the reduction loops (whatever their
     extent)."""
-    split = lk.parallel_ranges()[0] if lk.parallel else None
+    split = lk.parallel_ranges()[0] if lk.parallel and launch_split else None
     items: list[Any] = []
     positions, values = [], []
     open_ranges: list[int] = []             # RANGEs open at this instruction, outermost first
@@ -146,10 +153,12 @@ class _Family:
 
 class Families:
     """The families a device has compiled, by (skeleton, whatever else keys its programs).
-    ``native``: the renderer's op table (loop kernels are decomposed for it before comparing)."""
+    ``native``: the renderer's op table (loop kernels are decomposed for it before comparing);
+    ``launch_split``: the programs take their split loop's extent at launch (``split_sizes``)."""
 
-    def __init__(self, native: Any) -> None:
+    def __init__(self, native: Any, launch_split: bool = True) -> None:
         self.native = native
+        self.launch_split = launch_split
         self._items: OrderedDict[tuple, _Family] = OrderedDict()
         self._lock = threading.Lock()
         # by id of the lowered kernel: (a weak reference to it, it decomposed, its Shape); an entry
@@ -175,7 +184,7 @@ class Families:
                 dk = decompose(lk, self.native)
             shape = self._traced_shape(dk, holes) if holes is not None else None
             if shape is None:
-                shape = split_sizes(dk)
+                shape = split_sizes(dk, self.launch_split)
                 canon = self._canonical(shape.skeleton)
                 if canon is not shape.skeleton:
                     shape = Shape(canon, shape.positions, shape.values, shape.reductions)
@@ -199,9 +208,9 @@ class Families:
             insts = dk.insts
             values = tuple(int(insts[i].arg) for i in positions)
             return Shape(skeleton, positions, values, tuple(j for j in sorted(loops) if values[j] >= SPECULATE_MIN))
-        shape, loops = _split_sizes(dk)
+        shape, loops = _split_sizes(dk, self.launch_split)
         at = set(shape.positions)
-        if dk.parallel:
+        if dk.parallel and self.launch_split:
             at.add(dk.parallel_ranges()[0])
         fits = all(f == "arg" and i in at for i, f in holes.holes)
         skeleton = self._canonical(shape.skeleton) if fits else None
