@@ -97,8 +97,9 @@ def _after_fork_in_child() -> None:
     # made anew, not held across the fork: a JSON write holds it for an fsync, and what it guards
     # (the dicts above, a cache's memo) a thread leaves consistent at every bytecode. The parent
     # thread's half-written temporary file is its own; its flock is released by LOCK_UN (``put``).
-    global _lock
+    global _lock, _ESTIMATES_LOCK
     _lock = threading.RLock()
+    _ESTIMATES_LOCK = threading.Lock()     # (an estimate is only an estimate)
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -527,6 +528,36 @@ def cache_files(d: Path, suffix: str | tuple[str, ...]) -> list[tuple[int, int, 
             elif e.name.endswith(suffix) and stat.S_ISREG(st.st_mode):
                 out.append((st.st_mtime_ns, st.st_size, Path(e.path)))
     return out
+
+
+# directory and suffix -> the bytes of its files at this process's last scan, plus the bytes this
+# process has written there since (keep_within)
+_ESTIMATES: dict[tuple[Path, Any], int] = {}
+_ESTIMATES_LOCK = threading.Lock()
+
+
+def keep_within(d: Path, written: int, bound: int, suffix: str | tuple[str, ...]) -> int:
+    """After a write of ``written`` bytes into ``d``, keep its ``suffix`` files within ``bound``
+    bytes; the bytes they hold, as far as this process knows. The directory is scanned once per
+    process and then counted up by each write; only when that count passes the bound is it scanned
+    again and its least recently used files deleted (``evict_lru``). A scan costs O(files): the plan
+    cache scanned its directory at every plan it stored, 105-119 ms with 14,707 plans (150 MB, under
+    the 256 MB bound, so a long-lived cache made every new compile slower). Files that other
+    processes write are counted at the next scan; the bound holds within what they wrote since."""
+    key = (d, suffix)
+    with _ESTIMATES_LOCK:
+        est = _ESTIMATES.get(key)
+        if est is not None:
+            est = _ESTIMATES[key] = est + written
+    if est is None:
+        est = sum(size for _, size, _ in cache_files(d, suffix))      # (with the file just written)
+        with _ESTIMATES_LOCK:
+            _ESTIMATES[key] = est
+    if est > bound:
+        est = evict_lru(d, bound, suffix)
+        with _ESTIMATES_LOCK:
+            _ESTIMATES[key] = est
+    return est
 
 
 def evict_lru(d: Path, bound: int, suffix: str | tuple[str, ...]) -> int:

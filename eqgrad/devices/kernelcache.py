@@ -34,14 +34,13 @@ import functools
 import hashlib
 import json
 import os
-import threading
 from pathlib import Path
 
 import llvmlite
 import llvmlite.binding as llvm
 
 from eqgrad import config
-from eqgrad.cache import (Refused, _warn_once, _why, _write_atomic, cache_files, cache_subdir, evict_lru, read_private,
+from eqgrad.cache import (Refused, _warn_once, _why, _write_atomic, cache_subdir, evict_lru, keep_within, read_private,
                           source_digest)
 from eqgrad.counters import GlobalCounters
 
@@ -51,16 +50,6 @@ SUBDIRS = {".o": SUBDIR, ".ll": "lowered"}     # object code; lowered kernels' s
 MAGIC = b"EQGRAD-KERNEL-OBJECT 1\n"
 _LLVM_PY = (Path(__file__).with_name("llvm.py"), Path(__file__).with_name("llvm_worker.py"))
 
-_lock = threading.Lock()
-_estimate: dict[Path, int] = {}  # directory -> bytes it held at this process's last scan + bytes written since
-
-
-def _after_fork_in_child() -> None:
-    global _lock
-    _lock = threading.Lock()      # a parent thread may have held it at the fork (an estimate is only an estimate)
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 @functools.lru_cache(maxsize=1)
@@ -170,16 +159,7 @@ def store(key: str, obj: bytes, nontemporal_stores: int, suffix: str = ".o") -> 
     try:
         d.mkdir(mode=0o700, exist_ok=True)
         _write_atomic(path, data, durable=False)       # read back only through its sha256
-        with _lock:
-            if d not in _estimate:
-                _estimate[d] = _scan_bytes(d, suffix)
-            else:
-                _estimate[d] += len(data)
-            over = _estimate[d] > bound
-        if over:
-            left = evict(d, bound, suffix)
-            with _lock:
-                _estimate[d] = left
+        keep_within(d, len(data), bound, suffix)
     except OSError as e:
         _warn_once(("kernel store", str(d)), f"eqgrad: could not store a compiled kernel in {d} ({_why(e)}); "
                                              f"kernels are compiled again in the next process")
@@ -233,10 +213,6 @@ def store_lowered(key: str, src: str, n: int, nontemporal: bool, n_params: int, 
     if sizes is not None:
         entry["sizes"] = sizes
     store(key, json.dumps(entry).encode(), 0, ".ll")
-
-
-def _scan_bytes(d: Path, suffix: str = ".o") -> int:
-    return sum(size for _, size, _ in cache_files(d, suffix))
 
 
 def evict(d: Path, bound: int, suffix: str = ".o") -> int:

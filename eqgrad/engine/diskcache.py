@@ -62,8 +62,8 @@ from pathlib import Path
 from typing import Any
 
 from eqgrad import config
-from eqgrad.cache import (Refused, _warn_once, _why, _write_atomic, cache_subdir, dist_version, evict_lru, machine_key,
-                          read_private, source_digest)
+from eqgrad.cache import (Refused, _warn_once, _why, _write_atomic, cache_subdir, dist_version, evict_lru, keep_within,
+                          machine_key, read_private, source_digest)
 from eqgrad.extract import ExtractSettings, effective, extractor_name, settings_key
 from eqgrad.extract.cost import default_cost
 from eqgrad.graph.plan import KernelPlan, plan_difference, plan_from_data, plan_to_data
@@ -180,8 +180,9 @@ def store(key: str, value: dict) -> Path | None:
     path = d / file_name(key)
     try:
         d.mkdir(mode=0o700, exist_ok=True)
-        _write_atomic(path, json.dumps({"format": FORMAT, "key": key, "value": value}, separators=(",", ":")))
-        evict(d, config.DISK_CACHE_BYTES.value)
+        text = json.dumps({"format": FORMAT, "key": key, "value": value}, separators=(",", ":"))
+        _write_atomic(path, text)
+        keep_within(d, len(text.encode()), config.DISK_CACHE_BYTES.value, ".json")
     except OSError as e:
         _warn_once(("plan store", str(d)), f"eqgrad: could not store a plan in {d} ({_why(e)}); plans are "
                                            f"compiled again in the next process")
