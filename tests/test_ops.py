@@ -531,6 +531,22 @@ def test_pow_int(device):
     check(lambda x: x ** 5, lambda x: x ** 5, [a], device, dtype=I32)
 
 
+
+@pytest.mark.parametrize("np_dtype", [np.int32, np.int8, np.uint8, np.int64])
+def test_pow_int_by_python_ints_wraps_like_numpy(device, np_dtype):
+    """``x ** n`` for a Python int is square-and-multiply over n's bits: exponents 0 to 100 (wrapping
+    around like NumPy: 3 ** 40 in int32), bases of either sign, the base's dtype kept; bools as int32."""
+    info = np.iinfo(np_dtype)
+    a = np.array([[-3, 0, 2, 5], [-1, 1, 3, 7]], np.int64).clip(info.min, info.max).astype(np_dtype)
+    for n in (0, 1, 2, 7, 13, 31, 40, 100):
+        got = (Tensor(a, device=device) ** n).numpy()
+        want = a ** np_dtype(n) if n else np.ones_like(a)
+        assert got.dtype == want.dtype, (n, got.dtype, want.dtype)
+        np.testing.assert_array_equal(got, want, err_msg=f"exponent {n}")
+    b = np.array([True, False])
+    np.testing.assert_array_equal((Tensor(b, device=device) ** 3).numpy(), b.astype(np.int32))
+
+
 # ---------------------------------------------------------------------------- where, clip, bitwise
 
 def test_where(device):
