@@ -289,33 +289,33 @@ def test_a_prepare_works_out_each_kernels_structure_once(fresh_llvm, monkeypatch
     assert get_device("LLVM")._structures == {}, "the memo is the prepare's only"
 
 
-# ------------------------------------------------------------------ OpenCL: sized OpenCL C programs
+# ------------------------------------------------------------------ OpenCL and CUDA: sized C sources
 
-HAS_OPENCL = "OPENCL" in DEVICES
-needs_opencl = pytest.mark.skipif(not HAS_OPENCL, reason="no OpenCL platform")
+CSTYLE = [d for d in ("OPENCL", "CUDA") if d in DEVICES]
+needs_cstyle = pytest.mark.skipif(not CSTYLE, reason="no OpenCL platform or CUDA GPU")
 
 
-@pytest.fixture
-def fresh_opencl():
+@pytest.fixture(params=CSTYLE)
+def fresh_cstyle(request):
     engine.clear_cache()
-    get_device("OPENCL").families.clear()
-    yield
+    get_device(request.param).families.clear()
+    yield request.param
     engine.clear_cache()
 
 
-@needs_opencl
-def test_opencl_a_growing_cache_compiles_its_kernels_once_more_then_never(fresh_opencl):
-    """As on the CPU: a decode step's kernels build OpenCL programs for the first lengths, then a
-    sized program per family, and from then on a new length builds nothing (each build of PoCL
-    ~85 ms: a growing cache's step took ~420 ms, now ~3 ms)."""
-    compiled = run_steps(range(5, 21), device="OPENCL")
+@needs_cstyle
+def test_cstyle_a_growing_cache_compiles_its_kernels_once_more_then_never(fresh_cstyle):
+    """As on the CPU: a decode step's kernels build programs for the first lengths, then a sized
+    program per family, and from then on a new length builds nothing (each PoCL build ~85 ms: a
+    growing cache's step took ~420 ms on OpenCL, now ~3 ms; on CUDA each build is an nvcc run)."""
+    compiled = run_steps(range(5, 21), device=fresh_cstyle)
     assert compiled[0] > 0 and compiled[1] > 0, compiled
     later = compiled[5:]
     assert sum(c == 0 for c in later) >= len(later) - 2 and sum(later) <= compiled[0], compiled
 
 
 def _cases(n: int, rng: np.random.Generator) -> list[tuple[Callable[..., Tensor], Callable[..., np.ndarray], list[np.ndarray]]]:
-    """Programs whose kernels' sizes change with ``n``, covering the launch forms of the OpenCL
+    """Programs whose kernels' sizes change with ``n``, covering the launch forms of the C-style
     renderer (CStyleRenderer.launch): a grid whose extents are not multiples of the group (its
     bounds check), more than two parallel loops (delinearized from one id), a long reduction done
     by a work-group, floor division and modulo by sizes."""
@@ -332,43 +332,46 @@ def _cases(n: int, rng: np.random.Generator) -> list[tuple[Callable[..., Tensor]
     ]
 
 
-@needs_opencl
-def test_opencl_sized_programs_give_numpys_numbers_at_every_size(fresh_opencl, monkeypatch):
+@needs_cstyle
+def test_cstyle_sized_programs_give_numpys_numbers_at_every_size(fresh_cstyle, monkeypatch):
     """Each case at six sizes (the last ones run the families' sized programs), against NumPy and
     against the code built for each size alone (EQGRAD_SIZE_ARGS=0)."""
+    dev = fresh_cstyle
     got: dict[str, list] = {}
     for flag in ("1", "0"):
         monkeypatch.setenv("EQGRAD_SIZE_ARGS", flag)
         engine.clear_cache()
-        get_device("OPENCL").families.clear()
-        outs, sized = [], 0
+        get_device(dev).families.clear()
+        outs = []
         for n in (4, 6, 9, 13, 20, 33):
             rng = np.random.default_rng(n)
             for fn, ref, xs in _cases(n, rng):
-                out = fn(*[Tensor(x, device="OPENCL") for x in xs]).numpy()
+                out = fn(*[Tensor(x, device=dev) for x in xs]).numpy()
                 np.testing.assert_allclose(out, ref(*xs), rtol=1e-5, atol=1e-5)
                 outs.append(out)
         got[flag] = outs
-        sized = sum(bool(f.sized) for f in get_device("OPENCL").families._items.values())
+        sized = sum(bool(f.sized) for f in get_device(dev).families._items.values())
         assert (sized > 0) == (flag == "1"), sized
     for x, y in zip(got["1"], got["0"]):
         np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-6)
 
 
-@needs_opencl
-def test_opencl_sized_source_reads_its_sizes_from_an_argument():
+@needs_cstyle
+def test_cstyle_sized_source_reads_its_sizes_from_an_argument(fresh_cstyle):
     """The renderer's sized form: the positions it is given are ``sz[slot]`` (a loop's extent, an
     index constant, a work-item's bounds check and its delinearization), the argument is last."""
-    dev = get_device("OPENCL")
+    dev = get_device(fresh_cstyle)
+    r = dev.renderer
     lk = kernel(40, 5, split=7)
     dk, shape = dev.families.shape_of(lk)
-    assert shape.values == (7, 40, 5)                   # the work-items' extent is a size on OpenCL
+    assert shape.values == (7, 40, 5)                   # the work-items' extent is a size here
     sized = {p: j for j, p in enumerate(shape.positions)}
-    src = dev.renderer.render(dk, sized)
-    assert "const long* restrict sz)" in src and "sz[0]" in src and "sz[1]" in src and "sz[2]" in src
-    assert "40" not in src and dev.renderer.render(dk) != src
-    with pytest.raises(ValueError, match="decomposed"):
-        dev.renderer.render(_needs_decomposing(), {2: 0})
+    src = r.render(dk, sized)
+    assert f"const {r.index_type}* {r.restrict} sz)" in src and all(f"sz[{j}]" in src for j in range(3))
+    assert "40" not in src and r.render(dk) != src
+    if "EXP2" not in r.code_for_op:        # (CUDA renders every op natively: nothing is decomposed)
+        with pytest.raises(ValueError, match="decomposed"):
+            r.render(_needs_decomposing(), {2: 0})
 
 
 def _needs_decomposing() -> LoopKernel:

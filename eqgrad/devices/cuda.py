@@ -31,6 +31,7 @@ from eqgrad.graph.plan import KernelPlan
 from eqgrad.ops import Shape, numel
 from eqgrad.devices import Buffer, Device
 from eqgrad.devices.cstyle import MATH64, CStyleRenderer
+from eqgrad.devices.sizeargs import SizedSources
 from eqgrad.counters import GlobalCounters, log_kernel, timing_kernels
 
 
@@ -122,6 +123,14 @@ class CUDADevice(Device):
         self.caps = Capabilities(f"CUDA {self.arch}", register_lanes=False, reduce_group=self.renderer.reduce_group)
         self.functions: dict[str, Any] = {}        # compiled once per distinct source
         self.modules: list[Any] = []               # kept alive with their functions
+        # kernels whose sizes keep changing compile one program that reads them at run time (an nvcc
+        # run per new size otherwise: a growing KV cache's every step; devices/sizeargs.py)
+        self.sources = SizedSources(self.renderer, "CUDA C")
+
+    @property
+    def families(self) -> Any:
+        """The kernel families (devices/sizeargs.py) of this device's sources."""
+        return self.sources.families
 
     def __repr__(self) -> str:
         return f"<CUDADevice {self.gpu.name()} {self.arch}>"
@@ -150,6 +159,7 @@ class CUDADevice(Device):
             mod = self.cuda.module_from_buffer(compile_ptx(src, self.arch).encode())
             fn = mod.get_function("eqk")
             fn.prepare("P" * nparams)
+            GlobalCounters.kernels_compiled += 1
             self.modules.append(mod)
             self.functions[src] = fn
         return self.functions[src]
@@ -157,22 +167,27 @@ class CUDADevice(Device):
     def prepare(self, plan: KernelPlan) -> Callable[[list[Buffer]], None]:
         steps = []
         for k in plan.kernels:
-            lk, src = self.render_kernel(k, plan, self.renderer.render, "CUDA C")
+            lk, src, sizes, built = self.sources.source(self, k, plan)
+            fn = self.function(src, len(lk.params) + (sizes is not None))
+            if built is not None:
+                built()
             geo = self.renderer.launch(lk)
             grid = tuple(g // b for g, b in zip(geo.global_size, geo.local_size))
             if not numel(plan.buffers[k.out][0]):
                 grid = (0, 1, 1)     # an empty output: no launch
-            steps.append((k, self.function(src, len(lk.params)), grid, geo.local_size, k.params))
+            # a sized program's last argument: the member's sizes, in device memory
+            extra = () if sizes is None else (self.cuda.to_device(sizes),)
+            steps.append((k, fn, grid, geo.local_size, k.params, extra))
         names = ", ".join(k.name for k in plan.kernels)
 
         def run(bufs: list[Buffer]) -> None:
             dbg = config.DEBUG.value
             timed = timing_kernels(dbg)
-            for k, fn, grid, block, ids in steps:
+            for k, fn, grid, block, ids, extra in steps:
                 t0 = time.perf_counter() if timed else 0.0
                 try:
                     if grid[0]:
-                        fn.prepared_call(grid, block, *[int(bufs[i].raw) for i in ids])
+                        fn.prepared_call(grid, block, *[int(bufs[i].raw) for i in ids], *[int(e) for e in extra])
                     if timed:
                         self.cuda.Context.synchronize()
                 except self.cuda.Error as e:

@@ -32,7 +32,7 @@ from eqgrad.graph.plan import KernelPlan
 from eqgrad.ops import Shape, numel
 from eqgrad.devices import Buffer, Device, DevicePlan
 from eqgrad.devices.cstyle import CSTYLE_OPS, INT_KINDS, SUPPORTED_KINDS, CStyleRenderer, one_program
-from eqgrad.devices.sizeargs import Families, Sized
+from eqgrad.devices.sizeargs import SizedSources
 from eqgrad.lower.decomp import DECOMPOSITIONS
 from eqgrad.lower.merge import SiblingMerger
 from eqgrad.lower.passes import LowerOptions
@@ -108,15 +108,6 @@ def _pick_device(cl: Any) -> Any:
     return (gpus or devices)[0]
 
 
-class _Program:
-    """A source a kernel family holds (weakly; the device keeps it): its programs are looked up by
-    source when a plan is built."""
-    __slots__ = ("src", "__weakref__")
-
-    def __init__(self, src: str) -> None:
-        self.src = src
-
-
 class OpenCLDevice(Device):
     name = "OPENCL"
     host_memory = False
@@ -150,15 +141,20 @@ class OpenCLDevice(Device):
                                  register_lanes=bool(self.device.type & cl.device_type.CPU),
                                  reduce_group=self.renderer.reduce_group)
         self.kernels: dict[str, Any] = {}          # compiled once per distinct source
-        # kernels whose sizes keep changing compile one program that reads them at run time
-        # (devices/sizeargs.py); its parallel loops are work-items, so their extents are sizes too
-        self.families = Families(self.renderer.code_for_op, launch_split=False)
-        self._programs: dict[str, _Program] = {}   # source -> what the families hold (weakly) for it
+        # kernels whose sizes keep changing build one program that reads them at run time: a
+        # growing KV cache built 5 programs a decode step (~85 ms each on PoCL), and none after its
+        # fifth length (devices/sizeargs.py)
+        self.sources = SizedSources(self.renderer, "OpenCL C")
         self.merger = SiblingMerger()
         # a launch sets the kernel object's arguments, then enqueues it: two threads launching one
         # kernel (the same source is one object) must not interleave the two, or one runs with the
         # other's buffers (seen in tests/test_threads.py); copies and waits are thread-safe in OpenCL
         self._launch_lock = threading.Lock()
+
+    @property
+    def families(self) -> Any:
+        """The kernel families (devices/sizeargs.py) of this device's sources."""
+        return self.sources.families
 
     def __repr__(self) -> str:
         return f"<OpenCLDevice {self.device.name.strip()} on {self.device.platform.name.strip()}>"
@@ -247,51 +243,12 @@ class OpenCLDevice(Device):
         notes: list[str] = []
         return DevicePlan(self.merger.merge(plan, LowerOptions.for_caps(self.caps), notes), [], notes)
 
-    def source(self, k: Any, plan: KernelPlan) -> tuple[Any, str, np.ndarray | None, Callable[[], None] | None]:
-        """Kernel ``k``'s loop IR, the source of the program that runs it, the sizes that program
-        reads at run time (None: its sizes are literals), and what records a new program in its
-        family once it is built (None: nothing to record). A kernel whose family's sizes keep
-        changing (devices/sizeargs.py: after ``CONCRETE_SIZES`` size vectors, and a long
-        reduction's extent from the first) runs the family's sized program: a growing KV cache
-        built 5 OpenCL programs a decode step (~85 ms each on PoCL), and none after its fifth."""
-        if not config.SIZE_ARGS.value:
-            return (*self.render_kernel(k, plan, self.renderer.render, "OpenCL C"), None, None)
-        lk = self.lowered_kernel(k, plan)
-        dk, shape = self.families.shape_of(lk)
-        # the launch decisions that the source depends on besides the skeleton (CStyleRenderer.launch)
-        key = (shape.skeleton, self.renderer.launch(dk).mode, self.renderer.group_reduce(dk) is not None)
-        hit = self.families.find(key, shape)
-        sized = self.families.plan(key, shape) if hit is None else None
-        if hit is None:
-            src = self.renderer.render(dk) if sized is None else self.renderer.render(dk, sized)
-        else:
-            src = hit.program.src if isinstance(hit, Sized) else hit.src
-        if config.DEBUG.value >= 5:
-            print(f"--- loop IR {k.name}\n{dk}")
-        if config.DEBUG.value >= 4:
-            n = len(hit.sizes) if isinstance(hit, Sized) else len(sized or ())
-            print(f"--- OpenCL C {k.name}{f' (sized: {n} sizes are arguments)' if n else ''}\n{src}")
-        if hit is not None:
-            return dk, src, (hit.sizes if isinstance(hit, Sized) else None), None
-        prg = self._programs.get(src) or _Program(src)
-
-        def built() -> None:          # (not before: a source that fails to build is no family's)
-            self._programs[src] = prg
-            if sized is None:
-                self.families.add(key, shape, prg)
-            else:
-                self.families.add_sized(key, shape, sized, prg)
-        if sized is None:
-            return dk, src, None, built
-        order = sorted(sized, key=sized.get)            # positions by slot
-        return dk, src, np.array([shape.values[shape.positions.index(i)] for i in order], np.int64), built
-
     def prepare(self, plan: KernelPlan) -> Callable[[list[Buffer]], None]:
         rewritten = self.rewrite(plan)
         if config.DEBUG.value >= 3:
             print(rewritten.describe(self.name))
         plan = rewritten.plan
-        rendered = [(k, *self.source(k, plan)) for k in plan.kernels]
+        rendered = [(k, *self.sources.source(self, k, plan)) for k in plan.kernels]
         knls = self.build_kernels([(src, k) for k, _, src, _, _ in rendered])
         steps = []
         for (k, lk, _, sizes, built), knl in zip(rendered, knls):

@@ -35,10 +35,10 @@ the same run time within 1-2 %, the noise; but such kernels compile 20-70 % slow
 remainder loops for a trip count it does not know (docs/devices.md). A kernel that writes with
 streaming stores compiles as before (a sized program does not use them).
 
-Two devices keep families: LLVM (devices/cpu.py; ``render_llvm(sized=...)`` reads an ``i64``
-array) and OpenCL (devices/opencl.py; ``CStyleRenderer.render(k, sized)`` reads a ``long``
-buffer), where the work-items' loops are sizes as well (``launch_split=False``) and the launch
-form keys the family too.
+The LLVM device keeps families (devices/cpu.py; ``render_llvm(sized=...)`` reads an ``i64``
+array), and so do the C-style devices, OpenCL and CUDA, through ``SizedSources`` below
+(``CStyleRenderer.render(k, sized)`` reads a 64-bit buffer), where the work-items' loops are sizes
+as well (``launch_split=False``) and the launch form keys the family too.
 
 ``EQGRAD_SIZE_ARGS=0`` turns sized programs off (every size compiles its own code).
 """
@@ -52,6 +52,7 @@ from typing import Any
 
 import numpy as np
 
+from eqgrad import config
 from eqgrad.graph.loopir import INDEX, LoopKernel
 from eqgrad.lower.decomp import decompose
 
@@ -308,3 +309,66 @@ class Families:
     def clear(self) -> None:
         with self._lock:
             self._items.clear()
+
+
+class _Source:
+    """A source a C-style device's family holds (weakly; ``SizedSources`` keeps it)."""
+    __slots__ = ("src", "__weakref__")
+
+    def __init__(self, src: str) -> None:
+        self.src = src
+
+
+class SizedSources:
+    """Which source runs each kernel on a C-style device (OpenCL, CUDA: ``CStyleRenderer``): the
+    families above, with the work-items' loops as sizes (``launch_split=False``: their extents
+    appear in a kernel's bounds check and in the division of a linear id) and the launch form
+    (grid, group, flat: ``CStyleRenderer.launch``, which depends on sizes) in the family's key. A
+    sized source reads its sizes from a last argument ``sz`` (``CStyleRenderer.render(k, sized)``)
+    that the device fills with the member's values."""
+
+    def __init__(self, renderer: Any, language: str) -> None:
+        self.renderer, self.language = renderer, language
+        self.families = Families(renderer.code_for_op, launch_split=False)
+        self._sources: dict[str, _Source] = {}       # every source built, held for the families
+
+    def source(self, device: Any, k: Any, plan: Any) -> tuple[LoopKernel, str, np.ndarray | None, Any]:
+        """Kernel ``k``'s loop IR (decomposed for the renderer), the source of the program that
+        runs it, the sizes that program reads at run time (None: its sizes are literals), and what
+        records a new program in its family once it is built (None: nothing to record; a source
+        that fails to build joins no family)."""
+        r = self.renderer
+        if not config.SIZE_ARGS.value:
+            return (*device.render_kernel(k, plan, r.render, self.language), None, None)
+        if self.families.native is not r.code_for_op:       # (the renderer's table was replaced)
+            self.families = Families(r.code_for_op, launch_split=False)
+        lk = device.lowered_kernel(k, plan)
+        dk, shape = self.families.shape_of(lk)
+        # the source depends on the renderer's settings and, through its launch form, on sizes
+        key = (shape.skeleton, r.launch(dk).mode, r.group_reduce(dk) is not None, r.reduce_group, r.group_size,
+               r.max_grid)
+        hit = self.families.find(key, shape)
+        sized = self.families.plan(key, shape) if hit is None else None
+        if hit is None:
+            src = r.render(dk) if sized is None else r.render(dk, sized)
+        else:
+            src = hit.program.src if isinstance(hit, Sized) else hit.src
+        if config.DEBUG.value >= 5:
+            print(f"--- loop IR {k.name}\n{dk}")
+        if config.DEBUG.value >= 4:
+            n = len(hit.sizes) if isinstance(hit, Sized) else len(sized or ())
+            print(f"--- {self.language} {k.name}{f' (sized: {n} sizes are arguments)' if n else ''}\n{src}")
+        if hit is not None:
+            return dk, src, (hit.sizes if isinstance(hit, Sized) else None), None
+        prg = self._sources.get(src) or _Source(src)
+
+        def built() -> None:
+            self._sources[src] = prg
+            if sized is None:
+                self.families.add(key, shape, prg)
+            else:
+                self.families.add_sized(key, shape, sized, prg)
+        if sized is None:
+            return dk, src, None, built
+        order = sorted(sized, key=sized.get)            # positions by slot
+        return dk, src, np.array([shape.values[shape.positions.index(i)] for i in order], np.int64), built
