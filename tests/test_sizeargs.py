@@ -314,6 +314,24 @@ def test_cstyle_a_growing_cache_compiles_its_kernels_once_more_then_never(fresh_
     assert sum(c == 0 for c in later) >= len(later) - 2 and sum(later) <= compiled[0], compiled
 
 
+@needs_cstyle
+def test_cstyle_a_growing_cache_lowers_from_traces_of_its_own_lowering(fresh_cstyle, monkeypatch):
+    """Its kernels' loop IR comes from traces (lower/trace.py) of the device's own lowering, kept
+    apart from the CPU's by the device's capabilities (a GPU's: no register blocks; here forced on
+    a CPU OpenCL, whose capabilities lower as the CPU's and share its traces)."""
+    import dataclasses
+    from eqgrad.graph.caps import CPU
+    from eqgrad.lower import trace
+    dev = get_device(fresh_cstyle)
+    if dev.caps == CPU:
+        monkeypatch.setattr(dev, "caps", dataclasses.replace(dev.caps, register_lanes=False))
+    h0 = trace.TRACES.hits
+    run_steps(range(5, 15), device=fresh_cstyle)
+    assert trace.TRACES.hits > h0
+    assert any(len(key) == 2 and isinstance(key[1], type(dev.caps)) and key[1] == dev.caps
+               for key in trace.TRACES._bodies)
+
+
 def _cases(n: int, rng: np.random.Generator) -> list[tuple[Callable[..., Tensor], Callable[..., np.ndarray], list[np.ndarray]]]:
     """Programs whose kernels' sizes change with ``n``, covering the launch forms of the C-style
     renderer (CStyleRenderer.launch): a grid whose extents are not multiples of the group (its

@@ -368,11 +368,14 @@ class Device:
         key = (self.structure(k, plan), upcast, lower, caps)
         lk = _lowered.get(key)
         if lk is None:
-            if caps != CPU:                              # the device's own choices (no CPU register blocks)
-                lk = lower(k, plan, upcast, options=LowerOptions.for_caps(caps))
-            elif upcast is None and lower is lowering.lower_kernel and config.SIZE_ARGS.value:
-                # a body whose sizes keep changing lowers once (traces are of the CPU's lowering)
-                lk = trace.TRACES.lower(k, plan, lower)
+            # the device's own choices (an OpenCL GPU, CUDA: no CPU register blocks)
+            options = LowerOptions.for_caps(caps) if caps != CPU else None
+            if upcast is None and lower is lowering.lower_kernel and config.SIZE_ARGS.value:
+                # a body whose sizes keep changing lowers once (lower/trace.py), per device capabilities
+                lk = trace.TRACES.lower(k, plan, lower) if options is None else \
+                    trace.TRACES.lower(k, plan, lambda k, plan: lower(k, plan, None, options=options), caps)
+            elif options is not None:
+                lk = lower(k, plan, upcast, options=options)
             else:
                 lk = lower(k, plan, upcast)
             lk.name = "eqk"

@@ -174,6 +174,39 @@ def work_items(k: LoopKernel) -> int:
     return math.prod(k.insts[r].arg for r in k.parallel_ranges())
 
 
+def _reduce_tops(k: LoopKernel) -> dict[int, list[tuple[int, str]]] | None:
+    """The outermost reduce loops directly inside ``k``'s parallel loops, each with the accumulators
+    declared outside it that it fills ({RANGE: [(accumulator, op), ...]}); None where there is none or
+    the kernel stores inside a loop (row-fused). Structure only (no extent): worked out once per
+    loop kernel, since a prepare asks for a kernel's launch several times (its family's key, its
+    source's prologue, its launch), a decode step's ~50 walks of up to thousands of instructions
+    cost ~15 ms on OpenCL."""
+    memo = k.__dict__.get("_reduce_tops", False)
+    if memo is not False:
+        return memo
+    body = range(len(k.params) + k.parallel, len(k.insts) - k.parallel)
+    depth, cur, top, acc_depth = 0, -1, {}, {}
+    out: dict[int, list[tuple[int, str]]] | None = None
+    for i in body:
+        x = k.insts[i]
+        if x.op == "RANGE":
+            if depth == 0:
+                cur, top[i] = i, []
+            depth += 1
+        elif x.op == "ENDRANGE":
+            depth -= 1
+        elif x.op == "DEFACC":
+            acc_depth[i] = depth
+        elif x.op == "STORE" and depth > 0:
+            break               # a row-fused kernel (Lowerer.hoist): its output loop is not a reduction
+        elif x.op == "ACCUM" and depth > 0 and acc_depth[x.src[0]] == 0 and (x.src[0], x.arg) not in top[cur]:
+            top[cur].append((x.src[0], x.arg))
+    else:
+        out = top or None
+    k.__dict__["_reduce_tops"] = out
+    return out
+
+
 SUPPORTED_KINDS = frozenset({"bool", "int32", "float32", "float64", INDEX})   # tensors' and registers' kinds
 
 
@@ -351,24 +384,9 @@ class CStyleRenderer:
         L = self.reduce_group
         if not L:
             return None
-        body = range(len(k.params) + k.parallel, len(k.insts) - k.parallel)
-        depth, cur, top, acc_depth = 0, -1, {}, {}
-        for i in body:
-            x = k.insts[i]
-            if x.op == "RANGE":
-                if depth == 0:
-                    cur, top[i] = i, []
-                depth += 1
-            elif x.op == "ENDRANGE":
-                depth -= 1
-            elif x.op == "DEFACC":
-                acc_depth[i] = depth
-            elif x.op == "STORE" and depth > 0:
-                return None        # a row-fused kernel (Lowerer.hoist): its output loop is not a reduction
-            elif x.op == "ACCUM" and depth > 0 and acc_depth[x.src[0]] == 0 and (x.src[0], x.arg) not in top[cur]:
-                top[cur].append((x.src[0], x.arg))
-        n_accs = sum(len(a) for a in top.values())
-        if not top or n_accs > 4 or max(k.insts[r].arg for r in top) < 4 * L or work_items(k) * L >= 2**31:
+        top = _reduce_tops(k)
+        if top is None or sum(len(a) for a in top.values()) > 4 or max(k.insts[r].arg for r in top) < 4 * L \
+                or work_items(k) * L >= 2**31:
             return None
         return top
 

@@ -432,9 +432,14 @@ class Traces:
         self._lock = threading.Lock()
         self.hits = self.traced = self.failed = 0
 
-    def lower(self, k: Kernel, plan: KernelPlan, lower: Callable[[Kernel, KernelPlan], LoopKernel]) -> LoopKernel:
-        """``lower(k, plan)``, or a trace of this body's structure instantiated for its sizes."""
+    def lower(self, k: Kernel, plan: KernelPlan, lower: Callable[[Kernel, KernelPlan], LoopKernel],
+              key: Any = None) -> LoopKernel:
+        """``lower(k, plan)``, or a trace of this body's structure instantiated for its sizes.
+        ``key``: what else the lowering depends on (a device's capabilities: the traces of one
+        device's lowering are not another's)."""
         skel, sizes = body_sizes(k, plan)
+        if key is not None:
+            skel = (skel, key)
         with self._lock:
             body = self._bodies.get(skel)
             if body is None:
@@ -474,10 +479,11 @@ class Traces:
                 body.seen.popitem(last=False)
         return lk
 
-    def has_traces(self, k: Kernel, plan: KernelPlan) -> bool:
-        """Whether bodies of ``k``'s structure have been traced: their sizes keep changing, and a
-        new one lowers from a trace in a fraction of a millisecond."""
-        body = self._bodies.get(body_sizes(k, plan)[0])
+    def has_traces(self, k: Kernel, plan: KernelPlan, key: Any = None) -> bool:
+        """Whether bodies of ``k``'s structure have been traced (for ``key``, as ``lower``): their
+        sizes keep changing, and a new one lowers from a trace in a fraction of a millisecond."""
+        skel = body_sizes(k, plan)[0]
+        body = self._bodies.get(skel if key is None else (skel, key))
         return body is not None and bool(body.traces)
 
     def _trace(self, k: Kernel, plan: KernelPlan, vectors: list[tuple[int, ...]],
