@@ -344,9 +344,9 @@ class SizedSources:
             self.families = Families(r.code_for_op, launch_split=False)
         lk = device.lowered_kernel(k, plan)
         dk, shape = self.families.shape_of(lk)
-        # the source depends on the renderer's settings and, through its launch form, on sizes
-        key = (shape.skeleton, r.launch(dk).mode, r.group_reduce(dk) is not None, r.reduce_group, r.group_size,
-               r.max_grid)
+        # the source depends on the renderer's settings and, through its launch form (a "group"
+        # launch is one whose reduction a work-group shares), on sizes
+        key = (shape.skeleton, r.launch(dk).mode, r.reduce_group, r.group_size, r.max_grid)
         hit = self.families.find(key, shape)
         sized = self.families.plan(key, shape) if hit is None else None
         if hit is None:
