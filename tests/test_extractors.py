@@ -441,15 +441,24 @@ def test_a_sum_over_an_expanded_axis_becomes_a_multiply(extractor):
     assert "RSUM" not in ops, engine.last_plan.plan.describe()
 
 
-@pytest.mark.parametrize("extractor", ["greedy", "improve"])
-def test_a_weight_gradient_is_one_contraction_not_a_materialized_product(extractor, tmp_path, monkeypatch):
+@pytest.mark.parametrize("library", ["measured", "slow", "off"])
+@pytest.mark.parametrize("extractor", ["greedy", "improve", "ilp"])
+def test_a_weight_gradient_is_one_contraction_not_a_materialized_product(extractor, library, tmp_path, monkeypatch):
     """A 2-layer MLP step: the first weight's gradient is ``a.T @ dh``, dh = (dlogits @ w2.T) * gelu'.
     Single toggles stopped at a plan that fused dh into a kernel writing the whole 256 x 256 x 384
     product (101 MB; 3 + 130 ms where the step takes 4): inlining the product into its sum recomputes
     dh's reduction, materializing that reduction alone leaves the product materialized. The "apart"
-    move (greedy.py) makes both changes at once. No kernel writes more than the largest operand, and
-    the gradients are numpy's."""
+    move (greedy.py) makes both changes at once, materializing dh itself (the broadcast operand), not
+    only its reduction: with the reduction alone stored, gelu' stayed inlined in the contraction, and
+    where the BLAS timed slow (another process busy: "slow", a call 5 us and 20 GFLOP/s) or was off,
+    that priced above the 101 MB product, which every extractor then chose (226 ms a step against
+    1.3). No kernel writes more than the largest operand, and the gradients are numpy's."""
     monkeypatch.setenv("EQGRAD_CACHE_DIR", str(tmp_path))
+    if library == "slow":
+        from eqgrad.devices import blas
+        monkeypatch.setattr(blas, "speeds", lambda: (5e-6, 20e9))
+    elif library == "off":
+        monkeypatch.setenv("EQGRAD_BLAS", "0")
     r = np.random.default_rng(11)
     an, w1n, w2n = (r.standard_normal(s).astype(np.float32) for s in ((256, 384), (384, 256), (256, 16)))
     with using(extractor=extractor):

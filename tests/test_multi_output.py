@@ -168,6 +168,31 @@ def test_layer_norm_backward_sums_its_weight_and_bias_gradients_in_one_kernel():
     assert "one kernel with 2 outputs" in text and "their common reads done once" in text
 
 
+def test_a_merged_kernel_is_predicted_with_one_launch():
+    """The merged kernel's prediction is one launch plus its members' bodies (less the bytes it
+    does not move): it was the sum of the members' predictions, a launch per member, so three tiny
+    siblings merged into one were predicted 10.8 us and ran in 3.9 (bench/bench_model.py)."""
+    from eqgrad.extract import cost_model
+    launch = cost_model("LLVM").params.launch
+    g, m, v = _t(8, 64), _t(8, 64), _t(8, 64)
+
+    def run(merge: int) -> list[tuple]:
+        with config.Context(MERGE=merge):
+            outs = [m * 0.5 + g, v - g * g]
+            GlobalCounters.kernel_log = log = []
+            try:
+                eqgrad.realize(*outs)
+            finally:
+                GlobalCounters.kernel_log = None
+        return log
+    (merged,), alone = run(1), run(0)
+    assert len(alone) == 2 and "+" in merged[0]
+    assert engine.last_plan.plan.launch == launch
+    bodies = sum(e[2] - launch for e in alone)
+    assert bodies >= 0
+    assert launch <= merged[2] <= launch + bodies * (1 + 1e-9), (merged[2], [e[2] for e in alone], launch)
+
+
 @pytest.mark.parametrize("rows", [300, 3000])        # 3000: sums of more than 1024 values, summed in levels
 def test_column_sums_of_one_tensor_share_its_reads(rows):
     x, y = _t(rows, 48), _t(rows, 48)

@@ -34,7 +34,7 @@ import time
 from typing import Callable
 
 from eqgrad import progress
-from eqgrad.ops import OPS, numel
+from eqgrad.ops import MOVEMENT_OPS, OPS, numel
 from eqgrad.extract.cost import CostModel
 from eqgrad.extract.egraph import EGraph, ENode
 from eqgrad.extract.evaluate import _ULPS, Choice, Evaluation, PlanEvaluator, PlanState
@@ -89,6 +89,9 @@ class Result:
             self._alternatives = self.alternatives_of() if self.alternatives_of is not None else []
             self.alternatives_of = None          # the extractor's state is not kept once they are known
         return self._alternatives
+
+
+_MOVEMENT = frozenset(MOVEMENT_OPS)
 
 
 class GreedyExtractor:
@@ -503,7 +506,7 @@ class GreedyExtractor:
                         # materialized: both at once, since neither alone need improve the plan
                         if seen is not None:
                             seen.rejected(spec, changes, st, ev)
-                        follow = self._follow[spec] = self._apart(spec[1], ev)
+                        follow = self._follow[spec] = self._apart(spec[1], ev, {**st.choice, **changes})
                         spec = follow
                         if spec is None:
                             continue
@@ -525,20 +528,57 @@ class GreedyExtractor:
                 break
         return st, cur, stopped
 
-    def _apart(self, prod: int, ev: Evaluation) -> tuple | None:
-        """("apart", prod, the reductions to materialize): the move that inlines ``prod`` as the
-        illegal evaluation ``ev`` did, with the reductions it recomputed (``KernelCost.recomputed``)
-        materialized instead; None where one of them cannot be. A contraction's product fused into
+    def _apart(self, prod: int, ev: Evaluation, choice: Choice) -> tuple | None:
+        """("apart", prod, the classes to materialize): the move that inlines ``prod`` as the
+        illegal evaluation ``ev`` did (``choice``: the plan with that inline), with what made it
+        illegal materialized instead; None where that cannot be. A contraction's product fused into
         a producer that holds another reduction (a 2-layer MLP's first weight gradient reads dh, the
         second layer's ``dlogits @ w2.T`` times gelu'): inlining the product into the sum recomputes
         that reduction, materializing it alone leaves the product materialized, so single toggles
-        stopped at a plan that wrote the 256 x 256 x 384 product (101 MB, 3 + 130 ms against 0.4)."""
+        stopped at a plan that wrote the 256 x 256 x 384 product (101 MB, 3 + 130 ms against 0.4).
+        Where the recomputed reductions lie under a *broadcast* operand of the product (dh, expanded
+        along the contraction's output axis), that operand is what gets materialized
+        (``_broadcast_operand``): with only the reductions stored, the rest of dh (gelu' and its
+        multiply) stays inlined and is evaluated once per product element, 384 times per value --
+        on a machine whose BLAS timed slow that plan priced above the 101 MB product, which the
+        search then kept (225 ms a step against 1.4)."""
         d = ev.delta
         costs = [e[0] for e in d.fresh.values()] if d is not None else list(ev.kernels.values())
         found = tuple(sorted({r for kc in costs if not kc.legal for r in kc.recomputed}))
         if not found or prod in found or any(r not in self.realize_of for r in found):
             return None
-        return ("apart", prod, found)
+        operand = self._broadcast_operand(prod, choice, set(found))
+        return ("apart", prod, (operand,) if operand is not None else found)
+
+    def _broadcast_operand(self, prod: int, choice: Choice, reductions: set[int]) -> int | None:
+        """The computed, inlined class that an operand of ``prod``'s chosen node reads through movement
+        ops that include an ``Expand`` (an operand broadcast along the product's axes), whose chosen
+        body (up to stored buffers) holds one of ``reductions`` and that can be materialized; None
+        where no operand is such."""
+        node = choice.get(prod)
+        if node is None:
+            return None
+        for c in node.children:
+            expanded = False
+            n = choice.get(c)
+            while n is not None and n.op in _MOVEMENT:
+                expanded = expanded or n.op == "EXPAND"
+                c = n.children[0]
+                n = choice.get(c)
+            if n is None or n.op == "REALIZE" or not expanded or c not in self.realize_of or c in reductions:
+                continue
+            seen, todo = {c}, [c]
+            while todo:
+                x = choice.get(todo.pop())
+                if x is None or x.op == "REALIZE":
+                    continue
+                for k in x.children:
+                    if k in reductions:
+                        return c
+                    if k not in seen:
+                        seen.add(k)
+                        todo.append(k)
+        return None
 
     def alternatives_from(self, choice: Choice) -> list[Alternative]:
         """Every single move from ``choice``, evaluated: legal ones cheapest first, then illegal ones."""

@@ -87,7 +87,7 @@ class SiblingMerger:
                 saved = sum(plan.traffic(m) for m in members) - mk.nbytes
                 notes.append(f"{', '.join(k.name for k in members)}: one kernel with {len(members)} outputs "
                              f"({mk.ast.shape} each), their common reads done once ({saved} bytes fewer)")
-        return KernelPlan(plan.buffers, plan.n_inputs, out, plan.outputs, plan.predicted, plan.notes)
+        return KernelPlan(plan.buffers, plan.n_inputs, out, plan.outputs, plan.predicted, plan.notes, plan.launch)
 
     def _schedule(self, k, options: LowerOptions) -> tuple[_Decisions, int]:
         """The lowering's decisions for ``k`` alone (``_decisions``) and how many of its sums are
@@ -199,8 +199,11 @@ def _merged(members: list, plan: KernelPlan) -> Kernel:
                flops=sum(m.flops for m in members), kind=tuple(sorted({x for m in members for x in m.kind})),
                also=tuple(m.out for m in members[1:]))
     k.nbytes = plan.traffic(k)
-    # its prediction: the members' less the share of their bytes it does not move
-    k.predicted = sum(m.predicted for m in members) * min(1.0, k.nbytes / max(1, sum(map(plan.traffic, members))))
+    # its prediction: one launch (the plan's, where known), and the members' bodies less the share
+    # of their bytes it does not move
+    launch = plan.launch
+    body = sum(max(0.0, m.predicted - launch) for m in members)
+    k.predicted = launch + body * min(1.0, k.nbytes / max(1, sum(map(plan.traffic, members))))
     if all(m.stats is not None for m in members):
         st = [m.stats for m in members]
         k.stats = KernelStats(float(k.nbytes), sum(x.flops for x in st), sum(x.nodes for x in st),
