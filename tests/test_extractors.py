@@ -442,7 +442,7 @@ def test_a_sum_over_an_expanded_axis_becomes_a_multiply(extractor):
 
 
 @pytest.mark.parametrize("library", ["measured", "slow", "off"])
-@pytest.mark.parametrize("extractor", ["greedy", "improve", "ilp"])
+@pytest.mark.parametrize("extractor", ["greedy", "improve"])     # (ilp: its time limit, then greedy's plan)
 def test_a_weight_gradient_is_one_contraction_not_a_materialized_product(extractor, library, tmp_path, monkeypatch):
     """A 2-layer MLP step: the first weight's gradient is ``a.T @ dh``, dh = (dlogits @ w2.T) * gelu'.
     Single toggles stopped at a plan that fused dh into a kernel writing the whole 256 x 256 x 384
