@@ -135,6 +135,27 @@ def test_pool_bounded_and_clearable():
     assert pool.nbytes == 0 and not pool.free
 
 
+def test_a_growing_buffer_reuses_freed_ones():
+    """A KV cache extended by ``cat`` every step (64 -> 128 KiB, 1 KiB a step): the pool keeps freed
+    buffers by size class (``size_class``: 8 per power of two), so a new cache reuses the one freed
+    a few steps before. Kept by exact size, every freed cache was a size no later step asked for:
+    64 sizes in the pool, no hit (a decode loop filled the 1 GiB pool with them)."""
+    from eqgrad.devices import SIZE_CLASSES, size_class
+    clear_pool()
+    hits = pool.hits
+    cache = Tensor(np.zeros(1 << 14, np.float32)).realize()
+    tok = Tensor(np.ones(256, np.float32)).realize()
+    for _ in range(64):
+        new = cache.cat(tok).realize()
+        del cache
+        cache = new
+    assert pool.hits - hits >= 40
+    assert len(pool.free) <= SIZE_CLASSES + 1          # one octave of classes, not one size per step
+    np.testing.assert_array_equal(cache.numpy(), np.r_[np.zeros(1 << 14), np.ones(64 * 256)].astype(np.float32))
+    assert all(cls == size_class(cls) for _, cls in pool.free)
+    clear_pool()
+
+
 def test_small_buffers_bypass_the_pool():
     clear_pool()
     misses = pool.misses

@@ -66,8 +66,25 @@ DEVICES = {
 POOL_MIN_BYTES = 64 << 10     # smaller host buffers come from np.empty (malloc reuses them cheaply; docs/lowering.md, Constants)
 
 
+def size_class(nbytes: int) -> int:
+    """The bytes the pool allocates for a buffer of ``nbytes`` (from ``POOL_MIN_BYTES``): rounded up to
+    one of ``SIZE_CLASSES`` sizes per power of two, at most 1/``SIZE_CLASSES`` more. A buffer that grows
+    a little each step -- a KV cache extended by ``cat`` every token -- then reuses one freed a few
+    steps before: kept by exact size, each freed cache was a size no later request asked for, and a
+    decode loop filled the pool (1 GiB by default) with them (a 1-layer decoder step: RSS 200 -> 302
+    MB over 300 tokens, 22 MB of it dead KV buffers after 150)."""
+    if nbytes <= POOL_MIN_BYTES:
+        return nbytes
+    step = 1 << max(0, nbytes.bit_length() - SIZE_CLASSES.bit_length())     # (SIZE_CLASSES: a power of two)
+    return -(-nbytes // step) * step
+
+
+SIZE_CLASSES = 8              # pool sizes per power of two (size_class; docs/lowering.md, Constants)
+
+
 class BufferPool:
-    """Freed host memory by (device, nbytes): flat uint8 arrays, at most EQGRAD_POOL_BYTES in all.
+    """Freed host memory by (device, size class): flat uint8 arrays of ``size_class`` bytes, at most
+    EQGRAD_POOL_BYTES in all.
 
     A pooled array is handed out again only when nothing else references it: a view kept from
     ``Buffer.data`` (or any array derived from it) holds a reference to the flat array, and
@@ -86,16 +103,18 @@ class BufferPool:
         self._lock = threading.RLock()
 
     def acquire(self, device: str, nbytes: int) -> np.ndarray:
+        """A flat array of ``size_class(nbytes)`` bytes (the caller views its first ``nbytes``)."""
+        cls = size_class(nbytes)
         with self._lock:
-            arrays = self.free.get((device, nbytes))
+            arrays = self.free.get((device, cls))
             while arrays:
                 a = arrays.pop()
-                self.nbytes -= nbytes
+                self.nbytes -= cls
                 if sys.getrefcount(a) == 2:       # only ``a`` and getrefcount's argument: unused
                     self.hits += 1
                     return a
             self.misses += 1
-        return host_empty(nbytes)          # huge pages when large (hostmem.py)
+        return host_empty(cls)             # huge pages when large (hostmem.py)
 
     def release(self, device: str, a: np.ndarray) -> None:
         with self._lock:
@@ -143,7 +162,8 @@ class Buffer:
             except MemoryError as e:
                 raise OutOfMemoryError(f"{device}: could not allocate a {dtype.name} buffer of shape {shape} "
                                        f"({nbytes} bytes): {e}") from e
-            buf = Buffer(device, shape, dtype, flat.view(dtype.np).reshape(shape))
+            # (its size class may be larger: the buffer is its first nbytes)
+            buf = Buffer(device, shape, dtype, (flat[:nbytes] if flat.nbytes > nbytes else flat).view(dtype.np).reshape(shape))
             buf._pooled = (dev.name, flat)
             return buf
         try:
