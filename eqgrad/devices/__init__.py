@@ -162,8 +162,8 @@ class Buffer:
             except MemoryError as e:
                 raise OutOfMemoryError(f"{device}: could not allocate a {dtype.name} buffer of shape {shape} "
                                        f"({nbytes} bytes): {e}") from e
-            # (its size class may be larger: the buffer is its first nbytes)
-            buf = Buffer(device, shape, dtype, (flat[:nbytes] if flat.nbytes > nbytes else flat).view(dtype.np).reshape(shape))
+            mem = flat[:nbytes] if flat.nbytes > nbytes else flat      # (its size class may be larger)
+            buf = Buffer(device, shape, dtype, mem.view(dtype.np).reshape(shape))
             buf._pooled = (dev.name, flat)
             return buf
         try:

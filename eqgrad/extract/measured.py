@@ -114,7 +114,7 @@ ROUNDS_MIN, ROUNDS_MAX = 3, 7      # measurement rounds of the candidates (Measu
 
 def _beats(a: list[float], b: list[float]) -> bool:
     """``a`` faster than ``b`` beyond noise: a's slowest sample below b's fastest (the noise of a
-    shared machine only adds time, so b's fastest is b at its best), forgiving a one spike once it
+    shared machine only adds time, so b's fastest is b at its best), forgiving one spike once it
     has ``SPIKE_FORGIVEN`` samples (its second slowest then). With a's *median* below b's fastest,
     candidates measuring alike (1 ms plus up to 20 % noise) gave a false winner in about one run
     in five at three rounds of four candidates (a's two fastest of three below the other nine: 1 in
