@@ -62,6 +62,12 @@ CORPUS: dict[str, Callable[[], Tensor]] = {
     "full_variance": lambda: ((_t(6, 7) - _t(6, 7).mean()) ** 2).mean(),
     "conv": lambda: F.conv2d(_t(1, 2, 5, 5), _t(3, 2, 3, 3, seed=1), padding=1),
     "bool_any": lambda: (_t(64) > 1.5).any(),
+    # planned under a memory bound (BOUNDED): one kernel, the scores kept per row (row stash), the
+    # output row's 8 values as lanes after the row's loops
+    "attention": lambda: (_t(2, 12, 8) @ _t(2, 12, 8, seed=1).transpose(-1, -2) * 0.3).softmax(-1) @ _t(2, 12, 8, seed=2),
+    "attention_causal": lambda: ((_t(1, 2, 10, 8) @ _t(1, 2, 10, 8, seed=1).transpose(-1, -2) * 0.3)
+                                 + Tensor(np.triu(np.full((10, 10), -np.inf, np.float32), 1), device="NUMPY"))
+                                .softmax(-1) @ _t(1, 2, 10, 8, seed=2),
     "empty": lambda: _t(0, 4) + 1,
 }
 # thresholds lowered so that the passes for big kernels apply to these small ones
@@ -69,9 +75,16 @@ SMALL = LowerOptions(tile_blocks=2, tile_min_stream=0, sum_block=16, sum_radix=4
 SMALL_CASES = ("matmul_lanes", "sum_blocked", "sum_rows_blocked", "sum_axes", "layernorm", "softmax_long")
 
 
+BOUNDED = {"attention": 1024, "attention_causal": 1024}     # EQGRAD_PEAK_MEMORY of these cases
+
+
 @pytest.fixture(scope="module")
 def plans() -> dict[str, KernelPlan]:
-    return {name: engine.plan_for([make().lazydata])[0].plan for name, make in CORPUS.items()}
+    out = {}
+    for name, make in CORPUS.items():
+        with eqgrad.Context(PEAK_MEMORY=BOUNDED.get(name, 0)):
+            out[name] = engine.plan_for([make().lazydata])[0].plan
+    return out
 
 
 def _inputs(plan: KernelPlan, seed: int = 0) -> list[np.ndarray]:
@@ -163,10 +176,28 @@ def test_softmax_computes_exp_once_per_element(case, plans):
     """The stash pass: exp2 of each element is stored by the sum's loop and loaded back by the
     loop over the row's outputs (one EXP2 in the loop IR, two without the pass)."""
     (k,) = plans[case].kernels
-    for options, exps in ((LowerOptions(), 1), (LowerOptions(disabled={"stash"}), 2)):
+    for options, exps in ((LowerOptions(), 1), (LowerOptions(disabled={"stash", "row stash"}), 2)):
         lk = lower_kernel(k, plans[case], options=options)
         assert sum(x.op == "EXP2" for x in lk.insts) == exps, (case, options.disabled)
         assert sum(x.op == "STORE" for x in lk.insts) == 3 - exps, (case, options.disabled)
+    # without the stash, the row stash keeps exp2 in a local array instead of the output row
+    lk = lower_kernel(k, plans[case], options=LowerOptions(disabled={"stash"}))
+    assert sum(x.op == "EXP2" for x in lk.insts) == 1 and sum(x.op == "DEFLOCAL" for x in lk.insts) == 1
+
+
+@pytest.mark.parametrize("case", ["attention", "attention_causal"])
+def test_attention_is_one_kernel_that_computes_each_score_once(case, plans):
+    """The row stash pass: softmax(q @ k.T) @ v as one kernel (under a memory bound) stores each
+    row's scores and exp2 in local arrays -- computed once per element, not in each of the row's
+    three passes -- and the output row's values are register lanes after the row's loops."""
+    (k,) = plans[case].kernels
+    sched = passes.schedule_kernel(k)
+    assert sched.hoist and sched.lanes and {n.op for n in sched.row_stash} == {"RSUM", "EXP2"}
+    lk = lower_kernel(k, plans[case])
+    assert sum(x.op == "DEFLOCAL" for x in lk.insts) == 2
+    assert sum(x.op == "EXP2" for x in lk.insts) == 1
+    off = lower_kernel(k, plans[case], options=LowerOptions(disabled={"row stash"}))
+    assert sum(x.op == "EXP2" for x in off.insts) > 1 and not any(x.op == "DEFLOCAL" for x in off.insts)
 
 
 def test_the_stash_is_stored_only_by_a_loop_over_the_unopened_row(plans):
@@ -278,6 +309,20 @@ def _good() -> list[LInst]:
             LInst("ENDRANGE", None, (2,))]                                       # 16
 
 
+def _local() -> list[LInst]:
+    """out[i] = in[0] + in[1], for i < 4, through a local array: each i stores in[0..1] into it and
+    sums it back."""
+    ix = INDEX
+    return [LInst("PARAM", int32, (), 0), LInst("PARAM", int32, (), 1),          # 0 1
+            LInst("RANGE", ix, (), 4), LInst("DEFLOCAL", int32, (), 2),          # 2 3
+            LInst("RANGE", ix, (), 2), LInst("LOAD", int32, (1, 4)),             # 4 5
+            LInst("STORE", None, (3, 4, 5)), LInst("ENDRANGE", None, (4,)),      # 6 7
+            LInst("DEFACC", int32, (), 0), LInst("RANGE", ix, (), 2),            # 8 9
+            LInst("LOAD", int32, (3, 9)), LInst("ACCUM", None, (8, 10), "ADD"),  # 10 11
+            LInst("ENDRANGE", None, (9,)), LInst("ACCREAD", int32, (8,)),       # 12 13
+            LInst("STORE", None, (0, 2, 13)), LInst("ENDRANGE", None, (2,))]    # 14 15
+
+
 def _with(i: int, inst: LInst | None = None, insts: list[LInst] | None = None, **kw) -> LoopKernel:
     body = list(insts if insts is not None else _good())
     if inst is not None:
@@ -291,6 +336,25 @@ def test_the_good_kernel_verifies_and_runs():
     out, inp = np.zeros(4, np.int32), np.arange(10, dtype=np.int32)
     run_loop(lk, [out, inp])
     np.testing.assert_array_equal(out, [i // 2 * 3 + 1 for i in range(4)])
+
+
+def test_a_local_array_verifies_runs_and_is_read_only_where_stored():
+    """DEFLOCAL: each work-item's own array; the interpreter checks every load reads an element the
+    same declaration's iteration stored, and the bounds."""
+    lk = _with(0, insts=_local())
+    verify(lk)
+    out, inp = np.zeros(4, np.int32), np.array([5, 7, 100], np.int32)
+    run_loop(lk, [out, inp])
+    np.testing.assert_array_equal(out, [12] * 4)
+    unstored = _local()
+    unstored[4] = LInst("RANGE", INDEX, (), 1)               # stores element 0 only; the sum reads 0 and 1
+    verify(_with(0, insts=unstored))
+    with pytest.raises(LoopIRError, match="LOAD at index 1 of a local array before any STORE there"):
+        run_loop(_with(0, insts=unstored), [out, inp])
+    past = _local()
+    past[9] = LInst("RANGE", INDEX, (), 3)                   # reads element 2 of 2
+    with pytest.raises(LoopIRError, match="LOAD at index 2 of its local array \\(2 elements\\)"):
+        run_loop(_with(0, insts=past), [out, inp])
 
 
 ix = INDEX
@@ -316,7 +380,14 @@ BAD: dict[str, tuple[LoopKernel, str]] = {
     "load of another dtype": (_with(5, LInst("LOAD", float32, (1, 4))),
         r"%5 LOAD: parameter 1's dtype int32, got float32"),
     "load from a non-parameter": (_with(5, LInst("LOAD", int32, (3, 4))),
-        r"%5 LOAD: src = \(a PARAM, index\)"),
+        r"%5 LOAD: src = \(a PARAM or DEFLOCAL, index\)"),
+    "a local array of no elements": (_with(3, LInst("DEFLOCAL", int32, (), 0), insts=_local()),
+        r"%3 DEFLOCAL: no operands, a dtype and an extent >= 1"),
+    "a store of another dtype to a local array": (_with(3, LInst("DEFLOCAL", float32, (), 2), insts=_local()),
+        r"%6 STORE: a value of parameter %3's dtype float32, got int32"),
+    "a local array used after its loop": (_with(0, insts=_local()[:15] + [LInst("ENDRANGE", None, (2,)),
+                                                                         LInst("LOAD", int32, (3, 4))]),
+        r"operand %3 is defined inside loop %2, which is closed here"),
     "store to a read-only parameter": (_with(15, LInst("STORE", None, (1, 2, 14))),
         r"%15 STORE: a written parameter .* parameter 1 \(b0\)"),
     "store of another dtype": (_with(15, LInst("STORE", None, (0, 2, 4))),

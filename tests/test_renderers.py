@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -352,3 +353,49 @@ def test_llvm_unrolls_only_innermost_loops():
     assert "!llvm.loop !6" not in src or "!6 = distinct !{!6, !1, !5, !7}" in src
     got = (Tensor(x) * 2.0).sum(axis=(1, 3)).numpy()
     np.testing.assert_allclose(got, (x * 2).sum(axis=(1, 3)), rtol=1e-5, atol=1e-5)
+
+
+def _fused_attention():
+    """softmax(q @ k.T * 0.3) @ v planned as one kernel (under a memory bound): the row stash keeps
+    each row's scores and exp2 in local arrays (loop IR DEFLOCAL). The kernel, its loop IR, its
+    inputs and the kernel tree's output."""
+    import eqgrad
+    from eqgrad.graph.interp import run_kernel
+    rng = np.random.default_rng(3)
+    q, k, v = (Tensor(rng.uniform(-2, 2, (2, 3, 40, 8)).astype(np.float32), device="NUMPY") for _ in range(3))
+    with eqgrad.Context(PEAK_MEMORY=8192):
+        plan = engine.plan_for([((q @ k.transpose(-1, -2) * 0.3).softmax(-1) @ v).lazydata])[0].plan
+    (kern,) = plan.kernels
+    bufs = [rng.uniform(-2, 2, s).astype(np.float32) for s, _ in plan.buffers[:plan.n_inputs]]
+    bufs += [np.zeros(s, d.np) for s, d in plan.buffers[plan.n_inputs:]]
+    ref = np.asarray(run_kernel(kern, bufs), np.float32).reshape(-1)
+    lk = replace(lower_kernel(kern, plan), name="eqk")            # the name the OpenCL device builds
+    verify(lk)
+    assert sum(x.op == "DEFLOCAL" for x in lk.insts) == 2, str(lk)
+    return lk, [np.ascontiguousarray(bufs[b]).reshape(-1) for b in kern.inputs], ref
+
+
+def test_local_arrays_on_llvm_match_the_kernel_reference():
+    lk, inputs, ref = _fused_attention()
+    got = np.zeros_like(ref)
+    run_loop(lk, [got] + [a.copy() for a in inputs])
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
+    got = np.zeros_like(ref)
+    hi = lk.insts[lk.parallel_ranges()[0]].arg
+    LLVMProgram(lk, render_llvm(lk))(*[a.ctypes.data for a in [got] + inputs], lo=0, hi=hi)
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
+    src = CUDARenderer().render(lk)
+    assert src.count("float loc") == 2, src
+
+
+@pytest.mark.skipif(not HAS_OPENCL, reason="no OpenCL platform")
+def test_local_arrays_on_opencl_match_the_kernel_reference():
+    from eqgrad.devices import get_device
+    dev = get_device("OPENCL")
+    lk, inputs, ref = _fused_attention()
+    raws = [dev.alloc((ref.size,), float32)] + [dev.alloc((a.size,), float32) for a in inputs]
+    for raw, a in zip(raws[1:], inputs):
+        dev.copyin(raw, a)
+    geo = dev.renderer.launch(lk)
+    dev.launch(dev.kernel(dev.renderer.render(lk)), geo.global_size, geo.local_size, raws)
+    np.testing.assert_allclose(dev.copyout(raws[0], (ref.size,), float32), ref, rtol=1e-5, atol=1e-5)

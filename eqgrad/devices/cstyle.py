@@ -382,7 +382,8 @@ class CStyleRenderer:
         kernel keeps one work-item per output element (no reduction long enough to share, or many
         accumulators, e.g. a matmul tile, which is better kept in one work-item's registers)."""
         L = self.reduce_group
-        if not L:
+        if not L or any(x.op == "DEFLOCAL" for x in k.insts):
+            # a local array (a row's stash) is per work-item: one work-item must fill all of it
             return None
         top = _reduce_tops(k)
         if top is None or sum(len(a) for a in top.values()) > 4 or max(k.insts[r].arg for r in top) < 4 * L \
@@ -591,6 +592,12 @@ class _CKernel:
         self.val[i], self.kinds[i] = f"acc{i}", kd
         self.put(f"{self.r.reg_type(kd)} acc{i} = {self.r.const(x.arg, kd)};")
 
+    def DEFLOCAL(self, i: int, x: LInst) -> None:
+        # private memory: each work-item's own array (declared in the loop whose iterations own it)
+        kd = _kind(x.dtype)
+        self.val[i], self.kinds[i] = f"loc{i}", kd
+        self.put(f"{self.r.mem_type(kd)} loc{i}[{x.arg}];")
+
     def ACCUM(self, i: int, x: LInst) -> None:
         acc, v = x.src
         op = "ADD" if x.arg == "ADD" else "MAX"
@@ -628,7 +635,7 @@ class _CKernel:
 
 
 _STRUCTURE = {op: getattr(_CKernel, op) for op in
-              ("PARAM", "CONST", "RANGE", "ENDRANGE", "DEFACC", "ACCUM", "ACCREAD", "LOAD", "STORE")}
+              ("PARAM", "CONST", "RANGE", "ENDRANGE", "DEFACC", "ACCUM", "ACCREAD", "LOAD", "STORE", "DEFLOCAL")}
 
 
 # ------------------------------------------------------------------ several kernels, one program

@@ -669,6 +669,10 @@ class _Kernel:
         # loop they were emitted in (a value of a closed loop's body is not available after it)
         lanes = _Lanes(k, self.sized) if k.vector_lanes >= 2 else None
         self.lanes = lanes if lanes is not None and lanes.grouped else None
+        # in a kernel with lanes (its loop vectorizer off), a row-fused kernel's row loops (the
+        # scores' dot products and the row's sum of softmax(q @ k.T) @ v: LoopKernel.row_loops),
+        # which LLVM's loop vectorizer may widen as in a kernel without lanes
+        self.scalar_loops = (set(k.row_loops) & _loops_without(k, self.lanes.grouped)) if self.lanes is not None else set()
         self.vmemo: dict[tuple, str] = {}
         self.vscopes: list[list[tuple]] = [[]]
         # float max accumulators of the scalar path, kept as ordered integers (_ordered)
@@ -702,7 +706,12 @@ class _Kernel:
             del self.vmemo[g]
         r = x.src[0]
         self.c.lines += [f"  %r{r}.n = add nuw nsw i64 %r{r}, 1", f"  store i64 %r{r}.n, ptr %r{r}.p",
-                         f"  br label %L{r}.cond, !llvm.loop {'!3' if r in self.inner else '!6' if r in self.gathering else '!4' if r in self.outer else '!0'}", f"L{r}.exit:"]
+                         f"  br label %L{r}.cond, !llvm.loop {self._loop_md(r)}", f"L{r}.exit:"]
+
+    def _loop_md(self, r: int) -> str:
+        if r in self.scalar_loops:
+            return "!9" if r in self.outer else "!8"
+        return '!3' if r in self.inner else '!6' if r in self.gathering else '!4' if r in self.outer else '!0'
 
     def DEFACC(self, i: int, x: LInst) -> None:
         kd = _name(x.dtype)
@@ -723,6 +732,12 @@ class _Kernel:
         self.allocas.append(f"  %a{i} = alloca {LT[kd]}")
         self.c.lines.append(f"  store {LT[kd]} {_const(x.arg, x.dtype)}, ptr %a{i}")
         self.set(i, f"%a{i}", kd)
+
+    def DEFLOCAL(self, i: int, x: LInst) -> None:
+        # in the entry block with the other allocas: one array per call (per thread), not per row
+        kd = _name(x.dtype)
+        self.allocas.append(f"  %l{i} = alloca {MT[kd]}, i64 {x.arg}, align 64")
+        self.set(i, f"%l{i}", kd)
 
     def ACCUM(self, i: int, x: LInst) -> None:
         c = self.c
@@ -917,11 +932,12 @@ class _Kernel:
         body = "\n".join(c.lines)
         return (f"; kernel {k.name}\n" + "\n".join(sorted(c.decls)) + "\n\n"
                 f"define void @{k.name}({args}) nounwind {{\nentry:\n" + "\n".join(entry) + "\n"
-                f"{body}\n  ret void\n}}\n\n" + _LOOP_MD[k.loop_vectorize] + (_GATHERING_MD if self.gathering else ""))
+                f"{body}\n  ret void\n}}\n\n" + _LOOP_MD[k.loop_vectorize] + (_GATHERING_MD if self.gathering else "")
+                + (_SCALAR_MD if self.scalar_loops else ""))
 
 
 _STRUCTURE = {op: getattr(_Kernel, op) for op in
-              ("PARAM", "CONST", "RANGE", "ENDRANGE", "DEFACC", "ACCUM", "ACCREAD", "LOAD", "STORE")}
+              ("PARAM", "CONST", "RANGE", "ENDRANGE", "DEFACC", "ACCUM", "ACCREAD", "LOAD", "STORE", "DEFLOCAL")}
 
 
 def render_llvm(k: LoopKernel, sized: dict[int, int] | None = None) -> str:
@@ -1067,6 +1083,24 @@ def _gathering_loops(k: LoopKernel) -> set[int]:
     return out
 
 
+def _loops_without(k: LoopKernel, grouped: set[int]) -> set[int]:
+    """The RANGEs of ``k`` with no instruction of ``grouped`` (a lane group's) inside them."""
+    out, open_, has = set(), [], []
+    for i, x in enumerate(k.insts):
+        if x.op == "RANGE":
+            open_.append(i)
+            has.append(False)
+        elif x.op == "ENDRANGE":
+            r, h = open_.pop(), has.pop()
+            if not h:
+                out.add(r)
+            elif has:
+                has[-1] = True
+        elif i in grouped and has:
+            has[-1] = True
+    return out
+
+
 def _outer_loops(k: LoopKernel) -> set[int]:
     """Loops that hold another loop: their latches get ``llvm.loop.unroll.disable`` (``!4``).
 
@@ -1100,6 +1134,8 @@ _LOOP_MD = {
 
 
 _GATHERING_MD = '!6 = distinct !{!6, !1, !5, !7}\n!7 = !{!"llvm.loop.vectorize.width", i32 1}\n'
+# a lane kernel's loops with no lane group inside (_loops_without): the loop vectorizer may widen them
+_SCALAR_MD = '!8 = distinct !{!8, !1}\n!9 = distinct !{!9, !1, !5}\n'
 
 # ------------------------------------------------------------------ compiler and runtime
 

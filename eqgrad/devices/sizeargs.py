@@ -123,7 +123,8 @@ def _split_sizes(lk: LoopKernel, launch_split: bool = True) -> tuple[Shape, froz
     params = tuple((d.name, w) for _, d, w in lk.params)
     loops = frozenset(j for j, i in enumerate(positions) if i in reduce)
     reductions = tuple(j for j in sorted(loops) if values[j] >= SPECULATE_MIN)
-    return Shape(Skeleton((tuple(items), params, lk.parallel, lk.loop_vectorize, lk.vector_lanes)), tuple(positions), tuple(values),
+    return Shape(Skeleton((tuple(items), params, lk.parallel, lk.loop_vectorize, lk.vector_lanes, lk.row_loops)),
+                 tuple(positions), tuple(values),
                  reductions), loops
 
 

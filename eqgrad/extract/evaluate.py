@@ -27,6 +27,7 @@ from typing import Any, Callable
 from eqgrad.ops import OPS, REDUCE_OPS, numel
 from eqgrad.extract.cost import CostModel, KernelCost
 from eqgrad.extract.egraph import EGraph, ENode
+from eqgrad.graph.caps import ROW_STASH_MAX, rows_kept
 from eqgrad.graph.plan import KernelStats, KNode, broadcast_product
 
 Choice = dict[int, ENode]
@@ -126,8 +127,55 @@ def _row_invariant(src: tuple, shape: tuple, rg: "str | frozenset") -> bool:
     return frozenset(bcast) == rg
 
 
+def _lane_broadcast(src: tuple, shape: tuple, rg: frozenset | None) -> bool:
+    """Does Expand(src -> shape), inside the root contraction of a kernel reducing the axes of
+    region ``rg``, broadcast exactly along the contraction's last kept axis -- the axis its register
+    lanes run along, whose lanes all read one element of the operand (an attention output row's
+    lanes, ``softmax(q @ k.T)`` the operand)?"""
+    if not rg or len(rg) != 1 or len(src) != len(shape):
+        return False
+    (axes,) = rg
+    if axes == "out":
+        return False
+    kept = [d for d, b in enumerate(shape) if b > 1 and d not in axes]
+    bcast = [d for d, (a, b) in enumerate(zip(src, shape)) if a == 1 and b > 1]
+    return bool(kept) and bcast == kept[-1:]
+
+
+def _reduces_below(choice: "Choice", c: int) -> bool:
+    """Is a reduction inside the body below class ``c`` (down to its leaves and realized classes)?"""
+    seen, todo = set(), [c]
+    while todo:
+        x = todo.pop()
+        if x in seen:
+            continue
+        seen.add(x)
+        n = choice[x]
+        if n.op in REDUCE_OPS:
+            return True
+        if n.op in _LEAVES or n.op in ("REALIZE", "CONTIGUOUS"):
+            continue
+        todo.extend(n.children)
+    return False
+
+
+def _unit_reshape(src: tuple, shape: tuple, rg: frozenset | None) -> frozenset | None:
+    """The region ``rg`` of Reshape(src -> shape) on its source, where the reshape only adds or
+    drops axes of one element (each reduced axis keeps its extent); None where it does more."""
+    if not rg or [a for a in src if a != 1] != [b for b in shape if b != 1]:
+        return None
+    to_src = dict(zip([d for d, b in enumerate(shape) if b != 1], [d for d, a in enumerate(src) if a != 1]))
+    out = []
+    for axes in rg:
+        if axes == "out" or any(d not in to_src for d in axes):
+            return None
+        out.append(frozenset(to_src[d] for d in axes))
+    return frozenset(out)
+
+
 # PlanEvaluator._fill's answers, by kernel body structure (a bounded memo: cleared when full)
 _FILLS: dict[tuple, tuple[float, float]] = {}
+_ROWS: dict[tuple, bool] = {}             # PlanEvaluator._rows_kept's answers, likewise
 _UNASKED = object()
 
 
@@ -150,6 +198,9 @@ def _body(s: tuple, memo: dict[int, KNode]) -> KNode:
 class PlanEvaluator:
     def __init__(self, g: EGraph, cost: CostModel, inputs: list[tuple]):
         self.g, self.cost, self.inputs = g, cost, inputs
+        # price a row-fused kernel as the lowering runs it when it keeps its rows (``_kernel_cost_reads``:
+        # attention as one kernel); off, such kernels are priced (and illegal) as before those rules
+        self.rows = False
         self.evaluations = 0          # plans evaluated (a full evaluation or an incremental one)
         self.full_evaluations = 0     # of which full ones (every kernel costed)
         self.kernels_costed = 0       # kernel_cost calls, over all evaluations
@@ -168,6 +219,20 @@ class PlanEvaluator:
         hold (the lanes pass reads strides), and kept by the body's structure (buffers numbered in
         the order first read), so a body repeated in other layers, regions or programs is worked
         out once (resnet's training step: 333 stride analyses -> 158)."""
+        struct = self._structure(k, order, nodes_of)
+        if self._library is _UNASKED:             # the device's answer, once per evaluator
+            self._library = self.cost.library_speed()
+        key = (struct, self.cost.caps, self.cost.params.contraction, self._library, self.cost.threads)
+        hit = _FILLS.get(key)
+        if hit is None:
+            if len(_FILLS) >= 4096:
+                _FILLS.clear()
+            hit = _FILLS[key] = self.cost.fill_parts(_body(struct, {}))
+        return hit
+
+    def _structure(self, k: int, order: list[int], nodes_of: dict[int, ENode]) -> tuple:
+        """Kernel ``k``'s body as a structure ``_body`` builds KNodes of (buffers numbered in the
+        order first read): the key of the lowering's answers about it."""
         g = self.g
         struct: dict[int, tuple] = {}
         bufs: dict[int, int] = {}
@@ -181,14 +246,16 @@ class PlanEvaluator:
             else:
                 struct[c] = (n.op, n.arg, tuple(struct[ch] for ch in n.children))
             struct[c] += (g.shapes[c], g.dtypes[c])
-        if self._library is _UNASKED:             # the device's answer, once per evaluator
-            self._library = self.cost.library_speed()
-        key = (struct[k], self.cost.caps, self.cost.params.contraction, self._library, self.cost.threads)
-        hit = _FILLS.get(key)
+        return struct[k]
+
+    def _rows_kept(self, k: int, order: list[int], nodes_of: dict[int, ENode]) -> bool:
+        """The lowering's ``rows_kept`` for kernel ``k``'s body (graph/caps.py), by structure."""
+        struct = self._structure(k, order, nodes_of)
+        hit = _ROWS.get(struct)
         if hit is None:
-            if len(_FILLS) >= 4096:
-                _FILLS.clear()
-            hit = _FILLS[key] = self.cost.fill_parts(_body(struct[k], {}))
+            if len(_ROWS) >= 4096:
+                _ROWS.clear()
+            hit = _ROWS[struct] = rows_kept(_body(struct, {}))
         return hit
 
     @staticmethod
@@ -247,8 +314,13 @@ class PlanEvaluator:
         del seen[KERNEL_MEMO:]
         return kc, deps, read
 
-    def _kernel_cost_reads(self, choice: Choice, k: int) -> tuple[KernelCost, list[int], set[int]]:
+    def _kernel_cost_reads(self, choice: Choice, k: int, rows: bool | None = None) -> tuple[KernelCost, list[int], set[int]]:
+        """``kernel_cost_reads`` worked out. ``rows``: price a row-fused kernel as the lowering runs
+        it when it keeps its rows (lower/passes.py ``rows_kept``: an operand its root contraction's
+        lanes share evaluated once per element, a reduction nested in its passes once): where the
+        lowering would not, the kernel is priced again without (as before those rules)."""
         g, p = self.g, self.cost.params
+        rows = self.rows if rows is None else rows
         size, weight, elementwise, shapes = self._numel, self._flops, self._elementwise, g.shapes
         # body in topological order (consumers first): iterative DFS post-order, reversed. A class
         # is pushed as c, and again as ~c (< 0) to be emitted once its children are done; the
@@ -295,7 +367,8 @@ class PlanEvaluator:
         loads: dict[int, float] = {}       # materialized producer class -> element reads
         inputs: dict[int, float] = {}      # input position -> element reads
         flops, nodes, legal, why = 0.0, 0, True, ""
-        hoisted = inner_reduce = any_reduce = masked = False
+        hoisted = inner_reduce = any_reduce = masked = row_long = False
+        shared: set[int] = set()           # below an operand the root contraction's lanes share
         deps: list[int] = []
         fused: list[str] = []
         recomputed: list[int] = []
@@ -340,6 +413,8 @@ class PlanEvaluator:
             if reduce:
                 inner_reduce = inner_reduce or nested.get(c, True)
                 mult = size[n.children[0]] // max(1, size_c)
+                if c in under_hoist and mult > ROW_STASH_MAX:
+                    row_long = True
                 if e > size_c:       # (an empty reduction under a Pad is read e > 0 times, masked)
                     legal, why = False, f"reduction {op} recomputed {e / max(1, size_c):.0f}x per element"
                     recomputed.append(c)
@@ -371,9 +446,18 @@ class PlanEvaluator:
             same_rg = rg if rg and op in elementwise else None    # regions pass through same-shape elementwise ops
             shape_c = shapes[c] if rg else None
             for ch in n.children:
-                ce, cr, cn, via = e * mult, None, nest, False
+                ce, cr, cn, via, shares = e * mult, None, nest, False, False
                 if rg and op == "EXPAND" and all(_row_invariant(shapes[ch], shape_c, t) for t in rg):
                     ce, cn, hoisted, via = e * size[ch] / max(1, size_c), False, True, True
+                elif rows and c in fast and op == "EXPAND" and row_fusion and _lane_broadcast(shapes[ch], shape_c, rg) \
+                        and _reduces_below(choice, ch):
+                    # the root contraction's lanes share the element: evaluated once per block
+                    # (the lowering's row lanes cover the axis: lower/passes.py row_lanes), in the
+                    # reduction's region, so the row values below it are hoisted; a reduction
+                    # below it must be a row's (hoisted, or kept by a hoisted loop: checked below)
+                    ce, cr, shares = e * size[ch] / max(1, size_c), rg, True
+                elif rg and op == "RESHAPE" and _unit_reshape(shapes[ch], shape_c, rg) is not None:
+                    cr = _unit_reshape(shapes[ch], shape_c, rg)
                 elif reduce:
                     cn = True
                     if row_fusion and not nest:      # a reduction inside another's loop is not hoisted from
@@ -388,6 +472,8 @@ class PlanEvaluator:
                     fast.add(ch)
                 if via or c in under_hoist:
                     under_hoist.add(ch)
+                if shares or c in shared:
+                    shared.add(ch)
                 if not nested.get(ch, False):
                     nested[ch] = cn
                 if ch in region:
@@ -395,11 +481,21 @@ class PlanEvaluator:
                 region[ch] = cr
         if nodes > p.max_nodes:
             legal, why = False, f"body of {nodes} nodes > {p.max_nodes}"
-        if hoisted and inner_reduce:
-            # a row-fused kernel makes several passes over each row (max, sum, output) and keeps
-            # no register lanes: a contraction inside them (softmax(q @ k)) would be recomputed
-            # in every pass without lanes (measured 100x slower than materializing it)
-            legal, why = False, "a reduction nested inside a row-fused kernel's passes"
+        if rows and (shared or (hoisted and inner_reduce)) and not self._rows_kept(k, order, nodes_of):
+            # priced once per element above: the scores of softmax(q @ k.T) in one attention kernel,
+            # which the lowering keeps per row; where it would not (lower/passes.py rows_kept), a
+            # reduction nested in a row's passes or below an operand the lanes share is computed in
+            # every pass or block of lanes (a logits projection fused with its layer's last matvec
+            # and norm ran 10 s, priced 0.7 ms): priced as such
+            return self._kernel_cost_reads(choice, k, rows=False)
+        if hoisted and inner_reduce and (row_long or not rows):
+            # a row-fused kernel makes several passes over each row (max, sum, output); a value
+            # with a reduction inside them (the scores of softmax(q @ k.T)) is kept in a local array
+            # of the row's length by the lowering (lower/passes.py RowStash) and computed once,
+            # but not past caps.ROW_STASH_MAX: recomputed in every pass, measured 100x slower
+            # than materializing it
+            legal, why = False, ("a reduction nested inside a row-fused kernel's passes" +
+                                 (f" over rows of more than {ROW_STASH_MAX}" if rows else ""))
         nbytes = size_k * g.dtypes[k].itemsize
         for pos, reads in inputs.items():
             shape, dt = self.inputs[pos]
@@ -419,6 +515,10 @@ class PlanEvaluator:
         kind = _KINDS[(fused_rows, cflops > 0, bool(slow), masked)]
         return KernelCost(t, int(nbytes), int(flops), nodes, legal, why, tuple(reversed(fused)), kind, stats,
                           tuple(recomputed)), deps, read
+
+    def forget(self) -> None:
+        """Drop the costed bodies (after a change of how kernels are priced: ``rows``)."""
+        self._memo.clear()
 
     def evaluate(self, choice: Choice) -> Evaluation:
         """The reference: every kernel reachable from the roots, costed from scratch."""

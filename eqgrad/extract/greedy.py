@@ -449,6 +449,14 @@ class GreedyExtractor:
         memory_moves: list[str] = []
         if bound and self.over(cur) and not stopped:
             memory_moves.append(f"fastest plan: {cur.peak} bytes, {cur.total * 1e6:.1f} us")
+            # attention as one kernel that writes no score matrix (evaluate.py ``rows``) is priced
+            # from here on only: it is slower than the materializing plan on the CPU today, and a
+            # decode step's would be lowered and compiled again at every length below 64 keys
+            # (its lanes' offsets pin the traces, lower/trace.py): growing_seq x1.55 -> x4.3
+            self.ev.rows = True
+            self.ev.forget()
+            cur = self.ev.evaluate(st.choice)
+            st = PlanState(self.ev, st.choice, cur)
             # the largest producers' toggles first: the first move that lowers the bytes over the
             # bound is taken, and one that stores a big buffer no longer saves the most
             self._largest_first = True

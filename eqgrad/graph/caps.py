@@ -28,6 +28,7 @@ from typing import Any, Callable
 LANES_LAST = (16, 8, 4)       # lanes tried on the last output axis, first that divides wins
 LANES_PREV = (8, 4, 2)        # lanes tried on the axis before it
 LANE_BODY_MAX = 8192          # most body nodes x lanes (the unrolled block must stay compilable; docs/lowering.md, Constants)
+ROW_STASH_MAX = 16384         # elements of a row's local array: a thread's stack (docs/lowering.md, Constants)
 TILE_BLOCKS = 8               # register blocks of the outer lane axis per cache tile (docs/lowering.md, Constants)
 TILE_MIN_STREAM = 1 << 20     # bytes a block's reduce loop streams from the lane-axis operand (docs/lowering.md, Constants)
 
@@ -129,6 +130,25 @@ def block_of(body: Any, caps: Capabilities) -> tuple[int, int]:
     """The register block the lanes pass gives kernel body ``body`` (a KNode) on a device with
     ``caps``; (1, 1) before the lowering is imported."""
     return _BLOCK_OF(body, caps) if _BLOCK_OF is not None else (1, 1)
+
+
+# whether the lowering computes a row-fused body's reductions once per row (lower/passes.py
+# ``rows_kept`` registers itself when imported): the cost model asks before it prices a reduction
+# nested in a row's passes, or below an operand a contraction's lanes share, once per element
+_ROWS_KEPT: Callable[[Any], bool] | None = None
+
+
+def register_rows_rule(fn: Callable[[Any], bool]) -> None:
+    """Install the lowering's answer to ``rows_kept`` (``fn(kernel body) -> bool``)."""
+    global _ROWS_KEPT
+    _ROWS_KEPT = fn
+
+
+def rows_kept(body: Any) -> bool:
+    """Whether the lowering computes every reduction of kernel body ``body`` (a KNode) once per row
+    or once per output element (hoisted, kept by a hoisted loop, or the root's own); False before
+    the lowering is imported."""
+    return _ROWS_KEPT(body) if _ROWS_KEPT is not None else False
 
 
 # the GEMM a kernel body is (lower/contraction.py ``gemm_shape`` registers itself when imported):

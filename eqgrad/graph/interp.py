@@ -194,6 +194,10 @@ def run_loop(k: LoopKernel, buffers: list[np.ndarray]) -> None:
         raise LoopIRError(f"loops %{open_} are never closed")
     val: dict[int, Any] = {}
     kind: dict[int, str] = {}
+    # the parameters, then a fresh array for each DEFLOCAL executed (with which of its elements were
+    # stored: reading one that was not is an error, as its contents are undefined on a device)
+    buffers = list(buffers)
+    stored: dict[int, np.ndarray] = {}
 
     def index_alu(i: int, x: LInst, a: list[Any]) -> Any:
         op = x.op
@@ -214,7 +218,13 @@ def run_loop(k: LoopKernel, buffers: list[np.ndarray]) -> None:
 
     def element(i: int, p: int, idx: int) -> int:
         if not 0 <= idx < buffers[p].size:
-            raise LoopIRError(f"%{i}: {insts[i].op} at index {idx} of parameter {p} ({buffers[p].size} elements)")
+            what = f"parameter {p}" if p not in stored else "its local array"
+            raise LoopIRError(f"%{i}: {insts[i].op} at index {idx} of {what} ({buffers[p].size} elements)")
+        if p in stored:
+            if insts[i].op == "STORE":
+                stored[p][idx] = True
+            elif not stored[p][idx]:
+                raise LoopIRError(f"%{i}: LOAD at index {idx} of a local array before any STORE there")
         return idx
 
     def block(lo: int, hi: int) -> None:
@@ -236,6 +246,10 @@ def run_loop(k: LoopKernel, buffers: list[np.ndarray]) -> None:
                 kind[i] = INDEX if x.dtype == INDEX else x.dtype.name
             elif op == "DEFACC":
                 val[i], kind[i] = const(x.arg, (), x.dtype), x.dtype.name
+            elif op == "DEFLOCAL":
+                val[i], kind[i] = len(buffers), "param"
+                stored[len(buffers)] = np.zeros(x.arg, bool)
+                buffers.append(np.zeros(x.arg, x.dtype.np))
             elif op == "ACCUM":
                 acc, v = src
                 val[acc] = OPS[x.arg].ref([val[acc], val[v]], None, insts[acc].dtype)

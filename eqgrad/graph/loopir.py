@@ -12,6 +12,11 @@ Instructions (``LInst``; an instruction's id is its position, ``src`` are ids):
 ``ACCREAD``           src = (acc,): the accumulator's current value
 ``LOAD``              src = (param, index); dtype
 ``STORE``             src = (param, index, value)
+``DEFLOCAL``          arg = extent >= 1; dtype: an array of that many elements that each work-item
+                      (CPU thread, GPU work-item) has its own of, declared where its values are
+                      needed (a row-fused kernel's row: ``lower/passes.py`` ``RowStash``); ``LOAD``
+                      and ``STORE`` name it in place of a ``PARAM``. An element is read only after
+                      it is stored, in the same iteration of the loops open at the declaration
 ALU ops               the op table's unary/binary/ternary ops; dtype of the result; ``CAST``'s
                       dtype is the target. Index arithmetic uses ADD/MUL/IDIV/MOD/CMPLT/AND/WHERE
                       with dtype ``index`` (64-bit) or bool.
@@ -92,6 +97,10 @@ class LoopKernel:
     # DEFACCs and its output STOREs runs of STOREs, in groups of this many consecutive lanes,
     # which a renderer may emit as one vector each (llvm.py, _Lanes)
     vector_lanes: int = 0
+    # a lane kernel's row loops (RANGE ids): the loops of a row-fused kernel's hoisted reductions,
+    # rendered before its lanes, whose values are scalars -- a renderer may vectorize them as it
+    # does the loops of a kernel without lanes (llvm.py: attention's scores as dot products)
+    row_loops: frozenset = frozenset()
 
     def parallel_ranges(self) -> list[int]:
         """Instruction ids of the leading independent RANGEs, outermost first."""
@@ -232,21 +241,28 @@ def verify(lk: LoopKernel) -> None:
                 out = None
             elif dt != acc:
                 fail(i, f"the accumulator's dtype {acc.name}, got {_name(dt)}")
+        elif op == "DEFLOCAL":
+            if src or not isinstance(dt, DType) or type(x.arg) is not int or x.arg < 1:
+                fail(i, f"no operands, a dtype and an extent >= 1, got {len(src)}, {dt!r}, {x.arg!r}")
+            out = _PARAM
         elif op in ("LOAD", "STORE"):
             n = 2 if op == "LOAD" else 3
-            if len(src) != n or insts[src[0]].op != "PARAM":
-                fail(i, f"src = (a PARAM, index{', value' if n == 3 else ''}), got {src}")
-            p = insts[src[0]].arg
+            if len(src) != n or insts[src[0]].op not in ("PARAM", "DEFLOCAL"):
+                fail(i, f"src = (a PARAM or DEFLOCAL, index{', value' if n == 3 else ''}), got {src}")
             if ts[1] != INDEX:
                 fail(i, f"an index-typed element number, got {_name(ts[1])} (%{src[1]})")
-            if op == "LOAD" and dt != params[p][1]:
-                fail(i, f"parameter {p}'s dtype {params[p][1].name}, got {_name(dt)}")
+            base = insts[src[0]]
+            # a local array is written and read like a parameter of its dtype
+            p, (pname, pdt, written) = (base.arg, params[base.arg]) if base.op == "PARAM" else \
+                (f"%{src[0]}", (f"local array %{src[0]}", base.dtype, True))
+            if op == "LOAD" and dt != pdt:
+                fail(i, f"parameter {p}'s dtype {pdt.name}, got {_name(dt)}")
             if op == "STORE":
-                if not params[p][2]:
-                    fail(i, f"a written parameter (parameter 0, the output), got parameter {p} ({params[p][0]}), "
+                if not written:
+                    fail(i, f"a written parameter (parameter 0, the output), got parameter {p} ({pname}), "
                             f"which is read-only")
-                if ts[2] != params[p][1] or dt is not None:
-                    fail(i, f"a value of parameter {p}'s dtype {params[p][1].name}, got {_name(ts[2])}")
+                if ts[2] != pdt or dt is not None:
+                    fail(i, f"a value of parameter {p}'s dtype {pdt.name}, got {_name(ts[2])}")
                 out = None
         elif op in OPS and OPS[op].kind in ("unary", "binary", "ternary"):
             _check_alu(i, x, ts, insts, fail)
@@ -257,7 +273,7 @@ def verify(lk: LoopKernel) -> None:
             if why:
                 fail(i, f"expected {why}")
         else:
-            fail(i, f"an op of the loop IR (PARAM CONST RANGE ENDRANGE DEFACC ACCUM ACCREAD LOAD STORE), "
+            fail(i, f"an op of the loop IR (PARAM CONST RANGE ENDRANGE DEFACC ACCUM ACCREAD LOAD STORE DEFLOCAL), "
                     f"an ALU op of the op table or one of {LOOP_ALU_OPS}, got {op!r}")
         vtype.append(out)
         scope_of.append(open_[-1] if open_ else -1)

@@ -328,7 +328,7 @@ def libm64(op: str) -> str | None:
 def decompose(k: LoopKernel, native: Collection[str]) -> LoopKernel:
     """``k`` with every float32 (or float16/bfloat16, computed in float32) instruction whose op has a
     decomposition but is not in ``native`` rewritten into it (``k`` itself when there is none);
-    instruction ids are renumbered, nothing else moves. float64 instructions stay: the renderer
+    instruction ids are renumbered (``row_loops`` with them), nothing else moves. float64 instructions stay: the renderer
     calls the C library's double function for them (``libm64``)."""
     todo = decomposed_for(native)
     if not any(x.op in todo and x.dtype != FLOAT64 for x in k.insts):
@@ -348,4 +348,4 @@ def decompose(k: LoopKernel, native: Collection[str]) -> LoopKernel:
         else:
             insts.append(replace(x, src=tuple(new[s] for s in x.src)))
             new.append(len(insts) - 1)
-    return replace(k, insts=insts)
+    return replace(k, insts=insts, row_loops=frozenset(new[r] for r in k.row_loops))

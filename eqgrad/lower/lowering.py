@@ -33,10 +33,10 @@ from eqgrad.graph.loopir import INDEX, NONNEG, LInst, LoopIRError, LoopKernel, v
 from eqgrad.graph.plan import GROUP, Kernel, KernelPlan, KNode
 from eqgrad.lower.collapse import collapse, merge_axes
 from eqgrad.lower.indexing import MOVES, REDUCES, dry_sources, flat_index, hoistable, move_index, reduce_map, strides_of
-from eqgrad.lower.passes import LowerOptions, Schedule, describe_steps, run_passes
+from eqgrad.lower.passes import ROW_STASH_MAX, LowerOptions, Schedule, describe_steps, run_passes
 from eqgrad.lower.sums import SUM_BLOCK, SUM_RADIX, sum_depth, sum_error_terms, sum_pieces
 from eqgrad.lower import symbolic
-from eqgrad.lower.symbolic import Div, Lin, Mod, Var
+from eqgrad.lower.symbolic import Div, Lin, Mod, Var, substitute_free
 from eqgrad.ops import RETYPES, numel, reduce_identity
 
 # tests and tools import these from here
@@ -85,6 +85,12 @@ class Lowerer:
         self._stash_idx: tuple | None = None
         self._stashed = False
         self._main_idx: tuple | None = None
+        # the row stash pass's values (passes.RowStash): id(value) -> its local array while the row
+        # is being reduced; the hoisted reduction being rendered and the loop variables it opened
+        self._rows: dict[int, _RowArray] = {}
+        self._hoisting: KNode | None = None
+        self._hoist_vars: set[str] = set()
+        self._row_ranges: set[int] = set()     # RANGEs opened by hoisted reductions (LoopKernel.row_loops)
 
     # ------------------------------------------------------------------ emission with scoped CSE
     def emit(self, op: str, dtype: Any, src: tuple[int, ...] = (), arg: Any = None, cse: bool = True) -> int:
@@ -111,6 +117,9 @@ class Lowerer:
     def open_range(self, extent: int) -> Lin:
         name = f"r{self.n_ranges}"
         self.n_ranges += 1
+        if self._hoisting is not None:
+            self._hoist_vars.add(name)
+            self._row_ranges.add(len(self.insts))           # the RANGE about to be emitted
         rid = self.emit("RANGE", INDEX, (), extent, cse=False)
         self.vars[name] = rid
         self.scope_keys.append([])
@@ -170,6 +179,8 @@ class Lowerer:
             return hit
         if n is self.sched.stash and valid is None:
             v = self._stashed_value(n, idx, lambda: self._render(n, idx, valid))
+        elif id(n) in self._rows and valid is None:
+            v = self._row_value(n, idx, lambda: self._render(n, idx, valid))
         else:
             v = self._render(n, idx, valid)
         self.memo[key] = v
@@ -231,8 +242,108 @@ class Lowerer:
         for n, ix in hoistable(root, idx, self.has_reduce, self._dry_sources):
             if id(n) in chosen:
                 self._stash_in = n if self._covers_the_row(n, ix, out_idx) else None
+                self._open_rows(n, ix)
+                self._hoisting, self._hoist_vars = n, set()
                 self.render_lanes(n, (ix,), (None,))      # the key the main pass looks up
-                self._stash_in = None
+                self._hoisting, self._stash_in = None, None
+                for key, row in list(self._rows.items()):
+                    if row.by is n:           # kept from now on, or (never stored) not kept
+                        if row.stored:
+                            row.done = True
+                        else:
+                            del self._rows[key]
+
+    # ------------------------------------------------------------------ the row stash
+    def _open_rows(self, red: KNode, ix: tuple[Lin, ...]) -> None:
+        """Declare, before hoisted reduction ``red``'s loop, a local array for each row-stash value
+        not yet kept that ``red`` computes over its own loop: the array that loop stores it into."""
+        for x in self.sched.row_stash:
+            if id(x) in self._rows:
+                continue
+            axes = self._stash_layout(red, ix, x)
+            if axes is None:
+                continue
+            extent = numel(tuple(x.shape[d] for d in axes))
+            if extent > ROW_STASH_MAX:
+                continue
+            # the array's extent is the power of two at or above the row's: the kernels of a
+            # growing row (a decode step's cache) share their code (devices/sizeargs.py: the extent
+            # is not a size) and a trace (lower/trace.py: comparisons guard a band of lengths,
+            # where the length itself would pin the trace to one)
+            cap = 16
+            while cap < extent:
+                cap *= 2
+            arr = self.emit("DEFLOCAL", x.dtype, (), cap, cse=False)
+            self._rows[id(x)] = _RowArray(arr, red, axes)
+
+    def _stash_layout(self, red: KNode, ix: tuple[Lin, ...], x: KNode) -> tuple[int, ...] | None:
+        """The axes of ``x`` that hoisted reduction ``red`` (at ``ix``) loops over where it reads
+        ``x``, each indexed by one of its loop variables alone over the whole axis, every other axis
+        by the open row loops only (a dry run of the index function); None where ``x`` is read at
+        more than one index, or inside another reduction's loop, or not so."""
+        tag = "_k"
+        mine = f"{tag}{id(red)}_"
+        found: set = set()
+        seen: set = set()
+        todo: list = [(red, ix)]
+        while todo:
+            n, i = todo.pop()
+            if (id(n), i) in seen:
+                continue
+            seen.add((id(n), i))
+            if n is x:
+                found.add(i)
+                continue
+            if n is not red and n.op in REDUCES and not any(
+                    v.startswith(mine) for l in i for v in substitute_free(l)):
+                continue                  # a value of the row: computed before this loop, loaded
+            todo.extend(self._dry_sources(n, i, tag))
+        if len(found) != 1:
+            return None
+        (xi,) = found
+        axes, names = [], set()
+        for d, l in enumerate(xi):
+            free = substitute_free(l)
+            if any(v.startswith(mine) for v in free):
+                (name,) = free if len(free) == 1 else (None,)
+                if name is None or l != Lin.var(name, x.shape[d]) or name in names:
+                    return None
+                axes.append(d)
+                names.add(name)
+            elif any(v.startswith("_") for v in free):
+                return None               # an output axis not open yet, or another reduction's loop
+        return tuple(axes) or None
+
+    def _row_value(self, n: KNode, idx: tuple[Lin, ...], compute) -> int:
+        """A row-stash value at ``idx``: loaded from its local array once the row's loop that keeps
+        it has stored it (at the same row), stored there while that loop computes it, else computed."""
+        row = self._rows[id(n)]
+        if row.done:
+            if all(row.row[d] is None or idx[d] == row.row[d] for d in range(len(idx))):
+                return self.emit("LOAD", n.dtype, (row.arr, self.index(row.element(idx, n.shape))), cse=False)
+            return compute()
+        v = compute()
+        if self._hoisting is row.by and self._keeps(row, idx, n.shape):
+            if row.row is None:
+                row.row = tuple(None if d in row.axes else l for d, l in enumerate(idx))
+            if all(row.row[d] is None or idx[d] == row.row[d] for d in range(len(idx))):
+                self.emit("STORE", None, (row.arr, self.index(row.element(idx, n.shape)), v), cse=False)
+                row.stored = True
+        return v
+
+    def _keeps(self, row: "_RowArray", idx: tuple[Lin, ...], shape: tuple[int, ...]) -> bool:
+        """Whether ``idx``, inside the keeping loop, has that loop's own variables alone on the kept
+        axes (each over the whole axis) and none elsewhere."""
+        used = set()
+        for d, l in enumerate(idx):
+            free = substitute_free(l)
+            if d in row.axes:
+                if len(free) != 1 or not free <= self._hoist_vars or l != Lin.var(next(iter(free)), shape[d]):
+                    return False
+                used |= free
+            elif free & self._hoist_vars:
+                return False
+        return len(used) == len(row.axes)
 
     def _covers_the_row(self, n: KNode, ix: tuple[Lin, ...], out_idx: list[Lin | None]) -> bool:
         """Whether reduction ``n``, hoisted at index ``ix``, loops over exactly the output elements
@@ -264,12 +375,20 @@ class Lowerer:
     def render_lanes(self, n: KNode, idxs: tuple, valids: tuple) -> tuple[int, ...]:
         if not self.has_reduce[id(n)]:
             return tuple(self.render(n, i, v) for i, v in zip(idxs, valids))
+        if len(idxs) > 1 and all(v is valids[0] for v in valids) and all(
+                i is idxs[0] or all(a is b for a, b in zip(i, idxs[0])) for i in idxs):
+            # every lane reads the same element (a row's value below a row-fused kernel's lanes): one
+            # reduction, found under the key the hoist pass rendered it at, not one per lane. (By
+            # identity: indices are interned, and == on a traced size would record a guard)
+            return self.render_lanes(n, idxs[:1], valids[:1]) * len(idxs)
         key = ("l", id(n), idxs, valids)
         hit = self.memo.get(key)
         if hit is not None:
             return hit
         if n is self.sched.stash and valids == (None,):
             out = (self._stashed_value(n, idxs[0], lambda: self._render_lanes(n, idxs, valids)[0]),)
+        elif id(n) in self._rows and valids == (None,):
+            out = (self._row_value(n, idxs[0], lambda: self._render_lanes(n, idxs, valids)[0]),)
         else:
             out = self._render_lanes(n, idxs, valids)
         self.memo[key] = out
@@ -456,7 +575,21 @@ class Lowerer:
             self.close_range(r)
         width = up.get(lane_axes[-1], root.shape[lane_axes[-1]]) if lane_axes else 0
         return LoopKernel(self.kernel.name, self.params, self.insts, loop_vectorize=not up, parallel=s.parallel,
-                          vector_lanes=width)
+                          vector_lanes=width, row_loops=frozenset(self._row_ranges) if up else frozenset())
+
+
+class _RowArray:
+    """A row-stash value's local array: the DEFLOCAL, the hoisted reduction whose loop stores it, the
+    value's axes that the array holds (the rest are the row's: ``row``, set by the first store)."""
+    __slots__ = ("arr", "by", "axes", "row", "stored", "done")
+
+    def __init__(self, arr: int, by: KNode, axes: tuple[int, ...]) -> None:
+        self.arr, self.by, self.axes = arr, by, axes
+        self.row: tuple | None = None
+        self.stored = self.done = False
+
+    def element(self, idx: tuple[Lin, ...], shape: tuple[int, ...]) -> Lin:
+        return flat_index(tuple(idx[d] for d in self.axes), tuple(shape[d] for d in self.axes))
 
 
 def _zero(dt: DType) -> Any:

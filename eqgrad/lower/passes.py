@@ -16,6 +16,7 @@ on the whole suite verifies the loop IR after every pass).
 ``tiling``            kernel   a cache tile loop over a two-axis register block
 ``hoist``             kernel   row fusion: reductions rendered once per row, inside the row loop
 ``stash``             kernel   a row's costly shared value stored by its reduction's loop, loaded back
+``row stash``         kernel   a row's costly values read by several of its passes, kept in a local array
 ``blocked sums``      kernel   float sums of more than 1024 values summed in levels
 ``parallel``          kernel   which leading output loops have independent iterations
 ====================  =======  ===============================================================
@@ -28,12 +29,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
-from eqgrad.graph.caps import (LANE_BODY_MAX, LANES_LAST, LANES_PREV, TILE_BLOCKS, TILE_MIN_STREAM, Capabilities,
+from eqgrad.dtype import bool_
+from eqgrad.graph.caps import (LANE_BODY_MAX, ROW_STASH_MAX, register_rows_rule, LANES_LAST, LANES_PREV, TILE_BLOCKS, TILE_MIN_STREAM, Capabilities,
                                register_block, register_block_rule)
-from eqgrad.graph.plan import Kernel, KNode, shared_factor
+from eqgrad.graph.plan import GROUP, Kernel, KNode, shared_factor
 from eqgrad.graph.sizes import ELEMENTWISE
 from eqgrad.lower.contraction import candidate, find_contraction
-from eqgrad.lower.indexing import REDUCES, dry_sources, flat_index, hoistable, reduce_map, roots_of
+from eqgrad.lower.indexing import MOVES, REDUCES, dry_sources, flat_index, hoistable, reduce_map, roots_of
 from eqgrad.lower.sums import SUM_BLOCK, SUM_RADIX
 from eqgrad.lower.symbolic import Lin, Var
 from eqgrad.ops import OPS, numel
@@ -106,6 +108,7 @@ class Schedule:
     sum_radix: int = SUM_RADIX
     parallel: int = 0                                  # leading output loops with independent iterations
     stash: KNode | None = None                         # a value stored by a hoisted loop, loaded by the row's
+    row_stash: tuple[KNode, ...] = ()                  # values a row's first pass stores in a local array
     split: Split | None = None                         # for the device (a plan pass)
 
     @property
@@ -220,7 +223,7 @@ class Lanes(Pass):
         o, forced = ctx.options, ctx.options.upcast
         w1s, w0s = ((forced[0],), (forced[1],)) if forced is not None else (o.lanes_last, o.lanes_prev)
         # the widths as the cost model prices them (graph/caps.py, Capabilities.block_fill)
-        w1, w0 = register_block(shape, len(ctx.root.walk()), w1s, w0s, o.lane_body_max)
+        w1, w0 = lane_block(ctx.root, len(ctx.root.walk()), w1s, w0s, o.lane_body_max)
         big = [d for d, n in enumerate(shape) if n > 1]
         up = {d: w for d, w in zip(big[::-1], (w1, w0)) if w > 1}
         return replace(s, lanes=tuple(sorted(up.items())))
@@ -231,9 +234,59 @@ class Lanes(Pass):
 
 def lanes_apply(root: KNode, has_reduce: bool) -> bool:
     """The lanes pass's condition: a reduction below the root and a load it streams with unit stride
-    along the last output axis with more than one element."""
+    along the last output axis with more than one element. (In a row-fused kernel, whose reductions
+    the hoist pass renders once per row -- ``softmax(q @ k.T) @ v`` as one kernel --, the lanes are
+    on that axis alone and run after the row's loops: ``row_lanes``.)"""
     big = [d for d, n in enumerate(root.shape) if n > 1]
     return bool(has_reduce and big) and contiguous_under_reduce(root, big[-1])
+
+
+def _row_entries(root: KNode) -> tuple[tuple[int, tuple[KNode, ...]], ...]:
+    """The hoist pass's entries for ``root`` before its last output loop (reductions once per row,
+    not once per output element): () at once where no reduction lies below the roots."""
+    tops = roots_of(root)
+    if not any(n.op in REDUCES and id(n) not in tops for n in root.walk()):
+        return ()
+    big = sum(1 for n in root.shape if n > 1)
+    return tuple((k, ns) for k, ns in row_reductions(root, reduce_map(root)) if k < big)
+
+
+def row_lanes(root: KNode) -> bool:
+    """Whether the lanes of ``root``'s kernel are a row-fused kernel's: on the last output axis only
+    (the axes before it are rows, each reduced in loops of their own before its outputs), as the one-axis
+    block of ``caps.register_block`` -- a row of attention's output (64 values) is 4 vectors."""
+    return bool(_row_entries(root))
+
+
+def rows_kept(root: KNode) -> bool:
+    """Whether this lowering computes every reduction of a row-fused body once per row or once per
+    output element: each is hoisted before the last output loop (``row_reductions``), lies inside a
+    hoisted one (the row stash keeps what a later pass reads again), or is the root's own (reached
+    from a root through movement ops). ``softmax(q @ k.T) @ v`` as one kernel: its max and sum
+    are hoisted, the scores lie inside the max, the sum over keys is the root's. The cost model
+    asks it (graph/caps.py ``rows_kept``) before it prices such a body so."""
+    own: set[int] = set()
+    for n in (root.src if root.op == GROUP else (root,)):
+        while n.op in MOVES:
+            n = n.src[0]
+        own.add(id(n))
+    rows = [n for _, ns in _row_entries(root) for n in ns]
+    if not rows:
+        return False
+    kept: set[int] = set()
+    for r in rows:
+        kept.update(id(x) for x in r.walk())
+    return all(id(n) in kept or id(n) in own for n in root.walk() if n.op in REDUCES)
+
+
+def lane_block(root: KNode, body: int, lanes_last: tuple[int, ...], lanes_prev: tuple[int, ...],
+               body_max: int) -> tuple[int, int]:
+    """The lanes pass's widths for ``root`` (its condition holding): ``register_block``, on the last
+    axis alone for a row-fused kernel."""
+    if row_lanes(root):
+        big = [d for d, n in enumerate(root.shape) if n > 1]
+        return register_block((root.shape[big[-1]],), body, lanes_last, lanes_prev, body_max)
+    return register_block(root.shape, body, lanes_last, lanes_prev, body_max)
 
 
 def block_of(root: KNode, caps: Capabilities) -> tuple[int, int]:
@@ -250,7 +303,7 @@ def block_of(root: KNode, caps: Capabilities) -> tuple[int, int]:
     if not caps.register_lanes:
         return 1, 1
     if lanes_apply(root, any(n.op in REDUCES for n in root.walk())):
-        block = caps.register_block(root.shape, len(root.walk()))
+        block = lane_block(root, len(root.walk()), caps.lanes_last, caps.lanes_prev, caps.lane_body_max)
         if block != (1, 1):
             return block
     full = (max(caps.lanes_last), max(caps.lanes_prev))
@@ -264,6 +317,7 @@ def block_of(root: KNode, caps: Capabilities) -> tuple[int, int]:
 
 
 register_block_rule(block_of)
+register_rows_rule(rows_kept)
 
 
 class Tiling(Pass):
@@ -308,35 +362,44 @@ class Hoist(Pass):
 
     def applies(self, ctx: PassCtx, s: Schedule) -> bool:
         tops = roots_of(ctx.root)
-        return not s.lanes and any(n.op in REDUCES and id(n) not in tops for n in ctx.root.walk())
+        if not any(n.op in REDUCES and id(n) not in tops for n in ctx.root.walk()):
+            return False
+        return not s.lanes or (s.tile is None and len(s.lanes) == 1 and row_lanes(ctx.root))
 
     def run(self, ctx: PassCtx, s: Schedule) -> Schedule:
-        # a dry run of the emitter's loop opening: open loops are o<d>, the ones to come _o<d>
-        root = ctx.root
-        idx = [Lin.var(f"_o{d}", n) for d, n in enumerate(root.shape)]
-        done: set = set()
-        entries: list[tuple[int, tuple[KNode, ...]]] = []
-
-        def at(k: int) -> None:
-            new = [(n, ix) for n, ix in hoistable(root, tuple(idx), ctx.has_reduce) if (id(n), ix) not in done]
-            done.update((id(n), ix) for n, ix in new)
-            if new:
-                entries.append((k, tuple(dict.fromkeys(n for n, _ in new))))
-        loops = 0
-        for d, n in enumerate(root.shape):
-            if n <= 1:
-                idx[d] = Lin.num(0)
-                continue
-            loops += 1
-            idx[d] = Lin.var(f"o{d}", n)
-            at(loops)
-        if loops == 0:
-            at(0)                   # e.g. a full variance: the mean before the sum of squares
-        return replace(s, hoist=tuple(entries))
+        # with lanes (on the last axis, row_lanes), the rows are the loops before it
+        rows = row_reductions(ctx.root, ctx.has_reduce)
+        big = sum(1 for n in ctx.root.shape if n > 1)
+        return replace(s, hoist=tuple((k, ns) for k, ns in rows if not s.lanes or k < big))
 
     def describe(self, s: Schedule) -> str:
         return "; ".join(f"{len(ns)} reduction(s) {'after output loop ' + str(k) if k else 'first'}"
                          for k, ns in s.hoist) or "nothing to hoist"
+
+
+def row_reductions(root: KNode, has_reduce: dict[int, bool]) -> tuple[tuple[int, tuple[KNode, ...]], ...]:
+    """The hoist pass's entries: (k, reductions rendered once per row after the k-th output loop
+    opens), from a dry run of the emitter's loop opening (open loops are o<d>, the ones to come _o<d>)."""
+    idx = [Lin.var(f"_o{d}", n) for d, n in enumerate(root.shape)]
+    done: set = set()
+    entries: list[tuple[int, tuple[KNode, ...]]] = []
+
+    def at(k: int) -> None:
+        new = [(n, ix) for n, ix in hoistable(root, tuple(idx), has_reduce) if (id(n), ix) not in done]
+        done.update((id(n), ix) for n, ix in new)
+        if new:
+            entries.append((k, tuple(dict.fromkeys(n for n, _ in new))))
+    loops = 0
+    for d, n in enumerate(root.shape):
+        if n <= 1:
+            idx[d] = Lin.num(0)
+            continue
+        loops += 1
+        idx[d] = Lin.var(f"o{d}", n)
+        at(loops)
+    if loops == 0:
+        at(0)                   # e.g. a full variance: the mean before the sum of squares
+    return tuple(entries)
 
 
 def _elementwise_below(n: KNode) -> list[KNode]:
@@ -392,6 +455,59 @@ class Stash(Pass):
         return f"{s.stash.op} stored by its row's reduction" if s.stash is not None else "nothing to stash"
 
 
+class RowStash(Pass):
+    """Row fusion's costly values that several of a row's passes read: the scores ``q . k`` of
+    ``softmax(q @ k.T) @ v`` as one kernel, which the row's max, its sum and the output's
+    contraction each read (a reduction nested in the row's passes), and the ``exp2`` that the sum
+    and the contraction read. The first hoisted reduction that computes such a value over the row
+    stores it into a local array (loop IR ``DEFLOCAL``: each thread's or work-item's own, of the
+    row's length, at most ``ROW_STASH_MAX`` elements), and the row's later passes load it, instead
+    of computing it in each -- so the scores are computed once per element and never written to
+    memory (the kernel's memory is its inputs and outputs: O(s d), not O(s^2)). Candidates are the
+    values (not the root, not a hoisted reduction, no bool) that contain a reduction or cost at
+    least ``STASH_MIN_FLOPS``, read by at least two of the row's passes; the emitter stores one
+    only where the reduction's loop runs over exactly the value's varying axes (its index there is
+    those loop variables, the rest the open row loops: ``Lowerer._stash_layout``), and loads it
+    only at the same row after that loop. Applies to row-fused kernels with such a value."""
+    name = "row stash"
+
+    def applies(self, ctx: PassCtx, s: Schedule) -> bool:
+        return bool(s.hoist) and bool(self._candidates(ctx, s))
+
+    def run(self, ctx: PassCtx, s: Schedule) -> Schedule:
+        return replace(s, row_stash=self._candidates(ctx, s))
+
+    def describe(self, s: Schedule) -> str:
+        return f"{len(s.row_stash)} value(s) ({' '.join(n.op for n in s.row_stash)}) kept per row in a local array"
+
+    @staticmethod
+    def _candidates(ctx: PassCtx, s: Schedule) -> tuple[KNode, ...]:
+        root = ctx.root
+        hoisted = [n for _, ns in s.hoist for n in ns]
+        stop = {id(n) for n in hoisted} | {id(root)}
+
+        def reads(top: KNode) -> set[int]:
+            """The nodes a pass renders: below ``top``, not inside another hoisted reduction."""
+            out, todo = set(), [top]
+            while todo:
+                n = todo.pop()
+                for x in n.src:
+                    if id(x) not in out and id(x) not in stop:
+                        out.add(id(x))
+                        todo.append(x)
+            return out
+        passes = [reads(r) for r in hoisted] + [reads(root)]
+        out = []
+        for n in root.walk():
+            if id(n) in stop or n.dtype is bool_ or n.op in ("BUF", "CONST") or s.stash is n:
+                continue
+            if sum(id(n) in p for p in passes) < 2:
+                continue
+            if n.op in REDUCES or (n.op in ELEMENTWISE and _flops(n) >= STASH_MIN_FLOPS):
+                out.append(n)
+        return tuple(out)
+
+
 class BlockedSums(Pass):
     """Accuracy, every device: a float sum of more than 1024 values is summed in levels, each with
     its own accumulator (per lane): innermost blocks of 1024, levels of 32, an outermost level of
@@ -438,7 +554,7 @@ class Parallel(Pass):
         return f"{s.parallel} loop(s)"
 
 
-PASSES: tuple[Pass, ...] = (SplitReductions(), Lanes(), Tiling(), Hoist(), Stash(), BlockedSums(), Parallel())
+PASSES: tuple[Pass, ...] = (SplitReductions(), Lanes(), Tiling(), Hoist(), Stash(), RowStash(), BlockedSums(), Parallel())
 PASS_NAMES: tuple[str, ...] = tuple(p.name for p in PASSES)
 
 
