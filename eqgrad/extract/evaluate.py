@@ -456,7 +456,7 @@ class PlanEvaluator:
                     # reduction's region, so the row values below it are hoisted; a reduction
                     # below it must be a row's (hoisted, or kept by a hoisted loop: checked below)
                     ce, cr, shares = e * size[ch] / max(1, size_c), rg, True
-                elif rg and op == "RESHAPE" and _unit_reshape(shapes[ch], shape_c, rg) is not None:
+                elif rows and rg and op == "RESHAPE" and _unit_reshape(shapes[ch], shape_c, rg) is not None:
                     cr = _unit_reshape(shapes[ch], shape_c, rg)
                 elif reduce:
                     cn = True

@@ -29,11 +29,12 @@ from typing import Any
 
 from eqgrad import config
 from eqgrad.dtype import DType, bool_
+from eqgrad.graph.caps import ROW_STASH_MAX
 from eqgrad.graph.loopir import INDEX, NONNEG, LInst, LoopIRError, LoopKernel, verify
 from eqgrad.graph.plan import GROUP, Kernel, KernelPlan, KNode
 from eqgrad.lower.collapse import collapse, merge_axes
 from eqgrad.lower.indexing import MOVES, REDUCES, dry_sources, flat_index, hoistable, move_index, reduce_map, strides_of
-from eqgrad.lower.passes import ROW_STASH_MAX, LowerOptions, Schedule, describe_steps, run_passes
+from eqgrad.lower.passes import LowerOptions, Schedule, describe_steps, run_passes
 from eqgrad.lower.sums import SUM_BLOCK, SUM_RADIX, sum_depth, sum_error_terms, sum_pieces
 from eqgrad.lower import symbolic
 from eqgrad.lower.symbolic import Div, Lin, Mod, Var, substitute_free

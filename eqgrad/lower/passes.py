@@ -30,8 +30,8 @@ from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
 from eqgrad.dtype import bool_
-from eqgrad.graph.caps import (LANE_BODY_MAX, ROW_STASH_MAX, register_rows_rule, LANES_LAST, LANES_PREV, TILE_BLOCKS, TILE_MIN_STREAM, Capabilities,
-                               register_block, register_block_rule)
+from eqgrad.graph.caps import (LANE_BODY_MAX, LANES_LAST, LANES_PREV, ROW_STASH_MAX, TILE_BLOCKS, TILE_MIN_STREAM, Capabilities,
+                               register_block, register_block_rule, register_rows_rule)
 from eqgrad.graph.plan import GROUP, Kernel, KNode, shared_factor
 from eqgrad.graph.sizes import ELEMENTWISE
 from eqgrad.lower.contraction import candidate, find_contraction
@@ -244,11 +244,21 @@ def lanes_apply(root: KNode, has_reduce: bool) -> bool:
 def _row_entries(root: KNode) -> tuple[tuple[int, tuple[KNode, ...]], ...]:
     """The hoist pass's entries for ``root`` before its last output loop (reductions once per row,
     not once per output element): () at once where no reduction lies below the roots."""
-    tops = roots_of(root)
-    if not any(n.op in REDUCES and id(n) not in tops for n in root.walk()):
-        return ()
+    own = _own_reductions(root)
+    if not any(n.op in REDUCES and id(n) not in own for n in root.walk()):
+        return ()                 # a matmul's sum under its reshape: not a row's (no dry run)
     big = sum(1 for n in root.shape if n > 1)
     return tuple((k, ns) for k, ns in row_reductions(root, reduce_map(root)) if k < big)
+
+
+def _own_reductions(root: KNode) -> set[int]:
+    """The ids of the roots and of what each is through movement ops (a root's own reduction)."""
+    own: set[int] = set(roots_of(root))
+    for n in (root.src if root.op == GROUP else (root,)):
+        while n.op in MOVES:
+            n = n.src[0]
+        own.add(id(n))
+    return own
 
 
 def row_lanes(root: KNode) -> bool:
@@ -265,11 +275,7 @@ def rows_kept(root: KNode) -> bool:
     from a root through movement ops). ``softmax(q @ k.T) @ v`` as one kernel: its max and sum
     are hoisted, the scores lie inside the max, the sum over keys is the root's. The cost model
     asks it (graph/caps.py ``rows_kept``) before it prices such a body so."""
-    own: set[int] = set()
-    for n in (root.src if root.op == GROUP else (root,)):
-        while n.op in MOVES:
-            n = n.src[0]
-        own.add(id(n))
+    own = _own_reductions(root)
     rows = [n for _, ns in _row_entries(root) for n in ns]
     if not rows:
         return False
