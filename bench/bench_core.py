@@ -29,6 +29,8 @@ Workloads (full size / --quick size):
   softmax_backward  d/dx of sum(softmax(x) * g), x and g (4096, 1024) ((256, 1024))
   attention_s1024 / attention_s1024_causal  softmax(q @ k.transpose(-1, -2) / 8 [+ causal mask]) @ v,
                batch 1, heads 4, seq 1024, dim 64 ((1, 2, 128, 64)); the mask an input of 0 and -inf
+  attention_s1024_bounded / attention_s1024_causal_bounded  the same with eqgrad under EQGRAD_PEAK_MEMORY of
+               the output's bytes (1 MB): one kernel that writes no score matrix (the others as above)
   attention_s1024_backward / attention_s1024_causal_backward  d/dq of sum(attention(q, k, v) * g),
                with the gradients of k and v computed in the same step
   matmul_chain / matmul_chain_right  (A @ B) @ x and A @ (B @ x), A and B (1024, 1024), x (1024, 1)
@@ -205,6 +207,9 @@ class Workload:
   flops: Callable | None = None                # shapes -> FLOPs (compute-bound rows: efficiency vs peak FLOP/s)
   train: bool = False                          # a training row: NumPy is only its reference (not timed)
   fix: Callable | None = None                  # inputs -> inputs (a mask that is not random)
+  # eqgrad under EQGRAD_PEAK_MEMORY of the output's bytes (its plan holds nothing else: attention
+  # that writes no score matrix); the other frameworks as in the unbounded row
+  bounded: bool = False
   # bandwidth-bound rows: efficiency = (input + output bytes) / time vs the measured DRAM bandwidth
 
 def _mm_flops(s): return 2 * np.prod(s[0]) * s[1][-1]
@@ -261,6 +266,10 @@ WORKLOADS = [
            flops=_attn_t_flops),
   Workload("attention_s1024_causal", attention_masked, ((1, 4, 1024, 64),) * 3 + ((1024, 1024),),
            ((1, 2, 128, 64),) * 3 + ((128, 128),), matmul_tol=True, flops=_attn_t_flops, fix=causal_mask),
+  Workload("attention_s1024_bounded", attention_t, ((1, 4, 1024, 64),) * 3, ((1, 2, 128, 64),) * 3, matmul_tol=True,
+           flops=_attn_t_flops, bounded=True),
+  Workload("attention_s1024_causal_bounded", attention_masked, ((1, 4, 1024, 64),) * 3 + ((1024, 1024),),
+           ((1, 2, 128, 64),) * 3 + ((128, 128),), matmul_tol=True, flops=_attn_t_flops, fix=causal_mask, bounded=True),
   Workload("attention_s1024_backward", train_step("attention_backward"), ((1, 4, 1024, 64),) * 4,
            ((1, 2, 128, 64),) * 4, matmul_tol=True, train=True),
   Workload("attention_s1024_causal_backward", train_step("attention_causal_backward"),
@@ -299,6 +308,7 @@ class Framework:
   def plan_stats(self) -> tuple | None: return None   # (bytes moved, largest buffer written, predicted s)
   def enter(self): pass              # before its workload (torch: its thread count)
   def context(self): return contextlib.nullcontext()   # around each timed call (eqgrad: its thread count)
+  def bound(self, w, inputs): return contextlib.nullcontext()   # a bounded row's memory bound (eqgrad)
 
 
 class NumpyFW(Framework):
@@ -475,6 +485,10 @@ class EqgradFW(LazyTensorFW):
     self.name = f"eqgrad[{device}]" if not threads else f"eqgrad[{device}, {threads} thread{'s' * (threads > 1)}]"
   def context(self):
     return self.eqgrad.Context(THREADS=self.threads) if self.threads else contextlib.nullcontext()
+  def bound(self, w, inputs):
+    if not w.bounded: return contextlib.nullcontext()
+    out = w.fn(self, *inputs)                 # (lazy: only its shape is read)
+    return self.eqgrad.Context(PEAK_MEMORY=int(np.prod(out.shape)) * 4)
   def setup(self):
     try:
       import eqgrad
@@ -594,7 +608,7 @@ class Result:
 
 
 def timed(fw: Framework, w: Workload, inputs) -> tuple[float, Any]:
-  with fw.context():
+  with fw.context(), fw.bound(w, inputs):
     t0 = time.perf_counter()
     out = fw.force(w.fn(fw, *inputs))
     return time.perf_counter() - t0, out
