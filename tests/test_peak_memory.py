@@ -144,11 +144,30 @@ def test_attention_under_a_bound_writes_no_score_matrix_and_matches_torch(causal
         return (s + m if causal else s).softmax(-1) @ v
     out = attention(*(Tensor(a) for a in (qn, kn, vn)), Tensor(mask))
     bound = 4 * 256 * 32 * 4
+    free, _ = plan_for([out.lazydata])                  # the fastest plan, materializing the scores
     with eqgrad.Context(PEAK_MEMORY=bound):
         cp, _ = plan_for([out.lazydata])
         text = str(eqgrad.explain(out, provenance=False))    # explain() names the lowering that keeps the rows
         got = out.numpy()
     assert len(cp.plan.kernels) == 1 and _held(cp.plan) == bound, [k.ast.render()[:80] for k in cp.plan.kernels]
+    # priced as the lowering runs it: its scores are dot products streamed along the head dim
+    # (lower/passes.py row_dots_streamed), not unlaned -- 16x the materializing plan's price before
+    assert cp.plan.predicted < 2 * free.plan.predicted, (cp.plan.predicted, free.plan.predicted)
     ref = attention(*(torch.tensor(a, dtype=torch.float64) for a in (qn, kn, vn)), torch.tensor(mask, dtype=torch.float64))
     np.testing.assert_allclose(got, ref.numpy(), rtol=1e-4, atol=1e-5)
     assert "k0 row stash: 2 value(s) (RSUM EXP2) kept per row in a local array" in text, text
+
+
+def test_only_dot_products_streamed_along_their_axis_count_as_vectorized():
+    """lower/passes.py row_dots_streamed: the scores of softmax(q @ k.T) @ v as one kernel read q and
+    k with unit stride along the head dim; with k given transposed (d, s) they gather along it."""
+    from eqgrad.lower.passes import row_dots_streamed, rows_kept
+    rng = np.random.default_rng(2)
+    q, k, v = (Tensor(rng.standard_normal((1, 2, 40, 16)).astype(np.float32)) for _ in range(3))
+    kt = Tensor(rng.standard_normal((1, 2, 16, 40)).astype(np.float32))
+    for keys, streamed in ((k.transpose(-1, -2), True), (kt, False)):
+        out = (q @ keys * 0.25).softmax(-1) @ v
+        with eqgrad.Context(PEAK_MEMORY=1 * 2 * 40 * 16 * 4):
+            cp, _ = plan_for([out.lazydata])
+        (kern,) = cp.plan.kernels
+        assert rows_kept(kern.ast) and row_dots_streamed(kern.ast) is streamed

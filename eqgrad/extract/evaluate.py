@@ -175,7 +175,7 @@ def _unit_reshape(src: tuple, shape: tuple, rg: frozenset | None) -> frozenset |
 
 # PlanEvaluator._fill's answers, by kernel body structure (a bounded memo: cleared when full)
 _FILLS: dict[tuple, tuple[float, float]] = {}
-_ROWS: dict[tuple, bool] = {}             # PlanEvaluator._rows_kept's answers, likewise
+_ROWS: dict[tuple, tuple[bool, bool]] = {}   # PlanEvaluator._rows_kept's answers, likewise
 _UNASKED = object()
 
 
@@ -248,8 +248,9 @@ class PlanEvaluator:
             struct[c] += (g.shapes[c], g.dtypes[c])
         return struct[k]
 
-    def _rows_kept(self, k: int, order: list[int], nodes_of: dict[int, ENode]) -> bool:
-        """The lowering's ``rows_kept`` for kernel ``k``'s body (graph/caps.py), by structure."""
+    def _rows_kept(self, k: int, order: list[int], nodes_of: dict[int, ENode]) -> tuple[bool, bool]:
+        """The lowering's ``rows_kept`` for kernel ``k``'s body (graph/caps.py: kept, and streamed), by
+        structure."""
         struct = self._structure(k, order, nodes_of)
         hit = _ROWS.get(struct)
         if hit is None:
@@ -421,6 +422,16 @@ class PlanEvaluator:
             f = weight[op] * e * max(1, mult)
             if c in slow:
                 f *= p.unlaned
+            elif rows and reduce and c in shared and c in under_hoist and self._rows_kept(k, order, nodes_of)[0]:
+                # a row's reduction under the operand the lanes share, computed in its own hoisted
+                # loop (the max, the sum) or kept by one (the scores of attention as one kernel), not
+                # in the root contraction's loop; the scores are a dot product the loop vectorizer
+                # widens along its streamed axis (lower/passes.py row_dots_streamed: ~45 GFLOP/s a
+                # thread measured), priced as plain flops -- as unlaned, 158.7 ms was predicted
+                # against 15.0 measured at s = 1024
+                if op == "RSUM" and not self._rows_kept(k, order, nodes_of)[1] and self._contraction(nodes_of, n):
+                    f *= p.unlaned
+                    slow.add(c)
             elif c in fast and reduce:
                 # a reduction inside a root contraction's loop ((A @ B) @ x as one kernel): the
                 # lanes are the root's; it runs in a scalar loop per step of the root's (measured:
@@ -481,7 +492,7 @@ class PlanEvaluator:
                 region[ch] = cr
         if nodes > p.max_nodes:
             legal, why = False, f"body of {nodes} nodes > {p.max_nodes}"
-        if rows and (shared or (hoisted and inner_reduce)) and not self._rows_kept(k, order, nodes_of):
+        if rows and (shared or (hoisted and inner_reduce)) and not self._rows_kept(k, order, nodes_of)[0]:
             # priced once per element above: the scores of softmax(q @ k.T) in one attention kernel,
             # which the lowering keeps per row; where it would not (lower/passes.py rows_kept), a
             # reduction nested in a row's passes or below an operand the lanes share is computed in
