@@ -322,6 +322,12 @@ class PlanEvaluator:
         lowering would not, the kernel is priced again without (as before those rules)."""
         g, p = self.g, self.cost.params
         rows = self.rows if rows is None else rows
+        kept: list[tuple[bool, bool]] = []         # the lowering's rows_kept answer, asked once
+
+        def rows_kept_here() -> tuple[bool, bool]:
+            if not kept:
+                kept.append(self._rows_kept(k, order, nodes_of))
+            return kept[0]
         size, weight, elementwise, shapes = self._numel, self._flops, self._elementwise, g.shapes
         # body in topological order (consumers first): iterative DFS post-order, reversed. A class
         # is pushed as c, and again as ~c (< 0) to be emitted once its children are done; the
@@ -422,14 +428,14 @@ class PlanEvaluator:
             f = weight[op] * e * max(1, mult)
             if c in slow:
                 f *= p.unlaned
-            elif rows and reduce and c in shared and c in under_hoist and self._rows_kept(k, order, nodes_of)[0]:
+            elif rows and reduce and c in shared and c in under_hoist and rows_kept_here()[0]:
                 # a row's reduction under the operand the lanes share, computed in its own hoisted
                 # loop (the max, the sum) or kept by one (the scores of attention as one kernel), not
                 # in the root contraction's loop; the scores are a dot product the loop vectorizer
                 # widens along its streamed axis (lower/passes.py row_dots_streamed: ~45 GFLOP/s a
                 # thread measured), priced as plain flops -- as unlaned, 158.7 ms was predicted
                 # against 15.0 measured at s = 1024
-                if op == "RSUM" and not self._rows_kept(k, order, nodes_of)[1] and self._contraction(nodes_of, n):
+                if op == "RSUM" and not rows_kept_here()[1] and self._contraction(nodes_of, n):
                     f *= p.unlaned
                     slow.add(c)
             elif c in fast and reduce:
@@ -467,8 +473,8 @@ class PlanEvaluator:
                     # reduction's region, so the row values below it are hoisted; a reduction
                     # below it must be a row's (hoisted, or kept by a hoisted loop: checked below)
                     ce, cr, shares = e * size[ch] / max(1, size_c), rg, True
-                elif rows and rg and op == "RESHAPE" and _unit_reshape(shapes[ch], shape_c, rg) is not None:
-                    cr = _unit_reshape(shapes[ch], shape_c, rg)
+                elif rows and rg and op == "RESHAPE":
+                    cr = _unit_reshape(shapes[ch], shape_c, rg)      # (None where it does more)
                 elif reduce:
                     cn = True
                     if row_fusion and not nest:      # a reduction inside another's loop is not hoisted from
@@ -492,7 +498,7 @@ class PlanEvaluator:
                 region[ch] = cr
         if nodes > p.max_nodes:
             legal, why = False, f"body of {nodes} nodes > {p.max_nodes}"
-        if rows and (shared or (hoisted and inner_reduce)) and not self._rows_kept(k, order, nodes_of)[0]:
+        if rows and (shared or (hoisted and inner_reduce)) and not rows_kept_here()[0]:
             # priced once per element above: the scores of softmax(q @ k.T) in one attention kernel,
             # which the lowering keeps per row; where it would not (lower/passes.py rows_kept), a
             # reduction nested in a row's passes or below an operand the lanes share is computed in

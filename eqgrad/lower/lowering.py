@@ -320,14 +320,14 @@ class Lowerer:
         it has stored it (at the same row), stored there while that loop computes it, else computed."""
         row = self._rows[id(n)]
         if row.done:
-            if all(row.row[d] is None or idx[d] == row.row[d] for d in range(len(idx))):
+            if row.same_row(idx):
                 return self.emit("LOAD", n.dtype, (row.arr, self.index(row.element(idx, n.shape))), cse=False)
             return compute()
         v = compute()
         if self._hoisting is row.by and self._keeps(row, idx, n.shape):
             if row.row is None:
                 row.row = tuple(None if d in row.axes else l for d, l in enumerate(idx))
-            if all(row.row[d] is None or idx[d] == row.row[d] for d in range(len(idx))):
+            if row.same_row(idx):
                 self.emit("STORE", None, (row.arr, self.index(row.element(idx, n.shape)), v), cse=False)
                 row.stored = True
         return v
@@ -588,6 +588,10 @@ class _RowArray:
         self.arr, self.by, self.axes = arr, by, axes
         self.row: tuple | None = None
         self.stored = self.done = False
+
+    def same_row(self, idx: tuple[Lin, ...]) -> bool:
+        """Whether ``idx`` reads the row the array was stored for (its axes but the kept ones)."""
+        return all(r is None or i == r for i, r in zip(idx, self.row))
 
     def element(self, idx: tuple[Lin, ...], shape: tuple[int, ...]) -> Lin:
         return flat_index(tuple(idx[d] for d in self.axes), tuple(shape[d] for d in self.axes))

@@ -27,7 +27,7 @@ because it owns the scratch buffers the rewrite adds (``lower/split.py``, ``devi
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import ClassVar
+from typing import Callable, ClassVar, Iterator
 
 from eqgrad.dtype import bool_
 from eqgrad.graph.caps import (LANE_BODY_MAX, LANES_LAST, LANES_PREV, ROW_STASH_MAX, TILE_BLOCKS, TILE_MIN_STREAM, Capabilities,
@@ -275,14 +275,7 @@ def rows_kept(root: KNode) -> bool:
     from a root through movement ops). ``softmax(q @ k.T) @ v`` as one kernel: its max and sum
     are hoisted, the scores lie inside the max, the sum over keys is the root's. The cost model
     asks it (graph/caps.py ``rows_kept``) before it prices such a body so."""
-    own = _own_reductions(root)
-    rows = [n for _, ns in _row_entries(root) for n in ns]
-    if not rows:
-        return False
-    kept: set[int] = set()
-    for r in rows:
-        kept.update(id(x) for x in r.walk())
-    return all(id(n) in kept or id(n) in own for n in root.walk() if n.op in REDUCES)
+    return _rows_answers(root)[0]
 
 
 def row_dots_streamed(root: KNode) -> bool:
@@ -293,32 +286,70 @@ def row_dots_streamed(root: KNode) -> bool:
     gradient hoisted into a row-fused kernel: 3.7 GFLOP/s, what the cost model's ``unlaned`` charge
     is for). The cost model asks it (graph/caps.py ``rows_kept``) to price such a reduction."""
     own = _own_reductions(root)
-    hoisted = {id(n) for _, ns in _row_entries(root) for n in ns}
-    inner = [n for n in root.walk() if n.op in REDUCES and id(n) not in own and id(n) not in hoisted]
-    for n in inner:
+    return _dots_streamed(root, own, {id(n) for _, ns in _row_entries(root) for n in ns})
+
+
+def _rows_answers(root: KNode) -> tuple[bool, bool]:
+    """(``rows_kept``, and ``row_dots_streamed`` where it holds): what graph/caps.py ``rows_kept``
+    answers the cost model, the hoist pass's dry run done once."""
+    own = _own_reductions(root)
+    rows = [n for _, ns in _row_entries(root) for n in ns]
+    if not rows:
+        return False, False
+    kept: set[int] = set()
+    for r in rows:
+        kept.update(id(x) for x in r.walk())
+    if not all(id(n) in kept or id(n) in own for n in root.walk() if n.op in REDUCES):
+        return False, False
+    return True, _dots_streamed(root, own, {id(n) for n in rows})
+
+
+def _dots_streamed(root: KNode, own: set[int], hoisted: set[int]) -> bool:
+    for n in root.walk():
+        if n.op not in REDUCES or id(n) in own or id(n) in hoisted:
+            continue
         axes = [d for d in n.arg if n.src[0].shape[d] > 1]
         if not axes:
             continue
         var = f"_z{id(n)}_{axes[-1]}"
-        stack = dry_sources(n, tuple(Lin.var(f"_q{d}", s) for d, s in enumerate(n.shape)), "_z")
-        seen: set = set()
-        unit = False
-        while stack:
-            x, idx = stack.pop()
-            if (id(x), idx) in seen:
-                continue
-            seen.add((id(x), idx))
-            if x.op == "BUF":
-                steps = [c for a, c in flat_index(idx, x.shape).terms if isinstance(a, Var) and a.name == var]
-                if any(abs(c) > 1 for c in steps) or any(not isinstance(a, Var) and var in substitute_free(a.x)
-                                                         for a, _ in flat_index(idx, x.shape).terms):
-                    return False
-                unit = unit or 1 in steps
-            elif x.op not in REDUCES:
-                stack.extend(dry_sources(x, idx, "_z"))
-        if not unit:
+        start = tuple(Lin.var(f"_q{d}", s) for d, s in enumerate(n.shape))
+        steps = [_step(flat_index(idx, x.shape), var)
+                 for x, idx, _ in _dry_loads(n, start, "_z", lambda x, n=n: x is n or x.op not in REDUCES)]
+        if None in steps or any(abs(c) > 1 for c in steps) or 1 not in steps:
             return False
     return True
+
+
+def _dry_loads(start: KNode, idx: tuple[Lin, ...], tag: str,
+               enter: Callable[[KNode], bool]) -> Iterator[tuple[KNode, tuple[Lin, ...], bool]]:
+    """The loads (BUF nodes) below ``start`` with the index each is read at (a dry run of the index
+    function, reductions' axes as ``tag`` variables) and whether a reduction lies on the way; the
+    walk goes into a node only where ``enter`` says so."""
+    stack: list[tuple[KNode, tuple[Lin, ...], bool]] = [(start, idx, False)]
+    seen: set = set()
+    while stack:
+        n, ix, under = stack.pop()
+        if (id(n), ix) in seen:
+            continue
+        seen.add((id(n), ix))
+        if n.op == "BUF":
+            yield n, ix, under
+        elif enter(n):
+            under = under or n.op in REDUCES
+            stack.extend((x, cix, under) for x, cix in dry_sources(n, ix, tag))
+
+
+def _step(flat: Lin, var: str) -> int | None:
+    """The step of a flat index along loop variable ``var`` (0 where it does not depend on it);
+    None where ``var`` is inside a division or modulo (no constant step)."""
+    step = 0
+    for a, c in flat.terms:
+        if isinstance(a, Var):
+            if a.name == var:
+                step += c
+        elif var in substitute_free(a.x):
+            return None
+    return step
 
 
 def lane_block(root: KNode, body: int, lanes_last: tuple[int, ...], lanes_prev: tuple[int, ...],
@@ -359,7 +390,7 @@ def block_of(root: KNode, caps: Capabilities) -> tuple[int, int]:
 
 
 register_block_rule(block_of)
-register_rows_rule(lambda root: (rows_kept(root), rows_kept(root) and row_dots_streamed(root)))
+register_rows_rule(_rows_answers)
 
 
 class Tiling(Pass):
@@ -663,24 +694,15 @@ def contiguous_under_reduce(root: KNode, axis: int) -> bool:
     contraction rate; the same sum of a contiguous tensor ran in 92."""
     out = tuple(Lin.var(f"o{d}", s) for d, s in enumerate(root.shape))
     target = f"o{axis}"
-    stack: list[tuple[KNode, tuple[Lin, ...], bool]] = [(root, out, False)]
-    seen: set = set()
     unit = False
-    while stack:
-        n, idx, under = stack.pop()
-        if (id(n), idx) in seen:
+    for n, idx, under in _dry_loads(root, out, "r", lambda n: True):
+        if not under:
             continue
-        seen.add((id(n), idx))
-        if n.op == "BUF" and under:
-            flat = flat_index(idx, n.shape)
-            # only a load streamed by the reduce loop counts (not a broadcast operand like a max)
-            streamed = any(isinstance(a, Var) and a.name.startswith("r") for a, _ in flat.terms)
-            if streamed:
-                steps = [c for a, c in flat.terms if isinstance(a, Var) and a.name == target]
-                if any(abs(c) > 1 for c in steps):
-                    return False
-                unit = unit or 1 in steps
-        else:
-            under = under or n.op in REDUCES
-            stack.extend((x, cix, under) for x, cix in dry_sources(n, idx, "r"))
+        flat = flat_index(idx, n.shape)
+        # only a load streamed by the reduce loop counts (not a broadcast operand like a max)
+        if any(isinstance(a, Var) and a.name.startswith("r") for a, _ in flat.terms):
+            steps = [c for a, c in flat.terms if isinstance(a, Var) and a.name == target]
+            if any(abs(c) > 1 for c in steps):
+                return False
+            unit = unit or 1 in steps
     return unit
