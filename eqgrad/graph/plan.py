@@ -128,17 +128,30 @@ class KNode:
         return tuple(dict.fromkeys(n.arg for n in self.walk() if n.op == "BUF"))
 
     def render(self) -> str:
-        """A readable one-line form, e.g. ``MUL(ADD(b0, b1), 2.0)``."""
+        """A readable one-line form, e.g. ``MUL(ADD(b0, b1), 2.0)``. A computed node read more than
+        once in the body is written once, as ``t0`` after ``where``: ``MUL(t0, t0) where t0 =
+        ADD(b0, b1)`` -- written out at every use, square-and-multiply's 31 squarings (``x ** y``
+        of integers) made a string of 2**31 leaves and DEBUG=2 ran for minutes."""
+        order = self.walk()
+        uses: dict[int, int] = {}
+        for n in order:
+            for s in n.src:
+                uses[id(s)] = uses.get(id(s), 0) + 1
         memo: dict[int, str] = {}
-        for n in self.walk():
+        lets: list[str] = []
+        for n in order:
             if n.op == "BUF":
                 memo[id(n)] = f"b{n.arg}"
             elif n.op == "CONST":
                 memo[id(n)] = repr(n.arg)
             else:
                 a = "" if n.arg is None else f", {n.arg.name if isinstance(n.arg, DType) else n.arg}"
-                memo[id(n)] = f"{n.op}({', '.join(memo[id(s)] for s in n.src)}{a})"
-        return memo[id(self)]
+                text = f"{n.op}({', '.join(memo[id(s)] for s in n.src)}{a})"
+                if uses.get(id(n), 0) > 1:
+                    lets.append(f"t{len(lets)} = {text}")
+                    text = f"t{len(lets) - 1}"
+                memo[id(n)] = text
+        return memo[id(self)] + (f" where {'; '.join(lets)}" if lets else "")
 
 
 @dataclass(frozen=True)
