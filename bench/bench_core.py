@@ -33,6 +33,8 @@ Workloads (full size / --quick size):
                the output's bytes (1 MB): one kernel that writes no score matrix (the others as above)
   attention_s1024_backward / attention_s1024_causal_backward  d/dq of sum(attention(q, k, v) * g),
                with the gradients of k and v computed in the same step
+  attention_s1024_q_backward_bounded / attention_s1024_causal_q_backward_bounded  d/dq alone (k and v
+               constants), eqgrad under EQGRAD_PEAK_MEMORY of its bytes: one kernel, no score matrix
   matmul_chain / matmul_chain_right  (A @ B) @ x and A @ (B @ x), A and B (1024, 1024), x (1024, 1)
                ((256, 256), (256, 1)): the same product in the order written and in the cheap one
   Torch runs on every usable core ("torch") and on one thread ("torch[1 thread]"), and so does
@@ -275,6 +277,11 @@ WORKLOADS = [
   Workload("attention_s1024_causal_backward", train_step("attention_causal_backward"),
            ((1, 4, 1024, 64),) * 4 + ((1024, 1024),), ((1, 2, 128, 64),) * 4 + ((128, 128),), matmul_tol=True,
            train=True, fix=causal_mask),
+  Workload("attention_s1024_q_backward_bounded", train_step("attention_q_backward"), ((1, 4, 1024, 64),) * 4,
+           ((1, 2, 128, 64),) * 4, matmul_tol=True, train=True, bounded=True),
+  Workload("attention_s1024_causal_q_backward_bounded", train_step("attention_causal_q_backward"),
+           ((1, 4, 1024, 64),) * 4 + ((1024, 1024),), ((1, 2, 128, 64),) * 4 + ((128, 128),), matmul_tol=True,
+           train=True, fix=causal_mask, bounded=True),
   Workload("matmul_chain", matmul_chain, ((1024, 1024), (1024, 1024), (1024, 1)), ((256, 256), (256, 256), (256, 1)),
            matmul_tol=True, flops=_chain_flops),
   Workload("matmul_chain_right", matmul_chain_right, ((1024, 1024), (1024, 1024), (1024, 1)),
@@ -380,7 +387,9 @@ class TorchFW(Framework):
         return x.grad
       return step
     if kind.startswith("attention"):
-      q, k, v, g = T(a[0]), T(a[1]), T(a[2]), torch.tensor(a[3])
+      q_only = "_q_" in kind                     # d/dq alone: k and v are constants
+      q, g = T(a[0]), torch.tensor(a[3])
+      k, v = (torch.tensor(x) for x in a[1:3]) if q_only else (T(a[1]), T(a[2]))
       m = torch.tensor(a[4]) if len(a) > 4 else 0.0
       def step():
         q.grad = k.grad = v.grad = None
@@ -531,12 +540,14 @@ class EqgradFW(LazyTensorFW):
         return x.grad
       return step
     if kind.startswith("attention"):
-      q, k, v, g = P(a[0]), P(a[1]), P(a[2]), T(a[3], device=self.device)
+      q_only = "_q_" in kind                     # d/dq alone: k and v are constants
+      q, g = P(a[0]), T(a[3], device=self.device)
+      k, v = (T(x, device=self.device) for x in a[1:3]) if q_only else (P(a[1]), P(a[2]))
       m = T(a[4], device=self.device) if len(a) > 4 else 0.0
       def step():
         q.grad = k.grad = v.grad = None
         ((q @ k.transpose(-1, -2) * (1.0 / np.sqrt(q.shape[-1])) + m).softmax(-1) @ v * g).sum().backward()
-        eqgrad.realize(q.grad, k.grad, v.grad)      # a training step computes all three
+        eqgrad.realize(*(x.grad for x in ((q,) if q_only else (q, k, v))))   # a training step computes all three
         return q.grad
       return step
     if kind == "ffn_step":

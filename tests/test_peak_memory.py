@@ -132,8 +132,9 @@ def test_bad_bounds_are_refused_naming_what_was_expected():
 def test_attention_under_a_bound_writes_no_score_matrix_and_matches_torch(causal):
     """softmax(q @ k.T / 8 [+ causal mask]) @ v under a bound of its output's bytes: one kernel that
     keeps each row's scores in local arrays (lower/passes.py RowStash), no buffer but the output
-    (the scores are 4 x 256 x 256 floats, 1 MB); it matches torch. (Its backward does not stream yet:
-    under 4x that bound its best plan holds 2.2 MB, two score-sized buffers.)"""
+    (the scores are 4 x 256 x 256 floats, 1 MB); it matches torch. (Its gradient for q alone streams
+    too, below; a step that also computes k's and v's holds two score-sized buffers: those are
+    column sums over the queries, which no kernel here computes from the rows' statistics.)"""
     torch = pytest.importorskip("torch")
     rng = np.random.default_rng(11)
     qn, kn, vn = (rng.standard_normal((1, 4, 256, 32)).astype(np.float32) for _ in range(3))
@@ -156,6 +157,33 @@ def test_attention_under_a_bound_writes_no_score_matrix_and_matches_torch(causal
     ref = attention(*(torch.tensor(a, dtype=torch.float64) for a in (qn, kn, vn)), torch.tensor(mask, dtype=torch.float64))
     np.testing.assert_allclose(got, ref.numpy(), rtol=1e-4, atol=1e-5)
     assert "k0 row stash: 2 value(s) (RSUM EXP2) kept per row in a local array" in text, text
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_the_gradient_of_q_under_a_bound_is_one_kernel_and_matches_torch(causal):
+    """d/dq of sum(attention(q, k, v) * g) under a bound of its output's bytes: the rows' max, sum
+    and sum(p * dp) and the output's contraction over the keys in one kernel that recomputes the
+    scores and g @ v.T per row (kept in local arrays) and writes no score-sized buffer (without the
+    bound: 4 kernels, 3 MB held); it matches torch in float64."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(5)
+    qn, kn, vn, gn = (rng.standard_normal((1, 4, 256, 32)).astype(np.float32) for _ in range(4))
+    mask = np.triu(np.full((256, 256), -np.inf, np.float32), 1)
+
+    def loss(q, k, v, g, m):
+        s = q @ k.transpose(-1, -2) / 8
+        return ((s + m if causal else s).softmax(-1) @ v * g).sum()
+    q = Tensor(qn, requires_grad=True)
+    loss(q, *(Tensor(a) for a in (kn, vn, gn, mask))).backward()
+    free, _ = plan_for([q.grad.lazydata])
+    with eqgrad.Context(PEAK_MEMORY=256 * 32 * 4 * 4):
+        cp, _ = plan_for([q.grad.lazydata])
+        got = q.grad.numpy()
+    assert len(free.plan.kernels) > 1 and _held(free.plan) >= 4 * 256 * 256 * 4
+    assert len(cp.plan.kernels) == 1 and _held(cp.plan) == 4 * 256 * 32 * 4, [k.ast.render()[:80] for k in cp.plan.kernels]
+    tq = torch.tensor(qn, dtype=torch.float64, requires_grad=True)
+    loss(tq, *(torch.tensor(a, dtype=torch.float64) for a in (kn, vn, gn, mask))).backward()
+    np.testing.assert_allclose(got, tq.grad.numpy(), rtol=1e-4, atol=1e-5)
 
 
 def test_only_dot_products_streamed_along_their_axis_count_as_vectorized():
