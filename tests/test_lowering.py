@@ -7,6 +7,7 @@ from eqgrad import GlobalCounters, Tensor, engine
 from eqgrad.graph.plan import check_plan
 from eqgrad.lower.lowering import lower_kernel
 from eqgrad.lower.symbolic import Lin
+from conftest import DEVICES
 
 
 def test_div_mod_of_split_index():
@@ -408,6 +409,46 @@ def test_validation_tolerance_scales_with_the_summed_terms_only():
     for bad in ([3.0, 0.0], [0.0, 1e-4]):
         off = refs[0] + np.array(bad, dtype=np.float32).reshape(refs[0].shape)
         assert check([off])
+
+
+def test_validation_accepts_either_answer_of_a_comparison_within_rounding_of_a_tie():
+    """``x < s`` where ``x = max(y, s)`` was realized by an earlier plan and this one sums ``s``
+    again: the device's ``s`` agrees with the one ``x`` was made from (so ``x < s`` is False), the
+    reference's rounds an ulp lower (True) -- the fuzzer's seed 1205002 on OPENCL raised a
+    ValidationError for a right answer. Elements that depend on a comparison of floats within
+    rounding of a tie (``run_program_ties``) may go either way; a comparison far from a tie, and
+    everything else, is still checked."""
+    from eqgrad.engine.validate import _checker
+    from eqgrad.graph.interp import run_program_ties
+    from eqgrad.graph.program import linearize
+    v = np.array([[0.1, 0.7, 0.2], [0.3, 0.4, 0.9]], dtype=np.float32)
+    s = float(np.sum(v.astype(np.float64)))
+    x = np.array([[s, 5.0, s], [-1.0, s, 7.0]], dtype=np.float32)   # max(y, s): s where y < s
+    lt = Tensor(x) < Tensor(v).sum()
+    prog = linearize([lt.lazydata])
+    refs, _, ties = run_program_ties(prog)
+    assert ties[0].reshape(2, 3).tolist() == [[True, False, True], [False, True, False]]
+    check = _checker([lt.lazydata], prog, refs)
+    flipped = refs[0].copy()
+    flipped.reshape(-1)[[0, 2, 4]] = ~flipped.reshape(-1)[[0, 2, 4]]
+    assert not check([flipped])                    # the near ties, either way
+    wrong = refs[0].copy()
+    wrong.reshape(-1)[3] = ~wrong.reshape(-1)[3]   # -1 < s: far from a tie
+    assert check([wrong])
+    # through the ops after it: a select by the comparison may pick either branch there
+    w = (Tensor(x) < Tensor(v).sum()).where(Tensor(x), 0.0).sum(1)
+    prog = linearize([w.lazydata])
+    refs, _, ties = run_program_ties(prog)
+    assert ties[0].reshape(-1).tolist() == [True, True]
+    # and the fuzzer's program, validated end to end on every device here
+    from eqgrad.tools.fuzz import F, Program, check_program
+    steps = [("sum_all", (0,), None), ("add", (1, 1), None), ("sub", (2, 1), None), ("add", (3, 0), None),
+             ("sub", (4, 0), None), ("add", (5, 0), None), ("add", (6, 0), None), ("add", (7, 1), None),
+             ("maximum", (8, 1), None), ("lt", (9, 1), None), ("maximum", (10, 0), None)]
+    prog = Program([((4, 3), F)], steps)
+    with eqgrad.Context(VALIDATE=1):
+        for device in DEVICES:
+            assert check_program(prog, device, plans=("inline",)) is None
 
 
 def test_validation_accepts_any_nan_payload_in_the_bits_of_computed_floats():

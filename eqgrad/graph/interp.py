@@ -15,11 +15,11 @@ from typing import Any
 
 import numpy as np
 
-from eqgrad.dtype import DType, bfloat16, from_storage, round_bf16, to_storage
+from eqgrad.dtype import DType, bfloat16, bool_, from_storage, round_bf16, to_storage
 from eqgrad.graph.loopir import INDEX, NONNEG, LInst, LoopIRError, LoopKernel, Table
 from eqgrad.graph.plan import Kernel
 from eqgrad.graph.program import ConstLeaf, Input, ParamLeaf, Program, is_node
-from eqgrad.ops import MOVEMENT_OPS, OPS, RETYPES, Shape
+from eqgrad.ops import MOVEMENT_OPS, OPS, REDUCE_OPS, RETYPES, Shape
 
 
 def eval_op(op: str, arg: Any, shape: Shape, dtype: DType, srcs: list[np.ndarray]) -> np.ndarray:
@@ -74,7 +74,23 @@ def run_program_magnitudes(prog: Program) -> tuple[list[np.ndarray], list[np.nda
     movement the magnitude is propagated (|a| + |b|, |a| |b|, sums of magnitudes, ...); every other
     op restarts it at the absolute value of its result (its inputs' noise is taken to be relative
     to its value, as without this bound). ``None`` for roots that are not floats (compared exactly)."""
-    return _walk(prog, None, True)
+    vals, mags, _ = _walk(prog, None, True)
+    return vals, mags
+
+
+def run_program_ties(prog: Program) -> tuple[list[np.ndarray], list[np.ndarray | None], list[np.ndarray | None]]:
+    """``run_program_magnitudes``' values and magnitudes, and for each root the elements that
+    depend on a *near tie*: a comparison (CMPLT, CMPEQ) of float operands that lie within rounding
+    (``TIE_RTOL``, and ``TIE_ATOL`` times their rounding magnitude) of each other, through the ops
+    after it (elementwise: any operand's; movement: moved with the value; a reduction: any element
+    of its window). Two correct evaluations may decide such a comparison either way: ``x < s``
+    for a value ``x = max(y, s)`` realized by one kernel and ``s`` summed again by another rounds
+    one way on the device and the other in the reference. None where a root depends on none."""
+    return _walk(prog, None, True, True)
+
+
+# a comparison of floats within this of a tie may go either way (the validator's float tolerance)
+TIE_RTOL, TIE_ATOL = 1e-4, 1e-5
 
 
 _LINEAR = frozenset({"ADD", "MUL", "NEG", "MAX", "RSUM", "RMAX", "WHERE", "CONTIGUOUS"})
@@ -100,8 +116,34 @@ def _magnitude(n: Any, value: np.ndarray, vsrcs: list[np.ndarray], srcs: list[np
         return np.asarray(eval_op(n.op, n.arg, n.shape, n.dtype, ms))
 
 
-def _walk(prog: Program, inputs: list[np.ndarray] | None, magnitudes: bool
-          ) -> tuple[list[np.ndarray], list[np.ndarray | None]]:
+def _tie(n: Any, vsrcs: list[np.ndarray], msrcs: list[np.ndarray | None], tsrcs: list[np.ndarray | None]
+         ) -> np.ndarray | None:
+    """The near-tie mask of node ``n`` (``run_program_ties``) from its operands' values, magnitudes
+    and masks."""
+    mask = None
+    if n.op in ("CMPLT", "CMPEQ") and vsrcs[0].dtype.kind == "f":
+        a, b = vsrcs
+        scale = np.maximum(1.0, np.maximum(*(m if m is not None else np.abs(v) for m, v in zip(msrcs, vsrcs))))
+        with np.errstate(all="ignore"):
+            mask = np.isclose(a, b, rtol=TIE_RTOL, atol=0.0) | (np.abs(a - b) <= TIE_ATOL * scale)
+        mask = np.broadcast_to(mask, n.shape)
+    ts = [t for t in tsrcs if t is not None]
+    if not ts:
+        return mask
+    if n.op in MOVEMENT_OPS:
+        moved = np.asarray(eval_op(n.op, n.arg, n.shape, bool_, [tsrcs[0]])) if tsrcs[0] is not None else None
+        ts = [moved] if moved is not None else []
+    elif n.op in REDUCE_OPS:
+        ts = [np.any(ts[0], axis=n.arg, keepdims=True).reshape(n.shape)]
+    elif any(t.shape != tuple(n.shape) for t in ts):
+        ts = [np.full(n.shape, any(bool(t.any()) for t in ts))]      # (an op that reshapes: all or none)
+    for t in ts:
+        mask = t if mask is None else (mask | t)
+    return mask
+
+
+def _walk(prog: Program, inputs: list[np.ndarray] | None, magnitudes: bool, ties: bool = False
+          ) -> tuple[list[np.ndarray], list[np.ndarray | None], list[np.ndarray | None]]:
     if inputs is None:
         inputs = [from_storage(lb.buffer.numpy(), lb.dtype).reshape(lb.shape) for lb in prog.inputs]
     vals: list[np.ndarray] = []
@@ -123,13 +165,22 @@ def _walk(prog: Program, inputs: list[np.ndarray] | None, magnitudes: bool
         v = ref(r)
         return np.abs(v) if v.dtype.kind == "f" else None
 
+    tmasks: list[np.ndarray | None] = []
+
+    def tie(r: Any) -> np.ndarray | None:
+        return tmasks[r] if is_node(r) else None
+
     for n in prog.nodes:
         srcs = [ref(s) for s in n.src]
         vals.append(eval_op(n.op, n.arg, n.shape, n.dtype, srcs))
         if magnitudes:
-            mags.append(_magnitude(n, vals[-1], srcs, [mag(s) for s in n.src]))
+            ms = [mag(s) for s in n.src]
+            mags.append(_magnitude(n, vals[-1], srcs, ms))
+            if ties:
+                tmasks.append(_tie(n, srcs, ms, [tie(s) for s in n.src]))
     return ([np.asarray(ref(r)) for r in prog.roots],
-            [mag(r) for r in prog.roots] if magnitudes else [])
+            [mag(r) for r in prog.roots] if magnitudes else [],
+            [tie(r) for r in prog.roots] if ties else [])
 
 
 def run_kernel(k: Kernel, bufs: list[np.ndarray]) -> np.ndarray:
