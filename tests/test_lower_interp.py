@@ -449,3 +449,44 @@ def test_explain_shows_row_fusion_and_the_stash():
     ln = eqgrad.explain(F.layer_norm(x, (64,)))
     assert [p for _, p, _ in ln.lowering()] == ["hoist"]         # x - mean is recomputed, not stashed
     assert eqgrad.explain(x * 2).lowering() == []
+
+
+def test_a_reduction_the_lanes_share_is_computed_once_per_distinct_element_in_a_loop_llvm_may_widen():
+    """attention's gradient of v as one kernel: ``dv[j, e] = sum_i exp2(q_i . k_j) * g[i, e]``. Its
+    lanes cover keys and head dims; the dot product ``q_i . k_j`` is the same for every head-dim
+    lane of a key, so it is reduced once per key lane (one accumulator each, not one per lane: 16
+    head-dim lanes had each run it), and its loop -- a reduction inside the root's -- is one of
+    the loops the LLVM renderer lets its loop vectorizer widen (``LoopKernel.row_loops``). One
+    kernel at b1 h4 s256 d32: 11.1 -> 2.5 ms (the materializing plan: 0.9 ms)."""
+    from eqgrad.graph.plan import KNode
+    n_i, n_j, d, e = 12, 16, 8, 32
+    f = float32
+
+    def buf(k, shape):
+        return KNode("BUF", (), k, shape, f)
+
+    def expand(x, shape, to):
+        return KNode("EXPAND", (KNode("RESHAPE", (x,), shape, shape, f),), to, to, f)
+    q, k, g = buf(1, (n_i, d)), buf(2, (n_j, d)), buf(3, (n_i, e))
+    prod = KNode("MUL", (expand(q, (n_i, 1, d), (n_i, n_j, d)), expand(k, (1, n_j, d), (n_i, n_j, d))), None,
+                 (n_i, n_j, d), f)
+    s = KNode("RSUM", (prod,), (2,), (n_i, n_j, 1), f)
+    p = KNode("EXP2", (KNode("RESHAPE", (s,), (n_i, n_j), (n_i, n_j), f),), None, (n_i, n_j), f)
+    body = KNode("MUL", (expand(p, (n_i, n_j, 1), (n_i, n_j, e)), expand(g, (n_i, 1, e), (n_i, n_j, e))), None,
+                 (n_i, n_j, e), f)
+    out = KNode("RESHAPE", (KNode("RSUM", (body,), (0,), (1, n_j, e), f),), (n_j, e), (n_j, e), f)
+    kern = Kernel("k0", 0, out, (1, 2, 3))
+    plan = KernelPlan([((n_j, e), f), ((n_i, d), f), ((n_j, d), f), ((n_i, e), f)], 3, [kern], [0])
+    rng = np.random.default_rng(4)
+    bufs = [np.zeros((n_j, e), np.float32)] + [rng.uniform(-0.5, 0.5, sh).astype(np.float32)
+                                               for sh in ((n_i, d), (n_j, d), (n_i, e))]
+    ref = run_kernel(kern, bufs)
+    lk = lower_kernel(kern, plan, (16, 4))                   # 16 head dims x 4 keys of lanes
+    verify(lk)
+    got = np.zeros(n_j * e, np.float32)
+    run_loop(lk, [got] + [b.reshape(-1).copy() for b in bufs[1:]])
+    _same(got.reshape(n_j, e), ref, "dv as one kernel")
+    accs = [x for x in lk.insts if x.op == "DEFACC"]
+    assert len(accs) == 4 + 4 * 16, len(accs)                # the dots' 4 (one per key lane) + the root's 64
+    nested = [i for i, x in enumerate(lk.insts) if x.op == "RANGE" and i in lk.row_loops]
+    assert nested, "the dot product's loop is not offered to the loop vectorizer"

@@ -92,6 +92,7 @@ class Lowerer:
         self._hoisting: KNode | None = None
         self._hoist_vars: set[str] = set()
         self._row_ranges: set[int] = set()     # RANGEs opened by hoisted reductions (LoopKernel.row_loops)
+        self._nested = 0                       # reductions whose loops are open here
 
     # ------------------------------------------------------------------ emission with scoped CSE
     def emit(self, op: str, dtype: Any, src: tuple[int, ...] = (), arg: Any = None, cse: bool = True) -> int:
@@ -121,6 +122,8 @@ class Lowerer:
         if self._hoisting is not None:
             self._hoist_vars.add(name)
             self._row_ranges.add(len(self.insts))           # the RANGE about to be emitted
+        elif self._nested > 1:
+            self._row_ranges.add(len(self.insts))           # a reduction's loop inside another's
         rid = self.emit("RANGE", INDEX, (), extent, cse=False)
         self.vars[name] = rid
         self.scope_keys.append([])
@@ -382,6 +385,21 @@ class Lowerer:
             # reduction, found under the key the hoist pass rendered it at, not one per lane. (By
             # identity: indices are interned, and == on a traced size would record a guard)
             return self.render_lanes(n, idxs[:1], valids[:1]) * len(idxs)
+        if len(idxs) > 1:
+            # lanes in groups that read the same element (a value broadcast along one lane axis: the
+            # scores q . k under a contraction's lanes over the head dim, as in attention's gradient
+            # of v as one kernel): one reduction per distinct element, not one per lane
+            group: dict[tuple, int] = {}
+            firsts: list[int] = []
+            where: list[int] = []
+            for j, (i, v) in enumerate(zip(idxs, valids)):
+                g = group.setdefault((tuple(map(id, i)), v), len(firsts))
+                if g == len(firsts):
+                    firsts.append(j)
+                where.append(g)
+            if len(firsts) < len(idxs):
+                sub = self.render_lanes(n, tuple(idxs[j] for j in firsts), tuple(valids[j] for j in firsts))
+                return tuple(sub[g] for g in where)
         key = ("l", id(n), idxs, valids)
         hit = self.memo.get(key)
         if hit is not None:
@@ -425,7 +443,11 @@ class Lowerer:
         axes = [d for d in n.arg if src.shape[d] > 1]
         sub: dict[int, Lin] = {d: Lin.num(0) for d in n.arg if src.shape[d] <= 1}
         if 0 not in src.shape:              # an empty axis means the identity
-            self._reduce_axes(n, idxs, valids, axes, 0, sub, accs, id(n) in self._blocked)
+            self._nested += 1
+            try:
+                self._reduce_axes(n, idxs, valids, axes, 0, sub, accs, id(n) in self._blocked)
+            finally:
+                self._nested -= 1
         return tuple(self.emit("ACCREAD", n.dtype, (acc,), cse=False) for acc in accs)
 
     def _reduce_axes(self, n: KNode, idxs: tuple, valids: tuple, axes: list[int], k: int,
