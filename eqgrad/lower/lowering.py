@@ -379,21 +379,17 @@ class Lowerer:
     def render_lanes(self, n: KNode, idxs: tuple, valids: tuple) -> tuple[int, ...]:
         if not self.has_reduce[id(n)]:
             return tuple(self.render(n, i, v) for i, v in zip(idxs, valids))
-        if len(idxs) > 1 and all(v is valids[0] for v in valids) and all(
-                i is idxs[0] or all(a is b for a, b in zip(i, idxs[0])) for i in idxs):
-            # every lane reads the same element (a row's value below a row-fused kernel's lanes): one
-            # reduction, found under the key the hoist pass rendered it at, not one per lane. (By
-            # identity: indices are interned, and == on a traced size would record a guard)
-            return self.render_lanes(n, idxs[:1], valids[:1]) * len(idxs)
         if len(idxs) > 1:
-            # lanes in groups that read the same element (a value broadcast along one lane axis: the
-            # scores q . k under a contraction's lanes over the head dim, as in attention's gradient
-            # of v as one kernel): one reduction per distinct element, not one per lane
+            # lanes in groups that read the same element: one reduction per distinct element, not one
+            # per lane -- every lane of a row-fused kernel reads its row's value (found under the key
+            # the hoist pass rendered it at); a contraction's head-dim lanes read one score q . k
+            # per key lane (attention's gradient of v as one kernel). By identity: indices are
+            # interned, and == on a traced size would record a guard
             group: dict[tuple, int] = {}
             firsts: list[int] = []
             where: list[int] = []
             for j, (i, v) in enumerate(zip(idxs, valids)):
-                g = group.setdefault((tuple(map(id, i)), v), len(firsts))
+                g = group.setdefault((tuple(map(id, i)), id(v)), len(firsts))
                 if g == len(firsts):
                     firsts.append(j)
                 where.append(g)
