@@ -22,7 +22,7 @@ import math
 import operator
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from eqgrad.ops import OPS, REDUCE_OPS, numel
 from eqgrad.extract.cost import CostModel, KernelCost
@@ -142,21 +142,25 @@ def _lane_broadcast(src: tuple, shape: tuple, rg: frozenset | None) -> bool:
     return bool(kept) and bcast == kept[-1:]
 
 
-def _reduces_below(choice: "Choice", c: int) -> bool:
-    """Is a reduction inside the body below class ``c`` (down to its leaves and realized classes)?"""
-    seen, todo = set(), [c]
+def body_classes(choice: "Choice", start: int, root: int | None = None) -> Iterator[int]:
+    """The classes of a kernel body below class ``start``, each once: down to its leaves and to the
+    classes other kernels compute (a Realize or Contiguous that is not ``root``, the kernel's own)."""
+    seen, todo = set(), [start]
     while todo:
         x = todo.pop()
         if x in seen:
             continue
         seen.add(x)
+        yield x
         n = choice[x]
-        if n.op in REDUCE_OPS:
-            return True
-        if n.op in _LEAVES or n.op in ("REALIZE", "CONTIGUOUS"):
+        if n.op in _LEAVES or (n.op in ("REALIZE", "CONTIGUOUS") and x != root):
             continue
         todo.extend(n.children)
-    return False
+
+
+def _reduces_below(choice: "Choice", c: int) -> bool:
+    """Is a reduction inside the body below class ``c`` (down to its leaves and realized classes)?"""
+    return any(choice[x].op in REDUCE_OPS for x in body_classes(choice, c))
 
 
 def _unit_reshape(src: tuple, shape: tuple, rg: frozenset | None) -> frozenset | None:

@@ -47,7 +47,7 @@ import numpy as np
 from eqgrad.ops import MOVEMENT_OPS, OPS, REDUCE_OPS, numel
 from eqgrad.extract.cost import CostModel
 from eqgrad.extract.egraph import EGraph
-from eqgrad.extract.evaluate import Choice
+from eqgrad.extract.evaluate import Choice, body_classes
 from eqgrad.extract.greedy import GreedyExtractor, Result
 
 try:
@@ -326,17 +326,7 @@ class ILPExtractor(GreedyExtractor):
         for k, kc in ev.kernels.items():
             if kc.legal:
                 continue
-            body, stack = set(), [k]
-            while stack:
-                c = stack.pop()
-                if c in body:
-                    continue
-                body.add(c)
-                n = choice[c]
-                if n.op in ("BUF", "CONST", "PARAM", "SIZE") or (n.op in ("REALIZE", "CONTIGUOUS") and c != k):
-                    continue
-                stack.extend(n.children)
-            red = frozenset(c for c in body if c != k and choice[c].op in REDUCE_OPS)
+            red = frozenset(c for c in body_classes(choice, k, root=k) if c != k and choice[c].op in REDUCE_OPS)
             if red:
                 out.append((k, red))
         return out
