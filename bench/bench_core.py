@@ -33,6 +33,9 @@ Workloads (full size / --quick size):
                the output's bytes (1 MB): one kernel that writes no score matrix (the others as above)
   attention_s1024_backward / attention_s1024_causal_backward  d/dq of sum(attention(q, k, v) * g),
                with the gradients of k and v computed in the same step
+  attention_s1024_backward_bounded / attention_s1024_causal_backward_bounded  the same step with eqgrad
+               under EQGRAD_PEAK_MEMORY of its three gradients' bytes and a value per query row for each
+               of the softmax's three row statistics: six kernels that recompute the scores, no score matrix
   attention_s1024_q_backward_bounded / attention_s1024_causal_q_backward_bounded  d/dq alone (k and v
                constants), eqgrad under EQGRAD_PEAK_MEMORY of its bytes: one kernel, no score matrix
   matmul_chain / matmul_chain_right  (A @ B) @ x and A @ (B @ x), A and B (1024, 1024), x (1024, 1)
@@ -210,14 +213,19 @@ class Workload:
   train: bool = False                          # a training row: NumPy is only its reference (not timed)
   fix: Callable | None = None                  # inputs -> inputs (a mask that is not random)
   # eqgrad under EQGRAD_PEAK_MEMORY of the output's bytes (its plan holds nothing else: attention
-  # that writes no score matrix); the other frameworks as in the unbounded row
+  # that writes no score matrix), or of bound(input shapes) where given; the other frameworks as in
+  # the unbounded row
   bounded: bool = False
+  bound: Callable | None = None
   # bandwidth-bound rows: efficiency = (input + output bytes) / time vs the measured DRAM bandwidth
 
 def _mm_flops(s): return 2 * np.prod(s[0]) * s[1][-1]
 def _conv_flops(s): return 2 * s[0][0] * s[1][0] * s[0][2] * s[0][3] * np.prod(s[1][1:])
 def _attn_flops(s): return 2 * 2 * np.prod(s[0]) * s[1][-1]
 def _lin_flops(s): return 2 * np.prod(s[0]) * s[1][0]
+# attention's three gradients, and one value per query row for each of the softmax's statistics
+# (the rows' max, sum and sum(p * dp)): a full backward's buffers without a score matrix
+def _attn_grads_bytes(s): return 4 * (3 * np.prod(s[0]) + 3 * np.prod(s[0][:-1]))
 def _attn_t_flops(s): return 2 * 2 * np.prod(s[0]) * s[1][-2]
 def _chain_flops(s): return 2 * s[0][0] * s[0][1] * s[1][1] + 2 * s[0][0] * s[1][1] * s[2][1]   # (A @ B) @ x
 def _chain_right_flops(s): return 2 * s[1][0] * s[1][1] * s[2][1] + 2 * s[0][0] * s[0][1] * s[2][1]   # A @ (B @ x)
@@ -277,6 +285,11 @@ WORKLOADS = [
   Workload("attention_s1024_causal_backward", train_step("attention_causal_backward"),
            ((1, 4, 1024, 64),) * 4 + ((1024, 1024),), ((1, 2, 128, 64),) * 4 + ((128, 128),), matmul_tol=True,
            train=True, fix=causal_mask),
+  Workload("attention_s1024_backward_bounded", train_step("attention_backward"), ((1, 4, 1024, 64),) * 4,
+           ((1, 2, 128, 64),) * 4, matmul_tol=True, train=True, bounded=True, bound=_attn_grads_bytes),
+  Workload("attention_s1024_causal_backward_bounded", train_step("attention_causal_backward"),
+           ((1, 4, 1024, 64),) * 4 + ((1024, 1024),), ((1, 2, 128, 64),) * 4 + ((128, 128),), matmul_tol=True,
+           train=True, fix=causal_mask, bounded=True, bound=_attn_grads_bytes),
   Workload("attention_s1024_q_backward_bounded", train_step("attention_q_backward"), ((1, 4, 1024, 64),) * 4,
            ((1, 2, 128, 64),) * 4, matmul_tol=True, train=True, bounded=True),
   Workload("attention_s1024_causal_q_backward_bounded", train_step("attention_causal_q_backward"),
@@ -498,6 +511,8 @@ class EqgradFW(LazyTensorFW):
     if not w.bounded: return contextlib.nullcontext()
     # a training row's output is the gradient of its first input; calling its step here ran it,
     # unbounded, inside the timed call's kernel count (a bounded d/dq showed 5 kernels, 4 + 1)
+    if w.bound is not None:
+      return self.eqgrad.Context(PEAK_MEMORY=int(w.bound([a.shape for a in inputs])))
     shape = inputs[0].shape if w.train else w.fn(self, *inputs).shape   # (lazy: only its shape is read)
     return self.eqgrad.Context(PEAK_MEMORY=int(np.prod(shape)) * 4)
   def setup(self):

@@ -186,6 +186,45 @@ def test_the_gradient_of_q_under_a_bound_is_one_kernel_and_matches_torch(causal)
     np.testing.assert_allclose(got, tq.grad.numpy(), rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_the_whole_gradient_of_attention_under_a_bound_writes_no_score_sized_buffer(causal):
+    """dq, dk and dv of sum(attention(q, k, v) * g) under a bound of their outputs' bytes and a value
+    per row for each of the rows' max, sum and sum(p * dp), which are kernels of their own; dq, dk
+    and dv each recompute the scores (and g @ v.T) they read. dk and dv come out of autograd as contractions
+    over the queries whose root is a permute of the sum ((g.T @ p).T): their lanes run along the
+    head dim, which the probabilities are broadcast along (graph/plan.py ``lanes_axis``,
+    lower/passes.py ``lane_shared``), so each probability is computed once per (query, key). No
+    buffer but the outputs holds more than 10 % of the score matrix (without the bound: the scores
+    and g @ v.T, 4 MB); the gradients match torch in float64."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(6)
+    qn, kn, vn, gn = (rng.standard_normal((1, 4, 256, 32)).astype(np.float32) for _ in range(4))
+    mask = np.triu(np.full((256, 256), -np.inf, np.float32), 1)
+
+    def loss(q, k, v, g, m):
+        s = q @ k.transpose(-1, -2) / 8
+        return ((s + m if causal else s).softmax(-1) @ v * g).sum()
+    q, k, v = (Tensor(a, requires_grad=True) for a in (qn, kn, vn))
+    loss(q, k, v, *(Tensor(a) for a in (gn, mask))).backward()
+    grads = [t.grad.lazydata for t in (q, k, v)]
+    scores = 4 * 256 * 256 * 4
+    free, _ = plan_for(grads)
+    bound = 3 * 4 * 256 * 32 * 4 + 3 * 4 * 256 * 4       # the gradients, and a value per row for each statistic
+    with eqgrad.Context(PEAK_MEMORY=bound):
+        cp, _ = plan_for(grads)
+        eqgrad.realize(q.grad, k.grad, v.grad)
+        got = [t.grad.numpy() for t in (q, k, v)]
+    outs = set(cp.plan.outputs)
+    inner = [numel(s) * d.itemsize for i, (s, d) in enumerate(cp.plan.buffers) if i >= cp.plan.n_inputs and i not in outs]
+    assert max(numel(s) * d.itemsize for s, d in free.plan.buffers) >= scores
+    assert max(inner, default=0) < scores // 10, [k.ast.render()[:80] for k in cp.plan.kernels]
+    assert _held(cp.plan) <= bound
+    tq, tk, tv = (torch.tensor(a, dtype=torch.float64, requires_grad=True) for a in (qn, kn, vn))
+    loss(tq, tk, tv, *(torch.tensor(a, dtype=torch.float64) for a in (gn, mask))).backward()
+    for a, t in zip(got, (tq, tk, tv)):
+        np.testing.assert_allclose(a, t.grad.numpy(), rtol=1e-4, atol=1e-5)
+
+
 def test_only_dot_products_streamed_along_their_axis_count_as_vectorized():
     """lower/passes.py row_dots_streamed: the scores of softmax(q @ k.T) @ v as one kernel read q and
     k with unit stride along the head dim; with k given transposed (d, s) they gather along it."""

@@ -28,7 +28,7 @@ from eqgrad.ops import OPS, REDUCE_OPS, numel
 from eqgrad.extract.cost import CostModel, KernelCost
 from eqgrad.extract.egraph import EGraph, ENode
 from eqgrad.graph.caps import ROW_STASH_MAX, rows_kept
-from eqgrad.graph.plan import KernelStats, KNode, broadcast_product
+from eqgrad.graph.plan import KernelStats, KNode, broadcast_product, lanes_axis
 
 Choice = dict[int, ENode]
 
@@ -127,11 +127,12 @@ def _row_invariant(src: tuple, shape: tuple, rg: "str | frozenset") -> bool:
     return frozenset(bcast) == rg
 
 
-def _lane_broadcast(src: tuple, shape: tuple, rg: frozenset | None) -> bool:
+def _lane_broadcast(src: tuple, shape: tuple, rg: frozenset | None, axis: int | None = None) -> bool:
     """Does Expand(src -> shape), inside the root contraction of a kernel reducing the axes of
-    region ``rg``, broadcast exactly along the contraction's last kept axis -- the axis its register
-    lanes run along, whose lanes all read one element of the operand (an attention output row's
-    lanes, ``softmax(q @ k.T)`` the operand)?"""
+    region ``rg``, broadcast exactly along the axis its register lanes run along -- ``axis`` where
+    the root reaches the contraction through reshapes and permutes (graph/plan.py ``lanes_axis``),
+    else the contraction's last kept axis --, whose lanes all read one element of the operand (an
+    attention output row's lanes, ``softmax(q @ k.T)`` the operand)?"""
     if not rg or len(rg) != 1 or len(src) != len(shape):
         return False
     (axes,) = rg
@@ -139,6 +140,8 @@ def _lane_broadcast(src: tuple, shape: tuple, rg: frozenset | None) -> bool:
         return False
     kept = [d for d, b in enumerate(shape) if b > 1 and d not in axes]
     bcast = [d for d, (a, b) in enumerate(zip(src, shape)) if a == 1 and b > 1]
+    if axis is not None:
+        return axis in kept and bcast == [axis]
     return bool(kept) and bcast == kept[-1:]
 
 
@@ -357,6 +360,11 @@ class PlanEvaluator:
                 if ch not in seen:
                     stack.append(ch)
         order.reverse()
+        # the axis of the root contraction the lanes run along (its source's), where the root
+        # reaches it through reshapes and permutes
+        found = lanes_axis(k, lambda c: nodes_of[c].op if c in nodes_of else None, lambda c: nodes_of[c].arg,
+                           lambda c: nodes_of[c].children, lambda c: shapes[c]) if rows else None
+        lane_axis = found[1] if found is not None else None
         read = seen                        # the body and its leaves; the Realize leaves' inner classes below
         ev: dict[int, float] = {k: size[k]}
         # region[c]: c is evaluated at its kernel's output index ("out") or at the source index of
@@ -432,7 +440,7 @@ class PlanEvaluator:
             f = weight[op] * e * max(1, mult)
             if c in slow:
                 f *= p.unlaned
-            elif rows and reduce and c in shared and c in under_hoist and rows_kept_here()[0]:
+            elif rows and reduce and c in shared and rows_kept_here()[0]:
                 # a row's reduction under the operand the lanes share, computed in its own hoisted
                 # loop (the max, the sum) or kept by one (the scores of attention as one kernel), not
                 # in the root contraction's loop; the scores are a dot product the loop vectorizer
@@ -470,7 +478,7 @@ class PlanEvaluator:
                 ce, cr, cn, via, shares = e * mult, None, nest, False, False
                 if rg and op == "EXPAND" and all(_row_invariant(shapes[ch], shape_c, t) for t in rg):
                     ce, cn, hoisted, via = e * size[ch] / max(1, size_c), False, True, True
-                elif rows and c in fast and op == "EXPAND" and row_fusion and _lane_broadcast(shapes[ch], shape_c, rg) \
+                elif rows and c in fast and op == "EXPAND" and row_fusion and _lane_broadcast(shapes[ch], shape_c, rg, lane_axis) \
                         and _reduces_below(choice, ch):
                     # the root contraction's lanes share the element: evaluated once per block
                     # (the lowering's row lanes cover the axis: lower/passes.py row_lanes), in the
@@ -502,14 +510,16 @@ class PlanEvaluator:
                 region[ch] = cr
         if nodes > p.max_nodes:
             legal, why = False, f"body of {nodes} nodes > {p.max_nodes}"
-        if rows and (shared or (hoisted and inner_reduce)) and not rows_kept_here()[0]:
+        # row-fused: a reduction below a row-invariant broadcast (computed once per row, reused)
+        fused_rows = hoisted and any(nodes_of[c].op in REDUCE_OPS for c in under_hoist if c in nodes_of)
+        if rows and (shared or (fused_rows and inner_reduce)) and not rows_kept_here()[0]:
             # priced once per element above: the scores of softmax(q @ k.T) in one attention kernel,
             # which the lowering keeps per row; where it would not (lower/passes.py rows_kept), a
             # reduction nested in a row's passes or below an operand the lanes share is computed in
             # every pass or block of lanes (a logits projection fused with its layer's last matvec
             # and norm ran 10 s, priced 0.7 ms): priced as such
             return self._kernel_cost_reads(choice, k, rows=False)
-        if hoisted and inner_reduce and (row_long or not rows):
+        if (fused_rows if rows else hoisted) and inner_reduce and (row_long or not rows):
             # a row-fused kernel makes several passes over each row (max, sum, output); a value
             # with a reduction inside them (the scores of softmax(q @ k.T)) is kept in a local array
             # of the row's length by the lowering (lower/passes.py RowStash) and computed once,
@@ -531,8 +541,6 @@ class PlanEvaluator:
         fill, library = self._fill(k, order, nodes_of) if fast else (1.0, 0.0)   # a root contraction: by its register block
         stats = KernelStats(nbytes, flops, nodes, cflops, fill, library)
         t = self.cost.fn(stats, p)
-        # row-fused: a reduction below a row-invariant broadcast (computed once per row, reused)
-        fused_rows = hoisted and any(nodes_of[c].op in REDUCE_OPS for c in under_hoist if c in nodes_of)
         kind = _KINDS[(fused_rows, cflops > 0, bool(slow), masked)]
         return KernelCost(t, int(nbytes), int(flops), nodes, legal, why, tuple(reversed(fused)), kind, stats,
                           tuple(recomputed)), deps, read

@@ -37,7 +37,7 @@ from eqgrad import progress
 from eqgrad.ops import MOVEMENT_OPS, OPS, numel
 from eqgrad.extract.cost import CostModel
 from eqgrad.extract.egraph import EGraph, ENode
-from eqgrad.extract.evaluate import _ULPS, Choice, Evaluation, PlanEvaluator, PlanState
+from eqgrad.extract.evaluate import _ULPS, Choice, Evaluation, PlanEvaluator, PlanState, body_classes
 
 INF = float("inf")
 
@@ -92,6 +92,11 @@ class Result:
 
 
 _MOVEMENT = frozenset(MOVEMENT_OPS)
+
+
+# follow moves of an inline under the memory bound that materialize what is still recomputed
+# (``_apart_more``): attention's gradients need two (docs/lowering.md, Constants)
+APART_ROUNDS = 3
 
 
 class GreedyExtractor:
@@ -553,10 +558,40 @@ class GreedyExtractor:
         d = ev.delta
         costs = [e[0] for e in d.fresh.values()] if d is not None else list(ev.kernels.values())
         found = tuple(sorted({r for kc in costs if not kc.legal for r in kc.recomputed}))
+        if self.ev.rows and len(found) > 1:
+            # under the memory bound: a recomputed reduction inside another one's body is computed
+            # by that one's kernel once it is materialized -- the scores inside a row's max that
+            # attention's dv would recompute (storing them too stores the score matrix the bound
+            # keeps out). Default plans keep materializing every one (their moves as measured)
+            inner = {c for r in found for c in body_classes(choice, r) if c != r}
+            found = tuple(r for r in found if r not in inner) or found
         if not found or prod in found or any(r not in self.realize_of for r in found):
             return None
         operand = self._broadcast_operand(prod, choice, set(found))
-        return ("apart", prod, (operand,) if operand is not None else found)
+        if operand is not None or not self.ev.rows:
+            return ("apart", prod, (operand,) if operand is not None else found)
+        return ("apart", prod, self._apart_more(prod, found, choice))
+
+    def _apart_more(self, prod: int, found: tuple[int, ...], choice: Choice) -> tuple[int, ...]:
+        """Under the memory bound: ``found`` and the reductions still recomputed once those are
+        materialized, added while some are (APART_ROUNDS at most). Attention's dk with its
+        probabilities inlined recomputes the row's sum(p * dp), and the row's sum of exponentials
+        inside and beside it: the first materialized alone leaves the second recomputed."""
+        out = found
+        for _ in range(APART_ROUNDS):
+            merged = dict(choice)
+            for r in out:
+                more = self.toggle_changes(merged, r, False)
+                if more is None:
+                    return out
+                merged.update(more)
+            ev = self.ev.evaluate(merged)
+            again = sorted({r for kc in ev.kernels.values() if not kc.legal for r in kc.recomputed} - set(out))
+            if ev.legal or not again or prod in again or any(r not in self.realize_of for r in again):
+                return out
+            inner = {c for r in again for c in body_classes(merged, r) if c != r}
+            out = out + (tuple(r for r in again if r not in inner) or tuple(again))
+        return out
 
     def _broadcast_operand(self, prod: int, choice: Choice, reductions: set[int]) -> int | None:
         """The computed, inlined class that an operand of ``prod``'s chosen node reads through movement

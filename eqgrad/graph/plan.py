@@ -234,6 +234,33 @@ def broadcast_product(prod: Any, op: Callable[[Any], "str | None"], srcs: Callab
     return False
 
 
+def lanes_axis(root: Any, op: Callable[[Any], "str | None"], arg: Callable[[Any], Any], srcs: Callable[[Any], tuple],
+               shape: Callable[[Any], tuple[int, ...]]) -> "tuple[Any, int] | None":
+    """The sum a kernel's root reaches through reshapes and permutes, and which axis of it (of its
+    source: a sum keeps its reduced axes, as ones) the root's last axis with more than one element
+    -- the axis register lanes run along -- is; None where the root reaches no sum so, or a
+    reshape does more than add or drop axes of one element. The one mapping for the cost model
+    (extract/evaluate.py, on the e-graph's classes) and the lowering (lower/passes.py
+    ``lane_shared``, on KNodes); handles as in :func:`broadcast_product`, ``arg(h)`` a node's
+    attribute (a permute's order)."""
+    s = shape(root)
+    big = [d for d, n in enumerate(s) if n > 1]
+    if not big:
+        return None
+    n, axis = root, big[-1]
+    while op(n) in ("RESHAPE", "PERMUTE"):
+        src = srcs(n)[0]
+        if op(n) == "PERMUTE":
+            axis = arg(n)[axis]
+        else:
+            s_out, s_in = shape(n), shape(src)
+            if [a for a in s_in if a != 1] != [b for b in s_out if b != 1] or s_out[axis] == 1:
+                return None
+            axis = [d for d, a in enumerate(s_in) if a != 1][[d for d, b in enumerate(s_out) if b != 1].index(axis)]
+        n = src
+    return (n, axis) if op(n) == "RSUM" else None
+
+
 def shared_factor(prod: Any, reduced: tuple[int, ...], op: Callable[[Any], "str | None"], srcs: Callable[[Any], tuple],
                   shape: Callable[[Any], tuple[int, ...]]) -> bool:
     """Is a factor of contraction product ``prod`` (reduced along ``reduced``) the same in every row

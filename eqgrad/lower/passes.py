@@ -32,7 +32,7 @@ from typing import Callable, ClassVar, Iterator
 from eqgrad.dtype import bool_
 from eqgrad.graph.caps import (LANE_BODY_MAX, LANES_LAST, LANES_PREV, ROW_STASH_MAX, TILE_BLOCKS, TILE_MIN_STREAM, Capabilities,
                                register_block, register_block_rule, register_rows_rule)
-from eqgrad.graph.plan import GROUP, Kernel, KNode, shared_factor
+from eqgrad.graph.plan import GROUP, Kernel, KNode, lanes_axis, shared_factor
 from eqgrad.graph.sizes import ELEMENTWISE
 from eqgrad.lower.contraction import candidate, find_contraction
 from eqgrad.lower.indexing import MOVES, REDUCES, dry_sources, flat_index, hoistable, reduce_map, roots_of
@@ -241,14 +241,15 @@ def lanes_apply(root: KNode, has_reduce: bool) -> bool:
     return bool(has_reduce and big) and contiguous_under_reduce(root, big[-1])
 
 
-def _row_entries(root: KNode) -> tuple[tuple[int, tuple[KNode, ...]], ...]:
+def _row_entries(root: KNode, every: bool = False) -> tuple[tuple[int, tuple[KNode, ...]], ...]:
     """The hoist pass's entries for ``root`` before its last output loop (reductions once per row,
-    not once per output element): () at once where no reduction lies below the roots."""
+    not once per output element; ``every``: after it as well, once per output element, as the pass
+    hoists them in a kernel without lanes): () at once where no reduction lies below the roots."""
     own = _own_reductions(root)
     if not any(n.op in REDUCES and id(n) not in own for n in root.walk()):
         return ()                 # a matmul's sum under its reshape: not a row's (no dry run)
     big = sum(1 for n in root.shape if n > 1)
-    return tuple((k, ns) for k, ns in row_reductions(root, reduce_map(root)) if k < big)
+    return tuple((k, ns) for k, ns in row_reductions(root, reduce_map(root)) if every or k < big)
 
 
 def _own_reductions(root: KNode) -> set[int]:
@@ -264,8 +265,49 @@ def _own_reductions(root: KNode) -> set[int]:
 def row_lanes(root: KNode) -> bool:
     """Whether the lanes of ``root``'s kernel are a row-fused kernel's: on the last output axis only
     (the axes before it are rows, each reduced in loops of their own before its outputs), as the one-axis
-    block of ``caps.register_block`` -- a row of attention's output (64 values) is 4 vectors."""
-    return bool(_row_entries(root))
+    block of ``caps.register_block`` -- a row of attention's output (64 values) is 4 vectors. So are
+    the lanes of a contraction whose operand along that axis holds a reduction (``lane_shared``)."""
+    return bool(_row_entries(root)) or bool(_lane_shared_covered(root))
+
+
+def _lane_shared_covered(root: KNode) -> tuple[KNode, ...]:
+    """``lane_shared`` where one-axis lanes cover the whole last axis (each element of the factor then
+    computed once: attention's head dim); () where they would not (the block of two axes stays)."""
+    shared = lane_shared(root)
+    if not shared:
+        return ()
+    last = next(n for n in reversed(root.shape) if n > 1)
+    return shared if register_block((last,), len(root.walk()), LANES_LAST, LANES_PREV, LANE_BODY_MAX)[0] == last else ()
+
+
+def lane_shared(root: KNode) -> tuple[KNode, ...]:
+    """The reductions below a factor of ``root``'s contraction that is broadcast exactly along the
+    axis the lanes run along (the root's last; ``graph/plan.py lanes_axis`` finds it in the
+    contraction through reshapes and permutes), whose lanes all read one element of that factor:
+    the probabilities of attention's ``dv[j] = sum_i p[i, j] g[i]``, recomputed from the scores
+    ``q[i] . k[j]`` where they are not stored -- autograd writes dv as ``(g.T @ p).T``, whose lanes
+    run along the head dim, the contraction's first kept axis. With one-axis lanes over that whole
+    axis (``row_lanes``) the lowering computes such a reduction once per element of the factor
+    (``Lowerer.render_lanes``: one accumulator per distinct element its lanes read); a block of
+    lanes over two axes computes it again for every block along the last one. Only where one of
+    them has a value per element of the factor (below); () where there is none."""
+    found = lanes_axis(root, lambda n: n.op, lambda n: n.arg, lambda n: n.src, lambda n: n.shape)
+    if found is None:
+        return ()
+    n, axis = found
+    if n.src[0].op != "MUL" or not any(x.op in REDUCES for x in n.src[0].walk()):
+        return ()
+    out: list[KNode] = []
+    for f in n.src[0].src:
+        if f.op != "EXPAND" or [d for d, (a, b) in enumerate(zip(f.src[0].shape, f.shape)) if a == 1 and b > 1] != [axis]:
+            continue
+        reds = [x for x in f.src[0].walk() if x.op in REDUCES]
+        # only where one has a value per element of the factor (the scores, one per (query, key)):
+        # a row's statistic inside it (a layer norm's mean in a weight gradient) is a value per row,
+        # which a block of lanes over two axes computes once per block as it always has
+        if any(numel(x.shape) >= numel(f.src[0].shape) for x in reds):
+            out.extend(reds)
+    return tuple(dict.fromkeys(out))
 
 
 def rows_kept(root: KNode) -> bool:
@@ -294,10 +336,24 @@ def _rows_answers(root: KNode) -> tuple[bool, bool]:
     answers the cost model, the hoist pass's dry run done once."""
     own = _own_reductions(root)
     rows = [n for _, ns in _row_entries(root) for n in ns]
-    if not rows:
+    if not rows and not lanes_apply(root, any(n.op in REDUCES for n in root.walk())):
+        # no lanes: the hoist pass also hoists the reductions the last output loop indexes, once
+        # per output element (a row's max for the sum over the row of attention's normalizer);
+        # what it does not hoist varies along a reduction's loop and is computed in that loop, once
+        # per iteration (g[i] . v[j] inside sum_j p[i, j] * dp[i, j]) -- or recomputed where its
+        # value does not vary along it, which the cost model counts (a reduction evaluated more
+        # often than it has elements is illegal)
+        rows = [n for _, ns in _row_entries(root, every=True) for n in ns]
+        if rows:
+            return True, _dots_streamed(root, own, {id(n) for n in rows})
+    # a contraction whose lanes share a factor with reductions inside (``lane_shared``) computes
+    # each element of that factor once where the one-axis block covers the whole axis: what varies
+    # along its own loop (attention's probabilities in dv, g[i] . v[j] in dq) included
+    shared = _lane_shared_covered(root)
+    if not rows and not shared:
         return False, False
     kept: set[int] = set()
-    for r in rows:
+    for r in (*rows, *shared):
         kept.update(id(x) for x in r.walk())
     if not all(id(n) in kept or id(n) in own for n in root.walk() if n.op in REDUCES):
         return False, False
