@@ -441,15 +441,13 @@ def test_the_verifier_accepts_what_the_interpreter_runs():
     np.testing.assert_array_equal(out, [False, False, True, False, True, False])
 
 
-def test_a_permuted_contraction_whose_lanes_share_a_factor_computes_it_once_per_element():
-    """attention's dv as autograd writes it: ``(g.T @ p).T``, a sum over the queries of shape
-    (head dim, keys) read through a permute, with p recomputed from the scores ``q_i . k_j``. The
-    lanes run along the root's last axis -- the head dim, the sum's *first* kept axis
-    (graph/plan.py ``lanes_axis``) -- and p is broadcast along it, so the lanes pass gives the
-    kernel one-axis lanes over the whole head dim and each dot product is reduced once per
-    (query, key); the values match the kernel reference."""
-    from eqgrad.graph.plan import KNode, lanes_axis
-    from eqgrad.lower.passes import lane_shared, row_lanes, rows_kept
+def _dv_kernel(permuted: bool, seed: int) -> tuple:
+    """attention's gradient of v as one kernel, ``dv[j, e] = sum_i exp2(q_i . k_j) * g[i, e]``
+    (n_i 12 queries, n_j 16 keys, head dims 8 for the scores and e = 32 for g): as a sum of shape
+    (keys, head dim), or, ``permuted``, as autograd writes it, ``(g.T @ p).T`` -- a sum of shape
+    (head dim, keys) read through a permute. (its output, its sum, the scores' dot product, the
+    kernel, its plan, the buffers, the kernel reference's values)."""
+    from eqgrad.graph.plan import KNode
     n_i, n_j, d, e = 12, 16, 8, 32
     f = float32
 
@@ -463,24 +461,49 @@ def test_a_permuted_contraction_whose_lanes_share_a_factor_computes_it_once_per_
                  (n_i, n_j, d), f)
     s = KNode("RSUM", (prod,), (2,), (n_i, n_j, 1), f)
     p = KNode("EXP2", (KNode("RESHAPE", (s,), (n_i, n_j), (n_i, n_j), f),), None, (n_i, n_j), f)
-    body = KNode("MUL", (expand(g, (n_i, e, 1), (n_i, e, n_j)), expand(p, (n_i, 1, n_j), (n_i, e, n_j))), None,
-                 (n_i, e, n_j), f)
-    red = KNode("RSUM", (body,), (0,), (1, e, n_j), f)
-    out = KNode("PERMUTE", (KNode("RESHAPE", (red,), (e, n_j), (e, n_j), f),), (1, 0), (n_j, e), f)
-    assert lanes_axis(out, lambda n: n.op, lambda n: n.arg, lambda n: n.src, lambda n: n.shape) == (red, 1)
-    assert lane_shared(out) == (s,) and row_lanes(out) and rows_kept(out)
+    if permuted:
+        body = KNode("MUL", (expand(g, (n_i, e, 1), (n_i, e, n_j)), expand(p, (n_i, 1, n_j), (n_i, e, n_j))), None,
+                     (n_i, e, n_j), f)
+        red = KNode("RSUM", (body,), (0,), (1, e, n_j), f)
+        out = KNode("PERMUTE", (KNode("RESHAPE", (red,), (e, n_j), (e, n_j), f),), (1, 0), (n_j, e), f)
+    else:
+        body = KNode("MUL", (expand(p, (n_i, n_j, 1), (n_i, n_j, e)), expand(g, (n_i, 1, e), (n_i, n_j, e))), None,
+                     (n_i, n_j, e), f)
+        red = KNode("RSUM", (body,), (0,), (1, n_j, e), f)
+        out = KNode("RESHAPE", (red,), (n_j, e), (n_j, e), f)
     kern = Kernel("k0", 0, out, (1, 2, 3))
     plan = KernelPlan([((n_j, e), f), ((n_i, d), f), ((n_j, d), f), ((n_i, e), f)], 3, [kern], [0])
-    rng = np.random.default_rng(5)
+    rng = np.random.default_rng(seed)
     bufs = [np.zeros((n_j, e), np.float32)] + [rng.uniform(-0.5, 0.5, sh).astype(np.float32)
                                                for sh in ((n_i, d), (n_j, d), (n_i, e))]
-    ref = run_kernel(kern, bufs)
-    lk = lower_kernel(kern, plan)
+    return out, red, s, kern, plan, bufs, run_kernel(kern, bufs)
+
+
+def _run_dv(kern, plan, bufs, ref, upcast=None):
+    """The dv kernel lowered (``upcast``: forced lanes), verified and run by the interpreter against
+    the reference; its loop IR."""
+    lk = lower_kernel(kern, plan, upcast)
     verify(lk)
-    got = np.zeros(n_j * e, np.float32)
+    got = np.zeros(bufs[0].size, np.float32)
     run_loop(lk, [got] + [b.reshape(-1).copy() for b in bufs[1:]])
-    _same(got.reshape(n_j, e), ref, "dv through a permute")
-    assert len([x for x in lk.insts if x.op == "DEFACC"]) == 1 + e      # the dot's one + the head dim's lanes
+    _same(got.reshape(bufs[0].shape), ref, "dv as one kernel")
+    return lk
+
+
+def test_a_permuted_contraction_whose_lanes_share_a_factor_computes_it_once_per_element():
+    """attention's dv as autograd writes it: ``(g.T @ p).T``, a sum over the queries of shape
+    (head dim, keys) read through a permute, with p recomputed from the scores ``q_i . k_j``. The
+    lanes run along the root's last axis -- the head dim, the sum's *first* kept axis
+    (graph/plan.py ``lanes_axis``) -- and p is broadcast along it, so the lanes pass gives the
+    kernel one-axis lanes over the whole head dim and each dot product is reduced once per
+    (query, key); the values match the kernel reference."""
+    from eqgrad.graph.plan import lanes_axis
+    from eqgrad.lower.passes import lane_shared, row_lanes, rows_kept
+    out, red, s, kern, plan, bufs, ref = _dv_kernel(True, 5)
+    assert lanes_axis(out, lambda n: n.op, lambda n: n.arg, lambda n: n.src, lambda n: n.shape) == (red, 1)
+    assert lane_shared(out) == (s,) and row_lanes(out) and rows_kept(out)
+    lk = _run_dv(kern, plan, bufs, ref)
+    assert len([x for x in lk.insts if x.op == "DEFACC"]) == 1 + 32     # the dot's one + the head dim's lanes
 
 
 def test_explain_shows_row_fusion_and_the_stash():
@@ -502,38 +525,12 @@ def test_a_reduction_the_lanes_share_is_computed_once_per_distinct_element_in_a_
     reduced once per (i, j). Its loop -- a reduction inside the root's -- is one of the
     loops the LLVM renderer lets its loop vectorizer widen (``LoopKernel.row_loops``). One kernel at
     b1 h4 s256 d32: 11.1 -> 2.5 ms (the materializing plan: 0.9 ms)."""
-    from eqgrad.graph.plan import KNode
-    n_i, n_j, d, e = 12, 16, 8, 32
-    f = float32
-
-    def buf(k, shape):
-        return KNode("BUF", (), k, shape, f)
-
-    def expand(x, shape, to):
-        return KNode("EXPAND", (KNode("RESHAPE", (x,), shape, shape, f),), to, to, f)
-    q, k, g = buf(1, (n_i, d)), buf(2, (n_j, d)), buf(3, (n_i, e))
-    prod = KNode("MUL", (expand(q, (n_i, 1, d), (n_i, n_j, d)), expand(k, (1, n_j, d), (n_i, n_j, d))), None,
-                 (n_i, n_j, d), f)
-    s = KNode("RSUM", (prod,), (2,), (n_i, n_j, 1), f)
-    p = KNode("EXP2", (KNode("RESHAPE", (s,), (n_i, n_j), (n_i, n_j), f),), None, (n_i, n_j), f)
-    body = KNode("MUL", (expand(p, (n_i, n_j, 1), (n_i, n_j, e)), expand(g, (n_i, 1, e), (n_i, n_j, e))), None,
-                 (n_i, n_j, e), f)
-    out = KNode("RESHAPE", (KNode("RSUM", (body,), (0,), (1, n_j, e), f),), (n_j, e), (n_j, e), f)
-    kern = Kernel("k0", 0, out, (1, 2, 3))
-    plan = KernelPlan([((n_j, e), f), ((n_i, d), f), ((n_j, d), f), ((n_i, e), f)], 3, [kern], [0])
-    rng = np.random.default_rng(4)
-    bufs = [np.zeros((n_j, e), np.float32)] + [rng.uniform(-0.5, 0.5, sh).astype(np.float32)
-                                               for sh in ((n_i, d), (n_j, d), (n_i, e))]
-    ref = run_kernel(kern, bufs)
+    out, red, s, kern, plan, bufs, ref = _dv_kernel(False, 4)
     # the lanes pass's own block: one axis, all 32 head dims; forced to 16 x 4 (the kernel search),
     # one axis of 16 lanes: the dot once per block of 16 head dims
-    for upcast, dots, lanes in ((None, 1, e), ((16, 4), 1, 16)):
-        lk = lower_kernel(kern, plan, upcast)
-        verify(lk)
-        got = np.zeros(n_j * e, np.float32)
-        run_loop(lk, [got] + [b.reshape(-1).copy() for b in bufs[1:]])
-        _same(got.reshape(n_j, e), ref, "dv as one kernel")
+    for upcast, lanes in ((None, 32), ((16, 4), 16)):
+        lk = _run_dv(kern, plan, bufs, ref, upcast)
         accs = [x for x in lk.insts if x.op == "DEFACC"]
-        assert len(accs) == dots + lanes, (upcast, len(accs))   # the dot's one accumulator + the root's lanes
+        assert len(accs) == 1 + lanes, (upcast, len(accs))     # the dot's one accumulator + the root's lanes
         nested = [i for i, x in enumerate(lk.insts) if x.op == "RANGE" and i in lk.row_loops]
         assert nested, "the dot product's loop is not offered to the loop vectorizer"

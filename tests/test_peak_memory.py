@@ -159,6 +159,21 @@ def test_attention_under_a_bound_writes_no_score_matrix_and_matches_torch(causal
     assert "k0 row stash: 2 value(s) (RSUM EXP2) kept per row in a local array" in text, text
 
 
+def _attention_loss(seed: int, causal: bool) -> tuple:
+    """q, k, v and g of b1 h4 s256 d32 (float32), and ``loss(q, k, v, g)`` = sum(attention * g) with
+    the scale 1/8 and, ``causal``, a causal mask of -inf, for eqgrad's and torch's tensors alike."""
+    rng = np.random.default_rng(seed)
+    arrays = tuple(rng.standard_normal((1, 4, 256, 32)).astype(np.float32) for _ in range(4))
+    mask = np.triu(np.full((256, 256), -np.inf, np.float32), 1)
+
+    def loss(q, k, v, g):
+        s = q @ k.transpose(-1, -2) / 8
+        if causal:
+            s = s + (Tensor(mask) if isinstance(q, Tensor) else type(q)(mask).to(q.dtype))
+        return (s.softmax(-1) @ v * g).sum()
+    return arrays, loss
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_the_gradient_of_q_under_a_bound_is_one_kernel_and_matches_torch(causal):
     """d/dq of sum(attention(q, k, v) * g) under a bound of its output's bytes: the rows' max, sum
@@ -166,15 +181,9 @@ def test_the_gradient_of_q_under_a_bound_is_one_kernel_and_matches_torch(causal)
     scores and g @ v.T per row (kept in local arrays) and writes no score-sized buffer (without the
     bound: 4 kernels, 3 MB held); it matches torch in float64."""
     torch = pytest.importorskip("torch")
-    rng = np.random.default_rng(5)
-    qn, kn, vn, gn = (rng.standard_normal((1, 4, 256, 32)).astype(np.float32) for _ in range(4))
-    mask = np.triu(np.full((256, 256), -np.inf, np.float32), 1)
-
-    def loss(q, k, v, g, m):
-        s = q @ k.transpose(-1, -2) / 8
-        return ((s + m if causal else s).softmax(-1) @ v * g).sum()
+    (qn, kn, vn, gn), loss = _attention_loss(5, causal)
     q = Tensor(qn, requires_grad=True)
-    loss(q, *(Tensor(a) for a in (kn, vn, gn, mask))).backward()
+    loss(q, *(Tensor(a) for a in (kn, vn, gn))).backward()
     free, _ = plan_for([q.grad.lazydata])
     with eqgrad.Context(PEAK_MEMORY=256 * 32 * 4 * 4):
         cp, _ = plan_for([q.grad.lazydata])
@@ -182,7 +191,7 @@ def test_the_gradient_of_q_under_a_bound_is_one_kernel_and_matches_torch(causal)
     assert len(free.plan.kernels) > 1 and _held(free.plan) >= 4 * 256 * 256 * 4
     assert len(cp.plan.kernels) == 1 and _held(cp.plan) == 4 * 256 * 32 * 4, [k.ast.render()[:80] for k in cp.plan.kernels]
     tq = torch.tensor(qn, dtype=torch.float64, requires_grad=True)
-    loss(tq, *(torch.tensor(a, dtype=torch.float64) for a in (kn, vn, gn, mask))).backward()
+    loss(tq, *(torch.tensor(a, dtype=torch.float64) for a in (kn, vn, gn))).backward()
     np.testing.assert_allclose(got, tq.grad.numpy(), rtol=1e-4, atol=1e-5)
 
 
@@ -190,22 +199,16 @@ def test_the_gradient_of_q_under_a_bound_is_one_kernel_and_matches_torch(causal)
 def test_the_whole_gradient_of_attention_under_a_bound_writes_no_score_sized_buffer(causal):
     """dq, dk and dv of sum(attention(q, k, v) * g) under a bound of their outputs' bytes and a value
     per row for each of the rows' max, sum and sum(p * dp), which are kernels of their own; dq, dk
-    and dv each recompute the scores (and g @ v.T) they read. dk and dv come out of autograd as contractions
-    over the queries whose root is a permute of the sum ((g.T @ p).T): their lanes run along the
+    and dv each recompute the scores (and g @ v.T) they read. dk and dv come out of autograd as
+    contractions over the queries whose root is a permute of the sum ((g.T @ p).T): their lanes run along the
     head dim, which the probabilities are broadcast along (graph/plan.py ``lanes_axis``,
     lower/passes.py ``lane_shared``), so each probability is computed once per (query, key). No
     buffer but the outputs holds more than 10 % of the score matrix (without the bound: the scores
     and g @ v.T, 4 MB); the gradients match torch in float64."""
     torch = pytest.importorskip("torch")
-    rng = np.random.default_rng(6)
-    qn, kn, vn, gn = (rng.standard_normal((1, 4, 256, 32)).astype(np.float32) for _ in range(4))
-    mask = np.triu(np.full((256, 256), -np.inf, np.float32), 1)
-
-    def loss(q, k, v, g, m):
-        s = q @ k.transpose(-1, -2) / 8
-        return ((s + m if causal else s).softmax(-1) @ v * g).sum()
+    (qn, kn, vn, gn), loss = _attention_loss(6, causal)
     q, k, v = (Tensor(a, requires_grad=True) for a in (qn, kn, vn))
-    loss(q, k, v, *(Tensor(a) for a in (gn, mask))).backward()
+    loss(q, k, v, Tensor(gn)).backward()
     grads = [t.grad.lazydata for t in (q, k, v)]
     scores = 4 * 256 * 256 * 4
     free, _ = plan_for(grads)
@@ -215,12 +218,13 @@ def test_the_whole_gradient_of_attention_under_a_bound_writes_no_score_sized_buf
         eqgrad.realize(q.grad, k.grad, v.grad)
         got = [t.grad.numpy() for t in (q, k, v)]
     outs = set(cp.plan.outputs)
-    inner = [numel(s) * d.itemsize for i, (s, d) in enumerate(cp.plan.buffers) if i >= cp.plan.n_inputs and i not in outs]
+    inner = [numel(s) * d.itemsize for i, (s, d) in enumerate(cp.plan.buffers)
+             if i >= cp.plan.n_inputs and i not in outs]
     assert max(numel(s) * d.itemsize for s, d in free.plan.buffers) >= scores
     assert max(inner, default=0) < scores // 10, [k.ast.render()[:80] for k in cp.plan.kernels]
     assert _held(cp.plan) <= bound
     tq, tk, tv = (torch.tensor(a, dtype=torch.float64, requires_grad=True) for a in (qn, kn, vn))
-    loss(tq, tk, tv, *(torch.tensor(a, dtype=torch.float64) for a in (gn, mask))).backward()
+    loss(tq, tk, tv, torch.tensor(gn, dtype=torch.float64)).backward()
     for a, t in zip(got, (tq, tk, tv)):
         np.testing.assert_allclose(a, t.grad.numpy(), rtol=1e-4, atol=1e-5)
 

@@ -478,8 +478,8 @@ class PlanEvaluator:
                 ce, cr, cn, via, shares = e * mult, None, nest, False, False
                 if rg and op == "EXPAND" and all(_row_invariant(shapes[ch], shape_c, t) for t in rg):
                     ce, cn, hoisted, via = e * size[ch] / max(1, size_c), False, True, True
-                elif rows and c in fast and op == "EXPAND" and row_fusion and _lane_broadcast(shapes[ch], shape_c, rg, lane_axis) \
-                        and _reduces_below(choice, ch):
+                elif rows and c in fast and op == "EXPAND" and row_fusion \
+                        and _lane_broadcast(shapes[ch], shape_c, rg, lane_axis) and _reduces_below(choice, ch):
                     # the root contraction's lanes share the element: evaluated once per block
                     # (the lowering's row lanes cover the axis: lower/passes.py row_lanes), in the
                     # reduction's region, so the row values below it are hoisted; a reduction

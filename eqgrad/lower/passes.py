@@ -299,7 +299,8 @@ def lane_shared(root: KNode) -> tuple[KNode, ...]:
         return ()
     out: list[KNode] = []
     for f in n.src[0].src:
-        if f.op != "EXPAND" or [d for d, (a, b) in enumerate(zip(f.src[0].shape, f.shape)) if a == 1 and b > 1] != [axis]:
+        if f.op != "EXPAND" or [d for d, (a, b) in enumerate(zip(f.src[0].shape, f.shape))
+                                if a == 1 and b > 1] != [axis]:
             continue
         reds = [x for x in f.src[0].walk() if x.op in REDUCES]
         # only where one has a value per element of the factor (the scores, one per (query, key)):
