@@ -91,7 +91,8 @@ def register_block(shape: tuple[int, ...], body: int, lanes_last: tuple[int, ...
     ``body * lanes <= body_max``; if one does, on the axis before it (with more than one element)
     the first of ``lanes_prev`` that divides it within the same bound. An output with one such
     axis gets the whole block on it: ``w1`` times the first of ``lanes_prev`` that divides what is
-    left of it, as (w1 * w0, 1). (1, 1): no lanes. The one definition the lowering and the cost
+    left of it, as (w1 * w0, 1) -- or the whole axis, where it is no longer than a full block
+    (``max(lanes_last) * max(lanes_prev)`` lanes). (1, 1): no lanes. The one definition the lowering and the cost
     model (``Capabilities.block_fill``) read.
 
     The one-axis block is for column sums (a bias gradient: a (480, 1536) tensor summed over its
@@ -107,6 +108,10 @@ def register_block(shape: tuple[int, ...], body: int, lanes_last: tuple[int, ...
     if w1 == 1:
         return w1, 1
     if len(big) < 2:
+        # the whole axis where it fits in a block (a head dim of 96 or 80: one block, not three or five
+        # of 32 or 16 -- attention's probabilities in dk and dv are computed once per block)
+        if last <= max(lanes_last) * max(lanes_prev) and body * last <= body_max:
+            return last, 1
         w0 = next((w for w in lanes_prev if w > 1 and (last // w1) % w == 0 and body * w * w1 <= body_max), 1)
         return w1 * w0, 1
     prev = shape[big[-2]]
