@@ -94,6 +94,13 @@ class Result:
 _MOVEMENT = frozenset(MOVEMENT_OPS)
 
 
+def _outermost(choice: Choice, reductions: tuple[int, ...]) -> tuple[int, ...]:
+    """``reductions`` but those inside another one's body (``choice``'s nodes; all of them where
+    each is inside another)."""
+    inner = {c for r in reductions for c in body_classes(choice, r) if c != r} if len(reductions) > 1 else set()
+    return tuple(r for r in reductions if r not in inner) or reductions
+
+
 # follow moves of an inline under the memory bound that materialize what is still recomputed
 # (``_apart_more``): attention's gradients need two (docs/lowering.md, Constants)
 APART_ROUNDS = 3
@@ -558,13 +565,12 @@ class GreedyExtractor:
         d = ev.delta
         costs = [e[0] for e in d.fresh.values()] if d is not None else list(ev.kernels.values())
         found = tuple(sorted({r for kc in costs if not kc.legal for r in kc.recomputed}))
-        if self.ev.rows and len(found) > 1:
+        if self.ev.rows:
             # under the memory bound: a recomputed reduction inside another one's body is computed
             # by that one's kernel once it is materialized -- the scores inside a row's max that
             # attention's dv would recompute (storing them too stores the score matrix the bound
             # keeps out). Default plans keep materializing every one (their moves as measured)
-            inner = {c for r in found for c in body_classes(choice, r) if c != r}
-            found = tuple(r for r in found if r not in inner) or found
+            found = _outermost(choice, found)
         if not found or prod in found or any(r not in self.realize_of for r in found):
             return None
         operand = self._broadcast_operand(prod, choice, set(found))
@@ -577,20 +583,20 @@ class GreedyExtractor:
         materialized, added while some are (APART_ROUNDS at most). Attention's dk with its
         probabilities inlined recomputes the row's sum(p * dp), and the row's sum of exponentials
         inside and beside it: the first materialized alone leaves the second recomputed."""
-        out = found
+        out, new, merged = found, found, dict(choice)
         for _ in range(APART_ROUNDS):
-            merged = dict(choice)
-            for r in out:
+            for r in new:                      # (the plan with the classes added so far materialized)
                 more = self.toggle_changes(merged, r, False)
                 if more is None:
                     return out
                 merged.update(more)
             ev = self.ev.evaluate(merged)
-            again = sorted({r for kc in ev.kernels.values() if not kc.legal for r in kc.recomputed} - set(out))
+            again = tuple(sorted({r for kc in ev.kernels.values() if not kc.legal for r in kc.recomputed}
+                                 - set(out)))
             if ev.legal or not again or prod in again or any(r not in self.realize_of for r in again):
                 return out
-            inner = {c for r in again for c in body_classes(merged, r) if c != r}
-            out = out + (tuple(r for r in again if r not in inner) or tuple(again))
+            new = _outermost(merged, again)
+            out = out + new
         return out
 
     def _broadcast_operand(self, prod: int, choice: Choice, reductions: set[int]) -> int | None:

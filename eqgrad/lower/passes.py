@@ -328,8 +328,7 @@ def row_dots_streamed(root: KNode) -> bool:
     dot products: ~45 GFLOP/s a thread measured) -- not a strided or gathered loop (a convolution's
     gradient hoisted into a row-fused kernel: 3.7 GFLOP/s, what the cost model's ``unlaned`` charge
     is for). The cost model asks it (graph/caps.py ``rows_kept``) to price such a reduction."""
-    own = _own_reductions(root)
-    return _dots_streamed(root, own, {id(n) for _, ns in _row_entries(root) for n in ns})
+    return _rows_answers(root)[1]
 
 
 def _rows_answers(root: KNode) -> tuple[bool, bool]:
