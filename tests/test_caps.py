@@ -140,3 +140,35 @@ def test_one_estimate_of_the_librarys_time_serves_the_cost_model_and_the_device(
         if g.flops / g.batches / r < c:
             assert blas.pays(g, best * 0.99, 2) is False
             assert blas.pays(g, best * 1.01, 2) is None
+
+
+def test_an_axis_no_lane_width_divides_gets_its_largest_divisor_up_to_the_widest():
+    """A weight gradient of a 3-channel convolution, (3, 3, 1, 3, 16) outputs, had lanes on its last
+    axis alone -- no width of (8, 4, 2) divides 3: one vector accumulator for a 32,768-long reduction,
+    bound by the FMA's latency (706 us, 40 GFLOP/s, in bench_model's CNN step). The axis before gets
+    its largest divisor up to the widest lane width instead; a listed width that divides still wins,
+    and the body bound holds."""
+    from eqgrad.graph.caps import LANE_BODY_MAX, LANES_LAST, LANES_PREV, register_block
+
+    def block(shape, body=10):
+        return register_block(shape, body, LANES_LAST, LANES_PREV, LANE_BODY_MAX)
+    assert block((3, 3, 1, 3, 16)) == (16, 3)
+    assert block((2, 12, 15, 32)) == (16, 5)
+    assert block((7, 16)) == (16, 7)
+    assert block((12, 16)) == (16, 4)
+    assert block((11, 16)) == (16, 1)            # no divisor up to 8
+    assert block((3, 16), body=200) == (16, 1)   # 200 nodes x 48 lanes is over the bound
+    from eqgrad.lower.passes import schedule_kernel
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((4, 3, 16, 16)).astype(np.float32)
+    w = rng.standard_normal((16, 3, 3, 3)).astype(np.float32)
+    g = rng.standard_normal((4, 16, 16, 16)).astype(np.float32)
+    ew = Tensor(w, requires_grad=True)
+    (eqgrad.nn.functional.conv2d(Tensor(x), ew, padding=1) * Tensor(g)).sum().backward()
+    cp, _ = engine.plan_for([ew.grad.lazydata])
+    blocks = [dict(schedule_kernel(k).lanes) for k in cp.plan.kernels if any(n.op == "RSUM" for n in k.ast.walk())]
+    assert any(sorted(b.values()) == [3, 16] for b in blocks), blocks
+    import torch
+    tw = torch.tensor(w, requires_grad=True)
+    (torch.nn.functional.conv2d(torch.tensor(x), tw, padding=1) * torch.tensor(g)).sum().backward()
+    np.testing.assert_allclose(ew.grad.numpy(), tw.grad.numpy(), rtol=1e-4, atol=1e-3)

@@ -89,7 +89,9 @@ def register_block(shape: tuple[int, ...], body: int, lanes_last: tuple[int, ...
     """The lanes pass's widths (lower/passes.py ``Lanes``) for output ``shape``: on the last axis
     with more than one element, the first of ``lanes_last`` that divides it and keeps
     ``body * lanes <= body_max``; if one does, on the axis before it (with more than one element)
-    the first of ``lanes_prev`` that divides it within the same bound. An output with one such
+    the first of ``lanes_prev`` that divides it within the same bound, or where none does, its largest
+    divisor up to ``max(lanes_prev)`` (3 channels, 5 of 15 rows: the block's lanes on that axis are
+    independent accumulators, so any width is one; measured below). An output with one such
     axis gets the whole block on it: ``w1`` times the first of ``lanes_prev`` that divides what is
     left of it, as (w1 * w0, 1) -- or the whole axis, where it is no longer than a full block
     (``max(lanes_last) * max(lanes_prev)`` lanes). (1, 1): no lanes. The one definition the lowering and the cost
@@ -99,7 +101,12 @@ def register_block(shape: tuple[int, ...], body: int, lanes_last: tuple[int, ...
     rows) and other reductions that stream along a lone output axis: with 16 lanes, one vector
     accumulator per block of columns made the reduce loop a chain of dependent adds that jumped a
     row's stride each step. Measured on a 2-vCPU Xeon, one thread: (480, 1536).sum(0) 300 -> 99
-    us, (32768, 64).sum(0) 810 -> 286 us; on two threads 214 -> 81 us and 424 -> 284 us."""
+    us, (32768, 64).sum(0) 810 -> 286 us; on two threads 214 -> 81 us and 424 -> 284 us.
+
+    The divisor fallback is for the weight gradient of a convolution with 3 input channels (the
+    CNN step's first layer, outputs (3, 3, 1, 3, 16), a 32,768-long reduction): with lanes on the
+    last axis alone it kept one vector accumulator, a chain of dependent FMAs at 40 GFLOP/s (706
+    us); with 3 x 16 lanes three chains, 94 GFLOP/s (301 us; 2-vCPU EPYC, two threads)."""
     big = [d for d, n in enumerate(shape) if n > 1]
     if not big:
         return 1, 1
@@ -116,6 +123,8 @@ def register_block(shape: tuple[int, ...], body: int, lanes_last: tuple[int, ...
         return w1 * w0, 1
     prev = shape[big[-2]]
     w0 = next((w for w in lanes_prev if w > 1 and prev % w == 0 and body * w * w1 <= body_max), 1)
+    if w0 == 1:
+        w0 = next((w for w in range(max(lanes_prev), 1, -1) if prev % w == 0 and body * w * w1 <= body_max), 1)
     return w1, w0
 
 
