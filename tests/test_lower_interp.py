@@ -53,6 +53,8 @@ CORPUS: dict[str, Callable[[], Tensor]] = {
     "int_sum": lambda: _t(40, 50, dtype=np.int32).sum(),
     "matmul_lanes": lambda: _t(32, 16) @ _t(16, 64, seed=1),
     "matmul_odd": lambda: _t(5, 9) @ _t(9, 7, seed=1),
+    # x @ w.T with a Linear layer's (out, in) weight, a bias and a relu: a dot block (3 x 2 lanes)
+    "linear_dot": lambda: (_t(6, 20) @ _t(10, 20, seed=1).transpose() + _t(10, seed=2)).relu(),
     "softmax": lambda: _t(8, 16).softmax(-1),
     "softmax_3d": lambda: _t(2, 3, 8).softmax(-1),
     "softmax_cols": lambda: _t(16, 8).softmax(0),               # the stash's row check says no
@@ -163,6 +165,8 @@ def test_the_passes_decide_what_the_docs_say(plans):
         return passes.schedule_kernel(plans[case].kernels[-1], options)
     assert sched("matmul_lanes").lanes == ((0, 8), (1, 16)) and sched("matmul_lanes").tile is None
     assert sched("matmul_lanes", SMALL).tile == (0, 2)
+    dot = sched("linear_dot")
+    assert dot.lanes == ((0, 3), (1, 2)) and dot.dot and dot.tile is None and not sched("matmul_lanes").dot
     soft = sched("softmax")
     assert len(plans["softmax"].kernels) == 1 and soft.hoist and not soft.lanes and soft.parallel == 1
     assert sched("full_variance").hoist[0][0] == 0           # no output loop: hoisted before the store

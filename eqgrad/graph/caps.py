@@ -31,6 +31,7 @@ LANE_BODY_MAX = 8192          # most body nodes x lanes (the unrolled block must
 ROW_STASH_MAX = 16384         # elements of a row's local array: a thread's stack (docs/lowering.md, Constants)
 TILE_BLOCKS = 8               # register blocks of the outer lane axis per cache tile (docs/lowering.md, Constants)
 TILE_MIN_STREAM = 1 << 20     # bytes a block's reduce loop streams from the lane-axis operand (docs/lowering.md, Constants)
+DOT_BLOCK = (4, 2)            # a dot block's lanes on the axis before the last and on the last (docs/lowering.md, Constants)
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,8 @@ class Capabilities:
     ``register_lanes``: the lanes and tiling passes may split output axes into register blocks of
     ``lanes_last`` x ``lanes_prev`` (a CPU, and an OpenCL platform that runs on one); False for a GPU,
     which maps outputs to work-items. ``reduce_group``: work-items that share one reduction (0: none),
-    which the C-style renderers use. Equality (and so the cache key) covers the fields the lowering
+    which the C-style renderers use. ``dot_block``: the most lanes of a dot block (lower/passes.py
+    ``DotLanes``: outputs unrolled while the reduce loop is vectorized; (1, 1): none). Equality (and so the cache key) covers the fields the lowering
     reads, not the names: two devices that lower alike share their lowered kernels."""
     device: str = field(compare=False)
     register_lanes: bool = True
@@ -49,6 +51,7 @@ class Capabilities:
     lane_body_max: int = LANE_BODY_MAX
     tile_blocks: int = TILE_BLOCKS
     tile_min_stream: int = TILE_MIN_STREAM
+    dot_block: tuple[int, int] = DOT_BLOCK
     reduce_group: int = field(default=0, compare=False)
 
     def register_block(self, shape: tuple[int, ...], body: int) -> tuple[int, int]:
