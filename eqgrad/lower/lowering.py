@@ -415,7 +415,16 @@ class Lowerer:
         if op in REDUCES:
             return self._reduce_lanes(n, idxs, valids)
         if op == "PAD":
-            return tuple(self._render(n, i, v) for i, v in zip(idxs, valids))
+            # each lane's index into the source and its mask, then the source's lanes together: a
+            # reduction below (RoPE's rotated half of a projection) stays one loop nest with one
+            # accumulator per lane, not a scalar loop per lane
+            before, _after = n.arg
+            src = n.src[0]
+            cidxs = tuple(tuple(i - b for i, b in zip(idx, before)) for idx in idxs)
+            masks = tuple(self.and_([self.in_range(ci, s) for ci, s in zip(cidx, src.shape)]) for cidx in cidxs)
+            inner = self.render_lanes(src, cidxs, tuple(self.and_([v, m]) for v, m in zip(valids, masks)))
+            zero = self.const(_zero(n.dtype), n.dtype)
+            return tuple(x if m is None else self.emit("WHERE", n.dtype, (m, x, zero)) for x, m in zip(inner, masks))
         if op in MOVES:
             return self.render_lanes(n.src[0], tuple(self.move_index(n, i) for i in idxs), valids)
         srcs = [self.render_lanes(s, idxs, valids) for s in n.src]
