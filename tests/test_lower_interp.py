@@ -55,7 +55,8 @@ CORPUS: dict[str, Callable[[], Tensor]] = {
     "matmul_odd": lambda: _t(5, 9) @ _t(9, 7, seed=1),
     # RoPE's rotated half of a projection: pads of the product under lanes (one loop nest per block)
     "rope_lanes": lambda: _rope(_t(2, 16) @ _t(16, 32, seed=1), _t(32, seed=2), _t(32, seed=3)),
-    # x @ w.T with a Linear layer's (out, in) weight, a bias and a relu: a dot block (3 x 2 lanes)
+    # x @ w.T with a Linear layer's (out, in) weight, a bias and a relu: a dot block (3 x 2 lanes;
+    # with SMALL's thresholds)
     "linear_dot": lambda: (_t(6, 20) @ _t(10, 20, seed=1).transpose() + _t(10, seed=2)).relu(),
     "softmax": lambda: _t(8, 16).softmax(-1),
     "softmax_3d": lambda: _t(2, 3, 8).softmax(-1),
@@ -81,7 +82,7 @@ def _rope(t: Tensor, c: Tensor, s: Tensor) -> Tensor:
 
 # thresholds lowered so that the passes for big kernels apply to these small ones
 SMALL = LowerOptions(tile_blocks=2, tile_min_stream=0, sum_block=16, sum_radix=4)
-SMALL_CASES = ("matmul_lanes", "sum_blocked", "sum_rows_blocked", "sum_axes", "layernorm", "softmax_long")
+SMALL_CASES = ("matmul_lanes", "sum_blocked", "sum_rows_blocked", "sum_axes", "layernorm", "softmax_long", "linear_dot")
 
 
 BOUNDED = {"attention": 1024, "attention_causal": 1024}     # EQGRAD_PEAK_MEMORY of these cases
@@ -173,7 +174,8 @@ def test_the_passes_decide_what_the_docs_say(plans):
     assert sched("matmul_lanes").lanes == ((0, 8), (1, 16)) and sched("matmul_lanes").tile is None
     assert sched("matmul_lanes", SMALL).tile == (0, 2)
     assert sched("rope_lanes").lanes == ((0, 2), (1, 16)) and len(plans["rope_lanes"].kernels) == 1
-    dot = sched("linear_dot")
+    dot = sched("linear_dot", SMALL)                  # (its weight is under the default 1 MiB: no block)
+    assert not sched("linear_dot").dot
     assert dot.lanes == ((0, 3), (1, 2)) and dot.dot and dot.tile is None and not sched("matmul_lanes").dot
     soft = sched("softmax")
     assert len(plans["softmax"].kernels) == 1 and soft.hoist and not soft.lanes and soft.parallel == 1

@@ -83,14 +83,16 @@ def test_no_lanes_where_a_streamed_load_would_be_gathered():
     assert lanes_apply(product, True)
 
 
-@pytest.mark.parametrize("m,n,k", [(8, 12, 64), (6, 10, 48), (32, 10, 40), (5, 6, 33), (7, 9, 64)])
+@pytest.mark.parametrize("m,n,k", [(8, 12, 32768), (6, 10, 32768), (32, 10, 32768), (5, 6, 45000), (7, 9, 40000),
+                                   (8, 12, 64)])
 def test_a_product_with_a_transposed_weight_gets_a_dot_block(m, n, k):
     """``x @ w.T`` with a Linear layer's (out, in) weight streams both operands along the reduce
     loop and neither along the output's last axis: no lanes, but a dot block (lower/passes.py
     ``DotLanes``) -- up to 4 x 2 outputs per iteration as scalar accumulators, the loop vectorizer
     on (it widens the reduce loop). Right with a bias and a relu after it, on blocks that divide
-    the axes only in part (6 rows: 3; 5 rows: 1 -- no block; 9 columns: 1 -- none either). The
-    pass can be switched off (tests/test_lower_interp.py runs the corpus without it). The cost model prices it as a laned contraction (``block_of``: not (1, 1)) and
+    the axes only in part (6 rows: 3; 5 rows: 1 -- no block; 9 columns: 1 -- none either), where
+    the weight streams from beyond the cache (at least 1 MiB; 12 x 64 floats do not). The pass can
+    be switched off (tests/test_lower_interp.py runs the corpus without it). The cost model prices it as a laned contraction (``block_of``: not (1, 1)) and
     the classifier calls it one."""
     from dataclasses import replace
     from eqgrad.graph.caps import CPU
@@ -104,13 +106,14 @@ def test_a_product_with_a_transposed_weight_gets_a_dot_block(m, n, k):
     plan = engine.last_plan.plan
     (kern,) = plan.kernels
     s = schedule_kernel(kern)
-    blocks = {(8, 12): ((0, 4), (1, 2)), (6, 10): ((0, 3), (1, 2)), (32, 10): ((0, 4), (1, 2))}
-    assert s.lanes == blocks.get((m, n), ()) and s.dot == ((m, n) in blocks), s
+    blocks = {(8, 12, 32768): ((0, 4), (1, 2)), (6, 10, 32768): ((0, 3), (1, 2)), (32, 10, 32768): ((0, 4), (1, 2))}
+    assert s.lanes == blocks.get((m, n, k), ()) and s.dot == ((m, n, k) in blocks), s
     lk = lower_kernel(kern, plan)
     if s.dot:
         assert lk.loop_vectorize and lk.vector_lanes == 0
         a, b2 = (w_ for _, w_ in s.lanes)
-        assert sum(1 for i in lk.insts if i.op == "DEFACC") == a * b2      # one accumulator per lane
+        # one accumulator per lane and level of the blocked sum (32768 = 32 blocks of 1024: two)
+        assert s.blocked and sum(1 for i in lk.insts if i.op == "DEFACC") == a * b2 * 2
         assert block_of(kern.ast, CPU) != (1, 1) and "contraction" in classify(kern).kinds
         off = schedule_kernel(kern, LowerOptions(disabled=frozenset({"dot lanes"})))
         assert not off.lanes and not off.dot

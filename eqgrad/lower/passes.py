@@ -247,14 +247,15 @@ class DotLanes(Pass):
     accumulators and 6 loaded vectors hold 14 of the 16 vector registers of AVX2, the same on every
     x86-64 CPU. Measured (2-vCPU EPYC, two threads, generated kernels, medians of 15; ms without ->
     with): (32, 32768) @ (32768, 10) 0.68 -> 0.44, (8, 4096) @ (4096, 4096) 12.9 -> 5.9,
-    (4, 4096) @ (4096, 1024) 1.23 -> 0.70, (16, 16384) @ (16384, 64) 0.95 -> 0.53, (32, 8192) @
-    (8192, 16) 0.39 -> 0.22, (64, 4096) @ (4096, 32) 0.54 -> 0.42, (12, 3072) @ (3072, 768) the
-    same; NumPy's OpenBLAS on the first five 0.51, 7.4, 1.55, 0.55-0.6, 0.14 ms (the device times
+    (4, 4096) @ (4096, 1024) 1.23 -> 0.70, (16, 16384) @ (16384, 64) 0.95 -> 0.53, (12, 3072) @
+    (3072, 768) the same; NumPy's OpenBLAS on the first four 0.51, 7.4, 1.55, 0.55-0.6 ms (the device times
     the BLAS against the generated kernel and runs the faster); on PoCL (OpenCL on the same CPU) the first two 4.46 -> 1.30 and 60.8 -> 10.5 ms.
     Applies where the lanes pass does not, to a kernel whose one reduction is a sum of
     a broadcast product (``contraction.candidate``) with at least two output axes of more than one
     element, every load in it streaming with step 0 or 1 along the innermost reduced axis, which
-    is at least a vector of the widest lanes long (``dot_widths``)."""
+    is at least a vector of the widest lanes long, and whose operand shared by the rows (the
+    reduction's length x the last axis, 4-byte elements) is at least ``tile_min_stream`` (1 MiB:
+    from there it streams from beyond L2 for every row; ``dot_widths``)."""
     name = "dot lanes"
 
     def applies(self, ctx: PassCtx, s: Schedule) -> bool:
@@ -282,6 +283,13 @@ def dot_widths(root: KNode, body: int, o: "LowerOptions") -> dict[int, int]:
         return {}
     inner = max((d for d in red.arg if red.src[0].shape[d] > 1), default=None)
     if inner is None or red.src[0].shape[inner] < max(o.lanes_last):
+        return {}
+    # the operand the rows share (a Linear layer's weight: the reduction's length x the last axis)
+    # must stream from beyond the cache, as for tiling; below, each row re-reads it from L2 and the
+    # block's gain is small, while a new batch size that the block no longer divides would lower
+    # (and compile) anew what it shared with the old one (a jitted MLP step at batch 29 after 64)
+    steps = numel(tuple(red.src[0].shape[d] for d in red.arg))
+    if not isinstance(steps, int) or steps * root.shape[big[-1]] * 4 < o.tile_min_stream:
         return {}
     var = f"r{id(red)}_{inner}"
     out = tuple(Lin.var(f"o{d}", n) for d, n in enumerate(root.shape))
