@@ -92,8 +92,9 @@ def test_a_product_with_a_transposed_weight_gets_a_dot_block(m, n, k):
     on (it widens the reduce loop). Right with a bias and a relu after it, on blocks that divide
     the axes only in part (6 rows: 3; 5 rows: 1 -- no block; 9 columns: 1 -- none either), where
     the weight streams from beyond the cache (at least 1 MiB; 12 x 64 floats do not). The pass can
-    be switched off (tests/test_lower_interp.py runs the corpus without it). The cost model prices it as a laned contraction (``block_of``: not (1, 1)) and
-    the classifier calls it one."""
+    be switched off (tests/test_lower_interp.py runs the corpus without it). The cost model prices
+    it as a laned contraction (``block_of``: not (1, 1)) and the classifier calls it one.
+    """
     from dataclasses import replace
     from eqgrad.graph.caps import CPU
     from eqgrad.lower.classify import classify

@@ -26,7 +26,7 @@ from typing import Any, Callable
 # the CPU lowering's register-block widths and thresholds (lower/passes.py reads them through
 # LowerOptions; docs/lowering.md has the measurement behind each)
 LANES_LAST = (16, 8, 4)       # lanes tried on the last output axis, first that divides wins
-LANES_PREV = (8, 4, 2)        # lanes tried on the axis before it
+LANES_PREV = (8, 4, 2)        # the axis before it: its largest divisor up to the first; a one-axis block tries them
 LANE_BODY_MAX = 8192          # most body nodes x lanes (the unrolled block must stay compilable; docs/lowering.md, Constants)
 ROW_STASH_MAX = 16384         # elements of a row's local array: a thread's stack (docs/lowering.md, Constants)
 TILE_BLOCKS = 8               # register blocks of the outer lane axis per cache tile (docs/lowering.md, Constants)
@@ -42,8 +42,9 @@ class Capabilities:
     ``lanes_last`` x ``lanes_prev`` (a CPU, and an OpenCL platform that runs on one); False for a GPU,
     which maps outputs to work-items. ``reduce_group``: work-items that share one reduction (0: none),
     which the C-style renderers use. ``dot_block``: the most lanes of a dot block (lower/passes.py
-    ``DotLanes``: outputs unrolled while the reduce loop is vectorized; (1, 1): none). Equality (and so the cache key) covers the fields the lowering
-    reads, not the names: two devices that lower alike share their lowered kernels."""
+    ``DotLanes``: outputs unrolled while the reduce loop is vectorized; (1, 1): none). Equality (and
+    so the cache key) covers the fields the lowering reads, not the names: two devices that lower
+    alike share their lowered kernels."""
     device: str = field(compare=False)
     register_lanes: bool = True
     lanes_last: tuple[int, ...] = LANES_LAST
@@ -92,9 +93,9 @@ def register_block(shape: tuple[int, ...], body: int, lanes_last: tuple[int, ...
     """The lanes pass's widths (lower/passes.py ``Lanes``) for output ``shape``: on the last axis
     with more than one element, the first of ``lanes_last`` that divides it and keeps
     ``body * lanes <= body_max``; if one does, on the axis before it (with more than one element)
-    the first of ``lanes_prev`` that divides it within the same bound, or where none does, its largest
-    divisor up to ``max(lanes_prev)`` (3 channels, 5 of 15 rows: the block's lanes on that axis are
-    independent accumulators, so any width is one; measured below). An output with one such
+    its largest divisor up to ``max(lanes_prev)`` within the same bound (8 of 24 rows, 6 of 12, 5 of
+    10, 3 channels: the block's lanes on that axis are independent accumulators, so any width is
+    one; measured below). An output with one such
     axis gets the whole block on it: ``w1`` times the first of ``lanes_prev`` that divides what is
     left of it, as (w1 * w0, 1) -- or the whole axis, where it is no longer than a full block
     (``max(lanes_last) * max(lanes_prev)`` lanes). (1, 1): no lanes. The one definition the lowering and the cost
@@ -106,10 +107,13 @@ def register_block(shape: tuple[int, ...], body: int, lanes_last: tuple[int, ...
     row's stride each step. Measured on a 2-vCPU Xeon, one thread: (480, 1536).sum(0) 300 -> 99
     us, (32768, 64).sum(0) 810 -> 286 us; on two threads 214 -> 81 us and 424 -> 284 us.
 
-    The divisor fallback is for the weight gradient of a convolution with 3 input channels (the
-    CNN step's first layer, outputs (3, 3, 1, 3, 16), a 32,768-long reduction): with lanes on the
-    last axis alone it kept one vector accumulator, a chain of dependent FMAs at 40 GFLOP/s (706
-    us); with 3 x 16 lanes three chains, 94 GFLOP/s (301 us; 2-vCPU EPYC, two threads)."""
+    The largest divisor, not the first of (8, 4, 2) that divides: the weight gradient of a
+    convolution with 3 input channels (the CNN step's first layer, outputs (3, 3, 1, 3, 16), a
+    32,768-long reduction) had lanes on its last axis alone, one vector accumulator, a chain of
+    dependent FMAs at 40 GFLOP/s (706 us); with 3 x 16 lanes three chains, 94 GFLOP/s (301 us). A
+    Linear layer's weight gradient (10, 32768) = g.T @ x over a batch of 32: 2 x 16 lanes re-read
+    x for every pair of rows, 462-482 us; 5 x 16, 222-224 us (2-vCPU EPYC, two threads,
+    EQGRAD_BLAS=0)."""
     big = [d for d, n in enumerate(shape) if n > 1]
     if not big:
         return 1, 1
@@ -125,9 +129,7 @@ def register_block(shape: tuple[int, ...], body: int, lanes_last: tuple[int, ...
         w0 = next((w for w in lanes_prev if w > 1 and (last // w1) % w == 0 and body * w * w1 <= body_max), 1)
         return w1 * w0, 1
     prev = shape[big[-2]]
-    w0 = next((w for w in lanes_prev if w > 1 and prev % w == 0 and body * w * w1 <= body_max), 1)
-    if w0 == 1:
-        w0 = next((w for w in range(max(lanes_prev), 1, -1) if prev % w == 0 and body * w * w1 <= body_max), 1)
+    w0 = next((w for w in range(max(lanes_prev), 1, -1) if prev % w == 0 and body * w * w1 <= body_max), 1)
     return w1, w0
 
 

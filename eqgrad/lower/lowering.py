@@ -603,8 +603,9 @@ class Lowerer:
             self.close_range(r)
         width = up.get(lane_axes[-1], root.shape[lane_axes[-1]]) if lane_axes and not s.dot else 0
         # a dot block's lanes are scalars whose reduce loop the loop vectorizer widens (passes.DotLanes)
-        return LoopKernel(self.kernel.name, self.params, self.insts, loop_vectorize=not up or s.dot, parallel=s.parallel,
-                          vector_lanes=width, row_loops=frozenset(self._row_ranges) if up else frozenset())
+        return LoopKernel(self.kernel.name, self.params, self.insts, loop_vectorize=not up or s.dot,
+                          parallel=s.parallel, vector_lanes=width,
+                          row_loops=frozenset(self._row_ranges) if up else frozenset())
 
 
 class _RowArray:

@@ -71,7 +71,8 @@ class LowerOptions:
     def for_caps(cls, caps: Capabilities, **kw) -> "LowerOptions":
         """The options a device with ``caps`` lowers with: its register-block widths and thresholds,
         and without the lanes and tiling passes where it has no register lanes (a GPU's work-items)."""
-        disabled = frozenset(kw.pop("disabled", ())) | (frozenset() if caps.register_lanes else {"lanes", "dot lanes", "tiling"})
+        no_lanes = frozenset() if caps.register_lanes else {"lanes", "dot lanes", "tiling"}
+        disabled = frozenset(kw.pop("disabled", ())) | no_lanes
         return cls(lanes_last=caps.lanes_last, lanes_prev=caps.lanes_prev, lane_body_max=caps.lane_body_max,
                    tile_blocks=caps.tile_blocks, tile_min_stream=caps.tile_min_stream, dot_block=caps.dot_block,
                    disabled=disabled, **kw)
@@ -113,7 +114,7 @@ class Schedule:
     stash: KNode | None = None                         # a value stored by a hoisted loop, loaded by the row's
     row_stash: tuple[KNode, ...] = ()                  # values a row's first pass stores in a local array
     split: Split | None = None                         # for the device (a plan pass)
-    dot: bool = False                                  # the lanes are a dot block's (DotLanes): scalars, loop vectorizer on
+    dot: bool = False                                  # the lanes are a dot block's (DotLanes)
 
     @property
     def lane_map(self) -> dict[int, int]:
@@ -204,8 +205,8 @@ class SplitReductions(Pass):
 
 class Lanes(Pass):
     """Register lanes (upcast): the last output axis with more than one element is split into 16
-    lanes (8 or 4 when 16 does not divide) and the axis before it into 8 (4, 2); a reduction then
-    renders one loop nest with one accumulator per lane, an 8x16 block meant to stay in registers,
+    lanes (8 or 4 when 16 does not divide) and the axis before it into up to 8 (its largest
+    divisor); a reduction then renders one loop nest with one accumulator per lane, an 8x16 block meant to stay in registers,
     and the kernel's loop vectorizer is switched off; the LLVM renderer emits the lanes of the last
     axis as vectors (devices/llvm.py, _Lanes; before, LLVM's SLP vectorizer had to find them, and
     on an AVX2 EPYC with llvmlite's LLVM 22 it left matmul 512's 128 lanes scalar). The block
@@ -237,8 +238,8 @@ class Lanes(Pass):
 
 
 class DotLanes(Pass):
-    """A dot block: a contraction whose operands stream with unit stride along the reduce loop and
-    not along the last output axis (``x @ w.T`` with a Linear layer's (out, in) weight: no lanes,
+    """A dot block: a contraction whose operands stream with unit stride along the reduce loop and not
+    along the last output axis (``x @ w.T`` with a Linear layer's (out, in) weight: no lanes,
     ``lanes_apply``) computed a block of outputs per iteration, up to ``dot_block`` = 4 x 2 (on the
     axis before the last, on the last), each lane a scalar accumulator, with the loop vectorizer
     left on: it widens the reduce loop into one vector accumulator per lane, and the lanes share
@@ -246,23 +247,24 @@ class DotLanes(Pass):
     two vectors for one FMA and streamed the (out, in) operand again for every row. 4 x 2: 8
     accumulators and 6 loaded vectors hold 14 of the 16 vector registers of AVX2, the same on every
     x86-64 CPU. Measured (2-vCPU EPYC, two threads, generated kernels, medians of 15; ms without ->
-    with): (32, 32768) @ (32768, 10) 0.68 -> 0.44, (8, 4096) @ (4096, 4096) 12.9 -> 5.9,
-    (4, 4096) @ (4096, 1024) 1.23 -> 0.70, (16, 16384) @ (16384, 64) 0.95 -> 0.53, (12, 3072) @
-    (3072, 768) the same; NumPy's OpenBLAS on the first four 0.51, 7.4, 1.55, 0.55-0.6 ms (the device times
-    the BLAS against the generated kernel and runs the faster); on PoCL (OpenCL on the same CPU) the first two 4.46 -> 1.30 and 60.8 -> 10.5 ms.
-    Applies where the lanes pass does not, to a kernel whose one reduction is a sum of
-    a broadcast product (``contraction.candidate``) with at least two output axes of more than one
-    element, every load in it streaming with step 0 or 1 along the innermost reduced axis, which
-    is at least a vector of the widest lanes long, and whose operand shared by the rows (the
-    reduction's length x the last axis, 4-byte elements) is at least ``tile_min_stream`` (1 MiB:
-    from there it streams from beyond L2 for every row; ``dot_widths``)."""
+    with): (32, 32768) @ (32768, 10) 0.68 -> 0.44, (8, 4096) @ (4096, 4096) 12.9 -> 5.9, (4, 4096) @
+    (4096, 1024) 1.23 -> 0.70, (16, 16384) @ (16384, 64) 0.95 -> 0.53, (12, 3072) @ (3072, 768) the
+    same; NumPy's OpenBLAS on the first four 0.51, 7.4, 1.55, 0.55-0.6 ms (the device times the BLAS
+    against the generated kernel and runs the faster); on PoCL (OpenCL on the same CPU) the first
+    two 4.46 -> 1.30 and 60.8 -> 10.5 ms. Applies where the lanes pass does not, to a kernel whose
+    one reduction is a sum of a broadcast product (``contraction.candidate``) with at least two
+    output axes of more than one element, every load in it streaming with step 0 or 1 along the
+    innermost reduced axis, which is at least a vector of the widest lanes long, and whose operand
+    shared by the rows (the reduction's length x the last axis, 4-byte elements) is at least
+    ``tile_min_stream`` (1 MiB: from there it streams from beyond L2 for every row; ``dot_widths``)."""
     name = "dot lanes"
 
     def applies(self, ctx: PassCtx, s: Schedule) -> bool:
         return not s.lanes and bool(dot_widths(ctx.root, len(ctx.root.walk()), ctx.options))
 
     def run(self, ctx: PassCtx, s: Schedule) -> Schedule:
-        return replace(s, lanes=tuple(sorted(dot_widths(ctx.root, len(ctx.root.walk()), ctx.options).items())), dot=True)
+        widths = dot_widths(ctx.root, len(ctx.root.walk()), ctx.options)
+        return replace(s, lanes=tuple(sorted(widths.items())), dot=True)
 
     def describe(self, s: Schedule) -> str:
         return ", ".join(f"axis {d} x{w}" for d, w in s.lanes)
@@ -772,7 +774,8 @@ class Parallel(Pass):
         return f"{s.parallel} loop(s)"
 
 
-PASSES: tuple[Pass, ...] = (SplitReductions(), Lanes(), DotLanes(), Tiling(), Hoist(), Stash(), RowStash(), BlockedSums(), Parallel())
+PASSES: tuple[Pass, ...] = (SplitReductions(), Lanes(), DotLanes(), Tiling(), Hoist(), Stash(), RowStash(),
+                            BlockedSums(), Parallel())
 PASS_NAMES: tuple[str, ...] = tuple(p.name for p in PASSES)
 
 
