@@ -206,7 +206,8 @@ class SplitReductions(Pass):
 class Lanes(Pass):
     """Register lanes (upcast): the last output axis with more than one element is split into 16
     lanes (8 or 4 when 16 does not divide) and the axis before it into up to 8 (its largest
-    divisor); a reduction then renders one loop nest with one accumulator per lane, an 8x16 block meant to stay in registers,
+    divisor); a reduction then renders one loop nest with one accumulator per lane, an 8x16 block
+    meant to stay in registers,
     and the kernel's loop vectorizer is switched off; the LLVM renderer emits the lanes of the last
     axis as vectors (devices/llvm.py, _Lanes; before, LLVM's SLP vectorizer had to find them, and
     on an AVX2 EPYC with llvmlite's LLVM 22 it left matmul 512's 128 lanes scalar). The block
@@ -270,8 +271,10 @@ class DotLanes(Pass):
         return ", ".join(f"axis {d} x{w}" for d, w in s.lanes)
 
 
-def dot_widths(root: KNode, body: int, o: "LowerOptions") -> dict[int, int]:
-    """The dot block of ``root`` (DotLanes): {output axis: lanes} on the last two output axes with
+def dot_widths(root: KNode, body: int, o: "LowerOptions | Capabilities") -> dict[int, int]:
+    """The dot block of ``root`` (DotLanes) under ``o``'s widths and thresholds (the lowering's
+    options, or a device's capabilities for the cost model: both carry ``dot_block``, ``lanes_last``,
+    ``lane_body_max``, ``tile_min_stream``): {output axis: lanes} on the last two output axes with
     more than one element, each the largest divisor of the axis up to ``o.dot_block``'s width, the
     body's nodes times the lanes within ``o.lane_body_max``, and at least as many accumulators as
     loaded vectors (a x b >= a + b: 2 x 2, 3 x 2, 4 x 2); {} where the block does not apply. An
@@ -522,7 +525,7 @@ def block_of(root: KNode, caps: Capabilities) -> tuple[int, int]:
         block = lane_block(root, len(root.walk()), caps.lanes_last, caps.lanes_prev, caps.lane_body_max)
         if block != (1, 1):
             return block
-    dot = dot_widths(root, len(root.walk()), LowerOptions.for_caps(caps))
+    dot = dot_widths(root, len(root.walk()), caps)
     if dot:
         prev, last = sorted(dot)
         return dot[last], dot[prev]
