@@ -559,6 +559,47 @@ def test_random_programs_resize_or_refuse():
     assert sum(outcomes) >= len(outcomes) // 2, f"{sum(outcomes)} of {len(outcomes)} resized"
 
 
+def _bodies(plan: KernelPlan) -> list[tuple]:
+    return [(k.name, k.out, k.ast.render(), [(n.op, n.arg, n.shape) for n in k.ast.walk()]) for k in plan.kernels]
+
+
+def test_the_direct_walk_gives_the_solvers_plan(monkeypatch):
+    """Where every size of a changed body moves to one value, ``_Resizer.direct`` builds it in one
+    walk of plain integers; the symbolic derivation and the solver (``node``, ``concrete``) must
+    give the same plan -- node for node, walk for walk -- or refuse alike. Over random programs
+    and size pairs as above; the direct walk must be the one taken in most of them."""
+    from eqgrad.graph import resize as R
+    took: list[bool] = []
+    direct = R._Resizer.direct
+
+    def counted(self, k, order):
+        ok = direct(self, k, order)
+        took.append(ok)
+        return ok
+
+    @settings(max_examples=20, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
+    @given(RECIPE, SIZES, SIZES)
+    def run(recipe, env_a, env_b):
+        t = build(recipe, env_a, 0)
+        if not program(t).nodes:
+            return
+        old, plan = compiled(t)
+        prog = program(build(recipe, env_b, 1))
+        with monkeypatch.context() as m:
+            m.setattr(R._Resizer, "direct", counted)
+            fast = resize(old, plan, prog)
+        with monkeypatch.context() as m:
+            m.setattr(R._Resizer, "direct", lambda self, k, order: False)
+            slow = resize(old, plan, prog)
+        assert (fast.plan is None) == (slow.plan is None), (fast.reason, slow.reason)
+        if fast.plan is not None:
+            assert _bodies(fast.plan) == _bodies(slow.plan)
+            assert fast.plan.buffers == slow.plan.buffers
+            assert [(k.nbytes, k.flops) for k in fast.plan.kernels] == [(k.nbytes, k.flops) for k in slow.plan.kernels]
+    run()
+    assert sum(took) >= len(took) // 2 > 0, f"the direct walk made {sum(took)} of {len(took)} changed bodies"
+
+
 def test_a_resized_plan_is_predicted_at_its_new_sizes():
     """The device reads a kernel's prediction to choose threads and the BLAS: a plan resized from
     8 rows to 8,192 must be predicted near what a full compile at 8,192 predicts, not at 8 rows'."""

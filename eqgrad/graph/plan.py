@@ -113,6 +113,13 @@ class KNode:
             order = _WALKS.put(self, topological([self], lambda n: n.src)[:-1])
         return [*order, self]
 
+    def known_walk(self, order: list["KNode"]) -> None:
+        """Keep ``order`` (this node last) as this node's walk: a body built node for node from
+        another body of the same structure (graph/resize.py) has that body's walk, mapped --
+        ``topological`` depends on the structure only -- so its first walk is not worked out again."""
+        if order and order[-1] is self and self.src and _WALKS.get(self) is None:
+            _WALKS.put(self, order[:-1])
+
     def replaced(self, by: dict[int, "KNode"]) -> "KNode":
         """This body with each node whose id is in ``by`` replaced by its value (the nodes above
         rebuilt, the rest shared)."""

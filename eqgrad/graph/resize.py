@@ -360,15 +360,19 @@ class _Resizer:
         self.arg: dict[int, Any] = {}                       # id(KNode) -> symbolic attribute
         self.out: dict[int, tuple[Term, ...]] = {b: tuple(s) for b, (s, _) in enumerate(new_specs)}
         self.orders = [k.ast.walk() for k in plan.kernels]     # each body, sources first
+        self.made: dict[int, KNode] = {}                    # id(old node) -> new node (``direct``)
         self.still: list[bool] = []
         for k, order in zip(plan.kernels, self.orders):
             if tuple(plan.buffers[k.out][0]) != tuple(k.ast.shape):
                 raise _Refuse(f"{k.name}: its buffer's shape is not its body's")
             self.still.append(self.unchanged(k))
-            if not self.still[-1]:
-                for n in order:
-                    self.shape[id(n)] = self.node(n)
-                self.out[k.out] = self.shape[id(k.ast)]
+            if self.still[-1]:
+                continue
+            if self.direct(k, order):
+                continue
+            for n in order:
+                self.shape[id(n)] = self.node(n)
+            self.out[k.out] = self.shape[id(k.ast)]
         if len(plan.outputs) != len(self.new.roots):
             raise _Refuse(f"the plan has {len(plan.outputs)} outputs, the program {len(self.new.roots)} roots")
         for o, (shape, _, pos) in zip(plan.outputs, self.new.roots):
@@ -392,6 +396,99 @@ class _Resizer:
             return False
         self.out[k.out] = k.ast.shape
         return True
+
+    def direct(self, k: Kernel, order: list[KNode]) -> bool:
+        """The kernel's new body worked out in one walk with plain integers (``self.made``), when
+        every free value of it has one new value (``sigma``, or it stays) -- the usual case: a
+        growing sequence's changed kernels. The same nodes as ``node`` then ``concrete`` give
+        there, in one walk instead of two (a growing KV cache's resize 0.69 -> 0.59 ms a step);
+        False, with nothing kept, when a value needs the solver (an ambiguous size, one not in
+        the program)."""
+        if self.ambiguous:
+            return False
+        made: dict[int, KNode] = {}
+        for n in order:
+            m = self._direct(n, made)
+            if m is None:
+                return False
+            made[id(n)] = m
+        self.made.update(made)
+        for n in order:              # (a node another body shares: its shape for ``node``)
+            self.shape[id(n)] = made[id(n)].shape
+        self.out[k.out] = made[id(k.ast)].shape
+        return True
+
+    def _sub(self, v: int) -> int | None:
+        """A free value's new value: itself where it stays, ``sigma``'s where it moves to one
+        value; None where the solver must decide."""
+        if v in self.kept:
+            return v
+        return self.sigma.get(v)
+
+    def _direct(self, n: KNode, made: dict[int, KNode]) -> KNode | None:
+        op = n.op
+        if op == "BUF":
+            if n.arg not in self.out:
+                raise _Refuse(f"b{n.arg} is read before it is written")
+            if tuple(n.shape) != tuple(self.plan.buffers[n.arg][0]):
+                raise _Refuse(f"a read of b{n.arg} with shape {n.shape}, not its buffer's")
+            shape = self.out[n.arg]
+            if not all(type(d) is int for d in shape):
+                return None
+            arg = n.arg
+            src: tuple[KNode, ...] = ()
+        elif op == "CONST":
+            shape = tuple(self._sub(d) for d in n.shape)
+            if None in shape:
+                return None
+            arg = self.const_value(n.arg, n.dtype)
+            src = ()
+        else:
+            if not known_op(op, n.arg):
+                raise _Refuse(f"op {op} (attribute {n.arg!r}) is not one whose sizes resize knows")
+            src = tuple(made[id(x)] for x in n.src)
+            shapes = [x.shape for x in src]
+            arg = n.arg
+            if op in ELEMENTWISE or op in BOUNDARY:
+                if any(tuple(x.shape) != tuple(n.shape) for x in n.src):
+                    raise _Refuse(f"{op} over sources of shapes {[tuple(x.shape) for x in n.src]} != {n.shape}")
+                if any(x != shapes[0] for x in shapes[1:]):
+                    raise _Refuse(f"the plan's shape rules need {shapes[0]} == {shapes[1:]}")
+            elif op == "EXPAND":
+                old = n.src[0].shape
+                if len(n.arg) != len(old):
+                    raise _Refuse(f"EXPAND of rank {len(old)} to {n.arg}")
+                target = []
+                for o, t, x in zip(old, n.arg, shapes[0]):
+                    if o == 1:
+                        if x != 1:
+                            raise _Refuse(f"the plan's shape rules need {x} == 1")
+                        target.append(self._sub(t))
+                    elif o == t:
+                        target.append(x)
+                    else:
+                        raise _Refuse(f"EXPAND of {old} to {n.arg}")
+                if None in target:
+                    return None
+                arg = tuple(target)
+            elif op in SHAPE_ARG:
+                arg = tuple(self._sub(d) for d in n.arg)
+                if None in arg:
+                    return None
+                if numel(shapes[0]) != numel(arg):
+                    raise _Refuse(f"RESHAPE of {shapes[0]} to {arg}")
+            elif op in PAIR_ARG:
+                arg = tuple(tuple(self._sub(d) for d in p) for p in n.arg)
+                if any(None in p for p in arg):
+                    return None
+            shape = tuple(OPS[op].shape_rule(shapes, arg))
+        for o, x in zip(n.shape, shape):
+            if (o in (0, 1) or x in (0, 1)) and o != x:
+                raise _Refuse(f"an axis of size {o} would become {x}: sizes 0 and 1 are structure")
+        if shape == n.shape and all(a is b for a, b in zip(src, n.src)) and \
+                (arg is n.arg or (op != "CONST" and arg == n.arg)):
+            return n
+        return KNode(op, src, arg, shape, n.dtype)
 
     def node(self, n: KNode) -> tuple[Term, ...]:
         op, s = n.op, self.s
@@ -468,7 +565,7 @@ class _Resizer:
 
     # -- the concrete plan
     def emit(self) -> KernelPlan:
-        s, plan, memo = self.s, self.plan, {}
+        s, plan, memo = self.s, self.plan, dict(self.made)
         buffers = list(self.new.input_specs)
         kernels = []
         self.new_orders = []
@@ -479,11 +576,13 @@ class _Resizer:
                 self.checks.append(_body(k.ast)[1])
                 ast = k.ast
             else:
-                for n in order:
-                    memo[id(n)] = self.concrete(n, memo)
+                if id(k.ast) not in self.made:      # (``direct`` made the others)
+                    for n in order:
+                        memo[id(n)] = self.concrete(n, memo)
                 self.new_orders.append([memo[id(n)] for n in order])
                 self.checks.append(self.new_orders[-1])
                 ast = memo[id(k.ast)]
+                ast.known_walk(self.new_orders[-1])
             buffers.append((ast.shape, plan.buffers[k.out][1]))
             kernels.append(Kernel(k.name, k.out, ast, k.inputs, k.predicted, k.nbytes, k.flops, k.kind, k.stats))
         out = KernelPlan(buffers, plan.n_inputs, kernels, list(plan.outputs), plan.predicted, list(plan.notes),
