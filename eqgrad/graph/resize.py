@@ -576,9 +576,10 @@ class _Resizer:
                 self.checks.append(_body(k.ast)[1])
                 ast = k.ast
             else:
-                if id(k.ast) not in self.made:      # (``direct`` made the others)
-                    for n in order:
-                        memo[id(n)] = self.concrete(n, memo)
+                if id(k.ast) not in self.made:      # (``direct`` made the others, and the
+                    for n in order:                  # nodes a body shares with theirs)
+                        if id(n) not in self.made:
+                            memo[id(n)] = self.concrete(n, memo)
                 self.new_orders.append([memo[id(n)] for n in order])
                 self.checks.append(self.new_orders[-1])
                 ast = memo[id(k.ast)]
