@@ -129,3 +129,37 @@ def test_a_plan_with_nothing_new_to_compile_starts_no_worker(two_threads):
     get_device("LLVM").prepare(plan)
     assert GlobalCounters.kernels_compiled == c0 and pool.pid is None
     del keep
+
+
+@pytest.mark.parametrize("shape, reduce, tiny", [((3, 5), False, True), ((8, 8), False, True), ((4, 16), True, True),
+                                                 ((5, 13), False, False), ((5, 16), True, False), ((64, 64), False, False)])
+def test_a_tiny_kernel_compiles_without_the_vectorizers(shape, reduce, tiny, monkeypatch):
+    """A kernel whose loops run at most TINY_ITERATIONS iterations in all is marked so in its source
+    and optimized without the loop and SLP vectorizers and unrolling (only compile time to gain:
+    no vector body of the forced interleave on the widest lanes could run); a larger one keeps them.
+    Its values are the reference's either way."""
+    from eqgrad.devices.llvm import TINY_ITERATIONS
+    from eqgrad.devices.llvm_worker import is_tiny, optimize, target_machine
+    import llvmlite.binding as llvm
+    x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    t = (Tensor(x) * 2 + 1).exp()
+    out = t.sum(1) if reduce else t
+    want = np.exp(x * np.float32(2) + np.float32(1))
+    np.testing.assert_allclose(out.numpy(), want.sum(1) if reduce else want, rtol=1e-5)
+    plan = engine.last_plan.plan
+    dev = get_device("LLVM")
+    srcs = [render_llvm(dev.lowered_kernel(k, plan)) for k in plan.kernels]
+    assert len(srcs) == 1 and is_tiny(srcs[0]) == tiny, (srcs[0].splitlines()[0], TINY_ITERATIONS)
+    c = compiler(None)
+    tm = target_machine(llvm, c.cpu, c.features)
+
+    def vectors(vectorize: bool) -> bool:
+        mod = llvm.parse_assembly(srcs[0])
+        optimize(llvm, tm, mod, slp=vectorize, vectorize=vectorize)
+        return " x float>" in str(mod)
+    assert vectors(True) and not vectors(False)
+    from eqgrad.devices import llvm_worker
+    asked: list[dict] = []
+    monkeypatch.setattr(llvm_worker, "optimize", lambda *a, **kw: (asked.append(kw), optimize(*a, **kw))[1])
+    assert compile_object(llvm, tm, srcs[0], "eqk", "eqk_t")[0]
+    assert asked == [dict(slp=not tiny and llvm_worker.wants_slp(srcs[0]), vectorize=not tiny)]

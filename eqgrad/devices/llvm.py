@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
+import math
 import os
 import re
 import struct
@@ -930,7 +931,8 @@ class _Kernel:
                 entry += [f"  %sz{s}.p = getelementptr inbounds i64, ptr %sz, i64 {s}", f"  %sz{s} = load i64, ptr %sz{s}.p"]
         args += ", i64 %lo, i64 %hi"
         body = "\n".join(c.lines)
-        return (f"; kernel {k.name}\n" + "\n".join(sorted(c.decls)) + "\n\n"
+        tiny = " (tiny)" if _iterations(k, self.sized) <= TINY_ITERATIONS else ""
+        return (f"; kernel {k.name}{tiny}\n" + "\n".join(sorted(c.decls)) + "\n\n"
                 f"define void @{k.name}({args}) nounwind {{\nentry:\n" + "\n".join(entry) + "\n"
                 f"{body}\n  ret void\n}}\n\n" + _LOOP_MD[k.loop_vectorize] + (_GATHERING_MD if self.gathering else "")
                 + (_SCALAR_MD if self.scalar_loops else ""))
@@ -949,6 +951,28 @@ def render_llvm(k: LoopKernel, sized: dict[int, int] | None = None) -> str:
     for i, x in enumerate(k.insts):
         _STRUCTURE.get(x.op, _Kernel.value)(r, i, x)
     return r.text()
+
+
+# A kernel whose loops run at most this many iterations in all (a scalar's bookkeeping, a test's
+# (3, 5) array) is compiled without the loop vectorizer, the SLP vectorizer and unrolling
+# (llvm_worker.py ``compile_object``): scalar, its 64 iterations take well under a microsecond,
+# below the ~2 us a launch costs, while those passes made its object code take ~10 ms instead of
+# ~4 (an elementwise (3, 5) kernel with exp: O3 5.0 + codegen 4.5 ms against 1.9 + 2.3). 64 = the
+# forced interleave (4) times the widest lanes (16 floats): no vectorized body of that shape could
+# run even once. (docs/lowering.md, Constants)
+TINY_ITERATIONS = 64
+
+
+def _iterations(k: LoopKernel, sized: dict[int, int] | None) -> float:
+    """How many iterations the kernel's loops run in all (the product of every loop's extent, an
+    upper bound where loops follow one another); infinite where an extent is a size argument."""
+    n = 1
+    for i, x in enumerate(k.insts):
+        if x.op == "RANGE":
+            if type(x.arg) is not int or (sized and i in sized):
+                return math.inf
+            n *= x.arg
+    return n
 
 
 INTERLEAVE = 4            # forced interleave count of long innermost loops (docs/lowering.md, Constants)

@@ -50,12 +50,12 @@ def free_pass_manager(mpm: Any) -> None:
     mpm.detach()
 
 
-def optimize(llvm: Any, tm: Any, mod: Any, slp: bool = True) -> Any:
+def optimize(llvm: Any, tm: Any, mod: Any, slp: bool = True, vectorize: bool = True) -> Any:
     """Run the O3 pipeline for ``tm``'s target on a parsed module (in place); returns it."""
     pto = llvm.create_pipeline_tuning_options(speed_level=3)
-    pto.loop_vectorization = True
+    pto.loop_vectorization = vectorize
     pto.slp_vectorization = slp
-    pto.loop_unrolling = True
+    pto.loop_unrolling = vectorize
     pb = llvm.create_pass_builder(tm, pto)
     mpm = pb.getModulePassManager()
     try:
@@ -75,12 +75,20 @@ def wants_slp(src: str) -> bool:
     return '"llvm.loop.vectorize.width", i32 1' in src or _ACCUMULATOR.search(src) is not None
 
 
+def is_tiny(src: str) -> bool:
+    """Does the renderer mark this kernel tiny (llvm.py ``TINY_ITERATIONS``: its loops run so few
+    iterations in all that vectorizing and unrolling them only cost compile time)?"""
+    return src[:src.find("\n")].endswith(" (tiny)")
+
+
 def compile_object(llvm: Any, tm: Any, src: str, name: str, symbol: str, nontemporal: bool = False) -> tuple[bytes, int]:
-    """Optimize (O3, for ``tm``'s target) and compile ``src`` with its function ``name`` renamed
+    """Optimize (O3, for ``tm``'s target; a tiny kernel without vectorizers and unrolling,
+    ``is_tiny``) and compile ``src`` with its function ``name`` renamed
     ``symbol``; returns (the object code, how many vector stores were made non-temporal)."""
     mod = llvm.parse_assembly(src.replace(f"@{name}(", f"@{symbol}("))
     mod.verify()
-    optimize(llvm, tm, mod, slp=wants_slp(src))
+    tiny = is_tiny(src)
+    optimize(llvm, tm, mod, slp=wants_slp(src) and not tiny, vectorize=not tiny)
     hits = 0
     if nontemporal:
         text = str(mod)
