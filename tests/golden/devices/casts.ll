@@ -1,5 +1,5 @@
 // ---- kernel 0
-; kernel eqk
+; kernel eqk (tiny)
 declare i32 @llvm.fptosi.sat.i32.f32(float)
 
 define void @eqk(ptr noalias %p0, ptr noalias readonly %p1, ptr noalias readonly %p2, ptr noalias readonly %p3, i64 %lo, i64 %hi) nounwind {

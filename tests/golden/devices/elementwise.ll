@@ -1,5 +1,5 @@
 // ---- kernel 0
-; kernel eqk
+; kernel eqk (tiny)
 declare float @llvm.floor.f32(float)
 
 define void @eqk(ptr noalias %p0, ptr noalias readonly %p1, ptr noalias readonly %p2, ptr noalias readonly %p3, ptr noalias readonly %p4, ptr noalias readonly %p5, ptr noalias readonly %p6, ptr noalias readonly %p7, ptr noalias readonly %p8, i64 %lo, i64 %hi) nounwind {

@@ -1,5 +1,5 @@
 // ---- kernel 0
-; kernel eqk
+; kernel eqk (tiny)
 
 
 define void @eqk(ptr noalias %p0, ptr noalias readonly %p1, ptr noalias readonly %p2, i64 %lo, i64 %hi) nounwind {

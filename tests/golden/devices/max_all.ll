@@ -1,5 +1,5 @@
 // ---- kernel 0
-; kernel eqk
+; kernel eqk (tiny)
 declare i32 @llvm.smax.i32(i32, i32)
 
 define void @eqk(ptr noalias %p0, ptr noalias readonly %p1, i64 %lo, i64 %hi) nounwind {
