@@ -59,6 +59,14 @@ def open_up(path: "Path", how: str) -> None:
 
 # the op tests run on every device that can run here: OPENCL where pyopencl and a platform exist
 # (PoCL in CI, installed by `make test`), CUDA where pycuda and a GPU exist
+def pytest_collection_modifyitems(items: list) -> None:
+    """The tests marked ``slow`` (seconds each: the fuzz campaigns, the bench runs, a wheel) run
+    first, in their order, the rest after, in theirs. The two test workers (make test: ``-n 2 --dist
+    worksteal``) then take the long ones while both still have work; collected late, the 32 s
+    OPENCL fuzz campaign could be the last test one worker ran while the other had nothing left."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 DEVICES = ["LLVM", "NUMPY"] + [d for d in ("OPENCL", "CUDA") if _available(d)]
 
 

@@ -18,6 +18,7 @@ def _script(name: str):
     return mod
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("half", [0, 1])
 def test_bench_core_quick_run_matches_numpy(tmp_path, capsys, half):
     """Every workload, in two halves (every other one) that the test workers run side by side: one

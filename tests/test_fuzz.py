@@ -22,6 +22,7 @@ FUZZ_DEVICES = ["LLVM", "NUMPY", pytest.param("OPENCL", marks=pytest.mark.skipif
     "OPENCL" not in DEVICES, reason="OPENCL device unavailable (no pyopencl or no OpenCL platform)"))]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("device", FUZZ_DEVICES)
 def test_random_programs_match_numpy(device):
     @CI
@@ -32,6 +33,7 @@ def test_random_programs_match_numpy(device):
     run()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("device", FUZZ_DEVICES)
 def test_random_values_compared_with_their_max_have_one_value(device):
     """Random programs that end in argmax, argmin or x == x.max() of a computed value (a reduction's

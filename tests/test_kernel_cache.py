@@ -284,6 +284,7 @@ CHURN = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_thousands_of_plans_keep_memory_flat_and_live_plans_running(tmp_path):
     """1,000 distinct one-kernel plans, each prepared, run and dropped, after 100 to warm up:
     the process grows by less than 30 MB (before CodeEngine and the pass-manager fix it grew

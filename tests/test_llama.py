@@ -93,6 +93,7 @@ def test_logits_match_torch_reference(tiny):
     assert [k.shape for k, _ in caches] == [(1, TINY.n_kv_heads, len(PROMPT), TINY.head_dim)] * TINY.n_layers
 
 
+@pytest.mark.slow
 def test_kv_cache_steps_match_full_recompute(tiny):
     """Greedy tokens through the KV cache (prefill, then one token a step) equal torch's greedy
     tokens recomputed from the whole sequence each step, and each step's logits agree."""
@@ -112,6 +113,7 @@ def test_unpermute_inverts_llama_cpp_permute():
     np.testing.assert_array_equal(llama.unpermute(permute(w, 8), 8), w)
 
 
+@pytest.mark.slow
 def test_logits_match_transformers(tiny):
     pytest.importorskip("transformers", reason="transformers is not installed (pip install transformers)")
     model, state = tiny

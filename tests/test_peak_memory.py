@@ -62,6 +62,7 @@ def test_a_bound_the_fastest_plan_fits_changes_nothing():
     assert fits.plan.predicted == free.plan.predicted
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("extractor", ["greedy", "improve", "ilp", "measured"])
 def test_a_bound_below_the_fastest_plan_stores_less_and_the_numbers_stay_right(extractor):
     free = _held(_plan(0, extractor).plan)

@@ -18,6 +18,7 @@ from conftest import write
 pytestmark = pytest.mark.usefixtures("clean_rules")     # conftest.py: the built-in rules before and after
 
 
+@pytest.mark.slow
 def test_every_builtin_rule_is_sound():
     results = check_rules(all_rules(), n=32)
     bad = [r for r in results if r.status in ("unsound", "untested")]
@@ -35,6 +36,7 @@ def test_unsound_add_to_mul_is_reported_with_a_counterexample(tmp_path):
     assert "add-is-mul" in str(res) and "left side" in str(res)
 
 
+@pytest.mark.slow
 def test_movement_rule_that_drops_a_permute_is_unsound(tmp_path):
     rb = load_rulebook(write(tmp_path, "drop.egg",
                              '(ruleset m)\n(rewrite (Permute (Permute x p) q) x :ruleset m :name "drop-permutes")\n'))

@@ -112,6 +112,7 @@ def ray_cluster():
     ray.shutdown()
 
 
+@pytest.mark.slow
 def test_a_ray_sweep_equals_the_local_one(ray_cluster, local_sweep):
     s = run_sweep(PROG, "greedy,improve", {"launch": [1e-6, 50e-6]}, measure=False, ray_address=ray_cluster,
                   progress=False)

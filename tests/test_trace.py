@@ -381,6 +381,7 @@ def _gqa(T: int) -> list[Tensor]:
     return [((q @ kk.transpose(-2, -1)) * 0.125).softmax(-1) @ vv]
 
 
+@pytest.mark.slow
 def test_grouped_query_attention_over_a_growing_cache_is_traced_once_for_every_length():
     """Traced at one length, its products instantiate at every later one (a gcd with the cache's
     stride once pinned each trace to the length it was made at: the products were lowered anew at
