@@ -37,6 +37,7 @@ from eqgrad.devices import kernelcache, llvm_worker
 from eqgrad.devices.render import MissingRule, Operation
 from eqgrad.dtype import DTYPES, cast_scalar
 from eqgrad.errors import CompileError
+from eqgrad.graph.caps import LANES_LAST
 from eqgrad.graph.loopir import INDEX, LInst, LoopKernel, Table
 from eqgrad.lower.decomp import decompose, libm64
 
@@ -953,16 +954,6 @@ def render_llvm(k: LoopKernel, sized: dict[int, int] | None = None) -> str:
     return r.text()
 
 
-# A kernel whose loops run at most this many iterations in all (a scalar's bookkeeping, a test's
-# (3, 5) array) is compiled without the loop vectorizer, the SLP vectorizer and unrolling
-# (llvm_worker.py ``compile_object``): scalar, its 64 iterations take well under a microsecond,
-# below the ~2 us a launch costs, while those passes made its object code take ~10 ms instead of
-# ~4 (an elementwise (3, 5) kernel with exp: O3 5.0 + codegen 4.5 ms against 1.9 + 2.3). 64 = the
-# forced interleave (4) times the widest lanes (16 floats): no vectorized body of that shape could
-# run even once. (docs/lowering.md, Constants)
-TINY_ITERATIONS = 64
-
-
 def _iterations(k: LoopKernel, sized: dict[int, int] | None) -> float:
     """How many iterations the kernel's loops run in all (the product of every loop's extent, an
     upper bound where loops follow one another); infinite where an extent is a size argument."""
@@ -977,6 +968,15 @@ def _iterations(k: LoopKernel, sized: dict[int, int] | None) -> float:
 
 INTERLEAVE = 4            # forced interleave count of long innermost loops (docs/lowering.md, Constants)
 INTERLEAVE_MIN_TRIP = 1024  # docs/lowering.md, Constants
+
+# A kernel whose loops run at most this many iterations in all (a scalar's bookkeeping, a test's
+# (3, 5) array) is compiled without the loop vectorizer, the SLP vectorizer and unrolling
+# (llvm_worker.py ``compile_object``): scalar, its 64 iterations take well under a microsecond,
+# below the ~2 us a launch costs, while those passes made its object code take ~10 ms instead of
+# ~4 (an elementwise (3, 5) kernel with exp: O3 5.0 + codegen 4.5 ms against 1.9 + 2.3). 64 = the
+# forced interleave (4) times the widest lanes (16 floats): no vectorized body of that shape could
+# run even once. (docs/lowering.md, Constants)
+TINY_ITERATIONS = INTERLEAVE * max(LANES_LAST)
 
 
 def _interleaved_loops(k: LoopKernel) -> set[int]:

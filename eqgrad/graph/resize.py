@@ -426,13 +426,11 @@ class _Resizer:
         return self.sigma.get(v)
 
     def _direct(self, n: KNode, made: dict[int, KNode]) -> KNode | None:
+        """Node ``n`` at the new sizes (its sources already in ``made``), or None where a value
+        needs the solver."""
         op = n.op
         if op == "BUF":
-            if n.arg not in self.out:
-                raise _Refuse(f"b{n.arg} is read before it is written")
-            if tuple(n.shape) != tuple(self.plan.buffers[n.arg][0]):
-                raise _Refuse(f"a read of b{n.arg} with shape {n.shape}, not its buffer's")
-            shape = self.out[n.arg]
+            shape = self.read(n)
             if not all(type(d) is int for d in shape):
                 return None
             arg = n.arg
@@ -444,30 +442,22 @@ class _Resizer:
             arg = self.const_value(n.arg, n.dtype)
             src = ()
         else:
-            if not known_op(op, n.arg):
-                raise _Refuse(f"op {op} (attribute {n.arg!r}) is not one whose sizes resize knows")
+            self.known(n)
             src = tuple(made[id(x)] for x in n.src)
             shapes = [x.shape for x in src]
             arg = n.arg
             if op in ELEMENTWISE or op in BOUNDARY:
-                if any(tuple(x.shape) != tuple(n.shape) for x in n.src):
-                    raise _Refuse(f"{op} over sources of shapes {[tuple(x.shape) for x in n.src]} != {n.shape}")
                 if any(x != shapes[0] for x in shapes[1:]):
                     raise _Refuse(f"the plan's shape rules need {shapes[0]} == {shapes[1:]}")
             elif op == "EXPAND":
-                old = n.src[0].shape
-                if len(n.arg) != len(old):
-                    raise _Refuse(f"EXPAND of rank {len(old)} to {n.arg}")
                 target = []
-                for o, t, x in zip(old, n.arg, shapes[0]):
+                for o, t, x in zip(n.src[0].shape, n.arg, shapes[0]):
                     if o == 1:
                         if x != 1:
                             raise _Refuse(f"the plan's shape rules need {x} == 1")
                         target.append(self._sub(t))
-                    elif o == t:
+                    else:                    # (o == t: ``known`` checked)
                         target.append(x)
-                    else:
-                        raise _Refuse(f"EXPAND of {old} to {n.arg}")
                 if None in target:
                     return None
                 arg = tuple(target)
@@ -482,48 +472,57 @@ class _Resizer:
                 if any(None in p for p in arg):
                     return None
             shape = tuple(OPS[op].shape_rule(shapes, arg))
-        for o, x in zip(n.shape, shape):
-            if (o in (0, 1) or x in (0, 1)) and o != x:
-                raise _Refuse(f"an axis of size {o} would become {x}: sizes 0 and 1 are structure")
-        if shape == n.shape and all(a is b for a, b in zip(src, n.src)) and \
-                (arg is n.arg or (op != "CONST" and arg == n.arg)):
-            return n
-        return KNode(op, src, arg, shape, n.dtype)
+        return _rebuilt(n, src, arg, shape)
+
+    def read(self, n: KNode) -> tuple[Term, ...]:
+        """The new shape of buffer read ``n`` (a BUF node), refused where the plan reads a buffer
+        before it writes it or with a shape that is not the buffer's."""
+        if n.arg not in self.out:
+            raise _Refuse(f"b{n.arg} is read before it is written")
+        if tuple(n.shape) != tuple(self.plan.buffers[n.arg][0]):
+            raise _Refuse(f"a read of b{n.arg} with shape {n.shape}, not its buffer's")
+        return self.out[n.arg]
+
+    @staticmethod
+    def known(n: KNode) -> None:
+        """Refuse node ``n`` (neither a read nor a constant) where resize does not know its op, or
+        where its old sources do not fit it: an elementwise op's of its shape, an expand's of its
+        rank with only axes of 1 grown."""
+        op = n.op
+        if not known_op(op, n.arg):
+            raise _Refuse(f"op {op} (attribute {n.arg!r}) is not one whose sizes resize knows")
+        olds = [tuple(x.shape) for x in n.src]
+        if op in ELEMENTWISE or op in BOUNDARY:
+            if any(o != tuple(n.shape) for o in olds):
+                raise _Refuse(f"{op} over sources of shapes {olds} != {n.shape}")
+        elif op == "EXPAND":
+            if len(n.arg) != len(olds[0]):
+                raise _Refuse(f"EXPAND of rank {len(olds[0])} to {n.arg}")
+            if any(o != 1 and o != t for o, t in zip(olds[0], n.arg)):
+                raise _Refuse(f"EXPAND of {olds[0]} to {n.arg}")
 
     def node(self, n: KNode) -> tuple[Term, ...]:
         op, s = n.op, self.s
         if op == "BUF":
-            if n.arg not in self.out:
-                raise _Refuse(f"b{n.arg} is read before it is written")
-            if tuple(n.shape) != tuple(self.plan.buffers[n.arg][0]):
-                raise _Refuse(f"a read of b{n.arg} with shape {n.shape}, not its buffer's")
-            return self.out[n.arg]
+            return self.read(n)
         if op == "CONST":
             return tuple(self.free(d) for d in n.shape)
-        if not known_op(op, n.arg):
-            raise _Refuse(f"op {op} (attribute {n.arg!r}) is not one whose sizes resize knows")
+        self.known(n)
         src = [self.shape[id(x)] for x in n.src]
-        olds = [tuple(x.shape) for x in n.src]
         # the attribute with its sizes as unknowns: a value that its source determines (an expand's
         # kept axis) is the source's size; the others are free (their new values are in ``moves``)
         arg = n.arg
         if op in ELEMENTWISE or op in BOUNDARY:
-            if any(o != tuple(n.shape) for o in olds):
-                raise _Refuse(f"{op} over sources of shapes {olds} != {n.shape}")
             for x in src[1:]:           # the sources of an elementwise op have one shape
                 s.unify_shapes(src[0], x)
         elif op == "EXPAND":
-            if len(n.arg) != len(olds[0]):
-                raise _Refuse(f"EXPAND of rank {len(olds[0])} to {n.arg}")
             target = []
-            for d, (o, t) in enumerate(zip(olds[0], n.arg)):
+            for d, o in enumerate(n.src[0].shape):
                 if o == 1:
                     s.unify(src[0][d], 1)
-                    target.append(self.free(t))
-                elif o == t:
+                    target.append(self.free(n.arg[d]))
+                else:                   # (o == the target's: ``known`` checked)
                     target.append(src[0][d])
-                else:
-                    raise _Refuse(f"EXPAND of {olds[0]} to {n.arg}")
             arg = self.arg[id(n)] = tuple(target)
         elif op in SHAPE_ARG:          # RESHAPE: any target with the source's element count
             arg = self.arg[id(n)] = tuple(self.free(d) for d in n.arg)
@@ -606,9 +605,6 @@ class _Resizer:
     def concrete(self, n: KNode, memo: dict[int, KNode]) -> KNode:
         s = self.s
         shape = tuple(s.value(t) for t in self.shape[id(n)])
-        for o, x in zip(n.shape, shape):
-            if (o in (0, 1) or x in (0, 1)) and o != x:
-                raise _Refuse(f"an axis of size {o} would become {x}: sizes 0 and 1 are structure")
         arg = n.arg
         if n.op == "CONST":
             arg = self.const_value(n.arg, n.dtype)
@@ -616,14 +612,22 @@ class _Resizer:
             arg = tuple(s.value(t) for t in self.arg[id(n)])
         elif n.op in PAIR_ARG:
             arg = tuple(tuple(s.value(t) for t in p) for p in self.arg[id(n)])
-        src = tuple(memo[id(x)] for x in n.src)
-        # a node the new sizes leave as it was is the old node itself (bodies are immutable), so
-        # what is worked out per body -- its walk, its structure (devices.kernel_structure) --
-        # carries over to the kernels of the resized plan that did not change
-        if shape == n.shape and all(a is b for a, b in zip(src, n.src)) and \
-                (arg is n.arg or (n.op != "CONST" and arg == n.arg)):
-            return n
-        return KNode(n.op, src, arg, shape, n.dtype)
+        return _rebuilt(n, tuple(memo[id(x)] for x in n.src), arg, shape)
+
+
+def _rebuilt(n: KNode, src: tuple[KNode, ...], arg: Any, shape: tuple[int, ...]) -> KNode:
+    """Node ``n`` with new sources, attribute and shape: refused where an axis of size 0 or 1 would
+    take another size or another would become 0 or 1 (sizes 0 and 1 are structure). A node the new
+    sizes leave as it was is the old node itself (bodies are immutable), so what is worked out per
+    body -- its walk, its structure (devices.kernel_structure) -- carries over to the kernels of the
+    resized plan that did not change."""
+    for o, x in zip(n.shape, shape):
+        if (o in (0, 1) or x in (0, 1)) and o != x:
+            raise _Refuse(f"an axis of size {o} would become {x}: sizes 0 and 1 are structure")
+    if shape == n.shape and all(a is b for a, b in zip(src, n.src)) and \
+            (arg is n.arg or (n.op != "CONST" and arg == n.arg)):
+        return n
+    return KNode(n.op, src, arg, shape, n.dtype)
 
 
 _BODIES = NodeMemo()      # body -> _body's answer (a body that is a lone read or constant is not kept:
