@@ -74,6 +74,39 @@ def test_a_growing_cache_compiles_its_kernels_once_more_then_never(fresh_llvm):
     assert sum(c == 0 for c in later) >= len(later) - 2 and sum(later) <= compiled[0], compiled
 
 
+def test_a_growing_caches_members_run_without_loop_ir_and_verify_says_so(fresh_llvm, monkeypatch):
+    """Once a changed kernel's body lowers from a trace and its family has a sized program, a new
+    length finds that program from the trace's holes alone (``LLVMDevice._rebound``,
+    ``Families.rebound``): no loop IR is instantiated for it. Under EQGRAD_VERIFY (the suite's
+    setting) the usual way is worked out beside it and must agree -- and does not where the holes
+    are read wrong."""
+    from eqgrad import devices
+    from eqgrad.devices.sizeargs import Families
+    from eqgrad.lower import trace
+    dev = get_device("LLVM")
+    devices._lowered.clear()           # (loop IR an earlier test kept at these sizes is used as it is)
+    trace.TRACES.clear()
+    run_steps(range(5, 13))                                      # traced, sized programs compiled
+    r0 = dev.families.rebinds
+    run_steps(range(13, 17))                                     # (verified against the usual way)
+    assert dev.families.rebinds - r0 >= 4, dev.families.rebinds - r0
+    made = []
+    real = trace.Trace.instantiate
+    monkeypatch.setattr(trace.Trace, "instantiate", lambda self, env: made.append(env) or real(self, env))
+    with eqgrad.Context(VERIFY=0):
+        r1 = dev.families.rebinds
+        assert run_steps(range(17, 21)) == [0, 0, 0, 0]         # NumPy's answers, nothing compiled
+    assert dev.families.rebinds - r1 >= 4 and made == [], (dev.families.rebinds - r1, made)
+    real_rebound = Families.rebound
+
+    def off_by_one(self, tr, env):
+        r = real_rebound(self, tr, env)
+        return None if r is None else (r[0], r[1] + 1)
+    monkeypatch.setattr(Families, "rebound", off_by_one)
+    with pytest.raises(AssertionError, match="read from its trace"):
+        run_steps([21])
+
+
 def column_sums(rows: int, seed: int = 0) -> tuple[int, np.ndarray, np.ndarray]:
     """Realize ``(x * 2).sum(0)`` for x of shape (rows, 24); (kernels compiled, result, NumPy's)."""
     x = np.random.default_rng(seed + rows).standard_normal((rows, 24)).astype(np.float32)

@@ -43,14 +43,15 @@ from typing import Any, Callable, NamedTuple
 import llvmlite.binding as llvm
 
 from eqgrad import config
+from eqgrad.graph.caps import CPU
 from eqgrad.graph.plan import KernelPlan, NodeMemo
 from eqgrad.devices import Buffer, Device, DevicePlan
 from eqgrad.lower import lowering, trace
 from eqgrad.lower.passes import LowerOptions
 from eqgrad.ops import numel
 from eqgrad.devices import blas, compilepool, kernelcache
-from eqgrad.devices.llvm import (LLVM_OPS, COMPILE_LOCK, PREFETCHED, CodeEngine, LLVMProgram, compiler, render_llvm,
-                                 streaming_store)
+from eqgrad.devices.llvm import (LLVM_OPS, COMPILE_LOCK, NT_MIN, PREFETCHED, CodeEngine, LLVMProgram, compiler,
+                                 render_llvm, streaming_store)
 from eqgrad.devices.sizeargs import Families, Sized
 from eqgrad.devices.cpustage import CPUStage
 from eqgrad import progress
@@ -245,6 +246,15 @@ class LLVMDevice(Device):
         hit = self._members.get(id(k)) if upcast is None else None
         if hit is not None and hit[0] is k and hit[1] is plan and hit[2] == target:
             lk, n, dk, shape, nt = hit[3]
+            if lk is None:                  # rebound (below): its program, while it lives
+                key = (shape.skeleton, nt, target)
+                prg = self.families.find(key, shape)
+                if prg is not None:
+                    return lk, n, dk, shape, key, prg, None
+                del self._members[id(k)]
+                return self._member(k, plan, upcast, target)
+        elif (fast := self._rebound(k, plan, target) if upcast is None else None) is not None:
+            return fast
         else:
             lk = self.lowered_kernel(k, plan, upcast)
             n = lk.insts[lk.parallel_ranges()[0]].arg if lk.parallel else 1
@@ -259,6 +269,44 @@ class LLVMDevice(Device):
         # reduction extents until its sizes keep changing)
         sized = self.families.plan(key, shape, speculate=not nt) if prg is None and config.SIZE_ARGS.value else None
         return lk, n, dk, shape, key, prg, sized
+
+    def _rebound(self, k, plan: KernelPlan, target: Target | None) -> tuple | None:
+        """``_member``'s answer for a kernel whose body is an instance of a trace (lower/trace.py)
+        that an earlier plan's kernel has been through already, when its size family has the
+        program for its sizes (a growing sequence's sized programs): the sizes are read from the
+        trace's holes (``Families.rebound``), and no loop IR is made for it -- lowering,
+        decomposing and splitting the sizes of a decode step's 5 changed kernels took ~0.5 ms of
+        its ~1.6 ms more than a fixed-shape step's. None otherwise (an output of NT_MIN+ bytes,
+        whose streaming stores the loop IR decides, too). Under EQGRAD_VERIFY the usual way
+        is worked out as well and must agree."""
+        if not config.SIZE_ARGS.value:
+            return None
+        shape_out, dt = plan.buffers[k.out]
+        if numel(shape_out) * dt.itemsize >= NT_MIN or self.has_lowered(k, plan):
+            # (kept loop IR of these very sizes -- an explain(), sizes seen before the body was
+            # traced -- is what ``lowered_kernel`` returns: where a size equals another constant,
+            # the plain lowering shares the two, and its skeleton is not the trace's)
+            return None
+        found = trace.TRACES.bind(k, plan, None if self.caps == CPU else self.caps)
+        r = self.families.rebound(*found) if found is not None else None
+        if r is None:
+            return None
+        shape, n = r
+        key = (shape.skeleton, False, target)
+        prg = self.families.find(key, shape)
+        if prg is None:
+            return None
+        if config.VERIFY.value:
+            lk = self.lowered_kernel(k, plan, None)
+            dk, usual = self.families.shape_of(lk)
+            n_usual = lk.insts[lk.parallel_ranges()[0]].arg if lk.parallel else 1
+            if (usual.skeleton is not shape.skeleton or usual.positions != shape.positions or usual.values != shape.values
+                    or usual.reductions != shape.reductions or n_usual != n):
+                raise AssertionError(f"kernel {k.name}: its sizes read from its trace {shape.values}, split {n} differ "
+                                     f"from its loop IR's {usual.values}, split {n_usual}")
+        self._members[id(k)] = (k, plan, target, (None, n, None, shape, False))
+        self.families.rebinds += 1
+        return None, n, None, shape, key, prg, None
 
     def _sized_source(self, dk, sized: dict[int, int]) -> str:
         """``render_llvm(dk, sized)``, rendered once per prepare: a model's repeated layers share

@@ -174,6 +174,10 @@ class Families:
         # every instance -- None when it is not the same for all --, the positions, the reduction
         # loops among them)
         self._by_holes: dict[int, tuple] = {}
+        # by id of a trace's holes: (a weak reference to them, where each position's value comes
+        # from: ``rebound``)
+        self._tables: dict[int, tuple] = {}
+        self.rebinds = 0        # members found by ``rebound`` (the device counts those it ran so)
 
     def shape_of(self, lk: LoopKernel) -> tuple[LoopKernel, Shape]:
         """``lk`` decomposed for the renderer and its Shape, worked out once per loop kernel (the
@@ -221,6 +225,46 @@ class Families:
         if skeleton is None:
             return None
         return Shape(skeleton, shape.positions, shape.values, shape.reductions)
+
+    def rebound(self, tr: Any, env: tuple[int, ...]) -> tuple[Shape, int] | None:
+        """(the Shape, the split loop's extent) of trace ``tr``'s instance for the symbols' values
+        ``env`` (lower/trace.py ``Traces.bind``), read from the trace's holes without instantiating
+        its loop IR or decomposing it: what ``shape_of`` gives that instance once an earlier
+        instance of the trace has been through it (its skeleton and positions are every
+        instance's: ``_traced_shape``). A growing sequence's changed kernels are members of sized
+        families whose program only needs these values (a decode step's 5 changed kernels: no
+        loop IR made for them). None where it cannot tell: then lower and ``shape_of``."""
+        h = tr.decomposed_holes(self.native)
+        memo = self._by_holes.get(id(h)) if h is not None else None
+        if memo is None or memo[0]() is not h or memo[1] is None:
+            return None
+        _, skeleton, positions, loops = memo
+        table = self._tables.get(id(h))
+        if table is None or table[0]() is not h:
+            where = {i: j for j, (i, _) in enumerate(h.holes)}
+            insts = h.lk.insts
+            # each position's value: the hole's (its index into the holes' values), or the
+            # constant every instance has there
+            table = self._tables[id(h)] = (weakref.ref(h), tuple(
+                (where[i], 0) if i in where else (-1, int(insts[i].arg)) for i in positions))
+            weakref.finalize(h, self._tables.pop, id(h), None)
+        ir = tr.ir
+        parallel = ir.lk.parallel
+        if type(parallel) is not int:
+            return None
+        split = len(ir.lk.params)                 # the first parallel RANGE (LoopKernel.parallel_ranges)
+        at = next((j for j, (i, _) in enumerate(ir.holes) if i == split), None) if parallel else None
+        try:
+            hv = h.values(*env)
+            values = tuple(hv[j] if j >= 0 else c for j, c in table[1])
+            n = (ir.values(*env)[at] if at is not None else ir.lk.insts[split].arg) if parallel else 1
+        except Exception:                   # (a size that is now 0 in a division): lowered as usual
+            return None
+        if type(n) is not int:
+            return None
+        if any(type(v) is not int for v in values):
+            return None
+        return Shape(skeleton, positions, values, tuple(j for j in sorted(loops) if values[j] >= SPECULATE_MIN)), n
 
     def _canonical(self, sk: Skeleton) -> Skeleton:
         """The Skeleton object equal to ``sk`` that a live kernel's Shape holds, else ``sk`` itself.

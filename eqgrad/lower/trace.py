@@ -366,6 +366,19 @@ class Trace:
         lk.traced = (self, env)
         return lk
 
+    def holds(self, env: tuple[int, ...]) -> bool:
+        """Whether the guards hold for the symbols' values ``env`` (``instantiate`` without the loop IR)."""
+        try:
+            return bool(self.check(*env))
+        except Exception:          # (a division by a size that is now 0): not this trace
+            return False
+
+    def decomposed_holes(self, native: Any) -> "_Holes | None":
+        """The holes of this trace's loop IR decomposed for ``native`` (``ir`` itself when the
+        decomposition rewrites nothing), once ``decomposed`` has worked them out; else None."""
+        with self._lock:
+            return self._decomposed.get(frozenset(native))
+
     def decomposed(self, lk: LoopKernel, native: Any) -> tuple[LoopKernel | None, "_Holes | None"]:
         """``decompose(lk, native)`` of ``lk``, an instance of this trace, from the trace's own loop
         IR decomposed once (a decode step's softmax rewrote its exp2 into ~200 instructions at
@@ -478,6 +491,23 @@ class Traces:
             while len(body.seen) > 2 * CONCRETE:
                 body.seen.popitem(last=False)
         return lk
+
+    def bind(self, k: Kernel, plan: KernelPlan, key: Any = None) -> tuple[Trace, tuple[int, ...]] | None:
+        """The trace that ``lower`` would instantiate for ``k`` (``key`` as there), with the symbols'
+        values for its sizes, without instantiating it: a device that finds the program of that
+        instance by its sizes alone (devices/sizeargs.py ``Families.rebound``) needs no loop IR.
+        None where no trace of the body's structure applies (then ``lower``)."""
+        skel, sizes = body_sizes(k, plan)
+        body = self._bodies.get(skel if key is None else (skel, key))
+        if body is None:
+            return None
+        for tr in list(body.traces):
+            env = tr.env(sizes)
+            if env is not None and tr.holds(env):
+                self.hits += 1
+                body.hits += 1
+                return tr, env
+        return None
 
     def has_traces(self, k: Kernel, plan: KernelPlan, key: Any = None) -> bool:
         """Whether bodies of ``k``'s structure have been traced (for ``key``, as ``lower``): their
