@@ -282,10 +282,7 @@ class LLVMDevice(Device):
         if not config.SIZE_ARGS.value:
             return None
         shape_out, dt = plan.buffers[k.out]
-        if numel(shape_out) * dt.itemsize >= NT_MIN or self.has_lowered(k, plan):
-            # (kept loop IR of these very sizes -- an explain(), sizes seen before the body was
-            # traced -- is what ``lowered_kernel`` returns: where a size equals another constant,
-            # the plain lowering shares the two, and its skeleton is not the trace's)
+        if numel(shape_out) * dt.itemsize >= NT_MIN:
             return None
         found = trace.TRACES.bind(k, plan, None if self.caps == CPU else self.caps)
         r = self.families.rebound(*found) if found is not None else None
@@ -297,13 +294,18 @@ class LLVMDevice(Device):
         if prg is None:
             return None
         if config.VERIFY.value:
-            lk = self.lowered_kernel(k, plan, None)
+            # the trace's instance, made: (loop IR that this process kept at these very sizes is
+            # what ``lowered_kernel`` would return instead -- where a size equals another
+            # constant, the plain lowering shares the two: another family, as right)
+            lk = found[0].instantiate(found[1])
+            if lk is None:
+                raise AssertionError(f"kernel {k.name}: bound from a trace that does not instantiate at {found[1]}")
             dk, usual = self.families.shape_of(lk)
             n_usual = lk.insts[lk.parallel_ranges()[0]].arg if lk.parallel else 1
             if (usual.skeleton is not shape.skeleton or usual.positions != shape.positions or usual.values != shape.values
                     or usual.reductions != shape.reductions or n_usual != n):
                 raise AssertionError(f"kernel {k.name}: its sizes read from its trace {shape.values}, split {n} differ "
-                                     f"from its loop IR's {usual.values}, split {n_usual}")
+                                     f"from its instance's {usual.values}, split {n_usual}")
         self._members[id(k)] = (k, plan, target, (None, n, None, shape, False))
         self.families.rebinds += 1
         return None, n, None, shape, key, prg, None

@@ -255,9 +255,9 @@ class Families:
         split = len(ir.lk.params)                 # the first parallel RANGE (LoopKernel.parallel_ranges)
         at = next((j for j, (i, _) in enumerate(ir.holes) if i == split), None) if parallel else None
         try:
-            hv = h.values(*env)
+            hv, iv = h.values(*env), ir.values(*env)          # (either may raise: so would the instance)
             values = tuple(hv[j] if j >= 0 else c for j, c in table[1])
-            n = (ir.values(*env)[at] if at is not None else ir.lk.insts[split].arg) if parallel else 1
+            n = (iv[at] if at is not None else ir.lk.insts[split].arg) if parallel else 1
         except Exception:                   # (a size that is now 0 in a division): lowered as usual
             return None
         if type(n) is not int:
