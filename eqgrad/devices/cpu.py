@@ -277,8 +277,8 @@ class LLVMDevice(Device):
         trace's holes (``Families.rebound``), and no loop IR is made for it -- lowering,
         decomposing and splitting the sizes of a decode step's 5 changed kernels took ~0.5 ms of
         its ~1.6 ms more than a fixed-shape step's. None otherwise (an output of NT_MIN+ bytes,
-        whose streaming stores the loop IR decides, too). Under EQGRAD_VERIFY the usual way
-        is worked out as well and must agree."""
+        whose streaming stores the loop IR decides, too). Under EQGRAD_VERIFY the trace's
+        instance is made as well, and its sizes and split extent must be the ones read."""
         if not config.SIZE_ARGS.value:
             return None
         shape_out, dt = plan.buffers[k.out]
