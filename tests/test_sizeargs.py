@@ -107,6 +107,28 @@ def test_a_growing_caches_members_run_without_loop_ir_and_verify_says_so(fresh_l
         run_steps([21])
 
 
+def test_rebinding_says_none_where_it_cannot_tell(fresh_llvm):
+    """``Traces.bind`` finds no trace for sizes its guards refuse (then the lowering decides), and
+    ``Families.rebound`` reads nothing for a trace whose first instance its families have not been
+    through (then the instance is made)."""
+    from eqgrad import devices
+    from eqgrad.engine.session import current_session
+    from eqgrad.lower import trace
+    devices._lowered.clear()
+    trace.TRACES.clear()
+    run_steps(range(5, 14))
+    plan = current_session()._local.last_plan.plan
+    bound = [(k, trace.TRACES.bind(k, plan)) for k in plan.kernels]
+    bound = [(k, b) for k, b in bound if b is not None]
+    assert bound, "no kernel of a growing cache's step is bound to a trace"
+    dev = get_device("LLVM")
+    for k, (tr, env) in bound:
+        assert dev.families.rebound(tr, env) is not None or tr.decomposed_holes(dev.families.native) is None
+        assert Families(dev.families.native).rebound(tr, env) is None         # never through shape_of
+        refused = [tr.holds(tuple(v + d for v in env)) for d in (-10**6, 10**6)]
+        assert not all(refused) or not tr.n_guards, (k.name, tr.n_guards)
+
+
 def column_sums(rows: int, seed: int = 0) -> tuple[int, np.ndarray, np.ndarray]:
     """Realize ``(x * 2).sum(0)`` for x of shape (rows, 24); (kernels compiled, result, NumPy's)."""
     x = np.random.default_rng(seed + rows).standard_normal((rows, 24)).astype(np.float32)
