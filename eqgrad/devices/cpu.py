@@ -151,6 +151,12 @@ def _compiled(k, src: str, make: Callable[[], Any], what: str = "") -> Any:
                            f"its LLVM IR {where}") from e
 
 
+def _split_extent(lk) -> int:
+    """The extent of loop kernel ``lk``'s split loop (its first parallel RANGE; 1 without one): a
+    launch's [0, n), not part of the program (``lo``/``hi`` are arguments)."""
+    return lk.insts[lk.parallel_ranges()[0]].arg if lk.parallel else 1
+
+
 class _Signature(NamedTuple):
     """What LLVMProgram reads of a loop kernel, for a source kept on disk (``_from_disk``)."""
     name: str
@@ -232,7 +238,7 @@ class LLVMDevice(Device):
             lk, src = self.render_kernel(k, plan, render_llvm, "LLVM IR", upcast)
         # the split loop's extent is not in the source ([lo, hi) are arguments), so kernels that
         # differ only in it share a program: the extent belongs to the step, not the program
-        n = lk.insts[lk.parallel_ranges()[0]].arg if lk.parallel else 1
+        n = _split_extent(lk)
         shape, dt = plan.buffers[k.out]
         nt = streaming_store(lk, numel(shape) * dt.itemsize)
         return src, _compiled(k, src, lambda: self.program(src, lk, nt, target, engine)), n
@@ -257,7 +263,7 @@ class LLVMDevice(Device):
             return fast
         else:
             lk = self.lowered_kernel(k, plan, upcast)
-            n = lk.insts[lk.parallel_ranges()[0]].arg if lk.parallel else 1
+            n = _split_extent(lk)
             dk, shape = self.families.shape_of(lk)
             shape_out, dt = plan.buffers[k.out]
             nt = streaming_store(lk, numel(shape_out) * dt.itemsize)
@@ -301,7 +307,7 @@ class LLVMDevice(Device):
             if lk is None:
                 raise AssertionError(f"kernel {k.name}: bound from a trace that does not instantiate at {found[1]}")
             dk, usual = self.families.shape_of(lk)
-            n_usual = lk.insts[lk.parallel_ranges()[0]].arg if lk.parallel else 1
+            n_usual = _split_extent(lk)
             if (usual.skeleton is not shape.skeleton or usual.positions != shape.positions or usual.values != shape.values
                     or usual.reductions != shape.reductions or n_usual != n):
                 raise AssertionError(f"kernel {k.name}: its sizes read from its trace {shape.values}, split {n} differ "

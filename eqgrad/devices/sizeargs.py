@@ -239,25 +239,27 @@ class Families:
         if memo is None or memo[0]() is not h or memo[1] is None:
             return None
         _, skeleton, positions, loops = memo
+        ir = tr.ir
+        if type(ir.lk.parallel) is not int:
+            return None
         table = self._tables.get(id(h))
         if table is None or table[0]() is not h:
             where = {i: j for j, (i, _) in enumerate(h.holes)}
             insts = h.lk.insts
             # each position's value: the hole's (its index into the holes' values), or the
-            # constant every instance has there
+            # constant every instance has there; and the split loop's extent likewise, from the
+            # loop IR's holes (its first parallel RANGE, LoopKernel.parallel_ranges)
+            split = len(ir.lk.params)
+            at = next((j for j, (i, _) in enumerate(ir.holes) if i == split), -1) if ir.lk.parallel else -1
+            extent = 1 if not ir.lk.parallel else ir.lk.insts[split].arg if at < 0 else 0
             table = self._tables[id(h)] = (weakref.ref(h), tuple(
-                (where[i], 0) if i in where else (-1, int(insts[i].arg)) for i in positions))
+                (where[i], 0) if i in where else (-1, int(insts[i].arg)) for i in positions), (at, extent))
             weakref.finalize(h, self._tables.pop, id(h), None)
-        ir = tr.ir
-        parallel = ir.lk.parallel
-        if type(parallel) is not int:
-            return None
-        split = len(ir.lk.params)                 # the first parallel RANGE (LoopKernel.parallel_ranges)
-        at = next((j for j, (i, _) in enumerate(ir.holes) if i == split), None) if parallel else None
+        at, extent = table[2]
         try:
             hv, iv = h.values(*env), ir.values(*env)          # (either may raise: so would the instance)
             values = tuple(hv[j] if j >= 0 else c for j, c in table[1])
-            n = (iv[at] if at is not None else ir.lk.insts[split].arg) if parallel else 1
+            n = iv[at] if at >= 0 else extent
         except Exception:                   # (a size that is now 0 in a division): lowered as usual
             return None
         if type(n) is not int:

@@ -355,9 +355,9 @@ class Trace:
     def instantiate(self, env: tuple[int, ...]) -> LoopKernel | None:
         """The loop IR for the symbols' values ``env``, or None when a guard fails. It remembers
         where it came from (``decomposed``)."""
+        if not self.holds(env):
+            return None
         try:
-            if not self.check(*env):
-                return None
             lk = self.ir.instantiate(env)
         except Exception:          # (a division by a size that is now 0, say): lowered as usual
             return None
