@@ -84,8 +84,9 @@ def _features(k: Any) -> dict[str, int]:
   return dict(out_elems=out, reduce_elems=red, rows=out // max(1, last))
 
 
-def check(name: str, step: Callable[[], Any], reps: int, warmup: int) -> dict[str, Any]:
+def check(name: str, step: Callable[[], Any], reps: int, warmup: int, prm: Any) -> dict[str, Any]:
   from eqgrad import GlobalCounters
+  from eqgrad.extract.cost import after_stream, in_context
   from eqgrad.lower.classify import classify
   for _ in range(1 + warmup):
     step()
@@ -120,8 +121,14 @@ def check(name: str, step: Callable[[], Any], reps: int, warmup: int) -> dict[st
       if b in per:
         per[b].append(sec)
   info = {b: (pred, flops / len(runs), nbytes / len(runs)) for b, (pred, flops, nbytes) in info.items()}
+  # each kernel's prediction where it ran (cost.py, launch after a stream): a kernel right after one
+  # that moved more than stream_bytes takes that one's ``cold`` term, which extraction charged to it
+  priced = [kernels[n].stats.nbytes if n in kernels and kernels[n].stats is not None else 0 for n in names]
+  ctx = in_context(prm, [(info[n][0], b) for n, b in zip(names, priced)])
+  after = [False] + [after_stream(prm, b) > 0 for b in priced[:-1]]
+  info = {n: (ctx[i],) + info[n][1:] for i, n in enumerate(names)}
   rows = []
-  for n in names:
+  for i, n in enumerate(names):
     m = statistics.median(per[n])
     pred, flops, nbytes = info[n]
     k = kernels.get(n)
@@ -134,7 +141,7 @@ def check(name: str, step: Callable[[], Any], reps: int, warmup: int) -> dict[st
     fill = stats["fill"] if stats else 1.0
     rows.append(dict(kernel=n, measured_s=m, predicted_s=pred, ratio=pred / m if m > 0 else float("inf"), **feats,
                      gflops=flops / m / 1e9 if m > 0 else 0.0, gbs=nbytes / m / 1e9 if m > 0 else 0.0,
-                     model_kind=model, lowering_kind=lowering, fill=fill, stats=stats,
+                     model_kind=model, lowering_kind=lowering, fill=fill, stats=stats, after=after[i],
                      body=k.ast.render()[:160] if k is not None else ""))
   within = sum(1 for r in rows if 0.5 <= r["ratio"] <= 2.0)
   return dict(workload=name, kernels=len(rows), within_2x=within, measured_s=sum(r["measured_s"] for r in rows),
@@ -149,11 +156,12 @@ FIT_WIDE = dict(launch=(1 / 6.3, 6.3, 12), bandwidth=(1 / 4.5, 4.5, 14), peak=(1
 FIT_FINE = {f: (0.7, 1.4, 7) for f in FIT_WIDE}
 
 
-def fit(rows: list[dict[str, Any]], kinds: str = "model_kind") -> tuple[float, dict[str, float]]:
+def fit(rows: list[dict[str, Any]], prm: Any, kinds: str = "model_kind") -> tuple[float, dict[str, float]]:
   """The largest share of ``rows`` within 2x that any (launch, bandwidth, peak, contraction) gives
   the cost model's form, evaluated on the stats each kernel was priced from; with ``kinds``
   "lowering_kind", a kernel the lowering builds as a contraction and the cost model did not has all
-  its FLOPs at the contraction rate, and the other way round none. And those parameters."""
+  its FLOPs at the contraction rate, and the other way round none; the launch after a stream is
+  ``prm``'s. And those parameters."""
   from eqgrad.extract.cost import DeviceParams, KernelStats
   from eqgrad.tools.calibrate import KernelSample, fit as fit_params
   samples = []
@@ -166,10 +174,11 @@ def fit(rows: list[dict[str, Any]], kinds: str = "model_kind") -> tuple[float, d
       s = KernelStats(s.nbytes, s.flops, s.nodes, s.flops)
     elif model and not built:
       s = KernelStats(s.nbytes, s.flops, s.nodes)
-    samples.append(KernelSample(r["measured_s"], s))
+    samples.append(KernelSample(r["measured_s"], s, r.get("after", False)))
   if not samples:
     return 0.0, {}
-  p, share, _ = fit_params(samples, DeviceParams(**FIT_CENTER), FIT_WIDE)
+  start = DeviceParams(**FIT_CENTER, cold=prm.cold, stream_bytes=prm.stream_bytes)
+  p, share, _ = fit_params(samples, start, FIT_WIDE)
   p, share, _ = fit_params(samples, p, FIT_FINE)
   return share, {f: getattr(p, f) for f in FIT_CENTER}
 
@@ -196,7 +205,8 @@ def main(argv=None) -> int:
   core = _load("bench_core")
   print(f"CPU: {core.cpu_model()}; cost model {prm.source}: launch {prm.launch * 1e6:.1f} us, "
         f"{prm.bandwidth / 1e9:.1f} GB/s, peak {prm.peak / 1e9:.1f} GFLOP/s, "
-        f"contraction {(prm.contraction or prm.peak) / 1e9:.1f} GFLOP/s")
+        f"contraction {(prm.contraction or prm.peak) / 1e9:.1f} GFLOP/s, {prm.cold * 1e6:.1f} us more a launch after "
+        f"a kernel of more than {prm.stream_bytes / 2 ** 20:g} MiB")
   todo = workloads(args.quick)
   if args.only:
     wanted = [s.strip() for s in args.only.split(",") if s.strip()]
@@ -207,7 +217,7 @@ def main(argv=None) -> int:
   results = []
   print(f"\n{'workload':<20} {'kernels':>7} {'within 2x':>10} {'predicted':>10} {'measured':>10}")
   for name, step in todo.items():
-    r = check(name, step, args.reps, args.warmup)
+    r = check(name, step, args.reps, args.warmup, prm)
     results.append(r)
     print(f"{name:<20} {r['kernels']:>7} {r['within_2x']:>6} ({100 * r['within_2x'] / max(1, r['kernels']):.0f}%)"
           f" {r['predicted_s'] * 1e3:>8.2f}ms {r['measured_s'] * 1e3:>8.2f}ms")
@@ -227,7 +237,7 @@ def main(argv=None) -> int:
   if args.fit:
     rows = [w for r in results for w in r["rows"]]
     for kinds, said in (("model_kind", "the cost model's kinds"), ("lowering_kind", "the lowering's kinds")):
-      share, prm_fit = fit(rows, kinds)
+      share, prm_fit = fit(rows, prm, kinds)
       print(f"best fit with {said}: {100 * share:.0f}% within 2x at launch {prm_fit['launch'] * 1e6:.1f} us, "
             f"{prm_fit['bandwidth'] / 1e9:.1f} GB/s, peak {prm_fit['peak'] / 1e9:.1f}, "
             f"contraction {prm_fit['contraction'] / 1e9:.1f} GFLOP/s")

@@ -91,18 +91,26 @@ def test_bench_model_records_every_kernel_of_a_step(tmp_path, capsys):
 def test_bench_model_fit_finds_parameters_that_explain_kernels_made_with_them():
     """bench_model.py --fit: kernels timed exactly as the cost model's form says under some
     parameters are all explained (100 % within 2x) by the parameters it finds, and the kernels of a
-    kind are priced at their own rate (a contraction at 300 GFLOP/s, streaming work at 20)."""
+    kind are priced at their own rate (a contraction at 300 GFLOP/s, streaming work at 20); the small
+    kernels that ran right after a stream took the given ``cold`` term more (cost.py)."""
+    from eqgrad.extract.cost import DeviceParams
     bench = _script("bench_model")
-    launch, bw, peak, con = 6e-6, 18e9, 20e9, 300e9
+    launch, bw, peak, con, cold = 6e-6, 18e9, 20e9, 300e9, 20e-6
     rows = []
     for i, (nbytes, flops, kind) in enumerate([(4e3, 1e3, []), (2e6, 1e5, []), (3e7, 2e6, []), (8e6, 4e8, []),
                                                 (6e6, 5.6e8, ["contraction"]), (3e6, 2.7e8, ["contraction"]),
-                                                (1e6, 1e9, ["contraction"]), (5e4, 1e6, ["row-fused"])]):
-        t = launch + max(nbytes / bw, flops / (con if "contraction" in kind else peak))
+                                                (1e6, 1e9, ["contraction"]), (5e4, 1e6, ["row-fused"]),
+                                                (4e3, 1e3, [])]):
+        after = i in (1, 8)               # (k8 is k0 right after a stream)
+        t = launch + max(nbytes / bw, flops / (con if "contraction" in kind else peak)) + cold * after
         stats = dict(nbytes=nbytes, flops=flops, nodes=5, cflops=flops if "contraction" in kind else 0.0,
                      fill=1.0, library=0.0)
         rows.append(dict(kernel=f"k{i}", measured_s=t, gbs=nbytes / t / 1e9, gflops=flops / t / 1e9,
-                         model_kind=kind, lowering_kind=kind, stats=stats))
-    share, got = bench.fit(rows)
+                         model_kind=kind, lowering_kind=kind, stats=stats, after=after))
+    share, got = bench.fit(rows, DeviceParams(cold=cold, stream_bytes=1 << 20))
     assert share == 1.0, got
+    # without the term, the same 4 KB kernel taking 6 us and 26 us right after a stream cannot both
+    # be within 2x
+    share_off, _ = bench.fit([dict(r, after=False) for r in rows], DeviceParams())
+    assert share_off < 1.0
     assert 100e9 < got["contraction"] and got["peak"] < 60e9, got

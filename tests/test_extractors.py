@@ -1,5 +1,7 @@
 """Extractors and cost models: agreement, optimality on crafted graphs, fuzzed validity, tuning."""
 import json
+import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -272,10 +274,11 @@ def test_calibration_is_stored_and_used(tmp_path, monkeypatch):
     spread: dict = {}
     p = calibrate("LLVM", reps=2, runs=2, spread=spread)
     assert 0 < p.launch < 1e-3 and p.bandwidth > 1e8 and p.peak > 1e8
-    assert p.source.endswith("(median of 2 runs)") and set(spread) == {"launch", "bandwidth", "peak", "contraction"}
+    assert p.source.endswith("(median of 2 runs)") and set(spread) == {"launch", "bandwidth", "peak", "contraction", "cold"}
     assert all(lo <= getattr(p, f) <= hi for f, (lo, hi) in spread.items())      # the median of the runs
-    save_calibration("LLVM", p)
-    assert params_for("LLVM").source.startswith("calibrated")
+    assert p.cold >= 0 and p.stream_bytes == params_for("LLVM").stream_bytes > 0
+    save_calibration("LLVM", replace(p, cold=7.5e-6))
+    assert params_for("LLVM").source.startswith("calibrated") and params_for("LLVM").cold == 7.5e-6
     assert json.loads((tmp_path / "calibration.json").read_text())["version"] == 1
     (tmp_path / "calibration.json").write_text("garbage")
     assert load_calibrations() == {} and params_for("LLVM").source == "default"
@@ -314,7 +317,7 @@ def test_the_fit_predicts_what_the_cost_model_predicted():
     them large enough for the library, kept by the pieces the device runs them as and by a plan
     written to JSON and read back. (The fit once rebuilt the stats from the logged bytes and FLOPs:
     off by up to 10x on library GEMMs and contraction epilogues.)"""
-    from eqgrad.extract.cost import params_for
+    from eqgrad.extract.cost import after_stream, params_for
     from eqgrad.graph.plan import plan_from_json, plan_to_json
     from eqgrad.tools.calibrate import KernelSample, predicted
     rng = np.random.default_rng(3)
@@ -327,8 +330,15 @@ def test_the_fit_predicts_what_the_cost_model_predicted():
     kernels = [k for pl in _plans_of(outs) for k in pl.kernels]
     assert kernels and all(k.stats is not None for k in kernels)
     assert any(k.stats.cflops for k in kernels) and any(not k.stats.cflops for k in kernels)
-    got = predicted([KernelSample(1.0, k.stats) for k in kernels], point)[0]
-    assert np.allclose(got, [k.predicted for k in kernels], rtol=1e-9), (got, [k.predicted for k in kernels])
+    # the kernel's own prediction where it ran: without the term extraction charged it for the
+    # launch after it (cost.py, launch after a stream; the GEMM here moves 5.5 MB), with the term of
+    # a stream before it where it ran after one
+    own = [k.predicted - after_stream(p, k.stats.nbytes) for k in kernels]
+    assert any(o != k.predicted for o, k in zip(own, kernels)) or not p.cold
+    got = predicted([KernelSample(1.0, k.stats) for k in kernels], point, p.cold)[0]
+    assert np.allclose(got, own, rtol=1e-9), (got, own)
+    got = predicted([KernelSample(1.0, k.stats, after=True) for k in kernels], point, p.cold)[0]
+    assert np.allclose(got, [o + p.cold for o in own], rtol=1e-9)
     for pl in _plans_of(outs):
         back = plan_from_json(plan_to_json(pl))
         assert [k.stats for k in back.kernels] == [k.stats for k in pl.kernels]
@@ -481,3 +491,43 @@ def test_a_weight_gradient_is_one_contraction_not_a_materialized_product(extract
     dh = (dz @ w2n.T) * (cdf + h * np.exp(-h * h / 2) / sqrt(2 * pi))
     np.testing.assert_allclose(g2.numpy(), want2, rtol=2e-4, atol=2e-6)
     np.testing.assert_allclose(g1.numpy(), an.T @ dh, rtol=2e-4, atol=2e-6)
+
+
+def test_a_launch_after_a_stream_is_charged_to_the_stream_and_moved_where_it_ran(tmp_path):
+    """cost.py, launch after a stream: a kernel moving more than ``stream_bytes`` carries ``cold`` for
+    the launch after it in extraction (a plan's total is the same), and ``in_context`` gives each
+    kernel of a run its own cost plus the term of the kernel before it; the calibration measures the
+    term from the launches after streams past and within ``stream_bytes``."""
+    from eqgrad.extract.cost import after_stream, in_context
+    from eqgrad.graph.caps import PRIVATE_CACHE_FALLBACK, private_cache_bytes
+    from eqgrad.tools.calibrate import cold_launch
+    p = DeviceParams(launch=5e-6, cold=6e-6, stream_bytes=1 << 20)
+    assert after_stream(p, 1 << 20) == 0.0 and after_stream(p, (1 << 20) + 1) == 6e-6
+    assert after_stream(DeviceParams(cold=6e-6), 1e9) == 0.0          # no stream_bytes: no term
+    ran = [(5e-6, 64), (1e-3 + 6e-6, 8e6), (5e-6, 64), (5e-6, 64), (2e-3 + 6e-6, 9e6)]
+    got = in_context(p, ran)
+    assert np.allclose(got, [5e-6, 1e-3, 11e-6, 5e-6, 2e-3], rtol=1e-12)
+    assert math.isclose(sum(got) + 6e-6, sum(s for s, _ in ran))      # the last one's term: the host's
+    # extraction: a 2-kernel plan whose first kernel streams 8 MB predicts the term in its total
+    x = Tensor(np.ones(1 << 20, np.float32))
+    with using(params={"LLVM": DeviceParams(launch=5e-6, cold=6e-6, stream_bytes=1 << 20)}):
+        (x * 2).sum().realize()
+        with_term = engine.last_plan.plan
+    with using(params={"LLVM": DeviceParams(launch=5e-6)}):
+        (x * 2).sum().realize()
+        without = engine.last_plan.plan
+    assert math.isclose(with_term.predicted - without.predicted, 6e-6 * sum(
+        k.nbytes > (1 << 20) for k in with_term.kernels), rel_tol=1e-6, abs_tol=1e-12)
+    # calibration: the launches after streams past 1 MiB less those within it
+    after = {1 << 19: [2e-6, 3e-6, 4e-6], 1 << 21: [10e-6, 11e-6, 12e-6], 1 << 23: [12e-6, 13e-6, 14e-6]}
+    assert math.isclose(cold_launch(after, 2e-6, 1 << 20), 12e-6 - 3e-6)
+    assert math.isclose(cold_launch({1 << 21: [9e-6]}, 2e-6, 1 << 20), 7e-6)     # none within: the tight loop
+    assert cold_launch(after, 2e-6, 1 << 30) == 0.0 and cold_launch(after, 2e-6, 0) == 0.0
+    # the host's private cache from sysfs; the fallback where it cannot be read
+    for name, (level, kind, size) in {"index0": ("1", "Data", "48K"), "index1": ("1", "Instruction", "32K"),
+                                      "index2": ("2", "Unified", "1280K"), "index3": ("3", "Unified", "54M")}.items():
+        (tmp_path / name).mkdir()
+        for f, v in (("level", level), ("type", kind), ("size", size)):
+            (tmp_path / name / f).write_text(v + "\n")
+    assert private_cache_bytes(str(tmp_path)) == 1280 << 10
+    assert private_cache_bytes(str(tmp_path / "missing")) == PRIVATE_CACHE_FALLBACK

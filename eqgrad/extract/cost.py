@@ -1,7 +1,7 @@
 """The kernel cost model: one small function, with its units and assumptions.
 
     time(kernel) = launch + max(bytes / bandwidth, flops / peak + cflops / contraction)    [seconds]
-    time(plan)   = sum over kernels
+    time(plan)   = sum over kernels, + cold for each kernel that moves more than stream_bytes
 
 - bytes: the kernel's output written once, plus each distinct input buffer read once (or only the
   elements actually read, for a slice), at the dtype's item size. Constants cost nothing.
@@ -42,6 +42,20 @@
   as is a body larger than ``max_nodes``. A ``Contiguous`` is never inlined: a kernel that reaches
   its class reads its buffer (it is a kernel of its own, as a chosen ``Realize`` is).
 
+- launch after a stream: what a launch costs depends on what ran before it. A kernel whose bytes
+  exceed a core's private cache (``stream_bytes``: the host's L2, graph/caps.py
+  ``private_cache_bytes``) evicts the interpreter's and the launch path's working set, and the next
+  launch takes ``cold`` longer. Measured: a one-element kernel 2.1-2.8 us in a tight loop, 10.8-16.4
+  us right after a stream of 8 to 34 MB (2-vCPU Intel Xeon, Rocket Lake and Emerald Rapids); after a
+  64 MB copy an empty Python call took 3.75 us (0.07 warm), a ctypes call 18 us (0.34). In
+  bench/bench_model.py the training steps' small kernels took 9-22 us right after a kernel of more
+  than 2 MB and 2-8 us elsewhere, where one launch constant had to miss one group or the other
+  (default parameters 154/183 within 2x on a 2-vCPU Xeon; 162/183 with this term). Extraction does
+  not know the order kernels run in, so the term is charged to the streaming kernel (``after_stream``:
+  a plan's total is the same either way); per kernel as run, ``in_context`` moves it to the kernel
+  after it. The LLVM default ``cold`` is 6 us: the 10.8-16.4 us measured after a stream are 6-11 us
+  over the default launch of 5 us, the low end taken; ``tune calibrate`` measures it on the machine.
+
 Worked example (LLVM defaults below: 5 us launch, 20 GB/s, 50 GFLOP/s). ``(a+b+1)*2`` on 1M
 float32: unfused, 3 kernels each reading/writing ~8 MB: 3 * (5 us + 8e6/20e9 s) = 3 * 405 us =
 1.2 ms; fused, one kernel reading 8 MB and writing 4 MB: 5 us + 12e6/20e9 s = 605 us -> fused wins.
@@ -63,7 +77,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from eqgrad.cache import JsonCache, check_fields, machine_key
-from eqgrad.graph.caps import Capabilities, block_of, gemm_of, library_seconds
+from eqgrad.graph.caps import Capabilities, block_of, gemm_of, library_seconds, private_cache_bytes
 from eqgrad.graph.plan import KernelStats      # the cost function's input (defined on the graph floor: plans keep it)
 
 CALIBRATION_VERSION = 1
@@ -79,11 +93,15 @@ class DeviceParams:
     unlaned: float = 12.0         # flops multiplier of a contraction hoisted into a row-fused kernel (above)
     contraction: float = 0.0      # flops per second of a root contraction (above); 0: peak
     row_fusion: bool = True       # reductions broadcast along trailing axes may share a kernel (below)
+    # a launch right after a kernel that moved more than ``stream_bytes`` costs ``cold`` seconds more
+    # ("launch after a stream" above); 0 for either: no such term
+    cold: float = 0.0
+    stream_bytes: int = 0
     source: str = "given"         # "default", "calibrated <date>", "given" (built by the user), or with overrides
 
     def __post_init__(self) -> None:
         # a zero bandwidth or peak would divide by zero deep inside extraction: refuse it here
-        for f in ("launch", "bandwidth", "peak", "masked_read", "unlaned", "contraction"):
+        for f in ("launch", "bandwidth", "peak", "masked_read", "unlaned", "contraction", "cold"):
             x = getattr(self, f)
             if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or x < 0 \
                     or (x == 0 and f in ("bandwidth", "peak")):
@@ -91,11 +109,14 @@ class DeviceParams:
                                  f"got {x!r}")
         if isinstance(self.max_nodes, bool) or not isinstance(self.max_nodes, int) or self.max_nodes < 1:
             raise ValueError(f"DeviceParams.max_nodes: expected an integer >= 1, got {self.max_nodes!r}")
+        if isinstance(self.stream_bytes, bool) or not isinstance(self.stream_bytes, int) or self.stream_bytes < 0:
+            raise ValueError(f"DeviceParams.stream_bytes: expected an integer >= 0, got {self.stream_bytes!r}")
 
 
 DEFAULT_PARAMS: dict[str, DeviceParams] = {
     # contraction: 150 GFLOP/s, 3x the elementwise peak (see "kernel classes" above)
-    "LLVM": DeviceParams(contraction=150e9, source="default"),
+    # cold: 6 us more after a stream larger than a core's L2 (see "launch after a stream" above)
+    "LLVM": DeviceParams(contraction=150e9, cold=6e-6, stream_bytes=private_cache_bytes(), source="default"),
     "NUMPY": DeviceParams(launch=20e-6, bandwidth=5e9, peak=2e9, source="default"),
     # PoCL 3.1, 2 cores (calibrated). No row fusion: PoCL vectorizes across work-items, not a
     # work-item's loops, so a row-fused softmax ran 19.8 ms vs 11.4 ms as three kernels
@@ -124,6 +145,27 @@ class KernelCost:
 def kernel_time(p: DeviceParams, nbytes: float, flops: float, cflops: float = 0.0, fill: float = 1.0) -> float:
     compute = (flops - cflops) / p.peak + (cflops / (p.contraction * fill) if p.contraction else cflops / p.peak)
     return p.launch + max(nbytes / p.bandwidth, compute)
+
+
+def after_stream(p: DeviceParams, nbytes: float) -> float:
+    """What a kernel that moves ``nbytes`` costs the launch after it ("launch after a stream" above):
+    ``cold`` past ``stream_bytes``, else 0. The plan evaluator adds it to the streaming kernel's
+    seconds (a plan's total is the same whichever kernel carries it, and extraction does not know
+    the order the kernels will run in)."""
+    return p.cold if p.stream_bytes and nbytes > p.stream_bytes else 0.0
+
+
+def in_context(p: DeviceParams, ran: list[tuple[float, float]]) -> list[float]:
+    """The predicted seconds of each kernel of a run where it ran, from (its predicted seconds, its
+    priced bytes) in the order the kernels ran: its own cost without the term it carries for the
+    launch after it (``after_stream``), plus the term of the kernel before it. Their sum is the
+    plan's prediction less the last kernel's term (paid by whatever the host does next)."""
+    out, before = [], 0.0
+    for seconds, nbytes in ran:
+        after = after_stream(p, nbytes)
+        out.append(seconds - after + before)
+        before = after
+    return out
 
 
 def default_cost(s: KernelStats, p: DeviceParams) -> float:
@@ -245,6 +287,16 @@ def _contraction_of(e: dict) -> float:
     return v if math.isfinite(v) and v >= 0 else 0.0
 
 
+def _cold_of(e: dict, default: float) -> float:
+    """A stored calibration's ``cold`` (the device's default where it predates the field or is not a
+    non-negative finite number)."""
+    try:
+        v = float(e.get("cold", default))
+    except (TypeError, ValueError):
+        return default
+    return v if math.isfinite(v) and v >= 0 else default
+
+
 CALIBRATIONS = JsonCache("calibration", CALIBRATION_VERSION, check=_check_calibration)
 
 
@@ -280,6 +332,7 @@ def _params_for(device: str) -> DeviceParams:
         return base
     try:
         return replace(base, launch=float(e["launch"]), bandwidth=float(e["bandwidth"]), peak=float(e["peak"]),
-                       contraction=_contraction_of(e), source=str(e.get("source", "calibrated")))
+                       contraction=_contraction_of(e), cold=_cold_of(e, base.cold),
+                       source=str(e.get("source", "calibrated")))
     except (KeyError, TypeError, ValueError):
         return base

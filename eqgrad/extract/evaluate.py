@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 from eqgrad.ops import OPS, REDUCE_OPS, numel
-from eqgrad.extract.cost import CostModel, KernelCost
+from eqgrad.extract.cost import CostModel, KernelCost, after_stream
 from eqgrad.extract.egraph import EGraph, ENode
 from eqgrad.graph.caps import ROW_STASH_MAX, rows_kept
 from eqgrad.graph.plan import KernelStats, KNode, broadcast_product, lanes_axis
@@ -540,7 +540,7 @@ class PlanEvaluator:
             flops += p.masked_read * size_k
         fill, library = self._fill(k, order, nodes_of) if fast else (1.0, 0.0)   # a root contraction: by its register block
         stats = KernelStats(nbytes, flops, nodes, cflops, fill, library)
-        t = self.cost.fn(stats, p)
+        t = self.cost.fn(stats, p) + after_stream(p, nbytes)     # (cost.py: launch after a stream)
         kind = _KINDS[(fused_rows, cflops > 0, bool(slow), masked)]
         return KernelCost(t, int(nbytes), int(flops), nodes, legal, why, tuple(reversed(fused)), kind, stats,
                           tuple(recomputed)), deps, read

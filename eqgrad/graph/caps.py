@@ -229,3 +229,42 @@ def library_seconds(call: float, rate: float, flops: float, batches: int, thread
     if batches == 1 and threaded:
         return call + flops / (rate * threads)
     return batches * (call + flops / batches / rate) / min(threads, batches)
+
+
+# a core's private cache when the host does not say (no Linux sysfs): what the two-core x86 hosts
+# measured have or exceed (Intel Ice Lake / Sapphire Rapids 1.25-2 MiB of L2 a core, AMD Zen 3-5
+# 0.5-1 MiB); the launch-after-a-stream term of the cost model (extract/cost.py) reads it
+PRIVATE_CACHE_FALLBACK = 1 << 20          # docs/lowering.md, Constants
+
+
+def private_cache_bytes(sysfs: str = "/sys/devices/system/cpu/cpu0/cache") -> int:
+    """The bytes of the largest cache private to one core of this host (its L2, where the
+    interpreter's working set lives between kernels), from Linux's sysfs; PRIVATE_CACHE_FALLBACK where
+    that cannot be read. A level-3 cache is shared and left out."""
+    import os
+    best = 0
+    try:
+        entries = os.listdir(sysfs)
+    except OSError:
+        return PRIVATE_CACHE_FALLBACK
+    for e in entries:
+        if not e.startswith("index"):
+            continue
+        try:
+            with open(os.path.join(sysfs, e, "level")) as f:
+                level = int(f.read())
+            with open(os.path.join(sysfs, e, "type")) as f:
+                kind = f.read().strip()
+            with open(os.path.join(sysfs, e, "size")) as f:
+                size = f.read().strip()
+        except (OSError, ValueError):
+            continue
+        if level != 2 or kind == "Instruction":
+            continue
+        units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+        try:
+            n = int(size[:-1]) * units[size[-1].upper()] if size[-1:].upper() in units else int(size)
+        except (ValueError, IndexError):
+            continue
+        best = max(best, n)
+    return best or PRIVATE_CACHE_FALLBACK

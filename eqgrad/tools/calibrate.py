@@ -43,10 +43,11 @@ def _prepared(make: Callable[[], Tensor], device: str) -> Callable[[], None]:
     return lambda: cp.run(bufs)
 
 
-def _launch_in_context(tiny_run: Callable[[], None], device: str, reps: int, rng: np.random.Generator) -> float:
-    """The median time of the one-element kernel ``tiny_run`` right after a streaming kernel of each
-    ``LAUNCH_CONTEXT`` size (``reps`` times each)."""
-    ts = []
+def _launch_in_context(tiny_run: Callable[[], None], device: str, reps: int, rng: np.random.Generator
+                       ) -> dict[int, list[float]]:
+    """The times of the one-element kernel ``tiny_run`` right after a streaming kernel of each
+    ``LAUNCH_CONTEXT`` size (``reps`` times each), by the bytes that kernel moved."""
+    ts: dict[int, list[float]] = {}
     for n in LAUNCH_CONTEXT:
         x = Tensor(rng.random(n, dtype=np.float32), device=device)
         stream = _prepared(lambda: x * 2 + 1, device)
@@ -54,11 +55,22 @@ def _launch_in_context(tiny_run: Callable[[], None], device: str, reps: int, rng
             stream()
             t0 = time.perf_counter()
             tiny_run()
-            ts.append(time.perf_counter() - t0)
-    return float(np.median(ts))
+            ts.setdefault(8 * n, []).append(time.perf_counter() - t0)     # (read and written: 8 bytes an element)
+    return ts
 
 
-FIELDS = ("launch", "bandwidth", "peak", "contraction")
+def cold_launch(after: dict[int, list[float]], tight: float, stream_bytes: int) -> float:
+    """The ``cold`` term (cost.py, launch after a stream) from ``_launch_in_context``'s times: the
+    median launch after the streams past ``stream_bytes`` less the median after those within it
+    (the tight loop's ``tight`` where none is); 0 where no stream is past it or none is slower."""
+    past = [t for b, ts in after.items() if b > stream_bytes for t in ts]
+    within = [t for b, ts in after.items() if b <= stream_bytes for t in ts] or [tight]
+    if not stream_bytes or not past:
+        return 0.0
+    return max(0.0, float(np.median(past) - np.median(within)))
+
+
+FIELDS = ("launch", "bandwidth", "peak", "contraction", "cold")
 
 
 def calibrate(device: str = "LLVM", reps: int = 7, progress: Callable[[str], None] | None = None,
@@ -79,7 +91,8 @@ def calibrate(device: str = "LLVM", reps: int = 7, progress: Callable[[str], Non
     p = replace(DEFAULT_PARAMS.get(device, DeviceParams()), **med,
                 source=f"calibrated {time.strftime('%Y-%m-%d %H:%M')}{how}")
     if fit_corpus:
-        samples = kernel_samples(_corpus(device, np.random.default_rng(7)), rounds=max(runs, CORPUS_ROUNDS))
+        samples = kernel_samples(_corpus(device, np.random.default_rng(7)), rounds=max(runs, CORPUS_ROUNDS),
+                                 stream_bytes=p.stream_bytes)
         fitted, err, err0 = fit_error(samples, p)
         finer, err_fine, _ = fit_error(samples, fitted, FIT_FINE)
         if err_fine < err:              # (its grid steps around the first fit, not through it)
@@ -111,9 +124,13 @@ def _calibrate_once(device: str, reps: int, rng: np.random.Generator,
     big = Tensor(rng.random(n, dtype=np.float32), device=device)
     t_copy, _ = timed(lambda: big + 1)
     bandwidth = 8 * n / max(t_copy - tight, 1e-9)
-    launch = _launch_in_context(tiny_run, device, reps, rng)
+    after = _launch_in_context(tiny_run, device, reps, rng)
+    launch = float(np.median([t for ts in after.values() for t in ts]))
+    stream_bytes = DEFAULT_PARAMS.get(device, DeviceParams()).stream_bytes
+    cold = cold_launch(after, tight, stream_bytes)
     if progress:
-        progress(f"launch overhead {launch * 1e6:.1f} us ({tight * 1e6:.1f} us in a tight loop)")
+        progress(f"launch overhead {launch * 1e6:.1f} us ({tight * 1e6:.1f} us in a tight loop; "
+                 f"{cold * 1e6:.1f} us more after a stream of more than {stream_bytes / 2 ** 20:g} MiB)")
         progress(f"bandwidth {bandwidth / 1e9:.1f} GB/s")
     m = 512
     a = Tensor(rng.random((m, m), dtype=np.float32), device=device)
@@ -131,7 +148,7 @@ def _calibrate_once(device: str, reps: int, rng: np.random.Generator,
     peak = 128 * (1 << 18) / max(t_fma - launch, 1e-9)
     if progress:
         progress(f"peak {peak / 1e9:.1f} GFLOP/s, contraction {contraction / 1e9:.1f} GFLOP/s")
-    return dict(launch=launch, bandwidth=bandwidth, peak=peak, contraction=contraction)
+    return dict(launch=launch, bandwidth=bandwidth, peak=peak, contraction=contraction, cold=cold)
 
 
 # ------------------------------------------------------------------ fitting to kernels as models run them
@@ -260,23 +277,27 @@ def _corpus(device: str, rng: np.random.Generator) -> dict[str, Callable[[], lis
 @dataclass(frozen=True)
 class KernelSample:
     """One kernel as it ran: its median seconds, and what the cost function was given for it
-    (``Kernel.stats``: the plan kernel's, whichever pieces the device ran it as)."""
+    (``Kernel.stats``: the plan kernel's, whichever pieces the device ran it as); ``after``: it ran
+    right after a kernel that moved more than ``stream_bytes`` (cost.py, launch after a stream)."""
     seconds: float
     stats: KernelStats
+    after: bool = False
 
 
 def kernel_samples(programs: dict[str, Callable[[], list[Tensor]]], reps: int = 5,
-                   warmup: int = 2, rounds: int = 1) -> list[KernelSample]:
+                   warmup: int = 2, rounds: int = 1, stream_bytes: int = 0) -> list[KernelSample]:
     """Each kernel of each program, timed alone (``GlobalCounters.kernel_log``) ``reps`` times after
     ``warmup`` runs, in each of ``rounds`` passes over all the programs (a kernel's time is the
     median of its ``rounds * reps``); the pieces the device runs a plan kernel as (its BLAS call, a
     split reduction's partials) are summed into it. A kernel the cost model did not price (no
-    stats) is left out."""
+    stats) is left out; one that ran right after a kernel priced at more than ``stream_bytes``
+    (0: none) is marked ``after``."""
     if rounds < 1 or reps < 1:
         raise ValueError(f"kernel_samples(): reps and rounds must be >= 1, got reps={reps}, rounds={rounds}")
     times: dict[tuple[str, str], list[float]] = {}
     stats: dict[tuple[str, str], KernelStats] = {}
     last: dict[str, list[str]] = {}
+    after: dict[tuple[str, str], bool] = {}
     for r in range(rounds):
         for name, make in programs.items():
             for _ in range(1 + warmup if r == 0 else 1):
@@ -288,12 +309,16 @@ def kernel_samples(programs: dict[str, Callable[[], list[Tensor]]], reps: int = 
                 finally:
                     GlobalCounters.kernel_log = None
                 per: dict[str, float] = {}
+                before = 0.0              # the bytes of the plan kernel that ran last
                 for kname, sec, _pred, _flops, _nbytes, k in log:
                     m = re.match(r"k\d+", kname)
                     base = m.group(0) if m else kname
+                    if base not in per:
+                        after[name, base] = bool(stream_bytes) and before > stream_bytes
                     per[base] = per.get(base, 0.0) + sec
                     if k.stats is not None:
                         stats[name, base] = k.stats
+                        before = k.stats.nbytes
                 for base, sec in per.items():
                     times.setdefault((name, base), []).append(sec)
                 last[name] = list(per)
@@ -302,15 +327,17 @@ def kernel_samples(programs: dict[str, Callable[[], list[Tensor]]], reps: int = 
         for base in bases:
             if (name, base) in stats:
                 secs = sorted(times[name, base])
-                out.append(KernelSample(secs[len(secs) // 2], stats[name, base]))
+                out.append(KernelSample(secs[len(secs) // 2], stats[name, base], after[name, base]))
     return out
 
 
-def predicted(samples: list[KernelSample], points: np.ndarray) -> np.ndarray:
+def predicted(samples: list[KernelSample], points: np.ndarray, cold: float = 0.0) -> np.ndarray:
     """The default cost function (``cost.kernel_time``) of each sample at each of ``points`` (rows of
     launch, bandwidth, peak, contraction): an array (points, samples). Exactly the cost model's
     form: a root contraction's FLOPs at ``contraction * fill``, or at the library's FLOP/s where the
-    library set the fill (``KernelStats.library``: its rate does not move with ``contraction``)."""
+    library set the fill (``KernelStats.library``: its rate does not move with ``contraction``);
+    ``cold`` more for a sample that ran ``after`` a stream (the kernel's own prediction where it ran,
+    cost.py ``in_context``)."""
     nbytes = np.array([s.stats.nbytes for s in samples], dtype=float)[None, :]
     flops = np.array([s.stats.flops for s in samples], dtype=float)[None, :]
     cflops = np.array([s.stats.cflops for s in samples], dtype=float)[None, :]
@@ -319,7 +346,8 @@ def predicted(samples: list[KernelSample], points: np.ndarray) -> np.ndarray:
     launch, bandwidth, peak, contraction = (points[:, i:i + 1] for i in range(4))
     rate = np.where(library > 0, library, contraction * fill)
     compute = (flops - cflops) / peak + np.where(cflops > 0, cflops / np.where(rate > 0, rate, 1.0), 0.0)
-    return launch + np.maximum(nbytes / bandwidth, compute)
+    after = np.array([s.after for s in samples], dtype=float)[None, :]
+    return launch + np.maximum(nbytes / bandwidth, compute) + cold * after
 
 
 def _grid(samples: list[KernelSample], start: DeviceParams, span: dict[str, tuple[float, float, int]]
@@ -330,8 +358,8 @@ def _grid(samples: list[KernelSample], start: DeviceParams, span: dict[str, tupl
     st = replace(start, contraction=start.contraction or start.peak)
     grids = [getattr(st, f) * np.geomspace(lo, hi, n) for f, (lo, hi, n) in span.items()]
     pts = np.stack([g.ravel() for g in np.meshgrid(*grids, indexing="ij")], 1)       # (points, 4)
-    r0 = predicted(samples, np.array([[getattr(st, f) for f in FIT_FIELDS]])) / sec
-    return st, pts, predicted(samples, pts) / sec, r0[0]
+    r0 = predicted(samples, np.array([[getattr(st, f) for f in FIT_FIELDS]]), st.cold) / sec
+    return st, pts, predicted(samples, pts, st.cold) / sec, r0[0]
 
 
 def within_2x(samples: list[KernelSample], p: DeviceParams) -> float:

@@ -91,11 +91,12 @@ def _tune_calibrate(args: argparse.Namespace) -> int:
     params = calibrate(args.device, progress=lambda msg: print(f"  {msg}", flush=True), runs=args.runs, spread=spread,
                        fit_corpus=not args.no_fit)
     print(f"{args.device}: launch {params.launch * 1e6:.1f} us, bandwidth {params.bandwidth / 1e9:.1f} GB/s, "
-          f"peak {params.peak / 1e9:.1f} GFLOP/s, contraction {params.contraction / 1e9:.1f} GFLOP/s"
+          f"peak {params.peak / 1e9:.1f} GFLOP/s, contraction {params.contraction / 1e9:.1f} GFLOP/s, "
+          f"{params.cold * 1e6:.1f} us more a launch after a stream"
           + (f" (median of {args.runs} runs)" if args.runs > 1 else ""))
     if args.runs > 1:
         unit = {"launch": (1e6, "us"), "bandwidth": (1e-9, "GB/s"), "peak": (1e-9, "GFLOP/s"),
-                "contraction": (1e-9, "GFLOP/s")}
+                "contraction": (1e-9, "GFLOP/s"), "cold": (1e6, "us")}
         print("  spread (min-max over the runs): " + ", ".join(
             f"{f} {lo * unit[f][0]:.1f}-{hi * unit[f][0]:.1f} {unit[f][1]}" for f, (lo, hi) in spread.items()))
     if not args.dry_run:
