@@ -513,11 +513,17 @@ def test_a_launch_after_a_stream_is_charged_to_the_stream_and_moved_where_it_ran
     with using(params={"LLVM": DeviceParams(launch=5e-6, cold=6e-6, stream_bytes=1 << 20)}):
         (x * 2).sum().realize()
         with_term = engine.last_plan.plan
+        assert "6.0 us more a launch after a kernel of more than 1 MiB" in str(eqgrad.explain((x * 2).sum()))
     with using(params={"LLVM": DeviceParams(launch=5e-6)}):
         (x * 2).sum().realize()
         without = engine.last_plan.plan
     assert math.isclose(with_term.predicted - without.predicted, 6e-6 * sum(
         k.nbytes > (1 << 20) for k in with_term.kernels), rel_tol=1e-6, abs_tol=1e-12)
+    # a plan resized without extraction (graph/resize.py): the term follows the new bytes
+    from eqgrad.extract.cost import kernel_time, rescaled
+    big = kernel_time(p, 8e6, 1e3) + after_stream(p, 8e6)
+    assert math.isclose(rescaled(p, big, 8e6, 1e3, 8e3, 1.0), kernel_time(p, 8e3, 1.0), rel_tol=1e-9)
+    assert math.isclose(rescaled(p, kernel_time(p, 8e3, 1.0), 8e3, 1.0, 8e6, 1e3), big, rel_tol=1e-9)
     # calibration: the launches after streams past 1 MiB less those within it
     after = {1 << 19: [2e-6, 3e-6, 4e-6], 1 << 21: [10e-6, 11e-6, 12e-6], 1 << 23: [12e-6, 13e-6, 14e-6]}
     assert math.isclose(cold_launch(after, 2e-6, 1 << 20), 12e-6 - 3e-6)

@@ -183,12 +183,13 @@ def rescaled(p: DeviceParams, predicted: float, old_bytes: float, old_flops: flo
     is compute where it exceeds the bytes term, else at most the bytes term; the compute scales
     with the flops, the bytes term is recomputed. The device reads the prediction to decide whether
     a kernel is split across threads and whether the BLAS runs it, so a plan resized from 8 rows to
-    8,192 must not keep the small plan's 10 us."""
-    body = max(predicted - p.launch, 0.0)
+    8,192 must not keep the small plan's 10 us. The launch after a stream (``after_stream``) is
+    taken off at the old bytes and charged again at the new."""
+    body = max(predicted - p.launch - after_stream(p, old_bytes), 0.0)
     t_bytes = old_bytes / p.bandwidth
     compute = body if body > t_bytes else min(body, old_flops / p.peak)
     scale = new_flops / old_flops if old_flops > 0 else (new_bytes / old_bytes if old_bytes > 0 else 1.0)
-    return p.launch + max(new_bytes / p.bandwidth, compute * scale)
+    return p.launch + max(new_bytes / p.bandwidth, compute * scale) + after_stream(p, new_bytes)
 
 
 @dataclass(frozen=True)

@@ -123,7 +123,9 @@ class Explanation:
         lines = [f"plan: {len(self.plan.kernels)} kernel(s), predicted {self.plan.predicted * 1e6:.1f} us on {self.device} "
                  f"(extractor {res.extractor + ' [' + res.status + ']' if res else '?'}; {fn}cost model {p.source}: "
                  f"launch {p.launch * 1e6:.1f} us, "
-                 f"{p.bandwidth / 1e9:.1f} GB/s, {p.peak / 1e9:.1f} GFLOP/s)",
+                 f"{p.bandwidth / 1e9:.1f} GB/s, {p.peak / 1e9:.1f} GFLOP/s"
+                 + (f", {p.cold * 1e6:.1f} us more a launch after a kernel of more than {p.stream_bytes / 2 ** 20:g} MiB"
+                    if p.cold and p.stream_bytes else "") + ")",
                  f"saturation: {cp.report.stop_reason}, {cp.report.enodes_before} -> {cp.report.enodes} e-nodes, "
                  f"{cp.report.eclasses} e-classes"]
         held = sum(numel(s) * d.itemsize for s, d in self.plan.buffers[self.plan.n_inputs:])
