@@ -197,13 +197,20 @@ sys.stdout.flush()
 """
 
 
+def _checkout() -> bool:
+  """Does this script run from a source checkout (its eqgrad package beside bench/)? Then that eqgrad is
+  measured, not the installed one: a worktree of another commit run with the editable install's
+  interpreter measured the install's code."""
+  return os.path.isfile(os.path.join(REPO_ROOT, "eqgrad", "__init__.py"))
+
+
 def case_first_realize(s: Sizes, args) -> dict:
   env = dict(os.environ)
   root = os.path.abspath(args.eqgrad) if args.eqgrad else None
   if root is None:
     import importlib.util
-    if importlib.util.find_spec("eqgrad") is None:
-      root = REPO_ROOT                           # not installed: this checkout
+    if _checkout() or importlib.util.find_spec("eqgrad") is None:
+      root = REPO_ROOT                           # this checkout (child_main)
   if root is not None:
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
   t0 = time.perf_counter()
@@ -658,8 +665,8 @@ def child_main(args: argparse.Namespace) -> int:
     sys.path.insert(0, os.path.abspath(args.eqgrad))
   elif args.framework == "eqgrad":
     import importlib.util
-    if importlib.util.find_spec("eqgrad") is None:
-      sys.path.insert(1, REPO_ROOT)            # not installed: use this checkout
+    if _checkout() or importlib.util.find_spec("eqgrad") is None:
+      sys.path.insert(1, REPO_ROOT)            # this checkout's, where it runs from one (else the installed)
   s = QUICK if args.quick else FULL
   case = BY_NAME[args.case]
   fn = case.tinygrad if args.framework == "tinygrad" else case.eqgrad

@@ -81,7 +81,10 @@ from typing import Any, Callable
 import numpy as np
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if importlib.util.find_spec("eqgrad") is None: sys.path.insert(1, REPO_ROOT)   # not installed: use this checkout
+# this checkout's eqgrad, where the script runs from one (a worktree of another commit measures that
+# commit, not the editable install), else the installed one
+if os.path.isfile(os.path.join(REPO_ROOT, "eqgrad", "__init__.py")) or importlib.util.find_spec("eqgrad") is None:
+  sys.path.insert(1, REPO_ROOT)
 
 
 class Skip(Exception):
