@@ -18,8 +18,8 @@ The parameters are the cost model's in effect: the defaults, or the calibration 
 
 --fit separates what parameters can fix from what they cannot: it searches launch, bandwidth,
 peak and contraction rate (log grids, then a finer pass around the best) for the share of kernels
-within 2x that the cost model's form ``launch + max(bytes / bandwidth, compute)`` reaches on the
-kernels just measured, once with the kinds the cost model assigned and once with the kinds the
+within 2x that the cost model's form ``launch + max(bytes / bandwidth, compute)`` (plus the launch
+after a stream, the cost model's own ``cold``, not searched) reaches on the kernels just measured, once with the kinds the cost model assigned and once with the kinds the
 lowering builds (lower/classify.py). A ceiling well under the target means the form, not the
 calibration, is what misses.
 """
