@@ -149,6 +149,22 @@ def test_the_contraction_rate_prices_only_contractions():
         DeviceParams(contraction=-1.0)
 
 
+def test_a_calibration_without_the_launch_after_a_stream_keeps_the_devices_default(tmp_path, monkeypatch):
+    """A calibration stored before ``cold`` existed (or with a bad one) reads the device's default
+    term; ``stream_bytes`` is the host's, never read from the file."""
+    import json
+    from eqgrad.cache import machine_key
+    from eqgrad.extract.cost import DEFAULT_PARAMS, params_for
+    monkeypatch.setenv("EQGRAD_CACHE_DIR", str(tmp_path))
+    for extra, cold in (({}, DEFAULT_PARAMS["LLVM"].cold), ({"cold": "slow"}, DEFAULT_PARAMS["LLVM"].cold),
+                        ({"cold": -1.0}, DEFAULT_PARAMS["LLVM"].cold), ({"cold": 9e-6, "stream_bytes": 7}, 9e-6)):
+        entry = dict(launch=3e-6, bandwidth=2e10, peak=4e10, source="calibrated then", **extra)
+        (tmp_path / "calibration.json").write_text(json.dumps(
+            {"version": 1, "entries": {f"LLVM|{machine_key('LLVM')}": entry}}))
+        p = params_for("LLVM")
+        assert p.source == "calibrated then" and p.cold == cold and p.stream_bytes == DEFAULT_PARAMS["LLVM"].stream_bytes
+
+
 def test_a_calibration_without_the_contraction_rate_reads_as_peak(tmp_path, monkeypatch):
     import json
     from eqgrad.cache import machine_key
