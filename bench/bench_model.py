@@ -19,8 +19,9 @@ The parameters are the cost model's in effect: the defaults, or the calibration 
 --fit separates what parameters can fix from what they cannot: it searches launch, bandwidth,
 peak and contraction rate (log grids, then a finer pass around the best) for the share of kernels
 within 2x that the cost model's form ``launch + max(bytes / bandwidth, compute)`` (plus the launch
-after a stream, the cost model's own ``cold``, not searched) reaches on the kernels just measured, once with the kinds the cost model assigned and once with the kinds the
-lowering builds (lower/classify.py). A ceiling well under the target means the form, not the
+after a stream, the cost model's own ``cold``, not searched) reaches on the kernels just measured,
+once with the kinds the cost model assigned and once with the kinds the lowering builds
+(lower/classify.py). A ceiling well under the target means the form, not the
 calibration, is what misses.
 """
 from __future__ import annotations
@@ -86,7 +87,7 @@ def _features(k: Any) -> dict[str, int]:
 
 def check(name: str, step: Callable[[], Any], reps: int, warmup: int, prm: Any) -> dict[str, Any]:
   from eqgrad import GlobalCounters
-  from eqgrad.extract.cost import after_stream, in_context
+  from eqgrad.extract.cost import after_stream
   from eqgrad.lower.classify import classify
   for _ in range(1 + warmup):
     step()
@@ -121,12 +122,11 @@ def check(name: str, step: Callable[[], Any], reps: int, warmup: int, prm: Any) 
       if b in per:
         per[b].append(sec)
   info = {b: (pred, flops / len(runs), nbytes / len(runs)) for b, (pred, flops, nbytes) in info.items()}
-  # each kernel's prediction where it ran (cost.py, launch after a stream): a kernel right after one
-  # that moved more than stream_bytes takes that one's ``cold`` term, which extraction charged to it
+  # the predictions logged are each kernel's where it ran (KernelPlan.in_context: a kernel right after
+  # one that moved more than stream_bytes takes that one's launch-after-a-stream term, cost.py); which
+  # kernels ran after such a one, for --fit
   priced = [kernels[n].stats.nbytes if n in kernels and kernels[n].stats is not None else 0 for n in names]
-  ctx = in_context(prm, [(info[n][0], b) for n, b in zip(names, priced)])
   after = [False] + [after_stream(prm, b) > 0 for b in priced[:-1]]
-  info = {n: (ctx[i],) + info[n][1:] for i, n in enumerate(names)}
   rows = []
   for i, n in enumerate(names):
     m = statistics.median(per[n])

@@ -46,13 +46,16 @@ def timing_kernels(debug: int) -> bool:
     return debug >= 2 or GlobalCounters.kernel_log is not None
 
 
-def log_kernel(k: Any, seconds: float, debug: int = 2) -> None:
+def log_kernel(k: Any, seconds: float, debug: int = 2, predicted: float | None = None) -> None:
+    """Record and (DEBUG >= 2) print kernel ``k``'s run; ``predicted``: its prediction where it ran
+    (``KernelPlan.in_context``), else ``k.predicted``."""
+    predicted = k.predicted if predicted is None else predicted
     log = GlobalCounters.kernel_log
     if log is not None:
-        log.append((k.name, seconds, k.predicted, k.flops, k.nbytes, k))
+        log.append((k.name, seconds, predicted, k.flops, k.nbytes, k))
     if debug < 2:
         return
     gbs = k.nbytes / seconds / 1e9 if seconds > 0 else 0.0
     gfl = k.flops / seconds / 1e9 if seconds > 0 else 0.0
     print(f"  {k.name:<5} {seconds * 1e6:10.1f} us  {gbs:7.2f} GB/s  {gfl:7.2f} GFLOP/s  "
-          f"(predicted {k.predicted * 1e6:.1f} us)  {k.ast.render()[:100]}")
+          f"(predicted {predicted * 1e6:.1f} us)  {k.ast.render()[:100]}")

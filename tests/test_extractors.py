@@ -495,19 +495,25 @@ def test_a_weight_gradient_is_one_contraction_not_a_materialized_product(extract
 
 def test_a_launch_after_a_stream_is_charged_to_the_stream_and_moved_where_it_ran(tmp_path):
     """cost.py, launch after a stream: a kernel moving more than ``stream_bytes`` carries ``cold`` for
-    the launch after it in extraction (a plan's total is the same), and ``in_context`` gives each
-    kernel of a run its own cost plus the term of the kernel before it; the calibration measures the
-    term from the launches after streams past and within ``stream_bytes``."""
-    from eqgrad.extract.cost import after_stream, in_context
+    the launch after it in extraction (a plan's total is the same), and ``KernelPlan.in_context``
+    gives each kernel of a run (the device's pieces of one plan kernel sharing its place) its own cost
+    plus the term of the kernel before it, which DEBUG=2 and kernel_log show; the calibration measures
+    the term from the launches after streams past and within ``stream_bytes``."""
+    from eqgrad.extract.cost import after_stream
+    from eqgrad.graph.plan import Kernel, KernelPlan
     from eqgrad.graph.caps import PRIVATE_CACHE_FALLBACK, private_cache_bytes
     from eqgrad.tools.calibrate import cold_launch
     p = DeviceParams(launch=5e-6, cold=6e-6, stream_bytes=1 << 20)
     assert after_stream(p, 1 << 20) == 0.0 and after_stream(p, (1 << 20) + 1) == 6e-6
     assert after_stream(DeviceParams(cold=6e-6), 1e9) == 0.0          # no stream_bytes: no term
-    ran = [(5e-6, 64), (1e-3 + 6e-6, 8e6), (5e-6, 64), (5e-6, 64), (2e-3 + 6e-6, 9e6)]
-    got = in_context(p, ran)
-    assert np.allclose(got, [5e-6, 1e-3, 11e-6, 5e-6, 2e-3], rtol=1e-12)
-    assert math.isclose(sum(got) + 6e-6, sum(s for s, _ in ran))      # the last one's term: the host's
+    # k1 streams 8 MB and runs as two pieces (its GEMM "k1g" and the rest "k1"); k4 streams last
+    ran = [("k0", 5e-6, 64), ("k1g", 1e-3 + 6e-6, 8e6), ("k1", 1e-3 + 6e-6, 8e6), ("k2", 5e-6, 64),
+           ("k3", 5e-6, 64), ("k4", 2e-3 + 6e-6, 9e6)]
+    run = [Kernel(n, 0, None, (), s, int(b), 0) for n, s, b in ran]
+    plan = KernelPlan([], 0, run, [], cold=6e-6, stream_bytes=1 << 20)
+    got = plan.in_context(run)
+    assert np.allclose(got, [5e-6, 1e-3, 1e-3, 11e-6, 5e-6, 2e-3], rtol=1e-12)
+    assert KernelPlan([], 0, run, []).in_context(run) == [s for _, s, _ in ran]     # no term: as predicted
     # extraction: a 2-kernel plan whose first kernel streams 8 MB predicts the term in its total
     x = Tensor(np.ones(1 << 20, np.float32))
     with using(params={"LLVM": DeviceParams(launch=5e-6, cold=6e-6, stream_bytes=1 << 20)}):
@@ -519,6 +525,24 @@ def test_a_launch_after_a_stream_is_charged_to_the_stream_and_moved_where_it_ran
         without = engine.last_plan.plan
     assert math.isclose(with_term.predicted - without.predicted, 6e-6 * sum(
         k.nbytes > (1 << 20) for k in with_term.kernels), rel_tol=1e-6, abs_tol=1e-12)
+    # as run: the kernel after the 8 MB one is logged with the term, the 8 MB one without it
+    y = Tensor(np.ones(64, np.float32))
+    with using(params={"LLVM": DeviceParams(launch=5e-6, cold=6e-6, stream_bytes=1 << 20)}):
+        outs = [(x * 2 + 1).exp2(), (y * 3).sum()]
+        eqgrad.realize(*outs)
+        plan = engine.last_plan.plan
+        GlobalCounters.kernel_log = log = []
+        try:
+            eqgrad.realize(*[(x * 2 + 1).exp2(), (y * 3).sum()])
+        finally:
+            GlobalCounters.kernel_log = None
+    assert len(log) == len(plan.kernels) == 2
+    logged = {name: pred for name, _, pred, _, _, _ in log}
+    by_name = {k.name: k for k in plan.kernels}
+    big, small = sorted(by_name, key=lambda n: -by_name[n].nbytes)
+    assert [n for n, *_ in log] == [big, small] and by_name[big].nbytes > 1 << 20     # (in the outputs' order)
+    assert math.isclose(logged[big], by_name[big].predicted - 6e-6, rel_tol=1e-9)
+    assert math.isclose(logged[small], by_name[small].predicted + 6e-6, rel_tol=1e-9)
     # a plan resized without extraction (graph/resize.py): the term follows the new bytes
     from eqgrad.extract.cost import kernel_time, rescaled
     big = kernel_time(p, 8e6, 1e3) + after_stream(p, 8e6)

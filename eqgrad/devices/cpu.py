@@ -633,7 +633,7 @@ class LLVMDevice(Device):
             self._disk.clear()
             self._structures.clear()
             self._members.clear()
-        return self._runner(steps, scratch, threads)
+        return self._runner(steps, scratch, threads, plan.in_context([s[0] for s in steps]))
 
     def _build_all(self, plan: KernelPlan, target: Target | None, engine: CodeEngine, beam: int,
                    threads: int) -> list[tuple]:
@@ -671,7 +671,8 @@ class LLVMDevice(Device):
             steps.append((k, prg, k.params, n))
         return steps
 
-    def _runner(self, steps: list[tuple], scratch: list, threads: int) -> Callable[[list[Buffer]], None]:
+    def _runner(self, steps: list[tuple], scratch: list, threads: int, predicted: list[float]
+                ) -> Callable[[list[Buffer]], None]:
         def run(bufs: list[Buffer]) -> None:
             dbg = config.DEBUG.value
             timed = timing_kernels(dbg)
@@ -682,11 +683,11 @@ class LLVMDevice(Device):
             # ``ctypes``) cost 15-18 us against ~1 us here (an FFN step's one-element kernels measured
             # 22 us, 5 of them the kernel's)
             addr = [b.ptr for b in bufs]
-            for k, prg, ids, n in steps:
+            for j, (k, prg, ids, n) in enumerate(steps):
                 t0 = time.perf_counter() if timed else 0.0
                 self.launch(k, prg, [addr[i] for i in ids], n, threads)
                 GlobalCounters.kernel_count += 1
                 if timed:
-                    log_kernel(k, time.perf_counter() - t0, dbg)
+                    log_kernel(k, time.perf_counter() - t0, dbg, predicted[j])
         run.launches = len(steps)          # (the stage's pieces and merges: not the plan's kernel count)
         return run

@@ -145,7 +145,7 @@ class CPUStage:
         if not extra:
             return plan, []
         return KernelPlan(plan.buffers + extra, plan.n_inputs, kernels, plan.outputs, plan.predicted, plan.notes,
-                          plan.launch), extra
+                          plan.launch, plan.cold, plan.stream_bytes), extra
 
     def _blas_split(self, k, found: contraction.Found, first: int) -> tuple[list, list]:
         """(the kernels, the scratch buffers from id ``first``) that run kernel ``k`` through the

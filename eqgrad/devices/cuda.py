@@ -179,11 +179,12 @@ class CUDADevice(Device):
             extra = () if sizes is None else (self.cuda.to_device(sizes),)
             steps.append((k, fn, grid, geo.local_size, k.params, extra))
         names = ", ".join(k.name for k in plan.kernels)
+        predicted = plan.in_context([s[0] for s in steps])       # (DEBUG=2's, kernel_log's)
 
         def run(bufs: list[Buffer]) -> None:
             dbg = config.DEBUG.value
             timed = timing_kernels(dbg)
-            for k, fn, grid, block, ids, extra in steps:
+            for j, (k, fn, grid, block, ids, extra) in enumerate(steps):
                 t0 = time.perf_counter() if timed else 0.0
                 try:
                     if grid[0]:
@@ -194,7 +195,7 @@ class CUDADevice(Device):
                     raise self.failed(f"launching kernel {k.name} ({k.ast.render()[:80]})", e) from e
                 GlobalCounters.kernel_count += 1
                 if timed:
-                    log_kernel(k, time.perf_counter() - t0, dbg)
+                    log_kernel(k, time.perf_counter() - t0, dbg, predicted[j])
             try:
                 self.cuda.Context.synchronize()
             except self.cuda.Error as e:         # an error of a kernel that ran after its launch returned

@@ -260,11 +260,12 @@ class OpenCLDevice(Device):
                                                              self.cl.mem_flags.COPY_HOST_PTR, hostbuf=sizes),)
             steps.append((k, knl, gsize, geo.local_size, k.params, extra))
         names = ", ".join(k.name for k in plan.kernels)
+        predicted = plan.in_context([s[0] for s in steps])       # (DEBUG=2's, kernel_log's)
 
         def run(bufs: list[Buffer]) -> None:
             dbg = config.DEBUG.value
             timed = timing_kernels(dbg)
-            for k, knl, gsize, lsize, ids, extra in steps:
+            for j, (k, knl, gsize, lsize, ids, extra) in enumerate(steps):
                 t0 = time.perf_counter() if timed else 0.0
                 try:
                     if gsize:
@@ -275,7 +276,7 @@ class OpenCLDevice(Device):
                     raise self.failed(f"launching kernel {k.name} ({k.ast.render()[:80]})", e) from e
                 GlobalCounters.kernel_count += 1
                 if timed:
-                    log_kernel(k, time.perf_counter() - t0, dbg)
+                    log_kernel(k, time.perf_counter() - t0, dbg, predicted[j])
             try:
                 self.synchronize()
             except self.cl.Error as e:          # an error of a kernel that ran after its launch returned

@@ -166,7 +166,8 @@ def _compile(prog: Program, rules: RuleConfig, extraction: ExtractSettings | Non
                       "found so far", EqgradWarning, stacklevel=6)
     choice, ev = result.choice, result.evaluation
     plan = build_plan(g, choice, specs, ev.kernels, n_params=n_params)
-    plan.launch = cost_model(device, extraction).params.launch
+    prm = cost_model(device, extraction).params
+    plan.launch, plan.cold, plan.stream_bytes = prm.launch, prm.cold, prm.stream_bytes
     bound = result.info.get("peak_bound")
     if bound and ev.peak > bound:
         outs = sum(numel(plan.buffers[o][0]) * plan.buffers[o][1].itemsize for o in set(plan.outputs)

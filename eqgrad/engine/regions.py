@@ -465,7 +465,8 @@ def stitch(prog: Program, regions: list[Region], plans: list[KernelPlan]) -> Ker
     distinct = len({r.program.key for r in regions})
     notes = [f"planned by regions: {len(regions)} regions, {distinct} distinct (engine/regions.py)"]
     return KernelPlan(buffers, len(prog.input_specs), kernels, outputs, predicted, notes,
-                      max((p.launch for p in plans), default=0.0))
+                      max((p.launch for p in plans), default=0.0), max((p.cold for p in plans), default=0.0),
+                      max((p.stream_bytes for p in plans), default=0))
 
 
 def _renumbered(k: Kernel, m: dict[int, int], name: str) -> Kernel:

@@ -52,9 +52,10 @@
   than 2 MB and 2-8 us elsewhere, where one launch constant had to miss one group or the other
   (default parameters 154/183 within 2x on a 2-vCPU Xeon; 162/183 with this term). Extraction does
   not know the order kernels run in, so the term is charged to the streaming kernel (``after_stream``:
-  a plan's total is the same either way); per kernel as run, ``in_context`` moves it to the kernel
-  after it. The LLVM default ``cold`` is 6 us: the 10.8-16.4 us measured after a stream are 6-11 us
-  over the default launch of 5 us, the low end taken; ``tune calibrate`` measures it on the machine.
+  a plan's total is the same either way); per kernel as run (DEBUG=2, ``GlobalCounters.kernel_log``),
+  graph/plan.py ``KernelPlan.in_context`` moves it to the kernel after it. The LLVM default
+  ``cold`` is 6 us: the 10.8-16.4 us measured after a stream are 6-11 us over the default launch of
+  5 us, the low end taken; ``tune calibrate`` measures it on the machine.
 
 Worked example (LLVM defaults below: 5 us launch, 20 GB/s, 50 GFLOP/s). ``(a+b+1)*2`` on 1M
 float32: unfused, 3 kernels each reading/writing ~8 MB: 3 * (5 us + 8e6/20e9 s) = 3 * 405 us =
@@ -153,19 +154,6 @@ def after_stream(p: DeviceParams, nbytes: float) -> float:
     seconds (a plan's total is the same whichever kernel carries it, and extraction does not know
     the order the kernels will run in)."""
     return p.cold if p.stream_bytes and nbytes > p.stream_bytes else 0.0
-
-
-def in_context(p: DeviceParams, ran: list[tuple[float, float]]) -> list[float]:
-    """The predicted seconds of each kernel of a run where it ran, from (its predicted seconds, its
-    priced bytes) in the order the kernels ran: its own cost without the term it carries for the
-    launch after it (``after_stream``), plus the term of the kernel before it. Their sum is the
-    plan's prediction less the last kernel's term (paid by whatever the host does next)."""
-    out, before = [], 0.0
-    for seconds, nbytes in ran:
-        after = after_stream(p, nbytes)
-        out.append(seconds - after + before)
-        before = after
-    return out
 
 
 def default_cost(s: KernelStats, p: DeviceParams) -> float:

@@ -20,6 +20,7 @@ fills in. An OpenCL platform on a CPU (PoCL) keeps them: measured on PoCL, 2-cor
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -241,7 +242,6 @@ def private_cache_bytes(sysfs: str = "/sys/devices/system/cpu/cpu0/cache") -> in
     """The bytes of the largest cache private to one core of this host (its L2, where the
     interpreter's working set lives between kernels), from Linux's sysfs; PRIVATE_CACHE_FALLBACK where
     that cannot be read. A level-3 cache is shared and left out."""
-    import os
     best = 0
     try:
         entries = os.listdir(sysfs)

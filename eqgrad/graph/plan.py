@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import struct
 import weakref
 from dataclasses import dataclass, field, fields
@@ -18,6 +19,8 @@ import numpy as np
 from eqgrad.dtype import DTYPES, DType
 from eqgrad.graph.walk import topological
 from eqgrad.ops import MOVEMENT_OPS, OPS, Shape
+
+_BASE = re.compile(r"k\d+")      # a plan kernel's name in a device piece's ("k4g", "k4p0", "k3+k4")
 
 
 class NodeMemo:
@@ -299,6 +302,31 @@ class KernelPlan:
     # device stage that runs several kernels as one (lower/merge.py) predicts the one kernel with one
     # launch, not the sum of its members' (a merged "k43+k44+k45" was predicted 10.8 us, ran 3.9)
     launch: float = 0.0
+    # the launch after a stream in those parameters (extract/cost.py ``after_stream``): a kernel that
+    # moves more than ``stream_bytes`` makes the launch after it ``cold`` seconds slower (0: no term)
+    cold: float = 0.0
+    stream_bytes: int = 0
+
+    def in_context(self, run: list["Kernel"]) -> list[float]:
+        """The predicted seconds of each kernel of ``run`` (this plan's kernels, or the pieces and
+        merges a device stage runs them as, in the order they run) where it runs: its prediction less
+        the launch-after-a-stream term it carries for the launch after it (extraction charges that to
+        the stream: it does not know the order), plus the term of the plan kernel that ran before it.
+        The pieces of one plan kernel ("k4g", "k4p0", "k4a", "k4": the device's split; a merged
+        "k3+k4" is k3's) share its prediction and its place: what DEBUG=2 and
+        ``GlobalCounters.kernel_log`` show."""
+        out: list[float] = []
+        before = after = 0.0
+        base_prev = None
+        for k in run:
+            m = _BASE.match(k.name)
+            base = m.group(0) if m else k.name
+            nbytes = k.stats.nbytes if k.stats is not None else k.nbytes
+            own = self.cold if self.cold and self.stream_bytes and nbytes > self.stream_bytes else 0.0
+            if base != base_prev:
+                before, after, base_prev = after, own, base
+            out.append(k.predicted - own + before)
+        return out
 
     def traffic(self, k: Kernel) -> int:
         """The bytes of the buffers kernel ``k`` writes and reads, each once (``Kernel.params``)."""

@@ -586,7 +586,7 @@ class _Resizer:
             buffers.append((ast.shape, plan.buffers[k.out][1]))
             kernels.append(Kernel(k.name, k.out, ast, k.inputs, k.predicted, k.nbytes, k.flops, k.kind, k.stats))
         out = KernelPlan(buffers, plan.n_inputs, kernels, list(plan.outputs), plan.predicted, list(plan.notes),
-                         plan.launch)
+                         plan.launch, plan.cold, plan.stream_bytes)
         for k, ko, order, new_order, still in zip(out.kernels, plan.kernels, self.orders, self.new_orders, self.still):
             if still:
                 continue

@@ -337,7 +337,7 @@ def predicted(samples: list[KernelSample], points: np.ndarray, cold: float = 0.0
     form: a root contraction's FLOPs at ``contraction * fill``, or at the library's FLOP/s where the
     library set the fill (``KernelStats.library``: its rate does not move with ``contraction``);
     ``cold`` more for a sample that ran ``after`` a stream (the kernel's own prediction where it ran,
-    cost.py ``in_context``)."""
+    graph/plan.py ``KernelPlan.in_context``)."""
     nbytes = np.array([s.stats.nbytes for s in samples], dtype=float)[None, :]
     flops = np.array([s.stats.flops for s in samples], dtype=float)[None, :]
     cflops = np.array([s.stats.cflops for s in samples], dtype=float)[None, :]
