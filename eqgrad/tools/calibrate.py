@@ -125,8 +125,12 @@ def _calibrate_once(device: str, reps: int, rng: np.random.Generator,
     t_copy, _ = timed(lambda: big + 1)
     bandwidth = 8 * n / max(t_copy - tight, 1e-9)
     after = _launch_in_context(tiny_run, device, reps, rng)
-    launch = float(np.median([t for ts in after.values() for t in ts]))
     stream_bytes = DEFAULT_PARAMS.get(device, DeviceParams()).stream_bytes
+    # the launch after the streams within stream_bytes (the tight loop's where none is), and what the
+    # ones past it cost more (``cold``): the two terms, not a median of both (a calibration without
+    # the fit counted the cold launches twice)
+    within = [t for b, ts in after.items() if b <= stream_bytes or not stream_bytes for t in ts]
+    launch = float(np.median(within)) if within else tight
     cold = cold_launch(after, tight, stream_bytes)
     if progress:
         progress(f"launch overhead {launch * 1e6:.1f} us ({tight * 1e6:.1f} us in a tight loop; "
@@ -175,7 +179,9 @@ CORPUS_ROUNDS = 3          # docs/lowering.md, Constants
 FIT_SPAN = dict(launch=(0.25, 2.0, 7), bandwidth=(0.125, 2.0, 9), peak=(0.25, 4.0, 9), contraction=(0.25, 2.0, 7))
 """Each parameter's search range, as (lowest, highest) multiples of its measured value and the
 number of log-spaced points: the bandwidth is searched mostly below the copy's (the case above).
-The launch is searched from a quarter of the one timed after streams (``LAUNCH_CONTEXT``): what a
+The launch is searched from a quarter of the one timed after streams (``LAUNCH_CONTEXT``; since the
+cost model has the launch after a stream as a term of its own, ``cold``, the launch timed after the
+streams within ``stream_bytes``, and the range below was measured before that): what a
 one-element kernel costs a model depends on what ran before it -- another small kernel (2-4 us)
 or a stream that evicted the interpreter's working set (7-27 us) -- and the share of each is the
 model's, which the corpus's training steps show (the Adam step's bookkeeping). From the measured
