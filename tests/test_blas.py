@@ -367,3 +367,31 @@ def test_a_contraction_written_transposed(gemm_calls):
     t2 = (Tensor(x) @ Tensor(x).transpose(-1, -2)).permute(1, 2, 0, 3)
     np.testing.assert_allclose(t2.numpy(), (x @ x.swapaxes(-1, -2)).transpose(1, 2, 0, 3), rtol=1e-5, atol=1e-5)
     assert gemm_calls[0] >= 2
+
+
+def test_the_speeds_are_the_best_this_machine_measured(tmp_path, monkeypatch):
+    """blas.speeds: the best of this process's timing and what earlier processes measured here
+    (blas_speed.json in the cache directory), which it keeps: a process that started in a slow
+    minute does not price its library GEMMs by that minute."""
+    import json
+    from eqgrad.cache import machine_id
+    monkeypatch.setenv("EQGRAD_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(blas, "_measured_speeds", lambda: (2e-6, 5e10))
+    f = tmp_path / "blas_speed.json"
+    try:
+        blas.speeds.cache_clear()
+        assert blas.speeds() == (2e-6, 5e10)                       # nothing stored: this process's, kept
+        assert json.loads(f.read_text())["entries"][machine_id()] == [2e-6, 5e10]
+        blas.speeds.cache_clear()
+        blas.SPEEDS.put(machine_id(), [1e-6, 9e10])                 # an earlier, quieter process
+        assert blas.speeds() == (1e-6, 9e10)
+        blas.speeds.cache_clear()
+        blas.SPEEDS.put(machine_id(), [3e-6, 9e10])                 # each part the best of both
+        assert blas.speeds() == (2e-6, 9e10)
+        assert json.loads(f.read_text())["entries"][machine_id()] == [2e-6, 9e10]
+        blas.speeds.cache_clear()
+        f.write_text(json.dumps({"version": 1, "entries": {machine_id(): [0, "fast"]}}))
+        with pytest.warns(Warning, match="blas_speed"):
+            assert blas.speeds() == (2e-6, 5e10)                   # a bad entry: ignored, rewritten
+    finally:
+        blas.speeds.cache_clear()

@@ -599,7 +599,7 @@ class LLVMDevice(Device):
 
     def library_speed(self) -> tuple[float, float, int] | None:
         """The BLAS's (seconds a call costs, FLOP/s of one thread on a SPEED_N-cubed product,
-        SPEED_N), measured once per process (``blas.speeds``), for the cost model (graph/caps.py
+        SPEED_N), measured once per process and kept at the machine's best (``blas.speeds``), for the cost model (graph/caps.py
         ``library_for``); None when contractions do not use it."""
         if self.blas() is None:
             return None
