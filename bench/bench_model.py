@@ -87,7 +87,7 @@ def _features(k: Any) -> dict[str, int]:
 
 def check(name: str, step: Callable[[], Any], reps: int, warmup: int, prm: Any) -> dict[str, Any]:
   from eqgrad import GlobalCounters
-  from eqgrad.extract.cost import after_stream
+  from eqgrad.graph.plan import streams_past
   from eqgrad.lower.classify import classify
   for _ in range(1 + warmup):
     step()
@@ -126,7 +126,7 @@ def check(name: str, step: Callable[[], Any], reps: int, warmup: int, prm: Any) 
   # one that moved more than stream_bytes takes that one's launch-after-a-stream term, cost.py); which
   # kernels ran after such a one, for --fit
   priced = [kernels[n].stats.nbytes if n in kernels and kernels[n].stats is not None else 0 for n in names]
-  after = [False] + [after_stream(prm, b) > 0 for b in priced[:-1]]
+  after = [False] + [streams_past(b, prm.stream_bytes) for b in priced[:-1]]
   rows = []
   for i, n in enumerate(names):
     m = statistics.median(per[n])

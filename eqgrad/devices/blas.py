@@ -29,6 +29,7 @@ import ctypes
 import functools
 import glob
 import importlib.util
+import math
 import os
 import sys
 import threading
@@ -36,8 +37,6 @@ import time
 from typing import Any
 
 import numpy as np
-
-import math
 
 from eqgrad.cache import JsonCache, machine_id
 from eqgrad.graph.caps import library_seconds

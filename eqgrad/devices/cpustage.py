@@ -144,8 +144,7 @@ class CPUStage:
                              f"and a final kernel (scratch {list(sp[0].ast.shape)} {sp[0].ast.dtype.name})")
         if not extra:
             return plan, []
-        return KernelPlan(plan.buffers + extra, plan.n_inputs, kernels, plan.outputs, plan.predicted, plan.notes,
-                          plan.launch, plan.cold, plan.stream_bytes), extra
+        return dataclasses.replace(plan, buffers=plan.buffers + extra, kernels=kernels), extra
 
     def _blas_split(self, k, found: contraction.Found, first: int) -> tuple[list, list]:
         """(the kernels, the scratch buffers from id ``first``) that run kernel ``k`` through the

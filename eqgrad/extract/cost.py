@@ -79,7 +79,7 @@ from typing import Any, Callable
 
 from eqgrad.cache import JsonCache, check_fields, machine_key
 from eqgrad.graph.caps import Capabilities, block_of, gemm_of, library_seconds, private_cache_bytes
-from eqgrad.graph.plan import KernelStats      # the cost function's input (defined on the graph floor: plans keep it)
+from eqgrad.graph.plan import KernelStats, streams_past   # the cost function's input (on the graph floor: plans keep it)
 
 CALIBRATION_VERSION = 1
 
@@ -153,7 +153,7 @@ def after_stream(p: DeviceParams, nbytes: float) -> float:
     ``cold`` past ``stream_bytes``, else 0. The plan evaluator adds it to the streaming kernel's
     seconds (a plan's total is the same whichever kernel carries it, and extraction does not know
     the order the kernels will run in)."""
-    return p.cold if p.stream_bytes and nbytes > p.stream_bytes else 0.0
+    return p.cold if streams_past(nbytes, p.stream_bytes) else 0.0
 
 
 def default_cost(s: KernelStats, p: DeviceParams) -> float:

@@ -23,6 +23,13 @@ from eqgrad.ops import MOVEMENT_OPS, OPS, Shape
 _BASE = re.compile(r"k\d+")      # a plan kernel's name in a device piece's ("k4g", "k4p0", "k3+k4")
 
 
+def streams_past(nbytes: float, stream_bytes: int) -> bool:
+    """Does a kernel that moves ``nbytes`` make the launch after it a cold one (extract/cost.py,
+    launch after a stream; ``stream_bytes`` 0: no kernel does)? The one rule the cost model, the
+    devices' per-kernel predictions and calibration read."""
+    return stream_bytes > 0 and nbytes > stream_bytes
+
+
 class NodeMemo:
     """What is worked out once per plan node (a body is immutable), kept beside the node and never
     written onto it: keyed by the node (``KNode`` hashes and compares by identity, in C) and
@@ -322,7 +329,7 @@ class KernelPlan:
             m = _BASE.match(k.name)
             base = m.group(0) if m else k.name
             nbytes = k.stats.nbytes if k.stats is not None else k.nbytes
-            own = self.cold if self.cold and self.stream_bytes and nbytes > self.stream_bytes else 0.0
+            own = self.cold if streams_past(nbytes, self.stream_bytes) else 0.0
             if base != base_prev:
                 before, after, base_prev = after, own, base
             out.append(k.predicted - own + before)

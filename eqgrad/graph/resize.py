@@ -585,8 +585,7 @@ class _Resizer:
                 ast.known_walk(self.new_orders[-1])
             buffers.append((ast.shape, plan.buffers[k.out][1]))
             kernels.append(Kernel(k.name, k.out, ast, k.inputs, k.predicted, k.nbytes, k.flops, k.kind, k.stats))
-        out = KernelPlan(buffers, plan.n_inputs, kernels, list(plan.outputs), plan.predicted, list(plan.notes),
-                         plan.launch, plan.cold, plan.stream_bytes)
+        out = replace(plan, buffers=buffers, kernels=kernels, outputs=list(plan.outputs), notes=list(plan.notes))
         for k, ko, order, new_order, still in zip(out.kernels, plan.kernels, self.orders, self.new_orders, self.still):
             if still:
                 continue

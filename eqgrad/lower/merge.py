@@ -12,6 +12,7 @@ device's in devices/cpustage.py, OpenCL's in devices/opencl.py); ``EQGRAD_MERGE=
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable, NamedTuple
 
 from eqgrad import config
@@ -87,8 +88,7 @@ class SiblingMerger:
                 saved = sum(plan.traffic(m) for m in members) - mk.nbytes
                 notes.append(f"{', '.join(k.name for k in members)}: one kernel with {len(members)} outputs "
                              f"({mk.ast.shape} each), their common reads done once ({saved} bytes fewer)")
-        return KernelPlan(plan.buffers, plan.n_inputs, out, plan.outputs, plan.predicted, plan.notes, plan.launch,
-                          plan.cold, plan.stream_bytes)
+        return dataclasses.replace(plan, kernels=out)
 
     def _schedule(self, k, options: LowerOptions) -> tuple[_Decisions, int]:
         """The lowering's decisions for ``k`` alone (``_decisions``) and how many of its sums are

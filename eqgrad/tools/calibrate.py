@@ -18,7 +18,7 @@ from eqgrad import config, engine, optim
 from eqgrad.devices import Buffer
 from eqgrad.extract.cost import DEFAULT_PARAMS, DeviceParams
 from eqgrad.counters import GlobalCounters
-from eqgrad.graph.plan import KernelStats
+from eqgrad.graph.plan import KernelStats, streams_past
 from eqgrad.frontend.tensor import Tensor, realize
 from eqgrad.nn import functional as F
 from eqgrad.graph.program import linearize
@@ -59,15 +59,23 @@ def _launch_in_context(tiny_run: Callable[[], None], device: str, reps: int, rng
     return ts
 
 
+def _by_stream(after: dict[int, list[float]], stream_bytes: int) -> tuple[list[float], list[float]]:
+    """``_launch_in_context``'s times after the streams within ``stream_bytes`` and after those past it."""
+    within: list[float] = []
+    past: list[float] = []
+    for b, ts in after.items():
+        (past if streams_past(b, stream_bytes) else within).extend(ts)
+    return within, past
+
+
 def cold_launch(after: dict[int, list[float]], tight: float, stream_bytes: int) -> float:
     """The ``cold`` term (cost.py, launch after a stream) from ``_launch_in_context``'s times: the
     median launch after the streams past ``stream_bytes`` less the median after those within it
     (the tight loop's ``tight`` where none is); 0 where no stream is past it or none is slower."""
-    past = [t for b, ts in after.items() if b > stream_bytes for t in ts]
-    within = [t for b, ts in after.items() if b <= stream_bytes for t in ts] or [tight]
-    if not stream_bytes or not past:
+    within, past = _by_stream(after, stream_bytes)
+    if not past:
         return 0.0
-    return max(0.0, float(np.median(past) - np.median(within)))
+    return max(0.0, float(np.median(past) - np.median(within or [tight])))
 
 
 FIELDS = ("launch", "bandwidth", "peak", "contraction", "cold")
@@ -129,7 +137,7 @@ def _calibrate_once(device: str, reps: int, rng: np.random.Generator,
     # the launch after the streams within stream_bytes (the tight loop's where none is), and what the
     # ones past it cost more (``cold``): the two terms, not a median of both (a calibration without
     # the fit counted the cold launches twice)
-    within = [t for b, ts in after.items() if b <= stream_bytes or not stream_bytes for t in ts]
+    within = _by_stream(after, stream_bytes)[0]
     launch = float(np.median(within)) if within else tight
     cold = cold_launch(after, tight, stream_bytes)
     if progress:
@@ -320,7 +328,7 @@ def kernel_samples(programs: dict[str, Callable[[], list[Tensor]]], reps: int = 
                     m = re.match(r"k\d+", kname)
                     base = m.group(0) if m else kname
                     if base not in per:
-                        after[name, base] = bool(stream_bytes) and before > stream_bytes
+                        after[name, base] = streams_past(before, stream_bytes)
                     per[base] = per.get(base, 0.0) + sec
                     if k.stats is not None:
                         stats[name, base] = k.stats
