@@ -265,6 +265,43 @@ def test_families_compile_concrete_first_then_one_sized_program():
     assert fams.find(key, other) is None and fams.plan(key, other) == {4: 0, 5: 1}
 
 
+def test_a_short_loop_keeps_its_literal_in_a_family_of_long_ones():
+    """A family seen at long extents, then at a short one: the short extent stays a literal (LLVM
+    unrolls and vectorizes a loop it knows the count of), in a concrete program and in a sized one
+    where another size varies; once the family counts through short extents there, they are
+    arguments like any other size."""
+    fams = Families(native={})
+    key = ("k",)
+    long_a, long_b = split_sizes(kernel(20, 5)), split_sizes(kernel(24, 5))
+    for sh in (long_a, long_b):
+        fams.add(key, sh, _Program())
+    short = split_sizes(kernel(6, 5))
+    assert short.short == (0,) and long_a.short == ()
+    assert fams.plan(key, short) is None                 # only the short extent differs: concrete
+    fams.add(key, short, _Program())
+    other_stride = split_sizes(kernel(6, 7))
+    assert fams.plan(key, other_stride) == {5: 0}        # the stride is an argument, the extent not
+    bound = fams.add_sized(key, other_stride, {5: 0}, _Program())
+    assert list(bound.sizes) == [7]
+    assert fams.find(key, split_sizes(kernel(7, 9))) is None     # another extent: not a member
+    assert fams.plan(key, split_sizes(kernel(7, 9))) == {4: 0, 5: 1}   # 6 was seen: 7 is counted
+
+
+def test_a_short_row_after_long_ones_runs_code_with_its_literal_length(fresh_llvm, capsys):
+    """Softmax over rows of 64, 128, then 15 in one process: the third plan is resized and lowered
+    from a trace, and its sized program keeps the rows' length of 15 a literal."""
+    rng = np.random.default_rng(0)
+    for r in (64, 128, 15):
+        x = rng.standard_normal((6, r, r)).astype(np.float32)
+        with eqgrad.Context(DEBUG=4 if r == 15 else 0):
+            got = (Tensor(x) * 0.5).softmax(-1).numpy()
+        e = np.exp(x * 0.5 - (x * 0.5).max(-1, keepdims=True))
+        np.testing.assert_allclose(got, e / e.sum(-1, keepdims=True), rtol=1e-5, atol=1e-6)
+    out = capsys.readouterr().out
+    assert "sizes are arguments" in out                   # a sized program, as before
+    assert "icmp slt i64 %r" in out and ", 15\n" in out  # with loops of a literal 15
+
+
 def test_a_long_reduction_is_sized_from_the_first_compile_and_the_programs_are_kept_apart():
     """The first member of a family with a long reduction loop compiles sized in that extent; a
     member that differs in a literal (a stride) compiles its own, and both stay found."""

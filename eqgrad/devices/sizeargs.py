@@ -29,7 +29,11 @@ each differing from its family in that one extent, nothing else. So a kernel's f
 the extents of its reduction loops of at least ``SPECULATE_MIN`` iterations at run time
 (``Shape.reductions``); the next batch size runs them with its own extents and compiles nothing.
 A short reduction loop (a 3x3 window, a loop over lanes) keeps its literal extent, which LLVM
-unrolls completely; a long one runs as a loop either way. Measured in one process, each plan's
+unrolls completely; a long one runs as a loop either way. A short loop of any kind keeps its literal
+in the sized program too, unless the family has counted through other short extents at that
+position (a cache growing from 5 positions, where each new length would compile): softmax over
+rows of 15 after rows of 64 and 128 ran 138 us with the row length read at run time, 91 us with it
+a literal, as compiled alone (``Families.plan``). Measured in one process, each plan's
 kernels sized and not (MLP, ResNet and BERT steps, matmul, softmax, layernorm, attention, conv):
 the same run time within 1-2 %, the noise; but such kernels compile 20-70 % slower, as LLVM adds
 remainder loops for a trip count it does not know (docs/devices.md). A kernel that writes with
@@ -47,7 +51,7 @@ from __future__ import annotations
 import threading
 import weakref
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -87,6 +91,15 @@ class Shape:
     positions: tuple[int, ...]    # instruction ids whose value is a size
     values: tuple[int, ...]       # those values, in that order
     reductions: tuple[int, ...] = ()   # indices into positions: reduction loops of >= SPECULATE_MIN iterations
+    short: tuple[int, ...] = ()        # indices into positions: loops of < SPECULATE_MIN iterations (``plan``)
+
+
+def _shape(skeleton: Skeleton, positions: tuple[int, ...], values: tuple[int, ...], loops: frozenset[int],
+           ranges: frozenset[int]) -> Shape:
+    """The Shape of a member with these ``values``, whose reduction loops and loops (all of them)
+    are at the indices ``loops`` and ``ranges`` into ``positions``."""
+    return Shape(skeleton, positions, values, tuple(j for j in sorted(loops) if values[j] >= SPECULATE_MIN),
+                 tuple(j for j in sorted(ranges) if values[j] < SPECULATE_MIN))
 
 
 def split_sizes(lk: LoopKernel, launch_split: bool = True) -> Shape:
@@ -97,9 +110,9 @@ def split_sizes(lk: LoopKernel, launch_split: bool = True) -> Shape:
     return _split_sizes(lk, launch_split)[0]
 
 
-def _split_sizes(lk: LoopKernel, launch_split: bool = True) -> tuple[Shape, frozenset[int]]:
-    """``split_sizes`` and the indices into its positions of the reduction loops (whatever their
-    extent)."""
+def _split_sizes(lk: LoopKernel, launch_split: bool = True) -> tuple[Shape, frozenset[int], frozenset[int]]:
+    """``split_sizes`` and the indices into its positions of the reduction loops and of all the
+    loops (whatever their extent)."""
     split = lk.parallel_ranges()[0] if lk.parallel and launch_split else None
     items: list[Any] = []
     positions, values = [], []
@@ -122,10 +135,9 @@ def _split_sizes(lk: LoopKernel, launch_split: bool = True) -> tuple[Shape, froz
             items.append(x)
     params = tuple((d.name, w) for _, d, w in lk.params)
     loops = frozenset(j for j, i in enumerate(positions) if i in reduce)
-    reductions = tuple(j for j in sorted(loops) if values[j] >= SPECULATE_MIN)
-    return Shape(Skeleton((tuple(items), params, lk.parallel, lk.loop_vectorize, lk.vector_lanes, lk.row_loops)),
-                 tuple(positions), tuple(values),
-                 reductions), loops
+    ranges = frozenset(j for j, i in enumerate(positions) if lk.insts[i].op == "RANGE")
+    return _shape(Skeleton((tuple(items), params, lk.parallel, lk.loop_vectorize, lk.vector_lanes, lk.row_loops)),
+                  tuple(positions), tuple(values), loops, ranges), loops, ranges
 
 
 class Sized:
@@ -193,7 +205,7 @@ class Families:
                 shape = split_sizes(dk, self.launch_split)
                 canon = self._canonical(shape.skeleton)
                 if canon is not shape.skeleton:
-                    shape = Shape(canon, shape.positions, shape.values, shape.reductions)
+                    shape = replace(shape, skeleton=canon)
             # (decompose returns ``lk`` itself when it has nothing to rewrite: not held strongly)
             hit = (weakref.ref(lk), None if dk is lk else dk, shape)
             self._shapes[id(lk)] = hit
@@ -208,23 +220,22 @@ class Families:
         instructions and a comparison with its family's). None: work it out as usual."""
         memo = self._by_holes.get(id(holes))
         if memo is not None and memo[0]() is holes:
-            _, skeleton, positions, loops = memo
+            _, skeleton, positions, loops, ranges = memo
             if skeleton is None:
                 return None
             insts = dk.insts
-            values = tuple(int(insts[i].arg) for i in positions)
-            return Shape(skeleton, positions, values, tuple(j for j in sorted(loops) if values[j] >= SPECULATE_MIN))
-        shape, loops = _split_sizes(dk, self.launch_split)
+            return _shape(skeleton, positions, tuple(int(insts[i].arg) for i in positions), loops, ranges)
+        shape, loops, ranges = _split_sizes(dk, self.launch_split)
         at = set(shape.positions)
         if dk.parallel and self.launch_split:
             at.add(dk.parallel_ranges()[0])
         fits = all(f == "arg" and i in at for i, f in holes.holes)
         skeleton = self._canonical(shape.skeleton) if fits else None
-        self._by_holes[id(holes)] = (weakref.ref(holes), skeleton, shape.positions, loops)
+        self._by_holes[id(holes)] = (weakref.ref(holes), skeleton, shape.positions, loops, ranges)
         weakref.finalize(holes, self._by_holes.pop, id(holes), None)
         if skeleton is None:
             return None
-        return Shape(skeleton, shape.positions, shape.values, shape.reductions)
+        return replace(shape, skeleton=skeleton)
 
     def rebound(self, tr: Any, env: tuple[int, ...]) -> tuple[Shape, int] | None:
         """(the Shape, the split loop's extent) of trace ``tr``'s instance for the symbols' values
@@ -238,7 +249,7 @@ class Families:
         memo = self._by_holes.get(id(h)) if h is not None else None
         if memo is None or memo[0]() is not h or memo[1] is None:
             return None
-        _, skeleton, positions, loops = memo
+        _, skeleton, positions, loops, ranges = memo
         ir = tr.ir
         if type(ir.lk.parallel) is not int:
             return None
@@ -266,7 +277,7 @@ class Families:
             return None
         if any(type(v) is not int for v in values):
             return None
-        return Shape(skeleton, positions, values, tuple(j for j in sorted(loops) if values[j] >= SPECULATE_MIN)), n
+        return _shape(skeleton, positions, values, loops, ranges), n
 
     def _canonical(self, sk: Skeleton) -> Skeleton:
         """The Skeleton object equal to ``sk`` that a live kernel's Shape holds, else ``sk`` itself.
@@ -317,14 +328,21 @@ class Families:
         """None: compile this member with its sizes as literals (and ``add`` it); else the sized
         program to compile, as render_llvm's ``sized`` (instruction id -> slot): the member's long
         reduction extents (if ``speculate``), and, once the family has been compiled for
-        CONCRETE_SIZES other size vectors, every size that differs between them."""
+        CONCRETE_SIZES other size vectors, every size that differs between them -- but a short
+        loop's extent (``Shape.short``) where no other vector seen has another short extent there
+        (module docstring)."""
         with self._lock:
             fam = self._family(key)
             seen = [v for v in fam.seen if v != shape.values]
             varying = set(shape.reductions if speculate else ())
             if len(seen) >= CONCRETE_SIZES:
                 vectors = seen + [shape.values]
-                varying.update(j for j in range(len(shape.values)) if len({v[j] for v in vectors}) > 1)
+                # a short loop keeps its literal extent unless the family counts through short
+                # extents there (a sequence growing from 5): see the docstring
+                literal = {j for j in shape.short
+                           if not any(v[j] != shape.values[j] and v[j] < SPECULATE_MIN for v in seen)}
+                varying.update(j for j in range(len(shape.values))
+                               if j not in literal and len({v[j] for v in vectors}) > 1)
             return {shape.positions[j]: n for n, j in enumerate(sorted(varying))} if varying else None
 
     def _saw(self, fam: _Family, values: tuple[int, ...]) -> None:
