@@ -12,6 +12,7 @@ from eqgrad.engine import regions
 from eqgrad.engine.core import _REGION_PLANS
 from eqgrad.graph.plan import check_plan
 from eqgrad.graph.program import linearize
+from eqgrad.nn import functional as F
 
 D = 32
 
@@ -95,6 +96,49 @@ def test_no_cut_materializes_a_broadcast():
     c = regions.cuts(prog)
     assert mul + 1 not in c                 # after the product: it alone flows on, but it is a broadcast
     assert mul + 2 in c                     # after the sum: the sum alone, no larger than its data
+
+
+def _post_norm(x: Tensor, xn: np.ndarray, n: int, seed: int = 3) -> tuple[Tensor, np.ndarray]:
+    """``n`` post-norm encoder layers (single-head attention, a ReLU MLP, layer norms without
+    affine) on eqgrad and NumPy."""
+    rng = np.random.default_rng(seed)
+    def ln(t): return (t - t.mean(-1, keepdims=True)) / np.sqrt(((t - t.mean(-1, keepdims=True)) ** 2).mean(-1, keepdims=True) + 1e-5)
+    for _ in range(n):
+        wq, w1 = ((rng.standard_normal((D, D)) / np.sqrt(D)).astype(np.float32) for _ in range(2))
+        q = x @ Tensor(wq)
+        x = F.layer_norm(x + (q @ q.transpose(1, 2)).softmax(-1) @ q, (D,))
+        x = F.layer_norm(x + (x @ Tensor(w1)).relu(), (D,))
+        qn = xn @ wq
+        s = qn @ qn.transpose(0, 2, 1)
+        e = np.exp(s - s.max(-1, keepdims=True))
+        xn = ln(xn + (e / e.sum(-1, keepdims=True)) @ qn)
+        xn = ln(xn + np.maximum(xn @ w1, 0))
+    return x, xn
+
+
+def test_regions_keep_a_layer_norm_and_a_softmax_in_one_kernel_each(fresh, monkeypatch):
+    """A post-norm encoder's layer norm has single-tensor points inside it (``x - mean`` alone flows
+    on to the variance and the output): cut there, each norm ran as 3 kernels and each softmax as 2.
+    Regions are cut only where the tensor flowing on is read by or after a contraction
+    (``worth_cutting``), so the plan by regions has no more kernels than the plan of the whole
+    program, and the numbers are NumPy's."""
+    x0 = np.random.default_rng(4).standard_normal((2, 6, D)).astype(np.float32)
+    x, want = _post_norm(Tensor(x0), x0, 4)
+    prog = program([x])
+    assert regions.split(prog) is not None
+    assert len(regions.worth_cutting(prog)) < len(regions.cuts(prog))
+    got = run([x])[0]
+    plan = engine.last_plan.plan
+    assert any("planned by regions" in note for note in plan.notes), plan.notes
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    by_regions = len(plan.kernels)
+    engine.clear_cache()
+    _REGION_PLANS.clear()
+    monkeypatch.setattr(regions, "split", lambda prog, max_nodes=None: None)
+    x, _ = _post_norm(Tensor(x0), x0, 4)
+    np.testing.assert_allclose(run([x])[0], want, rtol=1e-4, atol=1e-4)
+    whole = len(engine.last_plan.plan.kernels)
+    assert by_regions <= whole, (by_regions, whole)
 
 
 def test_a_first_attention_layer_fuses_its_product_into_its_sum(fresh):

@@ -15,7 +15,9 @@ the engine plans each distinct region once (core.py, ``_compile_regions``) and `
 regions' plans into the program's plan, each region's buffers renumbered into the whole.
 
 The boundaries cost what the cut tensor costs: it is materialized (written once, read by the
-next region's kernels), and no kernel fuses across it. For a transformer's residual stream that
+next region's kernels), and no kernel fuses across it. So a single-tensor point is cut only where
+that tensor is read by or after a contraction (``worth_cutting``): inside a layer norm or a
+softmax, one tensor flows on too, and a cut there splits one row-fused kernel into two or three. For a transformer's residual stream that
 is the plan one wants anyway (the monolithic extraction of a 30-layer decoder recomputed the sum
 of every earlier residual branch in each layer's kernels: 50 distinct kernels where 16 repeat).
 Training steps have no such cuts (the backward pass reads the forward's activations); for them
@@ -32,9 +34,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from eqgrad.dtype import DType
-from eqgrad.graph.plan import Kernel, KernelPlan, KNode
+from eqgrad.graph.plan import Kernel, KernelPlan, KNode, broadcast_product
 from eqgrad.graph.program import ConstLeaf, Input, Node, ParamLeaf, Program, Ref, is_node
-from eqgrad.ops import OPS, Shape, numel
+from eqgrad.ops import MOVEMENT_OPS, OPS, Shape, numel
+
+_MOVEMENT = frozenset(MOVEMENT_OPS)
 
 # the measurement behind each of these values: docs/lowering.md, Constants
 MIN_SAVED_NODES = 128      # nodes that repeated regions must spare from planning before the program is cut
@@ -66,9 +70,9 @@ def _is_reduce(op: str) -> bool:
     return OPS[op].kind == "reduce"
 
 
-def cuts(prog: Program) -> list[int]:
-    """Positions p (0 < p < len(nodes)) where exactly one node before p is read at or after p, and
-    that node has no more elements than the data it is made of (``_data``): a cut materializes the
+def _cut_points(prog: Program) -> list[tuple[int, int, int]]:
+    """(p, the node, its last reader) for each position p (0 < p < len(nodes)) where exactly one
+    node before p is read at or after p, and that node has no more elements than the data it is made of (``_data``): a cut materializes the
     tensor that flows across it, and a broadcast materialized there -- a product before its sum:
     a first attention layer, whose input is a realized buffer, has such a point between q k^T's
     product and its sum -- is written at many times its data's size and no longer fuses into the
@@ -94,8 +98,46 @@ def cuts(prog: Program) -> list[int]:
         live += delta[p]
         which ^= xor[p]
         if live == 1 and numel(prog.nodes[which].shape) <= data[which]:
-            out.append(p)
+            out.append((p, which, last[which]))
     return out
+
+
+def cuts(prog: Program) -> list[int]:
+    """Positions p (0 < p < len(nodes)) where exactly one node before p is read at or after p, and
+    that node has no more elements than the data it is made of (``_cut_points``)."""
+    return [p for p, _, _ in _cut_points(prog)]
+
+
+def worth_cutting(prog: Program) -> list[int]:
+    """The cuts ``_split_at_cuts`` takes: those where the tensor flowing on is an operand of a
+    contraction (a sum of a product with a broadcast factor, graph/plan.py ``broadcast_product``:
+    a matmul, a convolution) or is still read after one that follows the cut -- a layer's output,
+    read by the next layer's projections; the residual stream, read by them and again by the
+    residual sum after them. Where every read of it comes before the next contraction, planned
+    whole its readers fuse with its producer (a layer norm's ``x - mean``, read by the variance and
+    by the output: one row-fused kernel), and a cut there split them: BERT's encoder ran each layer
+    norm as 3 kernels and each softmax as 2 (docs/engine.md)."""
+    nodes = prog.nodes
+    op = lambda h: nodes[h].op if is_node(h) else None
+    srcs = lambda h: nodes[h].src if is_node(h) else ()
+    before = [0]                          # contractions among the nodes before each position
+    reach = list(range(len(nodes)))       # a contraction's factors (through views): its position
+    for c, nd in enumerate(nodes):
+        hit = nd.op == "RSUM" and is_node(nd.src[0]) and broadcast_product(nd.src[0], op, srcs)
+        before.append(before[-1] + hit)
+        if hit:
+            reach[nd.src[0]] = c
+            for f in nodes[nd.src[0]].src:
+                while is_node(f) and (nodes[f].op == "EXPAND" or nodes[f].op in _MOVEMENT):
+                    reach[f] = c
+                    f = nodes[f].src[0]
+    readers: list[list[int]] = [[] for _ in nodes]
+    for j, nd in enumerate(nodes):
+        for q in nd.src:
+            if is_node(q):
+                readers[q].append(j)
+    return [p for p, t, _ in _cut_points(prog)
+            if before[max(reach[r] for r in readers[t]) + 1] > before[p]]
 
 
 def _region(prog: Program, start: int, end: int, later: set[int], inline: list[bool] | None = None) -> Region:
@@ -414,7 +456,7 @@ def split(prog: Program, max_nodes: int | None = None) -> list[Region] | None:
 def _split_at_cuts(prog: Program) -> list[Region] | None:
     bounds = [0]
     has_reduce = False
-    cut_at = set(cuts(prog))
+    cut_at = set(worth_cutting(prog))
     for p, nd in enumerate(prog.nodes):
         if p in cut_at and has_reduce:
             bounds.append(p)
