@@ -160,8 +160,8 @@ def fit(rows: list[dict[str, Any]], prm: Any, kinds: str = "model_kind") -> tupl
   """The largest share of ``rows`` within 2x that any (launch, bandwidth, peak, contraction) gives
   the cost model's form, evaluated on the stats each kernel was priced from; with ``kinds``
   "lowering_kind", a kernel the lowering builds as a contraction and the cost model did not has all
-  its FLOPs at the contraction rate, and the other way round none; the launch after a stream is
-  ``prm``'s. And those parameters."""
+  its FLOPs at the contraction rate, and the other way round none; the launch after a stream and
+  the row passes are ``prm``'s. And those parameters."""
   from eqgrad.extract.cost import DeviceParams, KernelStats
   from eqgrad.tools.calibrate import KernelSample, fit as fit_params
   samples = []
@@ -171,13 +171,13 @@ def fit(rows: list[dict[str, Any]], prm: Any, kinds: str = "model_kind") -> tupl
     s = KernelStats(**r["stats"])
     model, built = "contraction" in r["model_kind"], "contraction" in r[kinds]
     if built and not model:
-      s = KernelStats(s.nbytes, s.flops, s.nodes, s.flops)
+      s = KernelStats(s.nbytes, s.flops, s.nodes, s.flops, passes=s.passes)
     elif model and not built:
-      s = KernelStats(s.nbytes, s.flops, s.nodes)
+      s = KernelStats(s.nbytes, s.flops, s.nodes, passes=s.passes)
     samples.append(KernelSample(r["measured_s"], s, r.get("after", False)))
   if not samples:
     return 0.0, {}
-  start = DeviceParams(**FIT_CENTER, cold=prm.cold, stream_bytes=prm.stream_bytes)
+  start = DeviceParams(**FIT_CENTER, cold=prm.cold, stream_bytes=prm.stream_bytes, row_pass=prm.row_pass)
   p, share, _ = fit_params(samples, start, FIT_WIDE)
   p, share, _ = fit_params(samples, p, FIT_FINE)
   return share, {f: getattr(p, f) for f in FIT_CENTER}
@@ -206,7 +206,7 @@ def main(argv=None) -> int:
   print(f"CPU: {core.cpu_model()}; cost model {prm.source}: launch {prm.launch * 1e6:.1f} us, "
         f"{prm.bandwidth / 1e9:.1f} GB/s, peak {prm.peak / 1e9:.1f} GFLOP/s, "
         f"contraction {(prm.contraction or prm.peak) / 1e9:.1f} GFLOP/s, {prm.cold * 1e6:.1f} us more a launch after "
-        f"a kernel of more than {prm.stream_bytes / 2 ** 20:g} MiB")
+        f"a kernel of more than {prm.stream_bytes / 2 ** 20:g} MiB, {prm.row_pass * 1e9:.2f} ns a row pass")
   todo = workloads(args.quick)
   if args.only:
     wanted = [s.strip() for s in args.only.split(",") if s.strip()]

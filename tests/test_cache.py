@@ -330,7 +330,8 @@ def test_device_params_refuse_values_that_would_divide_by_zero():
     from eqgrad.extract import DeviceParams
     for bad in (dict(bandwidth=0), dict(peak=0.0), dict(launch=-1e-6), dict(bandwidth=float("nan")),
                 dict(peak=float("inf")), dict(max_nodes=0), dict(cold=-1e-6), dict(cold=float("nan")),
-                dict(stream_bytes=-1), dict(stream_bytes=1.5), dict(stream_bytes=True)):
+                dict(stream_bytes=-1), dict(stream_bytes=1.5), dict(stream_bytes=True), dict(row_pass=-1e-9),
+                dict(row_pass=float("inf"))):
         (field, v), = bad.items()
         with pytest.raises(ValueError, match=rf"DeviceParams.{field}: expected .*got {v!r}"):
             DeviceParams(**bad)

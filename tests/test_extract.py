@@ -163,6 +163,13 @@ def test_a_calibration_without_the_launch_after_a_stream_keeps_the_devices_defau
             {"version": 1, "entries": {f"LLVM|{machine_key('LLVM')}": entry}}))
         p = params_for("LLVM")
         assert p.source == "calibrated then" and p.cold == cold and p.stream_bytes == DEFAULT_PARAMS["LLVM"].stream_bytes
+    # likewise the row passes (cost.py): stored before the field, or bad, the default; else the stored
+    for extra, row_pass in (({}, DEFAULT_PARAMS["LLVM"].row_pass), ({"row_pass": -2e-9}, DEFAULT_PARAMS["LLVM"].row_pass),
+                            ({"row_pass": 3.5e-9}, 3.5e-9)):
+        entry = dict(launch=3e-6, bandwidth=2e10, peak=4e10, source="calibrated then", **extra)
+        (tmp_path / "calibration.json").write_text(json.dumps(
+            {"version": 1, "entries": {f"LLVM|{machine_key('LLVM')}": entry}}))
+        assert params_for("LLVM").row_pass == row_pass
 
 
 def test_a_calibration_without_the_contraction_rate_reads_as_peak(tmp_path, monkeypatch):

@@ -274,9 +274,11 @@ def test_calibration_is_stored_and_used(tmp_path, monkeypatch):
     spread: dict = {}
     p = calibrate("LLVM", reps=2, runs=2, spread=spread)
     assert 0 < p.launch < 1e-3 and p.bandwidth > 1e8 and p.peak > 1e8
-    assert p.source.endswith("(median of 2 runs)") and set(spread) == {"launch", "bandwidth", "peak", "contraction", "cold"}
+    assert p.source.endswith("(median of 2 runs)") and set(spread) == {"launch", "bandwidth", "peak", "contraction", "cold",
+                                                                                 "row_pass"}
     assert all(lo <= getattr(p, f) <= hi for f, (lo, hi) in spread.items())      # the median of the runs
     assert p.cold >= 0 and p.stream_bytes == params_for("LLVM").stream_bytes > 0
+    assert 0 < p.row_pass < 1e-6          # measured: softmax over rows of 16 is slower than over rows of 512
     save_calibration("LLVM", replace(p, cold=7.5e-6))
     assert params_for("LLVM").source.startswith("calibrated") and params_for("LLVM").cold == 7.5e-6
     assert json.loads((tmp_path / "calibration.json").read_text())["version"] == 1
@@ -335,9 +337,10 @@ def test_the_fit_predicts_what_the_cost_model_predicted():
     # a stream before it where it ran after one
     own = [k.predicted - after_stream(p, k.stats.nbytes) for k in kernels]
     assert any(o != k.predicted for o, k in zip(own, kernels)) or not p.cold
-    got = predicted([KernelSample(1.0, k.stats) for k in kernels], point, p.cold)[0]
+    assert any(k.stats.passes for k in kernels) and p.row_pass     # (the softmax and the layer norm)
+    got = predicted([KernelSample(1.0, k.stats) for k in kernels], point, p.cold, p.row_pass)[0]
     assert np.allclose(got, own, rtol=1e-9), (got, own)
-    got = predicted([KernelSample(1.0, k.stats, after=True) for k in kernels], point, p.cold)[0]
+    got = predicted([KernelSample(1.0, k.stats, after=True) for k in kernels], point, p.cold, p.row_pass)[0]
     assert np.allclose(got, [o + p.cold for o in own], rtol=1e-9)
     for pl in _plans_of(outs):
         back = plan_from_json(plan_to_json(pl))
@@ -561,3 +564,35 @@ def test_a_launch_after_a_stream_is_charged_to_the_stream_and_moved_where_it_ran
             (tmp_path / name / f).write_text(v + "\n")
     assert private_cache_bytes(str(tmp_path)) == 1280 << 10
     assert private_cache_bytes(str(tmp_path / "missing")) == PRIVATE_CACHE_FALLBACK
+
+
+def test_a_row_fused_kernel_pays_for_its_loops_over_rows():
+    """cost.py, row passes: a row-fused kernel loops over each row once per reduction of the row and
+    once for its output (``KernelStats.passes``; a row shorter than ROW_PASS_FULL counts as that
+    share of a pass), each at ``row_pass``; plain reductions and elementwise kernels have none. A
+    plan resized to other rows (graph/resize.py) counts its new rows, and ``rescaled`` prices them."""
+    from eqgrad.extract.cost import ROW_PASS_FULL, kernel_time, rescaled, row_share
+    engine.clear_cache()
+    rng = np.random.default_rng(5)
+    x = Tensor(rng.standard_normal((64, 15, 15), dtype=np.float32))
+    y = Tensor(rng.standard_normal((64, 300), dtype=np.float32))
+
+    def kernels(t: Tensor) -> list:
+        t.realize()
+        return engine.last_plan.plan.kernels
+    soft, norm = kernels(x.softmax(-1)), kernels(F.layer_norm(y, (300,)))
+    assert [k.kind for k in soft] == [("row-fused",)] and [k.kind for k in norm] == [("row-fused",)]
+    assert soft[0].stats.passes == pytest.approx(3 * 64 * 15 * 15 / ROW_PASS_FULL)     # max, sum, output
+    assert norm[0].stats.passes == 3 * 64                                              # mean, variance, output
+    assert row_share(4) == 4 / ROW_PASS_FULL and row_share(10 * ROW_PASS_FULL) == 1.0
+    assert all(k.stats.passes == 0 for t in (y.sum(-1), y.exp(), y.T + 1) for k in kernels(t))
+    p = replace(params_for("LLVM"), row_pass=3e-9)
+    assert kernel_time(p, 1e3, 1e6, passes=1e4) - kernel_time(p, 1e3, 1e6) == pytest.approx(1e4 * 3e-9)
+    # rescaled: the passes come out at the old count and go back at the new (a compute-bound body)
+    old, new = kernel_time(p, 1e3, 1e6, passes=1e4), kernel_time(p, 2e3, 2e6, passes=5e3)
+    assert rescaled(p, old, 1e3, 1e6, 2e3, 2e6, 1e4, 5e3) == pytest.approx(new, rel=1e-9)
+    # resized: softmax over rows of 16, then rows of 512 of the same elements
+    for r in (16, 512):
+        k, = kernels(Tensor(rng.standard_normal(((1 << 13) // r, r), dtype=np.float32)).softmax(-1))
+        assert k.stats.passes == 3 * (1 << 13) // r, (r, k.stats.passes)
+    assert any("resized" in n for n in engine.last_plan.plan.notes), engine.last_plan.plan.notes

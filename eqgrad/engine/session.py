@@ -354,8 +354,9 @@ class Session:
         1.7x a fixed-shape one's."""
         p = cost_model(device, self.extraction).params
         for ko, kn in zip(old.kernels, new.kernels):
-            if (kn.nbytes, kn.flops) != (ko.nbytes, ko.flops):
-                kn.predicted = rescaled(p, ko.predicted, ko.nbytes, ko.flops, kn.nbytes, kn.flops)
+            passes = (ko.stats.passes, kn.stats.passes) if ko.stats is not None and kn.stats is not None else (0.0, 0.0)
+            if (kn.nbytes, kn.flops, passes[1]) != (ko.nbytes, ko.flops, passes[0]):
+                kn.predicted = rescaled(p, ko.predicted, ko.nbytes, ko.flops, kn.nbytes, kn.flops, *passes)
         new.predicted = sum(k.predicted for k in new.kernels)
 
     def _realize_on(self, device: str, targets: list[LazyBuffer]) -> None:

@@ -1,6 +1,6 @@
 """The kernel cost model: one small function, with its units and assumptions.
 
-    time(kernel) = launch + max(bytes / bandwidth, flops / peak + cflops / contraction)    [seconds]
+    time(kernel) = launch + max(bytes / bandwidth, flops / peak + cflops / contraction + passes * row_pass)    [seconds]
     time(plan)   = sum over kernels, + cold for each kernel that moves more than stream_bytes
 
 - bytes: the kernel's output written once, plus each distinct input buffer read once (or only the
@@ -41,6 +41,22 @@
   evaluated more often than it has output elements (i.e. recomputed under a broadcast) is illegal,
   as is a body larger than ``max_nodes``. A ``Contiguous`` is never inlined: a kernel that reaches
   its class reads its buffer (it is a kernel of its own, as a chosen ``Realize`` is).
+
+- row passes: a row-fused kernel loops over each row once per reduction of the row (a softmax's
+  max and sum, a layer norm's mean and variance) and once more for its output, and each such loop
+  costs ``row_pass`` seconds beyond its elements' work (its setup and exit, the horizontal reduction
+  of a vector accumulator, a short row's remainder). ``KernelStats.passes`` counts them; plain
+  reductions and elementwise kernels have none (their loops over rows are vectorized across rows
+  or unrolled). Measured (LLVM, 2-vCPU Intel Xeon, Rocket Lake; kernel time of 86,400 elements in
+  rows of R, in cache): softmax R = 256 35 us, 64 43, 32 53, 16 87, 15 86, 8 132; a layer norm R =
+  256 18 us, 16 33, 15 50, 12 51 -- 1.5-3.4 ns a pass over the long rows' time, where a plain sum
+  over the same rows took 7-13 us at every R. With no such term, BERT's softmax over rows of 15 was
+  predicted at 59 us and ran 125-143 in the encoder; bench_model with the default parameters 140
+  -> 146 of 158 kernels within 2x (offline, on its JSON). The LLVM default is 2 ns (the middle of
+  the range); ``tune calibrate`` measures it (softmax over rows of 16 against rows of 512). A pass
+  over a row shorter than ``ROW_PASS_FULL`` (16) elements counts as that share of one
+  (``row_share``): such a loop is unrolled or fills part of a vector, and LLVM vectorized softmax
+  over rows of 4 across its rows (57 us above; 0.4 ns a pass).
 
 - launch after a stream: what a launch costs depends on what ran before it. A kernel whose bytes
   exceed a core's private cache (``stream_bytes``: the host's L2, graph/caps.py
@@ -98,11 +114,12 @@ class DeviceParams:
     # ("launch after a stream" above); 0 for either: no such term
     cold: float = 0.0
     stream_bytes: int = 0
+    row_pass: float = 0.0         # seconds a row-fused kernel's loop over one row costs ("row passes" above)
     source: str = "given"         # "default", "calibrated <date>", "given" (built by the user), or with overrides
 
     def __post_init__(self) -> None:
         # a zero bandwidth or peak would divide by zero deep inside extraction: refuse it here
-        for f in ("launch", "bandwidth", "peak", "masked_read", "unlaned", "contraction", "cold"):
+        for f in ("launch", "bandwidth", "peak", "masked_read", "unlaned", "contraction", "cold", "row_pass"):
             x = getattr(self, f)
             if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or x < 0 \
                     or (x == 0 and f in ("bandwidth", "peak")):
@@ -116,8 +133,10 @@ class DeviceParams:
 
 DEFAULT_PARAMS: dict[str, DeviceParams] = {
     # contraction: 150 GFLOP/s, 3x the elementwise peak (see "kernel classes" above)
-    # cold: 6 us more after a stream larger than a core's L2 (see "launch after a stream" above)
-    "LLVM": DeviceParams(contraction=150e9, cold=6e-6, stream_bytes=private_cache_bytes(), source="default"),
+    # cold: 6 us more after a stream larger than a core's L2 (see "launch after a stream" above);
+    # row_pass: 2 ns a loop over a row of a row-fused kernel ("row passes" above)
+    "LLVM": DeviceParams(contraction=150e9, cold=6e-6, stream_bytes=private_cache_bytes(), row_pass=2e-9,
+                         source="default"),
     "NUMPY": DeviceParams(launch=20e-6, bandwidth=5e9, peak=2e9, source="default"),
     # PoCL 3.1, 2 cores (calibrated). No row fusion: PoCL vectorizes across work-items, not a
     # work-item's loops, so a row-fused softmax ran 19.8 ms vs 11.4 ms as three kernels
@@ -143,9 +162,24 @@ class KernelCost:
 
 
 
-def kernel_time(p: DeviceParams, nbytes: float, flops: float, cflops: float = 0.0, fill: float = 1.0) -> float:
-    compute = (flops - cflops) / p.peak + (cflops / (p.contraction * fill) if p.contraction else cflops / p.peak)
+def kernel_time(p: DeviceParams, nbytes: float, flops: float, cflops: float = 0.0, fill: float = 1.0,
+                passes: float = 0.0) -> float:
+    compute = (flops - cflops) / p.peak + (cflops / (p.contraction * fill) if p.contraction else cflops / p.peak) \
+        + passes * p.row_pass
     return p.launch + max(nbytes / p.bandwidth, compute)
+
+
+# A pass over a row shorter than this many elements costs that share of ``row_pass``: x86-64's
+# widest float32 vector (AVX-512). Such a row's loop is unrolled or fills part of one vector (softmax
+# over rows of 4: 57 us for 86,400 elements against 35 over rows of 256, 0.4 ns a pass; rows of 8,
+# 3 ns). (docs/lowering.md, Constants)
+ROW_PASS_FULL = 16
+
+
+def row_share(length: float) -> float:
+    """The share of a full row pass (``row_pass``) that a pass over a row of ``length`` elements
+    costs (cost.py, row passes)."""
+    return min(1.0, length / ROW_PASS_FULL)
 
 
 def after_stream(p: DeviceParams, nbytes: float) -> float:
@@ -157,14 +191,14 @@ def after_stream(p: DeviceParams, nbytes: float) -> float:
 
 
 def default_cost(s: KernelStats, p: DeviceParams) -> float:
-    return kernel_time(p, s.nbytes, s.flops, s.cflops, s.fill)
+    return kernel_time(p, s.nbytes, s.flops, s.cflops, s.fill, s.passes)
 
 
 CostFn = Callable[[KernelStats, DeviceParams], float]
 
 
 def rescaled(p: DeviceParams, predicted: float, old_bytes: float, old_flops: float,
-             new_bytes: float, new_flops: float) -> float:
+             new_bytes: float, new_flops: float, old_passes: float = 0.0, new_passes: float = 0.0) -> float:
     """A kernel's predicted seconds at other sizes, from its prediction at the old ones: the
     prediction of a plan resized without extraction (graph/resize.py), whose kernels' bytes and
     flops were rescaled but not costed again. The old prediction's body (``predicted - launch``)
@@ -172,12 +206,17 @@ def rescaled(p: DeviceParams, predicted: float, old_bytes: float, old_flops: flo
     with the flops, the bytes term is recomputed. The device reads the prediction to decide whether
     a kernel is split across threads and whether the BLAS runs it, so a plan resized from 8 rows to
     8,192 must not keep the small plan's 10 us. The launch after a stream (``after_stream``) is
-    taken off at the old bytes and charged again at the new."""
+    taken off at the old bytes and charged again at the new; a row-fused kernel's passes (row
+    passes above: ``old_passes``, ``new_passes``) come out of the compute and go back at the new
+    count."""
     body = max(predicted - p.launch - after_stream(p, old_bytes), 0.0)
     t_bytes = old_bytes / p.bandwidth
-    compute = body if body > t_bytes else min(body, old_flops / p.peak)
+    loops = old_passes * p.row_pass
+    compute = body if body > t_bytes else min(body, old_flops / p.peak + loops)
+    loops = min(loops, compute)
     scale = new_flops / old_flops if old_flops > 0 else (new_bytes / old_bytes if old_bytes > 0 else 1.0)
-    return p.launch + max(new_bytes / p.bandwidth, compute * scale) + after_stream(p, new_bytes)
+    return p.launch + max(new_bytes / p.bandwidth, (compute - loops) * scale + new_passes * p.row_pass) \
+        + after_stream(p, new_bytes)
 
 
 @dataclass(frozen=True)
@@ -276,11 +315,11 @@ def _contraction_of(e: dict) -> float:
     return v if math.isfinite(v) and v >= 0 else 0.0
 
 
-def _cold_of(e: dict, default: float) -> float:
-    """A stored calibration's ``cold`` (the device's default where it predates the field or is not a
-    non-negative finite number)."""
+def _measured_of(e: dict, name: str, default: float) -> float:
+    """A stored calibration's ``cold`` or ``row_pass`` (the device's default where it predates the
+    field or is not a non-negative finite number)."""
     try:
-        v = float(e.get("cold", default))
+        v = float(e.get(name, default))
     except (TypeError, ValueError):
         return default
     return v if math.isfinite(v) and v >= 0 else default
@@ -321,7 +360,8 @@ def _params_for(device: str) -> DeviceParams:
         return base
     try:
         return replace(base, launch=float(e["launch"]), bandwidth=float(e["bandwidth"]), peak=float(e["peak"]),
-                       contraction=_contraction_of(e), cold=_cold_of(e, base.cold),
+                       contraction=_contraction_of(e), cold=_measured_of(e, "cold", base.cold),
+                       row_pass=_measured_of(e, "row_pass", base.row_pass),
                        source=str(e.get("source", "calibrated")))
     except (KeyError, TypeError, ValueError):
         return base

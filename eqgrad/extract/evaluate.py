@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 from eqgrad.ops import OPS, REDUCE_OPS, numel
-from eqgrad.extract.cost import CostModel, KernelCost, after_stream
+from eqgrad.extract.cost import CostModel, KernelCost, after_stream, row_share
 from eqgrad.extract.egraph import EGraph, ENode
 from eqgrad.graph.caps import ROW_STASH_MAX, rows_kept
 from eqgrad.graph.plan import KernelStats, KNode, broadcast_product, lanes_axis
@@ -539,7 +539,18 @@ class PlanEvaluator:
             # a materialized broadcast: each element written is index arithmetic over few inputs
             flops += p.masked_read * size_k
         fill, library = self._fill(k, order, nodes_of) if fast else (1.0, 0.0)   # a root contraction: by its register block
-        stats = KernelStats(nbytes, flops, nodes, cflops, fill, library)
+        passes = 0.0
+        if fused_rows:
+            # a row-fused kernel's loops over its rows (cost.py, row passes): each reduction hoisted
+            # out of the output's loops runs once per row (not one nested in another's loop: a dot
+            # product inside attention's rows is that loop's work), and the output once more; a
+            # row shorter than ROW_PASS_FULL elements counts as that share of a pass
+            reds = [c for c in under_hoist if c in nodes_of and nodes_of[c].op in REDUCE_OPS and not nested.get(c, True)]
+            if reds:
+                rows = max(size[c] for c in reds)
+                passes = sum(size[c] * row_share(size[nodes_of[c].children[0]] / max(1, size[c])) for c in reds) \
+                    + rows * row_share(size_k / max(1, rows))
+        stats = KernelStats(nbytes, flops, nodes, cflops, fill, library, passes)
         t = self.cost.fn(stats, p) + after_stream(p, nbytes)     # (cost.py: launch after a stream)
         kind = _KINDS[(fused_rows, cflops > 0, bool(slow), masked)]
         return KernelCost(t, int(nbytes), int(flops), nodes, legal, why, tuple(reversed(fused)), kind, stats,

@@ -17,7 +17,8 @@ minimize ``sum t[k]``. The objective is a linear approximation of the evaluator 
 node inlined under a broadcast is counted once per kernel rather than once per evaluation, a
 reduction inside a root contraction's loop is charged as part of the contraction (the evaluator
 charges it ``unlaned``), the launch after a stream (cost.py ``after_stream``: a step in a kernel's
-bytes) is left out, and
+bytes) is left out, a row-fused kernel's row passes (cost.py) are charged to its rows' reductions
+but not to its output's pass, and
 legality is encoded as "a reduction is never evaluated in a kernel with more output elements than
 it has" (a necessary condition).
 
@@ -316,6 +317,10 @@ class ILPExtractor(GreedyExtractor):
             if contractions[c] >= size_k:
                 return flops / (p.contraction or p.peak)
             return flops * p.unlaned / p.peak
+        if n.op in REDUCE_OPS and size_c < size_k and p.row_fusion:
+            # a row's reduction in a row-fused kernel: its loop once per row (cost.py, row passes;
+            # the output's own pass over each row is left out)
+            return flops / p.peak + size_c * p.row_pass
         return flops / p.peak
 
     def _cuts(self, choice: Choice, ev) -> list[tuple[int, frozenset]]:

@@ -177,13 +177,16 @@ class KernelStats:
     moves, its FLOPs, its body's nodes, of those FLOPs the root contraction's (``cflops``), and that
     contraction's rate as a share of a register-blocked one's (``fill``; above 1 where the device's
     library GEMM runs it faster, whose FLOP/s are then ``library``, else 0). A plan kernel keeps the
-    stats it was priced from (``Kernel.stats``), so calibration fits the cost function itself."""
+    stats it was priced from (``Kernel.stats``), so calibration fits the cost function itself.
+    ``passes``: the loops a row-fused kernel runs over its rows -- each of its rows' reductions
+    once per row, and the output once per row (extract/cost.py, row passes); 0 for any other."""
     nbytes: float
     flops: float
     nodes: int
     cflops: float = 0.0
     fill: float = 1.0
     library: float = 0.0
+    passes: float = 0.0
 
 
 @dataclass

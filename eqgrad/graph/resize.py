@@ -593,7 +593,10 @@ class _Resizer:
             k.flops = _rescale(ko.flops, _work(order), _work(new_order))
             if ko.stats is not None:      # what the cost function would read at the new sizes, rescaled alike
                 r = k.flops / ko.flops if ko.flops else 1.0
-                k.stats = replace(ko.stats, nbytes=float(k.nbytes), flops=ko.stats.flops * r, cflops=ko.stats.cflops * r)
+                # a row-fused kernel's passes: one per row of each of its reductions (cost.py)
+                rows = _rows(order)
+                k.stats = replace(ko.stats, nbytes=float(k.nbytes), flops=ko.stats.flops * r, cflops=ko.stats.cflops * r,
+                                  passes=ko.stats.passes * _rows(new_order) / rows if rows else ko.stats.passes)
         changed = dict(sorted(self.sigma.items()))
         if self.ambiguous:
             changed.update({a: b for a, b in sorted(self.ambiguous.items())})
@@ -655,6 +658,11 @@ def _body(ast: KNode) -> tuple[bool, tuple[KNode, ...], tuple[KNode, ...]]:
 def _work(order: list[KNode]) -> int:
     return sum(numel(n.src[0].shape if n.op in REDUCE_OPS else n.shape)
                for n in order if n.op in ELEMENTWISE or n.op in REDUCE_OPS)
+
+
+def _rows(order: list[KNode]) -> int:
+    """The output elements of a body's reductions (a row-fused kernel's passes scale with them)."""
+    return sum(numel(n.shape) for n in order if n.op in REDUCE_OPS)
 
 
 def _rescale(value: int, before: int, after: int) -> int:

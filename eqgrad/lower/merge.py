@@ -208,5 +208,5 @@ def _merged(members: list, plan: KernelPlan) -> Kernel:
     if all(m.stats is not None for m in members):
         st = [m.stats for m in members]
         k.stats = KernelStats(float(k.nbytes), sum(x.flops for x in st), sum(x.nodes for x in st),
-                              sum(x.cflops for x in st), min(x.fill for x in st), 0.0)
+                              sum(x.cflops for x in st), min(x.fill for x in st), 0.0, sum(x.passes for x in st))
     return k

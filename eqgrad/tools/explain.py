@@ -125,7 +125,8 @@ class Explanation:
                  f"launch {p.launch * 1e6:.1f} us, "
                  f"{p.bandwidth / 1e9:.1f} GB/s, {p.peak / 1e9:.1f} GFLOP/s"
                  + (f", {p.cold * 1e6:.1f} us more a launch after a kernel of more than {p.stream_bytes / 2 ** 20:g} MiB"
-                    if p.cold and p.stream_bytes else "") + ")",
+                    if p.cold and p.stream_bytes else "")
+                 + (f", {p.row_pass * 1e9:.2f} ns a row-fused kernel's loop over a row" if p.row_pass else "") + ")",
                  f"saturation: {cp.report.stop_reason}, {cp.report.enodes_before} -> {cp.report.enodes} e-nodes, "
                  f"{cp.report.eclasses} e-classes"]
         held = sum(numel(s) * d.itemsize for s, d in self.plan.buffers[self.plan.n_inputs:])
