@@ -17,9 +17,10 @@ regions' plans into the program's plan, each region's buffers renumbered into th
 The boundaries cost what the cut tensor costs: it is materialized (written once, read by the
 next region's kernels), and no kernel fuses across it. So a single-tensor point is cut only where
 that tensor is read by or after a contraction (``worth_cutting``): inside a layer norm or a
-softmax, one tensor flows on too, and a cut there splits one row-fused kernel into two or three. For a transformer's residual stream that
-is the plan one wants anyway (the monolithic extraction of a 30-layer decoder recomputed the sum
-of every earlier residual branch in each layer's kernels: 50 distinct kernels where 16 repeat).
+softmax, one tensor flows on too, and a cut there splits one row-fused kernel into two or three.
+For a transformer's residual stream that is the plan one wants anyway (the monolithic
+extraction of a 30-layer decoder recomputed the sum of every earlier residual branch in each
+layer's kernels: 50 distinct kernels where 16 repeat).
 Training steps have no such cuts (the backward pass reads the forward's activations); for them
 ``periodic`` finds the repeats in the program's order instead (each layer's forward, backward and
 update) and cuts those, never materializing a view or a broadcast across a cut (``views``: a later
@@ -72,12 +73,12 @@ def _is_reduce(op: str) -> bool:
 
 def _cut_points(prog: Program) -> list[tuple[int, int, int]]:
     """(p, the node, its last reader) for each position p (0 < p < len(nodes)) where exactly one
-    node before p is read at or after p, and that node has no more elements than the data it is made of (``_data``): a cut materializes the
-    tensor that flows across it, and a broadcast materialized there -- a product before its sum:
-    a first attention layer, whose input is a realized buffer, has such a point between q k^T's
-    product and its sum -- is written at many times its data's size and no longer fuses into the
-    sum (BERT's first layer: 1.5 + 0.7 ms measured for the materialized product and its sum, where the fused
-    contraction is predicted at 0.3 ms)."""
+    node before p is read at or after p, and that node has no more elements than the data it is made of
+    (``_data``): a cut materializes the tensor that flows across it, and a broadcast materialized
+    there -- a product before its sum: a first attention layer, whose input is a realized buffer,
+    has such a point between q k^T's product and its sum -- is written at many times its data's size
+    and no longer fuses into the sum (BERT's first layer: 1.5 + 0.7 ms measured for the materialized
+    product and its sum, where the fused contraction is predicted at 0.3 ms)."""
     n = len(prog.nodes)
     last = [-1] * n
     for j, nd in enumerate(prog.nodes):

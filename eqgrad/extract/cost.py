@@ -52,9 +52,10 @@
   256 18 us, 16 33, 15 50, 12 51 -- 1.5-3.4 ns a pass over the long rows' time, where a plain sum
   over the same rows took 7-13 us at every R. With no such term, BERT's softmax over rows of 15 was
   predicted at 59 us and ran 125-143 in the encoder; bench_model with the default parameters 140
-  -> 146 of 158 kernels within 2x (offline, on its JSON). The LLVM default is 2 ns (the middle of
-  the range); ``tune calibrate`` measures it (softmax over rows of 16 against rows of 512). A pass
-  over a row shorter than ``ROW_PASS_FULL`` (16) elements counts as that share of one
+  of 158 kernels within 2x before, 154-158 of 168 after (the encoder's plan changed with it). The
+  LLVM default is 2 ns (the middle of the range); ``tune calibrate`` measures it (softmax over rows
+  of 16 against rows of 512). A pass over a row shorter than ``ROW_PASS_FULL`` (16) elements counts
+  as that share of one
   (``row_share``): such a loop is unrolled or fills part of a vector, and LLVM vectorized softmax
   over rows of 4 across its rows (57 us above; 0.4 ns a pass).
 
