@@ -198,6 +198,7 @@ def _calibrate_once(device: str, reps: int, rng: np.random.Generator,
 # 67 % within 2x, where fits of other passes on the same 2-vCPU AMD EPYC gave 17.5-18.8 GB/s (88 %).
 # A pass takes about a second.
 CORPUS_ROUNDS = 3          # docs/lowering.md, Constants
+ENCODER = (8, 64, 512)     # the corpus's encoder step: sequences, tokens, width (heads of 64; _corpus)
 
 FIT_SPAN = dict(launch=(1.0, 2.0, 5), bandwidth=(0.125, 2.0, 9), peak=(0.25, 4.0, 9), contraction=(0.25, 2.0, 7))
 """Each parameter's search range, as (lowest, highest) multiples of its measured value and the
@@ -250,24 +251,30 @@ def _corpus(device: str, rng: np.random.Generator) -> dict[str, Callable[[], lis
         F.max_pool2d(F.conv2d(img, k, padding=1).relu(), 2).square().mean().backward()
         return [k - 0.01 * k.grad]
 
-    # a post-norm transformer encoder layer's training step (4 sequences of 64 tokens, width 256,
-    # 4 heads, MLP 1024): the kernels a model's step is made of, at a model's sizes and in a model's
-    # order -- its row-fused softmax and layer norm, attention's batched products, the permuted
-    # copies between them, column sums of the weight gradients. Without it the corpus's kernels were
-    # each timed in isolation on small inputs, which stream from cache (1 MB at ~55 GB/s): the fit
-    # took 33 GB/s where a model's kernels ran at 20-27 (bench_model calibrated 84 % within 2x
-    # offline, against 90 % with this step)
+    # a post-norm transformer encoder layer's training step (``ENCODER``: 8 sequences of 64 tokens,
+    # width 512, heads of 64, MLP 4x): the kernels a model's step is made of, at a model's sizes and in
+    # a model's order -- its row-fused softmax and layer norm, attention's batched products, the
+    # permuted copies between them, column sums of the weight gradients. Without it the corpus's
+    # kernels were each timed in isolation on small inputs, which stream from cache (1 MB at ~55
+    # GB/s): the fit took 33 GB/s where a model's kernels ran at 20-27 (bench_model calibrated 84 %
+    # within 2x offline, against 90 % with this step). Its activations are 1 MB each (2^18 floats),
+    # so a step's working set is far past a core's L2, as a model's is: at 4 x 64 x 256 (256 KB) they
+    # stayed in cache and the fit took 22-25 GB/s in four of six calibrations on a 2-vCPU Intel Xeon
+    # (Rocket Lake), where bench_model's encoder ran its 1-2 MB kernels at 15-20; at this size
+    # 17.8-19.7, and bench_model calibrated 89, 90, 93, 88 % within 2x against 89, 87, 86, 85, 86,
+    # 90 % (interleaved runs, fresh caches)
+    EB, ET, EW = ENCODER
     enc = {n: (t(*shape) * scale).realize() for n, shape, scale in
-           (("wq", (256, 256), 0.06), ("wo", (256, 256), 0.06), ("w1", (1024, 256), 0.06),
-            ("w2", (256, 1024), 0.03), ("g", (256,), 1.0), ("b", (256,), 1.0))}
-    tokens = t(4, 64, 256)
+           (("wq", (EW, EW), 0.06), ("wo", (EW, EW), 0.06), ("w1", (4 * EW, EW), 0.06),
+            ("w2", (EW, 4 * EW), 0.03), ("g", (EW,), 1.0), ("b", (EW,), 1.0))}
+    tokens = t(EB, ET, EW)
 
     def encoder_step() -> list[Tensor]:
         p = {n: Tensor(v.numpy(), device=device, requires_grad=True) for n, v in enc.items()}
-        heads = lambda u: u.reshape(4, 64, 4, 64).permute(0, 2, 1, 3)
+        heads = lambda u: u.reshape(EB, ET, EW // 64, 64).permute(0, 2, 1, 3)
         q = heads(F.linear(tokens, p["wq"]))
         att = ((q @ q.transpose(-2, -1)) * 0.125).softmax(-1) @ q
-        y = F.layer_norm(tokens + F.linear(att.permute(0, 2, 1, 3).reshape(4, 64, 256), p["wo"]), (256,),
+        y = F.layer_norm(tokens + F.linear(att.permute(0, 2, 1, 3).reshape(EB, ET, EW), p["wo"]), (EW,),
                          p["g"], p["b"])
         y = y + F.linear(F.linear(y, p["w1"]).gelu(), p["w2"])
         y.square().mean().backward()
