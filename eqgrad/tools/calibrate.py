@@ -261,8 +261,8 @@ def _corpus(device: str, rng: np.random.Generator) -> dict[str, Callable[[], lis
     # so a step's working set is far past a core's L2, as a model's is: at 4 x 64 x 256 (256 KB) they
     # stayed in cache and the fit took 22-25 GB/s in four of six calibrations on a 2-vCPU Intel Xeon
     # (Rocket Lake), where bench_model's encoder ran its 1-2 MB kernels at 15-20; at this size
-    # 17.8-19.7, and bench_model calibrated 89, 90, 93, 88 % within 2x against 89, 87, 86, 85, 86,
-    # 90 % (interleaved runs, fresh caches)
+    # 17.8-19.7, and bench_model calibrated 89, 90, 93, 88, 92, 93 % within 2x against 89, 87, 86,
+    # 85, 86, 90 % (fresh caches; two of each interleaved)
     EB, ET, EW = ENCODER
     enc = {n: (t(*shape) * scale).realize() for n, shape, scale in
            (("wq", (EW, EW), 0.06), ("wo", (EW, EW), 0.06), ("w1", (4 * EW, EW), 0.06),
