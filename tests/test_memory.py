@@ -218,3 +218,49 @@ def test_large_host_buffers_are_huge_page_mappings():
     hits = pool.hits
     b2 = Buffer.empty((n,), float32, "LLVM")
     assert pool.hits == hits + 1 and b2.ptr == ptr
+
+
+def test_intermediates_share_memory_by_lifetime():
+    """graph/plan.py ``shared_memory``: an intermediate takes the memory of one of its size that no
+    launch uses any more (the one freed last first); a launch never writes memory a later launch
+    still reads; inputs, outputs and a device's scratch ids keep their own; the launches of one
+    step (a kernel with several outputs) all get memory before that step frees any."""
+    from eqgrad.dtype import float32
+    from eqgrad.graph.plan import shared_memory
+    buffers = [((64,), float32)] * 7 + [((32,), float32)]
+    # b0 input; a chain b1 -> b2 -> b3 -> b4 -> b5 (output); b6 and b7 written together at the end
+    io = [((0,), (1,)), ((1,), (2,)), ((2,), (3,)), ((3,), (4,)), ((4,), (5,)), ((5,), (6, 7)), ((6, 7, 9), (8,))]
+    owner = shared_memory(buffers, 1, [5, 8], io)
+    assert owner == {3: 1, 4: 2, 6: 2}, owner           # 6 takes the memory 4 had (2's), the last freed
+    assert 5 not in owner and 0 not in owner and 7 not in owner      # an output, the input, another size
+    # a buffer's memory is never taken while it is still to be read
+    last = {b: max(j for j, (r, w) in enumerate(io) if b in (*r, *w)) for b in range(8)}
+    first = {b: min(j for j, (r, w) in enumerate(io) if b in w) for b in range(1, 8)}
+    root = lambda b: owner.get(b, b)
+    for a in range(1, 8):
+        for b in range(1, 8):
+            if a != b and root(a) == root(b) and first[a] < first[b]:
+                assert last[a] < first[b], (a, b)
+
+
+def test_a_plans_intermediates_share_memory_and_give_the_same_numbers():
+    """On the LLVM device a realize's intermediates of equal size whose lifetimes do not overlap
+    share memory (engine/session.py ``_intermediates``): fewer bytes held, explain() says so, and
+    the numbers are NumPy's at every run."""
+    engine.clear_cache()
+    rng = np.random.default_rng(4)
+    x, w1, w2, w3 = (rng.standard_normal(s).astype(np.float32) / 8 for s in ((64, 256), (256, 256), (256, 256), (256, 256)))
+    h = np.maximum(x @ w1, 0)
+    h = np.maximum(h @ w2, 0) + h
+    want = (np.maximum(h @ w3, 0) + h).sum(0)
+    X, W1, W2, W3 = (Tensor(a) for a in (x, w1, w2, w3))
+    for _ in range(3):
+        H = (X @ W1).relu()
+        H = (H @ W2).relu() + H
+        out = ((H @ W3).relu() + H).sum(0)
+        np.testing.assert_allclose(out.numpy(), want, rtol=1e-4, atol=1e-4)
+    cp = engine.last_plan
+    assert getattr(cp.run, "shared", None), (cp.plan.buffers, getattr(cp.run, "buffer_io", None))
+    H = (X @ W1).relu()
+    H = (H @ W2).relu() + H
+    assert "held at once" in str(eqgrad.explain(((H @ W3).relu() + H).sum(0)))

@@ -690,4 +690,7 @@ class LLVMDevice(Device):
                 if timed:
                     log_kernel(k, time.perf_counter() - t0, dbg, predicted[j])
         run.launches = len(steps)          # (the stage's pieces and merges: not the plan's kernel count)
+        # what each launch reads and writes, in the order they run: the engine shares the memory of
+        # intermediates whose lifetimes do not overlap (graph/plan.py ``shared_memory``)
+        run.buffer_io = [(tuple(k.inputs), tuple(k.outs)) for k, *_ in steps]
         return run

@@ -37,7 +37,7 @@ from eqgrad.engine.validate import validate
 from eqgrad import extract
 from eqgrad.extract import DEFAULT as DEFAULT_EXTRACTION, DeviceParams, ExtractSettings, cost_model, settings_key
 from eqgrad.extract.cost import CALIBRATIONS, CostFn, rescaled
-from eqgrad.graph.plan import KernelPlan
+from eqgrad.graph.plan import KernelPlan, shared_memory
 from eqgrad.graph import lazy
 from eqgrad.graph.lazy import LazyBuffer
 from eqgrad.graph.program import Program, linearize, structure
@@ -114,6 +114,36 @@ class ResizablePlans:
 
 
 _RNG_LOCK = threading.Lock()       # a session's generator is made once (Session.rng)
+
+
+def _intermediates(cp: CompiledPlan, device: str) -> list[Buffer]:
+    """Buffers for a run of ``cp``'s intermediates and outputs. Where the device says what each
+    launch reads and writes (``run.buffer_io``, on host memory), intermediates whose lifetimes do
+    not overlap share memory (graph/plan.py ``shared_memory``): a kernel then writes memory that a
+    kernel a few launches before it used, still in cache, instead of memory last touched a whole
+    run ago (every intermediate of a plan had its own buffer), and a plan holds less. The sharing
+    is worked out once per compiled plan."""
+    plan, n_in = cp.plan, cp.plan.n_inputs
+    empty = Buffer.empty
+    owner = getattr(cp.run, "shared", None)
+    if owner is None:
+        io = getattr(cp.run, "buffer_io", None)
+        owner = shared_memory(plan.buffers, n_in, plan.outputs, io) if io is not None else {}
+        try:
+            cp.run.shared = owner
+        except AttributeError:            # (a run that takes no attributes: worked out each time)
+            pass
+    if not owner:
+        return [empty(shape, dt, device) for shape, dt in plan.buffers[n_in:]]
+    out: list = [None if b in owner else empty(shape, dt, device)
+                 for b, (shape, dt) in enumerate(plan.buffers[n_in:], n_in)]
+    for b, root in owner.items():
+        shape, dt = plan.buffers[b]
+        while root in owner:              # (the memory's first holder)
+            root = owner[root]
+        raw = out[root - n_in].raw
+        out[b - n_in] = Buffer(device, shape, dt, raw.reshape(-1).view(dt.np).reshape(shape))
+    return out
 
 
 class Session:
@@ -401,9 +431,7 @@ class Session:
         local = self._local
         local.last_plan = cp
         plan = cp.plan
-        empty = Buffer.empty
-        for shape, dt in plan.buffers[n_in:]:
-            bufs.append(empty(shape, dt, device))
+        bufs += _intermediates(cp, device)
         t1 = time.perf_counter()
         cp.run(bufs)
         t2 = time.perf_counter()

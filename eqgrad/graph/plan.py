@@ -372,6 +372,38 @@ def check_plan(plan: KernelPlan, orders: list[list[KNode]] | None = None) -> Non
                 raise AssertionError(f"{k.name}: unknown op {n.op}")
 
 
+def shared_memory(buffers: list[tuple[tuple[int, ...], Any]], n_inputs: int, outputs: list[int],
+                  io: list[tuple[tuple[int, ...], tuple[int, ...]]]) -> dict[int, int]:
+    """Which intermediate buffers of a plan may live in another's memory: buffer id -> the id whose
+    memory it takes. ``io``: per launch, in the order a device runs them, (the ids it reads, the ids
+    it writes). An intermediate is given the memory of one of the same size that no launch uses
+    any more, the one freed last first (the most likely still in cache); inputs, outputs and the
+    ids past ``buffers`` (a device's scratch) keep their own. A kernel writes into memory whose last
+    reader has finished: every id's last use is a launch before the one that first writes its
+    successor."""
+    nbytes = lambda b: math.prod(buffers[b][0]) * buffers[b][1].itemsize
+    last: dict[int, int] = {}
+    for j, (reads, writes) in enumerate(io):
+        for b in (*reads, *writes):
+            last[b] = j
+    own = set(range(n_inputs)) | set(outputs)
+    free: dict[int, list[int]] = {}
+    owner: dict[int, int] = {}
+    started: set[int] = set()
+    for j, (reads, writes) in enumerate(io):
+        for b in writes:
+            if b in started or b in own or b >= len(buffers):
+                continue
+            started.add(b)
+            got = free.get(nbytes(b))
+            if got:
+                owner[b] = got.pop()
+        for b in {*reads, *writes}:
+            if last[b] == j and b in started:
+                free.setdefault(nbytes(b), []).append(owner.get(b, b))
+    return owner
+
+
 # ------------------------------------------------------------------ JSON: plans kept on disk
 # (eqgrad/engine/diskcache.py). Every value is written with a tag where JSON would lose its type,
 # so a plan read back is the plan written, field for field and type for type:

@@ -22,6 +22,7 @@ from eqgrad.engine import plan_for
 from eqgrad.extract import cost_model
 from eqgrad.extract.cost import default_cost
 from eqgrad.extract.plan import build_plan
+from eqgrad.graph.plan import shared_memory
 from eqgrad.lower.passes import LowerOptions, run_passes
 from eqgrad.ops import numel
 from eqgrad.rules.provenance import INPUT, rule_of
@@ -131,7 +132,13 @@ class Explanation:
                  f"{cp.report.eclasses} e-classes"]
         held = sum(numel(s) * d.itemsize for s, d in self.plan.buffers[self.plan.n_inputs:])
         bound = res.info.get("peak_bound") if res else None
-        lines.append(f"buffers: {held} bytes of intermediates and outputs, all held while the plan runs"
+        io = getattr(cp.run, "buffer_io", None)
+        owner = shared_memory(self.plan.buffers, self.plan.n_inputs, self.plan.outputs, io) if io is not None else {}
+        at_once = held - sum(numel(self.plan.buffers[b][0]) * self.plan.buffers[b][1].itemsize for b in owner)
+        lines.append(f"buffers: {held} bytes of intermediates and outputs, "
+                     + (f"{at_once} held at once ({len(owner)} intermediates in the memory of one the launches "
+                        "before them had finished with: graph/plan.py shared_memory)" if owner else
+                        "all held while the plan runs")
                      + (f" (EQGRAD_PEAK_MEMORY {bound}: {'within' if held <= bound else 'OVER'} it)" if bound else ""))
         for m in (res.info.get("memory_moves", ()) if res else ()):
             lines.append(f"  for the bound: {m}")      # the fastest plan, then each move the bound made
