@@ -30,7 +30,6 @@ import argparse
 import importlib.util
 import json
 import os
-import re
 import statistics
 from dataclasses import asdict
 import sys
@@ -102,7 +101,7 @@ def check(name: str, step: Callable[[], Any], reps: int, warmup: int, prm: Any) 
   # the pieces the device runs one plan kernel as (the BLAS's "k4g", its packs "k4p0", a split
   # reduction's partials "k4a" and the rest "k4") carry that kernel's prediction: summed into it;
   # siblings the device runs as one kernel ("k3+k4", devices/cpustage.py) are one row, k3's
-  base = lambda n: re.match(r"k\d+", n).group(0) if re.match(r"k\d+", n) else n
+  from eqgrad.graph.plan import plan_kernel_name as base
   names = list(dict.fromkeys(base(e[0]) for e in runs[-1]))
   per: dict[str, list[float]] = {n: [] for n in names}
   info: dict[str, tuple] = {}

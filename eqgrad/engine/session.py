@@ -125,29 +125,20 @@ def _intermediates(cp: CompiledPlan, device: str) -> list[Buffer]:
     is worked out once per compiled plan, at its second run: a plan run once (a growing sequence's
     step, resized at every length) does not pay for it (bench_compile's growing_seq x1.41-1.43 ->
     x1.48-1.50 of the fixed-shape step when every plan worked it out)."""
-    plan, n_in = cp.plan, cp.plan.n_inputs
-    empty = Buffer.empty
-    run = cp.run
+    plan, n_in, run = cp.plan, cp.plan.n_inputs, cp.run
     owner = getattr(run, "shared", None)
     if owner is None:
         io = getattr(run, "buffer_io", None)
-        if io is None or not getattr(run, "ran", False):
-            try:
-                run.ran = True
-            except AttributeError:        # (a run that takes no attributes: never shared)
-                pass
-            return [empty(shape, dt, device) for shape, dt in plan.buffers[n_in:]]
-        owner = run.shared = shared_memory(plan.buffers, n_in, plan.outputs, io)
-    if not owner:
-        return [empty(shape, dt, device) for shape, dt in plan.buffers[n_in:]]
-    out: list = [None if b in owner else empty(shape, dt, device)
+        if io is not None and getattr(run, "ran", False):
+            owner = run.shared = shared_memory(plan.buffers, n_in, plan.outputs, io)
+        elif io is not None:
+            run.ran = True
+    # (an owner holds its own memory: shared_memory hands out only memory's first holders)
+    out: list = [None if owner and b in owner else Buffer.empty(shape, dt, device)
                  for b, (shape, dt) in enumerate(plan.buffers[n_in:], n_in)]
-    for b, root in owner.items():
+    for b, root in (owner or {}).items():
         shape, dt = plan.buffers[b]
-        while root in owner:              # (the memory's first holder)
-            root = owner[root]
-        raw = out[root - n_in].raw
-        out[b - n_in] = Buffer(device, shape, dt, raw.reshape(-1).view(dt.np).reshape(shape))
+        out[b - n_in] = Buffer(device, shape, dt, out[root - n_in].raw.reshape(-1).view(dt.np).reshape(shape))
     return out
 
 

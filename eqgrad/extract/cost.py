@@ -306,19 +306,10 @@ def _check_calibration(v: object) -> str | None:
     return check_fields(v, positive=("bandwidth", "peak"), non_negative=("launch",))
 
 
-def _contraction_of(e: dict) -> float:
-    """A stored calibration's contraction rate (0 where it predates the field, or is not a
-    non-negative finite number: then ``peak`` applies)."""
-    try:
-        v = float(e.get("contraction", 0.0))
-    except (TypeError, ValueError):
-        return 0.0
-    return v if math.isfinite(v) and v >= 0 else 0.0
-
-
 def _measured_of(e: dict, name: str, default: float) -> float:
-    """A stored calibration's ``cold`` or ``row_pass`` (the device's default where it predates the
-    field or is not a non-negative finite number)."""
+    """A stored calibration's field ``name`` (``default`` where it predates the field or is not a
+    non-negative finite number: the contraction rate 0, then ``peak`` applies; ``cold`` and
+    ``row_pass`` the device's default)."""
     try:
         v = float(e.get(name, default))
     except (TypeError, ValueError):
@@ -361,7 +352,7 @@ def _params_for(device: str) -> DeviceParams:
         return base
     try:
         return replace(base, launch=float(e["launch"]), bandwidth=float(e["bandwidth"]), peak=float(e["peak"]),
-                       contraction=_contraction_of(e), cold=_measured_of(e, "cold", base.cold),
+                       contraction=_measured_of(e, "contraction", 0.0), cold=_measured_of(e, "cold", base.cold),
                        row_pass=_measured_of(e, "row_pass", base.row_pass),
                        source=str(e.get("source", "calibrated")))
     except (KeyError, TypeError, ValueError):

@@ -20,7 +20,15 @@ from eqgrad.dtype import DTYPES, DType
 from eqgrad.graph.walk import topological
 from eqgrad.ops import MOVEMENT_OPS, OPS, Shape
 
-_BASE = re.compile(r"k\d+")      # a plan kernel's name in a device piece's ("k4g", "k4p0", "k3+k4")
+_BASE = re.compile(r"k\d+")
+
+
+def plan_kernel_name(name: str) -> str:
+    """The plan kernel a device runs a kernel named ``name`` for: its pieces ("k4g" the BLAS call,
+    "k4p0" a packed operand, "k4a" a split reduction's partials) are k4's, a merge of siblings
+    ("k3+k4") is the first's; any other name is its own."""
+    m = _BASE.match(name)
+    return m.group(0) if m else name
 
 
 def streams_past(nbytes: float, stream_bytes: int) -> bool:
@@ -329,8 +337,7 @@ class KernelPlan:
         before = after = 0.0
         base_prev = None
         for k in run:
-            m = _BASE.match(k.name)
-            base = m.group(0) if m else k.name
+            base = plan_kernel_name(k.name)
             nbytes = k.stats.nbytes if k.stats is not None else k.nbytes
             own = self.cold if streams_past(nbytes, self.stream_bytes) else 0.0
             if base != base_prev:

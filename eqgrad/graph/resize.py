@@ -594,9 +594,11 @@ class _Resizer:
             if ko.stats is not None:      # what the cost function would read at the new sizes, rescaled alike
                 r = k.flops / ko.flops if ko.flops else 1.0
                 # a row-fused kernel's passes: one per row of each of its reductions (cost.py)
-                rows = _rows(order)
+                passes = ko.stats.passes
+                if passes and (rows := _rows(order)):
+                    passes *= _rows(new_order) / rows
                 k.stats = replace(ko.stats, nbytes=float(k.nbytes), flops=ko.stats.flops * r, cflops=ko.stats.cflops * r,
-                                  passes=ko.stats.passes * _rows(new_order) / rows if rows else ko.stats.passes)
+                                  passes=passes)
         changed = dict(sorted(self.sigma.items()))
         if self.ambiguous:
             changed.update({a: b for a, b in sorted(self.ambiguous.items())})

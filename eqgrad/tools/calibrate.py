@@ -7,7 +7,6 @@ default) fit the four to the kernels of a small corpus of model-like programs as
 ``eqgrad.extract.cost.params_for``."""
 from __future__ import annotations
 
-import re
 import time
 from dataclasses import dataclass, replace
 from typing import Callable
@@ -18,7 +17,7 @@ from eqgrad import config, engine, optim
 from eqgrad.devices import Buffer
 from eqgrad.extract.cost import DEFAULT_PARAMS, DeviceParams
 from eqgrad.counters import GlobalCounters
-from eqgrad.graph.plan import KernelStats, streams_past
+from eqgrad.graph.plan import KernelStats, plan_kernel_name, streams_past
 from eqgrad.frontend.tensor import Tensor, realize
 from eqgrad.nn import functional as F
 from eqgrad.graph.program import linearize
@@ -135,7 +134,8 @@ def _calibrate_once(device: str, reps: int, rng: np.random.Generator,
     t_copy, _ = timed(lambda: big + 1)
     bandwidth = 8 * n / max(t_copy - tight, 1e-9)
     after = _launch_in_context(tiny_run, device, reps, rng)
-    stream_bytes = DEFAULT_PARAMS.get(device, DeviceParams()).stream_bytes
+    default = DEFAULT_PARAMS.get(device, DeviceParams())
+    stream_bytes = default.stream_bytes
     # the launch after the streams within stream_bytes (the tight loop's where none is), and what the
     # ones past it cost more (``cold``): the two terms, not a median of both (a calibration without
     # the fit counted the cold launches twice)
@@ -171,8 +171,7 @@ def _calibrate_once(device: str, reps: int, rng: np.random.Generator,
         t_r, _ = timed(lambda: xr.softmax(-1))
         timings.append((t_r, sum(k.stats.passes for k in engine.last_plan.plan.kernels if k.stats is not None)))
     (t_short, p_short), (t_long, p_long) = timings
-    row_pass = max(0.0, (t_short - t_long) / (p_short - p_long)) if p_short > p_long \
-        else DEFAULT_PARAMS.get(device, DeviceParams()).row_pass
+    row_pass = max(0.0, (t_short - t_long) / (p_short - p_long)) if p_short > p_long else default.row_pass
     if progress:
         progress(f"{row_pass * 1e9:.2f} ns a row-fused kernel's loop over a row")
     return dict(launch=launch, bandwidth=bandwidth, peak=peak, contraction=contraction, cold=cold, row_pass=row_pass)
@@ -201,24 +200,23 @@ CORPUS_ROUNDS = 3          # docs/lowering.md, Constants
 ENCODER = (8, 64, 512)     # the corpus's encoder step: sequences, tokens, width (heads of 64; _corpus)
 
 FIT_SPAN = dict(launch=(1.0, 2.0, 5), bandwidth=(0.125, 2.0, 9), peak=(0.25, 4.0, 9), contraction=(0.25, 2.0, 7))
-"""Each parameter's search range, as (lowest, highest) multiples of its measured value and the
-number of log-spaced points: the bandwidth is searched mostly below the copy's (the case above).
-The launch is searched from a quarter of the one timed after streams (``LAUNCH_CONTEXT``; since the
-cost model has the launch after a stream as a term of its own, ``cold``, the launch timed after the
-streams within ``stream_bytes``, and the range below was measured before that): what a
-one-element kernel costs a model depends on what ran before it -- another small kernel (2-4 us)
-or a stream that evicted the interpreter's working set (7-27 us) -- and the share of each is the
-model's, which the corpus's training steps show (the Adam step's bookkeeping). From the measured
-value up, a 2-vCPU Intel Xeon (Rocket Lake) kept 9.9 us (after streams of 0.5, 2, 8 and 34 MB: 2.3,
-3.7, 10.8, 12.8 us; 2.1 in a tight loop) where bench_model's small kernels took 1.8-11.8 us, and 23
-of them fell outside 2x; from a quarter, 4.3 us and 8. Before the corpus had that step, searching
-from half took its back-to-back scalar kernels (2.0-2.8 us) for the rule: on a 2-vCPU AMD EPYC it
-fitted 2.7 us against 4.0 measured, and ten tiny kernels of bench_model's training steps (6-10 us
-each) fell outside 2x. Since the launch is timed after the streams within ``stream_bytes`` only
-(the ones past it are ``cold``), it is searched from the measured value up again: from a quarter,
-the Rocket Lake Xeon fitted 3.0 us against 3.8-3.9 measured, and on those calibrated runs' kernels
-(bench_model --json) the measured launch in place of the fitted one put 154-155 of 169-170 within
-2x instead of 148-150 (the training steps' small kernels took 6-16 us)."""
+"""Each parameter's search range, as (lowest, highest) multiples of its measured value and the number
+of log-spaced points: the bandwidth is searched mostly below the copy's (the case above). The launch
+is searched from the one timed after the streams within ``stream_bytes`` (``LAUNCH_CONTEXT``; the
+launch after a longer stream is ``cold``, a term of its own) up; the history of that choice: what a
+one-element kernel costs a model depends on what ran before it -- another small kernel (2-4 us) or a
+stream that evicted the interpreter's working set (7-27 us) -- and the share of each is the model's,
+which the corpus's training steps show (the Adam step's bookkeeping). From the measured value up
+(then the median over every stream), a 2-vCPU Intel Xeon (Rocket Lake) kept 9.9 us (after streams of
+0.5, 2, 8 and 34 MB: 2.3, 3.7, 10.8, 12.8 us; 2.1 in a tight loop) where bench_model's small kernels
+took 1.8-11.8 us, and 23 of them fell outside 2x; from a quarter, 4.3 us and 8. Before the corpus
+had that step, searching from half took its back-to-back scalar kernels (2.0-2.8 us) for the rule:
+on a 2-vCPU AMD EPYC it fitted 2.7 us against 4.0 measured, and ten tiny kernels of bench_model's
+training steps (6-10 us each) fell outside 2x. Since the launch is timed after the streams within
+``stream_bytes`` only (the ones past it are ``cold``), it is searched from the measured value up
+again: from a quarter, the Rocket Lake Xeon fitted 3.0 us against 3.8-3.9 measured, and on those
+calibrated runs' kernels (bench_model --json) the measured launch in place of the fitted one put
+154-155 of 169-170 within 2x instead of 148-150 (the training steps' small kernels took 6-16 us)."""
 
 
 FIT_FINE = dict(launch=(1.0, 1.0, 1), bandwidth=(0.7, 1.4, 7), peak=(0.7, 1.4, 7), contraction=(0.7, 1.4, 7))
@@ -351,8 +349,7 @@ def kernel_samples(programs: dict[str, Callable[[], list[Tensor]]], reps: int = 
                 per: dict[str, float] = {}
                 before = 0.0              # the bytes of the plan kernel that ran last
                 for kname, sec, _pred, _flops, _nbytes, k in log:
-                    m = re.match(r"k\d+", kname)
-                    base = m.group(0) if m else kname
+                    base = plan_kernel_name(kname)
                     if base not in per:
                         after[name, base] = streams_past(before, stream_bytes)
                     per[base] = per.get(base, 0.0) + sec
