@@ -81,13 +81,18 @@ def pays(g: Gemm, predicted: float, threads: int) -> bool | None:
 
 
 def _check_choice(v: object) -> str | None:
-    if isinstance(v, list) and all(isinstance(e, list) and len(e) == 2 and type(e[0]) is int and isinstance(e[1], bool)
+    def seconds(x: object) -> bool:
+        return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
+    if isinstance(v, list) and all(isinstance(e, list) and len(e) == 4 and type(e[0]) is int and e[0] > 0
+                                   and seconds(e[1]) and seconds(e[2]) and type(e[3]) is int and e[3] > 0
                                    for e in v):
         return None
-    return f"expected a list of [flops, true or false], got {v!r}"
+    return f"expected a list of [flops, generated seconds, BLAS seconds, processes], got {v!r}"
 
 
-CHOICES = JsonCache("gemm", 2, check=_check_choice)     # measured: [[flops, BLAS (true) or generated]] per structure
+# measured: [[flops, generated seconds, BLAS seconds, processes that timed it]] per structure
+# (cpustage.CPUStage._measured; each side its fastest over the processes)
+CHOICES = JsonCache("gemm", 3, check=_check_choice)
 
 
 def _check_speed(v: object) -> str | None:
