@@ -86,13 +86,22 @@ def _report_and_exit(w: int, body: Callable[[], tuple[int, str]]) -> NoReturn:
         os._exit(code)
 
 
+def _split_runner() -> object | None:
+    """What runs this process's split kernels: its native workers (devices/spin.py) where the
+    platform has them, else the LLVM device's Python pool; None if there is none yet."""
+    from eqgrad.devices import spin
+    if spin.available():
+        w = spin._WORKERS
+        return w if w is not None and w._pid == os.getpid() else None
+    return eqgrad.devices.get_device("LLVM")._pool
+
+
 def test_forked_child_realizes_threaded_kernels_and_saturates():
-    # the parent has a pool with idle threads and a running worker
+    # the parent has worker threads (idle) and a running saturation worker
     err, stop = _threaded_and_saturating(0)
     assert err < 1e-4 and stop == "completed"
-    cpu = eqgrad.devices.get_device("LLVM")
-    parent_pool = cpu._pool
-    assert parent_pool is not None, "the parent's kernel did not use the thread pool"
+    parent_pool = _split_runner()
+    assert parent_pool is not None, "the parent's kernel did not use the worker threads"
     parent_worker = _worker_pid()
     assert parent_worker is not None
     r, w = os.pipe()
@@ -103,7 +112,7 @@ def test_forked_child_realizes_threaded_kernels_and_saturates():
         def child() -> tuple[int, str]:
             signal.alarm(int(HANG) + 30)           # a last resort if the parent's kill fails
             err, stop = _threaded_and_saturating(1)
-            child_pool = eqgrad.devices.get_device("LLVM")._pool
+            child_pool = _split_runner()
             child_worker = _worker_pid()
             ok = (err < 1e-4 and stop == "completed" and child_pool is not None and child_pool is not parent_pool
                   and child_worker not in (None, parent_worker))

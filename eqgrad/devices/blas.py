@@ -41,6 +41,7 @@ import numpy as np
 from eqgrad.cache import JsonCache, machine_id
 from eqgrad.graph.caps import library_seconds
 from eqgrad.lower.contraction import Gemm, lead
+from eqgrad.devices import spin
 
 _VP = ctypes.c_void_p
 
@@ -372,6 +373,8 @@ class GemmProgram:
 
     def __call__(self, *ptrs: int, lo: int, hi: int) -> None:
         pc, px, py = ptrs[self.pos[0]], ptrs[self.pos[1]], ptrs[self.pos[2]]
+        if self.blas_threads > 1:
+            spin.park()              # (the device's polling workers would take a core from the BLAS's)
         prev = self.lib.one_thread(self.blas_threads)
         try:
             for oc, ox, oy, (_, fn, tmpl, (sx, sy, sc)) in self._units[lo:hi]:

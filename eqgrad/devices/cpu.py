@@ -49,7 +49,7 @@ from eqgrad.devices import Buffer, Device, DevicePlan
 from eqgrad.lower import lowering, trace
 from eqgrad.lower.passes import LowerOptions
 from eqgrad.ops import numel
-from eqgrad.devices import blas, compilepool, kernelcache
+from eqgrad.devices import blas, compilepool, kernelcache, spin
 from eqgrad.devices.llvm import (LLVM_OPS, COMPILE_LOCK, NT_MIN, PREFETCHED, CodeEngine, LLVMProgram, compiler,
                                  render_llvm, streaming_store)
 from eqgrad.devices.sizeargs import Families, Sized
@@ -500,7 +500,7 @@ class LLVMDevice(Device):
 
     def launch(self, k, prg: LLVMProgram, ptrs: list[int], n: int, threads: int) -> None:
         """Run the split loop [0, n) on one thread or cut into up to CHUNKS_PER_THREAD chunks per
-        thread that the threads take in turn from a shared counter (``_split_run``), whichever
+        thread that the threads share (``_split_run``: interleaved, each thread's own first), whichever
         this kernel's first SPLIT_PROBES runs measured faster (module docstring). Two contiguous
         halves were measured pathological for a row-fused layernorm (4096 rows: 2.1 ms against 1.6
         ms on one thread; two streams exactly 8 MB apart), chunks taken in turn 0.84-0.94 ms; they
@@ -556,7 +556,9 @@ class LLVMDevice(Device):
                 return
 
     def _split_run(self, prg: LLVMProgram, ptrs: list[int], n: int, threads: int) -> None:
-        """``prg`` over [0, n) in chunks that ``threads`` threads, this one included, take in turn."""
+        """``prg`` over [0, n) in chunks that ``threads`` threads, this one included, share: on the
+        native workers that poll for work (spin.py; chunk c is thread c % threads's first), else on
+        the Python pool from a shared counter."""
         grain = 16 if prg.nontemporal else 1          # streaming stores start 64-byte aligned
         m = max(threads, min(threads * CHUNKS_PER_THREAD, n // (grain * CHUNK_MIN)))
         # a multiple of the threads: 12 iterations of a column sum's 128-lane blocks made 3 pieces
@@ -564,6 +566,13 @@ class LLVMDevice(Device):
         # on one thread); as 2 pieces, 81 us
         m -= m % threads
         cuts = [n * c // m // grain * grain for c in range(m)] + [n]
+        # on native workers that poll for work (spin.py), the same chunks on the same threads from
+        # run to run; the BLAS's programs, and where those are not to be had, on the Python pool
+        native = getattr(prg, "native", None)           # (compiled kernels: plain and sized)
+        if native is not None and len(ptrs) < spin.MAX_ARGS:
+            w = spin.workers(threads)
+            if w is not None and w.try_run(*native(ptrs), cuts):
+                return
         nxt = itertools.count()                         # next() on a count is atomic under the GIL
 
         def work() -> None:

@@ -1410,9 +1410,18 @@ class LLVMProgram:
     def __call__(self, *ptrs: int, lo: int, hi: int) -> None:
         """Run iterations [lo, hi) of the kernel's outermost parallel loop (ignored without one).
         With streaming stores, ``lo`` must be a multiple of 16 (cpu.py cuts so)."""
+        self._function(ptrs)(*ptrs, lo, hi)
+
+    def native(self, ptrs: list[int] | tuple[int, ...]) -> tuple[int, list[int] | tuple[int, ...]]:
+        """(the address of the function ``__call__`` runs for buffers ``ptrs``, its pointer
+        arguments): spin.py's workers call it as ``fn(*ptrs, lo, hi)``."""
+        return ctypes.cast(self._function(ptrs), ctypes.c_void_p).value, ptrs
+
+    def _function(self, ptrs: list[int] | tuple[int, ...]) -> Any:
+        """The function for these buffers: without streaming stores where an output is not
+        64-byte aligned."""
         if self.nontemporal and (ptrs[0] % 64 or (self.n_outs > 1 and any(p % 64 for p in ptrs[1:self.n_outs]))):
             if not self._plain:
                 self._plain = self._load(False)[0]
-            self._plain(*ptrs, lo, hi)
-            return
-        self.fn(*ptrs, lo, hi)
+            return self._plain
+        return self.fn

@@ -153,6 +153,10 @@ class Sized:
     def __call__(self, *ptrs: int, lo: int, hi: int) -> None:
         self.program(*ptrs, self._addr, lo=lo, hi=hi)
 
+    def native(self, ptrs: list[int] | tuple[int, ...]) -> tuple[int, list[int]]:
+        """(the program's function address, its pointer arguments): ``LLVMProgram.native``."""
+        return self.program.native([*ptrs, self._addr])
+
 
 class _Family:
     __slots__ = ("concrete", "sized", "seen")
