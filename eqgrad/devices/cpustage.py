@@ -281,13 +281,19 @@ class CPUStage:
         # first two turns is not run a third time. (One turn was once enough: a single slow BLAS
         # run then decided, and gemm.json kept it -- BERT's value projection ran generated in
         # every layer, 1.85 ms against 0.6 + 0.1 through the BLAS, in one of five bench runs.)
+        # Each timed run comes after an untimed one of the same side: right after the other, a
+        # run paid for what that one left -- the device's workers parked by the BLAS's threads
+        # (spin.py), a wake-up of the other CPU: a 1536 x 576 matrix-vector kernel timed 146-164 us
+        # generated against 45-102 us in a row, and went to the BLAS (95-132 us)
         self.device.settle(k, gen, gen_ptrs, n, threads)
         for pk, prg, m in built:
             self.device.settle(pk, prg, [bufs[b].ptr for b in (pk.out, *pk.inputs)], m, threads)
         self.device.settle(k, lib, lib_ptrs, lib.units, threads)
         ts_gen, ts_blas = [], []
         for turn in range(3):
+            generated()
             ts_gen.append(timed(generated))
+            with_blas()
             ts_blas.append(timed(with_blas))
             if turn == 1 and min(ts_blas) > BLAS_GIVE_UP * max(ts_gen):
                 break
