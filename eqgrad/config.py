@@ -332,9 +332,9 @@ THREADS = Flag("EQGRAD_THREADS", max(1, min(os.cpu_count() or 1, MAX_THREADS)), 
                "CPU threads a large LLVM kernel is split across; above 1, a plan's new kernels also "
                "compile two at a time, here and in a compile worker (1 disables both)")
 SPIN_US = Flag("EQGRAD_SPIN_US", 200, _integer_in(0, 100_000), "an integer from 0 to 100000",
-                 "microseconds a worker thread of the LLVM device keeps polling for the next split "
-                 "kernel after its last one before it sleeps (0: it sleeps at once; waking a sleeping "
-                 "one costs a wake-up of another CPU)")
+               "microseconds a worker thread of the LLVM device keeps polling for the next split "
+               "kernel after its last one before it sleeps (0: it sleeps at once; waking a sleeping "
+               "one costs a wake-up of another CPU)")
 BLAS = Flag("EQGRAD_BLAS", 1, _integer_in(0, 1), "0 or 1",
             "1: on the LLVM device, a kernel whose body is a contraction with unit-stride operands "
             "(a matmul in any layout, batched or broadcast, with elementwise ops after it) runs its "

@@ -569,9 +569,10 @@ class LLVMDevice(Device):
         # on native workers that poll for work (spin.py), the same chunks on the same threads from
         # run to run; the BLAS's programs, and where those are not to be had, on the Python pool
         native = getattr(prg, "native", None)           # (compiled kernels: plain and sized)
-        if native is not None and len(ptrs) < spin.MAX_ARGS:
-            w = spin.workers(threads)
-            if w is not None and w.try_run(*native(ptrs), cuts):
+        if native is not None:
+            fn, args = native(ptrs)
+            w = spin.workers(threads) if len(args) <= spin.MAX_ARGS else None
+            if w is not None and w.try_run(fn, args, cuts):
                 return
         nxt = itertools.count()                         # next() on a count is atomic under the GIL
 
