@@ -1410,7 +1410,7 @@ class LLVMProgram:
     def __call__(self, *ptrs: int, lo: int, hi: int) -> None:
         """Run iterations [lo, hi) of the kernel's outermost parallel loop (ignored without one).
         With streaming stores, ``lo`` must be a multiple of 16 (cpu.py cuts so)."""
-        self._function(ptrs)(*ptrs, lo, hi)
+        (self._function(ptrs) if self.nontemporal else self.fn)(*ptrs, lo, hi)
 
     def native(self, ptrs: list[int] | tuple[int, ...]) -> tuple[int, list[int] | tuple[int, ...]]:
         """(the address of the function ``__call__`` runs for buffers ``ptrs``, its pointer

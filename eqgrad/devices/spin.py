@@ -310,6 +310,7 @@ class Workers:
         self._libc.pthread_create.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
         self._libc.pthread_timedjoin_np.argtypes = [ctypes.c_ulong, ctypes.c_void_p, ctypes.c_void_p]
         worker = self._engine.get_function_address("worker")
+        self._pid = os.getpid()              # (close() below, on a failed start, reads it)
         self._threads: list[ctypes.c_ulong] = []
         self._worker_args = []
         for t in range(1, threads):
@@ -321,7 +322,6 @@ class Workers:
                 raise OSError(err, f"pthread_create: {os.strerror(err)}")
             self._worker_args.append(arg)
             self._threads.append(tid)
-        self._pid = os.getpid()
 
     def spin(self, us: int) -> None:
         """Poll for ``us`` microseconds after a chunk before sleeping (0: sleep at once)."""
@@ -341,8 +341,8 @@ class Workers:
                 self._cuts = (ctypes.c_int64 * (m + 1))()
             self._cuts[:m + 1] = cuts
             self._args[:len(ptrs)] = ptrs
+            self.spin(config.SPIN_US.value)        # (the flag as it is now; undoes a park)
             ctx = self._ctx
-            ctx[_SPIN] = config.SPIN_US.value * 1000
             ctx[_FN], ctx[_ARGS], ctx[_CUTS], ctx[_NARGS] = (fn, ctypes.addressof(self._args),
                                                              ctypes.addressof(self._cuts), len(ptrs))
             self._run(ctypes.addressof(ctx), m)          # (the GIL released while it runs)
