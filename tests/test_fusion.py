@@ -49,6 +49,24 @@ def test_softmax_at_most_three_kernels(shape):
     np.testing.assert_allclose(out.numpy(), e / e.sum(-1, keepdims=True), rtol=1e-5, atol=1e-7)
 
 
+def test_attention_probabilities_written_with_a_unit_axis_are_one_row_fused_kernel():
+    """softmax(scores) feeding ``p @ v`` is written as (b, h, q, 1, k) for the product's broadcast:
+    a reshape that only adds an axis of one element keeps the rows (the max and the sum are computed
+    once per row in the output kernel, as without it), so the softmax is one kernel, not a max, a sum
+    and an output kernel each re-reading the scores (a BERT-shaped encoder's layers 2-6 had them)."""
+    sc, v = _t(32, 12, 15, 15), _t(32, 12, 15, 32)      # (the encoder's sizes: smaller ones fused before)
+    s = Tensor(np.array([0.17], np.float32))
+    p = (sc * s.reshape(1, 1, 1, 1)).softmax(-1)
+    out = (p.reshape(32, 12, 15, 1, 15) * v.permute(0, 1, 3, 2).reshape(32, 12, 1, 32, 15)).sum(-1)
+    assert kernels(out) == 2
+    (soft,) = [k for k in engine.last_plan.plan.kernels if any(n.op == "RMAX" for n in k.ast.walk())]
+    assert {n.op for n in soft.ast.walk()} >= {"RMAX", "RSUM", "EXP2"}
+    x = sc.numpy() * 0.17
+    e = np.exp(x - x.max(-1, keepdims=True))
+    want = np.einsum("bhqk,bhkd->bhqd", e / e.sum(-1, keepdims=True), v.numpy())
+    np.testing.assert_allclose(out.numpy(), want, rtol=1e-5, atol=1e-6)
+
+
 def test_moved_inputs_are_read_in_place():
     """A permuted, expanded and padded input is read through its index expression: no copy kernel."""
     a, b = _t(6, 8), _t(6)

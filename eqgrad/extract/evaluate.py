@@ -168,15 +168,19 @@ def _reduces_below(choice: "Choice", c: int) -> bool:
 
 def _unit_reshape(src: tuple, shape: tuple, rg: frozenset | None) -> frozenset | None:
     """The region ``rg`` of Reshape(src -> shape) on its source, where the reshape only adds or
-    drops axes of one element (each reduced axis keeps its extent); None where it does more."""
+    drops axes of one element (each reduced axis keeps its extent, the output's trailing axes are
+    the source's); None where it does more."""
     if not rg or [a for a in src if a != 1] != [b for b in shape if b != 1]:
         return None
     to_src = dict(zip([d for d, b in enumerate(shape) if b != 1], [d for d, a in enumerate(src) if a != 1]))
-    out = []
+    out: list = []
     for axes in rg:
-        if axes == "out" or any(d not in to_src for d in axes):
+        if axes == "out":          # the trailing non-trivial axes (_row_invariant): the same ones
+            out.append(axes)
+        elif any(d not in to_src for d in axes):
             return None
-        out.append(frozenset(to_src[d] for d in axes))
+        else:
+            out.append(frozenset(to_src[d] for d in axes))
     return frozenset(out)
 
 
@@ -485,7 +489,7 @@ class PlanEvaluator:
                     # reduction's region, so the row values below it are hoisted; a reduction
                     # below it must be a row's (hoisted, or kept by a hoisted loop: checked below)
                     ce, cr, shares = e * size[ch] / max(1, size_c), rg, True
-                elif rows and rg and op == "RESHAPE":
+                elif rg and op == "RESHAPE":
                     cr = _unit_reshape(shapes[ch], shape_c, rg)      # (None where it does more)
                 elif reduce:
                     cn = True
