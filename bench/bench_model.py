@@ -86,7 +86,7 @@ def _features(k: Any) -> dict[str, int]:
 
 def check(name: str, step: Callable[[], Any], reps: int, warmup: int, prm: Any) -> dict[str, Any]:
   from eqgrad import GlobalCounters
-  from eqgrad.graph.plan import streams_past
+  from eqgrad.graph.plan import stream_share
   from eqgrad.lower.classify import classify
   for _ in range(1 + warmup):
     step()
@@ -122,10 +122,10 @@ def check(name: str, step: Callable[[], Any], reps: int, warmup: int, prm: Any) 
         per[b].append(sec)
   info = {b: (pred, flops / len(runs), nbytes / len(runs)) for b, (pred, flops, nbytes) in info.items()}
   # the predictions logged are each kernel's where it ran (KernelPlan.in_context: a kernel right after
-  # one that moved more than stream_bytes takes that one's launch-after-a-stream term, cost.py); which
-  # kernels ran after such a one, for --fit
+  # one that moved more than about stream_bytes takes that one's launch-after-a-stream term, cost.py);
+  # the share of it each kernel took, for --fit
   priced = [kernels[n].stats.nbytes if n in kernels and kernels[n].stats is not None else 0 for n in names]
-  after = [False] + [streams_past(b, prm.stream_bytes) for b in priced[:-1]]
+  after = [0.0] + [stream_share(b, prm.stream_bytes) for b in priced[:-1]]
   rows = []
   for i, n in enumerate(names):
     m = statistics.median(per[n])
@@ -196,6 +196,7 @@ def main(argv=None) -> int:
   if args.reps < 1:
     p.error("--reps must be >= 1")
   from eqgrad.extract.cost import params_for, save_calibration
+  from eqgrad.graph.plan import cold_words
   if args.calibrate:
     from eqgrad.tools.calibrate import calibrate
     save_calibration("LLVM", calibrate("LLVM", progress=lambda m: print(f"  calibrate: {m}", flush=True), runs=3,
@@ -204,8 +205,8 @@ def main(argv=None) -> int:
   core = _load("bench_core")
   print(f"CPU: {core.cpu_model()}; cost model {prm.source}: launch {prm.launch * 1e6:.1f} us, "
         f"{prm.bandwidth / 1e9:.1f} GB/s, peak {prm.peak / 1e9:.1f} GFLOP/s, "
-        f"contraction {(prm.contraction or prm.peak) / 1e9:.1f} GFLOP/s, {prm.cold * 1e6:.1f} us more a launch after "
-        f"a kernel of more than {prm.stream_bytes / 2 ** 20:g} MiB, {prm.row_pass * 1e9:.2f} ns a row pass")
+        f"contraction {(prm.contraction or prm.peak) / 1e9:.1f} GFLOP/s, {cold_words(prm.cold, prm.stream_bytes)}, "
+        f"{prm.row_pass * 1e9:.2f} ns a row pass")
   todo = workloads(args.quick)
   if args.only:
     wanted = [s.strip() for s in args.only.split(",") if s.strip()]

@@ -340,7 +340,7 @@ def test_the_fit_predicts_what_the_cost_model_predicted():
     assert any(k.stats.passes for k in kernels) and p.row_pass     # (the softmax and the layer norm)
     got = predicted([KernelSample(1.0, k.stats) for k in kernels], point, p.cold, p.row_pass)[0]
     assert np.allclose(got, own, rtol=1e-9), (got, own)
-    got = predicted([KernelSample(1.0, k.stats, after=True) for k in kernels], point, p.cold, p.row_pass)[0]
+    got = predicted([KernelSample(1.0, k.stats, after=1.0) for k in kernels], point, p.cold, p.row_pass)[0]
     assert np.allclose(got, [o + p.cold for o in own], rtol=1e-9)
     for pl in _plans_of(outs):
         back = plan_from_json(plan_to_json(pl))
@@ -497,17 +497,20 @@ def test_a_weight_gradient_is_one_contraction_not_a_materialized_product(extract
 
 
 def test_a_launch_after_a_stream_is_charged_to_the_stream_and_moved_where_it_ran(tmp_path):
-    """cost.py, launch after a stream: a kernel moving more than ``stream_bytes`` carries ``cold`` for
-    the launch after it in extraction (a plan's total is the same), and ``KernelPlan.in_context``
-    gives each kernel of a run (the device's pieces of one plan kernel sharing its place) its own cost
-    plus the term of the kernel before it, which DEBUG=2 and kernel_log show; the calibration measures
-    the term from the launches after streams past and within ``stream_bytes``."""
+    """cost.py, launch after a stream: a kernel moving more than about ``stream_bytes`` carries ``cold``
+    (a share of it from half of ``stream_bytes``, all of it from one and a half) for the launch after it
+    in extraction (a plan's total is the same), and ``KernelPlan.in_context`` gives each kernel of a
+    run (the device's pieces of one plan kernel sharing its place) its own cost plus the term of the
+    kernel before it, which DEBUG=2 and kernel_log show; the calibration measures the term from the
+    launches after the streams that make it all cold and those that leave it warm."""
     from eqgrad.extract.cost import after_stream
-    from eqgrad.graph.plan import Kernel, KernelPlan
+    from eqgrad.graph.plan import Kernel, KernelPlan, stream_share
     from eqgrad.graph.caps import PRIVATE_CACHE_FALLBACK, private_cache_bytes
     from eqgrad.tools.calibrate import cold_launch
     p = DeviceParams(launch=5e-6, cold=6e-6, stream_bytes=1 << 20)
-    assert after_stream(p, 1 << 20) == 0.0 and after_stream(p, (1 << 20) + 1) == 6e-6
+    # a share of the term from half of stream_bytes, all of it from one and a half (graph/plan.py stream_share)
+    assert after_stream(p, 1 << 19) == 0.0 and after_stream(p, 3 << 19) == 6e-6 == after_stream(p, 8e6)
+    assert math.isclose(after_stream(p, 1 << 20), 3e-6) and math.isclose(after_stream(p, 5 << 18), 4.5e-6)
     assert after_stream(DeviceParams(cold=6e-6), 1e9) == 0.0          # no stream_bytes: no term
     # k1 streams 8 MB and runs as two pieces (its GEMM "k1g" and the rest "k1"); k4 streams last
     ran = [("k0", 5e-6, 64), ("k1g", 1e-3 + 6e-6, 8e6), ("k1", 1e-3 + 6e-6, 8e6), ("k2", 5e-6, 64),
@@ -522,12 +525,13 @@ def test_a_launch_after_a_stream_is_charged_to_the_stream_and_moved_where_it_ran
     with using(params={"LLVM": DeviceParams(launch=5e-6, cold=6e-6, stream_bytes=1 << 20)}):
         (x * 2).sum().realize()
         with_term = engine.last_plan.plan
-        assert "6.0 us more a launch after a kernel of more than 1 MiB" in str(eqgrad.explain((x * 2).sum()))
+        assert "up to 6.0 us more a launch after a kernel of more than 0.5 MiB (all of it from 1.5 MiB)" in \
+            str(eqgrad.explain((x * 2).sum()))
     with using(params={"LLVM": DeviceParams(launch=5e-6)}):
         (x * 2).sum().realize()
         without = engine.last_plan.plan
     assert math.isclose(with_term.predicted - without.predicted, 6e-6 * sum(
-        k.nbytes > (1 << 20) for k in with_term.kernels), rel_tol=1e-6, abs_tol=1e-12)
+        stream_share(k.nbytes, 1 << 20) for k in with_term.kernels), rel_tol=1e-6, abs_tol=1e-12)
     # as run: the kernel after the 8 MB one is logged with the term, the 8 MB one without it
     y = Tensor(np.ones(64, np.float32))
     with using(params={"LLVM": DeviceParams(launch=5e-6, cold=6e-6, stream_bytes=1 << 20)}):

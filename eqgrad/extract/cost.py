@@ -1,7 +1,7 @@
 """The kernel cost model: one small function, with its units and assumptions.
 
     time(kernel) = launch + max(bytes / bandwidth, flops / peak + cflops / contraction + passes * row_pass)    [seconds]
-    time(plan)   = sum over kernels, + cold for each kernel that moves more than stream_bytes
+    time(plan)   = sum over kernels, + cold * stream_share(bytes) for each kernel (the launch after it)
 
 - bytes: the kernel's output written once, plus each distinct input buffer read once (or only the
   elements actually read, for a slice), at the dtype's item size. Constants cost nothing.
@@ -62,7 +62,9 @@
 - launch after a stream: what a launch costs depends on what ran before it. A kernel whose bytes
   exceed a core's private cache (``stream_bytes``: the host's L2, graph/caps.py
   ``private_cache_bytes``) evicts the interpreter's and the launch path's working set, and the next
-  launch takes ``cold`` longer. Measured: a one-element kernel 2.1-2.8 us in a tight loop, 10.8-16.4
+  launch takes ``cold`` longer -- a share of it from half the L2, all of it from one and a half
+  (graph/plan.py ``stream_share``: a one-element kernel after copies of 0.75, 1, 1.5, 2 and 3 MiB
+  took 2.8, 4.6, 9.7, 12.5 and 18.7 us on a 2 MiB L2, 2.3 in a tight loop). Measured: a one-element kernel 2.1-2.8 us in a tight loop, 10.8-16.4
   us right after a stream of 8 to 34 MB (2-vCPU Intel Xeon, Rocket Lake and Emerald Rapids); after a
   64 MB copy an empty Python call took 3.75 us (0.07 warm), a ctypes call 18 us (0.34). In
   bench/bench_model.py the training steps' small kernels took 9-22 us right after a kernel of more
@@ -96,7 +98,7 @@ from typing import Any, Callable
 
 from eqgrad.cache import JsonCache, check_fields, machine_key
 from eqgrad.graph.caps import Capabilities, block_of, gemm_of, library_seconds, private_cache_bytes
-from eqgrad.graph.plan import KernelStats, streams_past   # the cost function's input (on the graph floor: plans keep it)
+from eqgrad.graph.plan import KernelStats, stream_share   # the cost function's input (on the graph floor: plans keep it)
 
 CALIBRATION_VERSION = 1
 
@@ -185,10 +187,11 @@ def row_share(length: float) -> float:
 
 def after_stream(p: DeviceParams, nbytes: float) -> float:
     """What a kernel that moves ``nbytes`` costs the launch after it ("launch after a stream" above):
-    ``cold`` past ``stream_bytes``, else 0. The plan evaluator adds it to the streaming kernel's
+    ``cold`` times its ``stream_share`` (graph/plan.py: 0 under half of ``stream_bytes``, all of it
+    from one and a half, linear between). The plan evaluator adds it to the streaming kernel's
     seconds (a plan's total is the same whichever kernel carries it, and extraction does not know
     the order the kernels will run in)."""
-    return p.cold if streams_past(nbytes, p.stream_bytes) else 0.0
+    return p.cold * stream_share(nbytes, p.stream_bytes) if p.cold else 0.0
 
 
 def default_cost(s: KernelStats, p: DeviceParams) -> float:

@@ -16,7 +16,7 @@ Variables (per e-node n, e-class c, potential kernel k -- the roots and every cl
 minimize ``sum t[k]``. The objective is a linear approximation of the evaluator (evaluate.py): a
 node inlined under a broadcast is counted once per kernel rather than once per evaluation, a
 reduction inside a root contraction's loop is charged as part of the contraction (the evaluator
-charges it ``unlaned``), the launch after a stream (cost.py ``after_stream``: a step in a kernel's
+charges it ``unlaned``), the launch after a stream (cost.py ``after_stream``: a ramp in a kernel's
 bytes) is left out, a row-fused kernel's row passes (cost.py) are charged to its rows' reductions
 but not to its output's pass, and
 legality is encoded as "a reduction is never evaluated in a kernel with more output elements than

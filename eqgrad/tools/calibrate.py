@@ -17,7 +17,7 @@ from eqgrad import config, engine, optim
 from eqgrad.devices import Buffer
 from eqgrad.extract.cost import DEFAULT_PARAMS, DeviceParams
 from eqgrad.counters import GlobalCounters
-from eqgrad.graph.plan import KernelStats, plan_kernel_name, streams_past
+from eqgrad.graph.plan import STREAM_TO, KernelStats, plan_kernel_name, stream_share
 from eqgrad.frontend.tensor import Tensor, realize
 from eqgrad.nn import functional as F
 from eqgrad.graph.program import linearize
@@ -59,18 +59,22 @@ def _launch_in_context(tiny_run: Callable[[], None], device: str, reps: int, rng
 
 
 def _by_stream(after: dict[int, list[float]], stream_bytes: int) -> tuple[list[float], list[float]]:
-    """``_launch_in_context``'s times after the streams within ``stream_bytes`` and after those past it."""
+    """``_launch_in_context``'s times after the streams that leave the launch warm and after those that
+    make it all cold (``stream_share`` 0 and 1 of ``stream_bytes``; the ones between in neither)."""
     within: list[float] = []
     past: list[float] = []
     for b, ts in after.items():
-        (past if streams_past(b, stream_bytes) else within).extend(ts)
+        share = stream_share(b, stream_bytes)
+        if share in (0.0, 1.0):
+            (past if share else within).extend(ts)
     return within, past
 
 
 def cold_launch(after: dict[int, list[float]], tight: float, stream_bytes: int) -> float:
     """The ``cold`` term (cost.py, launch after a stream) from ``_launch_in_context``'s times: the
     median launch after the streams past ``stream_bytes`` less the median after those within it
-    (the tight loop's ``tight`` where none is); 0 where no stream is past it or none is slower."""
+    (the tight loop's ``tight`` where none is); 0 where no stream is past it or none is slower. (Of
+    ``LAUNCH_CONTEXT`` with a 2 MiB L2: 0.5 MB within, 2.1 MB between, 8.4 and 33.6 MB past.)"""
     within, past = _by_stream(after, stream_bytes)
     if not past:
         return 0.0
@@ -136,15 +140,15 @@ def _calibrate_once(device: str, reps: int, rng: np.random.Generator,
     after = _launch_in_context(tiny_run, device, reps, rng)
     default = DEFAULT_PARAMS.get(device, DeviceParams())
     stream_bytes = default.stream_bytes
-    # the launch after the streams within stream_bytes (the tight loop's where none is), and what the
-    # ones past it cost more (``cold``): the two terms, not a median of both (a calibration without
-    # the fit counted the cold launches twice)
+    # the launch after the streams that leave it warm (the tight loop's where none does), and what the
+    # ones that make it all cold cost more (``cold``; stream_share): the two terms, not a median of
+    # both (a calibration without the fit counted the cold launches twice)
     within = _by_stream(after, stream_bytes)[0]
     launch = float(np.median(within)) if within else tight
     cold = cold_launch(after, tight, stream_bytes)
     if progress:
         progress(f"launch overhead {launch * 1e6:.1f} us ({tight * 1e6:.1f} us in a tight loop; "
-                 f"{cold * 1e6:.1f} us more after a stream of more than {stream_bytes / 2 ** 20:g} MiB)")
+                 f"{cold * 1e6:.1f} us more after a stream of more than {STREAM_TO * stream_bytes / 2 ** 20:g} MiB)")
         progress(f"bandwidth {bandwidth / 1e9:.1f} GB/s")
     m = 512
     a = Tensor(rng.random((m, m), dtype=np.float32), device=device)
@@ -315,11 +319,12 @@ def _corpus(device: str, rng: np.random.Generator) -> dict[str, Callable[[], lis
 @dataclass(frozen=True)
 class KernelSample:
     """One kernel as it ran: its median seconds, and what the cost function was given for it
-    (``Kernel.stats``: the plan kernel's, whichever pieces the device ran it as); ``after``: it ran
-    right after a kernel that moved more than ``stream_bytes`` (cost.py, launch after a stream)."""
+    (``Kernel.stats``: the plan kernel's, whichever pieces the device ran it as); ``after``: the share
+    of the launch after a stream (cost.py) it pays, by the bytes of the kernel that ran right before it
+    (graph/plan.py ``stream_share``)."""
     seconds: float
     stats: KernelStats
-    after: bool = False
+    after: float = 0.0
 
 
 def kernel_samples(programs: dict[str, Callable[[], list[Tensor]]], reps: int = 5,
@@ -328,14 +333,14 @@ def kernel_samples(programs: dict[str, Callable[[], list[Tensor]]], reps: int = 
     ``warmup`` runs, in each of ``rounds`` passes over all the programs (a kernel's time is the
     median of its ``rounds * reps``); the pieces the device runs a plan kernel as (its BLAS call, a
     split reduction's partials) are summed into it. A kernel the cost model did not price (no
-    stats) is left out; one that ran right after a kernel priced at more than ``stream_bytes``
-    (0: none) is marked ``after``."""
+    stats) is left out; each carries in ``after`` the share of the launch after a stream that the
+    kernel priced right before it charges (``stream_share`` of ``stream_bytes``; 0: none)."""
     if rounds < 1 or reps < 1:
         raise ValueError(f"kernel_samples(): reps and rounds must be >= 1, got reps={reps}, rounds={rounds}")
     times: dict[tuple[str, str], list[float]] = {}
     stats: dict[tuple[str, str], KernelStats] = {}
     last: dict[str, list[str]] = {}
-    after: dict[tuple[str, str], bool] = {}
+    after: dict[tuple[str, str], float] = {}
     for r in range(rounds):
         for name, make in programs.items():
             for _ in range(1 + warmup if r == 0 else 1):
@@ -351,7 +356,7 @@ def kernel_samples(programs: dict[str, Callable[[], list[Tensor]]], reps: int = 
                 for kname, sec, _pred, _flops, _nbytes, k in log:
                     base = plan_kernel_name(kname)
                     if base not in per:
-                        after[name, base] = streams_past(before, stream_bytes)
+                        after[name, base] = stream_share(before, stream_bytes)
                     per[base] = per.get(base, 0.0) + sec
                     if k.stats is not None:
                         stats[name, base] = k.stats

@@ -22,7 +22,7 @@ from eqgrad.engine import plan_for
 from eqgrad.extract import cost_model
 from eqgrad.extract.cost import default_cost
 from eqgrad.extract.plan import build_plan
-from eqgrad.graph.plan import shared_memory
+from eqgrad.graph.plan import cold_words, shared_memory
 from eqgrad.lower.passes import LowerOptions, run_passes
 from eqgrad.ops import numel
 from eqgrad.rules.provenance import INPUT, rule_of
@@ -125,8 +125,7 @@ class Explanation:
                  f"(extractor {res.extractor + ' [' + res.status + ']' if res else '?'}; {fn}cost model {p.source}: "
                  f"launch {p.launch * 1e6:.1f} us, "
                  f"{p.bandwidth / 1e9:.1f} GB/s, {p.peak / 1e9:.1f} GFLOP/s"
-                 + (f", {p.cold * 1e6:.1f} us more a launch after a kernel of more than {p.stream_bytes / 2 ** 20:g} MiB"
-                    if p.cold and p.stream_bytes else "")
+                 + (f", {cold_words(p.cold, p.stream_bytes)}" if p.cold and p.stream_bytes else "")
                  + (f", {p.row_pass * 1e9:.2f} ns a row-fused kernel's loop over a row" if p.row_pass else "") + ")",
                  f"saturation: {cp.report.stop_reason}, {cp.report.enodes_before} -> {cp.report.enodes} e-nodes, "
                  f"{cp.report.eclasses} e-classes"]
