@@ -245,7 +245,7 @@ def test_split_reductions_through_the_interpreter():
     t = _t(64, 16).exp2()
     plan = engine.plan_for([t.sum().lazydata])[0].plan
     (k,) = plan.kernels
-    options = LowerOptions(threads=2, parallel_min=-1.0, split_min=64)
+    options = LowerOptions(threads=2, parallel_min=-1.0, split_min=64, split_work=16)
     assert split_reduction(k, len(plan.buffers), LowerOptions(threads=1, parallel_min=-1.0, split_min=64)) is None
     assert split_reduction(k, len(plan.buffers), replace(options, disabled=frozenset({"split reductions"}))) is None
     k1, k2 = split_reduction(k, len(plan.buffers), options)

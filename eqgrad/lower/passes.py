@@ -45,6 +45,8 @@ from eqgrad.ops import OPS, numel
 # block's are a device's capabilities (graph/caps.py: the CPU's here are its defaults).
 SPLIT_MIN = 1 << 20           # elements: smaller reductions are not worth a second kernel (docs/lowering.md, Constants)
 SPLIT_PARTS = 64              # most partial results (each thread gets several: uneven cores balance; docs/lowering.md, Constants)
+SPLIT_SHARE = 2               # outer-loop iterations a thread below which a large reduction is split (docs/lowering.md, Constants)
+SPLIT_WORK = 64               # elements a partial reduces, at least, per element it writes (docs/lowering.md, Constants)
 STASH_MIN_FLOPS = 8           # op-table flops per element a stashed value must cost (docs/lowering.md, Constants)
 
 
@@ -66,6 +68,7 @@ class LowerOptions:
     sum_radix: int = SUM_RADIX
     split_min: int = SPLIT_MIN
     split_parts: int = SPLIT_PARTS
+    split_work: int = SPLIT_WORK
 
     @classmethod
     def for_caps(cls, caps: Capabilities, **kw) -> "LowerOptions":
@@ -163,10 +166,19 @@ class SplitReductions(Pass):
     """A kernel that reduces 1M+ elements to one value has no parallel output loop, so only one
     thread could run it: its source's leading axis is split P ways (P <= 64, the largest divisor
     >= 8), giving P independent partials that the threads share, and a final reduction of P values
-    (``lower/split.py`` rewrites the kernels; the LLVM device allocates the scratch buffer per
-    run). The leading axis is split, not the flattened tensor, so no index division is added.
+    (``lower/split.py`` rewrites the kernels; the LLVM device allocates the scratch buffer).
+    The leading axis is split, not the flattened tensor, so no index division is added.
     No timing of its own was recorded: it gives a full sum or mean the thread split that other
     kernels get (LLVM, two cores: elementwise 16M 24 -> 13 ms, matmul 1024 111 -> 56 ms).
+
+    So is a reduction of 1M+ elements whose output is not one value but whose outermost output
+    axis -- the loop the threads share -- has fewer than two iterations a thread (``SPLIT_SHARE``):
+    its first reduced axis is split likewise, and the partials (P of the output each) are laid out
+    with P outermost, so that P is the loop the threads share, where each partial element reduces at
+    least ``SPLIT_WORK`` (64) elements (the partials then move at most 1/64 of what the reduction
+    reads; a batch of two 512 x 512 products is left to its outer loop). A convolution's weight gradient is
+    one: (3, 3, 1, 3, 16) from 32 images of 32 x 32 (3 x 3 x 3 x 16 weights, 28 MFLOP) ran in
+    490-570 us on one thread and on two alike, the outer loop's 3 iterations not worth sharing.
     Applies with more than one thread, for kernels predicted above the device's threading
     threshold (``LowerOptions.parallel_min``: devices/cpu.py ``SPLIT_FLOOR``)."""
     name = "split reductions"
@@ -184,8 +196,11 @@ class SplitReductions(Pass):
     @staticmethod
     def _find(ctx: PassCtx) -> Split | None:
         o, k = ctx.options, ctx.kernel
-        if o.threads < 2 or not k.predicted > o.parallel_min or numel(k.ast.shape) != 1:
+        if o.threads < 2 or not k.predicted > o.parallel_min:
             return None
+        outer = next((n for n in k.ast.shape if n > 1), 1)
+        if outer >= SPLIT_SHARE * o.threads:
+            return None                       # the output's own loop shares out
         cands = [n for n in k.ast.walk() if n.op in REDUCES and numel(n.src[0].shape) >= o.split_min]
         if len(cands) != 1:
             return None
@@ -193,12 +208,14 @@ class SplitReductions(Pass):
         if any(n.op in REDUCES for n in red.src[0].walk()):
             return None                       # a nested reduction: leave the structure alone
         shape = red.src[0].shape
-        lead = next((d for d, n in enumerate(shape) if n > 1), None)
+        lead = next((d for d in sorted(red.arg) if shape[d] > 1), None)
         if lead is None:
             return None
-        # the largest divisor of the leading axis in [8, split_parts]
+        # the largest divisor of the leading reduced axis in [8, split_parts]
         parts = next((p for p in range(min(o.split_parts, shape[lead] // 2), 7, -1) if shape[lead] % p == 0), 0)
-        return Split(red, lead, parts) if parts else None
+        if not parts or numel(red.src[0].shape) < o.split_work * parts * numel(red.shape):
+            return None                       # the partials would move more than the split saves
+        return Split(red, lead, parts)
 
 
 # ------------------------------------------------------------------ kernel passes

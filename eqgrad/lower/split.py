@@ -1,4 +1,4 @@
-"""Splitting a large full reduction into parallel partial reductions: the rewrite that the
+"""Splitting a large reduction into parallel partial reductions: the rewrite that the
 ``split reductions`` pass (``passes.SplitReductions``, where its condition and measurement live)
 decides, performed for the device that allocates the scratch buffer (devices/cpu.py).
 
@@ -12,12 +12,16 @@ kernels:
 The partial kernel's P output elements are independent, so threads split them. The leading
 axis is split (rather than the flattened tensor) so that the index arithmetic stays free of
 division. Float sums are reassociated, as vectorized reductions already are (docs/semantics.md).
+A reduction to more than one value whose output loop is too short to share (a convolution's
+weight gradient, the pass's docstring) is split the same way along its first reduced axis: its
+partials are P copies of its output, P outermost, and the final kernel sums them.
 """
 from __future__ import annotations
 
 from eqgrad import config
 from eqgrad.graph.plan import Kernel, KNode
 from eqgrad.lower.passes import LowerOptions, describe_steps, run_passes
+from eqgrad.ops import numel
 
 
 def split_reduction(k: Kernel, new_buffer: int, options: LowerOptions) -> tuple[Kernel, Kernel] | None:
@@ -34,14 +38,22 @@ def split_reduction(k: Kernel, new_buffer: int, options: LowerOptions) -> tuple[
     shape = src.shape
     split_shape = shape[:lead] + (p, shape[lead] // p) + shape[lead + 1:]
     reshaped = KNode("RESHAPE", (src,), split_shape, split_shape, src.dtype)
-    axes = tuple(d for d in range(len(split_shape)) if d != lead)
-    part_shape = tuple(p if d == lead else 1 for d in range(len(split_shape)))
-    partial = KNode(red.op, (reshaped,), axes, part_shape, red.dtype)
+    # the reduced axes, the split one's second half in place of it; the first half (P) is kept
+    axes = tuple(sorted({d + (d > lead) for d in red.arg} - {lead} | {lead + 1}))
+    kept = tuple(1 if d in axes else n for d, n in enumerate(split_shape))
+    partial = KNode(red.op, (reshaped,), axes, kept, red.dtype)
+    # P outermost: the loop the threads share (a full reduction's partials are P values either way)
+    order = (lead,) + tuple(d for d in range(len(kept)) if d != lead)
+    part_shape = tuple(kept[d] for d in order)
+    if order != tuple(range(len(kept))):
+        partial = KNode("PERMUTE", (partial,), order, part_shape, red.dtype) if numel(red.shape) > 1 else \
+            KNode("RESHAPE", (partial,), part_shape, part_shape, red.dtype)
     k1 = Kernel(f"{k.name}a", new_buffer, partial, partial.buffers(), k.predicted, k.nbytes, k.flops, k.kind,
                 k.stats)
-    final = KNode(red.op, (KNode("BUF", (), new_buffer, part_shape, red.dtype),), (lead,),
-                  (1,) * len(split_shape), red.dtype)
+    final = KNode(red.op, (KNode("BUF", (), new_buffer, part_shape, red.dtype),), (0,),
+                  (1,) + part_shape[1:], red.dtype)
     final = KNode("RESHAPE", (final,), red.shape, red.shape, red.dtype)
     ast = k.ast.replaced({id(red): final})
-    k2 = Kernel(k.name, k.out, ast, ast.buffers(), 5e-6, 4 * p, p, k.kind, k.stats)
+    out = numel(red.shape)
+    k2 = Kernel(k.name, k.out, ast, ast.buffers(), 5e-6, 4 * p * out, p * out, k.kind, k.stats)
     return k1, k2
