@@ -99,7 +99,8 @@ def check(name: str, step: Callable[[], Any], reps: int, warmup: int, prm: Any) 
       GlobalCounters.kernel_log = None
     runs.append(log)
   # the pieces the device runs one plan kernel as (the BLAS's "k4g", its packs "k4p0", a split
-  # reduction's partials "k4a" and the rest "k4") carry that kernel's prediction: summed into it;
+  # reduction's partials "k4a" and the rest "k4") are summed into it, whose prediction the pieces
+  # carry (a split reduction's final kernel its own few microseconds: the largest is the kernel's);
   # siblings the device runs as one kernel ("k3+k4", devices/cpustage.py) are one row, k3's
   from eqgrad.graph.plan import plan_kernel_name as base
   names = list(dict.fromkeys(base(e[0]) for e in runs[-1]))
@@ -116,7 +117,7 @@ def check(name: str, step: Callable[[], Any], reps: int, warmup: int, prm: Any) 
       b = base(n)
       sums[b] = sums.get(b, 0.0) + sec
       old = info.get(b, (0.0, 0, 0))
-      info[b] = (pred if n == b or not old[0] else old[0], old[1] + flops, old[2] + nbytes)
+      info[b] = (max(pred, old[0]), old[1] + flops, old[2] + nbytes)
     for b, sec in sums.items():
       if b in per:
         per[b].append(sec)

@@ -60,6 +60,11 @@ def test_a_convolution_weight_gradient_is_split_and_matches_numpy(monkeypatch):
     (F.conv2d(x, w, padding=1) * g).sum().backward()
     dp = eqgrad.explain(w.grad).device_plan()
     assert any("parallel partials" in n and "(3, 3, 1, 3, 16)" in n for n in dp.notes), dp.notes
+    # the partials are still a contraction with lanes, as the plan kernel was priced (the split's
+    # reshape is below the product, lower/split.py)
+    from eqgrad.lower.classify import classify
+    (part,) = [k for k in dp.plan.kernels if k.name.endswith("a")]
+    assert part.kind == ("contraction",) and classify(part, blas=True).contraction == "lanes"
     xp = np.pad(x.numpy().astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1)))
     want = np.stack([np.stack([np.einsum("nohw,nchw->oc", g.numpy(), xp[:, :, i:i + 32, j:j + 32])
                                for j in range(3)], -1) for i in range(3)], -2)

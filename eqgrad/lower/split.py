@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from eqgrad import config
 from eqgrad.graph.plan import Kernel, KNode
+from eqgrad.graph.sizes import ELEMENTWISE
 from eqgrad.lower.passes import LowerOptions, describe_steps, run_passes
 from eqgrad.ops import numel
 
@@ -37,7 +38,7 @@ def split_reduction(k: Kernel, new_buffer: int, options: LowerOptions) -> tuple[
     src = red.src[0]
     shape = src.shape
     split_shape = shape[:lead] + (p, shape[lead] // p) + shape[lead + 1:]
-    reshaped = KNode("RESHAPE", (src,), split_shape, split_shape, src.dtype)
+    reshaped = _reshaped(src, split_shape)
     # the reduced axes, the split one's second half in place of it; the first half (P) is kept
     axes = tuple(sorted({d + (d > lead) for d in red.arg} - {lead} | {lead + 1}))
     kept = tuple(1 if d in axes else n for d, n in enumerate(split_shape))
@@ -57,3 +58,12 @@ def split_reduction(k: Kernel, new_buffer: int, options: LowerOptions) -> tuple[
     out = numel(red.shape)
     k2 = Kernel(k.name, k.out, ast, ast.buffers(), 5e-6, 4 * p * out, p * out, k.kind, k.stats)
     return k1, k2
+
+
+def _reshaped(n: KNode, shape: tuple[int, ...]) -> KNode:
+    """``n`` reshaped to ``shape``, the reshape pushed below the elementwise ops at its top (their
+    operands have ``n``'s shape): the partials of a contraction stay a sum of a product of
+    broadcasts, which the lanes pass and the classifier (lower/classify.py) recognize as one."""
+    if n.op in ELEMENTWISE:
+        return KNode(n.op, tuple(_reshaped(x, shape) for x in n.src), n.arg, shape, n.dtype)
+    return KNode("RESHAPE", (n,), shape, shape, n.dtype)
