@@ -496,6 +496,21 @@ def test_a_weight_gradient_is_one_contraction_not_a_materialized_product(extract
     np.testing.assert_allclose(g1.numpy(), an.T @ dh, rtol=2e-4, atol=2e-6)
 
 
+@pytest.mark.parametrize("device", ["LLVM", "NUMPY"])
+def test_calibration_times_the_launch_after_a_stream_inside_a_plan(device):
+    """tools/calibrate.py ``_launch_in_plan``: the one-element kernel runs after the stream kernel of
+    each LAUNCH_CONTEXT size in one plan (it reads the stream's output) and is timed as kernel_log
+    times it; a device that does not time its kernels (NUMPY) gives no times, and no ``cold``."""
+    from eqgrad.tools.calibrate import LAUNCH_CONTEXT, _launch_in_plan, cold_launch
+    after, alone = _launch_in_plan(device, 2, np.random.default_rng(0))
+    assert sorted(after) == [8 * n for n in LAUNCH_CONTEXT]
+    if device == "NUMPY":
+        assert all(ts == [] for ts in after.values()) and alone == 0.0
+        assert cold_launch(after, alone, 1 << 20) == 0.0
+    else:
+        assert all(len(ts) == 2 and min(ts) > 0 for ts in after.values()) and alone > 0
+
+
 def test_a_launch_after_a_stream_is_charged_to_the_stream_and_moved_where_it_ran(tmp_path):
     """cost.py, launch after a stream: a kernel moving more than about ``stream_bytes`` carries ``cold``
     (a share of it from half of ``stream_bytes``, all of it from one and a half) for the launch after it

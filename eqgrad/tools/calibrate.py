@@ -58,6 +58,42 @@ def _launch_in_context(tiny_run: Callable[[], None], device: str, reps: int, rng
     return ts
 
 
+def _launch_in_plan(device: str, reps: int, rng: np.random.Generator) -> tuple[dict[int, list[float]], float]:
+    """(the times of a one-element kernel run right after a streaming kernel of each ``LAUNCH_CONTEXT``
+    size in the same plan, by the bytes that kernel moved; its time alone), each as the cost model's
+    prediction of a kernel is compared with it: that kernel's launch inside a plan's run
+    (``GlobalCounters.kernel_log``), not the whole run of a plan. ``cold`` is their difference: timed
+    as ``_launch_in_context`` does, after a stream the run's own bookkeeping is evicted too -- 18-21 us
+    more on a 2-vCPU Xeon (Rocket Lake), where the same kernel's launch inside the plan took 7-9 us
+    more (9.5-11.2 us after 8-34 MB, 2.1 after 0.5) and bench_model's small kernels after streams
+    9.6-23 us (median 17) against 3-9 elsewhere."""
+    tiny = Tensor(np.ones((1,), np.float32), device=device)
+
+    def logged(outs: Callable[[], list[Tensor]]) -> list[float]:
+        realize(*outs())                          # compile once
+        ts = []
+        for _ in range(reps):
+            GlobalCounters.kernel_log = log = []
+            try:
+                realize(*outs())
+            finally:
+                GlobalCounters.kernel_log = None
+            if log:                                 # (a device that does not time its kernels: none)
+                ts.append(log[-1][1])               # the one-element kernel: it reads the stream's output
+        return ts
+
+    ts: dict[int, list[float]] = {}
+    for n in LAUNCH_CONTEXT:
+        x = Tensor(rng.random(n, dtype=np.float32), device=device)
+
+        def outs(x: Tensor = x) -> list[Tensor]:
+            y = x * 2 + 1
+            return [y, y[0:1] + tiny]
+        ts.setdefault(8 * n, []).extend(logged(outs))         # (read and written: 8 bytes an element)
+    alone = logged(lambda: [tiny + 1])
+    return ts, float(np.median(alone)) if alone else 0.0
+
+
 def _by_stream(after: dict[int, list[float]], stream_bytes: int) -> tuple[list[float], list[float]]:
     """``_launch_in_context``'s times after the streams that leave the launch warm and after those that
     make it all cold (``stream_share`` 0 and 1 of ``stream_bytes``; the ones between in neither)."""
@@ -141,11 +177,13 @@ def _calibrate_once(device: str, reps: int, rng: np.random.Generator,
     default = DEFAULT_PARAMS.get(device, DeviceParams())
     stream_bytes = default.stream_bytes
     # the launch after the streams that leave it warm (the tight loop's where none does), and what the
-    # ones that make it all cold cost more (``cold``; stream_share): the two terms, not a median of
-    # both (a calibration without the fit counted the cold launches twice)
+    # ones that make it all cold cost a kernel inside a plan more (``cold``; stream_share,
+    # _launch_in_plan): the two terms, not a median of both (a calibration without the fit counted
+    # the cold launches twice)
     within = _by_stream(after, stream_bytes)[0]
     launch = float(np.median(within)) if within else tight
-    cold = cold_launch(after, tight, stream_bytes)
+    in_plan, alone = _launch_in_plan(device, reps, rng)
+    cold = cold_launch(in_plan, alone, stream_bytes)
     if progress:
         progress(f"launch overhead {launch * 1e6:.1f} us ({tight * 1e6:.1f} us in a tight loop; "
                  f"{cold * 1e6:.1f} us more after a stream of more than {STREAM_TO * stream_bytes / 2 ** 20:g} MiB)")
