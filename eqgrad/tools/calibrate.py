@@ -58,6 +58,16 @@ def _launch_in_context(tiny_run: Callable[[], None], device: str, reps: int, rng
     return ts
 
 
+def _kernel_log(outs: list[Tensor]) -> list[tuple]:
+    """Realize ``outs`` with each kernel timed alone (``GlobalCounters.kernel_log``): the log."""
+    GlobalCounters.kernel_log = log = []
+    try:
+        realize(*outs)
+    finally:
+        GlobalCounters.kernel_log = None
+    return log
+
+
 def _launch_in_plan(device: str, reps: int, rng: np.random.Generator) -> tuple[dict[int, list[float]], float]:
     """(the times of a one-element kernel run right after a streaming kernel of each ``LAUNCH_CONTEXT``
     size in the same plan, by the bytes that kernel moved; its time alone), each as the cost model's
@@ -73,11 +83,7 @@ def _launch_in_plan(device: str, reps: int, rng: np.random.Generator) -> tuple[d
         realize(*outs())                          # compile once
         ts = []
         for _ in range(reps):
-            GlobalCounters.kernel_log = log = []
-            try:
-                realize(*outs())
-            finally:
-                GlobalCounters.kernel_log = None
+            log = _kernel_log(outs())
             if log:                                 # (a device that does not time its kernels: none)
                 ts.append(log[-1][1])               # the one-element kernel: it reads the stream's output
         return ts
@@ -384,11 +390,7 @@ def kernel_samples(programs: dict[str, Callable[[], list[Tensor]]], reps: int = 
             for _ in range(1 + warmup if r == 0 else 1):
                 realize(*make())
             for _ in range(reps):
-                GlobalCounters.kernel_log = log = []
-                try:
-                    realize(*make())
-                finally:
-                    GlobalCounters.kernel_log = None
+                log = _kernel_log(make())
                 per: dict[str, float] = {}
                 before = 0.0              # the bytes of the plan kernel that ran last
                 for kname, sec, _pred, _flops, _nbytes, k in log:
