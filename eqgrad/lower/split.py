@@ -60,10 +60,14 @@ def split_reduction(k: Kernel, new_buffer: int, options: LowerOptions) -> tuple[
     return k1, k2
 
 
-def _reshaped(n: KNode, shape: tuple[int, ...]) -> KNode:
+def _reshaped(n: KNode, shape: tuple[int, ...], memo: dict[int, KNode] | None = None) -> KNode:
     """``n`` reshaped to ``shape``, the reshape pushed below the elementwise ops at its top (their
     operands have ``n``'s shape): the partials of a contraction stay a sum of a product of
-    broadcasts, which the lanes pass and the classifier (lower/classify.py) recognize as one."""
-    if n.op in ELEMENTWISE:
-        return KNode(n.op, tuple(_reshaped(x, shape) for x in n.src), n.arg, shape, n.dtype)
-    return KNode("RESHAPE", (n,), shape, shape, n.dtype)
+    broadcasts, which the lanes pass and the classifier (lower/classify.py) recognize as one. A
+    node shared below stays shared (``memo``)."""
+    memo = {} if memo is None else memo
+    hit = memo.get(id(n))
+    if hit is None:
+        hit = memo[id(n)] = KNode(n.op, tuple(_reshaped(x, shape, memo) for x in n.src), n.arg, shape, n.dtype) \
+            if n.op in ELEMENTWISE else KNode("RESHAPE", (n,), shape, shape, n.dtype)
+    return hit
