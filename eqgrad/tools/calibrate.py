@@ -42,12 +42,16 @@ def _prepared(make: Callable[[], Tensor], device: str) -> Callable[[], None]:
     return lambda: cp.run(bufs)
 
 
-def _launch_in_context(tiny_run: Callable[[], None], device: str, reps: int, rng: np.random.Generator
-                       ) -> dict[int, list[float]]:
+def _launch_in_context(tiny_run: Callable[[], None], device: str, reps: int, rng: np.random.Generator,
+                       stream_bytes: int) -> dict[int, list[float]]:
     """The times of the one-element kernel ``tiny_run`` right after a streaming kernel of each
-    ``LAUNCH_CONTEXT`` size (``reps`` times each), by the bytes that kernel moved."""
+    ``LAUNCH_CONTEXT`` size that leaves the launch warm (``stream_share`` 0 of ``stream_bytes``;
+    ``reps`` times each), by the bytes that kernel moved: the launch. (What the longer streams cost
+    more is ``cold``, timed inside a plan: ``_launch_in_plan``.)"""
     ts: dict[int, list[float]] = {}
     for n in LAUNCH_CONTEXT:
+        if stream_share(8 * n, stream_bytes) > 0:
+            continue
         x = Tensor(rng.random(n, dtype=np.float32), device=device)
         stream = _prepared(lambda: x * 2 + 1, device)
         for _ in range(reps):
@@ -101,7 +105,7 @@ def _launch_in_plan(device: str, reps: int, rng: np.random.Generator) -> tuple[d
 
 
 def _by_stream(after: dict[int, list[float]], stream_bytes: int) -> tuple[list[float], list[float]]:
-    """``_launch_in_context``'s times after the streams that leave the launch warm and after those that
+    """``_launch_in_plan``'s times after the streams that leave the launch warm and after those that
     make it all cold (``stream_share`` 0 and 1 of ``stream_bytes``; the ones between in neither)."""
     within: list[float] = []
     past: list[float] = []
@@ -113,7 +117,7 @@ def _by_stream(after: dict[int, list[float]], stream_bytes: int) -> tuple[list[f
 
 
 def cold_launch(after: dict[int, list[float]], tight: float, stream_bytes: int) -> float:
-    """The ``cold`` term (cost.py, launch after a stream) from ``_launch_in_context``'s times: the
+    """The ``cold`` term (cost.py, launch after a stream) from ``_launch_in_plan``'s times: the
     median launch after the streams past ``stream_bytes`` less the median after those within it
     (the tight loop's ``tight`` where none is); 0 where no stream is past it or none is slower. (Of
     ``LAUNCH_CONTEXT`` with a 2 MiB L2: 0.5 MB within, 2.1 MB between, 8.4 and 33.6 MB past.)"""
@@ -179,14 +183,13 @@ def _calibrate_once(device: str, reps: int, rng: np.random.Generator,
     big = Tensor(rng.random(n, dtype=np.float32), device=device)
     t_copy, _ = timed(lambda: big + 1)
     bandwidth = 8 * n / max(t_copy - tight, 1e-9)
-    after = _launch_in_context(tiny_run, device, reps, rng)
     default = DEFAULT_PARAMS.get(device, DeviceParams())
     stream_bytes = default.stream_bytes
     # the launch after the streams that leave it warm (the tight loop's where none does), and what the
     # ones that make it all cold cost a kernel inside a plan more (``cold``; stream_share,
     # _launch_in_plan): the two terms, not a median of both (a calibration without the fit counted
     # the cold launches twice)
-    within = _by_stream(after, stream_bytes)[0]
+    within = [t for ts in _launch_in_context(tiny_run, device, reps, rng, stream_bytes).values() for t in ts]
     launch = float(np.median(within)) if within else tight
     in_plan, alone = _launch_in_plan(device, reps, rng)
     cold = cold_launch(in_plan, alone, stream_bytes)
