@@ -41,6 +41,7 @@ ELEMENTWISE = frozenset(n for n, o in OPS.items() if o.kind in ("unary", "binary
 BOUNDARY = frozenset(n for n, o in OPS.items() if o.kind == "boundary")
 SHAPE_ARG = frozenset(n for n, o in OPS.items() if o.attr_sizes == "shape")    # the attribute is a shape
 PAIR_ARG = frozenset(n for n, o in OPS.items() if o.attr_sizes == "pairs")     # (before, after) / (starts, ends)
+SIZED_ARG = SHAPE_ARG | PAIR_ARG                                                  # either
 AXES_ARG = frozenset(n for n, o in OPS.items() if o.kind in ("movement", "reduce") and not o.attr_sizes)
 
 
@@ -268,19 +269,26 @@ def body_sizes(k: Kernel, plan: KernelPlan) -> tuple[tuple, tuple[int, ...]]:
     if hit is not None and hit[0] == bufs and hit[1] == specs:
         return hit[2]
     pos = {b: i for i, b in enumerate(bufs)}
-    index: dict[int, int] = {}
+    order = ast.walk()
+    index = {id(n): i for i, n in enumerate(order)}
     items, sizes = [], []
-    for n in ast.walk():
-        if n.op == "BUF":
+    add, extend, sized, runs, ints = items.append, sizes.extend, SIZED_ARG, _RUNS, _INT
+    for n in order:
+        op, shape = n.op, n.shape
+        if op == "BUF":
             arg = ("buf", pos[n.arg])
-        elif n.op == "CONST":
+        elif op == "CONST":
             arg = ("const", repr(n.arg))
-        elif n.op in OPS and OPS[n.op].attr_sizes:         # (a GROUP root is not an op of the table)
+        elif op in sized:                   # (a GROUP root is not an op of the table)
             arg = _flat(n.arg, sizes)
         else:                           # axes, a permutation, a dtype: structure, not sizes
             arg = n.arg
-        items.append((n.op, arg, _flat(n.shape, sizes), n.dtype.name, tuple(index[id(s)] for s in n.src)))
-        index[id(n)] = len(items) - 1
+        if type(shape) is tuple and len(shape) < 16 and set(map(type, shape)) <= ints:     # _flat's answer, inline
+            extend(shape)
+            shape = runs[len(shape)]
+        else:
+            shape = _flat(shape, sizes)
+        add((op, arg, shape, n.dtype.name, tuple([index[id(x)] for x in n.src])))
     params = tuple((_flat(tuple(shp), sizes), dt.name) for shp, dt in specs)
     out = ((tuple(items), params), tuple(sizes))
     _SIZES.put(ast, (bufs, specs, out))
@@ -292,8 +300,7 @@ def with_sizes(k: Kernel, plan: KernelPlan, values: list[Any]) -> tuple[Kernel, 
     it = iter(values)
     new: dict[int, KNode] = {}
     for n in k.ast.walk():
-        arg = _fill(_flat(n.arg, []), it) if n.op in OPS and n.op not in ("BUF", "CONST") and OPS[n.op].attr_sizes \
-            else n.arg
+        arg = _fill(_flat(n.arg, []), it) if n.op in SIZED_ARG else n.arg
         shape = _fill(_flat(n.shape, []), it)
         new[id(n)] = KNode(n.op, tuple(new[id(s)] for s in n.src), arg, shape, n.dtype)
     buffers = list(plan.buffers)

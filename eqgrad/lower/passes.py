@@ -27,7 +27,7 @@ because it owns the scratch buffers the rewrite adds (``lower/split.py``, ``devi
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Callable, ClassVar, Iterator
 
 from eqgrad.dtype import bool_
@@ -124,16 +124,24 @@ class Schedule:
         return dict(self.lanes)
 
 
-@dataclass(frozen=True)
 class PassCtx:
-    """What a pass may look at: the kernel, the options, and the reductions below each node."""
-    kernel: Kernel
-    options: LowerOptions
-    has_reduce: dict[int, bool] = field(compare=False)
+    """What a pass may look at: the kernel, the options, and the reductions below each node
+    (``has_reduce``: worked out at its first use -- the plan stage's pass does not read it, and a
+    growing sequence's device stage asks it of each changed kernel at every step)."""
+    __slots__ = ("kernel", "options", "_has_reduce")
+
+    def __init__(self, kernel: Kernel, options: LowerOptions) -> None:
+        self.kernel, self.options, self._has_reduce = kernel, options, None
 
     @property
     def root(self) -> KNode:
         return self.kernel.ast
+
+    @property
+    def has_reduce(self) -> dict[int, bool]:
+        if self._has_reduce is None:
+            self._has_reduce = reduce_map(self.kernel.ast)
+        return self._has_reduce
 
 
 class Pass:
@@ -813,7 +821,7 @@ def run_passes(kernel: Kernel, options: LowerOptions | None = None, stage: str =
     if stage not in ("kernel", "plan"):
         raise ValueError(f"run_passes: expected stage 'kernel' or 'plan', got {stage!r}")
     options = options or LowerOptions()
-    ctx = PassCtx(kernel, options, reduce_map(kernel.ast))
+    ctx = PassCtx(kernel, options)
     s = Schedule()
     steps = []
     for p in PASSES:
