@@ -67,6 +67,43 @@ def test_attention_probabilities_written_with_a_unit_axis_are_one_row_fused_kern
     np.testing.assert_allclose(out.numpy(), want, rtol=1e-5, atol=1e-6)
 
 
+def _offset_paths_to(root, target):
+    """The distinct sequences of SHRINK/PAD steps on the paths from ``root`` down to ``target``."""
+    out = set()
+
+    def walk(n, seq):
+        if n is target:
+            out.add(seq)
+            return
+        if n.op in ("SHRINK", "PAD"):
+            seq = seq + ((n.op, n.arg),)
+        for s in n.src:
+            walk(s, seq)
+    walk(root, ())
+    return out
+
+
+def test_a_contraction_read_at_rotated_offsets_is_not_recomputed_per_offset():
+    """RoPE on a projection, t * cos + cat(-t[h:], t[:h]) * sin with t = x @ W: the lowering renders
+    a node once per index it is read at, so a kernel holding the product reached at the direct and
+    the two rotated offsets ran its loop three times per element (a decode step's q projection, 576
+    x 576: 363-400 us, priced 72). The cost model counts the offsets: no kernel reaches a sum through
+    more than one of them, and the values are NumPy's."""
+    x, w = _t(1, 1, 576), _t(576, 576)
+    cos, sin = _t(1, 1, 9, 64), _t(1, 1, 9, 64)
+    t = (x @ w).reshape(1, 1, 9, 64)
+    a, b = t.shrink((None, None, None, (0, 32))), t.shrink((None, None, None, (32, 64)))
+    out = t * cos + (-b).cat(a, dim=3) * sin
+    got = out.numpy()
+    for k in engine.last_plan.plan.kernels:
+        for n in k.ast.walk():
+            if n.op == "RSUM":
+                assert len(_offset_paths_to(k.ast, n)) == 1, k.ast
+    tn = (x.numpy() @ w.numpy()).reshape(1, 1, 9, 64)
+    want = tn * cos.numpy() + np.concatenate([-tn[..., 32:], tn[..., :32]], -1) * sin.numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
 def test_moved_inputs_are_read_in_place():
     """A permuted, expanded and padded input is read through its index expression: no copy kernel."""
     a, b = _t(6, 8), _t(6)

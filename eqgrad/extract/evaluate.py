@@ -42,6 +42,7 @@ _LEAVES = ("BUF",) + _SCALARS
 # Measured: a convolution input gradient's 151 MB product ran at 5 GB/s (1.35 G elements/s) where
 # the model had priced its bytes alone, and the greedy extractor chose such plans (docs/extraction.md)
 BROADCAST_WRITE = 4        # docs/lowering.md, Constants
+OFFSET_PATHS = 8           # distinct SHRINK/PAD paths told apart per class (docs/lowering.md, Constants)
 KERNEL_MEMO = 4            # bodies remembered per kernel class by kernel_cost_reads (docs/lowering.md, Constants)
 
 
@@ -395,6 +396,13 @@ class PlanEvaluator:
         deps: list[int] = []
         fused: list[str] = []
         recomputed: list[int] = []
+        # offsets[c]: the SHRINK/PAD steps on the paths from the root to c, one tuple per distinct
+        # sequence (absent: reached through none). The lowering renders a node once per index it
+        # is read at (lower/lowering.py memoizes by node and index), so a reduction reached through
+        # two sequences -- RoPE's rotated halves of a projection, t * cos + cat(-t[h:], t[:h]) * sin
+        # -- runs its loop once per sequence for each element
+        offsets: dict[int, frozenset] = {}
+        plain: set[int] = {k}              # reached through a path with no SHRINK or PAD
         row_fusion, size_k = p.row_fusion, size[k]
         for c in order:
             e = ev.get(c, 0)
@@ -438,6 +446,9 @@ class PlanEvaluator:
                 mult = size[n.children[0]] // max(1, size_c)
                 if c in under_hoist and mult > ROW_STASH_MAX:
                     row_long = True
+                paths = len(offsets.get(c, ())) + (c in plain)
+                if paths > 1:        # evaluated at that many indices per element (``offsets``)
+                    e *= paths
                 if e > size_c:       # (an empty reduction under a Pad is read e > 0 times, masked)
                     legal, why = False, f"reduction {op} recomputed {e / max(1, size_c):.0f}x per element"
                     recomputed.append(c)
@@ -478,7 +489,18 @@ class PlanEvaluator:
             rg, nest = region.get(c), nested.get(c, True)
             same_rg = rg if rg and op in elementwise else None    # regions pass through same-shape elementwise ops
             shape_c = shapes[c] if rg else None
+            offs, via_plain = offsets.get(c), c in plain
+            if op == "SHRINK" or op == "PAD":
+                step = ((op, n.arg),)
+                offs = frozenset([o + step for o in offs or ()] + ([step] if via_plain else []))
+                via_plain = False
             for ch in n.children:
+                if via_plain:
+                    plain.add(ch)
+                if offs:
+                    had = offsets.get(ch)
+                    both = offs if had is None else had | offs
+                    offsets[ch] = both if len(both) <= OFFSET_PATHS else frozenset(itertools.islice(both, OFFSET_PATHS))
                 ce, cr, cn, via, shares = e * mult, None, nest, False, False
                 if rg and op == "EXPAND" and all(_row_invariant(shapes[ch], shape_c, t) for t in rg):
                     ce, cn, hoisted, via = e * size[ch] / max(1, size_c), False, True, True
