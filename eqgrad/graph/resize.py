@@ -429,6 +429,19 @@ class _Resizer:
         """Node ``n`` at the new sizes (its sources already in ``made``), or None where a value
         needs the solver."""
         op = n.op
+        if op in ELEMENTWISE or op in BOUNDARY:
+            # (most of a body) its shape is its sources': ``known``'s and ``_rebuilt``'s checks hold
+            # for it when they held for them; a node whose sources stay is itself
+            if not known_op(op, n.arg):
+                raise _Refuse(f"op {op} (attribute {n.arg!r}) is not one whose sizes resize knows")
+            src = tuple([made[id(x)] for x in n.src])
+            first = src[0]
+            shape = first.shape
+            if len(src) > 1 and any(x.shape != shape for x in src):
+                raise _Refuse(f"the plan's shape rules need {shape} == {[x.shape for x in src[1:]]}")
+            if all(a is b for a, b in zip(src, n.src)):
+                return n
+            return KNode(op, src, n.arg, shape, n.dtype)
         if op == "BUF":
             shape = self.read(n)
             if not all(type(d) is int for d in shape):
@@ -442,35 +455,38 @@ class _Resizer:
             arg = self.const_value(n.arg, n.dtype)
             src = ()
         else:
-            self.known(n)
-            src = tuple(made[id(x)] for x in n.src)
+            src = tuple([made[id(x)] for x in n.src])
             shapes = [x.shape for x in src]
             arg = n.arg
-            if op in ELEMENTWISE or op in BOUNDARY:
-                if any(x != shapes[0] for x in shapes[1:]):
-                    raise _Refuse(f"the plan's shape rules need {shapes[0]} == {shapes[1:]}")
-            elif op == "EXPAND":
+            if op == "EXPAND":
                 target = []
                 for o, t, x in zip(n.src[0].shape, n.arg, shapes[0]):
                     if o == 1:
                         if x != 1:
                             raise _Refuse(f"the plan's shape rules need {x} == 1")
                         target.append(self._sub(t))
-                    else:                    # (o == t: ``known`` checked)
+                    else:                    # (o == t: ``known`` checks it below where the node changes)
                         target.append(x)
                 if None in target:
                     return None
                 arg = tuple(target)
             elif op in SHAPE_ARG:
-                arg = tuple(self._sub(d) for d in n.arg)
+                arg = tuple([self._sub(d) for d in n.arg])
                 if None in arg:
                     return None
-                if numel(shapes[0]) != numel(arg):
-                    raise _Refuse(f"RESHAPE of {shapes[0]} to {arg}")
             elif op in PAIR_ARG:
-                arg = tuple(tuple(self._sub(d) for d in p) for p in n.arg)
+                arg = tuple([tuple([self._sub(d) for d in p]) for p in n.arg])
                 if any(None in p for p in arg):
                     return None
+            if arg == n.arg and all(a is b for a, b in zip(src, n.src)):
+                # the same op of the same sources with the same attribute: the node itself (its
+                # shape rule gives its shape again), as ``_rebuilt`` would return it
+                if not known_op(op, n.arg):
+                    raise _Refuse(f"op {op} (attribute {n.arg!r}) is not one whose sizes resize knows")
+                return n
+            self.known(n)
+            if op != "EXPAND" and op in SHAPE_ARG and numel(shapes[0]) != numel(arg):
+                raise _Refuse(f"{op} of {shapes[0]} to {arg}")
             shape = tuple(OPS[op].shape_rule(shapes, arg))
         return _rebuilt(n, src, arg, shape)
 
