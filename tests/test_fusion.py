@@ -104,6 +104,26 @@ def test_a_contraction_read_at_rotated_offsets_is_not_recomputed_per_offset():
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
+def test_a_product_whose_broadcast_operand_is_computed_fuses_into_its_sum():
+    """rope(q) @ k.T in a decode step: with the rotation inlined into the product, fusing the product
+    into its sum reads the rotation's pads in the contraction's loop once per key (dearer than the
+    two kernels it replaces), and materializing the rotation alone adds a kernel -- so single greedy
+    moves stopped at the product written out, (1, 9, 1, 41, 64), and summed by a kernel of its own.
+    The search tries the inline with the broadcast operand materialized: the rotation is one small
+    kernel and the scores one contraction, nothing of the product's size is written."""
+    qp, kk = _t(1, 1, 9, 64).realize(), _t(1, 9, 41, 64).realize()
+    cos, sin = _t(1, 1, 1, 64), _t(1, 1, 1, 64)
+    q = qp.permute(0, 2, 1, 3)
+    a, b = q.shrink((None, None, None, (0, 32))), q.shrink((None, None, None, (32, 64)))
+    sc = (q * cos + (-b).cat(a, dim=3) * sin) @ kk.transpose(-1, -2)
+    assert kernels(sc) == 2
+    plan = engine.last_plan.plan
+    assert max(int(np.prod(plan.buffers[k.out][0])) for k in plan.kernels) < 41 * 64
+    qn = qp.numpy().transpose(0, 2, 1, 3)
+    qr = qn * cos.numpy() + np.concatenate([-qn[..., 32:], qn[..., :32]], -1) * sin.numpy()
+    np.testing.assert_allclose(sc.numpy(), qr @ kk.numpy().transpose(0, 1, 3, 2), rtol=1e-4, atol=1e-4)
+
+
 def test_moved_inputs_are_read_in_place():
     """A permuted, expanded and padded input is read through its index expression: no copy kernel."""
     a, b = _t(6, 8), _t(6)

@@ -140,7 +140,9 @@ class GreedyExtractor:
         self._scc = _cyclic_components(g)
         self._candidates: dict[tuple, tuple[float, Choice, int]] = {}
         self._state: PlanState | None = None
-        self._follow: dict[tuple, tuple | None] = {}   # inline toggle -> the "apart" move it led to (_search)
+        # inline toggle -> the "apart" move it led to, or ("operand", producer, None): the apart move
+        # that materializes the producer's broadcast operand as the plan is then (_search)
+        self._follow: dict[tuple, tuple | None] = {}
         self._largest_first = False    # toggles of the largest producers first (the memory bound's search)
 
     # ------------------------------------------------------------------ step 1
@@ -513,6 +515,10 @@ class GreedyExtractor:
                     # known illegal or worse; an inline that recomputed a reduction is followed, as
                     # below, by the move its last evaluation led to (nothing it read has changed)
                     spec = self._follow.get(spec)
+                    if spec is not None and spec[0] == "operand":
+                        # (its operand as the plan is now, as the evaluated branch below finds it)
+                        operand = self._broadcast_operand(spec[1], {**st.choice, **changes}, None)
+                        spec = ("apart", spec[1], (operand,)) if operand is not None else None
                     if spec is None:
                         continue
                     move, changes, safe = self._apply(st, spec)
@@ -521,7 +527,26 @@ class GreedyExtractor:
                     ev = self._evaluate(st, changes, safe)
                 else:
                     ev = self._evaluate(st, changes, safe)
-                    if not ev.legal and spec[0] == "toggle" and spec[2]:
+                    if ev.legal and spec[0] == "toggle" and spec[2] and not self.better(ev, cur):
+                        # an inline that is legal but dearer for what it recomputes under a
+                        # broadcast -- a product whose broadcast operand is computed (RoPE's rotated q
+                        # in q @ k.T: masked reads in the contraction's loop, once per key) -- tried
+                        # again with that operand materialized: the product then fuses into its sum
+                        # and the operand is one small kernel, where single toggles stopped at the
+                        # product written out and summed by a kernel of its own
+                        operand = self._broadcast_operand(spec[1], {**st.choice, **changes}, None)
+                        if operand is not None:
+                            if self.keep:
+                                self._remember(ev, {**st.choice, **changes})
+                            if seen is not None:
+                                seen.rejected(spec, changes, st, ev)
+                            self._follow[spec] = ("operand", spec[1], None)
+                            spec = ("apart", spec[1], (operand,))
+                            move, changes, safe = self._apply(st, spec)
+                            if changes is None or (seen is not None and seen.rejects(spec, changes, st, cur.total)):
+                                continue
+                            ev = self._evaluate(st, changes, safe)
+                    elif not ev.legal and spec[0] == "toggle" and spec[2]:
                         # an inline that recomputes a reduction, tried again with that reduction
                         # materialized: both at once, since neither alone need improve the plan
                         if seen is not None:
@@ -599,11 +624,11 @@ class GreedyExtractor:
             out = out + new
         return out
 
-    def _broadcast_operand(self, prod: int, choice: Choice, reductions: set[int]) -> int | None:
+    def _broadcast_operand(self, prod: int, choice: Choice, reductions: set[int] | None) -> int | None:
         """The computed, inlined class that an operand of ``prod``'s chosen node reads through movement
         ops that include an ``Expand`` (an operand broadcast along the product's axes), whose chosen
-        body (up to stored buffers) holds one of ``reductions`` and that can be materialized; None
-        where no operand is such."""
+        body (up to stored buffers) holds one of ``reductions`` (None: any body) and that can be
+        materialized; None where no operand is such."""
         node = choice.get(prod)
         if node is None:
             return None
@@ -614,7 +639,11 @@ class GreedyExtractor:
                 expanded = expanded or n.op == "EXPAND"
                 c = n.children[0]
                 n = choice.get(c)
-            if n is None or n.op == "REALIZE" or not expanded or c not in self.realize_of or c in reductions:
+            if n is None or n.op == "REALIZE" or not expanded or c not in self.realize_of:
+                continue
+            if reductions is None:
+                return c
+            if c in reductions:
                 continue
             seen, todo = {c}, [c]
             while todo:
