@@ -104,6 +104,18 @@ def test_a_contraction_read_at_rotated_offsets_is_not_recomputed_per_offset():
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
+def test_a_product_read_in_disjoint_halves_is_still_one_kernel():
+    """t[:, :4] + t[:, 4:] with t = x @ w reaches the product through two SHRINK paths, each reading
+    half of it: every element of the product is computed once, so the offsets count (the paths'
+    evaluations, not the paths) leaves the kernel legal -- one kernel, NumPy's values."""
+    x, w = _t(4, 16), _t(16, 8)
+    t = x @ w
+    out = t[:, :4] + t[:, 4:]
+    assert kernels(out) == 1
+    tn = x.numpy() @ w.numpy()
+    np.testing.assert_allclose(out.numpy(), tn[:, :4] + tn[:, 4:], rtol=1e-5, atol=1e-5)
+
+
 def test_a_product_whose_broadcast_operand_is_computed_fuses_into_its_sum():
     """rope(q) @ k.T in a decode step: with the rotation inlined into the product, fusing the product
     into its sum reads the rotation's pads in the contraction's loop once per key (dearer than the
