@@ -517,48 +517,26 @@ class GreedyExtractor:
                     spec = self._follow.get(spec)
                     if spec is not None and spec[0] == "operand":
                         # (its operand as the plan is now, as the evaluated branch below finds it)
-                        operand = self._broadcast_operand(spec[1], {**st.choice, **changes}, None)
-                        spec = ("apart", spec[1], (operand,)) if operand is not None else None
-                    if spec is None:
+                        spec = self._operand_apart(spec[1], {**st.choice, **changes})
+                    tried = self._try(st, spec, seen, cur) if spec is not None else None
+                    if tried is None:
                         continue
-                    move, changes, safe = self._apply(st, spec)
-                    if changes is None or seen.rejects(spec, changes, st, cur.total):
-                        continue
-                    ev = self._evaluate(st, changes, safe)
+                    move, changes, safe, ev = tried
                 else:
                     ev = self._evaluate(st, changes, safe)
-                    if ev.legal and spec[0] == "toggle" and spec[2] and not self.better(ev, cur):
-                        # an inline that is legal but dearer for what it recomputes under a
-                        # broadcast -- a product whose broadcast operand is computed (RoPE's rotated q
-                        # in q @ k.T: masked reads in the contraction's loop, once per key) -- tried
-                        # again with that operand materialized: the product then fuses into its sum
-                        # and the operand is one small kernel, where single toggles stopped at the
-                        # product written out and summed by a kernel of its own
-                        operand = self._broadcast_operand(spec[1], {**st.choice, **changes}, None)
-                        if operand is not None:
-                            if self.keep:
-                                self._remember(ev, {**st.choice, **changes})
-                            if seen is not None:
-                                seen.rejected(spec, changes, st, ev)
-                            self._follow[spec] = ("operand", spec[1], None)
-                            spec = ("apart", spec[1], (operand,))
-                            move, changes, safe = self._apply(st, spec)
-                            if changes is None or (seen is not None and seen.rejects(spec, changes, st, cur.total)):
-                                continue
-                            ev = self._evaluate(st, changes, safe)
-                    elif not ev.legal and spec[0] == "toggle" and spec[2]:
-                        # an inline that recomputes a reduction, tried again with that reduction
-                        # materialized: both at once, since neither alone need improve the plan
+                    follow = self._follow_of(spec, ev, cur, {**st.choice, **changes}) \
+                        if spec[0] == "toggle" and spec[2] else None
+                    if follow is not None:
+                        # the inline rejected, the move it leads to tried instead
+                        if ev.legal and self.keep:
+                            self._remember(ev, {**st.choice, **changes})
                         if seen is not None:
                             seen.rejected(spec, changes, st, ev)
-                        follow = self._follow[spec] = self._apart(spec[1], ev, {**st.choice, **changes})
                         spec = follow
-                        if spec is None:
+                        tried = self._try(st, spec, seen, cur)
+                        if tried is None:
                             continue
-                        move, changes, safe = self._apply(st, spec)
-                        if changes is None or (seen is not None and seen.rejects(spec, changes, st, cur.total)):
-                            continue
-                        ev = self._evaluate(st, changes, safe)
+                        move, changes, safe, ev = tried
                 if ev.legal and self.keep:
                     self._remember(ev, {**st.choice, **changes})
                 if self.better(ev, cur):
@@ -572,6 +550,38 @@ class GreedyExtractor:
             if not improved or stopped:
                 break
         return st, cur, stopped
+
+    def _try(self, st: PlanState, spec: tuple, seen: "_Rejected | None", cur: Evaluation
+             ) -> tuple[str, dict[int, ENode], bool, Evaluation] | None:
+        """A follow move applied and evaluated: (its description, changes, safety, evaluation), or None
+        where it is not a move or is known to be rejected."""
+        move, changes, safe = self._apply(st, spec)
+        if changes is None or (seen is not None and seen.rejects(spec, changes, st, cur.total)):
+            return None
+        return move, changes, safe, self._evaluate(st, changes, safe)
+
+    def _follow_of(self, spec: tuple, ev: Evaluation, cur: Evaluation, inlined: Choice) -> tuple | None:
+        """The move an inline toggle ``spec`` (evaluated as ``ev``; ``inlined``: the plan with it)
+        leads to, remembered in ``_follow`` for when it is skipped: where it is illegal, the inline
+        with the reductions it recomputes materialized (``_apart``); where it is legal but not better,
+        the inline with its product's computed broadcast operand materialized -- a product whose
+        broadcast operand is computed (RoPE's rotated q in q @ k.T: masked reads in the contraction's
+        loop, once per key) then fuses into its sum and the operand is one small kernel, where
+        single toggles stopped at the product written out and summed by a kernel of its own."""
+        if not ev.legal:
+            follow = self._follow[spec] = self._apart(spec[1], ev, inlined)
+            return follow
+        if self.better(ev, cur):
+            return None
+        follow = self._operand_apart(spec[1], inlined)
+        if follow is not None:
+            self._follow[spec] = ("operand", spec[1], None)      # (its operand looked up again when skipped)
+        return follow
+
+    def _operand_apart(self, prod: int, choice: Choice) -> tuple | None:
+        """("apart", prod, (its computed broadcast operand,)) in ``choice``, or None where it has none."""
+        operand = self._broadcast_operand(prod, choice, None)
+        return ("apart", prod, (operand,)) if operand is not None else None
 
     def _apart(self, prod: int, ev: Evaluation, choice: Choice) -> tuple | None:
         """("apart", prod, the classes to materialize): the move that inlines ``prod`` as the

@@ -432,11 +432,9 @@ class _Resizer:
         if op in ELEMENTWISE or op in BOUNDARY:
             # (most of a body) its shape is its sources': ``known``'s and ``_rebuilt``'s checks hold
             # for it when they held for them; a node whose sources stay is itself
-            if not known_op(op, n.arg):
-                raise _Refuse(f"op {op} (attribute {n.arg!r}) is not one whose sizes resize knows")
+            _known_op(n)
             src = tuple([made[id(x)] for x in n.src])
-            first = src[0]
-            shape = first.shape
+            shape = src[0].shape
             if len(src) > 1 and any(x.shape != shape for x in src):
                 raise _Refuse(f"the plan's shape rules need {shape} == {[x.shape for x in src[1:]]}")
             if all(a is b for a, b in zip(src, n.src)):
@@ -481,8 +479,7 @@ class _Resizer:
             if arg == n.arg and all(a is b for a, b in zip(src, n.src)):
                 # the same op of the same sources with the same attribute: the node itself (its
                 # shape rule gives its shape again), as ``_rebuilt`` would return it
-                if not known_op(op, n.arg):
-                    raise _Refuse(f"op {op} (attribute {n.arg!r}) is not one whose sizes resize knows")
+                _known_op(n)
                 return n
             self.known(n)
             if op != "EXPAND" and op in SHAPE_ARG and numel(shapes[0]) != numel(arg):
@@ -505,8 +502,7 @@ class _Resizer:
         where its old sources do not fit it: an elementwise op's of its shape, an expand's of its
         rank with only axes of 1 grown."""
         op = n.op
-        if not known_op(op, n.arg):
-            raise _Refuse(f"op {op} (attribute {n.arg!r}) is not one whose sizes resize knows")
+        _known_op(n)
         olds = [tuple(x.shape) for x in n.src]
         if op in ELEMENTWISE or op in BOUNDARY:
             if any(o != tuple(n.shape) for o in olds):
@@ -633,6 +629,12 @@ class _Resizer:
         elif n.op in PAIR_ARG:
             arg = tuple(tuple(s.value(t) for t in p) for p in self.arg[id(n)])
         return _rebuilt(n, tuple(memo[id(x)] for x in n.src), arg, shape)
+
+
+def _known_op(n: KNode) -> None:
+    """Refuse node ``n`` where resize does not know its op (or its attribute's form)."""
+    if not known_op(n.op, n.arg):
+        raise _Refuse(f"op {n.op} (attribute {n.arg!r}) is not one whose sizes resize knows")
 
 
 def _rebuilt(n: KNode, src: tuple[KNode, ...], arg: Any, shape: tuple[int, ...]) -> KNode:

@@ -272,9 +272,9 @@ def body_sizes(k: Kernel, plan: KernelPlan) -> tuple[tuple, tuple[int, ...]]:
     order = ast.walk()
     index = {id(n): i for i, n in enumerate(order)}
     items, sizes = [], []
-    add, extend, sized, runs, ints = items.append, sizes.extend, SIZED_ARG, _RUNS, _INT
+    add, sized = items.append, SIZED_ARG
     for n in order:
-        op, shape = n.op, n.shape
+        op = n.op
         if op == "BUF":
             arg = ("buf", pos[n.arg])
         elif op == "CONST":
@@ -283,12 +283,7 @@ def body_sizes(k: Kernel, plan: KernelPlan) -> tuple[tuple, tuple[int, ...]]:
             arg = _flat(n.arg, sizes)
         else:                           # axes, a permutation, a dtype: structure, not sizes
             arg = n.arg
-        if type(shape) is tuple and len(shape) < 16 and set(map(type, shape)) <= ints:     # _flat's answer, inline
-            extend(shape)
-            shape = runs[len(shape)]
-        else:
-            shape = _flat(shape, sizes)
-        add((op, arg, shape, n.dtype.name, tuple([index[id(x)] for x in n.src])))
+        add((op, arg, _flat(n.shape, sizes), n.dtype.name, tuple([index[id(x)] for x in n.src])))
     params = tuple((_flat(tuple(shp), sizes), dt.name) for shp, dt in specs)
     out = ((tuple(items), params), tuple(sizes))
     _SIZES.put(ast, (bufs, specs, out))
