@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import eqgrad
-from eqgrad import Tensor, devices, engine
+from eqgrad import GlobalCounters, Tensor, devices, engine
 from eqgrad.devices import get_device
 from eqgrad.graph.interp import run_loop
 from eqgrad.graph.loopir import LoopKernel
@@ -218,6 +218,42 @@ def test_the_device_lowers_a_growing_cache_from_traces(monkeypatch):
     for T in range(20, 24):
         eqgrad.realize(*_decode(T))
     assert trace.TRACES.hits == h1
+
+
+def _new_process() -> None:
+    """What a new process starts without: plans, lowered loop IR, traces, size families."""
+    engine.clear_cache()
+    gc.collect()
+    get_device("LLVM").families.clear()
+    devices._lowered.clear()
+    trace.TRACES.clear()
+
+
+def test_a_growing_cache_is_traced_where_every_length_is_on_disk(tmp_path, monkeypatch):
+    """A process that finds every size vector of a body on disk (kept by earlier processes that
+    did not trace it: here with sized programs off) still traces the structure once its sizes keep
+    changing, instead of reading each new length's kernels back from disk at every step."""
+    monkeypatch.setenv("EQGRAD_DISK_CACHE", "1")
+    monkeypatch.setenv("EQGRAD_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("EQGRAD_SIZE_ARGS", "0")
+    _new_process()
+    for T in range(5, 14):
+        eqgrad.realize(*_decode(T))
+    monkeypatch.delenv("EQGRAD_SIZE_ARGS")
+    _new_process()
+    d0 = GlobalCounters.lowered_disk_hits
+    for T in range(5, 14):
+        ts = _decode(T)
+        eqgrad.realize(*ts)
+    assert GlobalCounters.lowered_disk_hits > d0           # the first lengths: from disk
+    assert trace.TRACES.traced >= 1 and trace.TRACES.hits >= 5, (trace.TRACES.traced, trace.TRACES.hits)
+    rng = np.random.default_rng(13)
+    cache, new, q = (rng.standard_normal(s).astype(np.float32) for s in ((1, 13, 8), (1, 1, 8), (1, 1, 8)))
+    kn = np.concatenate([cache, new], axis=1)
+    s = q @ kn.transpose(0, 2, 1) / np.sqrt(8)
+    e = np.exp(s - s.max(-1, keepdims=True))
+    np.testing.assert_allclose(ts[0].numpy(), (e / e.sum(-1, keepdims=True)) @ kn, rtol=1e-5, atol=1e-5)
+    _new_process()
 
 
 def _template(rng: np.random.Generator):

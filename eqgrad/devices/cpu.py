@@ -337,8 +337,10 @@ class LLVMDevice(Device):
             return self._disk[id(k)][1]
         hit = new = None
         # (a body whose sizes keep changing lowers from its trace faster than a disk lookup, and
-        # a sized program's later members are not kept there: _keep_lowered)
-        if config.DISK_CACHE.value and config.DEBUG.value < 4 and not trace.TRACES.has_traces(k, plan):
+        # a sized program's later members are not kept there: _keep_lowered; its sizes count as
+        # met, so a structure whose every size vector is on disk is traced all the same)
+        if config.DISK_CACHE.value and config.DEBUG.value < 4 and \
+                not trace.TRACES.keeps_changing(k, plan, None if self.caps == CPU else self.caps):
             structure = self.structure(k, plan)
             if not self.has_lowered(k, plan, structure=structure):
                 c = compiler(target)

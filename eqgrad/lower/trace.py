@@ -453,17 +453,11 @@ class Traces:
         skel, sizes = body_sizes(k, plan)
         if key is not None:
             skel = (skel, key)
+        here = id(plan)
         with self._lock:
-            body = self._bodies.get(skel)
-            if body is None:
-                body = self._bodies[skel] = _Body()
-                while len(self._bodies) > MAX_BODIES:
-                    self._bodies.popitem(last=False)
-            self._bodies.move_to_end(skel)
+            body = self._body(skel)
             traces = list(body.traces)
-            here = id(plan)
-            seen = [s for s, p in body.seen.items() if s != sizes and p != here]
-            plans = len({p for p in body.seen.values() if p != here})
+            seen = self._others(body, sizes, here)
         for tr in traces:
             env = tr.env(sizes)
             if env is not None:
@@ -472,9 +466,9 @@ class Traces:
                     self.hits += 1
                     body.hits += 1
                     return lk
-        if len(seen) >= CONCRETE and plans >= CONCRETE and body.tries < MAX_TRIES + body.hits:
+        if self._tracing(body, seen):
             body.tries += 1
-            tr = self._trace(k, plan, seen[-CONCRETE:] + [sizes], lower)
+            tr = self._trace(k, plan, seen[0][-CONCRETE:] + [sizes], lower)
             if tr is not None:
                 with self._lock:
                     body.traces.insert(0, tr)
@@ -486,11 +480,59 @@ class Traces:
                     return lk
         lk = lower(k, plan)
         with self._lock:
-            body.seen[sizes] = here
-            body.seen.move_to_end(sizes)
-            while len(body.seen) > 2 * CONCRETE:
-                body.seen.popitem(last=False)
+            self._saw(body, sizes, here)
         return lk
+
+    def keeps_changing(self, k: Kernel, plan: KernelPlan, key: Any = None) -> bool:
+        """Whether ``k``'s body structure (``key`` as for ``lower``) has traces, or ``lower`` would
+        trace it now: met at CONCRETE other size vectors, for as many other plans. ``k``'s sizes
+        count as met for ``plan`` from here on, lowered or not: a device that takes a body's code
+        from its disk cache (devices/cpu.py ``_from_disk``) asks this first, so a structure whose
+        sizes keep changing is traced even where every size vector was kept on disk by earlier
+        processes -- they were not traced there, a growing KV cache's decode step loaded its
+        changed kernels from disk at every step, 1.8 ms more a step than from their traces (2-vCPU
+        Intel Xeon, bench_compile's decoder with a cache directory that had seen its lengths)."""
+        skel, sizes = body_sizes(k, plan)
+        here = id(plan)
+        with self._lock:
+            body = self._body(skel if key is None else (skel, key))
+            if body.traces:
+                return True
+            seen = self._others(body, sizes, here)
+            self._saw(body, sizes, here)
+            return self._tracing(body, seen)
+
+    def _body(self, skel: tuple) -> "_Body":
+        """The entry of a body structure (made if new; the caller holds the lock)."""
+        body = self._bodies.get(skel)
+        if body is None:
+            body = self._bodies[skel] = _Body()
+            while len(self._bodies) > MAX_BODIES:
+                self._bodies.popitem(last=False)
+        self._bodies.move_to_end(skel)
+        return body
+
+    @staticmethod
+    def _others(body: "_Body", sizes: tuple[int, ...], here: int) -> tuple[list[tuple[int, ...]], int]:
+        """(the size vectors other than ``sizes`` met for plans other than ``here``, oldest first;
+        how many plans those are)."""
+        return [s for s, p in body.seen.items() if s != sizes and p != here], \
+            len({p for p in body.seen.values() if p != here})
+
+    @staticmethod
+    def _tracing(body: "_Body", seen: tuple[list, int]) -> bool:
+        """Whether a body met at the other vectors ``seen`` (``_others``) is traced now: CONCRETE
+        of them from as many plans, and its traces not given up on (``MAX_TRIES``)."""
+        vectors, plans = seen
+        return len(vectors) >= CONCRETE and plans >= CONCRETE and body.tries < MAX_TRIES + body.hits
+
+    @staticmethod
+    def _saw(body: "_Body", sizes: tuple[int, ...], here: int) -> None:
+        """Keep ``sizes`` as met for plan ``here`` (the newest), at most 2 x CONCRETE vectors."""
+        body.seen[sizes] = here
+        body.seen.move_to_end(sizes)
+        while len(body.seen) > 2 * CONCRETE:
+            body.seen.popitem(last=False)
 
     def bind(self, k: Kernel, plan: KernelPlan, key: Any = None) -> tuple[Trace, tuple[int, ...]] | None:
         """The trace that ``lower`` would instantiate for ``k`` (``key`` as there), with the symbols'
