@@ -145,6 +145,13 @@ class KNode:
     shape: Shape
     dtype: DType
 
+    def __init__(self, op: str, src: tuple["KNode", ...], arg: Any, shape: Shape, dtype: DType) -> None:
+        # the fields written straight into the instance's dict: a frozen dataclass's generated
+        # __init__ sets each through object.__setattr__ (620 against 240 ns a node; resizing,
+        # lowering and the device's rewrites build thousands of nodes a plan)
+        d = self.__dict__
+        d["op"], d["src"], d["arg"], d["shape"], d["dtype"] = op, src, arg, shape, dtype
+
     def walk(self) -> list["KNode"]:
         """Topological order (sources first), each node once. Worked out once per node (a body is
         immutable; resizing, lowering, its passes and the checks each walk a kernel's body: 1,300
