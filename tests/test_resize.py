@@ -20,7 +20,7 @@ from eqgrad.graph.interp import run_kernel, run_program
 from eqgrad.graph.plan import Kernel, KernelPlan, KNode, size_value
 from eqgrad.graph.program import Program, linearize
 from eqgrad.graph.resize import resize, resize_plan, verify
-from eqgrad.graph.sizes import ProgramSizes, program_sizes, size_free_key
+from eqgrad.graph.sizes import ProgramSizes, body_sizes, program_sizes, size_free_key
 from eqgrad.nn import functional as F
 from eqgrad.ops import OPS
 
@@ -598,6 +598,44 @@ def test_the_direct_walk_gives_the_solvers_plan(monkeypatch):
             assert [(k.nbytes, k.flops) for k in fast.plan.kernels] == [(k.nbytes, k.flops) for k in slow.plan.kernels]
     run()
     assert sum(took) >= len(took) // 2 > 0, f"the direct walk made {sum(took)} of {len(took)} changed bodies"
+
+
+def test_a_resized_body_carries_the_sizes_its_walk_would_give():
+    """A body resize makes node for node from an old one keeps ``body_sizes``' answer worked out
+    from the old body's structure and its own sizes (``carry_sizes``): the same answer, structure
+    and sizes, as walking it afresh. Over random programs and size pairs, and a growing cache."""
+    from eqgrad.graph import sizes as S
+    carried: list[int] = []
+
+    def check(old, plan, prog) -> None:
+        for k in plan.kernels:
+            body_sizes(k, plan)                  # the old plan's answers, as the device has them
+        r = resize(old, plan, prog)
+        if r.plan is None:
+            return
+        kept = {id(k.ast) for k in plan.kernels}
+        for k in r.plan.kernels:
+            hit = S._SIZES.get(k.ast)
+            got = body_sizes(k, r.plan)
+            S._SIZES._data.pop(k.ast, None)
+            assert body_sizes(k, r.plan) == got, k.ast.render()
+            if id(k.ast) not in kept:          # (a changed body)
+                carried.append(hit is not None)
+
+    @settings(max_examples=20, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
+    @given(RECIPE, SIZES, SIZES)
+    def run(recipe, env_a, env_b):
+        t = build(recipe, env_a, 0)
+        if not program(t).nodes:
+            return
+        old, plan = compiled(t)
+        check(old, plan, program(build(recipe, env_b, 1)))
+    run()
+    rng = np.random.default_rng(0)
+    first, plan = compiled(*attention_step(rng, 5)[0])
+    for T in range(6, 10):
+        check(first, plan, program(*attention_step(rng, T)[0]))
+    assert sum(carried) >= len(carried) // 2 > 0, f"{sum(carried)} of {len(carried)} bodies carried their sizes"
 
 
 def test_a_resized_plan_is_predicted_at_its_new_sizes():

@@ -55,8 +55,8 @@ from typing import Any, Union
 from eqgrad.dtype import DType, bool_, cast_scalar
 from eqgrad.graph.plan import Kernel, KernelPlan, KNode, NodeMemo, check_plan, is_size, size_value
 from eqgrad.graph.program import Program
-from eqgrad.graph.sizes import (BOUNDARY, ELEMENTWISE, PAIR_ARG, SHAPE_ARG, ProgramSizes, body_sizes, known_op,
-                                program_sizes)
+from eqgrad.graph.sizes import (BOUNDARY, ELEMENTWISE, PAIR_ARG, SHAPE_ARG, ProgramSizes, body_sizes, carry_sizes,
+                                known_op, program_sizes)
 from eqgrad.ops import OPS, REDUCE_OPS, attr_error, numel
 
 # Each propagation step that must enumerate combinations of ambiguous sizes tries at most this many;
@@ -611,6 +611,8 @@ class _Resizer:
                     passes *= _rows(new_order) / rows
                 k.stats = replace(ko.stats, nbytes=float(k.nbytes), flops=ko.stats.flops * r, cflops=ko.stats.cflops * r,
                                   passes=passes)
+            # (made node for node from the old body: its sizes are looked up in every stage after)
+            carry_sizes(ko, plan, order, k, out, new_order)
         changed = dict(sorted(self.sigma.items()))
         if self.ambiguous:
             changed.update({a: b for a, b in sorted(self.ambiguous.items())})
