@@ -142,3 +142,60 @@ def test_every_kernel_the_device_runs_keeps_the_kind_it_was_predicted_as(what, m
     for k in pieces:
         base = next(n for n in kind if k.name.startswith(n) and k.name[len(n):].rstrip("0123456789") in ("", "a", "g", "p"))
         assert k.kind == kind[base], (k.name, k.kind, kind[base])
+
+
+@pytest.mark.parametrize("threads", ["1", "2"])
+def test_a_product_whose_operand_streams_across_the_lanes_is_packed_for_them(threads, monkeypatch):
+    """``q @ k.T`` reads k along its rows, a head's width apart, on the axis the register lanes
+    would run along: the lanes pass gives it none (a scalar dot product per score). The device packs
+    k with that axis innermost first (lower/passes.py ``lane_pack``), and the product gets its
+    lanes; the scores are NumPy's."""
+    from eqgrad.lower.classify import classify
+    monkeypatch.setenv("EQGRAD_THREADS", threads)
+    monkeypatch.setenv("EQGRAD_BLAS", "0")
+    q, k = _t(4, 3, 64, 32), _t(4, 3, 64, 32)
+    s = q @ k.transpose(-2, -1)
+    ex = eqgrad.explain(s)
+    assert classify(ex.plan.kernels[0]).lanes == ()            # as extracted: no lanes
+    dp = ex.device_plan()
+    assert len(dp.plan.kernels) == 2 and [list(sh) for sh, _ in dp.scratch] == [[4, 3, 1, 32, 64]], dp.notes
+    assert "packed" in dp.notes[0] and "unit stride" in dp.notes[0]
+    pack, prod = dp.plan.kernels
+    assert pack.out == prod.inputs[-1] and classify(prod).lanes != ()
+    assert pack.kind == prod.kind == ex.plan.kernels[0].kind
+    want = q.numpy() @ k.numpy().transpose(0, 1, 3, 2)
+    np.testing.assert_allclose(s.numpy(), want, rtol=1e-4, atol=1e-4)
+
+
+def test_a_lane_pack_is_only_made_where_it_pays_and_gives_lanes():
+    """No pack for a product that has its lanes already (``a @ b``), for one whose operand is read by
+    fewer rows than the register block has (a decode step's one query over its keys: the pack would
+    copy the keys to read them once), nor for a sum without a product."""
+    from eqgrad.lower.passes import LowerOptions, lane_pack
+    opts = LowerOptions()
+
+    def body(t):
+        return eqgrad.explain(t).plan.kernels[0].ast
+    assert lane_pack(body(_t(4, 3, 64, 32) @ _t(4, 3, 64, 32).transpose(-2, -1)), opts) is not None
+    assert lane_pack(body(_t(64, 32) @ _t(32, 64)), opts) is None
+    assert lane_pack(body(_t(4, 3, 1, 32) @ _t(4, 3, 64, 32).transpose(-2, -1)), opts) is None
+    assert lane_pack(body(_t(64, 32).sum(1)), opts) is None
+
+
+def test_the_blas_is_timed_against_the_packed_kernel(monkeypatch, capsys, tmp_path):
+    """With the BLAS on, a batch of products the BLAS may run is timed against the generated kernel
+    with its lane pack (what the device would run), and the faster is kept."""
+    if blas.blas() is None:
+        pytest.skip("no BLAS library found")
+    monkeypatch.setenv("EQGRAD_CACHE_DIR", str(tmp_path))            # (no choice kept from before)
+    monkeypatch.setattr(get_device("LLVM").stage, "_timed_here", set())
+    engine.clear_cache()                                              # (nor a plan prepared before)
+    monkeypatch.setenv("EQGRAD_BLAS", "1")
+    monkeypatch.setenv("DEBUG", "2")
+    monkeypatch.setattr(blas, "pays", lambda g, predicted, threads: None)      # (timed, whatever the sizes)
+    q, k = _t(4, 3, 64, 32), _t(4, 3, 64, 32)
+    s = q @ k.transpose(-2, -1)
+    out = s.numpy()
+    said = capsys.readouterr().out
+    assert "generated (its operand packed for lanes)" in said, said
+    np.testing.assert_allclose(out, q.numpy() @ k.numpy().transpose(0, 1, 3, 2), rtol=1e-4, atol=1e-4)

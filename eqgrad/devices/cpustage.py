@@ -12,6 +12,8 @@ and a line per rewrite, which ``explain()`` and ``DEBUG=3`` print. On the CPU th
   cached per machine in ``gemm.json``); its operands packed first where they are not BLAS
   layouts, and the elementwise ops after it split off into a kernel of their own
   (lower/contraction.py);
+- a contraction the BLAS does not run whose operand streams across its register lanes' axis (``q @
+  k.T``) with that operand packed first, lanes' axis innermost (lower/passes.py ``lane_pack``);
 - sibling kernels run as one kernel with several outputs (lower/merge.py), none that the BLAS runs.
 
 ``LLVMDevice`` (devices/cpu.py) keeps the runtime: compiling, the thread pool, launching, the
@@ -31,11 +33,12 @@ from eqgrad import config
 from eqgrad.cache import machine_key, source_digest
 from eqgrad.devices import Buffer, DevicePlan, blas
 from eqgrad.dtype import to_storage
-from eqgrad.graph.plan import Kernel, KernelPlan, NodeMemo
+from eqgrad.graph.plan import Kernel, KernelPlan, KNode, NodeMemo
 from eqgrad.graph.sizes import body_sizes
 from eqgrad.lower import contraction, trace
 from eqgrad.lower.merge import SiblingMerger
-from eqgrad.lower.passes import LowerOptions
+from eqgrad.lower.passes import LowerOptions, lane_pack
+from eqgrad.ops import numel
 from eqgrad.lower.split import split_reduction
 
 # the knobs below: docs/lowering.md, Constants (what each bounds, the measurement behind it)
@@ -66,6 +69,18 @@ def kept_choice(entry: list | None, flops: int, t_gen: float, t_blas: float) -> 
     return [entry[0], min(entry[1], t_gen * scale), min(entry[2], t_blas * scale), entry[3] + 1]
 
 
+def _lane_packed(k: Kernel, lp: tuple, first: int) -> tuple[list[Kernel], list]:
+    """(the kernels -- the pack into scratch buffer ``first``, then ``k`` reading it --, that
+    scratch buffer) of ``lane_pack``'s answer ``lp`` for kernel ``k``."""
+    pack, body = lp
+    body = body.replaced({id(n): KNode("BUF", (), first, n.shape, n.dtype) for n in body.walk()
+                          if n.op == "BUF" and n.arg == -1})
+    # (each piece keeps the plan kernel's kind and prediction: what it was priced as)
+    pk = Kernel(f"{k.name}p0", first, pack, pack.buffers(), k.predicted, 8 * numel(pack.shape), 0, k.kind, k.stats)
+    nk = Kernel(k.name, k.out, body, body.buffers(), k.predicted, k.nbytes, k.flops, k.kind, k.stats)
+    return [pk, nk], [(pack.shape, pack.dtype)]
+
+
 def _detached(found: contraction.Found, root: Any) -> tuple:
     """``found`` to keep by its body ``root`` (``_contraction``) without the body itself: a pure
     contraction's reduction (and its packed form, with no packs) is the body, and a memo's value
@@ -91,6 +106,8 @@ class CPUStage:
         self._blas_memo = NodeMemo()         # body -> (what it depends on, its BLAS kernels, scratch)
         self._contraction_memo = NodeMemo()  # body -> (gemm_key, _contraction's answer, detached)
         self._gemm_memo = NodeMemo()         # body -> (gemm_key, the Gemm it runs as or None)
+        self._lane_pack_memo = NodeMemo()    # body -> (the lane widths, lane_pack's answer)
+        self._packed_memo = NodeMemo()       # body -> (its first scratch id, name, output; its kernels, scratch)
         self._timed_here: set[tuple] = set()  # (gemm.json key, entry's flops) this process timed
         self.merger = SiblingMerger()        # sibling kernels as one (lower/merge.py)
 
@@ -113,8 +130,6 @@ class CPUStage:
         buffers that adds (taken from the buffer pool at each run). ``notes``: a line per rewrite."""
         blas_on = bool(config.BLAS.value)          # (the library loads at the first contraction)
         threads = options.threads
-        if threads < 2 and not blas_on:
-            return plan, []
         kernels, extra = [], []
         for k in plan.kernels:
             # a body the device leaves alone is kept so, for the plans that share it
@@ -123,8 +138,22 @@ class CPUStage:
             if self._unsplit_memo.get(k.ast) == unsplit:
                 kernels.append(k)
                 continue
+            found = self._contraction(k, plan, threads) if blas_on else None
+            if found is None and (lp := self._lane_pack(k, options)) is not None:
+                # generated, with the operand that kept it from register lanes packed first
+                first = len(plan.buffers) + len(extra)
+                memo = self._packed_memo.get(k.ast)
+                if memo is None or memo[0] != (first, k.name, k.out):
+                    memo = self._packed_memo.put(k.ast, ((first, k.name, k.out), *_lane_packed(k, lp, first)))
+                    # (chosen over the BLAS, or with it off: the packed body is not asked again)
+                    self._gemm_memo.put(memo[1][-1].ast, (gemm_key(), None))
+                kernels += memo[1]
+                extra += memo[2]
+                if notes is not None:
+                    notes.append(f"{k.name}: contraction {k.ast.shape} with an operand packed {list(memo[2][0][0])} "
+                                 "so that its register lanes read it with unit stride (2 kernels)")
+                continue
             if blas_on:
-                found = self._contraction(k, plan, threads)
                 if found is not None and (found.packs or not found.pure):
                     first = len(plan.buffers) + len(extra)
                     # kept by the body for the plans that share it (a resized plan's unchanged
@@ -158,6 +187,14 @@ class CPUStage:
         if not extra:
             return plan, []
         return dataclasses.replace(plan, buffers=plan.buffers + extra, kernels=kernels), extra
+
+    def _lane_pack(self, k, options: LowerOptions) -> tuple | None:
+        """``lower/passes.py lane_pack`` of ``k``'s body for ``options``' widths, once per body."""
+        key = (options.lanes_last, options.lanes_prev, options.lane_body_max, options.dot_block, options.tile_min_stream)
+        hit = self._lane_pack_memo.get(k.ast)
+        if hit is None or hit[0] != key:
+            hit = self._lane_pack_memo.put(k.ast, (key, lane_pack(k.ast, options)))
+        return hit[1]
 
     def _blas_split(self, k, found: contraction.Found, first: int) -> tuple[list, list]:
         """(the kernels, the scratch buffers from id ``first``) that run kernel ``k`` through the
@@ -238,8 +275,10 @@ class CPUStage:
         # and by eqgrad's sources (the generated side is this version's code): a choice an older
         # version measured kept an FFN step's 480 x 1536 x 384 GEMM generated, 6.8 ms, where this one
         # times the BLAS at 2.2 ms and the generated kernel at 6.1
-        ckey = hashlib.sha256(repr((skeleton, found.packs != (), threads, machine_key("LLVM"),
-                                    source_digest())).encode()).hexdigest()[:24]
+        # the generated side is the kernel with its lane pack where it has one (``lane_pack``)
+        lp = self._lane_pack(k, LowerOptions(threads=threads))
+        ckey = hashlib.sha256(repr((skeleton, found.packs != (), threads, machine_key("LLVM"), source_digest())
+                                   + (("lane pack",) if lp is not None else ())).encode()).hexdigest()[:24]
         seen = blas.CHOICES.get(ckey, None) or []
         near = next((e for e in seen if _near(e[0], g.flops)), None)
         if near is not None and (near[3] >= MEASURED_PROCESSES or (ckey, near[0]) in self._timed_here):
@@ -255,12 +294,24 @@ class CPUStage:
                 for b in {k.out, *k.inputs, *ids}}
         scratch = Buffer.from_numpy(np.zeros(found.red.shape, np.float32), self.device.name)
         target = self.device.target()
-        gen, n = self.device.build_member(k, plan, None, target, None)
+        bufs_lane = None
+        if lp is None:
+            gen_steps = [(k, plan)]
+        else:                              # (its scratch after the plan's buffers)
+            pieces, lane_scratch = _lane_packed(k, lp, len(plan.buffers))
+            lane_plan = KernelPlan(plan.buffers + lane_scratch, plan.n_inputs, [], [], 0.0)
+            bufs_lane = Buffer.from_numpy(np.zeros(lane_scratch[0][0], lane_scratch[0][1].vnp), self.device.name,
+                                          lane_scratch[0][1])
+            gen_steps = [(pk, lane_plan) for pk in pieces]
+        gen_built = [(gk, *self.device.build_member(gk, gp, None, target, None)) for gk, gp in gen_steps]
         built = [(pk, *self.device.build_member(pk, tmp, None, target, None)) for pk in packs]
         ins = body.buffers()
         lib = blas.GemmProgram(f"{k.name}g", g, (-1, *ins), self.device.blas(), threads)
-        gen_ptrs = [bufs[b].ptr for b in (k.out, *k.inputs)]
         lib_ptrs = [scratch.ptr] + [bufs[b].ptr for b in ins]
+
+        def ptr(b: int) -> int:
+            return bufs[b].ptr if b in bufs else bufs_lane.ptr
+        gen_runs = [(gk, prg, [ptr(b) for b in (gk.out, *gk.inputs)], m) for gk, prg, m in gen_built]
 
         def with_blas() -> None:
             for pk, prg, m in built:
@@ -268,7 +319,8 @@ class CPUStage:
             self.device.launch(k, lib, lib_ptrs, lib.units, threads)
 
         def generated() -> None:
-            self.device.launch(k, gen, gen_ptrs, n, threads)
+            for gk, prg, ptrs, m in gen_runs:
+                self.device.launch(gk, prg, ptrs, m, threads)
 
         def timed(run) -> float:
             t0 = time.perf_counter()
@@ -285,7 +337,8 @@ class CPUStage:
         # run paid for what that one left -- the device's workers parked by the BLAS's threads
         # (spin.py), a wake-up of the other CPU: a 1536 x 576 matrix-vector kernel timed 146-164 us
         # generated against 45-102 us in a row, and went to the BLAS (95-132 us)
-        self.device.settle(k, gen, gen_ptrs, n, threads)
+        for gk, prg, ptrs, m in gen_runs:
+            self.device.settle(gk, prg, ptrs, m, threads)
         for pk, prg, m in built:
             self.device.settle(pk, prg, [bufs[b].ptr for b in (pk.out, *pk.inputs)], m, threads)
         self.device.settle(k, lib, lib_ptrs, lib.units, threads)
@@ -302,7 +355,8 @@ class CPUStage:
         if config.DEBUG.value >= 2:
             print(f"  BLAS or generated for {k.name} ({g.batches} x {g.m}x{g.n}x{g.k}"
                   f"{f', {len(packs)} packed' if packs else ''}): BLAS {min(ts_blas) * 1e6:.0f} us, "
-                  f"generated {min(ts_gen) * 1e6:.0f} us (timed by {entry[3]} of {MEASURED_PROCESSES} "
+                  f"generated{' (its operand packed for lanes)' if lp is not None else ''} "
+                  f"{min(ts_gen) * 1e6:.0f} us (timed by {entry[3]} of {MEASURED_PROCESSES} "
                   f"processes): {'BLAS' if verdict else 'generated'}")
         self._timed_here.add((ckey, entry[0]))
         blas.CHOICES.put(ckey, ([e for e in seen if e is not near] + [entry])[-MEASURED_KEEP:])

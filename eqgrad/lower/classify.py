@@ -17,7 +17,7 @@ from eqgrad.graph.caps import CPU, Capabilities
 from eqgrad.graph.plan import Kernel, KNode, broadcast_product
 from eqgrad.lower.contraction import candidate, find_contraction
 from eqgrad.lower.indexing import REDUCES
-from eqgrad.lower.passes import LowerOptions, output_loops, run_passes
+from eqgrad.lower.passes import LowerOptions, lane_pack, output_loops, run_passes
 
 
 @dataclass(frozen=True)
@@ -95,8 +95,8 @@ def classify(kernel: Kernel, caps: Capabilities = CPU, blas: bool = False) -> Ke
     if red is not None and broadcast_product(red.src[0], lambda n: n.op, lambda n: n.src):
         if blas and find_contraction(root) is not None:
             contraction = "blas"
-        elif lanes:
-            contraction = "lanes"
+        elif lanes or lane_pack(root, LowerOptions.for_caps(caps)) is not None:
+            contraction = "lanes"              # (the device's stage packs an operand for them)
         elif id(red) in hoisted and row_fused:
             contraction = "unlaned"
     return KernelClass(lanes, row_fused, contraction, _pad_under_reduce(root), len(hoisted))
