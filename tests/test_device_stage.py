@@ -170,7 +170,8 @@ def test_a_product_whose_operand_streams_across_the_lanes_is_packed_for_them(thr
 def test_a_lane_pack_is_only_made_where_it_pays_and_gives_lanes():
     """No pack for a product that has its lanes already (``a @ b``), for one whose operand is read by
     fewer rows than the register block has (a decode step's one query over its keys: the pack would
-    copy the keys to read them once), nor for a sum without a product."""
+    copy the keys to read them once), for one whose lanes' axis no lane width divides (15 keys: the
+    packed product would have no lanes either), nor for a sum without a product."""
     from eqgrad.lower.passes import LowerOptions, lane_pack
     opts = LowerOptions()
 
@@ -179,6 +180,7 @@ def test_a_lane_pack_is_only_made_where_it_pays_and_gives_lanes():
     assert lane_pack(body(_t(4, 3, 64, 32) @ _t(4, 3, 64, 32).transpose(-2, -1)), opts) is not None
     assert lane_pack(body(_t(64, 32) @ _t(32, 64)), opts) is None
     assert lane_pack(body(_t(4, 3, 1, 32) @ _t(4, 3, 64, 32).transpose(-2, -1)), opts) is None
+    assert lane_pack(body(_t(4, 3, 15, 32) @ _t(4, 3, 15, 32).transpose(-2, -1)), opts) is None
     assert lane_pack(body(_t(64, 32).sum(1)), opts) is None
 
 

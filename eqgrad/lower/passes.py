@@ -27,12 +27,14 @@ because it owns the scratch buffers the rewrite adds (``lower/split.py``, ``devi
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 from typing import Callable, ClassVar, Iterator
 
 from eqgrad.dtype import bool_
 from eqgrad.graph.caps import (DOT_BLOCK, LANE_BODY_MAX, LANES_LAST, LANES_PREV, ROW_STASH_MAX, TILE_BLOCKS, TILE_MIN_STREAM,
-                               Capabilities, register_block, register_block_rule, register_rows_rule)
+                               Capabilities, private_cache_bytes, register_block, register_block_rule,
+                               register_rows_rule)
 from eqgrad.graph.plan import GROUP, Kernel, KNode, broadcast_product, lanes_axis, shared_factor
 from eqgrad.graph.sizes import ELEMENTWISE
 from eqgrad.lower.contraction import candidate, find_contraction
@@ -357,6 +359,7 @@ def lanes_apply(root: KNode, has_reduce: bool) -> bool:
 
 
 _VIEW_MOVES = ("RESHAPE", "PERMUTE", "EXPAND", "SHRINK")
+_private_cache = functools.cache(private_cache_bytes)       # (read from sysfs once)
 
 
 def lane_pack(root: KNode, o: "LowerOptions | Capabilities") -> tuple[KNode, KNode] | None:
@@ -370,12 +373,24 @@ def lane_pack(root: KNode, o: "LowerOptions | Capabilities") -> tuple[KNode, KNo
     attention's scores over 128 keys re-read each head's keys 128 times. The device's stage packs
     it (devices/cpustage.py), where it times the two against the BLAS. Measured on a 2-vCPU Xeon
     (Rocket Lake), (32, 12, 128, 32) @ its keys transposed: 6.1 ms generated without lanes, 3.9
-    through the BLAS (384 calls), 0.5 + 1.6 ms packed (256 GFLOP/s)."""
+    through the BLAS (384 calls), 0.5 + 1.6 ms packed (256 GFLOP/s).
+
+    Not where the product's output for one batch index (its last two axes) outgrows a core's
+    private cache (graph/caps.py ``private_cache_bytes``): the block's rows are then written to
+    memory a row apart. Whole attention, packed against the better of the BLAS and the unpacked
+    kernel, same machine (2 MiB of L2): 128 keys (64 KB of scores a head) 1.37-1.42 against
+    1.86-1.97 ms, 256 keys 1.86-1.90 against 2.09-2.15, 512 (1 MB) 2.24-2.36 against 2.48-2.50;
+    1024 keys (4 MB) 7.30-8.52 against 7.19-7.25, at head width 128 6.58-7.55 against 6.36-6.39 --
+    where the device's timing of the two in isolation had favoured the packed kernel in one
+    process of two."""
     red = candidate(root)
     if red is None or max(o.lanes_last, default=1) <= 1 or max(o.lanes_prev, default=1) <= 1 \
             or "lanes" in getattr(o, "disabled", ()) or not getattr(o, "register_lanes", True):
         return None                    # (a device without register lanes: nothing to pack for)
     if lanes_apply(root, True) or dot_widths(root, len(root.walk()), o):
+        return None
+    big = [n for n in root.shape if n > 1]
+    if len(big) < 2 or big[-2] * big[-1] * root.dtype.itemsize > _private_cache():
         return None
     if not broadcast_product(red.src[0], lambda n: n.op, lambda n: n.src):
         return None
@@ -399,8 +414,9 @@ def lane_pack(root: KNode, o: "LowerOptions | Capabilities") -> tuple[KNode, KNo
         if f.op == "EXPAND":
             back = KNode("EXPAND", (back,), f.arg, f.shape, f.dtype)
         body = root.replaced({id(f): back})
-        if lanes_apply(body, True):
-            return pack, body
+        if lanes_apply(body, True) and lane_block(body, len(body.walk()), o.lanes_last, o.lanes_prev,
+                                                  o.lane_body_max) != (1, 1):
+            return pack, body          # (no width dividing 15 keys: no lanes to pack for)
     return None
 
 
