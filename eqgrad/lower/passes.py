@@ -387,8 +387,8 @@ def lane_pack(root: KNode, o: "LowerOptions | Capabilities") -> tuple[KNode, KNo
     if red is None or max(o.lanes_last, default=1) <= 1 or max(o.lanes_prev, default=1) <= 1 \
             or "lanes" in getattr(o, "disabled", ()) or not getattr(o, "register_lanes", True):
         return None                    # (a device without register lanes: nothing to pack for)
-    if lanes_apply(root, True) or dot_widths(root, len(root.walk()), o):
-        return None
+    # (the cheap conditions first, the lowering's dry runs last: a growing sequence's changed
+    # products are asked at every step)
     big = [n for n in root.shape if n > 1]
     if len(big) < 2 or big[-2] * big[-1] * root.dtype.itemsize > _private_cache():
         return None
@@ -398,6 +398,7 @@ def lane_pack(root: KNode, o: "LowerOptions | Capabilities") -> tuple[KNode, KNo
     if found is None or found[0] is not red:
         return None
     axis, prod = found[1], red.src[0]
+    candidates = []
     for f in prod.src:
         u = f.src[0] if f.op == "EXPAND" else f
         if u.shape[axis] == 1 or numel(prod.shape) < max(o.lanes_prev) * numel(u.shape):
@@ -405,8 +406,11 @@ def lane_pack(root: KNode, o: "LowerOptions | Capabilities") -> tuple[KNode, KNo
         leaf = u
         while leaf.op in _VIEW_MOVES:
             leaf = leaf.src[0]
-        if leaf.op != "BUF" or numel(u.shape) > numel(leaf.shape):
-            continue
+        if leaf.op == "BUF" and numel(u.shape) <= numel(leaf.shape):
+            candidates.append((f, u))
+    if not candidates or lanes_apply(root, True) or dot_widths(root, len(root.walk()), o):
+        return None
+    for f, u in candidates:
         perm = tuple(d for d in range(len(u.shape)) if d != axis) + (axis,)
         pack = KNode("PERMUTE", (u,), perm, tuple(u.shape[d] for d in perm), u.dtype)
         back = KNode("PERMUTE", (KNode("BUF", (), -1, pack.shape, u.dtype),), tuple(perm.index(d) for d in range(len(perm))),
