@@ -535,13 +535,9 @@ def build(recipe: tuple, env: list[int], seed: int) -> Tensor:
     return x
 
 
-def test_random_programs_resize_or_refuse():
-    """A random program of movement, elementwise and reduce ops compiled at one size assignment and
-    resized for another: the resized plan gives the reference numbers (run_program -- what every
-    normal compile is validated against), or resize refuses. Sizes 2..9 collide often (ambiguous
-    sizes), and shrinks can make a size 1 (then the keys differ)."""
-    outcomes: list[bool] = []
-
+def _random_resizes(check) -> None:
+    """``check(old program, its plan, the new program)`` for random programs of movement,
+    elementwise and reduce ops compiled at one size assignment, the new one at another."""
     @settings(max_examples=20, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
     @given(RECIPE, SIZES, SIZES)
     def run(recipe, env_a, env_b):
@@ -549,12 +545,23 @@ def test_random_programs_resize_or_refuse():
         if not program(t).nodes:          # every step skipped: nothing to compile
             return
         old, plan = compiled(t)
-        prog = program(build(recipe, env_b, 1))
+        check(old, plan, program(build(recipe, env_b, 1)))
+    run()
+
+
+def test_random_programs_resize_or_refuse():
+    """A random program of movement, elementwise and reduce ops compiled at one size assignment and
+    resized for another: the resized plan gives the reference numbers (run_program -- what every
+    normal compile is validated against), or resize refuses. Sizes 2..9 collide often (ambiguous
+    sizes), and shrinks can make a size 1 (then the keys differ)."""
+    outcomes: list[bool] = []
+
+    def check(old, plan, prog):
         r = resize(old, plan, prog)
         outcomes.append(r.plan is not None)
         if r.plan is not None:
             close(run_interp(r.plan, prog), [np.asarray(a) for a in run_program(prog)], rtol=1e-4)
-    run()
+    _random_resizes(check)
     # the property is only worth something if resizing mostly happens
     assert sum(outcomes) >= len(outcomes) // 2, f"{sum(outcomes)} of {len(outcomes)} resized"
 
@@ -577,14 +584,7 @@ def test_the_direct_walk_gives_the_solvers_plan(monkeypatch):
         took.append(ok)
         return ok
 
-    @settings(max_examples=20, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
-    @given(RECIPE, SIZES, SIZES)
-    def run(recipe, env_a, env_b):
-        t = build(recipe, env_a, 0)
-        if not program(t).nodes:
-            return
-        old, plan = compiled(t)
-        prog = program(build(recipe, env_b, 1))
+    def check(old, plan, prog):
         with monkeypatch.context() as m:
             m.setattr(R._Resizer, "direct", counted)
             fast = resize(old, plan, prog)
@@ -596,7 +596,7 @@ def test_the_direct_walk_gives_the_solvers_plan(monkeypatch):
             assert _bodies(fast.plan) == _bodies(slow.plan)
             assert fast.plan.buffers == slow.plan.buffers
             assert [(k.nbytes, k.flops) for k in fast.plan.kernels] == [(k.nbytes, k.flops) for k in slow.plan.kernels]
-    run()
+    _random_resizes(check)
     assert sum(took) >= len(took) // 2 > 0, f"the direct walk made {sum(took)} of {len(took)} changed bodies"
 
 
@@ -622,15 +622,7 @@ def test_a_resized_body_carries_the_sizes_its_walk_would_give():
             if id(k.ast) not in kept:          # (a changed body)
                 carried.append(hit is not None)
 
-    @settings(max_examples=20, deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
-    @given(RECIPE, SIZES, SIZES)
-    def run(recipe, env_a, env_b):
-        t = build(recipe, env_a, 0)
-        if not program(t).nodes:
-            return
-        old, plan = compiled(t)
-        check(old, plan, program(build(recipe, env_b, 1)))
-    run()
+    _random_resizes(check)
     rng = np.random.default_rng(0)
     first, plan = compiled(*attention_step(rng, 5)[0])
     for T in range(6, 10):

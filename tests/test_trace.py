@@ -67,6 +67,16 @@ def _decode(T: int) -> list[Tensor]:
     return [att, side, k]
 
 
+def _decode_attention(T: int) -> np.ndarray:
+    """NumPy's answer for ``_decode(T)``'s attention (its inputs drawn again)."""
+    rng = np.random.default_rng(T)
+    cache, new, q = (rng.standard_normal(s).astype(np.float32) for s in ((1, T, 8), (1, 1, 8), (1, 1, 8)))
+    kn = np.concatenate([cache, new], axis=1)
+    s = q @ kn.transpose(0, 2, 1) / np.sqrt(8)
+    e = np.exp(s - s.max(-1, keepdims=True))
+    return (e / e.sum(-1, keepdims=True)) @ kn
+
+
 def _matmul(n: int) -> list[Tensor]:
     rng = np.random.default_rng(n)
     a, b = (Tensor(rng.standard_normal(s).astype(np.float32)) for s in ((n, 24), (24, n + 3)))
@@ -195,31 +205,6 @@ def test_body_sizes_keeps_the_structure_apart_from_the_sizes():
         assert [splan.buffers[b] for b in (k.out, *k.inputs)] == [p5.buffers[b] for b in (k.out, *k.inputs)]
 
 
-def test_the_device_lowers_a_growing_cache_from_traces(monkeypatch):
-    engine.clear_cache()
-    gc.collect()
-    get_device("LLVM").families.clear()
-    devices._lowered.clear()           # (an earlier test in this process may have lowered these sizes)
-    trace.TRACES.clear()
-    h0 = trace.TRACES.hits
-    for T in range(5, 20):
-        ts = _decode(T)
-        eqgrad.realize(*ts)
-    assert trace.TRACES.hits - h0 >= 10
-    # the answers are still NumPy's (a traced kernel runs the sized program with its sizes)
-    rng = np.random.default_rng(19)
-    cache, new, q = (rng.standard_normal(s).astype(np.float32) for s in ((1, 19, 8), (1, 1, 8), (1, 1, 8)))
-    kn = np.concatenate([cache, new], axis=1)
-    s = q @ kn.transpose(0, 2, 1) / np.sqrt(8)
-    e = np.exp(s - s.max(-1, keepdims=True))
-    np.testing.assert_allclose(ts[0].numpy(), (e / e.sum(-1, keepdims=True)) @ kn, rtol=1e-5, atol=1e-5)
-    monkeypatch.setenv("EQGRAD_SIZE_ARGS", "0")            # off with sized programs
-    h1 = trace.TRACES.hits
-    for T in range(20, 24):
-        eqgrad.realize(*_decode(T))
-    assert trace.TRACES.hits == h1
-
-
 def _new_process() -> None:
     """What a new process starts without: plans, lowered loop IR, traces, size families."""
     engine.clear_cache()
@@ -227,6 +212,22 @@ def _new_process() -> None:
     get_device("LLVM").families.clear()
     devices._lowered.clear()
     trace.TRACES.clear()
+
+
+def test_the_device_lowers_a_growing_cache_from_traces(monkeypatch):
+    _new_process()                     # (an earlier test in this process may have lowered these sizes)
+    h0 = trace.TRACES.hits
+    for T in range(5, 20):
+        ts = _decode(T)
+        eqgrad.realize(*ts)
+    assert trace.TRACES.hits - h0 >= 10
+    # the answers are still NumPy's (a traced kernel runs the sized program with its sizes)
+    np.testing.assert_allclose(ts[0].numpy(), _decode_attention(19), rtol=1e-5, atol=1e-5)
+    monkeypatch.setenv("EQGRAD_SIZE_ARGS", "0")            # off with sized programs
+    h1 = trace.TRACES.hits
+    for T in range(20, 24):
+        eqgrad.realize(*_decode(T))
+    assert trace.TRACES.hits == h1
 
 
 def test_a_growing_cache_is_traced_where_every_length_is_on_disk(tmp_path, monkeypatch):
@@ -247,12 +248,7 @@ def test_a_growing_cache_is_traced_where_every_length_is_on_disk(tmp_path, monke
         eqgrad.realize(*ts)
     assert GlobalCounters.lowered_disk_hits > d0           # the first lengths: from disk
     assert trace.TRACES.traced >= 1 and trace.TRACES.hits >= 5, (trace.TRACES.traced, trace.TRACES.hits)
-    rng = np.random.default_rng(13)
-    cache, new, q = (rng.standard_normal(s).astype(np.float32) for s in ((1, 13, 8), (1, 1, 8), (1, 1, 8)))
-    kn = np.concatenate([cache, new], axis=1)
-    s = q @ kn.transpose(0, 2, 1) / np.sqrt(8)
-    e = np.exp(s - s.max(-1, keepdims=True))
-    np.testing.assert_allclose(ts[0].numpy(), (e / e.sum(-1, keepdims=True)) @ kn, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(ts[0].numpy(), _decode_attention(13), rtol=1e-5, atol=1e-5)
     _new_process()
 
 
