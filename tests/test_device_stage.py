@@ -156,7 +156,8 @@ def test_a_product_whose_operand_streams_across_the_lanes_is_packed_for_them(thr
     q, k = _t(4, 3, 64, 32), _t(4, 3, 64, 32)
     s = q @ k.transpose(-2, -1)
     ex = eqgrad.explain(s)
-    assert classify(ex.plan.kernels[0]).lanes == ()            # as extracted: no lanes
+    assert classify(ex.plan.kernels[0]).lanes == ()            # as extracted: no lanes ...
+    assert classify(ex.plan.kernels[0]).contraction == "lanes"  # ... which the stage's pack gives it
     dp = ex.device_plan()
     assert len(dp.plan.kernels) == 2 and [list(sh) for sh, _ in dp.scratch] == [[4, 3, 1, 32, 64]], dp.notes
     assert "packed" in dp.notes[0] and "unit stride" in dp.notes[0]
