@@ -490,7 +490,7 @@ class Traces:
         from its disk cache (devices/cpu.py ``_from_disk``) asks this first, so a structure whose
         sizes keep changing is traced even where every size vector was kept on disk by earlier
         processes -- they were not traced there, a growing KV cache's decode step loaded its
-        changed kernels from disk at every step, 1.8 ms more a step than from their traces (2-vCPU
+        changed kernels from disk at every step, 1.7-3.5 ms more a step than from their traces (2-vCPU
         Intel Xeon, bench_compile's decoder with a cache directory that had seen its lengths)."""
         skel, sizes = body_sizes(k, plan)
         here = id(plan)
