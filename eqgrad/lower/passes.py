@@ -37,7 +37,7 @@ from eqgrad.graph.caps import (DOT_BLOCK, LANE_BODY_MAX, LANES_LAST, LANES_PREV,
                                register_rows_rule)
 from eqgrad.graph.plan import GROUP, Kernel, KNode, broadcast_product, lanes_axis, shared_factor
 from eqgrad.graph.sizes import ELEMENTWISE
-from eqgrad.lower.contraction import candidate, find_contraction
+from eqgrad.lower.contraction import GEMM_MOVES, candidate, find_contraction
 from eqgrad.lower.indexing import MOVES, REDUCES, dry_sources, flat_index, hoistable, reduce_map, roots_of
 from eqgrad.lower.sums import SUM_BLOCK, SUM_RADIX
 from eqgrad.lower.symbolic import Lin, Var, substitute_free
@@ -358,7 +358,6 @@ def lanes_apply(root: KNode, has_reduce: bool) -> bool:
     return bool(has_reduce and big) and contiguous_under_reduce(root, big[-1])
 
 
-_VIEW_MOVES = ("RESHAPE", "PERMUTE", "EXPAND", "SHRINK")
 _private_cache = functools.cache(private_cache_bytes)       # (read from sysfs once)
 
 
@@ -404,7 +403,7 @@ def lane_pack(root: KNode, o: "LowerOptions | Capabilities") -> tuple[KNode, KNo
         if u.shape[axis] == 1 or numel(prod.shape) < max(o.lanes_prev) * numel(u.shape):
             continue
         leaf = u
-        while leaf.op in _VIEW_MOVES:
+        while leaf.op in GEMM_MOVES:          # (a view: the movement ops a GEMM operand may have)
             leaf = leaf.src[0]
         if leaf.op == "BUF" and numel(u.shape) <= numel(leaf.shape):
             candidates.append((f, u))
@@ -418,9 +417,10 @@ def lane_pack(root: KNode, o: "LowerOptions | Capabilities") -> tuple[KNode, KNo
         if f.op == "EXPAND":
             back = KNode("EXPAND", (back,), f.arg, f.shape, f.dtype)
         body = root.replaced({id(f): back})
+        # (and lanes it gets: no width divides 15 keys, the packed product would have none either)
         if lanes_apply(body, True) and lane_block(body, len(body.walk()), o.lanes_last, o.lanes_prev,
                                                   o.lane_body_max) != (1, 1):
-            return pack, body          # (no width dividing 15 keys: no lanes to pack for)
+            return pack, body
     return None
 
 
