@@ -5,6 +5,7 @@ MLP training step with a new batch size, layernorm/softmax over a new row count,
 a new batch; hand-made plans for the derived-constant cases; random programs at two sizes."""
 from __future__ import annotations
 
+import dataclasses
 import gc
 import weakref
 
@@ -617,8 +618,10 @@ def test_a_resized_body_carries_the_sizes_its_walk_would_give():
         for k in r.plan.kernels:
             hit = S._SIZES.get(k.ast)
             got = body_sizes(k, r.plan)
+            assert S.body_size_set(k, r.plan) == frozenset(got[1])     # (what ``unchanged`` asks)
             S._SIZES._data.pop(k.ast, None)
             assert body_sizes(k, r.plan) == got, k.ast.render()
+            assert S.body_size_set(k, r.plan) == frozenset(got[1])
             if id(k.ast) not in kept:          # (a changed body)
                 carried.append(hit is not None)
 
@@ -628,6 +631,12 @@ def test_a_resized_body_carries_the_sizes_its_walk_would_give():
     for T in range(6, 10):
         check(first, plan, program(*attention_step(rng, T)[0]))
     assert sum(carried) >= len(carried) // 2 > 0, f"{sum(carried)} of {len(carried)} bodies carried their sizes"
+    # the distinct sizes follow the buffers' shapes too: the same body in a plan whose buffers differ
+    k = plan.kernels[0]
+    before = S.body_size_set(k, plan)
+    other = dataclasses.replace(plan, buffers=[(tuple(d + 1000 for d in shp), dt) for shp, dt in plan.buffers])
+    assert S.body_size_set(k, other) == frozenset(body_sizes(k, other)[1]) != before
+    assert S.body_size_set(k, plan) == before
 
 
 def test_a_resized_plan_is_predicted_at_its_new_sizes():

@@ -175,7 +175,7 @@ class LLVMDevice(Device):
         self._sources: dict[Any, tuple] = {}
         self._disk: dict[int, tuple] = {}          # id of a kernel -> (it, _from_disk's answer), per prepare
         self._structures = {}                      # id of a kernel -> (it, plan, structure), per prepare
-        self._members: dict[int, tuple] = {}       # id of a kernel -> (it, plan, target, _member's answer), per prepare
+        self._members: dict[int, tuple] = {}       # id of a kernel -> (it, plan, target, _member's answer[, a rebound one's program]), per prepare
         self._memo_now: tuple | None = None        # (target, _memo_key(target)) for the duration of a prepare
         self._gemms: dict[tuple, Any] = {}          # (Gemm, buffer ids, threads) -> its BLAS program
         # program -> {bit length of the split loop's extent: [runs timed, fastest on one thread,
@@ -252,13 +252,8 @@ class LLVMDevice(Device):
         hit = self._members.get(id(k)) if upcast is None else None
         if hit is not None and hit[0] is k and hit[1] is plan and hit[2] == target:
             lk, n, dk, shape, nt = hit[3]
-            if lk is None:                  # rebound (below): its program, while it lives
-                key = (shape.skeleton, nt, target)
-                prg = self.families.find(key, shape)
-                if prg is not None:
-                    return lk, n, dk, shape, key, prg, None
-                del self._members[id(k)]
-                return self._member(k, plan, upcast, target)
+            if lk is None:                  # rebound (below): the program it found, for this prepare
+                return lk, n, dk, shape, (shape.skeleton, nt, target), hit[4], None
         elif (fast := self._rebound(k, plan, target) if upcast is None else None) is not None:
             return fast
         else:
@@ -312,7 +307,9 @@ class LLVMDevice(Device):
                     or usual.reductions != shape.reductions or n_usual != n):
                 raise AssertionError(f"kernel {k.name}: its sizes read from its trace {shape.values}, split {n} differ "
                                      f"from its instance's {usual.values}, split {n_usual}")
-        self._members[id(k)] = (k, plan, target, (None, n, None, shape, False))
+        # (the program kept with the answer: prefetch asks first, then the build; ``_members`` is
+        # emptied at the end of each prepare)
+        self._members[id(k)] = (k, plan, target, (None, n, None, shape, False), prg)
         self.families.rebinds += 1
         return None, n, None, shape, key, prg, None
 

@@ -55,7 +55,7 @@ from typing import Any, Union
 from eqgrad.dtype import DType, bool_, cast_scalar
 from eqgrad.graph.plan import Kernel, KernelPlan, KNode, NodeMemo, check_plan, is_size, size_value
 from eqgrad.graph.program import Program
-from eqgrad.graph.sizes import (BOUNDARY, ELEMENTWISE, PAIR_ARG, SHAPE_ARG, ProgramSizes, body_sizes, carry_sizes,
+from eqgrad.graph.sizes import (BOUNDARY, ELEMENTWISE, PAIR_ARG, SHAPE_ARG, ProgramSizes, body_size_set, carry_sizes,
                                 known_op, program_sizes)
 from eqgrad.ops import OPS, REDUCE_OPS, attr_error, numel
 
@@ -388,7 +388,7 @@ class _Resizer:
         constant its own new value? Such a body is the old one (a growing sequence changes 4 of a
         decoder layer's 32 kernels); deriving it node by node gave the same nodes."""
         known, reads, consts = _body(k.ast)
-        if not known or not set(body_sizes(k, self.plan)[1]) <= self.kept:
+        if not known or not body_size_set(k, self.plan) <= self.kept:
             return False
         if any(self.out.get(n.arg) != n.shape for n in reads):
             return False

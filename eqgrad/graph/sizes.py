@@ -290,6 +290,20 @@ def body_sizes(k: Kernel, plan: KernelPlan) -> tuple[tuple, tuple[int, ...]]:
     return out
 
 
+_SIZE_SETS = NodeMemo()   # body -> (body_sizes' sizes, their distinct values)
+
+
+def body_size_set(k: Kernel, plan: KernelPlan) -> frozenset[int]:
+    """The distinct values of ``body_sizes(k, plan)[1]``, kept per body: graph/resize.py asks it of
+    every kernel of a plan it resizes (whether all of a body's sizes stay), and a decoder's body
+    holds ~100 sizes of ~5 values."""
+    sizes = body_sizes(k, plan)[1]
+    hit = _SIZE_SETS.get(k.ast)
+    if hit is None or hit[0] is not sizes:
+        hit = _SIZE_SETS.put(k.ast, (sizes, frozenset(sizes)))
+    return hit[1]
+
+
 def _ints(x: Any, out: list[int]) -> None:
     """The ints of ``x`` into ``out``, in ``_flat``'s order (its skeleton not built)."""
     t = type(x)
