@@ -304,8 +304,9 @@ def test_a_batch_of_products_is_timed_once_per_machine(tmp_path, timed_choices):
     for _ in range(2):
         run()
     assert len(puts) == 1 and len(puts[0]) == 1
-    flops, t_gen, t_blas, processes = puts[0][0]
+    flops, t_gen, t_blas, processes, dims = puts[0][0]
     assert flops == 2 * 4 * 3 * 32 * 32 * 16 and t_gen > 0 and t_blas > 0 and processes == 1
+    assert dims == [12, 32, 32, 16]                 # batches, m, n, k
     assert (tmp_path / "gemm.json").exists()
     stage = get_device("LLVM").stage
     for later in range(2, cpustage.MEASURED_PROCESSES + 2):     # a later process (this one's memos gone)
@@ -324,6 +325,15 @@ def test_a_batch_of_products_is_timed_once_per_machine(tmp_path, timed_choices):
         np.testing.assert_allclose(got, q2 @ k2.swapaxes(-1, -2), rtol=1e-5, atol=1e-5)
         assert len(puts) == base + timed, (n, puts)
     assert len(puts[-1]) == 2
+    # within 4x of the first one's flops (1/3) but not of its batches (64 products against 12 of
+    # the same body): a choice of its own, timed -- the crossover between the two sides moves with
+    # the shape, not with the flops
+    base = len(puts)
+    q3, k3 = rnd(8, 8, 8, 16), rnd(8, 8, 8, 16, seed=1)
+    got = (Tensor(q3) @ Tensor(k3).transpose(-1, -2)).numpy()
+    np.testing.assert_allclose(got, q3 @ k3.swapaxes(-1, -2), rtol=1e-5, atol=1e-5)
+    assert len(puts) == base + 1, puts[base:]
+    assert [e[4] for e in puts[-1]] == [[12, 32, 32, 16], [12, 80, 80, 16], [64, 8, 8, 16]]
 
 
 @pytest.mark.parametrize("runs,verdict", [
@@ -356,7 +366,7 @@ def test_one_slow_run_does_not_decide_blas_or_generated(timed_choices, monkeypat
     np.testing.assert_allclose(got, q @ k.swapaxes(-1, -2), rtol=1e-5, atol=1e-5)
     assert len(calls) == 2 * len(durations)                   # every scripted run, and no more
     assert len(puts) == 1
-    _, t_gen, t_blas, _ = puts[0][-1]
+    _, t_gen, t_blas, _, _ = puts[0][-1]
     assert (t_blas < t_gen) is verdict
 
 
@@ -402,7 +412,7 @@ def test_a_choice_timed_on_a_busy_machine_is_righted_by_a_later_process(timed_ch
     quiet = [1e-3, 4e-4] * 3
     assert process(busy) == "generated"
     assert process(quiet) == "BLAS"
-    assert puts[-1][0][1:] == [pytest.approx(1e-3), pytest.approx(4e-4), 2]
+    assert puts[-1][0][1:] == [pytest.approx(1e-3), pytest.approx(4e-4), 2, [12, 32, 32, 16]]
     assert process(busy) == "BLAS"        # a third, busy process keeps the fastest of each side
     assert puts[-1][0][3] == 3
     n = len(puts)
@@ -465,12 +475,14 @@ def test_the_speeds_are_the_best_this_machine_measured(tmp_path, monkeypatch):
         blas.speeds.cache_clear()
 
 
-@pytest.mark.parametrize("bad", [[[393216, True]], [[393216, 1e-3, 0.0, 1]], [[393216, 1e-3, 1e-3, 0]], "BLAS",
-                                 [[393216.0, 1e-3, 1e-3, 1]]])
+@pytest.mark.parametrize("bad", [[[393216, True]], [[393216, 1e-3, 0.0, 1, [12, 32, 32, 16]]],
+                                 [[393216, 1e-3, 1e-3, 0, [12, 32, 32, 16]]], "BLAS",
+                                 [[393216.0, 1e-3, 1e-3, 1, [12, 32, 32, 16]]], [[393216, 1e-3, 1e-3, 1]],
+                                 [[393216, 1e-3, 1e-3, 1, [12, 32, 0, 16]]]])
 def test_a_bad_kept_choice_is_ignored_and_timed_again(tmp_path, timed_choices, bad):
-    """An entry of ``gemm.json`` that is not [flops, generated seconds, BLAS seconds, processes]
-    (the older [flops, verdict] among them) is dropped with one warning naming the file, and the
-    contraction is timed again."""
+    """An entry of ``gemm.json`` that is not [flops, generated seconds, BLAS seconds, processes,
+    [batches, m, n, k]] (the older [flops, verdict] and the dimensionless entries among them) is
+    dropped with one warning naming the file, and the contraction is timed again."""
     import json
     import warnings
     puts = timed_choices

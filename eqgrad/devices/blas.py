@@ -84,16 +84,20 @@ def pays(g: Gemm, predicted: float, threads: int) -> bool | None:
 def _check_choice(v: object) -> str | None:
     def seconds(x: object) -> bool:
         return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
-    if isinstance(v, list) and all(isinstance(e, list) and len(e) == 4 and type(e[0]) is int and e[0] > 0
+    def dims(x: object) -> bool:
+        return isinstance(x, list) and len(x) == 4 and all(type(d) is int and d > 0 for d in x)
+    if isinstance(v, list) and all(isinstance(e, list) and len(e) == 5 and type(e[0]) is int and e[0] > 0
                                    and seconds(e[1]) and seconds(e[2]) and type(e[3]) is int and e[3] > 0
-                                   for e in v):
+                                   and dims(e[4]) for e in v):
         return None
-    return f"expected a list of [flops, generated seconds, BLAS seconds, processes], got {v!r}"
+    return ("expected a list of [flops, generated seconds, BLAS seconds, processes, [batches, m, n, k]], "
+            f"got {v!r}")
 
 
-# measured: [[flops, generated seconds, BLAS seconds, processes that timed it]] per structure
-# (cpustage.CPUStage._measured; each side its fastest over the processes)
-CHOICES = JsonCache("gemm", 3, check=_check_choice)
+# measured: [[flops, generated seconds, BLAS seconds, processes that timed it, [batches, m, n, k]]]
+# per structure (cpustage.CPUStage._measured; each side its fastest over the processes; version 4:
+# the dimensions, cpustage.near_choice)
+CHOICES = JsonCache("gemm", 4, check=_check_choice)
 
 
 def _check_speed(v: object) -> str | None:
