@@ -769,3 +769,53 @@ def test_only_the_forms_that_mention_a_size_or_to_f64_are_parsed_and_keep_their_
     assert kept.count("\n") == text.count("\n") and "Size 3" in kept and "Const 2.0" not in kept
     assert _constant_writers_of("lines.egg", text) == ("lines.egg:4",)
     assert _candidate_forms('(rewrite (Add x x) (Mul x (Const 2.0 d s)))') == ""
+
+
+def test_the_generated_body_builder_makes_the_walks_nodes():
+    """resize's direct walk makes a changed body with the generated builder of its structure
+    (graph/sizes.py ``body_builder``) where it can: node for node what the generic walk makes --
+    op, attribute, shape, dtype, sources -- and the old node itself wherever no size of its subtree
+    moves. Over random programs and size pairs, and a growing cache."""
+    from eqgrad.graph import resize as R
+    built: list[bool] = []
+
+    def same(a: KNode, b: KNode) -> bool:
+        return (a.op, a.arg, a.shape, a.dtype, len(a.src)) == (b.op, b.arg, b.shape, b.dtype, len(b.src))
+
+    def check(old, plan, prog) -> None:
+        try:
+            r = R._Resizer(program_sizes(old), plan, program_sizes(prog))
+        except R._Refuse:
+            return
+        if r.ambiguous:
+            return
+        r.out = {b: tuple(s) for b, (s, _) in enumerate(r.new.input_specs)}
+        for k in plan.kernels:
+            order = k.ast.walk()
+            if r.unchanged(k):
+                continue
+            walked: dict[int, KNode] = {}
+            try:
+                for n in order:
+                    m = r._direct(n, walked)
+                    if m is None:
+                        raise R._Refuse("the solver decides")
+                    walked[id(n)] = m
+            except R._Refuse:
+                return                   # (later kernels read what this one would have written)
+            got = r._built(k, order)
+            built.append(got is not None)
+            if got is not None:
+                for n in order:
+                    a, b = got[id(n)], walked[id(n)]
+                    assert same(a, b), (a.render(), b.render())
+                    assert all(x is got[id(y)] for x, y in zip(a.src, n.src))
+                    assert (a is n) == (b is n), n.render()      # the old node where nothing moved
+            r.out[k.out] = walked[id(k.ast)].shape
+
+    _random_resizes(check)
+    rng = np.random.default_rng(0)
+    first, plan = compiled(*attention_step(rng, 5)[0])
+    for T in range(6, 10):
+        check(first, plan, program(*attention_step(rng, T)[0]))
+    assert sum(built) >= len(built) // 2 > 0, f"{sum(built)} of {len(built)} bodies built"

@@ -55,8 +55,8 @@ from typing import Any, Union
 from eqgrad.dtype import DType, bool_, cast_scalar
 from eqgrad.graph.plan import Kernel, KernelPlan, KNode, NodeMemo, check_plan, is_size, size_value
 from eqgrad.graph.program import Program
-from eqgrad.graph.sizes import (BOUNDARY, ELEMENTWISE, PAIR_ARG, SHAPE_ARG, ProgramSizes, body_size_set, carry_sizes,
-                                known_op, program_sizes)
+from eqgrad.graph.sizes import (BOUNDARY, ELEMENTWISE, PAIR_ARG, SHAPE_ARG, ProgramSizes, body_builder, body_size_set, body_sizes,
+                                carry_sizes, keep_sizes, known_op, program_sizes)
 from eqgrad.ops import OPS, REDUCE_OPS, attr_error, numel
 
 # Each propagation step that must enumerate combinations of ambiguous sizes tries at most this many;
@@ -341,6 +341,7 @@ class _Resizer:
         self.kept = {a for a, b in self.moves.items() if b == {a}} | {0, 1}     # sizes that stay
         self.ambiguous = {a: tuple(sorted(b)) for a, b in self.moves.items() if len(b) > 1}
         self.consts = old.consts
+        self.built_sizes: dict[int, tuple] = {}     # id(old kernel) -> (new body, its sizes): ``_built``
 
     def free(self, v: int) -> Term:
         """The new value of a plan value that no source determines (see the module docstring)."""
@@ -406,17 +407,39 @@ class _Resizer:
         the program)."""
         if self.ambiguous:
             return False
-        made: dict[int, KNode] = {}
-        for n in order:
-            m = self._direct(n, made)
-            if m is None:
-                return False
-            made[id(n)] = m
+        made = self._built(k, order)
+        if made is None:
+            made = {}
+            for n in order:
+                m = self._direct(n, made)
+                if m is None:
+                    return False
+                made[id(n)] = m
         self.made.update(made)
         for n in order:              # (a node another body shares: its shape for ``node``)
             self.shape[id(n)] = made[id(n)].shape
         self.out[k.out] = made[id(k.ast)].shape
         return True
+
+    def _built(self, k: Kernel, order: list[KNode]) -> dict[int, KNode] | None:
+        """``direct``'s nodes made by the body's generated builder (graph/sizes.py ``body_builder``)
+        from its sizes mapped one by one (each stays or takes ``sigma``'s value), or None where the
+        generic walk decides (no builder, a size the solver must find, one that would become 0 or 1:
+        the walk refuses those). The builder checks nothing: ``verify`` checks every node it makes,
+        as it checks the walk's."""
+        build = body_builder(k, self.plan)
+        if build is None:
+            return None
+        sigma = self.sigma
+        moving = body_size_set(k, self.plan) - self.kept
+        if not moving <= sigma.keys() or any(sigma[x] in (0, 1) for x in moving):
+            return None
+        old = body_sizes(k, self.plan)[1]
+        v = [sigma.get(x, x) for x in old]
+        moved = {i for i, x in enumerate(old) if x in moving}
+        made = build(v, order, moved)
+        self.built_sizes[id(k)] = (made[-1], v)        # (the new body's sizes: ``emit`` keeps them)
+        return {id(o): n for o, n in zip(order, made)}
 
     def _sub(self, v: int) -> int | None:
         """A free value's new value: itself where it stays, ``sigma``'s where it moves to one
@@ -612,7 +635,11 @@ class _Resizer:
                 k.stats = replace(ko.stats, nbytes=float(k.nbytes), flops=ko.stats.flops * r, cflops=ko.stats.cflops * r,
                                   passes=passes)
             # (made node for node from the old body: its sizes are looked up in every stage after)
-            carry_sizes(ko, plan, order, k, out, new_order)
+            built = self.built_sizes.get(id(ko))
+            if built is not None and built[0] is k.ast:
+                keep_sizes(ko, plan, k, out, built[1])
+            else:
+                carry_sizes(ko, plan, order, k, out, new_order)
         changed = dict(sorted(self.sigma.items()))
         if self.ambiguous:
             changed.update({a: b for a, b in sorted(self.ambiguous.items())})

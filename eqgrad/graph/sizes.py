@@ -28,7 +28,7 @@ from itertools import islice
 from typing import Any
 
 from eqgrad.dtype import DTYPES, DType
-from eqgrad.graph.plan import Kernel, KernelPlan, KNode, NodeMemo
+from eqgrad.graph.plan import Kernel, KernelPlan, KNode, NodeMemo, is_size
 from eqgrad.graph.program import Program
 from eqgrad.ops import OPS, Shape
 
@@ -304,6 +304,84 @@ def body_size_set(k: Kernel, plan: KernelPlan) -> frozenset[int]:
     return hit[1]
 
 
+# body skeleton -> ``body_builder``'s function (None: not one it builds)
+_BUILDERS: dict[tuple, Any] = {}
+# _BUILDERS_MAX: docs/lowering.md, Constants
+_BUILDERS_MAX = 512
+
+
+def body_builder(k: Kernel, plan: KernelPlan) -> Any:
+    """A function ``build(v, old, moved)`` that makes the body of ``k``'s structure (its
+    ``body_sizes`` skeleton) with the sizes ``v`` (in ``body_sizes`` order) from ``old``, ``k``'s
+    body's ``walk()``: the new nodes in the same order, each ``old``'s node where no size of its
+    subtree is at a position of ``moved`` (a set of indices into ``v``). Generated once per
+    structure (graph/resize.py's direct walk makes a growing sequence's changed bodies with it: the
+    generic walk, which checks and works out each node's shape, took ~4 us a node, 0.3 ms of a
+    decode step); it checks nothing -- resize's ``verify`` checks every node it makes. None for a
+    body with an op whose sizes this module does not know, or a constant that is a size."""
+    skel = body_sizes(k, plan)[0]
+    hit = _BUILDERS.get(skel, _NO_BUILDER)
+    if hit is _NO_BUILDER:
+        if len(_BUILDERS) >= _BUILDERS_MAX:
+            _BUILDERS.clear()
+        hit = _BUILDERS[skel] = _make_builder(skel, k.ast.walk())
+    return hit
+
+
+_NO_BUILDER = object()
+
+
+def _make_builder(skel: tuple, order: list[KNode]) -> Any:
+    items = skel[0]
+    consts: list[Any] = []
+    subtree: list[frozenset[int]] = []
+    lines = []
+    pos = 0
+    for i, ((op, arg, shape, _, src), n) in enumerate(zip(items, order)):
+        if op == "CONST":
+            if is_size(n.arg):
+                return None
+        elif op != "BUF" and not known_op(n.op, n.arg):
+            return None
+        start = pos
+        if op in SIZED_ARG:
+            arg_e, pos = _expr(arg, pos, consts)
+        else:                           # a buffer id, a constant, axes: the old node's
+            arg_e = f"o[{i}].arg"
+        shape_e, pos = _expr(shape, pos, consts)
+        mine = set(range(start, pos))
+        for j in src:
+            mine |= subtree[j]
+        subtree.append(frozenset(mine))
+        srcs = "(" + "".join(f"n{j}, " for j in src) + ")"
+        lines.append(f" n{i} = o[{i}] if ch.isdisjoint(S[{i}]) else K({op!r}, {srcs}, {arg_e}, {shape_e}, o[{i}].dtype)\n")
+    code = "def build(v, o, ch):\n" + "".join(lines) + " return [" + ", ".join(f"n{i}" for i in range(len(items))) + "]\n"
+    scope: dict[str, Any] = {"K": KNode, "S": subtree, "C": consts}
+    exec(compile(code, "<eqgrad body builder>", "exec"), scope)      # noqa: S102 (our own code)
+    return scope["build"]
+
+
+def _expr(sk: Any, pos: int, consts: list[Any]) -> tuple[str, int]:
+    """The Python expression that rebuilds ``_flat``'s structure ``sk`` from the sizes ``v`` at
+    ``pos`` on (and the position after it); other values from ``consts`` (``C``)."""
+    t = type(sk)
+    if t is _Hole:
+        if sk.n < 0:                       # (_HOLE: one int; _LIST only heads a tuple)
+            return f"v[{pos}]", pos + 1
+        return "(" + "".join(f"v[{pos + j}], " for j in range(sk.n)) + ")", pos + sk.n
+    if t is tuple:
+        items = sk[1] if sk and sk[0] is _LIST else sk
+        parts = []
+        for y in items:
+            e, pos = _expr(y, pos, consts)
+            parts.append(e)
+        if sk and sk[0] is _LIST:
+            return "[" + ", ".join(parts) + "]", pos
+        return "(" + "".join(p + ", " for p in parts) + ")", pos
+    consts.append(sk.v if t is _Exact else sk)
+    return f"C[{len(consts) - 1}]", pos
+
+
 def _ints(x: Any, out: list[int]) -> None:
     """The ints of ``x`` into ``out``, in ``_flat``'s order (its skeleton not built)."""
     t = type(x)
@@ -347,6 +425,27 @@ def carry_sizes(old: Kernel, old_plan: KernelPlan, old_order: list[KNode], new: 
         if dt != dt_old:
             return
         _ints(tuple(shp), sizes)
+    _SIZES.put(new.ast, (new.params, new_specs, (hit[2][0], tuple(sizes))))
+
+
+
+def keep_sizes(old: Kernel, old_plan: KernelPlan, new: Kernel, new_plan: KernelPlan, sizes: list[int]) -> None:
+    """Keep ``body_sizes`` of ``new``, whose body ``body_builder`` made from ``old``'s with ``sizes``:
+    ``old``'s structure and those sizes, where its buffers are those sizes say (``carry_sizes``
+    without the walk of the body)."""
+    hit = _SIZES.get(old.ast)
+    if hit is None or hit[0] != old.params or new.params != old.params:
+        return
+    if hit[1] != tuple(old_plan.buffers[b] for b in old.params):
+        return
+    new_specs = tuple(new_plan.buffers[b] for b in new.params)
+    tail: list[int] = []
+    for (_, dt_old), (shp, dt) in zip(hit[1], new_specs):
+        if dt != dt_old:
+            return
+        _ints(tuple(shp), tail)
+    if tail and list(sizes[-len(tail):]) != tail:
+        return
     _SIZES.put(new.ast, (new.params, new_specs, (hit[2][0], tuple(sizes))))
 
 
