@@ -175,7 +175,8 @@ class LLVMDevice(Device):
         self._sources: dict[Any, tuple] = {}
         self._disk: dict[int, tuple] = {}          # id of a kernel -> (it, _from_disk's answer), per prepare
         self._structures = {}                      # id of a kernel -> (it, plan, structure), per prepare
-        self._members: dict[int, tuple] = {}       # id of a kernel -> (it, plan, target, _member's answer[, a rebound one's program]), per prepare
+        # id of a kernel -> (it, plan, target, _member's answer[, a rebound one's program]), per prepare
+        self._members: dict[int, tuple] = {}
         self._memo_now: tuple | None = None        # (target, _memo_key(target)) for the duration of a prepare
         self._gemms: dict[tuple, Any] = {}          # (Gemm, buffer ids, threads) -> its BLAS program
         # program -> {bit length of the split loop's extent: [runs timed, fastest on one thread,

@@ -55,8 +55,8 @@ from typing import Any, Union
 from eqgrad.dtype import DType, bool_, cast_scalar
 from eqgrad.graph.plan import Kernel, KernelPlan, KNode, NodeMemo, check_plan, is_size, size_value
 from eqgrad.graph.program import Program
-from eqgrad.graph.sizes import (BOUNDARY, ELEMENTWISE, PAIR_ARG, SHAPE_ARG, ProgramSizes, body_builder, body_size_set, body_sizes,
-                                carry_sizes, keep_sizes, known_op, program_sizes)
+from eqgrad.graph.sizes import (BOUNDARY, ELEMENTWISE, PAIR_ARG, SHAPE_ARG, ProgramSizes, body_builder,
+                                body_size_set, body_sizes, carry_sizes, keep_sizes, known_op, program_sizes)
 from eqgrad.ops import OPS, REDUCE_OPS, attr_error, numel
 
 # Each propagation step that must enumerate combinations of ambiguous sizes tries at most this many;

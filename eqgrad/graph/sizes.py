@@ -332,6 +332,7 @@ _NO_BUILDER = object()
 
 
 def _make_builder(skel: tuple, order: list[KNode]) -> Any:
+    """``body_builder``'s function for skeleton ``skel`` (``order``: a body of it, walked), or None."""
     items = skel[0]
     consts: list[Any] = []
     subtree: list[frozenset[int]] = []
@@ -354,8 +355,10 @@ def _make_builder(skel: tuple, order: list[KNode]) -> Any:
             mine |= subtree[j]
         subtree.append(frozenset(mine))
         srcs = "(" + "".join(f"n{j}, " for j in src) + ")"
-        lines.append(f" n{i} = o[{i}] if ch.isdisjoint(S[{i}]) else K({op!r}, {srcs}, {arg_e}, {shape_e}, o[{i}].dtype)\n")
-    code = "def build(v, o, ch):\n" + "".join(lines) + " return [" + ", ".join(f"n{i}" for i in range(len(items))) + "]\n"
+        lines.append(f" n{i} = o[{i}] if ch.isdisjoint(S[{i}]) else "
+                     f"K({op!r}, {srcs}, {arg_e}, {shape_e}, o[{i}].dtype)\n")
+    made = ", ".join(f"n{i}" for i in range(len(items)))
+    code = "def build(v, o, ch):\n" + "".join(lines) + f" return [{made}]\n"
     scope: dict[str, Any] = {"K": KNode, "S": subtree, "C": consts}
     exec(compile(code, "<eqgrad body builder>", "exec"), scope)      # noqa: S102 (our own code)
     return scope["build"]
@@ -426,7 +429,6 @@ def carry_sizes(old: Kernel, old_plan: KernelPlan, old_order: list[KNode], new: 
             return
         _ints(tuple(shp), sizes)
     _SIZES.put(new.ast, (new.params, new_specs, (hit[2][0], tuple(sizes))))
-
 
 
 def keep_sizes(old: Kernel, old_plan: KernelPlan, new: Kernel, new_plan: KernelPlan, sizes: list[int]) -> None:
