@@ -550,6 +550,17 @@ def _random_resizes(check) -> None:
     run()
 
 
+def _random_and_growing_resizes(check) -> KernelPlan:
+    """``_random_resizes(check)``, then ``check`` of a 2-head attention decode step compiled at a
+    cache of 5 and resized for 6..9; returns that step's plan."""
+    _random_resizes(check)
+    rng = np.random.default_rng(0)
+    first, plan = compiled(*attention_step(rng, 5)[0])
+    for T in range(6, 10):
+        check(first, plan, program(*attention_step(rng, T)[0]))
+    return plan
+
+
 def test_random_programs_resize_or_refuse():
     """A random program of movement, elementwise and reduce ops compiled at one size assignment and
     resized for another: the resized plan gives the reference numbers (run_program -- what every
@@ -625,11 +636,7 @@ def test_a_resized_body_carries_the_sizes_its_walk_would_give():
             if id(k.ast) not in kept:          # (a changed body)
                 carried.append(hit is not None)
 
-    _random_resizes(check)
-    rng = np.random.default_rng(0)
-    first, plan = compiled(*attention_step(rng, 5)[0])
-    for T in range(6, 10):
-        check(first, plan, program(*attention_step(rng, T)[0]))
+    plan = _random_and_growing_resizes(check)
     assert sum(carried) >= len(carried) // 2 > 0, f"{sum(carried)} of {len(carried)} bodies carried their sizes"
     # the distinct sizes follow the buffers' shapes too: the same body in a plan whose buffers differ
     k = plan.kernels[0]
@@ -813,9 +820,5 @@ def test_the_generated_body_builder_makes_the_walks_nodes():
                     assert (a is n) == (b is n), n.render()      # the old node where nothing moved
             r.out[k.out] = walked[id(k.ast)].shape
 
-    _random_resizes(check)
-    rng = np.random.default_rng(0)
-    first, plan = compiled(*attention_step(rng, 5)[0])
-    for T in range(6, 10):
-        check(first, plan, program(*attention_step(rng, T)[0]))
+    _random_and_growing_resizes(check)
     assert sum(built) >= len(built) // 2 > 0, f"{sum(built)} of {len(built)} bodies built"
