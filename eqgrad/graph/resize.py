@@ -637,7 +637,7 @@ class _Resizer:
             # (made node for node from the old body: its sizes are looked up in every stage after)
             built = self.built_sizes.get(id(ko))
             if built is not None and built[0] is k.ast:
-                keep_sizes(ko, plan, k, out, built[1])
+                keep_sizes(ko, k, out, built[1])
             else:
                 carry_sizes(ko, plan, order, k, out, new_order)
         changed = dict(sorted(self.sigma.items()))
@@ -704,9 +704,16 @@ def _body(ast: KNode) -> tuple[bool, tuple[KNode, ...], tuple[KNode, ...]]:
     return hit
 
 
+_WORK = NodeMemo()        # body -> its ``_work`` (a growing sequence's body at one step is the old body at the next)
+
+
 def _work(order: list[KNode]) -> int:
-    return sum(numel(n.src[0].shape if n.op in REDUCE_OPS else n.shape)
-               for n in order if n.op in ELEMENTWISE or n.op in REDUCE_OPS)
+    """The elements a body's elementwise ops and reductions visit (``order``: its walk, root last)."""
+    hit = _WORK.get(order[-1])
+    if hit is None:
+        hit = _WORK.put(order[-1], sum(numel(n.src[0].shape if n.op in REDUCE_OPS else n.shape)
+                                       for n in order if n.op in ELEMENTWISE or n.op in REDUCE_OPS))
+    return hit
 
 
 def _rows(order: list[KNode]) -> int:

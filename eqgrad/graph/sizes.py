@@ -431,14 +431,12 @@ def carry_sizes(old: Kernel, old_plan: KernelPlan, old_order: list[KNode], new: 
     _SIZES.put(new.ast, (new.params, new_specs, (hit[2][0], tuple(sizes))))
 
 
-def keep_sizes(old: Kernel, old_plan: KernelPlan, new: Kernel, new_plan: KernelPlan, sizes: list[int]) -> None:
-    """Keep ``body_sizes`` of ``new``, whose body ``body_builder`` made from ``old``'s with ``sizes``:
-    ``old``'s structure and those sizes, where its buffers are those sizes say (``carry_sizes``
-    without the walk of the body)."""
+def keep_sizes(old: Kernel, new: Kernel, new_plan: KernelPlan, sizes: list[int]) -> None:
+    """Keep ``body_sizes`` of ``new``, whose body ``body_builder`` made from ``old``'s with ``sizes``
+    (the caller mapped ``body_sizes`` of ``old`` in its plan to them): ``old``'s structure and those
+    sizes, where its buffers are those sizes say (``carry_sizes`` without the walk of the body)."""
     hit = _SIZES.get(old.ast)
     if hit is None or hit[0] != old.params or new.params != old.params:
-        return
-    if hit[1] != tuple(old_plan.buffers[b] for b in old.params):
         return
     new_specs = tuple(new_plan.buffers[b] for b in new.params)
     tail: list[int] = []
