@@ -388,8 +388,10 @@ class _Resizer:
         value, every op one resize knows, every buffer it reads still of the shape it reads, every
         constant its own new value? Such a body is the old one (a growing sequence changes 4 of a
         decoder layer's 32 kernels); deriving it node by node gave the same nodes."""
+        if not body_size_set(k, self.plan) <= self.kept:     # (first: a changed body is not walked)
+            return False
         known, reads, consts = _body(k.ast)
-        if not known or not body_size_set(k, self.plan) <= self.kept:
+        if not known:
             return False
         if any(self.out.get(n.arg) != n.shape for n in reads):
             return False
