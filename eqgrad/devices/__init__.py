@@ -380,6 +380,13 @@ class Device:
         memo[id(k)] = (k, plan, s)
         return s
 
+    @property
+    def trace_key(self) -> Any:
+        """What this device's traced lowerings are kept under besides a body's structure
+        (lower/trace.py ``Traces``' ``key``): its capabilities, None for ``CPU``'s."""
+        caps = self.caps
+        return None if caps == CPU else caps
+
     def lowered_kernel(self, k: Any, plan: Any, upcast: Any = None) -> Any:
         """One kernel's loop IR, named ``eqk``, lowered once per structure and device capabilities
         (``render_kernel``)."""

@@ -43,7 +43,6 @@ from typing import Any, Callable, NamedTuple
 import llvmlite.binding as llvm
 
 from eqgrad import config
-from eqgrad.graph.caps import CPU
 from eqgrad.graph.plan import KernelPlan, NodeMemo
 from eqgrad.devices import Buffer, Device, DevicePlan
 from eqgrad.lower import lowering, trace
@@ -286,7 +285,7 @@ class LLVMDevice(Device):
         shape_out, dt = plan.buffers[k.out]
         if numel(shape_out) * dt.itemsize >= NT_MIN:
             return None
-        found = trace.TRACES.bind(k, plan, None if self.caps == CPU else self.caps)
+        found = trace.TRACES.bind(k, plan, self.trace_key)
         r = self.families.rebound(*found) if found is not None else None
         if r is None:
             return None
@@ -338,7 +337,7 @@ class LLVMDevice(Device):
         # a sized program's later members are not kept there: _keep_lowered; its sizes count as
         # met, so a structure whose every size vector is on disk is traced all the same)
         if config.DISK_CACHE.value and config.DEBUG.value < 4 and \
-                not trace.TRACES.keeps_changing(k, plan, None if self.caps == CPU else self.caps):
+                not trace.TRACES.keeps_changing(k, plan, self.trace_key):
             structure = self.structure(k, plan)
             if not self.has_lowered(k, plan, structure=structure):
                 c = compiler(target)

@@ -245,7 +245,7 @@ class CPUStage:
         skeleton, sizes = body_sizes(k, plan)
         scale = max(sizes, default=1)
         seen = self._no_gemm.get(skeleton)
-        if seen is not None and _near(seen, scale) and trace.TRACES.has_traces(k, plan):
+        if seen is not None and _near(seen, scale) and trace.TRACES.has_traces(k, plan, self.device.trace_key):
             found = None
         else:
             found = contraction.find_contraction(k.ast)

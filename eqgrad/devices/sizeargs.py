@@ -58,6 +58,7 @@ import numpy as np
 
 from eqgrad import config
 from eqgrad.graph.loopir import INDEX, LoopKernel
+from eqgrad.graph.plan import lru_entry
 from eqgrad.lower.decomp import decompose
 
 CONCRETE_SIZES = 2       # size vectors of a family compiled with literal sizes before a sized program (docs/lowering.md, Constants)
@@ -304,13 +305,7 @@ class Families:
         self._lock = threading.Lock()
 
     def _family(self, key: tuple) -> _Family:
-        fam = self._items.get(key)
-        if fam is None:
-            fam = self._items[key] = _Family()
-            while len(self._items) > MAX_FAMILIES:
-                self._items.popitem(last=False)
-        self._items.move_to_end(key)
-        return fam
+        return lru_entry(self._items, key, _Family, MAX_FAMILIES)
 
     def find(self, key: tuple, shape: Shape) -> Any:
         """The live program for these values (a concrete one, or a sized one bound to them), or

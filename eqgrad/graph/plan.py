@@ -62,6 +62,18 @@ def cold_words(cold: float, stream_bytes: int) -> str:
             f"(all of it from {STREAM_TO * mib:g} MiB)")
 
 
+def lru_entry(entries: Any, key: Any, make: Callable[[], Any], limit: int) -> Any:
+    """The entry of ``key`` in the OrderedDict ``entries``, made by ``make()`` if new, now the most
+    recently used; the least recently used are dropped past ``limit`` (the caller holds any lock)."""
+    entry = entries.get(key)
+    if entry is None:
+        entry = entries[key] = make()
+        while len(entries) > limit:
+            entries.popitem(last=False)
+    entries.move_to_end(key)
+    return entry
+
+
 class NodeMemo:
     """What is worked out once per plan node (a body is immutable), kept beside the node and never
     written onto it: keyed by the node (``KNode`` hashes and compares by identity, in C) and

@@ -59,7 +59,7 @@ from typing import Any, Callable
 import numpy as np
 
 from eqgrad.graph.loopir import LInst, LoopKernel
-from eqgrad.graph.plan import Kernel, KernelPlan
+from eqgrad.graph.plan import Kernel, KernelPlan, lru_entry
 from eqgrad import config
 from eqgrad.lower import symbolic
 from eqgrad.lower.decomp import decompose
@@ -504,13 +504,7 @@ class Traces:
 
     def _body(self, skel: tuple) -> "_Body":
         """The entry of a body structure (made if new; the caller holds the lock)."""
-        body = self._bodies.get(skel)
-        if body is None:
-            body = self._bodies[skel] = _Body()
-            while len(self._bodies) > MAX_BODIES:
-                self._bodies.popitem(last=False)
-        self._bodies.move_to_end(skel)
-        return body
+        return lru_entry(self._bodies, skel, _Body, MAX_BODIES)
 
     @staticmethod
     def _others(body: "_Body", sizes: tuple[int, ...], here: int) -> tuple[list[tuple[int, ...]], int]:
