@@ -30,8 +30,9 @@ def test_a_sym_computes_like_its_value_and_records_what_is_observed():
     assert isinstance(m, Sym) and m.v == (12 + 4) * 2 // 3 - 12 % 5
     assert eval(f"lambda s0: {m.e}")(12) == m.v and eval(f"lambda s0: {m.e}")(40) == (40 + 4) * 2 // 3 - 40 % 5
     assert not rec.guards                                   # arithmetic observes nothing
-    assert (n < 16) is True and (n >= 13) is False and bool(n) is True
-    assert rec.guards == {"s0<16": True, "s0>=13": False, "s0!=0": True}
+    assert (n < 16) is True and (n >= 13) is False and bool(n - 12) is False
+    assert bool(n) is True and n > 0                        # a symbol is >= 1 (Trace.holds): nothing learnt
+    assert rec.guards == {"s0<16": True, "s0>=13": False, "(s0+-12)!=0": False}
     assert list(range(n)) == list(range(12))                 # a C-level use of the value specializes
     assert rec.guards["s0==12"] is True
     assert hash(n) == hash(12) and "12" not in repr(n)       # repr shows the expression, not the value
@@ -47,12 +48,75 @@ def test_sizes_of_different_traces_do_not_mix():
 
 
 def test_an_expression_too_deep_becomes_its_value():
+    """A floor division that does not come out exact nests (a polynomial does not: ``x * 3 + 1``
+    stays one polynomial, however often it is applied)."""
     rec = _Recorder()
-    x = Sym(1, "s0", 0, rec)
+    x = Sym(10 ** 30, "s0", 0, rec)
     for _ in range(trace.MAX_DEPTH + 5):
-        x = x * 3 + 1 if isinstance(x, Sym) else x
+        x = (x * 3 + 1) // 2 if isinstance(x, Sym) else x
     assert type(x) is int
     assert any(r for c, r in rec.guards.items() if c.endswith(f"=={x}") or "==" in c)
+    y = Sym(1, "s0", 0, _Recorder())
+    for _ in range(trace.MAX_DEPTH + 5):
+        y = y * 3 + 1
+    assert isinstance(y, Sym) and eval(f"lambda s0: {y.e}")(1) == y.v and not y.t.guards
+
+
+def test_a_syms_polynomial_folds_the_identities_of_index_arithmetic():
+    """Canonical polynomials: what is the same at every value of the symbols is a plain int and
+    records nothing; a division by a size folds under the guard that makes it exact."""
+    rec = _Recorder()
+    n, m = Sym(12, "s0", 0, rec), Sym(5, "s1", 0, rec)
+    assert (n * 64 + m) - (m + 64 * n) == 0 and type(n - n) is int
+    assert (n * 64 + 10) // 64 is not None and ((n * 64 + 10) // 64).e == "s0"
+    assert (64 * n) % 64 == 0 and (n + 1) > n and not rec.guards
+    assert (16 * n) // n == 16 and 0 // n == 0 and (512 * n - 2) // (192 * n) == 2 and not rec.guards
+    assert (16 * n + 3) % n == 3 and 1 % n == 1
+    assert rec.guards == {"s0>3": True, "s0>1": True}
+    assert ((n * m) // m).e == "s0" and ((n * m) // (2 * m)).v == 6
+    rec = _Recorder()
+    k = Sym(2, "s0", 0, rec)
+    r = 5 % k                                                 # at s0 = 2: not folded
+    assert isinstance(r, Sym) and r.v == 1 and rec.guards == {"s0>5": False}
+    fs = [lambda a, b: (a * 7 + b) // 3 - a % 4, lambda a, b: (a * b + 2 * b) % (b + 1),
+          lambda a, b: (3 * a + 2) // a + (a * a - 1) // (a + 1), lambda a, b: -(a - 2 * b) // 5]
+    rng = np.random.default_rng(0)
+    for _ in range(300):                     # random expressions of index arithmetic's operations
+        fs.append(_random_size_expression(rng, 4))
+    for f in fs:
+        for at in ((9, 4), (4, 9), (1, 1), (64, 3)):
+            rec = _Recorder()
+            try:
+                got = f(Sym(at[0], "s0", 0, rec), Sym(at[1], "s1", 0, rec))
+            except ZeroDivisionError:
+                continue
+            assert (got.v if isinstance(got, Sym) else got) == f(*at)
+            fn = eval(f"lambda s0, s1: {got.e}") if isinstance(got, Sym) else (lambda s0, s1: got)
+            check = eval(f"lambda s0, s1: {' and '.join(f'({c}) == {r}' for c, r in rec.guards.items()) or 'True'}")
+            for a in range(1, 24):
+                for b in range(1, 24):
+                    try:
+                        want, holds = f(a, b), check(a, b)
+                    except ZeroDivisionError:
+                        continue
+                    if holds:
+                        assert fn(a, b) == want, (a, b, got, at)
+
+
+def _random_size_expression(rng, depth: int):
+    """A random function of two sizes built from +, -, *, // and % with small constants."""
+    if depth == 0 or rng.random() < 0.2:
+        leaf = int(rng.integers(0, 3))
+        c = int(rng.integers(-3, 9))
+        return (lambda a, b: a) if leaf == 0 else (lambda a, b: b) if leaf == 1 else (lambda a, b: c)
+    x, y = _random_size_expression(rng, depth - 1), _random_size_expression(rng, depth - 1)
+    op = ["+", "-", "*", "//", "%"][int(rng.integers(0, 5))]
+    if op in ("//", "%") and rng.random() < 0.5:
+        k = int(rng.integers(1, 70))
+        return (lambda a, b: x(a, b) // k) if op == "//" else (lambda a, b: x(a, b) % k)
+    return {"+": lambda a, b: x(a, b) + y(a, b), "-": lambda a, b: x(a, b) - y(a, b),
+            "*": lambda a, b: x(a, b) * y(a, b), "//": lambda a, b: x(a, b) // y(a, b),
+            "%": lambda a, b: x(a, b) % y(a, b)}[op]
 
 
 # ------------------------------------------------------------------ the corpus: every size, the lowering's own IR
@@ -399,7 +463,7 @@ def test_a_gcd_of_a_traced_size_does_not_fix_it():
             assert f"s0=={d}" not in rec.guards, rec.guards
             assert (got.v if isinstance(got, Sym) else got) == np.gcd(c, d)
     rec = _Recorder()
-    assert symbolic._gcd(64, Sym(11, "s0", 0, rec) * 64) == 64 and rec.guards == {"((s0*64)%64)!=0": False}
+    assert symbolic._gcd(64, Sym(11, "s0", 0, rec) * 64) == 64 and rec.guards == {}    # (64*s0) % 64 is 0
 
 
 def _gqa(T: int) -> list[Tensor]:

@@ -11,7 +11,7 @@ Here the third size vector of a kernel body (``CONCRETE`` earlier ones lowered a
 many earlier plans: the kernels of one plan that share a body at other widths count as one) is
 lowered with every size that differed between them replaced by a :class:`Sym`: a number that
 knows its value and also an expression over the body's size symbols. Arithmetic on a ``Sym``
-gives a ``Sym``; every *observation* of its value -- a comparison, ``bool``, ``int``/``index``
+gives a ``Sym`` (a plain int where the result is the same at every value of the symbols); every *observation* of its value -- a comparison, ``bool``, ``int``/``index``
 (``range``, a list's length), a float operation -- returns the concrete answer and records it as
 a guard (``(s0 + 1) // 16 < 4 is True``). The lowering's output (the loop IR) then holds ``Sym``s
 where it holds sizes. A later body with the same structure instantiates that *trace* when every
@@ -27,7 +27,14 @@ in. Two kinds of use learn nothing of the value and record nothing: a ``repr`` (
 an index expression's terms by theirs; a ``Sym`` prints its expression, not its value, so the
 order does not depend on the value) and a hash (a ``Sym`` hashes as its value, so a memo or the
 interning table finds an equal number's entry and ``==`` then records a guard; a miss only means
-an expression is built again instead of shared). The expressions are bounded (``MAX_DEPTH``,
+an expression is built again instead of shared). A third records nothing because it learns
+nothing: an observation whose answer is the same at every value the trace is instantiated for --
+a ``Sym``'s expression is a canonical polynomial (``Sym``), so ``(x + 1) > x`` and
+``(64*x + 10) // 64 == x`` are decided by the polynomials alone, and every symbol is >= 1
+(``Trace.holds`` takes no other values). A size whose values are an integer affine function of a
+symbol's in the size vectors traced (a padded length ``n + 2``, a stride ``4 * n``) is that
+function of the symbol, and ``env`` checks the function for new sizes, as it checks that the
+positions of one symbol agree. The expressions are bounded (``MAX_DEPTH``,
 ``MAX_CHARS``: deeper ones specialize), the guards are compiled into one Python function
 (``Trace.check``), and a trace that fails or raises falls back to the usual lowering.
 
@@ -83,11 +90,26 @@ class TraceError(Exception):
 
 
 class Sym:
-    """A size that is also an expression over a trace's symbols (see the module docstring)."""
-    __slots__ = ("v", "e", "d", "t")
+    """A size that is also an expression over a trace's symbols (see the module docstring).
 
-    def __init__(self, v: int, e: str, d: int, t: "_Recorder") -> None:
+    The expression is kept as a polynomial with integer coefficients over *atoms* (``p``): the
+    symbols ``s0, s1, ...`` and the subexpressions no polynomial holds (a floor division or modulo
+    that does not come out exact, ``abs``, bit operations), each written out as an atom of its own.
+    It is canonical -- equal polynomials are one tuple, whatever order the lowering computed them
+    in -- so the identities index arithmetic is full of fold by themselves and record nothing:
+    ``x - x`` and ``(x + 1) - x`` are plain ints, ``(64*x + 10) // 64`` is ``x`` and ``(64*x) % 64``
+    is 0. A division by a size folds where the numerator is a multiple of it plus a constant, under
+    the guard that makes it so (``(16*x) // x`` is 16 where ``x != 0``; ``1 % x`` is 1 where
+    ``x > 1``): written out instead, p @ v of a decode step recorded 1,226 guards, most of them
+    such identities (``((16*s0)//s0)==16``), checked at every step."""
+    __slots__ = ("v", "p", "e", "d", "t")
+
+    def __init__(self, v: int, e: str, d: int, t: "_Recorder", p: tuple | None = None) -> None:
         self.v, self.e, self.d, self.t = v, e, d, t
+        if p is None:                    # an atom: a symbol, or a subexpression written out
+            p = (((e,), 1),)
+            t.values[e] = v
+        self.p = p
 
     # -------------------------------------------------------------- observations: guards
     def _guard(self, cond: str, result: bool) -> bool:
@@ -99,6 +121,8 @@ class Sym:
         return self.v
 
     def __bool__(self) -> bool:
+        if _sign(self.p):
+            return True
         return self._guard(f"{self.e}!=0", self.v != 0)
 
     def __index__(self) -> int:
@@ -126,10 +150,17 @@ class Sym:
         if type(o) is Sym:
             if o.t is not self.t:
                 return NotImplemented if op not in ("==", "!=") else (op == "!=")
+            sign = _sign(_padd(self.p, o.p, -1))
+            if sign is not None:        # x + 1 > x: the same at every value, nothing learnt
+                return f(sign, 0)
             return self._guard(f"{self.e}{op}{o.e}", f(self.v, o.v))
         o = _plain(o)
         if o is NotImplemented:
             return NotImplemented
+        if type(o) is int:
+            sign = _sign(_padd(self.p, (((), o),), -1))
+            if sign is not None:        # 4 * s0 > 3
+                return f(sign, 0)
         return self._guard(f"{self.e}{op}{_literal(o)}", f(self.v, o))
 
     def __eq__(self, o: Any) -> Any:
@@ -155,17 +186,70 @@ class Sym:
         if type(o) is Sym:
             if o.t is not self.t:
                 raise TraceError("sizes of two traces meet")
-            a, b = (o, self) if flip else (self, o)
-            return self.t.make(f(a.v, b.v), f"({a.e}{op}{b.e})", max(a.d, b.d) + 1)
-        o = _plain(o)
-        if o is NotImplemented:
-            return NotImplemented
-        if isinstance(o, float):             # a float result is a value, not a size
-            v = self.specialize()
-            return f(o, v) if flip else f(v, o)
-        a_e, b_e = (_literal(o), self.e) if flip else (self.e, _literal(o))
-        a_v, b_v = (o, self.v) if flip else (self.v, o)
-        return self.t.make(f(a_v, b_v), f"({a_e}{op}{b_e})", self.d + 1)
+            d = max(self.d, o.d)
+        else:
+            o = _plain(o)
+            if o is NotImplemented:
+                return NotImplemented
+            if isinstance(o, float):             # a float result is a value, not a size
+                v = self.specialize()
+                return f(o, v) if flip else f(v, o)
+            d = self.d
+        a, b = (o, self) if flip else (self, o)
+        v = f(_value(a), _value(b))
+        t = self.t
+        if op == "+" or op == "-":
+            return t.poly(v, _padd(_poly(a), _poly(b), 1 if op == "+" else -1), d)
+        if op == "*":
+            return t.poly(v, _pmul(_poly(a), _poly(b)), d)
+        if op == "//" or op == "%":
+            folded = self._divmod(a, b, op, v, d)
+            if folded is not None:
+                return folded
+        return t.make(v, f"({_text(a)}{op}{_text(b)})", d + 1)
+
+    def _divmod(self, a: Any, b: Any, op: str, v: int, d: int) -> Any:
+        """``a // b`` or ``a % b`` (value ``v``) where an identity gives it, else None."""
+        t, pa, pb = self.t, _poly(a), _poly(b)
+        cb = _const(pb)
+        if cb is not None:          # by a constant: a = cb*q + r, coefficient by coefficient
+            if cb <= 0:
+                return None
+            q = tuple((m, c // cb) for m, c in pa if c // cb)
+            r = tuple((m, c % cb) for m, c in pa if c % cb)
+            rc = _const(r)
+            if rc is not None:                   # 0 <= r < cb: a // cb is q, a % cb is r
+                return t.poly(v, q, d) if op == "//" else rc
+            if not q:
+                return None
+            rs = t.poly(_peval(r, t.values), r, d)
+            if op == "%":                        # (cb*q + r) % cb = r % cb
+                return rs % cb
+            return t.poly(_peval(q, t.values), q, d) + rs // cb
+        # by a size: k = a // b at these values; where 0 <= a - k*b < b at every value of the
+        # symbols, it is k at all of them and nothing is learnt ((512*s0 - 2) // (192*s0) is 2)
+        k = _value(a) // b.v
+        r = _padd(pa, pb, -k)
+        if _sign(r) in (0, 1) and _sign(_padd(pb, r, -1)) == 1:
+            return k if op == "//" else t.poly(v, r, d)
+        # else a = q*b + r (polynomial division): a // b is q and a % b is r where 0 <= r < b,
+        # q - 1 and b + r where r is a constant and -b <= r < 0
+        q, r = _pdiv(pa, pb)
+        rc = _const(r)
+        if rc == 0:
+            if not b._guard(f"{b.e}!=0", b.v != 0):
+                return None
+        elif rc is not None and rc < 0:
+            if not b >= -rc:
+                return None
+            q, r, rc = _padd(q, (((), 1),), -1), _padd(r, pb), None
+        else:
+            rs = t.poly(_peval(r, t.values), r, d)
+            if not (rs >= 0 and b > rs):
+                return None
+        if op == "//":
+            return t.poly(v, q, d)
+        return rc if rc is not None else t.poly(v, r, d)
 
     def __add__(self, o): return self if (type(o) is int and o == 0) else self._op(o, "+", lambda a, b: a + b)
     def __radd__(self, o): return self if (type(o) is int and o == 0) else self._op(o, "+", lambda a, b: a + b, True)
@@ -205,15 +289,136 @@ class Sym:
     def __pow__(self, o, mod=None): return pow(self.specialize(), o, mod)
     def __rpow__(self, o): return o ** self.specialize()
 
-    def __neg__(self): return self.t.make(-self.v, f"(-{self.e})", self.d + 1)
+    def __neg__(self): return self.t.poly(-self.v, _pscale(self.p, -1), self.d)
     def __pos__(self): return self
-    def __abs__(self): return self.t.make(abs(self.v), f"abs({self.e})", self.d + 1)
+    def __abs__(self):
+        sign = _sign(self.p)
+        if sign is not None:
+            return self if sign > 0 else -self
+        return self.t.make(abs(self.v), f"abs({self.e})", self.d + 1)
+
     def __invert__(self): return self.t.make(~self.v, f"(~{self.e})", self.d + 1)
 
     def __round__(self, n=None): return round(self.specialize(), n)
     def __trunc__(self): return self.specialize()
     def __floor__(self): return self.specialize()
     def __ceil__(self): return self.specialize()
+
+
+# ------------------------------------------------------------------ polynomials over atoms
+# A polynomial is a tuple of (monomial, coefficient), sorted by monomial, no coefficient 0; a
+# monomial is a sorted tuple of atom names (the constant's is ()).
+
+def _padd(a: tuple, b: tuple, k: int = 1) -> tuple:
+    """a + k*b."""
+    out = dict(a)
+    for m, c in b:
+        out[m] = out.get(m, 0) + k * c
+    return tuple(sorted((m, c) for m, c in out.items() if c))
+
+
+def _pscale(a: tuple, k: int) -> tuple:
+    return tuple((m, c * k) for m, c in a) if k else ()
+
+
+def _pmul(a: tuple, b: tuple) -> tuple:
+    out: dict[tuple, int] = {}
+    for m1, c1 in a:
+        for m2, c2 in b:
+            m = tuple(sorted(m1 + m2))
+            out[m] = out.get(m, 0) + c1 * c2
+    return tuple(sorted((m, c) for m, c in out.items() if c))
+
+
+def _const(a: tuple) -> int | None:
+    """The value of a constant polynomial, else None."""
+    if not a:
+        return 0
+    if len(a) == 1 and not a[0][0]:
+        return a[0][1]
+    return None
+
+
+def _sign(a: tuple) -> int | None:
+    """The sign of the polynomial ``a`` at every value of its symbols, each >= 1 (``Trace.holds``
+    takes no other), where its terms decide it alone; else None. Atoms other than symbols may be
+    anything."""
+    c = _const(a)
+    if c is not None:
+        return (c > 0) - (c < 0)
+    at_one = 0                  # the polynomial at every symbol 1, and which way its terms move
+    up = down = False
+    for m, c in a:
+        if m and not all(x[0] == "s" for x in m):       # (a symbol: s0, s1, ...)
+            return None
+        at_one += c
+        if m:
+            up, down = up or c > 0, down or c < 0
+    if not down and at_one > 0:
+        return 1
+    if not up and at_one < 0:
+        return -1
+    return None
+
+
+def _peval(a: tuple, values: dict[str, int]) -> int:
+    total = 0
+    for m, c in a:
+        for x in m:
+            c *= values[x]
+        total += c
+    return total
+
+
+def _render(a: tuple) -> str:
+    """Python source of a polynomial: ``s0``, ``(64*s0)``, ``(2*s0*s1+(s1//3)+-1)``."""
+    terms = [(m, c) for m, c in a if m]
+    const = a[0][1] if a and not a[0][0] else 0
+    if len(terms) == 1 and terms[0][1] == 1 and not const:
+        m = terms[0][0]
+        return m[0] if len(m) == 1 else f"({'*'.join(m)})"
+    parts = [("*".join(m) if c == 1 else f"{c}*{'*'.join(m)}") for m, c in terms]
+    if const:
+        parts.append(str(const))
+    return f"({'+'.join(parts)})"
+
+
+def _pdiv(a: tuple, b: tuple) -> tuple[tuple, tuple]:
+    """(q, r) with a = q*b + r: b's leading term (most atoms, then by name) divided into a's
+    leading terms while it divides them (``_PDIV_STEPS`` at most)."""
+    order = lambda t: (len(t[0]), t[0])          # noqa: E731
+    lm, lc = max(b, key=order)
+    q, r = (), a
+    for _ in range(_PDIV_STEPS):
+        terms = [t for t in r if t[0]]
+        if not terms:
+            break
+        m, c = max(terms, key=order)
+        rest = list(m)
+        for x in lm:
+            if x not in rest:
+                return q, r
+            rest.remove(x)
+        if c % lc:
+            break
+        step = ((tuple(rest), c // lc),)
+        q, r = _padd(q, step), _padd(r, _pmul(step, b), -1)
+    return q, r
+
+
+_PDIV_STEPS = 64        # a quotient's terms (a trace's index arithmetic divides by sums of 2-3 terms)
+
+
+def _poly(x: Any) -> tuple:
+    return x.p if type(x) is Sym else ((((), x),) if x else ())
+
+
+def _value(x: Any) -> int:
+    return x.v if type(x) is Sym else x
+
+
+def _text(x: Any) -> str:
+    return x.e if type(x) is Sym else _literal(x)
 
 
 def _literal(o: int | float) -> str:
@@ -243,14 +448,30 @@ class _Recorder:
 
     def __init__(self) -> None:
         self.guards: dict[str, bool] = {}
+        self.values: dict[str, int] = {}      # each atom's value (``Sym.p``)
 
     def make(self, v: Any, e: str, d: int) -> Any:
+        """An atom: the expression ``e`` written out, of value ``v`` and nesting ``d``."""
         if type(v) is not int:
             raise TraceError(f"a size operation gave {type(v).__name__}")
         if d > MAX_DEPTH or len(e) > MAX_CHARS:
             self.guards[f"{e}=={v}"] = True
             return v
         return Sym(v, e, d, self)
+
+    def poly(self, v: Any, p: tuple, d: int) -> Any:
+        """The polynomial ``p`` of value ``v``: a plain int where it is a constant (the same at every
+        value of the symbols), else a Sym."""
+        if type(v) is not int:
+            raise TraceError(f"a size operation gave {type(v).__name__}")
+        c = _const(p)
+        if c is not None:
+            return c
+        e = _render(p)
+        if d > MAX_DEPTH or len(e) > MAX_CHARS:
+            self.guards[f"{e}=={v}"] = True
+            return v
+        return Sym(v, e, d, self, p)
 
 
 # ------------------------------------------------------------------ the sizes of a kernel body
@@ -324,8 +545,9 @@ class Trace:
     """One symbolic lowering: which sizes are which symbol, its guards and its loop IR."""
 
     def __init__(self, groups: list[tuple[int, ...]], fixed: dict[int, int], guards: dict[str, bool],
-                 lk: LoopKernel) -> None:
+                 lk: LoopKernel, related: dict[int, tuple[int, int, int]] | None = None) -> None:
         self.groups, self.fixed = groups, fixed
+        self.related = related or {}        # position -> (j, a, b): the size is a * s_j + b
         self.names = ", ".join(f"s{j}" for j in range(len(groups)))
         conds = [f"({c})" if r else f"not ({c})" for c, r in guards.items()]
         scope: dict[str, Any] = {}
@@ -350,6 +572,9 @@ class Trace:
                 if sizes[p] != v:
                     return None
             out.append(v)
+        for p, (j, a, b) in self.related.items():
+            if sizes[p] != a * out[j] + b:
+                return None
         return tuple(out)
 
     def instantiate(self, env: tuple[int, ...]) -> LoopKernel | None:
@@ -367,7 +592,10 @@ class Trace:
         return lk
 
     def holds(self, env: tuple[int, ...]) -> bool:
-        """Whether the guards hold for the symbols' values ``env`` (``instantiate`` without the loop IR)."""
+        """Whether the guards hold for the symbols' values ``env`` (``instantiate`` without the loop
+        IR); the symbols are taken to be >= 1 (``_sign``)."""
+        if min(env, default=1) < 1:
+            return False
         try:
             return bool(self.check(*env))
         except Exception:          # (a division by a size that is now 0): not this trace
@@ -422,6 +650,18 @@ def _expr(x: Any) -> str:
     if t in (int, float, bool, str) or x is None:
         return repr(x)
     raise TraceError(f"an instruction's argument {type(x).__name__} holds a size")
+
+
+def _affine(col: tuple[int, ...], base: tuple[int, ...]) -> tuple[int, int] | None:
+    """(a, b), integers with a != 0, where ``col[i] == a * base[i] + b`` for every i; else None."""
+    i = next((i for i in range(1, len(base)) if base[i] != base[0]), None)
+    if i is None:
+        return None
+    a, r = divmod(col[i] - col[0], base[i] - base[0])
+    if r or not a:
+        return None
+    b = col[0] - a * base[0]
+    return (a, b) if all(c == a * x + b for c, x in zip(col, base)) else None
 
 
 class _Body:
@@ -565,18 +805,37 @@ class Traces:
                 fixed[p] = sizes[p]
             else:
                 by_column.setdefault(col, []).append(p)
-        groups = [tuple(ps) for ps in by_column.values()]
+        # a column that is an integer affine function of another's (a padded length n + 2, a
+        # stride 4 * n) is that function of its symbol, not a symbol of its own: the lowering's
+        # index arithmetic then folds across them (a division by 4 * n of 4 * (n + 2) * i is
+        # (n + 2) * i // n written out, with n and 4n + 8 apart). Narrowest column first.
+        bases: list[tuple[int, ...]] = []
+        groups: list[tuple[int, ...]] = []
+        related: dict[int, tuple[int, int, int]] = {}
+        for col, ps in sorted(by_column.items(), key=lambda it: (max(it[0]) - min(it[0]), it[1][0])):
+            for j, base in enumerate(bases):
+                ab = _affine(col, base)
+                if ab is not None:
+                    related.update((p, (j, *ab)) for p in ps)
+                    break
+            else:
+                bases.append(col)
+                groups.append(tuple(ps))
+        if any(sizes[g[0]] < 1 for g in groups):
+            return None                 # (its symbols are taken to be >= 1: ``_sign``)
         rec = _Recorder()
         values: list[Any] = list(sizes)
+        syms = [Sym(sizes[g[0]], f"s{j}", 0, rec) for j, g in enumerate(groups)]
         for j, g in enumerate(groups):
-            s = Sym(sizes[g[0]], f"s{j}", 0, rec)
             for p in g:
-                values[p] = s
+                values[p] = syms[j]
+        for p, (j, a, b) in related.items():
+            values[p] = syms[j] * a + b
         try:
             sk, splan = with_sizes(k, plan, values)
             with symbolic.tracing():
                 lk = lower(sk, splan)
-            tr = Trace(groups, fixed, dict(rec.guards), lk)
+            tr = Trace(groups, fixed, dict(rec.guards), lk, related)
         except Exception as e:    # anything a trace cannot follow: lowered as usual
             if config.DEBUG.value >= 5:
                 print(f"trace: kernel {k.name} is lowered as usual ({type(e).__name__}: {e})")
