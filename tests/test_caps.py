@@ -45,7 +45,30 @@ def test_names_are_not_part_of_the_key():
 def test_lane_room_follows_the_device():
     assert CPU.lane_room(48) == 16 and CPU.lane_room(24) == 8 and CPU.lane_room(7) == 1
     assert GPU_LIKE.lane_room(48) == 1
-    assert get_device("LLVM").caps == CPU
+    from eqgrad.devices.cpu import target_caps
+    dev = get_device("LLVM")
+    assert dev.caps is target_caps(eqgrad.config.CPU.value)
+
+
+def test_the_cpu_register_block_is_two_vectors_of_the_target():
+    """The LLVM device's capabilities are its target's (graph/caps.py ``cpu_caps``): a block row of
+    two vectors -- 32 floats where AVX-512's 32 registers are, AVX2's 16 (``CPU``'s widths) -- and
+    they follow EQGRAD_CPU; capabilities set on the device win until they are set back."""
+    from eqgrad.devices.cpu import target_caps
+    from eqgrad.graph.caps import cpu_caps
+    assert cpu_caps(8) is CPU and cpu_caps(4) is CPU
+    assert cpu_caps(16).lanes_last == (32, *CPU.lanes_last) and cpu_caps(16).lanes_prev == CPU.lanes_prev
+    assert target_caps("x86-64-v3") is CPU                              # AVX2
+    assert target_caps("skylake-avx512").lanes_last[0] == 32            # (a query: nothing runs)
+    dev = get_device("LLVM")
+    with eqgrad.Context(CPU="x86-64-v2"):
+        assert dev.caps is CPU
+        old = dev.caps
+        dev.caps = GPU_LIKE
+        assert dev.caps is GPU_LIKE
+        dev.caps = old
+        assert dev.caps is CPU
+    assert dev.caps is target_caps(eqgrad.config.CPU.value)
 
 
 @pytest.mark.skipif("OPENCL" not in DEVICES, reason="OPENCL device unavailable")

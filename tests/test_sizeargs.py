@@ -118,10 +118,10 @@ def test_rebinding_says_none_where_it_cannot_tell(fresh_llvm):
     trace.TRACES.clear()
     run_steps(range(5, 14))
     plan = current_session()._local.last_plan.plan
-    bound = [(k, trace.TRACES.bind(k, plan)) for k in plan.kernels]
+    dev = get_device("LLVM")
+    bound = [(k, trace.TRACES.bind(k, plan, dev.trace_key)) for k in plan.kernels]
     bound = [(k, b) for k, b in bound if b is not None]
     assert bound, "no kernel of a growing cache's step is bound to a trace"
-    dev = get_device("LLVM")
     for k, (tr, env) in bound:
         assert dev.families.rebound(tr, env) is not None or tr.decomposed_holes(dev.families.native) is None
         assert Families(dev.families.native).rebound(tr, env) is None         # never through shape_of

@@ -43,6 +43,7 @@ from typing import Any, Callable, NamedTuple
 import llvmlite.binding as llvm
 
 from eqgrad import config
+from eqgrad.graph.caps import Capabilities, cpu_caps
 from eqgrad.graph.plan import KernelPlan, NodeMemo
 from eqgrad.devices import Buffer, Device, DevicePlan
 from eqgrad.lower import lowering, trace
@@ -93,6 +94,47 @@ def resolve_target(value: str) -> Target | None:
 
 
 @functools.lru_cache(maxsize=None)
+def target_caps(value: str) -> Capabilities:
+    """The lowering capabilities of code compiled for EQGRAD_CPU ``value`` (graph/caps.py
+    ``cpu_caps``): its vector registers' width in float32s, from its features (AVX-512F: 16, AVX: 8,
+    else SSE's 4) -- the host's as LLVM reports them, a named CPU's through ``has_features``."""
+    target = resolve_target(value)
+    if target is None:
+        feats = llvm.get_host_cpu_features()
+        has = {f for f in ("avx512f", "avx") if feats.get(f, False)}
+    else:
+        has = set(has_features(target, ("avx512f", "avx")))
+    return cpu_caps(16 if "avx512f" in has else 8 if "avx" in has else 4)
+
+
+@functools.lru_cache(maxsize=None)
+def has_features(target: Target, features: tuple[str, ...]) -> tuple[str, ...]:
+    """Which of ``features`` code compiled for ``target`` may use (``missing_features``' test, for
+    features this CPU has as well as those it lacks)."""
+    with COMPILE_LOCK:
+        return _features_of(target, features)
+
+
+def _features_of(target: Target, features: tuple[str, ...]) -> tuple[str, ...]:
+    """The features of ``features`` that ``target`` has, by LLVM's inliner (``missing_features``);
+    the caller holds COMPILE_LOCK."""
+    cpu, feats = target
+    lines = []
+    for i, f in enumerate(features):
+        without = f"{feats},-{f}" if feats else f"-{f}"
+        lines += [f"define internal i32 @callee{i}(i32 %x) #{2 * i} {{\n  %y = add i32 %x, 1\n  ret i32 %y\n}}",
+                  f"define i32 @caller{i}(i32 %x) #{2 * i + 1} {{\n  %y = call i32 @callee{i}(i32 %x)\n  ret i32 %y\n}}",
+                  f'attributes #{2 * i} = {{ "target-cpu"="{cpu}" "target-features"="{feats}" }}',
+                  f'attributes #{2 * i + 1} = {{ "target-cpu"="{cpu}" "target-features"="{without}" }}']
+    mod = llvm.parse_assembly("\n".join(lines))
+    tm = llvm.Target.from_default_triple().create_target_machine(opt=2)
+    pb = llvm.create_pass_builder(tm, llvm.create_pipeline_tuning_options(speed_level=2))
+    pb.getModulePassManager().run(mod, pb)
+    callers = {fn.name: str(fn) for fn in mod.functions}
+    return tuple(f for i, f in enumerate(features) if f"@callee{i}(" in callers.get(f"caller{i}", ""))
+
+
+@functools.lru_cache(maxsize=None)
 def missing_features(target: Target) -> tuple[str, ...]:
     """The features of ``target`` this CPU lacks, sorted; () when it can run the target's code.
 
@@ -102,25 +144,13 @@ def missing_features(target: Target) -> tuple[str, ...]:
     callee compiled for the target and its caller compiled for the target without F; the call
     stays iff the target has F. One module for all features: ~60 ms, once per target."""
     with COMPILE_LOCK:           # LLVM's one global context, as a compile (llvm.py)
-        cpu, features = target
+        _, features = target
         host = llvm.get_host_cpu_features()
         asked = [m[1:] for m in features.split(",") if m.startswith("+")]
         lacks = sorted({f for f, on in host.items() if not on} | {f for f in asked if not host.get(f, False)})
         if not lacks:
             return ()
-        lines = []
-        for i, f in enumerate(lacks):
-            without = f"{features},-{f}" if features else f"-{f}"
-            lines += [f"define internal i32 @callee{i}(i32 %x) #{2 * i} {{\n  %y = add i32 %x, 1\n  ret i32 %y\n}}",
-                      f"define i32 @caller{i}(i32 %x) #{2 * i + 1} {{\n  %y = call i32 @callee{i}(i32 %x)\n  ret i32 %y\n}}",
-                      f'attributes #{2 * i} = {{ "target-cpu"="{cpu}" "target-features"="{features}" }}',
-                      f'attributes #{2 * i + 1} = {{ "target-cpu"="{cpu}" "target-features"="{without}" }}']
-        mod = llvm.parse_assembly("\n".join(lines))
-        tm = llvm.Target.from_default_triple().create_target_machine(opt=2)
-        pb = llvm.create_pass_builder(tm, llvm.create_pipeline_tuning_options(speed_level=2))
-        pb.getModulePassManager().run(mod, pb)
-        callers = {fn.name: str(fn) for fn in mod.functions}
-        return tuple(f for i, f in enumerate(lacks) if f"@callee{i}(" in callers.get(f"caller{i}", ""))
+        return _features_of(target, tuple(lacks))
 
 
 def runnable_target(value: str) -> Target | None:
@@ -186,6 +216,17 @@ class LLVMDevice(Device):
         # body), never on the body -- the graph floor holds nothing of the device's
         self._member_memo = NodeMemo()       # body -> (_memo_key, its program weakly, split extent)
         self.stage = CPUStage(self)          # the rewrites after extraction (cpustage.py), with their memos
+        self._caps: Capabilities | None = None   # capabilities set on the device (``caps``)
+
+    @property
+    def caps(self) -> Capabilities:
+        """What the lowering may do for the code this device compiles now: EQGRAD_CPU's target's
+        (``target_caps``), unless capabilities were set on the device (a test, an experiment)."""
+        return self._caps if self._caps is not None else target_caps(config.CPU.value)
+
+    @caps.setter
+    def caps(self, value: Capabilities) -> None:
+        self._caps = None if value is target_caps(config.CPU.value) else value
 
     def after_fork_in_child(self) -> bool:
         # the inherited pool's threads do not exist in the child, but its idle count says they do:
@@ -588,7 +629,8 @@ class LLVMDevice(Device):
         configured threads: a full reduction is cut into parallel partials above SPLIT_FLOOR
         (whether the partials' kernel then runs split is launch's measurement)."""
         threads = max(1, config.THREADS.value)
-        options = LowerOptions(threads=threads, parallel_min=SPLIT_FLOOR if PARALLEL_MIN is None else PARALLEL_MIN)
+        options = LowerOptions.for_caps(self.caps, threads=threads,
+                                        parallel_min=SPLIT_FLOOR if PARALLEL_MIN is None else PARALLEL_MIN)
         return self.stage.rewrite(plan, options)
 
     def target(self) -> Target | None:

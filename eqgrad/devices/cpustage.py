@@ -290,7 +290,7 @@ class CPUStage:
         # version measured kept an FFN step's 480 x 1536 x 384 GEMM generated, 6.8 ms, where this one
         # times the BLAS at 2.2 ms and the generated kernel at 6.1
         # the generated side is the kernel with its lane pack where it has one (``lane_pack``)
-        lp = self._lane_pack(k, LowerOptions(threads=threads))
+        lp = self._lane_pack(k, LowerOptions.for_caps(self.device.caps, threads=threads))
         ckey = hashlib.sha256(repr((skeleton, found.packs != (), threads, machine_key("LLVM"), source_digest())
                                    + (("lane pack",) if lp is not None else ())).encode()).hexdigest()[:24]
         seen = blas.CHOICES.get(ckey, None) or []
