@@ -210,6 +210,28 @@ def test_a_traced_body_lowers_to_the_loop_ir_of_its_sizes(name):
     assert checked > tr.hits and unshared <= 2, unshared
 
 
+def test_a_size_affine_in_another_shares_its_symbol_and_the_trace_checks_it():
+    """The padded convolution's sizes n, n + 1, 4n + 8, ... are one symbol and functions of it; a
+    size vector that breaks one of those functions gets no instance (it would lower as usual)."""
+    make, sizes = CORPUS["conv"]
+    tr = Traces()
+    plans = _plans(make, sizes[:4])
+    for plan in plans:
+        for k in plan.kernels:
+            tr.lower(k, plan, lower_kernel)
+    traced = [(t, k, plan) for plan in plans[3:] for k in plan.kernels
+              for t in tr._bodies[body_sizes(k, plan)[0]].traces if t.related]
+    assert traced, "no trace relates a size to another's symbol"
+    for t, k, plan in traced:
+        sizes_now = body_sizes(k, plan)[1]
+        env = t.env(sizes_now)
+        assert env is not None and len(t.groups) < len(set(t.related) | {p for g in t.groups for p in g})
+        p, (j, a, b) = next(iter(t.related.items()))
+        broken = list(sizes_now)
+        broken[p] += 1
+        assert t.env(tuple(broken)) is None
+
+
 def test_an_instantiated_kernel_computes_what_the_lowered_one_does():
     """Run both in the loop-IR interpreter (bounds-checked) on the same buffers."""
     tr = Traces()

@@ -452,26 +452,26 @@ class _Recorder:
 
     def make(self, v: Any, e: str, d: int) -> Any:
         """An atom: the expression ``e`` written out, of value ``v`` and nesting ``d``."""
-        if type(v) is not int:
-            raise TraceError(f"a size operation gave {type(v).__name__}")
-        if d > MAX_DEPTH or len(e) > MAX_CHARS:
-            self.guards[f"{e}=={v}"] = True
-            return v
-        return Sym(v, e, d, self)
+        return v if self._specialized(v, e, d) else Sym(v, e, d, self)
 
     def poly(self, v: Any, p: tuple, d: int) -> Any:
         """The polynomial ``p`` of value ``v``: a plain int where it is a constant (the same at every
         value of the symbols), else a Sym."""
-        if type(v) is not int:
-            raise TraceError(f"a size operation gave {type(v).__name__}")
         c = _const(p)
         if c is not None:
             return c
         e = _render(p)
+        return v if self._specialized(v, e, d) else Sym(v, e, d, self, p)
+
+    def _specialized(self, v: Any, e: str, d: int) -> bool:
+        """Whether ``e`` (value ``v``, nesting ``d``) is beyond the expression bound and is its value
+        from here on (recorded as a guard)."""
+        if type(v) is not int:
+            raise TraceError(f"a size operation gave {type(v).__name__}")
         if d > MAX_DEPTH or len(e) > MAX_CHARS:
             self.guards[f"{e}=={v}"] = True
-            return v
-        return Sym(v, e, d, self, p)
+            return True
+        return False
 
 
 # ------------------------------------------------------------------ the sizes of a kernel body
