@@ -11,10 +11,11 @@ Here the third size vector of a kernel body (``CONCRETE`` earlier ones lowered a
 many earlier plans: the kernels of one plan that share a body at other widths count as one) is
 lowered with every size that differed between them replaced by a :class:`Sym`: a number that
 knows its value and also an expression over the body's size symbols. Arithmetic on a ``Sym``
-gives a ``Sym`` (a plain int where the result is the same at every value of the symbols); every *observation* of its value -- a comparison, ``bool``, ``int``/``index``
-(``range``, a list's length), a float operation -- returns the concrete answer and records it as
-a guard (``(s0 + 1) // 16 < 4 is True``). The lowering's output (the loop IR) then holds ``Sym``s
-where it holds sizes. A later body with the same structure instantiates that *trace* when every
+gives a ``Sym`` (a plain int where the result is the same at every value of the symbols); every
+*observation* of its value -- a comparison, ``bool``, ``int``/``index`` (``range``, a list's
+length), a float operation -- returns the concrete answer and records it as a guard
+(``(s0 + 1) // 16 < 4 is True``). The lowering's output (the loop IR) then holds ``Sym``s where it
+holds sizes. A later body with the same structure instantiates that *trace* when every
 guard holds for its sizes: each ``Sym`` of the loop IR is replaced by its expression's value, and
 nothing is lowered.
 
@@ -98,9 +99,10 @@ class Sym:
     It is canonical -- equal polynomials are one tuple, whatever order the lowering computed them
     in -- so the identities index arithmetic is full of fold by themselves and record nothing:
     ``x - x`` and ``(x + 1) - x`` are plain ints, ``(64*x + 10) // 64`` is ``x`` and ``(64*x) % 64``
-    is 0. A division by a size folds where the numerator is a multiple of it plus a constant, under
-    the guard that makes it so (``(16*x) // x`` is 16 where ``x != 0``; ``1 % x`` is 1 where
-    ``x > 1``): written out instead, p @ v of a decode step recorded 1,226 guards, most of them
+    is 0. A division by a size folds where its answer is the same at every value of the symbols
+    (each >= 1: ``(16*x) // x`` is 16, ``(512*x - 2) // (192*x)`` is 2), and otherwise, by polynomial
+    division, under the guard that makes the quotient exact (``1 % x`` is 1 where ``x > 1``):
+    written out instead, p @ v of a decode step recorded 1,226 guards, most of them
     such identities (``((16*s0)//s0)==16``), checked at every step."""
     __slots__ = ("v", "p", "e", "d", "t")
 
