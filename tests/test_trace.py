@@ -503,9 +503,10 @@ def _gqa(T: int) -> list[Tensor]:
 def test_grouped_query_attention_over_a_growing_cache_is_traced_once_for_every_length():
     """Traced at one length, its products instantiate at every later one (a gcd with the cache's
     stride once pinned each trace to the length it was made at: the products were lowered anew at
-    every decode step, 1.4x -> 1.65x the fixed-shape step). Lengths from 20: below 16, a length
-    equal to a register lane's offset still pins a trace (interned expressions compare by value:
-    the note in lower/trace.py)."""
+    every decode step, 1.4x -> 1.65x the fixed-shape step). Lengths from 20: the softmax's lowering
+    decides on ``s0 > 16``, so a run that crosses 16 traces it once more on the other side (lowered
+    as usual at the lengths before that); once a length equal to a register lane's offset pinned a
+    trace too, before traced sizes were polynomials (lower/trace.py)."""
     tr = Traces()
     plans = _plans(_gqa, list(range(20, 32)))
     lowered: list[int] = []
