@@ -160,7 +160,7 @@ class Sym:
         if o is NotImplemented:
             return NotImplemented
         if type(o) is int:
-            sign = _sign(_padd(self.p, (((), o),), -1))
+            sign = _sign(_padd(self.p, _poly(o), -1))
             if sign is not None:        # 4 * s0 > 3
                 return f(sign, 0)
         return self._guard(f"{self.e}{op}{_literal(o)}", f(self.v, o))
@@ -244,7 +244,7 @@ class Sym:
         elif rc is not None and rc < 0:
             if not b >= -rc:
                 return None
-            q, r, rc = _padd(q, (((), 1),), -1), _padd(r, pb), None
+            q, r, rc = _padd(q, _poly(1), -1), _padd(r, pb), None
         else:
             rs = t.poly(_peval(r, t.values), r, d)
             if not (rs >= 0 and b > rs):
