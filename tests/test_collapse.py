@@ -8,7 +8,7 @@ import pytest
 
 from eqgrad.devices import get_device
 from eqgrad.devices.llvm import render_llvm
-from eqgrad.dtype import float32
+from eqgrad.dtype import bool_, float32
 from eqgrad.graph.interp import run_kernel
 from eqgrad.graph.plan import Kernel, KernelPlan, KNode
 from eqgrad.lower.collapse import collapse
@@ -143,22 +143,26 @@ def test_kernels_with_reductions_or_pads_keep_their_axes():
         assert merge_axes(k) is k, ast.render()
 
 
+def _lin_value(e, env: dict) -> int:
+    """An index expression's value at ``env`` (variable name -> value), floor semantics."""
+    from eqgrad.lower.symbolic import Div, Var
+    total = e.const
+    for a, c in e.terms:
+        if isinstance(a, Var):
+            v = env[a.name]
+        elif isinstance(a, Div):
+            v = _lin_value(a.x, env) // a.d
+        else:
+            v = _lin_value(a.x, env) % a.d
+        total += c * v
+    return total
+
+
 def test_division_and_modulo_of_one_value_fold_back_into_it():
     """k*d*(x // d) + k*(x % d) == k*x, nested groups too, for every value of the variables (floor
     semantics, negative offsets included)."""
-    from eqgrad.lower.symbolic import Div, Lin, Mod, Var
-
-    def value(e: Lin, env: dict) -> int:
-        total = e.const
-        for a, c in e.terms:
-            if isinstance(a, Var):
-                v = env[a.name]
-            elif isinstance(a, Div):
-                v = value(a.x, env) // a.d
-            else:
-                v = value(a.x, env) % a.d
-            total += c * v
-        return total
+    from eqgrad.lower.symbolic import Lin
+    value = _lin_value
 
     r, j = Lin.var("r", 210), Lin.var("j", 5)
     x = r * 3 + j - 7                         # negative for small r
@@ -176,3 +180,85 @@ def test_division_and_modulo_of_one_value_fold_back_into_it():
                 xv = 3 * rv + jv - 7
                 ref = [(xv // 6) * 6 + xv % 6, 4 * rv + 1, 2 * (xv % 10), (rv // 5) * 3 + rv % 5][exprs.index(e)]
                 assert value(e, env) == ref
+
+
+
+def test_a_division_and_a_modulo_of_congruent_values_fold_into_the_division_s():
+    """d*(x // d) + (y % d) == x when x - y is a multiple of d: a sum blocked over a merged axis
+    reads a (480, 384) operand at 384*((1024*b + r)//384) + (1024*b + r) % 384, whose modulo the
+    index arithmetic reduces to (256*b + r) % 384 -- and it still folds to 1024*b + r. A pair whose
+    difference is not a multiple of d stays as it is, and keeps its value."""
+    from eqgrad.lower.symbolic import Div, Lin, Mod
+    b, r = Lin.var("b", 180), Lin.var("r", 1024)
+    x = b * 1024 + r
+    assert (x // 384) * 384 + x % 384 == x
+    assert any(type(a) is Mod and a.x != x for a, _ in (x % 384).terms)   # the modulo's own form differs
+    y = b * 1024 + r + 5                  # x - y = -5: not a multiple of 384
+    kept = (x // 384) * 384 + y % 384
+    assert any(type(a) is Div for a, _ in kept.terms) and any(type(a) is Mod for a, _ in kept.terms)
+    for bv in (0, 1, 7, 179):
+        for rv in (0, 5, 383, 384, 1023):
+            xv = 1024 * bv + rv
+            assert _lin_value(kept, {"b": bv, "r": rv}) == (xv // 384) * 384 + (xv + 5) % 384
+
+
+# ------------------------------------------------------------------ merge_reduced: reduced axes
+
+def _reduce(op: str, src: KNode, axes) -> KNode:
+    shape = tuple(1 if d in axes else e for d, e in enumerate(src.shape))
+    return KNode(op, (src,), tuple(axes), shape, src.dtype)
+
+
+def _reduce_cases():
+    """(name, ast, input shapes, the run of reduced axes merged into one loop of this extent)."""
+    s = (4, 6, 5, 7)
+    x = buf(0, s)
+    # a channel's sum over (N, H, W): H and W one loop of 35
+    chan = KNode("RESHAPE", (_reduce("RSUM", x, (0, 2, 3)),), (6,), (6,), float32)
+    # a mask times a per-(N, C) value broadcast over H and W (max-pool's mean-gradient shape)
+    g = _expand(buf(1, (4, 6, 1, 1)), s)
+    masked = _reduce("RSUM", KNode("WHERE", (KNode("CMPLT", (KNode("CONST", (), 0.0, s, float32), x), None, s,
+                                                         bool_), g, KNode("CONST", (), 0.0, s, float32)),
+                                   None, s, float32), (0, 2, 3))
+    # a max over the two leading axes (a column max): one loop of 24
+    cmax = _reduce("RMAX", KNode("EXP2", (x,), None, s, float32), (0, 1))
+    # a sum of squares over every axis: one loop of 840
+    sq = _reduce("RSUM", KNode("MUL", (x, x), None, s, float32), (0, 1, 2, 3))
+    # a sum over the two halves of a row read as (4, 5, 6): a reshape that splits an axis of a
+    # buffer reads it linearly, so the halves are one loop of 30 again
+    split = _reduce("RSUM", KNode("RESHAPE", (buf(0, (4, 30)),), (4, 5, 6), (4, 5, 6), float32), (1, 2))
+    return [("channel", chan, [s], 35), ("masked", masked, [s, (4, 6, 1, 1)], 35),
+            ("column_max", cmax, [s], 24), ("squares", sq, [s], 840), ("split", split, [(4, 30)], 30)]
+
+
+@pytest.mark.parametrize("name,ast,shapes,extent", _reduce_cases(), ids=[c[0] for c in _reduce_cases()])
+def test_reduced_axes_read_as_one_loop_as_one_with_linear_reads_and_the_same_numbers(name, ast, shapes, extent):
+    from eqgrad.lower.collapse import merge_reduced
+    plan = _one_kernel(ast, len(shapes), shapes)
+    k = plan.kernels[0]
+    assert merge_reduced(k) is not k
+    lk = lower_kernel(k, plan)
+    assert extent in _loops(lk), (_loops(lk), str(lk))
+    assert not any(x.op in ("IDIV", "MOD") for x in lk.insts), str(lk)
+    rng = np.random.default_rng(2)
+    arrays = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    want = np.asarray(run_kernel(k, list(arrays) + [None]))
+    np.testing.assert_allclose(run_llvm(plan, arrays), want.reshape(ast.shape), rtol=1e-5, atol=1e-5)
+
+
+def test_reductions_whose_axes_do_not_read_as_one_keep_them():
+    """A 2x2 pooling window (its rows 2*W apart, not 2), a pad under the sum (a per-axis mask), a
+    sum over a transpose's two axes (the inner one steps 7 apart, the outer one 1), and a contraction (the lanes pass and the BLAS read its axes
+    as they are) keep their reduced axes."""
+    from eqgrad.lower.collapse import merge_reduced
+    win = KNode("RESHAPE", (buf(0, (2, 3, 8, 8)),), (2, 3, 4, 2, 4, 2), (2, 3, 4, 2, 4, 2), float32)
+    win = KNode("PERMUTE", (win,), (0, 1, 2, 4, 3, 5), (2, 3, 4, 4, 2, 2), float32)
+    pool = _reduce("RMAX", win, (4, 5))
+    pad = _reduce("RSUM", KNode("PAD", (buf(0, (3, 5, 7)),), ((0, 0), (1, 1), (0, 1)), (3, 7, 8), float32), (1, 2))
+    tr = _reduce("RSUM", KNode("PERMUTE", (buf(0, (4, 5, 7)),), (0, 2, 1), (4, 7, 5), float32), (1, 2))
+    a = _expand(KNode("RESHAPE", (buf(0, (8, 6, 5)),), (8, 1, 6, 5), (8, 1, 6, 5), float32), (8, 4, 6, 5))
+    b = _expand(KNode("RESHAPE", (buf(1, (4, 6, 5)),), (1, 4, 6, 5), (1, 4, 6, 5), float32), (8, 4, 6, 5))
+    conv = _reduce("RSUM", KNode("MUL", (a, b), None, (8, 4, 6, 5), float32), (2, 3))
+    for ast in (pool, pad, tr, conv):
+        k = Kernel("k0", 1, ast, ast.buffers())
+        assert merge_reduced(k) is k, ast.render()

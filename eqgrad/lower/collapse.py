@@ -27,8 +27,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from eqgrad.graph.plan import GROUP, Kernel, KNode
-from eqgrad.lower.indexing import dry_sources, flat_index
+from eqgrad.graph.plan import GROUP, Kernel, KNode, broadcast_product
+from eqgrad.lower.indexing import REDUCES, dry_sources, flat_index
 from eqgrad.lower.symbolic import Lin, Var
 from eqgrad.ops import OPS, numel
 
@@ -135,3 +135,87 @@ def merge_axes(kernel: Kernel) -> Kernel:
     else:
         body = KNode("RESHAPE", (root,), merged, merged, root.dtype)
     return replace(kernel, ast=body)
+
+
+def _reduce_strides(red: KNode) -> list[dict[int, int]] | None:
+    """Per buffer read under reduction ``red``: each axis of its source -> the read's stride along
+    it (the reads of an inner reduction's own axes left out); None when a read is not linear in
+    the source's axes or a pad masks one (the axes are kept)."""
+    src = red.src[0]
+    idx = tuple(Lin.var(f"_m{d}", e) for d, e in enumerate(src.shape))
+    names = {f"_m{d}": d for d in range(len(src.shape))}
+    coefs: list[dict[int, int]] = []
+    seen: set = set()
+    stack: list[tuple[KNode, tuple]] = [(src, idx)]
+    while stack:
+        n, at = stack.pop()
+        if n.op == "PAD":
+            return None
+        if (id(n), at) in seen:
+            continue
+        seen.add((id(n), at))
+        if n.op == "BUF":
+            c: dict[int, int] = {}
+            for a, k in flat_index(at, n.shape).terms:
+                if type(a) is not Var:         # a reshape that splits an axis: not linear in it
+                    return None
+                if a.name in names:
+                    c[names[a.name]] = k
+            coefs.append(c)
+        else:
+            stack.extend(dry_sources(n, at, "r"))
+    return coefs
+
+
+def _merged_reduction(red: KNode, src: KNode) -> KNode | None:
+    """``red`` (over ``src``, its source rebuilt) with each run of adjacent reduced axes that every
+    read under it steps through as one axis summed as one axis, under a RESHAPE to ``red``'s shape;
+    None when no two merge."""
+    shape, axes = src.shape, sorted(red.arg)
+    coefs = _reduce_strides(red)
+    if coefs is None:
+        return None
+    groups: list[list[int]] = []
+    for d in range(len(shape)):
+        p = groups[-1][-1] if groups else None
+        if p is not None and d - 1 == p and p in axes and d in axes \
+                and all(c.get(p, 0) == c.get(d, 0) * shape[d] for c in coefs):
+            groups[-1].append(d)
+        else:
+            groups.append([d])
+    if len(groups) == len(shape):
+        return None
+    merged = tuple(numel(tuple(shape[d] for d in g)) for g in groups)
+    new_axes = tuple(j for j, g in enumerate(groups) if g[0] in axes)
+    kept = tuple(1 if j in new_axes else e for j, e in enumerate(merged))
+    inner = KNode(red.op, (KNode("RESHAPE", (src,), merged, merged, src.dtype),), new_axes, kept, red.dtype)
+    return KNode("RESHAPE", (inner,), red.shape, red.shape, red.dtype)
+
+
+def merge_reduced(kernel: Kernel) -> Kernel:
+    """The kernel with each reduction over adjacent axes that it reads as one axis reduced over one
+    merged axis (a channel's sum over ``(N, C, H, W)``'s ``H`` and ``W``: one loop of ``H*W``), or the
+    kernel itself when none merges. A sum of a broadcast product (a contraction: the lanes pass and
+    the BLAS read its axes as they are) keeps them."""
+    root = kernel.ast
+    if not any(n.op in REDUCES and len(n.arg) > 1 for n in root.walk()):
+        return kernel
+    memo: dict[int, KNode] = {}
+    changed = False
+
+    def go(n: KNode) -> KNode:
+        nonlocal changed
+        hit = memo.get(id(n))
+        if hit is not None:
+            return hit
+        src = tuple(go(s) for s in n.src)
+        out = n if all(a is b for a, b in zip(src, n.src)) else KNode(n.op, src, n.arg, n.shape, n.dtype)
+        if n.op in REDUCES and len(n.arg) > 1 and not broadcast_product(n.src[0], lambda x: x.op, lambda x: x.src):
+            m = _merged_reduction(n, src[0])
+            if m is not None:
+                out, changed = m, True
+        memo[id(n)] = out
+        return out
+
+    body = go(root)
+    return replace(kernel, ast=body) if changed else kernel

@@ -32,7 +32,7 @@ from eqgrad.dtype import DType, bool_
 from eqgrad.graph.caps import ROW_STASH_MAX
 from eqgrad.graph.loopir import INDEX, NONNEG, LInst, LoopIRError, LoopKernel, verify
 from eqgrad.graph.plan import GROUP, Kernel, KernelPlan, KNode
-from eqgrad.lower.collapse import collapse, merge_axes
+from eqgrad.lower.collapse import collapse, merge_axes, merge_reduced
 from eqgrad.lower.indexing import MOVES, REDUCES, dry_sources, flat_index, hoistable, move_index, reduce_map, strides_of
 from eqgrad.lower.passes import LowerOptions, Schedule, describe_steps, run_passes
 from eqgrad.lower.sums import SUM_BLOCK, SUM_RADIX, sum_depth, sum_error_terms, sum_pieces
@@ -650,7 +650,7 @@ def lower_kernel(kernel: Kernel, plan: KernelPlan, upcast: tuple[int, int] | Non
         options = replace(options, upcast=upcast)
     _room_for(kernel.ast)
     with symbolic.lowering():          # (its interned index expressions stay until it is done)
-        return Lowerer(merge_axes(collapse(kernel)), plan, options=options).lower()
+        return Lowerer(merge_reduced(merge_axes(collapse(kernel))), plan, options=options).lower()
 
 
 FRAMES_PER_LEVEL = 8          # Python frames the emitter's recursive render takes per body level (3-4 seen)

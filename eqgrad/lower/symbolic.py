@@ -390,20 +390,44 @@ def _recombine(terms: dict, const: int) -> int:
             if type(m) is not Mod or not k:
                 continue
             q = m.x // m.d
-            if len(q.terms) != 1 or q.terms[0][1] != 1:
-                continue
-            dv = q.terms[0][0]
-            if terms.get(dv, 0) != k * m.d:
-                continue
-            del terms[m]
-            del terms[dv]
-            # k*x = k*d*(x//d) + k*(x%d), and x//d = dv + q.const
-            for a, c in m.x.terms:
-                terms[a] = terms.get(a, 0) + k * c
-            const += k * m.x.const - k * m.d * q.const
-            changed = True
-            break
+            if len(q.terms) == 1 and q.terms[0][1] == 1 and terms.get(q.terms[0][0], 0) == k * m.d:
+                dv = q.terms[0][0]
+                del terms[m]
+                del terms[dv]
+                # k*x = k*d*(x//d) + k*(x%d), and x//d = dv + q.const
+                for a, c in m.x.terms:
+                    terms[a] = terms.get(a, 0) + k * c
+                const += k * m.x.const - k * m.d * q.const
+                changed = True
+                break
+            dv = _congruent_div(terms, m, k)
+            if dv is not None:
+                # x % d == y % d where x - y is a multiple of d: k*d*(x//d) + k*(y%d) = k*x
+                del terms[m]
+                del terms[dv]
+                for a, c in dv.x.terms:
+                    terms[a] = terms.get(a, 0) + k * c
+                const += k * dv.x.const
+                changed = True
+                break
     return const
+
+
+def _congruent_div(terms: dict, m: "Mod", k: int) -> "Div | None":
+    """A ``Div`` atom ``x // d`` of ``terms`` with coefficient ``k*d`` whose ``x`` differs from the
+    modulo ``m = y % d``'s ``y`` by a multiple of ``d`` in every coefficient and the constant, or
+    None. The modulo's own simplification reduces coefficients modulo ``d`` (``(1024*b + r) % 384``
+    is ``(256*b + r) % 384``) where the division keeps them: a sum blocked over a merged axis
+    (lower/collapse.py ``merge_reduced``) reads ``384*((1024*b + r)//384) + (256*b + r)%384``,
+    which is ``1024*b + r``."""
+    d, y = m.d, dict(m.x.terms)
+    for a, c in terms.items():
+        if type(a) is not Div or a.d != d or c != k * d or (a.x.const - m.x.const) % d:
+            continue
+        x = dict(a.x.terms)
+        if all((x.get(v, 0) - y.get(v, 0)) % d == 0 for v in x.keys() | y.keys()):
+            return a
+    return None
 
 
 def _item_key(t: tuple) -> str:
