@@ -20,7 +20,7 @@
   product of broadcast operands: a matmul, a convolution; its epilogue excluded), which the
   lowering gives register lanes or hands to the BLAS; ``contraction`` is their rate, ``peak`` the
   rate of everything else (streaming elementwise work). ``contraction`` 0 means ``peak``;
-  calibration measures both (matmul 512 as a generated kernel, the BLAS off; an FMA chain). The LLVM default is
+  calibration measures both (matmul 512 as a generated kernel, the BLAS off; independent FMA chains). The LLVM default is
   150 GFLOP/s, what contractions run at on the two machines measured: a CNN step's three 302-MFLOP
   convolution kernels at 160-195 GFLOP/s (Zen 5, two cores; predicted at the one 50 GFLOP/s rate,
   1.5-1.7 against 6.0 ms), and on a 2-vCPU Xeon (AVX-512) matmul 512 at 215-270, Linear 480 at
@@ -82,7 +82,7 @@ float32: unfused, 3 kernels each reading/writing ~8 MB: 3 * (5 us + 8e6/20e9 s) 
 
 Parameters are per device. ``python -m eqgrad tune calibrate`` measures them on this machine
 (launch overhead with a one-element kernel run after streaming kernels, bandwidth with a large copy-like kernel, peak with a
-matmul and an FMA chain), then fits them to the kernels of a small corpus of model-like programs as
+matmul and independent FMA chains), then fits them to the kernels of a small corpus of model-like programs as
 they run (eqgrad/tools/calibrate.py ``fit``: a large copy streams far faster than a model's
 kernels), and stores them in ``~/.cache/eqgrad/calibration.json`` (or
 ``$EQGRAD_CACHE_DIR``), keyed by device and machine; :func:`params_for` prefers them to the

@@ -1,5 +1,5 @@
-"""Calibration: measure a device's launch overhead, bandwidth, peak FLOP/s (an FMA chain: the
-rate of elementwise work) and contraction FLOP/s (matmul 512 as a generated kernel with register
+"""Calibration: measure a device's launch overhead, bandwidth, peak FLOP/s (independent FMA chains,
+``PEAK_CHAINS``: the rate of elementwise work) and contraction FLOP/s (matmul 512 as a generated kernel with register
 lanes, the library off: a large GEMM the device hands its BLAS is priced at the rate the device
 times the library at, extract/cost.py ``CostModel.library_gemm``) with small eqgrad kernels (``python -m eqgrad tune calibrate``), then (its
 default) fit the four to the kernels of a small corpus of model-like programs as they run
@@ -127,6 +127,14 @@ def cold_launch(after: dict[int, list[float]], tight: float, stream_bytes: int) 
     return max(0.0, float(np.median(past) - np.median(within or [tight])))
 
 
+# ``peak`` is timed on PEAK_CHAINS independent multiply-add chains of PEAK_DEPTH each, summed: a
+# kernel body's ops are several chains a loop iteration can overlap (an exp2's range reduction beside
+# its polynomial, a gelu's tanh beside its product), where one chain of 64 dependent multiply-adds
+# timed the latency of one: 50 GFLOP/s on a 2-vCPU Xeon (Rocket Lake) where exp, gelu, tanh and
+# softmax kernels ran at 102-121 and 8 chains of 8 at 107 (4 of 16: 78; 2 of 32: 64).
+PEAK_CHAINS = 8
+PEAK_DEPTH = 8
+
 FIELDS = ("launch", "bandwidth", "peak", "contraction", "cold", "row_pass")
 
 ROW_PASS_ELEMENTS = 1 << 18    # softmax's elements when the row passes are timed (1 MB: from cache)
@@ -203,14 +211,20 @@ def _calibrate_once(device: str, reps: int, rng: np.random.Generator,
         t_mm, _ = timed(lambda: a @ a)
     small = Tensor(rng.random(1 << 18, dtype=np.float32), device=device)
 
-    def fma_chain() -> Tensor:
-        y = small
-        for _ in range(64):
-            y = y * 0.999 + 0.001
-        return y
-    t_fma, _ = timed(fma_chain)
+    def fma_chains() -> Tensor:
+        ys = []
+        for j in range(PEAK_CHAINS):
+            y = small
+            for _ in range(PEAK_DEPTH):
+                y = y * (0.999 - 1e-4 * j) + 0.001
+            ys.append(y)
+        out = ys[0]
+        for y in ys[1:]:
+            out = out + y
+        return out
+    t_fma, _ = timed(fma_chains)
     contraction = 2 * m ** 3 / max(t_mm - launch, 1e-9)
-    peak = 128 * (1 << 18) / max(t_fma - launch, 1e-9)
+    peak = (PEAK_CHAINS * PEAK_DEPTH * 2 + PEAK_CHAINS - 1) * (1 << 18) / max(t_fma - launch, 1e-9)
     if progress:
         progress(f"peak {peak / 1e9:.1f} GFLOP/s, contraction {contraction / 1e9:.1f} GFLOP/s")
     # row passes (cost.py): softmax over rows of 16 against rows of 512 of the same elements, each a
