@@ -99,26 +99,9 @@ def merge_axes(kernel: Kernel) -> Kernel:
     if len(axes) < 2 or 0 in shape:
         return kernel
     out = tuple(Lin.var(f"o{d}", e) for d, e in enumerate(shape))
-    names = {f"o{d}": d for d in axes}
-    coefs: list[dict[int, int]] = []           # per buffer read: output axis -> its stride
-    seen: set = set()
-    stack: list[tuple[KNode, tuple]] = [(root, out)]
-    while stack:
-        n, idx = stack.pop()
-        if n.op in _NO_MERGE:
-            return kernel
-        if (id(n), idx) in seen:
-            continue
-        seen.add((id(n), idx))
-        if n.op == "BUF":
-            c: dict[int, int] = {}
-            for a, k in flat_index(idx, n.shape).terms:
-                if type(a) is not Var:         # a reshape that splits an axis: not linear in it
-                    return kernel
-                c[names[a.name]] = k
-            coefs.append(c)
-        else:
-            stack.extend(dry_sources(n, idx, "r"))       # (a GROUP: each root at the output index)
+    coefs = _read_strides(root, out, {f"o{d}": d for d in axes}, _NO_MERGE)   # (a GROUP: each root)
+    if coefs is None:
+        return kernel
     groups = [[axes[0]]]
     for d in axes[1:]:
         p = groups[-1][-1]
@@ -137,19 +120,17 @@ def merge_axes(kernel: Kernel) -> Kernel:
     return replace(kernel, ast=body)
 
 
-def _reduce_strides(red: KNode) -> list[dict[int, int]] | None:
-    """Per buffer read under reduction ``red``: each axis of its source -> the read's stride along
-    it (the reads of an inner reduction's own axes left out); None when a read is not linear in
-    the source's axes or a pad masks one (the axes are kept)."""
-    src = red.src[0]
-    idx = tuple(Lin.var(f"_m{d}", e) for d, e in enumerate(src.shape))
-    names = {f"_m{d}": d for d in range(len(src.shape))}
+def _read_strides(start: KNode, idx: tuple, names: dict[str, int], stop) -> list[dict[int, int]] | None:
+    """Per buffer read below ``start`` (read at ``idx``): each axis ``names`` maps its variable to ->
+    the read's stride along it (other variables, an inner reduction's own, left out); None where a
+    read is not linear in the variables (a reshape that splits an axis of a moved view) or an op in
+    ``stop`` lies below."""
     coefs: list[dict[int, int]] = []
     seen: set = set()
-    stack: list[tuple[KNode, tuple]] = [(src, idx)]
+    stack: list[tuple[KNode, tuple]] = [(start, idx)]
     while stack:
         n, at = stack.pop()
-        if n.op == "PAD":
+        if n.op in stop:
             return None
         if (id(n), at) in seen:
             continue
@@ -157,7 +138,7 @@ def _reduce_strides(red: KNode) -> list[dict[int, int]] | None:
         if n.op == "BUF":
             c: dict[int, int] = {}
             for a, k in flat_index(at, n.shape).terms:
-                if type(a) is not Var:         # a reshape that splits an axis: not linear in it
+                if type(a) is not Var:
                     return None
                 if a.name in names:
                     c[names[a.name]] = k
@@ -165,6 +146,14 @@ def _reduce_strides(red: KNode) -> list[dict[int, int]] | None:
         else:
             stack.extend(dry_sources(n, at, "r"))
     return coefs
+
+
+def _reduce_strides(red: KNode) -> list[dict[int, int]] | None:
+    """Per buffer read under reduction ``red``: each axis of its source -> the read's stride along
+    it; None where a read is not linear in the source's axes or a pad masks one (the axes are kept)."""
+    src = red.src[0]
+    idx = tuple(Lin.var(f"_m{d}", e) for d, e in enumerate(src.shape))
+    return _read_strides(src, idx, {f"_m{d}": d for d in range(len(src.shape))}, ("PAD",))
 
 
 def _merged_reduction(red: KNode, src: KNode) -> KNode | None:

@@ -382,7 +382,8 @@ def _recombine(terms: dict, const: int) -> int:
     semantics for every ``x``), in place, until none is left; returns the new constant. A loop over
     merged output axes (lower/collapse.py ``merge_axes``) reads each axis of the original shape as
     a division and a modulo of the merged variable: a contiguous operand's index then folds back to
-    the merged variable itself, and LLVM sees a unit-stride loop."""
+    the merged variable itself, and LLVM sees a unit-stride loop. Also ``k*d*(x // d) + k*(y % d)``
+    where ``x - y`` is a multiple of ``d`` (``_congruent_div``)."""
     changed = True
     while changed:
         changed = False
