@@ -104,8 +104,7 @@ def merge_axes(kernel: Kernel) -> Kernel:
         return kernel
     groups = [[axes[0]]]
     for d in axes[1:]:
-        p = groups[-1][-1]
-        if all(c.get(p, 0) == c.get(d, 0) * shape[d] for c in coefs):
+        if _steps_as_one(coefs, groups[-1][-1], d, shape[d]):
             groups[-1].append(d)
         else:
             groups.append([d])
@@ -148,6 +147,12 @@ def _read_strides(start: KNode, idx: tuple, names: dict[str, int], stop) -> list
     return coefs
 
 
+def _steps_as_one(coefs: list[dict[int, int]], outer: int, inner: int, extent: int) -> bool:
+    """Whether every read steps ``extent`` times as far along axis ``outer`` as along the next axis
+    ``inner`` (both contiguous, both broadcast, or a transpose's inner pair): the two are one axis."""
+    return all(c.get(outer, 0) == c.get(inner, 0) * extent for c in coefs)
+
+
 def _reduce_strides(red: KNode) -> list[dict[int, int]] | None:
     """Per buffer read under reduction ``red``: each axis of its source -> the read's stride along
     it; None where a read is not linear in the source's axes or a pad masks one (the axes are kept)."""
@@ -160,15 +165,15 @@ def _merged_reduction(red: KNode, src: KNode) -> KNode | None:
     """``red`` (over ``src``, its source rebuilt) with each run of adjacent reduced axes that every
     read under it steps through as one axis summed as one axis, under a RESHAPE to ``red``'s shape;
     None when no two merge."""
-    shape, axes = src.shape, sorted(red.arg)
+    shape, axes = src.shape, set(red.arg)
+    if not any(d - 1 in axes for d in axes):
+        return None                    # no two reduced axes are adjacent: nothing to read
     coefs = _reduce_strides(red)
     if coefs is None:
         return None
     groups: list[list[int]] = []
     for d in range(len(shape)):
-        p = groups[-1][-1] if groups else None
-        if p is not None and d - 1 == p and p in axes and d in axes \
-                and all(c.get(p, 0) == c.get(d, 0) * shape[d] for c in coefs):
+        if groups and d - 1 in axes and d in axes and _steps_as_one(coefs, d - 1, d, shape[d]):
             groups[-1].append(d)
         else:
             groups.append([d])

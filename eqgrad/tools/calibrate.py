@@ -218,10 +218,7 @@ def _calibrate_once(device: str, reps: int, rng: np.random.Generator,
             for _ in range(PEAK_DEPTH):
                 y = y * (0.999 - 1e-4 * j) + 0.001
             ys.append(y)
-        out = ys[0]
-        for y in ys[1:]:
-            out = out + y
-        return out
+        return sum(ys[1:], ys[0])
     t_fma, _ = timed(fma_chains)
     contraction = 2 * m ** 3 / max(t_mm - launch, 1e-9)
     peak = (PEAK_CHAINS * PEAK_DEPTH * 2 + PEAK_CHAINS - 1) * (1 << 18) / max(t_fma - launch, 1e-9)
