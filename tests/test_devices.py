@@ -206,8 +206,9 @@ def test_short_loops_over_strided_rows_are_not_vectorized():
     """A loop of fewer than GATHER_TRIP iterations that holds the rows it strides over (an attention
     score's 15 query rows of 15) keeps LLVM's loop vectorizer off (``!6``: it made one masked vector
     of gathers and scatters of it, docs/lowering.md); the loop over a column sum's 15 columns, whose
-    loads step by 1 along it, and a loop over 40 rows of 3 keep it (``!4``). The LLVM device's
-    numbers are NumPy's."""
+    loads step by 1 along it, and a loop over 40 rows of 3 keep it -- the columns' loop, holding only
+    short loops, left to LLVM to unroll too (``!0``, ``_short_nests``), the rows' loop, split across
+    threads, not (``!4``). The LLVM device's numbers are NumPy's."""
     from eqgrad.devices.llvm import GATHER_TRIP
 
     def latches(t: Tensor, extent: int) -> set[str]:
@@ -228,7 +229,7 @@ def test_short_loops_over_strided_rows_are_not_vectorized():
     r = data((40, 3), seed=5)
     cases = {"rows": (lambda t: t - t.amax(-1, keepdim=True), x, lambda a: a - a.max(-1, keepdims=True), 15, "!6"),
              "row sums": (lambda t: t.sum(-1), x, lambda a: a.sum(-1), 15, "!6"),
-             "columns": (lambda t: t.sum(-2), x, lambda a: a.sum(-2), 15, "!4"),
+             "columns": (lambda t: t.sum(-2), x, lambda a: a.sum(-2), 15, "!0"),
              "rows of 3": (lambda t: t.sum(-1), r, lambda a: a.sum(-1), 40, "!4")}
     assert GATHER_TRIP > 15
     for name, (f, a, ref, extent, tag) in cases.items():
@@ -238,6 +239,55 @@ def test_short_loops_over_strided_rows_are_not_vectorized():
     assert "!llvm.loop !6" not in src and "!7 = " not in src          # the metadata only where it is used
 
 
+
+
+def test_short_nests_are_left_to_llvm_to_unroll():
+    """A loop of a constant trip count that holds only loops of fewer than GATHER_TRIP iterations
+    in all (max-pool's backward over 2 x 2 windows: a max, a count and the output per window, under
+    the loop over 16 windows) gets no ``llvm.loop.unroll.disable``, nor do the loops inside it: LLVM
+    unrolls the short loops and vectorizes the window loop (it ran the windows one at a time, 5x
+    slower, docs/lowering.md). The loops that hold that loop keep the metadata, as does a loop
+    split across threads or of a run-time extent. Numbers: NumPy's, forward and backward."""
+    from eqgrad.devices.llvm import GATHER_TRIP, _outer_loops, _short_nests
+    from eqgrad.graph.loopir import INDEX, LInst, LoopKernel
+    from eqgrad.nn import functional as F
+
+    def nest(*loops: tuple) -> LoopKernel:
+        """A kernel of empty loops: each (extent, *the loops inside it); RANGE ids in order."""
+        insts: list[LInst] = []
+
+        def emit(extent: int, *inner: tuple) -> None:
+            r = len(insts)
+            insts.append(LInst("RANGE", INDEX, (), extent))
+            for x in inner:
+                emit(*x)
+            insts.append(LInst("ENDRANGE", None, (r,)))
+        for x in loops:
+            emit(*x)
+        return LoopKernel("eqk", [], insts)
+    # b(32) { w(16) { m(4) s(4) o(2) { o2(2) } } } -> RANGEs 0, 1, 2, 4, 6, 7
+    k = nest((32, (16, (4,), (4,), (2, (2,)))))
+    assert _short_nests(k, set()) == ({1}, {2, 4, 6, 7}) and _outer_loops(k) == {0, 1, 6}
+    assert _short_nests(k, {1}) == ({6}, {7})                          # w of a run-time extent
+    assert _short_nests(nest((8, (16,))), set()) == (set(), set())     # a loop of 16: a vector
+    assert _short_nests(nest((8, (10,), (6,))), set()) == ({0}, {1, 3})  # 10 and 6: each < 16
+    assert _short_nests(nest((8, (4, (4,)))), set()) == ({1}, {2})     # the 8 holds 16 in all
+    assert GATHER_TRIP == 16
+
+    x = data((2, 3, 8, 8), seed=7)
+    g = data((2, 3, 4, 4), seed=8)
+    t = Tensor(x, device="LLVM", requires_grad=True)
+    y = F.max_pool2d(t, 2)
+    (y * Tensor(g, device="LLVM")).sum().backward()
+    w = x.reshape(2, 3, 4, 2, 4, 2)
+    m = w.max((3, 5), keepdims=True)
+    hit = (w == m).astype(np.float32)
+    ref = (hit * (g[:, :, :, None, :, None] / hit.sum((3, 5), keepdims=True))).reshape(x.shape)
+    np.testing.assert_allclose(y.numpy(), m.reshape(2, 3, 4, 4), rtol=1e-6)
+    np.testing.assert_allclose(t.grad.numpy(), ref, rtol=1e-5, atol=1e-6)
+    a = F.avg_pool2d(Tensor(x, device="LLVM"), 3, 1).numpy()
+    np.testing.assert_allclose(a, np.lib.stride_tricks.sliding_window_view(x, (3, 3), (2, 3)).mean((-1, -2)),
+                               rtol=1e-5, atol=1e-6)
 
 
 def test_masked_reads_load_under_their_mask():
