@@ -120,6 +120,39 @@ def test_a_product_with_a_transposed_weight_gets_a_dot_block(m, n, k):
         assert not off.lanes and not off.dot
 
 
+def test_the_register_block_reuses_the_vector_loaded_operand():
+    """The register block's second lane axis is the innermost output axis along which the operand
+    the lanes load as vectors keeps its index (lower/passes.py ``block_axis``): a convolution's
+    output channels (its input is loaded along the output columns and read at the same place for
+    every channel), where the axis before the last (the output rows) re-read the input for every
+    row; a matmul's rows, also in a batch; the axis before the last where no axis keeps it. The
+    numbers are NumPy's."""
+    from eqgrad.lower.passes import block_axis, schedule_kernel
+    from eqgrad.nn import functional as F
+    rng = np.random.default_rng(11)
+
+    def contraction(out: Tensor):
+        got = out.numpy()
+        (kern,) = [k for k in engine.last_plan.plan.kernels if any(n.op == "RSUM" for n in k.ast.walk())]
+        return got, kern
+    x, w = rng.standard_normal((2, 4, 8, 16)).astype(np.float32), rng.standard_normal((16, 4, 3, 3)).astype(np.float32)
+    with eqgrad.Context(BLAS=0):
+        got, kern = contraction(F.conv2d(Tensor(x), Tensor(w), padding=1))
+    xp = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
+    ref = sum(np.einsum("bchw,oc->bohw", xp[:, :, i:i + 8, j:j + 16], w[:, :, i, j]) for i in range(3) for j in range(3))
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
+    assert block_axis(kern.ast) == 1 and dict(schedule_kernel(kern).lanes) == {1: 8, 3: 16}
+    a, b = rng.standard_normal((4, 16, 32)).astype(np.float32), rng.standard_normal((4, 32, 64)).astype(np.float32)
+    with eqgrad.Context(BLAS=0):
+        got, kern = contraction(Tensor(a) @ Tensor(b))
+    np.testing.assert_allclose(got, a @ b, rtol=1e-4, atol=1e-4)
+    assert block_axis(kern.ast) == 1 and 1 in dict(schedule_kernel(kern).lanes)
+    c = rng.standard_normal((3, 4, 8, 64)).astype(np.float32)
+    got, kern = contraction(Tensor(c).sum(0))
+    np.testing.assert_allclose(got, c.sum(0), rtol=1e-5, atol=1e-5)
+    assert block_axis(kern.ast) == 1                 # (4, 8, 64): the load varies along both axes
+
+
 @pytest.mark.parametrize("m,k,n,transposed", [(128, 2048, 128, False), (136, 1024, 256, True), (384, 4096, 80, False)])
 def test_cache_tiled_matmul(m, k, n, transposed):
     """Large contractions get a tile loop: (tiles, column blocks, 8 row blocks, reduce); results
