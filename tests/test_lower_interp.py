@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Callable
 
+import math
+
 import numpy as np
 import pytest
 
@@ -218,15 +220,42 @@ def test_softmax_computes_exp_once_per_element(case, plans):
 def test_attention_is_one_kernel_that_computes_each_score_once(case, plans):
     """The row stash pass: softmax(q @ k.T) @ v as one kernel (under a memory bound) stores each
     row's scores and exp2 in local arrays -- computed once per element, not in each of the row's
-    three passes -- and the output row's values are register lanes after the row's loops."""
+    three passes -- and the output row's values are register lanes after the row's loops. The rows
+    of a row block (lanes on the query axis too, ``passes.row_block``) each have their slot in the
+    arrays: one exp2 per row of the block."""
     (k,) = plans[case].kernels
     sched = passes.schedule_kernel(k)
     assert sched.hoist and sched.lanes and {n.op for n in sched.row_stash} == {"RSUM", "EXP2"}
+    last = max(d for d, _ in sched.lanes)
+    rows = math.prod(w for d, w in sched.lanes if d != last)
     lk = lower_kernel(k, plans[case])
     assert sum(x.op == "DEFLOCAL" for x in lk.insts) == 2
-    assert sum(x.op == "EXP2" for x in lk.insts) == 1
+    assert sum(x.op == "EXP2" for x in lk.insts) == rows
     off = lower_kernel(k, plans[case], options=LowerOptions(disabled={"row stash"}))
-    assert sum(x.op == "EXP2" for x in off.insts) > 1 and not any(x.op == "DEFLOCAL" for x in off.insts)
+    assert sum(x.op == "EXP2" for x in off.insts) > rows and not any(x.op == "DEFLOCAL" for x in off.insts)
+
+
+def test_a_row_block_reduces_several_query_rows_at_once(plans):
+    """A row-fused kernel with lanes (attention as one kernel) reduces a block of rows together
+    (``passes.row_block``): the rows' max, sum and row-stash values in one loop nest, one
+    accumulator and one array slot a row, so the keys and values are read once per block, not once
+    per row. 12 query rows: blocks of 6 (the largest divisor up to 8 that leaves a row loop), 6 max
+    accumulators; the numbers are the interpreter's of the kernel without the block. No block where
+    the kernel hoists nothing at its row loop, or has one row."""
+    plan = plans["attention"]
+    (k,) = plan.kernels
+    sched = passes.schedule_kernel(k)
+    assert dict(sched.lanes) == {1: 6, 2: 8}
+    lk = lower_kernel(k, plan)
+    assert sum(x.op == "DEFACC" and x.arg == float("-inf") for x in lk.insts) == 6
+    bufs = _inputs(plan)
+    _same(_run(k, plan, bufs), bufs[k.out], "row block")
+    one = _run(k, plan, bufs, upcast=(8, 1))                   # lanes forced on the last axis alone
+    _same(one, bufs[k.out], "one row at a time")
+    assert passes.schedule_kernel(k, LowerOptions(upcast=(8, 1))).lanes == ((2, 8),)
+    for case in ("matmul_lanes", "full_variance"):
+        (kk,) = [x for x in plans[case].kernels if any(n.op in ("RSUM", "RMAX") for n in x.ast.walk())][-1:]
+        assert passes.row_block(kk.ast, 8, (8, 4, 2), 8192) == 1, case
 
 
 def test_the_stash_is_stored_only_by_a_loop_over_the_unopened_row(plans):

@@ -184,7 +184,7 @@ class Lowerer:
         if n is self.sched.stash and valid is None:
             v = self._stashed_value(n, idx, lambda: self._render(n, idx, valid))
         elif id(n) in self._rows and valid is None:
-            v = self._row_value(n, idx, lambda: self._render(n, idx, valid))
+            v = self._row_values(n, (idx,), lambda: (self._render(n, idx, valid),))[0]
         else:
             v = self._render(n, idx, valid)
         self.memo[key] = v
@@ -234,21 +234,34 @@ class Lowerer:
         return self._reduce_lanes(n, (idx,), (valid,))[0]
 
     # ------------------------------------------------------------------ hoisting (row fusion)
-    def hoist(self, out_idx: list[Lin | None], nodes: tuple[KNode, ...]) -> None:
+    def hoist(self, out_idx: list[Lin | None], nodes: tuple[KNode, ...], axis: int = -1, rows: int = 1) -> None:
         """Render now, in the current loop, the reductions ``nodes`` (the hoist pass's choice for
         this loop), each at the index it is read at from the root, after the reductions it uses.
         ``out_idx`` is None for the output axes still to open. Each row's max/sum/mean/variance is
         then reduced once, in its own loop inside the row loop, before the loop over the row's
-        outputs; the main pass finds them memoized under the same key."""
+        outputs; the main pass finds them memoized under the same key. With ``rows`` lanes on output
+        ``axis`` (the lanes pass's row block), the rows ``out_idx[axis] + 0 .. rows - 1`` are reduced
+        together, one accumulator each in one loop nest: what they read alike (attention's keys and
+        values) is loaded once for all of them."""
         root = self.kernel.ast
-        idx = tuple(i if i is not None else Lin.var(f"_o{d}", s) for d, (i, s) in enumerate(zip(out_idx, root.shape)))
+        per_row = []
+        for u in range(rows):
+            at = list(out_idx)
+            if rows > 1:
+                at[axis] = at[axis] + u
+            idx = tuple(i if i is not None else Lin.var(f"_o{d}", s) for d, (i, s) in enumerate(zip(at, root.shape)))
+            per_row.append(hoistable(root, idx, self.has_reduce, self._dry_sources))
         chosen = {id(n) for n in nodes}
-        for n, ix in hoistable(root, idx, self.has_reduce, self._dry_sources):
+        for found in zip(*per_row):
+            n, ix = found[0]
+            if any(m is not n for m, _ in found):
+                raise AssertionError("internal: the rows of a row block hoist different reductions")
             if id(n) in chosen:
-                self._stash_in = n if self._covers_the_row(n, ix, out_idx) else None
-                self._open_rows(n, ix)
+                # (the stash pass's output value is kept for a single row only)
+                self._stash_in = n if rows == 1 and self._covers_the_row(n, ix, out_idx) else None
+                self._open_rows(n, ix, rows)
                 self._hoisting, self._hoist_vars = n, set()
-                self.render_lanes(n, (ix,), (None,))      # the key the main pass looks up
+                self.render_lanes(n, tuple(i for _, i in found), (None,) * rows)   # the key the main pass looks up
                 self._hoisting, self._stash_in = None, None
                 for key, row in list(self._rows.items()):
                     if row.by is n:           # kept from now on, or (never stored) not kept
@@ -258,9 +271,10 @@ class Lowerer:
                             del self._rows[key]
 
     # ------------------------------------------------------------------ the row stash
-    def _open_rows(self, red: KNode, ix: tuple[Lin, ...]) -> None:
+    def _open_rows(self, red: KNode, ix: tuple[Lin, ...], rows: int = 1) -> None:
         """Declare, before hoisted reduction ``red``'s loop, a local array for each row-stash value
-        not yet kept that ``red`` computes over its own loop: the array that loop stores it into."""
+        not yet kept that ``red`` computes over its own loop: the array that loop stores it into,
+        ``rows`` rows of it for a row block."""
         for x in self.sched.row_stash:
             if id(x) in self._rows:
                 continue
@@ -268,7 +282,7 @@ class Lowerer:
             if axes is None:
                 continue
             extent = numel(tuple(x.shape[d] for d in axes))
-            if extent > ROW_STASH_MAX:
+            if extent * rows > ROW_STASH_MAX:
                 continue
             # the array's extent is the power of two at or above the row's: the kernels of a
             # growing row (a decode step's cache) share their code (devices/sizeargs.py: the extent
@@ -277,8 +291,8 @@ class Lowerer:
             cap = 16
             while cap < extent:
                 cap *= 2
-            arr = self.emit("DEFLOCAL", x.dtype, (), cap, cse=False)
-            self._rows[id(x)] = _RowArray(arr, red, axes)
+            arr = self.emit("DEFLOCAL", x.dtype, (), cap * rows, cse=False)
+            self._rows[id(x)] = _RowArray(arr, red, axes, cap)
 
     def _stash_layout(self, red: KNode, ix: tuple[Lin, ...], x: KNode) -> tuple[int, ...] | None:
         """The axes of ``x`` that hoisted reduction ``red`` (at ``ix``) loops over where it reads
@@ -318,20 +332,25 @@ class Lowerer:
                 return None               # an output axis not open yet, or another reduction's loop
         return tuple(axes) or None
 
-    def _row_value(self, n: KNode, idx: tuple[Lin, ...], compute) -> int:
-        """A row-stash value at ``idx``: loaded from its local array once the row's loop that keeps
-        it has stored it (at the same row), stored there while that loop computes it, else computed."""
+    def _row_values(self, n: KNode, idxs: tuple, compute) -> tuple[int, ...]:
+        """A row-stash value at the lanes ``idxs`` (one index, or a row block's): loaded from its local
+        array once the row's loop that keeps it has stored it (at the same rows), stored there while
+        that loop computes it (each row of a block at its own offset), else computed."""
         row = self._rows[id(n)]
         if row.done:
-            if row.same_row(idx):
-                return self.emit("LOAD", n.dtype, (row.arr, self.index(row.element(idx, n.shape))), cse=False)
+            slots = [row.slot(i) for i in idxs]
+            if None not in slots:
+                return tuple(self.emit("LOAD", n.dtype, (row.arr, self.index(row.element(i, n.shape, k))), cse=False)
+                             for i, k in zip(idxs, slots))
             return compute()
         v = compute()
-        if self._hoisting is row.by and self._keeps(row, idx, n.shape):
-            if row.row is None:
-                row.row = tuple(None if d in row.axes else l for d, l in enumerate(idx))
-            if row.same_row(idx):
-                self.emit("STORE", None, (row.arr, self.index(row.element(idx, n.shape)), v), cse=False)
+        if self._hoisting is row.by and all(self._keeps(row, i, n.shape) for i in idxs):
+            if row.rows is None:
+                row.rows = [row.pattern(i) for i in idxs]
+            slots = [row.slot(i) for i in idxs]
+            if None not in slots:
+                for i, k, x in zip(idxs, slots, v):
+                    self.emit("STORE", None, (row.arr, self.index(row.element(i, n.shape, k)), x), cse=False)
                 row.stored = True
         return v
 
@@ -402,8 +421,8 @@ class Lowerer:
             return hit
         if n is self.sched.stash and valids == (None,):
             out = (self._stashed_value(n, idxs[0], lambda: self._render_lanes(n, idxs, valids)[0]),)
-        elif id(n) in self._rows and valids == (None,):
-            out = (self._row_value(n, idxs[0], lambda: self._render_lanes(n, idxs, valids)[0]),)
+        elif id(n) in self._rows and all(v is None for v in valids):
+            out = self._row_values(n, idxs, lambda: self._render_lanes(n, idxs, valids))
         else:
             out = self._render_lanes(n, idxs, valids)
         self.memo[key] = out
@@ -579,6 +598,8 @@ class Lowerer:
                 out_idx[d] = r * w
                 if w > 1:
                     lane_axes.append(d)
+                    if len(loops) in hoist_at:           # a row block (passes.Lanes): w rows at once
+                        self.hoist(out_idx, hoist_at[len(loops)], d, w)
                 elif len(loops) in hoist_at:
                     self.hoist(out_idx, hoist_at[len(loops)])
         if not loops and 0 in hoist_at:
@@ -610,20 +631,26 @@ class Lowerer:
 
 class _RowArray:
     """A row-stash value's local array: the DEFLOCAL, the hoisted reduction whose loop stores it, the
-    value's axes that the array holds (the rest are the row's: ``row``, set by the first store)."""
-    __slots__ = ("arr", "by", "axes", "row", "stored", "done")
+    value's axes that the array holds, and ``cap`` elements a row; the rest of an index names its
+    row: ``rows``, the row each slot of the array holds (set by the first store; a row block has
+    one slot per row)."""
+    __slots__ = ("arr", "by", "axes", "cap", "rows", "stored", "done")
 
-    def __init__(self, arr: int, by: KNode, axes: tuple[int, ...]) -> None:
-        self.arr, self.by, self.axes = arr, by, axes
-        self.row: tuple | None = None
+    def __init__(self, arr: int, by: KNode, axes: tuple[int, ...], cap: int) -> None:
+        self.arr, self.by, self.axes, self.cap = arr, by, axes, cap
+        self.rows: list[tuple] | None = None
         self.stored = self.done = False
 
-    def same_row(self, idx: tuple[Lin, ...]) -> bool:
-        """Whether ``idx`` reads the row the array was stored for (its axes but the kept ones)."""
-        return all(r is None or i == r for i, r in zip(idx, self.row))
+    def pattern(self, idx: tuple[Lin, ...]) -> tuple:
+        return tuple(None if d in self.axes else l for d, l in enumerate(idx))
 
-    def element(self, idx: tuple[Lin, ...], shape: tuple[int, ...]) -> Lin:
-        return flat_index(tuple(idx[d] for d in self.axes), tuple(shape[d] for d in self.axes))
+    def slot(self, idx: tuple[Lin, ...]) -> int | None:
+        """The slot holding the row ``idx`` reads (its axes but the kept ones), or None."""
+        p = self.pattern(idx)
+        return next((k for k, r in enumerate(self.rows or ()) if r == p), None)
+
+    def element(self, idx: tuple[Lin, ...], shape: tuple[int, ...], slot: int) -> Lin:
+        return flat_index(tuple(idx[d] for d in self.axes), tuple(shape[d] for d in self.axes)) + slot * self.cap
 
 
 def _zero(dt: DType) -> Any:
