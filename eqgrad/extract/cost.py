@@ -21,11 +21,16 @@
   lowering gives register lanes or hands to the BLAS; ``contraction`` is their rate, ``peak`` the
   rate of everything else (streaming elementwise work). ``contraction`` 0 means ``peak``;
   calibration measures both (matmul 512 as a generated kernel, the BLAS off; independent FMA chains). The LLVM default is
-  150 GFLOP/s, what contractions run at on the two machines measured: a CNN step's three 302-MFLOP
-  convolution kernels at 160-195 GFLOP/s (Zen 5, two cores; predicted at the one 50 GFLOP/s rate,
-  1.5-1.7 against 6.0 ms), and on a 2-vCPU Xeon (AVX-512) matmul 512 at 215-270, Linear 480 at
-  255-270, attention's products at 140-165 GFLOP/s (bench_core). With contraction = peak the
-  default parameters predicted 60 % of bench_model's kernels within 2x, with 150 GFLOP/s 82 %.
+  250 GFLOP/s, the middle of what generated contractions run at: on a 2-vCPU Xeon (AVX-512, Rocket
+  Lake, two threads, the BLAS off, medians of 7) matmul 512 220, 1024 142, (480, 384) @ (384,
+  1536) 118-125 (its B streamed again for each block of rows), convolutions (32, 32|16, 32, 32) by
+  3 x 3 340-367, attention's batched products 265-319, (64, 256, 64) @ (64, 64, 256) 299 GFLOP/s
+  (the median of these nine 265). It was 150, what they ran at before the register block's second
+  axis was chosen for reuse (lower/passes.py ``block_axis``: a CNN step's 302-MFLOP convolutions
+  160-195 GFLOP/s on a Zen 5, now 308-417 on the Xeon) and before the row blocks; bench_model with
+  the defaults then put those convolutions 2.1-2.8x too slow and 87-94 % of its kernels within 2x
+  (91-92 % at 250), with no plan of bench_core changed by the new rate (kernels and bytes of every
+  row the same). With contraction = peak the default parameters had predicted 60 % within 2x.
   That rate is a register-blocked contraction's: one the lowering gives no lanes at all runs at
   ``contraction * fill`` (``KernelStats.fill``: one lane axis's share of the block, 1/8 on the CPU;
   graph/caps.py ``Capabilities.block_fill``, docs/extraction.md). A large GEMM the device hands its
@@ -135,10 +140,10 @@ class DeviceParams:
 
 
 DEFAULT_PARAMS: dict[str, DeviceParams] = {
-    # contraction: 150 GFLOP/s, 3x the elementwise peak (see "kernel classes" above)
+    # contraction: 250 GFLOP/s, what generated contractions run at (see "kernel classes" above)
     # cold: 6 us more after a stream larger than a core's L2 (see "launch after a stream" above);
     # row_pass: 2 ns a loop over a row of a row-fused kernel ("row passes" above)
-    "LLVM": DeviceParams(contraction=150e9, cold=6e-6, stream_bytes=private_cache_bytes(), row_pass=2e-9,
+    "LLVM": DeviceParams(contraction=250e9, cold=6e-6, stream_bytes=private_cache_bytes(), row_pass=2e-9,
                          source="default"),
     "NUMPY": DeviceParams(launch=20e-6, bandwidth=5e9, peak=2e9, source="default"),
     # PoCL 3.1, 2 cores (calibrated). No row fusion: PoCL vectorizes across work-items, not a
