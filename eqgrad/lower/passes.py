@@ -610,17 +610,27 @@ def lane_block(root: KNode, body: int, lanes_last: tuple[int, ...], lanes_prev: 
 
 
 def _lane_nodes(root: KNode) -> int:
-    """The nodes a row-fused kernel renders once per output lane: its body but what lies below a
-    reduction that is not the root's own (a row's value, rendered once per row and read back)."""
-    own, seen, todo = _own_reductions(root), set(), [root]
+    """The nodes a row-fused kernel renders once per lane of its last output axis: those read at an
+    index that varies along that axis (a dry run of the index function), not entering a reduction
+    that is not the root's own (a row's value, rendered once per row and read back). Attention as
+    one kernel: the head dim's product with v and what follows it, not the probabilities, which
+    every lane of a row reads alike (8 of its 36 nodes)."""
+    big = [d for d, n in enumerate(root.shape) if n > 1]
+    lane = f"o{big[-1]}"
+    own = _own_reductions(root)
+    seen: set = set()
+    counted: set[int] = set()
+    todo: list[tuple[KNode, tuple[Lin, ...]]] = [(root, tuple(Lin.var(f"o{d}", n) for d, n in enumerate(root.shape)))]
     while todo:
-        n = todo.pop()
-        if id(n) in seen:
+        n, ix = todo.pop()
+        if (id(n), ix) in seen:
             continue
-        seen.add(id(n))
+        seen.add((id(n), ix))
+        if any(lane in substitute_free(i) for i in ix):
+            counted.add(id(n))
         if n.op not in REDUCES or id(n) in own:
-            todo.extend(n.src)
-    return len(seen)
+            todo.extend(dry_sources(n, ix, "_r"))
+    return max(1, len(counted))
 
 
 def row_block(root: KNode, body: int, lanes_prev: tuple[int, ...], body_max: int) -> int:
@@ -634,9 +644,10 @@ def row_block(root: KNode, body: int, lanes_prev: tuple[int, ...], body_max: int
     (``Lowerer.hoist``), so what the rows read alike is loaded once for all of them: attention as
     one kernel (``softmax(q @ k.T) @ v``, no score matrix) read all of K and V from cache once per
     query row -- a stream of L2 whatever the instructions; with 4 rows at once, once per 4.
-    Measured (2-vCPU Intel Xeon, Rocket Lake, two threads, kernel time, heads 4, head dim 64):
-    1,024 keys 15.2 -> 8.6 ms (rows 2: 11.7; 8, past the body bound here: 8.6), 256 keys 0.98 ->
-    0.63 ms."""
+    Measured (2-vCPU Intel Xeon, Rocket Lake, two threads, kernel time, heads 4): head dim 64, 1,024
+    keys 15.2-15.7 -> 8.2 ms with 8 rows (4: 8.6-9.8, 2: 11.4-11.7), 256 keys 0.98 -> 0.58 ms; head
+    dim 128, 1,024 keys 24.8 -> 14.1 ms (4: 16.0, 2: 18.1) -- 8 x 128 accumulator lanes spill on
+    AVX-512 and still win."""
     big = [d for d, n in enumerate(root.shape) if n > 1]
     if len(big) < 2 or not any(k == len(big) - 1 for k, _ in _row_entries(root)):
         return 1
