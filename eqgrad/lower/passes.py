@@ -596,8 +596,9 @@ def _step(flat: Lin, var: str) -> int | None:
 
 def lane_block(root: KNode, body: int, lanes_last: tuple[int, ...], lanes_prev: tuple[int, ...],
                body_max: int) -> tuple[int, int]:
-    """The lanes pass's widths for ``root`` (its condition holding): ``register_block``, on the last
-    axis alone for a row-fused kernel; the second width is for the axis ``block_axis`` picks."""
+    """The lanes pass's widths for ``root`` (its condition holding): ``register_block``, the second
+    width for the axis ``block_axis`` picks; for a row-fused kernel, on the last axis alone and the
+    row block (``row_block``, on the axis before it)."""
     big = [d for d, n in enumerate(root.shape) if n > 1]
     if row_lanes(root):
         w1, _ = register_block((root.shape[big[-1]],), body, lanes_last, lanes_prev, body_max)
@@ -605,8 +606,8 @@ def lane_block(root: KNode, body: int, lanes_last: tuple[int, ...], lanes_prev: 
     if len(big) < 2:
         return register_block(root.shape, body, lanes_last, lanes_prev, body_max)
     prev = block_axis(root)
-    return register_block(tuple(root.shape[d] for d in big if d not in (prev, big[-1])) + (root.shape[prev], root.shape[big[-1]]),
-                          body, lanes_last, lanes_prev, body_max)
+    shape = tuple(root.shape[d] for d in big if d not in (prev, big[-1])) + (root.shape[prev], root.shape[big[-1]])
+    return register_block(shape, body, lanes_last, lanes_prev, body_max)
 
 
 def _lane_nodes(root: KNode) -> int:
@@ -638,7 +639,7 @@ def row_block(root: KNode, body: int, lanes_prev: tuple[int, ...], body_max: int
     per output lane, ``_lane_nodes``, times the lanes on its last axis) the lowering reduces at
     once: where the kernel hoists reductions at its row loop (the output axis before the last), the
     largest divisor of the rows up to ``max(lanes_prev)``, and below their number, that keeps
-    ``body`` x rows within ``body_max`` and each row-stash array (the longest hoisted reduction's
+    ``body`` x rows within ``body_max`` and each row-stash array (at most the longest reduction's
     extent a row) within ``ROW_STASH_MAX``; 1 otherwise.
     The hoisted reductions of a block's rows then run in one loop nest with one accumulator a row
     (``Lowerer.hoist``), so what the rows read alike is loaded once for all of them: attention as
