@@ -26,6 +26,7 @@ division and a modulo of the merged loop variable, which the index arithmetic fo
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Callable, Iterable
 
 from eqgrad.graph.plan import GROUP, Kernel, KNode, broadcast_product
 from eqgrad.lower.indexing import REDUCES, dry_sources, flat_index
@@ -102,12 +103,7 @@ def merge_axes(kernel: Kernel) -> Kernel:
     coefs = _read_strides(root, out, {f"o{d}": d for d in axes}, _NO_MERGE)   # (a GROUP: each root)
     if coefs is None:
         return kernel
-    groups = [[axes[0]]]
-    for d in axes[1:]:
-        if _steps_as_one(coefs, groups[-1][-1], d, shape[d]):
-            groups[-1].append(d)
-        else:
-            groups.append([d])
+    groups = _runs(axes, lambda a, d: _steps_as_one(coefs, a, d, shape[d]))
     if len(groups) == len(axes):
         return kernel
     merged = tuple(numel(tuple(shape[d] for d in g)) for g in groups)
@@ -147,6 +143,17 @@ def _read_strides(start: KNode, idx: tuple, names: dict[str, int], stop) -> list
     return coefs
 
 
+def _runs(dims: Iterable[int], joins: Callable[[int, int], bool]) -> list[list[int]]:
+    """``dims`` in runs: each joins the run before it where ``joins(the run's last, it)`` holds."""
+    groups: list[list[int]] = []
+    for d in dims:
+        if groups and joins(groups[-1][-1], d):
+            groups[-1].append(d)
+        else:
+            groups.append([d])
+    return groups
+
+
 def _steps_as_one(coefs: list[dict[int, int]], outer: int, inner: int, extent: int) -> bool:
     """Whether every read steps ``extent`` times as far along axis ``outer`` as along the next axis
     ``inner`` (both contiguous, both broadcast, or a transpose's inner pair): the two are one axis."""
@@ -171,12 +178,7 @@ def _merged_reduction(red: KNode, src: KNode) -> KNode | None:
     coefs = _reduce_strides(red)
     if coefs is None:
         return None
-    groups: list[list[int]] = []
-    for d in range(len(shape)):
-        if groups and d - 1 in axes and d in axes and _steps_as_one(coefs, d - 1, d, shape[d]):
-            groups[-1].append(d)
-        else:
-            groups.append([d])
+    groups = _runs(range(len(shape)), lambda a, d: a in axes and d in axes and _steps_as_one(coefs, a, d, shape[d]))
     if len(groups) == len(shape):
         return None
     merged = tuple(numel(tuple(shape[d] for d in g)) for g in groups)

@@ -256,12 +256,11 @@ class Lanes(Pass):
         o, forced = ctx.options, ctx.options.upcast
         w1s, w0s = ((forced[0],), (forced[1],)) if forced is not None else (o.lanes_last, o.lanes_prev)
         # the widths as the cost model prices them (graph/caps.py, Capabilities.block_fill)
-        w1, w0 = lane_block(ctx.root, len(ctx.root.walk()), w1s, w0s, o.lane_body_max)
+        w1, w0, second = _lane_widths(ctx.root, len(ctx.root.walk()), w1s, w0s, o.lane_body_max)
         big = [d for d, n in enumerate(shape) if n > 1]
         up = {big[-1]: w1} if w1 > 1 else {}
         if w0 > 1:
-            # a row-fused kernel's second lanes are its row block, on the row axis (``row_block``)
-            up[big[-2] if row_lanes(ctx.root) else block_axis(ctx.root)] = w0
+            up[second] = w0
         return replace(s, lanes=tuple(sorted(up.items())))
 
     def describe(self, s: Schedule) -> str:
@@ -599,15 +598,22 @@ def lane_block(root: KNode, body: int, lanes_last: tuple[int, ...], lanes_prev: 
     """The lanes pass's widths for ``root`` (its condition holding): ``register_block``, the second
     width for the axis ``block_axis`` picks; for a row-fused kernel, on the last axis alone and the
     row block (``row_block``, on the axis before it)."""
+    return _lane_widths(root, body, lanes_last, lanes_prev, body_max)[:2]
+
+
+def _lane_widths(root: KNode, body: int, lanes_last: tuple[int, ...], lanes_prev: tuple[int, ...],
+                 body_max: int) -> tuple[int, int, int]:
+    """``lane_block``'s widths and the axis the second one is on (-1 with none), worked out once."""
     big = [d for d, n in enumerate(root.shape) if n > 1]
     if row_lanes(root):
         w1, _ = register_block((root.shape[big[-1]],), body, lanes_last, lanes_prev, body_max)
-        return w1, row_block(root, _lane_nodes(root) * w1, lanes_prev, body_max) if w1 > 1 else 1
+        rows = row_block(root, _lane_nodes(root) * w1, lanes_prev, body_max) if w1 > 1 else 1
+        return w1, rows, big[-2] if rows > 1 else -1
     if len(big) < 2:
-        return register_block(root.shape, body, lanes_last, lanes_prev, body_max)
+        return (*register_block(root.shape, body, lanes_last, lanes_prev, body_max), -1)
     prev = block_axis(root)
     shape = tuple(root.shape[d] for d in big if d not in (prev, big[-1])) + (root.shape[prev], root.shape[big[-1]])
-    return register_block(shape, body, lanes_last, lanes_prev, body_max)
+    return (*register_block(shape, body, lanes_last, lanes_prev, body_max), prev)
 
 
 def _lane_nodes(root: KNode) -> int:
