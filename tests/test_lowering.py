@@ -581,7 +581,9 @@ def test_the_thread_split_is_probed_one_thread_first_then_split(monkeypatch):
     that had left half the output in the other core's cache and ran ~6x slower than it does
     steadily, so the split won where one thread was 4x faster (a 256K-element multiply on a
     2-vCPU VM). Modelled here with a clock: one-thread runs cost 1 (6 right after a split run),
-    split runs 2."""
+    split runs 2. The threads a split run uses are made before the first probe, untimed
+    (``start_threads``): a first split probe that compiled and started the native workers took
+    42.7 ms where split runs take 12.5 and one thread 18.8, and the kernel stayed on one thread."""
     import eqgrad.devices.cpu as cpu
     from eqgrad.devices import get_device
     dev = get_device("LLVM")
@@ -604,9 +606,25 @@ def test_the_thread_split_is_probed_one_thread_first_then_split(monkeypatch):
     monkeypatch.setattr(cpu.time, "perf_counter", lambda: now[0])
     monkeypatch.setattr(dev, "_split_run", split_run)
     monkeypatch.setattr(cpu, "PARALLEL_MIN", None)
+    monkeypatch.setattr(dev, "start_threads", lambda threads: ran.append(f"start {threads}"))
     prg = Prg()
     for _ in range(cpu.SPLIT_PROBES + 3):
         dev.launch(K(), prg, [], 1024, 2)
+    assert ran[0] == "start 2"
+    ran = ran[1:]
     half = cpu.SPLIT_PROBES // 2
     assert ran[:cpu.SPLIT_PROBES] == ["one"] * half + ["split"] * (cpu.SPLIT_PROBES - half)
     assert ran[cpu.SPLIT_PROBES:] == ["one"] * 3, ran
+
+
+def test_start_threads_makes_the_split_runs_threads():
+    """``LLVMDevice.start_threads`` leaves the threads a split run takes running: the native
+    workers where the platform has them, else the Python pool's threads."""
+    from eqgrad.devices import get_device, spin
+    dev = get_device("LLVM")
+    dev.start_threads(2)
+    if spin.available():
+        w = spin.workers(2)
+        assert w is not None and len(w._threads) == 1
+    else:
+        assert len(dev.pool(2)._threads) == 1
