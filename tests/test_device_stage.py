@@ -185,6 +185,36 @@ def test_a_lane_pack_is_only_made_where_it_pays_and_gives_lanes():
     assert lane_pack(body(_t(64, 32).sum(1)), opts) is None
 
 
+@pytest.mark.parametrize("threads", ["1", "2"])
+def test_attention_as_one_kernel_reads_a_packed_k_for_its_scores(threads, monkeypatch):
+    """Attention as one kernel (under a memory bound) reads k along the keys a head dim apart; the
+    device packs k with the keys innermost first (lower/passes.py ``row_pack``), and the kernel's
+    scores are register blocks over the keys (``RowDots``); the output is NumPy's, with and without
+    a causal mask. No pack where the keys are not a multiple of the lane width."""
+    from eqgrad.lower.passes import LowerOptions, row_pack, schedule_kernel
+    monkeypatch.setenv("EQGRAD_THREADS", threads)
+    q, k, v = _t(1, 2, 64, 16), _t(1, 2, 64, 16), _t(1, 2, 64, 16)
+    mask = Tensor(np.triu(np.full((64, 64), -np.inf, np.float32), 1), device="LLVM")
+    for m in (None, mask):
+        s = q @ k.transpose(-2, -1) * 0.25
+        o = (s if m is None else s + m).softmax(-1) @ v
+        with eqgrad.Context(PEAK_MEMORY=4 * 64 * 32):
+            ex = eqgrad.explain(o)
+            dp = ex.device_plan()
+            got = o.numpy()
+        assert len(ex.plan.kernels) == 1 and len(dp.plan.kernels) == 2, dp.notes
+        assert "row-fused kernel" in dp.notes[0] and [list(sh) for sh, _ in dp.scratch] == [[1, 2, 1, 16, 64]]
+        pack, body = dp.plan.kernels
+        assert pack.out in body.inputs and schedule_kernel(body).row_dots
+        assert not schedule_kernel(ex.plan.kernels[0]).row_dots
+        sn = q.numpy() @ k.numpy().transpose(0, 1, 3, 2) * 0.25 + (0 if m is None else m.numpy())
+        p = np.exp(sn - sn.max(-1, keepdims=True))
+        np.testing.assert_allclose(got, (p / p.sum(-1, keepdims=True)) @ v.numpy(), rtol=1e-4, atol=1e-5)
+    with eqgrad.Context(PEAK_MEMORY=4 * 60 * 32):
+        odd = eqgrad.explain((_t(1, 2, 60, 16) @ _t(1, 2, 60, 16).transpose(-2, -1)).softmax(-1) @ _t(1, 2, 60, 16))
+    assert row_pack(odd.plan.kernels[0].ast, LowerOptions()) is None
+
+
 def test_the_blas_is_timed_against_the_packed_kernel(monkeypatch, capsys, tmp_path):
     """With the BLAS on, a batch of products the BLAS may run is timed against the generated kernel
     with its lane pack (what the device would run), and the faster is kept."""

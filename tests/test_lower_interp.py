@@ -75,6 +75,9 @@ CORPUS: dict[str, Callable[[], Tensor]] = {
     "attention_causal": lambda: ((_t(1, 2, 10, 8) @ _t(1, 2, 10, 8, seed=1).transpose(-1, -2) * 0.3)
                                  + Tensor(np.triu(np.full((10, 10), -np.inf, np.float32), 1), device="NUMPY"))
                                 .softmax(-1) @ _t(1, 2, 10, 8, seed=2),
+    # k given as k^T (contiguous along the keys), 16 keys: the row-dots pass computes the scores as
+    # register blocks of 8 keys x the block's rows (the device packs k so: lower/passes.py row_pack)
+    "attention_kt": lambda: (_t(2, 16, 8) @ _t(2, 8, 16, seed=1) * 0.3).softmax(-1) @ _t(2, 16, 8, seed=2),
     "empty": lambda: _t(0, 4) + 1,
 }
 def _rope(t: Tensor, c: Tensor, s: Tensor) -> Tensor:
@@ -87,7 +90,7 @@ SMALL = LowerOptions(tile_blocks=2, tile_min_stream=0, sum_block=16, sum_radix=4
 SMALL_CASES = ("matmul_lanes", "sum_blocked", "sum_rows_blocked", "sum_axes", "layernorm", "softmax_long", "linear_dot")
 
 
-BOUNDED = {"attention": 1024, "attention_causal": 1024}     # EQGRAD_PEAK_MEMORY of these cases
+BOUNDED = {"attention": 1024, "attention_causal": 1024, "attention_kt": 1024}     # EQGRAD_PEAK_MEMORY of these cases
 # planned as two kernels, the product then inlined into the kernel that reads it: the RoPE projection
 # as one kernel, whose lowering these cases test -- the extractor keeps the product apart, the cost
 # model counting its sum once per offset it is read at (extract/evaluate.py ``offsets``)
@@ -256,6 +259,29 @@ def test_a_row_block_reduces_several_query_rows_at_once(plans):
     for case in ("matmul_lanes", "full_variance"):
         (kk,) = [x for x in plans[case].kernels if any(n.op in ("RSUM", "RMAX") for n in x.ast.walk())][-1:]
         assert passes.row_block(kk.ast, 8, (8, 4, 2), 8192) == 1, case
+
+
+def test_the_scores_of_a_row_block_are_register_blocks_over_the_keys(plans):
+    """The row-dots pass: attention as one kernel whose k is read in order along the keys (k^T)
+    computes a row block's scores before the row's max as register blocks -- one accumulator a
+    (row, key) for the 8 keys of a lane width and the block's rows, one loop over the keys in steps
+    of 8 -- and stores them into the row-stash array the max, the sum and the output read; its
+    values are the kernel reference's. Not with k read a head dim apart along the keys (the
+    device packs it first), nor where the lane width does not divide the keys."""
+    plan = plans["attention_kt"]
+    (k,) = plan.kernels
+    sched = passes.schedule_kernel(k)
+    rows = dict(sched.lanes)[1]
+    assert [(x.op, r) for x, r in sched.row_dots] == [("RSUM", rows)] and rows == 8
+    lk = lower_kernel(k, plan)
+    # the scores' accumulators: 8 keys x 8 rows, all zero to start with
+    assert sum(x.op == "DEFACC" and x.arg == 0.0 for x in lk.insts) >= 64
+    bufs = _inputs(plan)
+    _same(_run(k, plan, bufs), bufs[k.out], "row dots")
+    off = LowerOptions(disabled={"row dots"})
+    assert not passes.schedule_kernel(k, off).row_dots
+    _same(_run(k, plan, bufs, off), bufs[k.out], "without row dots")
+    assert not passes.schedule_kernel(plans["attention"].kernels[0]).row_dots      # 12 keys, k strided
 
 
 def test_the_stash_is_stored_only_by_a_loop_over_the_unopened_row(plans):

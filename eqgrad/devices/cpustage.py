@@ -13,7 +13,9 @@ and a line per rewrite, which ``explain()`` and ``DEBUG=3`` print. On the CPU th
   layouts, and the elementwise ops after it split off into a kernel of their own
   (lower/contraction.py);
 - a contraction the BLAS does not run whose operand streams across its register lanes' axis (``q @
-  k.T``) with that operand packed first, lanes' axis innermost (lower/passes.py ``lane_pack``);
+  k.T``) with that operand packed first, lanes' axis innermost (lower/passes.py ``lane_pack``), and
+  so the operand of a row-fused kernel's scores that the row-dots pass reads along the keys
+  (attention as one kernel: k, packed as k^T; ``row_pack``);
 - sibling kernels run as one kernel with several outputs (lower/merge.py), none that the BLAS runs.
 
 ``LLVMDevice`` (devices/cpu.py) keeps the runtime: compiling, the thread pool, launching, the
@@ -37,7 +39,7 @@ from eqgrad.graph.plan import Kernel, KernelPlan, KNode, NodeMemo
 from eqgrad.graph.sizes import body_sizes
 from eqgrad.lower import contraction, trace
 from eqgrad.lower.merge import SiblingMerger
-from eqgrad.lower.passes import LowerOptions, lane_pack
+from eqgrad.lower.passes import LowerOptions, lane_pack, row_lanes, row_pack
 from eqgrad.ops import numel
 from eqgrad.lower.split import split_reduction
 
@@ -164,7 +166,8 @@ class CPUStage:
                 kernels += memo[1]
                 extra += memo[2]
                 if notes is not None:
-                    notes.append(f"{k.name}: contraction {k.ast.shape} with an operand packed {list(memo[2][0][0])} "
+                    what = "row-fused kernel" if row_lanes(k.ast) else "contraction"
+                    notes.append(f"{k.name}: {what} {k.ast.shape} with an operand packed {list(memo[2][0][0])} "
                                  "so that its register lanes read it with unit stride (2 kernels)")
                 continue
             if blas_on:
@@ -207,7 +210,7 @@ class CPUStage:
         key = (options.lanes_last, options.lanes_prev, options.lane_body_max, options.dot_block, options.tile_min_stream)
         hit = self._lane_pack_memo.get(k.ast)
         if hit is None or hit[0] != key:
-            hit = self._lane_pack_memo.put(k.ast, (key, lane_pack(k.ast, options)))
+            hit = self._lane_pack_memo.put(k.ast, (key, lane_pack(k.ast, options) or row_pack(k.ast, options)))
         return hit[1]
 
     def _blas_split(self, k, found: contraction.Found, first: int) -> tuple[list, list]:

@@ -151,3 +151,29 @@ def hoistable(root: KNode, idx: Index, has_reduce: dict[int, bool],
 
     walk(root, idx)
     return order
+
+
+def stash_read(red: KNode, ix: Index, x: KNode, sources: Sources = dry_sources) -> Index | None:
+    """The one index at which reduction ``red``, rendered at ``ix``, reads ``x`` in its own loop
+    (a dry run: ``red``'s reduced axes are ``_k{id(red)}_{axis}`` variables; a reduction met on the
+    way whose index does not vary along ``red``'s loop is a value of the row, computed before it,
+    not entered); None where ``x`` is read at more than one index or not at all. The row stash's
+    layout (lower/lowering.py ``Lowerer._stash_layout``) and its dots (lower/passes.py ``RowDots``)."""
+    mine = f"_k{id(red)}_"
+    found: set = set()
+    seen: set = set()
+    todo: list = [(red, ix)]
+    while todo:
+        n, i = todo.pop()
+        if (id(n), i) in seen:
+            continue
+        seen.add((id(n), i))
+        if n is x:
+            found.add(i)
+            continue
+        if n is not red and n.op in REDUCES and not any(
+                v.startswith(mine) for l in i for v in substitute_free(l)):
+            continue
+        todo.extend(sources(n, i, "_k"))
+    return next(iter(found)) if len(found) == 1 else None
+

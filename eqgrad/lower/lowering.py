@@ -33,7 +33,8 @@ from eqgrad.graph.caps import ROW_STASH_MAX
 from eqgrad.graph.loopir import INDEX, NONNEG, LInst, LoopIRError, LoopKernel, verify
 from eqgrad.graph.plan import GROUP, Kernel, KernelPlan, KNode
 from eqgrad.lower.collapse import collapse, merge_axes, merge_reduced
-from eqgrad.lower.indexing import MOVES, REDUCES, dry_sources, flat_index, hoistable, move_index, reduce_map, strides_of
+from eqgrad.lower.indexing import (MOVES, REDUCES, dry_sources, flat_index, hoistable, move_index, reduce_map,
+                                   stash_read, strides_of)
 from eqgrad.lower.passes import LowerOptions, Schedule, describe_steps, run_passes
 from eqgrad.lower.sums import SUM_BLOCK, SUM_RADIX, sum_depth, sum_error_terms, sum_pieces
 from eqgrad.lower import symbolic
@@ -260,6 +261,7 @@ class Lowerer:
                 # (the stash pass's output value is kept for a single row only)
                 self._stash_in = n if rows == 1 and self._covers_the_row(n, ix, out_idx) else None
                 self._open_rows(n, ix, rows)
+                self._row_dots(n, tuple(i for _, i in found))
                 self._hoisting, self._hoist_vars = n, set()
                 self.render_lanes(n, tuple(i for _, i in found), (None,) * rows)   # the key the main pass looks up
                 self._hoisting, self._stash_in = None, None
@@ -294,31 +296,47 @@ class Lowerer:
             arr = self.emit("DEFLOCAL", x.dtype, (), cap * rows, cse=False)
             self._rows[id(x)] = _RowArray(arr, red, axes, cap)
 
+    def _row_dots(self, red: KNode, ixs: tuple) -> None:
+        """The row-dots pass's values (``passes.RowDots``) that hoisted reduction ``red`` (its rows at
+        ``ixs``: one index, or a row block's) keeps in row-stash arrays, computed before its loop as
+        register blocks: a loop over the kept axis in steps of the lanes' width ``W``, and in it, for
+        each group of ``rows_per`` rows, a reduction with one accumulator a (row, element) -- the
+        rows' W values of one element are one vector, the operand the rows share one vector load
+        and the row's own a broadcast -- stored into the arrays; ``red``'s loop then loads them.
+        The scores of attention as one kernel: 64 keys x 4 query rows of q . k a reduction step, not
+        one horizontally summed dot product a key and row."""
+        if not self.sched.row_dots:
+            return
+        width = dict(self.sched.lanes)
+        big = [d for d, n in enumerate(self.kernel.ast.shape) if n > 1]
+        w = width.get(big[-1], 1)
+        for x, rows_per in self.sched.row_dots:
+            row = self._rows.get(id(x))
+            if row is None or row.by is not red or row.stored or len(row.axes) != 1:
+                continue
+            axis = row.axes[0]
+            reads = [stash_read(red, ix, x, self._dry_sources) for ix in ixs]
+            if None in reads or x.shape[axis] % w or len(ixs) % rows_per:
+                continue
+            r = self.open_range(x.shape[axis] // w)
+            for g in range(0, len(ixs), rows_per):
+                idxs = tuple(xi[:axis] + (r * w + u,) + xi[axis + 1:] for xi in reads[g:g + rows_per] for u in range(w))
+                vals = self._render_lanes(x, idxs, (None,) * len(idxs))
+                for j, (idx, v) in enumerate(zip(idxs, vals)):
+                    self.emit("STORE", None, (row.arr, self.index(row.element(idx, x.shape, g + j // w)), v), cse=False)
+            self.close_range(r)
+            row.rows = [row.pattern(xi) for xi in reads]
+            row.stored = row.done = True
+
     def _stash_layout(self, red: KNode, ix: tuple[Lin, ...], x: KNode) -> tuple[int, ...] | None:
         """The axes of ``x`` that hoisted reduction ``red`` (at ``ix``) loops over where it reads
         ``x``, each indexed by one of its loop variables alone over the whole axis, every other axis
-        by the open row loops only (a dry run of the index function); None where ``x`` is read at
+        by the open row loops only (``indexing.stash_read``, a dry run); None where ``x`` is read at
         more than one index, or inside another reduction's loop, or not so."""
-        tag = "_k"
-        mine = f"{tag}{id(red)}_"
-        found: set = set()
-        seen: set = set()
-        todo: list = [(red, ix)]
-        while todo:
-            n, i = todo.pop()
-            if (id(n), i) in seen:
-                continue
-            seen.add((id(n), i))
-            if n is x:
-                found.add(i)
-                continue
-            if n is not red and n.op in REDUCES and not any(
-                    v.startswith(mine) for l in i for v in substitute_free(l)):
-                continue                  # a value of the row: computed before this loop, loaded
-            todo.extend(self._dry_sources(n, i, tag))
-        if len(found) != 1:
+        mine = f"_k{id(red)}_"
+        xi = stash_read(red, ix, x, self._dry_sources)
+        if xi is None:
             return None
-        (xi,) = found
         axes, names = [], set()
         for d, l in enumerate(xi):
             free = substitute_free(l)
