@@ -187,7 +187,7 @@ def _unit_reshape(src: tuple, shape: tuple, rg: frozenset | None) -> frozenset |
 
 # PlanEvaluator._fill's answers, by kernel body structure (a bounded memo: cleared when full)
 _FILLS: dict[tuple, tuple[float, float]] = {}
-_ROWS: dict[tuple, tuple[bool, bool]] = {}   # PlanEvaluator._rows_kept's answers, likewise
+_ROWS: dict[tuple, tuple[bool, bool, bool]] = {}   # PlanEvaluator._rows_kept's answers, likewise
 _UNASKED = object()
 
 
@@ -260,8 +260,8 @@ class PlanEvaluator:
             struct[c] += (g.shapes[c], g.dtypes[c])
         return struct[k]
 
-    def _rows_kept(self, k: int, order: list[int], nodes_of: dict[int, ENode]) -> tuple[bool, bool]:
-        """The lowering's ``rows_kept`` for kernel ``k``'s body (graph/caps.py: kept, and streamed), by
+    def _rows_kept(self, k: int, order: list[int], nodes_of: dict[int, ENode]) -> tuple[bool, bool, bool]:
+        """The lowering's ``rows_kept`` for kernel ``k``'s body (graph/caps.py: kept, streamed, blocked), by
         structure."""
         struct = self._structure(k, order, nodes_of)
         hit = _ROWS.get(struct)
@@ -334,9 +334,9 @@ class PlanEvaluator:
         lowering would not, the kernel is priced again without (as before those rules)."""
         g, p = self.g, self.cost.params
         rows = self.rows if rows is None else rows
-        kept: list[tuple[bool, bool]] = []         # the lowering's rows_kept answer, asked once
+        kept: list[tuple[bool, bool, bool]] = []   # the lowering's rows_kept answer, asked once
 
-        def rows_kept_here() -> tuple[bool, bool]:
+        def rows_kept_here() -> tuple[bool, bool, bool]:
             if not kept:
                 kept.append(self._rows_kept(k, order, nodes_of))
             return kept[0]
@@ -461,10 +461,15 @@ class PlanEvaluator:
                 # in the root contraction's loop; the scores are a dot product the loop vectorizer
                 # widens along its streamed axis (lower/passes.py row_dots_streamed: ~45 GFLOP/s a
                 # thread measured), priced as plain flops -- as unlaned, 158.7 ms was predicted
-                # against 15.0 measured at s = 1024
-                if op == "RSUM" and not rows_kept_here()[1] and self._contraction(nodes_of, n):
-                    f *= p.unlaned
-                    slow.add(c)
+                # against 15.0 measured at s = 1024 -- or, where the lowering computes them as
+                # register blocks over the keys (lower/passes.py RowDots: 64 keys x 4 rows a step),
+                # at the contraction rate: b1 h4 s1024 d64 ran 6.4 ms, predicted 9.3 as plain flops
+                if op == "RSUM" and self._contraction(nodes_of, n):
+                    if rows_kept_here()[2]:
+                        cflops += f
+                    elif not rows_kept_here()[1]:
+                        f *= p.unlaned
+                        slow.add(c)
             elif c in fast and reduce:
                 # a reduction inside a root contraction's loop ((A @ B) @ x as one kernel): the
                 # lanes are the root's; it runs in a scalar loop per step of the root's (measured:

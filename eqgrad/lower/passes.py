@@ -520,9 +520,9 @@ def row_dots_streamed(root: KNode) -> bool:
     return _rows_answers(root)[1]
 
 
-def _rows_answers(root: KNode) -> tuple[bool, bool]:
-    """(``rows_kept``, and ``row_dots_streamed`` where it holds): what graph/caps.py ``rows_kept``
-    answers the cost model, the hoist pass's dry run done once."""
+def _rows_answers(root: KNode) -> tuple[bool, bool, bool]:
+    """(``rows_kept``, ``row_dots_streamed`` and ``row_dots_blocked`` where it holds): what
+    graph/caps.py ``rows_kept`` answers the cost model, the hoist pass's dry run done once."""
     own = _own_reductions(root)
     rows = [n for _, ns in _row_entries(root) for n in ns]
     if not rows and not lanes_apply(root, any(n.op in REDUCES for n in root.walk())):
@@ -534,19 +534,34 @@ def _rows_answers(root: KNode) -> tuple[bool, bool]:
         # often than it has elements is illegal)
         rows = [n for _, ns in _row_entries(root, every=True) for n in ns]
         if rows:
-            return True, _dots_streamed(root, own, {id(n) for n in rows})
+            return True, _dots_streamed(root, own, {id(n) for n in rows}), False
     # a contraction whose lanes share a factor with reductions inside (``lane_shared``) computes
     # each element of that factor once where the one-axis block covers the whole axis: what varies
     # along its own loop (attention's probabilities in dv, g[i] . v[j] in dq) included
     shared = _lane_shared_covered(root)
     if not rows and not shared:
-        return False, False
+        return False, False, False
     kept: set[int] = set()
     for r in (*rows, *shared):
         kept.update(id(x) for x in r.walk())
     if not all(id(n) in kept or id(n) in own for n in root.walk() if n.op in REDUCES):
-        return False, False
-    return True, _dots_streamed(root, own, {id(n) for n in rows})
+        return False, False, False
+    return True, _dots_streamed(root, own, {id(n) for n in rows}), bool(rows) and _dots_blocked(root)
+
+
+def row_dots_blocked(root: KNode) -> bool:
+    """Whether a row-fused body's kept sums of products (``rows_kept``: the scores of attention as
+    one kernel) are computed as register blocks by the row-dots pass (``RowDots``), as the body is
+    or once the device has packed their operand (``row_pack``). The cost model asks it
+    (graph/caps.py ``rows_kept``) to price them at the contraction rate."""
+    return _rows_answers(root)[2]
+
+
+def _dots_blocked(root: KNode) -> bool:
+    if not any(n.op in REDUCES and any(m.op == "RSUM" and m is not n for m in n.src[0].walk()) for n in root.walk()):
+        return False
+    o = LowerOptions()
+    return bool(schedule_kernel(Kernel("row_dots", 0, root, root.buffers()), o).row_dots) or row_pack(root, o) is not None
 
 
 def _dots_streamed(root: KNode, own: set[int], hoisted: set[int]) -> bool:
@@ -979,8 +994,9 @@ class RowDots(Pass):
         rows = up.get(big[-2], 1) if len(big) > 1 else 1
         budget = max(ctx.options.lanes_last) * max(ctx.options.lanes_prev)
         per = next(g for g in range(rows, 0, -1) if rows % g == 0 and (g * w <= budget or g == 1))
-        return tuple((x, per) for x, steps in row_dot_steps(root, s, ctx.has_reduce) if set(steps) <= {0, 1}
-                     and 1 in steps and x.shape[_kept_axis(x, s, root, ctx.has_reduce)] % w == 0)
+        # (an axis whose size a trace holds as a symbol gets no blocks: its divisibility would pick them)
+        return tuple((x, per) for x, steps, n in row_dot_steps(root, s, ctx.has_reduce)
+                     if set(steps) <= {0, 1} and 1 in steps and isinstance(n, int) and n % w == 0)
 
 
 def _row_dot_reads(root: KNode, s: Schedule, has_reduce: dict[int, bool]) -> Iterator[tuple[KNode, tuple[Lin, ...], int]]:
@@ -1003,19 +1019,15 @@ def _row_dot_reads(root: KNode, s: Schedule, has_reduce: dict[int, bool]) -> Ite
             break
 
 
-def _kept_axis(x: KNode, s: Schedule, root: KNode, has_reduce: dict[int, bool]) -> int:
-    return next(a for y, _, a in _row_dot_reads(root, s, has_reduce) if y is x)
-
-
-def row_dot_steps(root: KNode, s: Schedule, has_reduce: dict[int, bool]) -> list[tuple[KNode, tuple[int | None, ...]]]:
+def row_dot_steps(root: KNode, s: Schedule, has_reduce: dict[int, bool]) -> list[tuple[KNode, tuple[int | None, ...], int]]:
     """For each row-stash sum of products ``_row_dot_reads`` finds: the step along the axis its row
     keeps of each load below it (0: the row's own operand; 1: read in order; None: no constant
-    step)."""
+    step), and that axis's size."""
     out = []
     for x, xi, a in _row_dot_reads(root, s, has_reduce):
         t = xi[:a] + (Lin.var("_t", x.shape[a]),) + xi[a + 1:]
         steps = tuple(_step(flat_index(idx, n.shape), "_t") for n, idx, _ in _dry_loads(x, t, "_z", lambda n: True))
-        out.append((x, steps))
+        out.append((x, steps, x.shape[a]))
     return out
 
 
