@@ -190,7 +190,7 @@ def test_attention_as_one_kernel_reads_a_packed_k_for_its_scores(threads, monkey
     """Attention as one kernel (under a memory bound) reads k along the keys a head dim apart; the
     device packs k with the keys innermost first (lower/passes.py ``row_pack``), and the kernel's
     scores are register blocks over the keys (``RowDots``); the output is NumPy's, with and without
-    a causal mask. No pack where the keys are not a multiple of the lane width."""
+    a causal mask. No pack where the keys are not a multiple of the lane width, nor for one query."""
     from eqgrad.lower.passes import LowerOptions, row_pack, schedule_kernel
     monkeypatch.setenv("EQGRAD_THREADS", threads)
     q, k, v = _t(1, 2, 64, 16), _t(1, 2, 64, 16), _t(1, 2, 64, 16)
@@ -213,6 +213,10 @@ def test_attention_as_one_kernel_reads_a_packed_k_for_its_scores(threads, monkey
     with eqgrad.Context(PEAK_MEMORY=4 * 60 * 32):
         odd = eqgrad.explain((_t(1, 2, 60, 16) @ _t(1, 2, 60, 16).transpose(-2, -1)).softmax(-1) @ _t(1, 2, 60, 16))
     assert row_pack(odd.plan.kernels[0].ast, LowerOptions()) is None
+    # a decode step's one query reads each key once: packing k would copy it to read it once
+    with eqgrad.Context(PEAK_MEMORY=4 * 1 * 32):
+        one = eqgrad.explain((_t(1, 2, 1, 16) @ k.transpose(-2, -1)).softmax(-1) @ v)
+    assert all(row_pack(kk.ast, LowerOptions()) is None for kk in one.plan.kernels)
 
 
 def test_the_blas_is_timed_against_the_packed_kernel(monkeypatch, capsys, tmp_path):

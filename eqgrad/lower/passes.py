@@ -1054,7 +1054,9 @@ def row_pack(root: KNode, o: LowerOptions) -> tuple[KNode, KNode] | None:
             continue
         for f in x.src[0].src:
             u = f.src[0] if f.op == "EXPAND" else f
-            if u.shape[a] == 1:
+            # (re-read by at least as many rows as a register block has, as lane_pack: a decode
+            # step's one query would copy its keys to read them once)
+            if u.shape[a] == 1 or numel(x.src[0].shape) < max(o.lanes_prev) * numel(u.shape):
                 continue
             leaf = u
             while leaf.op in GEMM_MOVES:
