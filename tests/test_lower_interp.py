@@ -78,6 +78,9 @@ CORPUS: dict[str, Callable[[], Tensor]] = {
     # k given as k^T (contiguous along the keys), 16 keys: the row-dots pass computes the scores as
     # register blocks of 8 keys x the block's rows (the device packs k so: lower/passes.py row_pack)
     "attention_kt": lambda: (_t(2, 16, 8) @ _t(2, 8, 16, seed=1) * 0.3).softmax(-1) @ _t(2, 16, 8, seed=2),
+    # copies that read along the output's last axis with a stride: cache blocks with SMALL
+    "transpose": lambda: _t(24, 40).transpose().contiguous(),
+    "nhwc": lambda: _t(2, 20, 3, 16).permute(0, 2, 3, 1).contiguous(),
     "empty": lambda: _t(0, 4) + 1,
 }
 def _rope(t: Tensor, c: Tensor, s: Tensor) -> Tensor:
@@ -86,8 +89,9 @@ def _rope(t: Tensor, c: Tensor, s: Tensor) -> Tensor:
 
 
 # thresholds lowered so that the passes for big kernels apply to these small ones
-SMALL = LowerOptions(tile_blocks=2, tile_min_stream=0, sum_block=16, sum_radix=4)
-SMALL_CASES = ("matmul_lanes", "sum_blocked", "sum_rows_blocked", "sum_axes", "layernorm", "softmax_long", "linear_dot")
+SMALL = LowerOptions(tile_blocks=2, tile_min_stream=0, sum_block=16, sum_radix=4, block_stride=16, block_bytes=0)
+SMALL_CASES = ("matmul_lanes", "sum_blocked", "sum_rows_blocked", "sum_axes", "layernorm", "softmax_long", "linear_dot",
+               "transpose", "nhwc")
 
 
 BOUNDED = {"attention": 1024, "attention_causal": 1024, "attention_kt": 1024}     # EQGRAD_PEAK_MEMORY of these cases

@@ -628,3 +628,25 @@ def test_start_threads_makes_the_split_runs_threads():
         assert w is not None and len(w._threads) == 1
     else:
         assert len(dev.pool(2)._threads) == 1
+
+
+def test_a_copy_read_a_page_apart_is_lowered_in_cache_line_blocks():
+    """The cache-blocks pass: NCHW to NHWC of a (32, 64, 32, 32) tensor reads the input 4 KB apart
+    along the output's last axis (the channels): its loops run over blocks of 16 columns x 16
+    channels (a 64-byte line of each), and the copy is NumPy's. Not with a stride under a page
+    ((32, 32, 32, 64) to NCHW: 256 bytes), not where the copy computes too, not below a core's
+    private cache."""
+    from eqgrad.lower import passes
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((32, 64, 32, 32)).astype(np.float32)
+
+    def kernel(t):
+        (k,) = eqgrad.explain(t).plan.kernels
+        return k
+    y = Tensor(x).permute(0, 2, 3, 1).contiguous()
+    assert passes.schedule_kernel(kernel(y)).blocks == ((2, 16), (3, 16))
+    np.testing.assert_array_equal(y.numpy(), x.transpose(0, 2, 3, 1))
+    z = rng.standard_normal((32, 32, 32, 64)).astype(np.float32)
+    assert passes.schedule_kernel(kernel(Tensor(z).permute(0, 3, 1, 2).contiguous())).blocks == ()
+    assert passes.schedule_kernel(kernel((Tensor(x).permute(0, 2, 3, 1) * 2).contiguous())).blocks == ()
+    assert passes.schedule_kernel(kernel(Tensor(x[:2]).permute(0, 2, 3, 1).contiguous())).blocks == ()

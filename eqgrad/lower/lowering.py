@@ -597,11 +597,16 @@ class Lowerer:
         self._blocked = {id(n) for n in s.blocked}
         root = self.kernel.ast
         up, tile, hoist_at = s.lane_map, s.tile, dict(s.hoist)
+        blocks = {d: b for d, b in s.blocks if 1 < b < root.shape[d]}
         loops, out_idx, lane_axes = [], [None] * len(root.shape), []
         for d in range(len(root.shape)):
             sz, w = root.shape[d], up.get(d, 1)
             if sz <= 1:
                 out_idx[d] = Lin.num(0)
+            elif d in blocks:                              # a cache block: its inner loop opens last
+                r = self.open_range(sz // blocks[d])
+                loops.append(r)
+                out_idx[d] = r * blocks[d]
             elif sz // w == 1:
                 out_idx[d] = Lin.num(0)
                 lane_axes.append(d)
@@ -622,6 +627,10 @@ class Lowerer:
                     self.hoist(out_idx, hoist_at[len(loops)])
         if not loops and 0 in hoist_at:
             self.hoist(out_idx, hoist_at[0])
+        for d in sorted(blocks):
+            r = self.open_range(blocks[d])
+            loops.append(r)
+            out_idx[d] = out_idx[d] + r
         if tile is not None:
             r = self.open_range(tile[1])
             loops.append(r)
