@@ -567,8 +567,19 @@ def row_dots_blocked(root: KNode) -> bool:
     return _rows_answers(root)[2]
 
 
+def _sum_in_reduction(root: KNode) -> bool:
+    """Whether a sum lies below another reduction of ``root`` (one walk)."""
+    sums: dict[int, bool] = {}             # id -> a sum at or below the node
+    for n in root.walk():                  # (sources before the nodes that read them)
+        below = any(sums[id(x)] for x in n.src)
+        if below and n.op in REDUCES:
+            return True
+        sums[id(n)] = below or n.op == "RSUM"
+    return False
+
+
 def _dots_blocked(root: KNode) -> bool:
-    if not any(n.op in REDUCES and any(m.op == "RSUM" and m is not n for m in n.src[0].walk()) for n in root.walk()):
+    if not _sum_in_reduction(root):
         return False
     o = LowerOptions()
     return bool(schedule_kernel(Kernel("row_dots", 0, root, root.buffers()), o).row_dots) or row_pack(root, o) is not None
@@ -1050,10 +1061,9 @@ def row_pack(root: KNode, o: LowerOptions) -> tuple[KNode, KNode] | None:
     buffer (a GEMM operand's movement ops), as ``lane_pack``."""
     if "row dots" in o.disabled or "lanes" in o.disabled or max(o.lanes_last, default=1) <= 1:
         return None
-    # (the cheap conditions first: a sum of products below another reduction)
-    if not any(n.op in REDUCES and any(m.op == "RSUM" and m is not n for m in n.src[0].walk()) for n in root.walk()):
-        return None
-    if not row_lanes(root):
+    # (the cheap conditions first: a sum below another reduction -- a resized plan's kernels, new
+    # bodies at each step of a growing sequence, are asked at every step)
+    if not _sum_in_reduction(root) or not row_lanes(root):
         return None
     s = schedule_kernel(Kernel("row_pack", 0, root, root.buffers()), o)
     if s.row_dots or not s.row_stash:
