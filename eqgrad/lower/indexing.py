@@ -177,3 +177,27 @@ def stash_read(red: KNode, ix: Index, x: KNode, sources: Sources = dry_sources) 
         todo.extend(sources(n, i, "_k"))
     return next(iter(found)) if len(found) == 1 else None
 
+
+def stash_layout(red: KNode, ix: Index, x: KNode, sources: Sources = dry_sources) -> tuple[Index, tuple[int, ...]] | None:
+    """(the index ``stash_read`` finds, the axes of ``x`` that hoisted reduction ``red`` loops over
+    there): each such axis indexed by one of ``red``'s loop variables alone over the whole axis,
+    every other axis by open loops only (variables not starting with ``_``); None where ``x`` is
+    read at more than one index, inside another reduction's loop, or not so. The row stash's
+    arrays (lower/lowering.py ``Lowerer._open_rows``) and its dots (lower/passes.py ``RowDots``)."""
+    xi = stash_read(red, ix, x, sources)
+    if xi is None:
+        return None
+    mine = f"_k{id(red)}_"
+    axes, names = [], set()
+    for d, l in enumerate(xi):
+        free = substitute_free(l)
+        if any(v.startswith(mine) for v in free):
+            (name,) = free if len(free) == 1 else (None,)
+            if name is None or l != Lin.var(name, x.shape[d]) or name in names:
+                return None
+            axes.append(d)
+            names.add(name)
+        elif any(v.startswith("_") for v in free):
+            return None               # an output axis not open yet, or another reduction's loop
+    return (xi, tuple(axes)) if axes else None
+

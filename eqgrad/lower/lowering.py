@@ -34,7 +34,7 @@ from eqgrad.graph.loopir import INDEX, NONNEG, LInst, LoopIRError, LoopKernel, v
 from eqgrad.graph.plan import GROUP, Kernel, KernelPlan, KNode
 from eqgrad.lower.collapse import collapse, merge_axes, merge_reduced
 from eqgrad.lower.indexing import (MOVES, REDUCES, dry_sources, flat_index, hoistable, move_index, reduce_map,
-                                   stash_read, strides_of)
+                                   stash_layout, stash_read, strides_of)
 from eqgrad.lower.passes import LowerOptions, Schedule, describe_steps, run_passes
 from eqgrad.lower.sums import SUM_BLOCK, SUM_RADIX, sum_depth, sum_error_terms, sum_pieces
 from eqgrad.lower import symbolic
@@ -329,26 +329,10 @@ class Lowerer:
             row.stored = row.done = True
 
     def _stash_layout(self, red: KNode, ix: tuple[Lin, ...], x: KNode) -> tuple[int, ...] | None:
-        """The axes of ``x`` that hoisted reduction ``red`` (at ``ix``) loops over where it reads
-        ``x``, each indexed by one of its loop variables alone over the whole axis, every other axis
-        by the open row loops only (``indexing.stash_read``, a dry run); None where ``x`` is read at
-        more than one index, or inside another reduction's loop, or not so."""
-        mine = f"_k{id(red)}_"
-        xi = stash_read(red, ix, x, self._dry_sources)
-        if xi is None:
-            return None
-        axes, names = [], set()
-        for d, l in enumerate(xi):
-            free = substitute_free(l)
-            if any(v.startswith(mine) for v in free):
-                (name,) = free if len(free) == 1 else (None,)
-                if name is None or l != Lin.var(name, x.shape[d]) or name in names:
-                    return None
-                axes.append(d)
-                names.add(name)
-            elif any(v.startswith("_") for v in free):
-                return None               # an output axis not open yet, or another reduction's loop
-        return tuple(axes) or None
+        """The axes of ``x`` that hoisted reduction ``red`` (at ``ix``) keeps in a row array
+        (``indexing.stash_layout``); None where it cannot."""
+        found = stash_layout(red, ix, x, self._dry_sources)
+        return found[1] if found is not None else None
 
     def _row_values(self, n: KNode, idxs: tuple, compute) -> tuple[int, ...]:
         """A row-stash value at the lanes ``idxs`` (one index, or a row block's): loaded from its local
