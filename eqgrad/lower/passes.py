@@ -413,7 +413,25 @@ def lane_pack(root: KNode, o: "LowerOptions | Capabilities") -> tuple[KNode, KNo
     if found is None or found[0] is not red:
         return None
     axis, prod = found[1], red.src[0]
-    candidates = []
+    candidates = _packable(prod, axis, o)
+    if not candidates or lanes_apply(root, True) or dot_widths(root, len(root.walk()), o):
+        return None
+    for f, u in candidates:
+        pack, body = _packed(root, f, u, axis)
+        # (and lanes it gets: no width divides 15 keys, the packed product would have none either)
+        if lanes_apply(body, True) and lane_block(body, len(body.walk()), o.lanes_last, o.lanes_prev,
+                                                  o.lane_body_max) != (1, 1):
+            return pack, body
+    return None
+
+
+def _packable(prod: KNode, axis: int, o: "LowerOptions | Capabilities") -> list[tuple[KNode, KNode]]:
+    """The factors ``f`` of product ``prod`` (with ``u``, ``f`` without its broadcast) that a pack
+    with ``axis`` innermost may copy: a view of one buffer, no larger than it, that varies along
+    ``axis`` and is re-read by at least as many rows as a register block has (``lanes_prev``: a
+    packed vector is then loaded once per block of rows, not once per row; a decode step's one
+    query would copy its keys to read them once)."""
+    out = []
     for f in prod.src:
         u = f.src[0] if f.op == "EXPAND" else f
         if u.shape[axis] == 1 or numel(prod.shape) < max(o.lanes_prev) * numel(u.shape):
@@ -422,22 +440,20 @@ def lane_pack(root: KNode, o: "LowerOptions | Capabilities") -> tuple[KNode, KNo
         while leaf.op in GEMM_MOVES:          # (a view: the movement ops a GEMM operand may have)
             leaf = leaf.src[0]
         if leaf.op == "BUF" and numel(u.shape) <= numel(leaf.shape):
-            candidates.append((f, u))
-    if not candidates or lanes_apply(root, True) or dot_widths(root, len(root.walk()), o):
-        return None
-    for f, u in candidates:
-        perm = tuple(d for d in range(len(u.shape)) if d != axis) + (axis,)
-        pack = KNode("PERMUTE", (u,), perm, tuple(u.shape[d] for d in perm), u.dtype)
-        back = KNode("PERMUTE", (KNode("BUF", (), -1, pack.shape, u.dtype),), tuple(perm.index(d) for d in range(len(perm))),
-                     u.shape, u.dtype)
-        if f.op == "EXPAND":
-            back = KNode("EXPAND", (back,), f.arg, f.shape, f.dtype)
-        body = root.replaced({id(f): back})
-        # (and lanes it gets: no width divides 15 keys, the packed product would have none either)
-        if lanes_apply(body, True) and lane_block(body, len(body.walk()), o.lanes_last, o.lanes_prev,
-                                                  o.lane_body_max) != (1, 1):
-            return pack, body
-    return None
+            out.append((f, u))
+    return out
+
+
+def _packed(root: KNode, f: KNode, u: KNode, axis: int) -> tuple[KNode, KNode]:
+    """(the pack: ``u`` copied with ``axis`` innermost; ``root`` reading it back, where it read
+    factor ``f``, from buffer -1)."""
+    perm = tuple(d for d in range(len(u.shape)) if d != axis) + (axis,)
+    pack = KNode("PERMUTE", (u,), perm, tuple(u.shape[d] for d in perm), u.dtype)
+    back = KNode("PERMUTE", (KNode("BUF", (), -1, pack.shape, u.dtype),), tuple(perm.index(d) for d in range(len(perm))),
+                 u.shape, u.dtype)
+    if f.op == "EXPAND":
+        back = KNode("EXPAND", (back,), f.arg, f.shape, f.dtype)
+    return pack, root.replaced({id(f): back})
 
 
 def _row_entries(root: KNode, every: bool = False) -> tuple[tuple[int, tuple[KNode, ...]], ...]:
@@ -582,7 +598,8 @@ def _dots_blocked(root: KNode) -> bool:
     if not _sum_in_reduction(root):
         return False
     o = LowerOptions()
-    return bool(schedule_kernel(Kernel("row_dots", 0, root, root.buffers()), o).row_dots) or row_pack(root, o) is not None
+    s = schedule_kernel(Kernel("row_dots", 0, root, root.buffers()), o)
+    return bool(s.row_dots) or (row_lanes(root) and _row_pack(root, o, s) is not None)
 
 
 def _dots_streamed(root: KNode, own: set[int], hoisted: set[int]) -> bool:
@@ -1062,31 +1079,18 @@ def row_pack(root: KNode, o: LowerOptions) -> tuple[KNode, KNode] | None:
     # bodies at each step of a growing sequence, are asked at every step)
     if not _sum_in_reduction(root) or not row_lanes(root):
         return None
-    s = schedule_kernel(Kernel("row_pack", 0, root, root.buffers()), o)
+    return _row_pack(root, o, schedule_kernel(Kernel("row_pack", 0, root, root.buffers()), o))
+
+
+def _row_pack(root: KNode, o: LowerOptions, s: Schedule) -> tuple[KNode, KNode] | None:
+    """``row_pack`` for ``root`` under its schedule ``s``."""
     if s.row_dots or not s.row_stash:
         return None
-    has = reduce_map(root)
-    for x, xi, a in _row_dot_reads(root, s, has):
+    for x, _, a in _row_dot_reads(root, s, reduce_map(root)):
         if x.src[0].op != "MUL":
             continue
-        for f in x.src[0].src:
-            u = f.src[0] if f.op == "EXPAND" else f
-            # (re-read by at least as many rows as a register block has, as lane_pack: a decode
-            # step's one query would copy its keys to read them once)
-            if u.shape[a] == 1 or numel(x.src[0].shape) < max(o.lanes_prev) * numel(u.shape):
-                continue
-            leaf = u
-            while leaf.op in GEMM_MOVES:
-                leaf = leaf.src[0]
-            if leaf.op != "BUF" or numel(u.shape) > numel(leaf.shape):
-                continue
-            perm = tuple(d for d in range(len(u.shape)) if d != a) + (a,)
-            pack = KNode("PERMUTE", (u,), perm, tuple(u.shape[d] for d in perm), u.dtype)
-            back = KNode("PERMUTE", (KNode("BUF", (), -1, pack.shape, u.dtype),),
-                         tuple(perm.index(d) for d in range(len(perm))), u.shape, u.dtype)
-            if f.op == "EXPAND":
-                back = KNode("EXPAND", (back,), f.arg, f.shape, f.dtype)
-            body = root.replaced({id(f): back})
+        for f, u in _packable(x.src[0], a, o):
+            pack, body = _packed(root, f, u, a)
             if schedule_kernel(Kernel("row_pack", 0, body, body.buffers()), o).row_dots:
                 return pack, body
     return None
