@@ -288,6 +288,47 @@ def test_the_scores_of_a_row_block_are_register_blocks_over_the_keys(plans):
     assert not passes.schedule_kernel(plans["attention"].kernels[0]).row_dots      # 12 keys, k strided
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_a_kernels_own_reduction_reads_its_rows_dot_products_from_register_blocks(causal):
+    """The row-dots pass on a kernel without hoists: attention's backward under a memory bound is
+    six kernels (three row statistics, dq, dk, dv), each recomputing the scores ``q . k`` (and
+    ``g . v``) inside its own reduction over the keys or the queries. After the device's packs
+    (``row_pack``: k^T and v^T for a query row, q^T and g^T for a key row) each computes them for a
+    whole row before that reduction's loop, as register blocks into a local array, and its values
+    are the kernel reference's, with and without the pass."""
+    from eqgrad.devices.cpustage import _lane_packed
+    q, k, v = (Tensor(_t(1, 2, 32, 8, seed=i).numpy(), device="NUMPY", requires_grad=True) for i in range(3))
+    scores = q @ k.transpose(-1, -2) * 0.35
+    if causal:
+        scores = scores + Tensor(np.triu(np.full((32, 32), -np.inf, np.float32), 1), device="NUMPY")
+    (scores.softmax(-1) @ v * _t(1, 2, 32, 8, seed=3)).sum().backward()
+    with eqgrad.Context(PEAK_MEMORY=4 * (3 * 2 * 32 * 8 + 3 * 2 * 32)):
+        plan = engine.plan_for([q.grad.lazydata, k.grad.lazydata, v.grad.lazydata])[0].plan
+    assert len(plan.kernels) == 6
+    bufs = _inputs(plan)
+    o = LowerOptions()
+    for kk in plan.kernels:
+        assert not passes.schedule_kernel(kk, o).root_dots        # strided before the packs
+        rp = passes.row_pack(kk.ast, o)
+        assert rp is not None, kk.ast.render()[:120]
+        pieces, scratch = _lane_packed(kk, rp, len(plan.buffers))
+        packed = replace(plan, buffers=plan.buffers + scratch)
+        pb = bufs + [np.zeros(sh, dt.np) for sh, dt in scratch]
+        for pk in pieces[:-1]:
+            pb[pk.out] = np.asarray(run_kernel(pk, pb), np.float32).reshape(packed.buffers[pk.out][0])
+        body = pieces[-1]
+        sched = passes.schedule_kernel(body, o)
+        assert sched.root_dots and not sched.hoist, body.ast.render()[:120]
+        lanes = dict(sched.lanes)
+        # the dot products' register blocks: the head dim's lanes (8) where the output has them,
+        # else the register block of 16 x 8 accumulators over the 32 keys
+        assert {w for _, w in sched.root_dots} == ({8} if lanes else {32})
+        lk = lower_kernel(body, packed)
+        assert any(x.op == "DEFLOCAL" for x in lk.insts)
+        _same(_run(body, packed, pb), bufs[kk.out], f"{kk.name} with row dots")
+        _same(_run(body, packed, pb, LowerOptions(disabled={"row dots"})), bufs[kk.out], f"{kk.name} without")
+
+
 def test_the_stash_is_stored_only_by_a_loop_over_the_unopened_row(plans):
     """The emitter's check: a hoisted sum stores the stashed value only when it loops over exactly
     the output elements the output loops have not opened yet, read at the open loops' row (a

@@ -86,15 +86,18 @@ def kept_choice(entry: list | None, flops: int, dims: list[int], t_gen: float, t
 
 
 def _lane_packed(k: Kernel, lp: tuple, first: int) -> tuple[list[Kernel], list]:
-    """(the kernels -- the pack into scratch buffer ``first``, then ``k`` reading it --, that
-    scratch buffer) of ``lane_pack``'s answer ``lp`` for kernel ``k``."""
-    pack, body = lp
-    body = body.replaced({id(n): KNode("BUF", (), first, n.shape, n.dtype) for n in body.walk()
-                          if n.op == "BUF" and n.arg == -1})
+    """(the kernels -- the packs into scratch buffers ``first``, ``first + 1``, ..., then ``k``
+    reading them --, those scratch buffers) of ``lane_pack``'s or ``row_pack``'s answer ``lp`` for
+    kernel ``k``: (a pack, or a tuple of packs, the body reading pack i from buffer -1 - i)."""
+    packs, body = lp
+    packs = packs if isinstance(packs, tuple) else (packs,)
+    body = body.replaced({id(n): KNode("BUF", (), first - 1 - n.arg, n.shape, n.dtype) for n in body.walk()
+                          if n.op == "BUF" and n.arg < 0})
     # (each piece keeps the plan kernel's kind and prediction: what it was priced as)
-    pk = Kernel(f"{k.name}p0", first, pack, pack.buffers(), k.predicted, 8 * numel(pack.shape), 0, k.kind, k.stats)
+    pks = [Kernel(f"{k.name}p{i}", first + i, pack, pack.buffers(), k.predicted, 8 * numel(pack.shape), 0, k.kind,
+                  k.stats) for i, pack in enumerate(packs)]
     nk = Kernel(k.name, k.out, body, body.buffers(), k.predicted, k.nbytes, k.flops, k.kind, k.stats)
-    return [pk, nk], [(pack.shape, pack.dtype)]
+    return [*pks, nk], [(pack.shape, pack.dtype) for pack in packs]
 
 
 def _detached(found: contraction.Found, root: Any) -> tuple:
@@ -167,8 +170,10 @@ class CPUStage:
                 extra += memo[2]
                 if notes is not None:
                     what = "row-fused kernel" if row_lanes(k.ast) else "contraction"
-                    notes.append(f"{k.name}: {what} {k.ast.shape} with an operand packed {list(memo[2][0][0])} "
-                                 "so that its register lanes read it with unit stride (2 kernels)")
+                    n = len(memo[2])
+                    notes.append(f"{k.name}: {what} {k.ast.shape} with {'an operand' if n == 1 else f'{n} operands'} "
+                                 f"packed {', '.join(str(list(sh)) for sh, _ in memo[2])} so that its register "
+                                 f"lanes read {'it' if n == 1 else 'them'} with unit stride ({n + 1} kernels)")
                 continue
             if blas_on:
                 if found is not None and (found.packs or not found.pure):
@@ -317,8 +322,8 @@ class CPUStage:
         else:                              # (its scratch after the plan's buffers)
             pieces, lane_scratch = _lane_packed(k, lp, len(plan.buffers))
             lane_plan = KernelPlan(plan.buffers + lane_scratch, plan.n_inputs, [], [], 0.0)
-            bufs_lane = Buffer.from_numpy(np.zeros(lane_scratch[0][0], lane_scratch[0][1].vnp), self.device.name,
-                                          lane_scratch[0][1])
+            bufs_lane = {len(plan.buffers) + i: Buffer.from_numpy(np.zeros(sh, dt.vnp), self.device.name, dt)
+                         for i, (sh, dt) in enumerate(lane_scratch)}
             gen_steps = [(pk, lane_plan) for pk in pieces]
         gen_built = [(gk, *self.device.build_member(gk, gp, None, target, None)) for gk, gp in gen_steps]
         built = [(pk, *self.device.build_member(pk, tmp, None, target, None)) for pk in packs]
@@ -327,7 +332,7 @@ class CPUStage:
         lib_ptrs = [scratch.ptr] + [bufs[b].ptr for b in ins]
 
         def ptr(b: int) -> int:
-            return bufs[b].ptr if b in bufs else bufs_lane.ptr
+            return bufs[b].ptr if b in bufs else bufs_lane[b].ptr
         gen_runs = [(gk, prg, [ptr(b) for b in (gk.out, *gk.inputs)], m) for gk, prg, m in gen_built]
 
         def with_blas() -> None:

@@ -328,6 +328,55 @@ class Lowerer:
             row.rows = [row.pattern(xi) for xi in reads]
             row.stored = row.done = True
 
+    def _root_dots(self, at: tuple[Lin, ...]) -> None:
+        """The row-dots pass's values of the kernel's own reduction (``passes.root_dots``; the root,
+        through movement ops, rendered at output index ``at``), each computed for the whole row before
+        that reduction's loop as register blocks -- a loop over the row in steps of ``w`` elements, a
+        reduction with one accumulator an element -- into a local array, which the reduction's loop
+        then loads (``_row_values``)."""
+        red, ix = self.kernel.ast, at
+        while red.op in MOVES:
+            ix, red = self.move_index(red, ix), red.src[0]
+        for x, w in self.sched.root_dots:
+            found = stash_layout(red, ix, x, self._dry_sources)
+            if found is None or len(found[1]) != 1 or id(x) in self._rows:
+                continue
+            xi, (axis,) = found
+            n = x.shape[axis]
+            cap = 16
+            while cap < n:
+                cap *= 2
+            row = _RowArray(self.emit("DEFLOCAL", x.dtype, (), cap, cse=False), red, (axis,), cap)
+            r = self.open_range(n // w) if n > w else Lin.num(0)
+            idxs = tuple(xi[:axis] + (r * w + u,) + xi[axis + 1:] for u in range(w))
+            vals = self._render_lanes(x, idxs, (None,) * w)
+            for idx, v in zip(idxs, vals):
+                self.emit("STORE", None, (row.arr, self.index(row.element(idx, x.shape, 0)), v), cse=False)
+            if n > w:
+                self.close_range(r)
+            row.rows = [row.pattern(xi)]
+            row.stored = row.done = True
+            self._rows[id(x)] = row
+        for y in self.sched.root_rows:
+            found = stash_layout(red, ix, y, self._dry_sources)
+            if found is None or len(found[1]) != 1 or id(y) in self._rows:
+                continue
+            yi, (axis,) = found
+            n = y.shape[axis]
+            cap = 16
+            while cap < n:
+                cap *= 2
+            row = _RowArray(self.emit("DEFLOCAL", y.dtype, (), cap, cse=False), red, (axis,), cap)
+            self._row_ranges.add(len(self.insts))    # (a row loop: LLVM's loop vectorizer may widen it)
+            r = self.open_range(n)
+            idx = yi[:axis] + (r,) + yi[axis + 1:]
+            self.emit("STORE", None, (row.arr, self.index(row.element(idx, y.shape, 0)), self._render(y, idx, None)),
+                      cse=False)
+            self.close_range(r)
+            row.rows = [row.pattern(yi)]
+            row.stored = row.done = True
+            self._rows[id(y)] = row
+
     def _stash_layout(self, red: KNode, ix: tuple[Lin, ...], x: KNode) -> tuple[int, ...] | None:
         """The axes of ``x`` that hoisted reduction ``red`` (at ``ix``) keeps in a row array
         (``indexing.stash_layout``); None where it cannot."""
@@ -624,6 +673,8 @@ class Lowerer:
             lanes = [tuple(out_idx)]
             for d in lane_axes:      # lanes: every combination of offsets on the upcast axes
                 lanes = [l[:d] + (l[d] + u,) + l[d + 1:] for l in lanes for u in range(up.get(d, root.shape[d]))]
+            if s.root_dots:
+                self._root_dots(lanes[0])
             # a GROUP's roots one after another in the same loops, each to its own output (its
             # parameter: 0 for the first root, then the next)
             for p, r in enumerate(root.src if root.op == GROUP else (root,)):
@@ -634,6 +685,8 @@ class Lowerer:
         for r in reversed(loops):
             self.close_range(r)
         width = up.get(lane_axes[-1], root.shape[lane_axes[-1]]) if lane_axes and not s.dot else 0
+        if s.root_dots and not width:         # (a kernel without lanes: its register blocks' vectors)
+            width = max(self.options.lanes_last)
         # a dot block's lanes are scalars whose reduce loop the loop vectorizer widens (passes.DotLanes)
         return LoopKernel(self.kernel.name, self.params, self.insts, loop_vectorize=not up or s.dot,
                           parallel=s.parallel, vector_lanes=width,

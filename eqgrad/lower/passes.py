@@ -129,6 +129,14 @@ class Schedule:
     # row-stash values computed as register blocks before their row's first pass (RowDots): (value,
     # rows of a block a group of accumulators holds)
     row_dots: tuple[tuple[KNode, int], ...] = ()
+    # sums of products the kernel's own reduction reads along its loop, computed before that loop as
+    # register blocks into a local array (RowDots on a kernel without hoists): (value, elements of
+    # the array a step computes)
+    root_dots: tuple[tuple[KNode, int], ...] = ()
+    # in a kernel with lanes, the values over those dot products that the reduction reads alike in
+    # every lane (attention's ds = p * (dp - D)), computed after the blocks in a loop of their own
+    # over the row (one LLVM's loop vectorizer widens) into a local array
+    root_rows: tuple[KNode, ...] = ()
     # cache blocks (CacheBlocks): (output axis, inner extent) -- the axis's loop split into a loop over
     # blocks at its place and an inner loop opened after the last output loop
     blocks: tuple[tuple[int, int], ...] = ()
@@ -444,15 +452,17 @@ def _packable(prod: KNode, axis: int, o: "LowerOptions | Capabilities") -> list[
     return out
 
 
-def _packed(root: KNode, f: KNode, u: KNode, axis: int) -> tuple[KNode, KNode]:
+def _packed(root: KNode, f: KNode, u: KNode, axis: int, within: KNode | None = None) -> tuple[KNode, KNode]:
     """(the pack: ``u`` copied with ``axis`` innermost; ``root`` reading it back, where it read
-    factor ``f``, from buffer -1)."""
+    factor ``f`` -- only inside ``within`` where given --, from buffer -1)."""
     perm = tuple(d for d in range(len(u.shape)) if d != axis) + (axis,)
     pack = KNode("PERMUTE", (u,), perm, tuple(u.shape[d] for d in perm), u.dtype)
     back = KNode("PERMUTE", (KNode("BUF", (), -1, pack.shape, u.dtype),), tuple(perm.index(d) for d in range(len(perm))),
                  u.shape, u.dtype)
     if f.op == "EXPAND":
         back = KNode("EXPAND", (back,), f.arg, f.shape, f.dtype)
+    if within is not None:
+        return pack, root.replaced({id(within): within.replaced({id(f): back})})
     return pack, root.replaced({id(f): back})
 
 
@@ -1012,12 +1022,22 @@ class RowDots(Pass):
     name = "row dots"
 
     def applies(self, ctx: PassCtx, s: Schedule) -> bool:
-        return bool(s.row_stash) and bool(s.lanes) and bool(self._found(ctx, s))
+        if s.row_stash:
+            return bool(s.lanes) and bool(self._found(ctx, s))
+        return bool(root_dots(ctx.root, s, ctx.has_reduce, ctx.options))
 
     def run(self, ctx: PassCtx, s: Schedule) -> Schedule:
-        return replace(s, row_dots=self._found(ctx, s))
+        if s.row_stash:
+            return replace(s, row_dots=self._found(ctx, s))
+        dots = root_dots(ctx.root, s, ctx.has_reduce, ctx.options)
+        return replace(s, root_dots=dots, root_rows=root_rows(ctx.root, s, dots))
 
     def describe(self, s: Schedule) -> str:
+        if s.root_dots:
+            return f"{len(s.root_dots)} value(s) ({' '.join(n.op for n, _ in s.root_dots)}) of the kernel's own " \
+                   f"reduction computed as register blocks of {', '.join(str(w) for _, w in s.root_dots)} elements" \
+                   + (f", {len(s.root_rows)} value(s) over them ({' '.join(n.op for n in s.root_rows)}) a row at a time"
+                      if s.root_rows else "")
         return f"{len(s.row_dots)} value(s) ({' '.join(n.op for n, _ in s.row_dots)}) computed as register blocks " \
                f"of {', '.join(str(r) for _, r in s.row_dots)} row(s)"
 
@@ -1066,6 +1086,106 @@ def row_dot_steps(root: KNode, s: Schedule, has_reduce: dict[int, bool]) -> list
     return out
 
 
+def own_reduction(root: KNode) -> tuple[KNode, tuple[Lin, ...]] | None:
+    """(the reduction a one-root kernel is, through movement ops; the index it is rendered at, open
+    output loops ``o<d>``), or None."""
+    if root.op == GROUP:
+        return None
+    n, ix = root, tuple(Lin.var(f"o{d}", sz) if sz > 1 else Lin.num(0) for d, sz in enumerate(root.shape))
+    while n.op in MOVES:
+        (n, ix), = dry_sources(n, ix, "_m")
+    return (n, ix) if n.op in REDUCES else None
+
+
+def _root_dot_reads(root: KNode, has_reduce: dict[int, bool]) -> Iterator[tuple[KNode, tuple[Lin, ...], int, tuple[int | None, ...]]]:
+    """(value, the index the kernel's own reduction reads it at, the one axis that reduction's loop
+    runs along, the step of each load below it along that axis) for each sum of products without
+    reductions below that the kernel's own reduction reads at one index."""
+    found = own_reduction(root)
+    if found is None:
+        return
+    red, ix = found
+    for x in red.src[0].walk():
+        if x.op != "RSUM" or x.src[0].op != "MUL" or any(n.op in REDUCES for n in x.src[0].walk()):
+            continue
+        lay = stash_layout(red, ix, x)
+        if lay is None or len(lay[1]) != 1:
+            continue
+        xi, (a,) = lay
+        t = xi[:a] + (Lin.var("_t", x.shape[a]),) + xi[a + 1:]
+        steps = tuple(_step(flat_index(i, n.shape), "_t") for n, i, _ in _dry_loads(x, t, "_z", lambda n: True))
+        yield x, xi, a, steps
+
+
+def root_dots(root: KNode, s: Schedule, has_reduce: dict[int, bool], o: LowerOptions) -> tuple[tuple[KNode, int], ...]:
+    """RowDots's values in a kernel without hoists (``Schedule.root_dots``): the sums of products
+    that the kernel's own reduction reads along its loop (attention's backward, the scores ``q . k``
+    and ``g . v`` of each query row's statistics and of dq, dk, dv recomputed under a memory bound)
+    whose loads along that loop keep their index (the row's own operand) or step by one element
+    (the operand the rows share, packed so by the device's stage: ``row_pack``). Each is computed
+    for a whole row before the reduction's loop -- a loop over the row in steps of ``w`` elements,
+    one accumulator an element, each ``w`` elements' products a vector FMA of a shared broadcast --
+    into a local array that the loop then loads: before, each was a dot product along the head dim,
+    horizontally summed, one an element of the row. ``w``: the lanes of the last output axis where
+    they cover it (the values are then the same for every lane), else the register block of
+    ``lanes_last x lanes_prev`` accumulators (a kernel without lanes: one value a row). Only where
+    the row's values change with the innermost output loop (computed once a row) and the device has
+    register lanes."""
+    if s.hoist or s.row_stash or s.tile is not None or s.dot or s.blocks or "lanes" in o.disabled \
+            or max(o.lanes_last, default=1) <= 1:
+        return ()
+    up = s.lane_map
+    loops = [d for d, n in enumerate(root.shape) if n > 1 and n // up.get(d, 1) > 1]
+    big = [d for d, n in enumerate(root.shape) if n > 1]
+    if not loops or any(d != big[-1] or root.shape[d] != w for d, w in up.items()):
+        return ()                     # (lanes only on the last axis, covering it)
+    lanes = up.get(big[-1], 1)
+    vec = max(o.lanes_last)
+    budget = vec * max(o.lanes_prev)
+    inner, lane_vars = f"o{loops[-1]}", {f"o{d}" for d in up}
+    out = []
+    for x, xi, a, steps in _root_dot_reads(root, has_reduce):
+        n = x.shape[a]
+        free = {v for l in xi for v in substitute_free(l)}
+        if not isinstance(n, int) or free & lane_vars or inner not in free or not set(steps) <= {0, 1} \
+                or 1 not in steps:
+            continue
+        w = lanes if lanes > 1 else next((k for k in range(budget, vec - 1, -vec) if n % k == 0), 0)
+        if w > 1 and n % w == 0:
+            out.append((x, w))
+    return tuple(out)
+
+
+def root_rows(root: KNode, s: Schedule, dots: tuple[tuple[KNode, int], ...]) -> tuple[KNode, ...]:
+    """``Schedule.root_rows``: in a kernel whose lanes cover its last axis, the largest values above
+    the row-dots values ``dots`` that the kernel's own reduction reads at one index along its loop,
+    the same in every lane (no lane's variable in their index), with no other reduction below --
+    attention's ds = p * (dp - D) of dq and dk, p of dv: computed per element of the row in the
+    reduction's loop, they were scalar code (an exp2 a key) beside the lanes' vector FMAs."""
+    if not dots or not s.lanes:
+        return ()
+    found = own_reduction(root)
+    if found is None:
+        return ()
+    red, ix = found
+    kept = {id(x) for x, _ in dots}
+    lane_vars = {f"o{d}" for d, _ in s.lanes}
+    ok: dict[int, bool] = {}                 # id -> no reduction below but row-dots values
+    for n in red.src[0].walk():
+        ok[id(n)] = id(n) in kept or (n.op not in REDUCES and all(ok[id(x)] for x in n.src))
+    cands = []
+    for n in red.src[0].walk():
+        if not ok[id(n)] or id(n) in kept or n.op in MOVES or n.op in ("BUF", "CONST") or n.dtype is bool_ \
+                or not any(id(x) in kept for x in n.walk()):
+            continue
+        lay = stash_layout(red, ix, n)
+        if lay is None or len(lay[1]) != 1 or {v for l in lay[0] for v in substitute_free(l)} & lane_vars:
+            continue
+        cands.append(n)
+    inside = {id(x) for n in cands for x in n.walk()[:-1]}
+    return tuple(n for n in cands if id(n) not in inside)
+
+
 def row_pack(root: KNode, o: LowerOptions) -> tuple[KNode, KNode] | None:
     """``lane_pack``'s answer for a row-fused kernel: (the pack of an operand of a row-stash sum of
     products that the row's array keeps along an axis it reads with a stride -- attention's k,
@@ -1077,9 +1197,42 @@ def row_pack(root: KNode, o: LowerOptions) -> tuple[KNode, KNode] | None:
         return None
     # (the cheap conditions first: a sum below another reduction -- a resized plan's kernels, new
     # bodies at each step of a growing sequence, are asked at every step)
-    if not _sum_in_reduction(root) or not row_lanes(root):
+    if not _sum_in_reduction(root):
         return None
-    return _row_pack(root, o, schedule_kernel(Kernel("row_pack", 0, root, root.buffers()), o))
+    if row_lanes(root):
+        s = schedule_kernel(Kernel("row_pack", 0, root, root.buffers()), o)
+        if s.row_stash:
+            return _row_pack(root, o, s)
+    return _root_pack(root, o)
+
+
+def _root_pack(root: KNode, o: LowerOptions) -> tuple[tuple[KNode, ...], KNode] | None:
+    """``row_pack`` for a kernel's own reduction (``root_dots``): ((the packs, each an operand that a
+    sum of products the reduction reads along its loop reads there with a stride, copied with that
+    axis innermost -- k^T and v^T for a query row's scores and ``g . v``, q^T and g^T for a key
+    row's --), ``root`` reading pack i back from buffer -1 - i) where that gives the row-dots pass
+    more values than it had; None otherwise."""
+    def strided(body: KNode) -> list[tuple[KNode, int]]:
+        return [(x, a) for x, _, a, steps in _root_dot_reads(body, reduce_map(body)) if not set(steps) <= {0, 1}]
+    if not strided(root):
+        return None
+    before = len(schedule_kernel(Kernel("row_pack", 0, root, root.buffers()), o).root_dots)
+    packs: list[KNode] = []
+    body = root
+    while True:
+        # (the packs made so far move one buffer down: the next one reads from -1)
+        shifted = body.replaced({id(n): KNode("BUF", (), n.arg - 1, n.shape, n.dtype) for n in body.walk()
+                                 if n.op == "BUF" and n.arg < 0}) if packs else body
+        # (only where the sum reads it: attention's dq reads k along the head dim as well)
+        nxt = next(((f, u, a, x) for x, a in strided(shifted) for f, u in _packable(x.src[0], a, o)
+                    if min(b.arg for b in u.walk() if b.op == "BUF") >= 0), None)
+        if nxt is None:
+            break
+        pack, body = _packed(shifted, *nxt)
+        packs.insert(0, pack)
+    if not packs or len(schedule_kernel(Kernel("row_pack", 0, body, body.buffers()), o).root_dots) <= before:
+        return None
+    return tuple(packs), body
 
 
 def _row_pack(root: KNode, o: LowerOptions, s: Schedule) -> tuple[KNode, KNode] | None:
