@@ -328,54 +328,66 @@ class Lowerer:
             row.rows = [row.pattern(xi) for xi in reads]
             row.stored = row.done = True
 
-    def _root_dots(self, at: tuple[Lin, ...]) -> None:
+    def _root_dots(self, lanes: list[tuple[Lin, ...]]) -> None:
         """The row-dots pass's values of the kernel's own reduction (``passes.root_dots``; the root,
-        through movement ops, rendered at output index ``at``), each computed for the whole row before
-        that reduction's loop as register blocks -- a loop over the row in steps of ``w`` elements, a
-        reduction with one accumulator an element -- into a local array, which the reduction's loop
-        then loads (``_row_values``)."""
-        red, ix = self.kernel.ast, at
+        through movement ops, rendered at the output lanes ``lanes``), each computed for the whole
+        row -- each row of a row block -- before that reduction's loop as register blocks (a loop over
+        the row in steps of ``w`` elements, a reduction with one accumulator an element of a group
+        of the block's rows) into a local array, then the values over them that every lane of a row
+        reads alike (``passes.root_rows``), a loop over the row each; the reduction's loop then
+        loads them (``_row_values``)."""
+        red, ixs = self.kernel.ast, lanes
         while red.op in MOVES:
-            ix, red = self.move_index(red, ix), red.src[0]
-        for x, w in self.sched.root_dots:
-            found = stash_layout(red, ix, x, self._dry_sources)
-            if found is None or len(found[1]) != 1 or id(x) in self._rows:
+            ixs, red = [self.move_index(red, ix) for ix in ixs], red.src[0]
+        ixs = list(dict.fromkeys(ixs))
+        for x, w, per in self.sched.root_dots:
+            row = self._root_array(red, ixs, x)
+            if row is None:
                 continue
-            xi, (axis,) = found
+            reads, axis = row.rows, row.axes[0]
             n = x.shape[axis]
-            cap = 16
-            while cap < n:
-                cap *= 2
-            row = _RowArray(self.emit("DEFLOCAL", x.dtype, (), cap, cse=False), red, (axis,), cap)
             r = self.open_range(n // w) if n > w else Lin.num(0)
-            idxs = tuple(xi[:axis] + (r * w + u,) + xi[axis + 1:] for u in range(w))
-            vals = self._render_lanes(x, idxs, (None,) * w)
-            for idx, v in zip(idxs, vals):
-                self.emit("STORE", None, (row.arr, self.index(row.element(idx, x.shape, 0)), v), cse=False)
+            for g in range(0, len(reads), per):
+                idxs = tuple(xi[:axis] + (r * w + u,) + xi[axis + 1:] for xi in reads[g:g + per] for u in range(w))
+                vals = self._render_lanes(x, idxs, (None,) * len(idxs))
+                for j, (idx, v) in enumerate(zip(idxs, vals)):
+                    self.emit("STORE", None, (row.arr, self.index(row.element(idx, x.shape, g + j // w)), v), cse=False)
             if n > w:
                 self.close_range(r)
-            row.rows = [row.pattern(xi)]
+            row.rows = [row.pattern(xi) for xi in reads]
             row.stored = row.done = True
             self._rows[id(x)] = row
         for y in self.sched.root_rows:
-            found = stash_layout(red, ix, y, self._dry_sources)
-            if found is None or len(found[1]) != 1 or id(y) in self._rows:
+            row = self._root_array(red, ixs, y)
+            if row is None:
                 continue
-            yi, (axis,) = found
-            n = y.shape[axis]
-            cap = 16
-            while cap < n:
-                cap *= 2
-            row = _RowArray(self.emit("DEFLOCAL", y.dtype, (), cap, cse=False), red, (axis,), cap)
-            self._row_ranges.add(len(self.insts))    # (a row loop: LLVM's loop vectorizer may widen it)
-            r = self.open_range(n)
-            idx = yi[:axis] + (r,) + yi[axis + 1:]
-            self.emit("STORE", None, (row.arr, self.index(row.element(idx, y.shape, 0)), self._render(y, idx, None)),
-                      cse=False)
-            self.close_range(r)
-            row.rows = [row.pattern(yi)]
+            reads, axis = row.rows, row.axes[0]
+            for slot, yi in enumerate(reads):
+                self._row_ranges.add(len(self.insts))    # (a row loop: LLVM's loop vectorizer may widen it)
+                r = self.open_range(y.shape[axis])
+                idx = yi[:axis] + (r,) + yi[axis + 1:]
+                self.emit("STORE", None, (row.arr, self.index(row.element(idx, y.shape, slot)),
+                                          self._render(y, idx, None)), cse=False)
+                self.close_range(r)
+            row.rows = [row.pattern(yi) for yi in reads]
             row.stored = row.done = True
             self._rows[id(y)] = row
+
+    def _root_array(self, red: KNode, ixs: list[tuple[Lin, ...]], x: KNode) -> "_RowArray | None":
+        """A local array for value ``x`` that reduction ``red``, rendered at ``ixs``, reads along its
+        loop: one row per distinct index it reads ``x`` at (``rows``: those indices, until stored)."""
+        if id(x) in self._rows:
+            return None
+        found = [stash_layout(red, ix, x, self._dry_sources) for ix in ixs]
+        if None in found or len({f[1] for f in found}) != 1 or len(found[0][1]) != 1:
+            return None
+        reads = list(dict.fromkeys(f[0] for f in found))
+        cap = 16
+        while cap < x.shape[found[0][1][0]]:
+            cap *= 2
+        row = _RowArray(self.emit("DEFLOCAL", x.dtype, (), cap * len(reads), cse=False), red, found[0][1], cap)
+        row.rows = reads
+        return row
 
     def _stash_layout(self, red: KNode, ix: tuple[Lin, ...], x: KNode) -> tuple[int, ...] | None:
         """The axes of ``x`` that hoisted reduction ``red`` (at ``ix``) keeps in a row array
@@ -674,7 +686,7 @@ class Lowerer:
             for d in lane_axes:      # lanes: every combination of offsets on the upcast axes
                 lanes = [l[:d] + (l[d] + u,) + l[d + 1:] for l in lanes for u in range(up.get(d, root.shape[d]))]
             if s.root_dots:
-                self._root_dots(lanes[0])
+                self._root_dots(lanes)
             # a GROUP's roots one after another in the same loops, each to its own output (its
             # parameter: 0 for the first root, then the next)
             for p, r in enumerate(root.src if root.op == GROUP else (root,)):

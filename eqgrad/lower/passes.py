@@ -131,8 +131,8 @@ class Schedule:
     row_dots: tuple[tuple[KNode, int], ...] = ()
     # sums of products the kernel's own reduction reads along its loop, computed before that loop as
     # register blocks into a local array (RowDots on a kernel without hoists): (value, elements of
-    # the array a step computes)
-    root_dots: tuple[tuple[KNode, int], ...] = ()
+    # the array a step computes, rows of the row block a group of accumulators holds)
+    root_dots: tuple[tuple[KNode, int, int], ...] = ()
     # in a kernel with lanes, the values over those dot products that the reduction reads alike in
     # every lane (attention's ds = p * (dp - D)), computed after the blocks in a loop of their own
     # over the row (one LLVM's loop vectorizer widens) into a local array
@@ -721,9 +721,18 @@ def row_block(root: KNode, body: int, lanes_prev: tuple[int, ...], body_max: int
     Measured (2-vCPU Intel Xeon, Rocket Lake, two threads, kernel time, heads 4): head dim 64, 1,024
     keys 15.2-15.7 -> 8.2 ms with 8 rows (4: 8.6-9.8, 2: 11.4-11.7), 256 keys 0.98 -> 0.58 ms; head
     dim 128, 1,024 keys 24.8 -> 14.1 ms (4: 16.0, 2: 18.1) -- 8 x 128 accumulator lanes spill on
-    AVX-512 and still win."""
+    AVX-512 and still win.
+
+    So, in a kernel without hoists, where the kernel's own reduction reads sums of products along
+    its loop, read in order or at the row's own index along it (``root_dots``: attention's dq, dk
+    and dv under a memory bound, each recomputing the scores of its row, once the device has packed
+    their operands): the block's rows then share the loads of the row-dots blocks and of the
+    reduction's loop (K and V for a query row's dq). Measured: see ``root_dots``."""
     big = [d for d, n in enumerate(root.shape) if n > 1]
-    if len(big) < 2 or not any(k == len(big) - 1 for k, _ in _row_entries(root)):
+    if len(big) < 2:
+        return 1
+    if not any(k == len(big) - 1 for k, _ in _row_entries(root)) and \
+            (_row_entries(root) or not any(set(st) <= {0, 1} and 1 in st for *_, st in _root_dot_reads(root, {}))):
         return 1
     rows = root.shape[big[-2]]
     longest = max((numel(n.src[0].shape) // max(1, numel(n.shape)) for n in root.walk() if n.op in REDUCES), default=1)
@@ -1034,8 +1043,9 @@ class RowDots(Pass):
 
     def describe(self, s: Schedule) -> str:
         if s.root_dots:
-            return f"{len(s.root_dots)} value(s) ({' '.join(n.op for n, _ in s.root_dots)}) of the kernel's own " \
-                   f"reduction computed as register blocks of {', '.join(str(w) for _, w in s.root_dots)} elements" \
+            return f"{len(s.root_dots)} value(s) ({' '.join(n.op for n, _, _ in s.root_dots)}) of the kernel's own " \
+                   f"reduction computed as register blocks of {', '.join(f'{w} x {r}' for _, w, r in s.root_dots)} " \
+                   f"(elements x rows)" \
                    + (f", {len(s.root_rows)} value(s) over them ({' '.join(n.op for n in s.root_rows)}) a row at a time"
                       if s.root_rows else "")
         return f"{len(s.row_dots)} value(s) ({' '.join(n.op for n, _ in s.row_dots)}) computed as register blocks " \
@@ -1117,7 +1127,7 @@ def _root_dot_reads(root: KNode, has_reduce: dict[int, bool]) -> Iterator[tuple[
         yield x, xi, a, steps
 
 
-def root_dots(root: KNode, s: Schedule, has_reduce: dict[int, bool], o: LowerOptions) -> tuple[tuple[KNode, int], ...]:
+def root_dots(root: KNode, s: Schedule, has_reduce: dict[int, bool], o: LowerOptions) -> tuple[tuple[KNode, int, int], ...]:
     """RowDots's values in a kernel without hoists (``Schedule.root_dots``): the sums of products
     that the kernel's own reduction reads along its loop (attention's backward, the scores ``q . k``
     and ``g . v`` of each query row's statistics and of dq, dk, dv recomputed under a memory bound)
@@ -1137,26 +1147,30 @@ def root_dots(root: KNode, s: Schedule, has_reduce: dict[int, bool], o: LowerOpt
     up = s.lane_map
     loops = [d for d, n in enumerate(root.shape) if n > 1 and n // up.get(d, 1) > 1]
     big = [d for d, n in enumerate(root.shape) if n > 1]
-    if not loops or any(d != big[-1] or root.shape[d] != w for d, w in up.items()):
-        return ()                     # (lanes only on the last axis, covering it)
+    if not loops or any(d != big[-1] and (len(big) < 2 or d != big[-2]) for d in up) \
+            or (up and root.shape[big[-1]] != up.get(big[-1])):
+        return ()                     # (lanes on the last axis, covering it, and a row block's)
     lanes = up.get(big[-1], 1)
+    rows = up.get(big[-2], 1) if len(big) > 1 else 1
     vec = max(o.lanes_last)
     budget = vec * max(o.lanes_prev)
-    inner, lane_vars = f"o{loops[-1]}", {f"o{d}" for d in up}
+    inner, lane_var = f"o{loops[-1]}", f"o{big[-1]}"
     out = []
     for x, xi, a, steps in _root_dot_reads(root, has_reduce):
         n = x.shape[a]
         free = {v for l in xi for v in substitute_free(l)}
-        if not isinstance(n, int) or free & lane_vars or inner not in free or not set(steps) <= {0, 1} \
-                or 1 not in steps:
+        if not isinstance(n, int) or (lanes > 1 and lane_var in free) or inner not in free \
+                or not set(steps) <= {0, 1} or 1 not in steps:
             continue
         w = lanes if lanes > 1 else next((k for k in range(budget, vec - 1, -vec) if n % k == 0), 0)
         if w > 1 and n % w == 0:
-            out.append((x, w))
+            # the rows of a group of the row block whose accumulators fit the register block
+            per = next(g for g in range(rows, 0, -1) if rows % g == 0 and (g * w <= budget or g == 1))
+            out.append((x, w, per))
     return tuple(out)
 
 
-def root_rows(root: KNode, s: Schedule, dots: tuple[tuple[KNode, int], ...]) -> tuple[KNode, ...]:
+def root_rows(root: KNode, s: Schedule, dots: tuple[tuple[KNode, int, int], ...]) -> tuple[KNode, ...]:
     """``Schedule.root_rows``: in a kernel whose lanes cover its last axis, the largest values above
     the row-dots values ``dots`` that the kernel's own reduction reads at one index along its loop,
     the same in every lane (no lane's variable in their index), with no other reduction below --
@@ -1168,8 +1182,8 @@ def root_rows(root: KNode, s: Schedule, dots: tuple[tuple[KNode, int], ...]) -> 
     if found is None:
         return ()
     red, ix = found
-    kept = {id(x) for x, _ in dots}
-    lane_vars = {f"o{d}" for d, _ in s.lanes}
+    kept = {id(x) for x, _, _ in dots}
+    lane_vars = {f"o{max(d for d, _ in s.lanes)}"}
     ok: dict[int, bool] = {}                 # id -> no reduction below but row-dots values
     for n in red.src[0].walk():
         ok[id(n)] = id(n) in kept or (n.op not in REDUCES and all(ok[id(x)] for x in n.src))
