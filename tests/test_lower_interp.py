@@ -321,10 +321,10 @@ def test_a_kernels_own_reduction_reads_its_rows_dot_products_from_register_block
         assert sched.root_dots and not sched.hoist, body.ast.render()[:120]
         lanes = dict(sched.lanes)
         # the dot products' register blocks: the head dim's lanes (8) for each of a row block's 8
-        # rows where the output has lanes, else the register block of 16 x 8 accumulators over the
-        # 32 keys of one row
-        assert {(w, r) for _, w, r in sched.root_dots} == ({(8, 8)} if lanes else {(32, 1)})
-        assert sorted(lanes.values()) == ([8, 8] if lanes else [])
+        # rows where the output has lanes, else the register block of 16 x 8 accumulators as 16
+        # keys of each of 8 rows (a row block of the kernel's last axis, without lanes)
+        assert {(w, r) for _, w, r in sched.root_dots} == ({(8, 8)} if lanes else {(16, 8)})
+        assert sorted(lanes.values()) == ([8, 8] if lanes else []) and sched.root_block == (0 if lanes else 8)
         lk = lower_kernel(body, packed)
         assert any(x.op == "DEFLOCAL" for x in lk.insts)
         _same(_run(body, packed, pb), bufs[kk.out], f"{kk.name} with row dots")

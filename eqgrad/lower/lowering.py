@@ -642,6 +642,8 @@ class Lowerer:
         self._blocked = {id(n) for n in s.blocked}
         root = self.kernel.ast
         up, tile, hoist_at = s.lane_map, s.tile, dict(s.hoist)
+        if s.root_block:                  # (a row block steps the rows' loop as lanes would)
+            up[max(d for d, n in enumerate(root.shape) if n > 1)] = s.root_block
         blocks = {d: b for d, b in s.blocks if 1 < b < root.shape[d]}
         loops, out_idx, lane_axes = [], [None] * len(root.shape), []
         for d in range(len(root.shape)):
@@ -690,19 +692,22 @@ class Lowerer:
             # a GROUP's roots one after another in the same loops, each to its own output (its
             # parameter: 0 for the first root, then the next)
             for p, r in enumerate(root.src if root.op == GROUP else (root,)):
-                vals = self.render_lanes(r, tuple(lanes), (None,) * len(lanes))
+                if s.root_block:          # each row's reduction a loop of its own (LLVM may widen it)
+                    vals = tuple(self.render_lanes(r, (lane,), (None,))[0] for lane in lanes)
+                else:
+                    vals = self.render_lanes(r, tuple(lanes), (None,) * len(lanes))
                 for idx, v in zip(lanes, vals):
                     # src[0]: the output's parameter
                     self.emit("STORE", None, (p, self.index(flat_index(idx, root.shape)), v), cse=False)
         for r in reversed(loops):
             self.close_range(r)
         width = up.get(lane_axes[-1], root.shape[lane_axes[-1]]) if lane_axes and not s.dot else 0
-        if s.root_dots and not width:         # (a kernel without lanes: its register blocks' vectors)
+        if s.root_dots and not s.lanes:       # (a kernel without lanes: its register blocks' vectors)
             width = max(self.options.lanes_last)
         # a dot block's lanes are scalars whose reduce loop the loop vectorizer widens (passes.DotLanes)
-        return LoopKernel(self.kernel.name, self.params, self.insts, loop_vectorize=not up or s.dot,
+        return LoopKernel(self.kernel.name, self.params, self.insts, loop_vectorize=not s.lanes or s.dot,
                           parallel=s.parallel, vector_lanes=width,
-                          row_loops=frozenset(self._row_ranges) if up else frozenset())
+                          row_loops=frozenset(self._row_ranges) if s.lanes else frozenset())
 
 
 class _RowArray:

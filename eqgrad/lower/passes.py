@@ -137,6 +137,9 @@ class Schedule:
     # every lane (attention's ds = p * (dp - D)), computed after the blocks in a loop of their own
     # over the row (one LLVM's loop vectorizer widens) into a local array
     root_rows: tuple[KNode, ...] = ()
+    # in a kernel without lanes, rows of its last output axis whose root dots one group of
+    # accumulators computes (their loads shared); each row's reduction then runs in a loop of its own
+    root_block: int = 0
     # cache blocks (CacheBlocks): (output axis, inner extent) -- the axis's loop split into a loop over
     # blocks at its place and an inner loop opened after the last output loop
     blocks: tuple[tuple[int, int], ...] = ()
@@ -1039,7 +1042,8 @@ class RowDots(Pass):
         if s.row_stash:
             return replace(s, row_dots=self._found(ctx, s))
         dots = root_dots(ctx.root, s, ctx.has_reduce, ctx.options)
-        return replace(s, root_dots=dots, root_rows=root_rows(ctx.root, s, dots))
+        block = max((r for _, _, r in dots), default=1) if not s.lanes else 1
+        return replace(s, root_dots=dots, root_rows=root_rows(ctx.root, s, dots), root_block=block if block > 1 else 0)
 
     def describe(self, s: Schedule) -> str:
         if s.root_dots:
@@ -1154,6 +1158,10 @@ def root_dots(root: KNode, s: Schedule, has_reduce: dict[int, bool], o: LowerOpt
     rows = up.get(big[-2], 1) if len(big) > 1 else 1
     vec = max(o.lanes_last)
     budget = vec * max(o.lanes_prev)
+    if not up:
+        # without lanes the last output axis is the rows': a block of them (``Schedule.root_block``)
+        rows = next((r for r in sorted(o.lanes_prev, reverse=True) if r > 1 and root.shape[big[-1]] % r == 0
+                     and root.shape[big[-1]] > r), 1)
     inner, lane_var = f"o{loops[-1]}", f"o{big[-1]}"
     out = []
     for x, xi, a, steps in _root_dot_reads(root, has_reduce):
@@ -1162,7 +1170,7 @@ def root_dots(root: KNode, s: Schedule, has_reduce: dict[int, bool], o: LowerOpt
         if not isinstance(n, int) or (lanes > 1 and lane_var in free) or inner not in free \
                 or not set(steps) <= {0, 1} or 1 not in steps:
             continue
-        w = lanes if lanes > 1 else next((k for k in range(budget, vec - 1, -vec) if n % k == 0), 0)
+        w = lanes if lanes > 1 else next((k for k in range(budget // rows, vec - 1, -vec) if n % k == 0), 0)
         if w > 1 and n % w == 0:
             # the rows of a group of the row block whose accumulators fit the register block
             per = next(g for g in range(rows, 0, -1) if rows % g == 0 and (g * w <= budget or g == 1))
