@@ -219,6 +219,44 @@ def test_attention_as_one_kernel_reads_a_packed_k_for_its_scores(threads, monkey
     assert all(row_pack(kk.ast, LowerOptions()) is None for kk in one.plan.kernels)
 
 
+@pytest.mark.parametrize("threads", ["1", "2"])
+def test_attentions_bounded_backward_packs_each_operand_once_for_its_six_kernels(threads, monkeypatch):
+    """Attention's backward under a memory bound: six kernels (the three row statistics, dq, dk,
+    dv), each recomputing the scores inside its own reduction. The device packs what they read a
+    head dim apart along that reduction -- k^T and v^T for the query rows, q^T and g^T for the key
+    rows -- each once for the plan (a later kernel reads the pack an earlier one made), and each
+    kernel computes its dot products as register blocks (``root_dots``); the gradients are NumPy's,
+    with and without a causal mask."""
+    from eqgrad.lower.passes import schedule_kernel
+    monkeypatch.setenv("EQGRAD_THREADS", threads)
+    s_, d = 64, 16
+    a = [rng.standard_normal((1, 2, s_, d)).astype(np.float32) for _ in range(4)]
+    mask = np.triu(np.full((s_, s_), -np.inf, np.float32), 1)
+    for m in (None, mask):
+        q, k, v = (Tensor(x, device="LLVM", requires_grad=True) for x in a[:3])
+        sc = q @ k.transpose(-2, -1) * 0.25
+        if m is not None:
+            sc = sc + Tensor(m, device="LLVM")
+        (sc.softmax(-1) @ v * Tensor(a[3], device="LLVM")).sum().backward()
+        with eqgrad.Context(PEAK_MEMORY=4 * (3 * 2 * s_ * d + 3 * 2 * s_)):
+            ex = eqgrad.explain(q.grad, k.grad, v.grad)
+            dp = ex.device_plan()
+            eqgrad.realize(q.grad, k.grad, v.grad)
+        assert len(ex.plan.kernels) == 6
+        # four packs (k^T, v^T, q^T, g^T), each made once
+        assert len(dp.scratch) == 4 and len(dp.plan.kernels) == 10, dp.notes
+        assert sum("an earlier kernel made" in n for n in dp.notes) == 4, dp.notes
+        assert all(schedule_kernel(kk).root_dots for kk in dp.plan.kernels if kk.out < len(ex.plan.buffers))
+        Q, K, V, G = (x.astype(np.float64) for x in a)
+        sn = Q @ K.transpose(0, 1, 3, 2) * 0.25 + (0 if m is None else m)
+        p = np.exp(sn - sn.max(-1, keepdims=True))
+        p /= p.sum(-1, keepdims=True)
+        dpn = G @ V.transpose(0, 1, 3, 2)
+        ds = p * (dpn - (p * dpn).sum(-1, keepdims=True)) * 0.25
+        for got, want in ((q.grad, ds @ K), (k.grad, ds.transpose(0, 1, 3, 2) @ Q), (v.grad, p.transpose(0, 1, 3, 2) @ G)):
+            np.testing.assert_allclose(got.numpy(), want, rtol=1e-4, atol=1e-4)
+
+
 def test_the_blas_is_timed_against_the_packed_kernel(monkeypatch, capsys, tmp_path):
     """With the BLAS on, a batch of products the BLAS may run is timed against the generated kernel
     with its lane pack (what the device would run), and the faster is kept."""

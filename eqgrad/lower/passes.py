@@ -1148,6 +1148,10 @@ def root_dots(root: KNode, s: Schedule, has_reduce: dict[int, bool], o: LowerOpt
     if s.hoist or s.row_stash or s.tile is not None or s.dot or s.blocks or "lanes" in o.disabled \
             or max(o.lanes_last, default=1) <= 1:
         return ()
+    # (the reads first: under a trace, lower/trace.py, a size compared below is a guard of the trace)
+    reads = list(_root_dot_reads(root, has_reduce))
+    if not reads:
+        return ()
     up = s.lane_map
     loops = [d for d, n in enumerate(root.shape) if n > 1 and n // up.get(d, 1) > 1]
     big = [d for d, n in enumerate(root.shape) if n > 1]
@@ -1159,12 +1163,14 @@ def root_dots(root: KNode, s: Schedule, has_reduce: dict[int, bool], o: LowerOpt
     vec = max(o.lanes_last)
     budget = vec * max(o.lanes_prev)
     if not up:
-        # without lanes the last output axis is the rows': a block of them (``Schedule.root_block``)
-        rows = next((r for r in sorted(o.lanes_prev, reverse=True) if r > 1 and root.shape[big[-1]] % r == 0
-                     and root.shape[big[-1]] > r), 1)
+        # without lanes the last output axis is the rows': a block of them (``Schedule.root_block``;
+        # none where a trace holds their number as a symbol)
+        nr = root.shape[big[-1]]
+        rows = next((r for r in sorted(o.lanes_prev, reverse=True) if isinstance(nr, int) and r > 1
+                     and nr % r == 0 and nr > r), 1)
     inner, lane_var = f"o{loops[-1]}", f"o{big[-1]}"
     out = []
-    for x, xi, a, steps in _root_dot_reads(root, has_reduce):
+    for x, xi, a, steps in reads:
         n = x.shape[a]
         free = {v for l in xi for v in substitute_free(l)}
         if not isinstance(n, int) or (lanes > 1 and lane_var in free) or inner not in free \
