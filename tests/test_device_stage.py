@@ -224,7 +224,7 @@ def test_attentions_bounded_backward_packs_each_operand_once_for_its_six_kernels
     """Attention's backward under a memory bound: six kernels (the three row statistics, dq, dk,
     dv), each recomputing the scores inside its own reduction. The device packs what they read a
     head dim apart along that reduction -- k^T and v^T for the query rows, q^T and g^T for the key
-    rows -- each once for the plan (a later kernel reads the pack an earlier one made), and each
+    rows, and a causal mask's transpose for the key rows -- each once for the plan (a later kernel reads the pack an earlier one made), and each
     kernel computes its dot products as register blocks (``root_dots``); the gradients are NumPy's,
     with and without a causal mask."""
     from eqgrad.lower.passes import schedule_kernel
@@ -243,8 +243,11 @@ def test_attentions_bounded_backward_packs_each_operand_once_for_its_six_kernels
             dp = ex.device_plan()
             eqgrad.realize(q.grad, k.grad, v.grad)
         assert len(ex.plan.kernels) == 6
-        # four packs (k^T, v^T, q^T, g^T), each made once
-        assert len(dp.scratch) == 4 and len(dp.plan.kernels) == 10, dp.notes
+        # four packs (k^T, v^T, q^T, g^T), each made once, and the mask's transpose, which dk and dv
+        # read along the queries
+        packs = 4 if m is None else 5
+        assert len(dp.scratch) == packs and len(dp.plan.kernels) == 6 + packs, dp.notes
+        assert m is None or [s_, s_] in [list(sh) for sh, _ in dp.scratch]
         assert sum("an earlier kernel made" in n for n in dp.notes) == 4, dp.notes
         assert all(schedule_kernel(kk).root_dots for kk in dp.plan.kernels if kk.out < len(ex.plan.buffers))
         Q, K, V, G = (x.astype(np.float64) for x in a)

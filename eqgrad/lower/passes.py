@@ -1260,7 +1260,46 @@ def _root_pack(root: KNode, o: LowerOptions) -> tuple[tuple[KNode, ...], KNode] 
         packs.insert(0, pack)
     if not packs or len(schedule_kernel(Kernel("row_pack", 0, body, body.buffers()), o).root_dots) <= before:
         return None
+    # then what the values over them read across the row with a stride (a causal mask (i, j) read
+    # along the queries i by a key row's dk and dv: a gather a query in their row loop)
+    while (found := _strided_row_load(body, o)) is not None:
+        body = body.replaced({id(n): KNode("BUF", (), n.arg - 1, n.shape, n.dtype) for n in body.walk()
+                              if n.op == "BUF" and n.arg < 0})
+        found = _strided_row_load(body, o)
+        if found is None:
+            break
+        y, leaf, d = found
+        perm = tuple(a for a in range(len(leaf.shape)) if a != d) + (d,)
+        pack = KNode("PERMUTE", (leaf,), perm, tuple(leaf.shape[a] for a in perm), leaf.dtype)
+        back = KNode("PERMUTE", (KNode("BUF", (), -1, pack.shape, leaf.dtype),),
+                     tuple(perm.index(a) for a in range(len(perm))), leaf.shape, leaf.dtype)
+        body = body.replaced({id(y): y.replaced({id(leaf): back})})
+        packs.insert(0, pack)
     return tuple(packs), body
+
+
+def _strided_row_load(body: KNode, o: LowerOptions) -> tuple[KNode, KNode, int] | None:
+    """(a ``root_rows`` value of ``body``, a buffer it reads -- not inside a reduction -- whose index
+    along the value's row is one of the buffer's axes alone, not its last, that axis) or None."""
+    s = schedule_kernel(Kernel("row_pack", 0, body, body.buffers()), o)
+    found = own_reduction(body)
+    if not s.root_rows or found is None:
+        return None
+    red, ix = found
+    for y in s.root_rows:
+        lay = stash_layout(red, ix, y)
+        if lay is None or len(lay[1]) != 1:
+            continue
+        (yi, (a,)) = lay
+        t = Lin.var("_t", y.shape[a])
+        for n, idx, _ in _dry_loads(y, yi[:a] + (t,) + yi[a + 1:], "_z", lambda n: n.op not in REDUCES):
+            if n.arg < 0:
+                continue
+            axes = [d for d, l in enumerate(idx) if "_t" in substitute_free(l)]
+            big = [d for d, sz in enumerate(n.shape) if sz > 1]
+            if len(axes) == 1 and idx[axes[0]] == t and axes[0] != big[-1]:
+                return y, n, axes[0]
+    return None
 
 
 def _row_pack(root: KNode, o: LowerOptions, s: Schedule) -> tuple[KNode, KNode] | None:
