@@ -485,6 +485,12 @@ class PlanEvaluator:
                 elif not nested.get(c, True):
                     cflops += f
                     fast.add(c)
+                elif rows and rows_kept_here()[2]:
+                    # a sum of products the kernel's own reduction reads along its loop, computed
+                    # for a block of rows as register blocks before it (lower/passes.py root_dots:
+                    # the bounded attention backward's scores, 114-179 GFLOP/s measured; priced as
+                    # plain flops, its six kernels were predicted 88.6 ms against 36-45 measured)
+                    cflops += f
             flops += f
             if op == "PAD" and e > size_k:
                 masked = True

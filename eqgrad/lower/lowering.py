@@ -336,7 +336,9 @@ class Lowerer:
         of the block's rows) into a local array, then the values over them that every lane of a row
         reads alike (``passes.root_rows``), a loop over the row each; the reduction's loop then
         loads them (``_row_values``)."""
-        red, ixs = self.kernel.ast, lanes
+        # (the values are the same in every lane of the last axis where lanes cover it: its first)
+        last = max(d for d, n in enumerate(self.kernel.ast.shape) if n > 1)
+        red, ixs = self.kernel.ast, [l for l in lanes if l[last] is lanes[0][last]] if self.sched.lanes else lanes
         while red.op in MOVES:
             ixs, red = [self.move_index(red, ix) for ix in ixs], red.src[0]
         ixs = list(dict.fromkeys(ixs))

@@ -35,7 +35,7 @@ from eqgrad.dtype import bool_
 from eqgrad.graph.caps import (DOT_BLOCK, LANE_BODY_MAX, LANES_LAST, LANES_PREV, ROW_STASH_MAX, TILE_BLOCKS, TILE_MIN_STREAM,
                                Capabilities, private_cache_bytes, register_block, register_block_rule,
                                register_rows_rule)
-from eqgrad.graph.plan import GROUP, Kernel, KNode, broadcast_product, lanes_axis, shared_factor
+from eqgrad.graph.plan import GROUP, Kernel, KNode, NodeMemo, broadcast_product, lanes_axis, shared_factor
 from eqgrad.graph.sizes import ELEMENTWISE
 from eqgrad.lower.contraction import GEMM_MOVES, candidate, find_contraction
 from eqgrad.lower.indexing import (MOVES, REDUCES, dry_sources, flat_index, hoistable, reduce_map, roots_of,
@@ -578,14 +578,16 @@ def _rows_answers(root: KNode) -> tuple[bool, bool, bool]:
     # each element of that factor once where the one-axis block covers the whole axis: what varies
     # along its own loop (attention's probabilities in dv, g[i] . v[j] in dq) included
     shared = _lane_shared_covered(root)
+    # (a kernel without hoists: its own reduction's sums of products, root_dots)
+    own_blocked = not rows and _own_dots_blocked(root, LowerOptions())
     if not rows and not shared:
-        return False, False, False
+        return False, False, own_blocked
     kept: set[int] = set()
     for r in (*rows, *shared):
         kept.update(id(x) for x in r.walk())
     if not all(id(n) in kept or id(n) in own for n in root.walk() if n.op in REDUCES):
-        return False, False, False
-    return True, _dots_streamed(root, own, {id(n) for n in rows}), bool(rows) and _dots_blocked(root)
+        return False, False, own_blocked
+    return True, _dots_streamed(root, own, {id(n) for n in rows}), own_blocked or (bool(rows) and _dots_blocked(root))
 
 
 def row_dots_blocked(root: KNode) -> bool:
@@ -613,6 +615,27 @@ def _dots_blocked(root: KNode) -> bool:
     o = LowerOptions()
     s = schedule_kernel(Kernel("row_dots", 0, root, root.buffers()), o)
     return bool(s.row_dots) or (row_lanes(root) and _row_pack(root, o, s) is not None)
+
+
+def _own_dots_blocked(root: KNode, o: LowerOptions) -> bool:
+    """Whether the kernel's own reduction reads a sum of products along its loop that ``root_dots``
+    computes as register blocks, as the body is or once the device has packed its operand
+    (``_root_pack``): its loads along that loop keep their index or step by one, or one that does
+    not is a factor the pack may copy. (The cost model's question, without the lowering's dry runs
+    of the packed body: asked of every kernel the extractor prices under a memory bound.)"""
+    return any((set(st) <= {0, 1} and 1 in st) or bool(_packable(x.src[0], a, o)) for x, a, st in _own_reads(root))
+
+
+_OWN_READS = NodeMemo()
+
+
+def _own_reads(root: KNode) -> tuple[tuple[KNode, int, tuple[int | None, ...]], ...]:
+    """``_root_dot_reads`` of ``root`` as (value, axis, steps), worked out once per body: the
+    lanes pass asks it (``row_block``) of each kernel the cost model prices, as does ``rows_kept``."""
+    hit = _OWN_READS.get(root)
+    if hit is None:
+        hit = _OWN_READS.put(root, tuple((x, a, st) for x, _, a, st in _root_dot_reads(root, {})))
+    return hit
 
 
 def _dots_streamed(root: KNode, own: set[int], hoisted: set[int]) -> bool:
@@ -735,7 +758,7 @@ def row_block(root: KNode, body: int, lanes_prev: tuple[int, ...], body_max: int
     if len(big) < 2:
         return 1
     if not any(k == len(big) - 1 for k, _ in _row_entries(root)) and \
-            (_row_entries(root) or not any(set(st) <= {0, 1} and 1 in st for *_, st in _root_dot_reads(root, {}))):
+            (_row_entries(root) or not any(set(st) <= {0, 1} and 1 in st for *_, st in _own_reads(root))):
         return 1
     rows = root.shape[big[-2]]
     longest = max((numel(n.src[0].shape) // max(1, numel(n.shape)) for n in root.walk() if n.op in REDUCES), default=1)
