@@ -634,7 +634,7 @@ def _own_reads(root: KNode) -> tuple[tuple[KNode, int, tuple[int | None, ...]], 
     lanes pass asks it (``row_block``) of each kernel the cost model prices, as does ``rows_kept``."""
     hit = _OWN_READS.get(root)
     if hit is None:
-        hit = _OWN_READS.put(root, tuple((x, a, st) for x, _, a, st in _root_dot_reads(root, {})))
+        hit = _OWN_READS.put(root, tuple((x, a, st) for x, _, a, st in _root_dot_reads(root)))
     return hit
 
 
@@ -1059,12 +1059,12 @@ class RowDots(Pass):
     def applies(self, ctx: PassCtx, s: Schedule) -> bool:
         if s.row_stash:
             return bool(s.lanes) and bool(self._found(ctx, s))
-        return bool(root_dots(ctx.root, s, ctx.has_reduce, ctx.options))
+        return bool(root_dots(ctx.root, s, ctx.options))
 
     def run(self, ctx: PassCtx, s: Schedule) -> Schedule:
         if s.row_stash:
             return replace(s, row_dots=self._found(ctx, s))
-        dots = root_dots(ctx.root, s, ctx.has_reduce, ctx.options)
+        dots = root_dots(ctx.root, s, ctx.options)
         block = max((r for _, _, r in dots), default=1) if not s.lanes else 1
         return replace(s, root_dots=dots, root_rows=root_rows(ctx.root, s, dots), root_block=block if block > 1 else 0)
 
@@ -1134,7 +1134,7 @@ def own_reduction(root: KNode) -> tuple[KNode, tuple[Lin, ...]] | None:
     return (n, ix) if n.op in REDUCES else None
 
 
-def _root_dot_reads(root: KNode, has_reduce: dict[int, bool]) -> Iterator[tuple[KNode, tuple[Lin, ...], int, tuple[int | None, ...]]]:
+def _root_dot_reads(root: KNode) -> Iterator[tuple[KNode, tuple[Lin, ...], int, tuple[int | None, ...]]]:
     """(value, the index the kernel's own reduction reads it at, the one axis that reduction's loop
     runs along, the step of each load below it along that axis) for each sum of products without
     reductions below that the kernel's own reduction reads at one index."""
@@ -1154,7 +1154,7 @@ def _root_dot_reads(root: KNode, has_reduce: dict[int, bool]) -> Iterator[tuple[
         yield x, xi, a, steps
 
 
-def root_dots(root: KNode, s: Schedule, has_reduce: dict[int, bool], o: LowerOptions) -> tuple[tuple[KNode, int, int], ...]:
+def root_dots(root: KNode, s: Schedule, o: LowerOptions) -> tuple[tuple[KNode, int, int], ...]:
     """RowDots's values in a kernel without hoists (``Schedule.root_dots``): the sums of products
     that the kernel's own reduction reads along its loop (attention's backward, the scores ``q . k``
     and ``g . v`` of each query row's statistics and of dq, dk, dv recomputed under a memory bound)
@@ -1165,14 +1165,16 @@ def root_dots(root: KNode, s: Schedule, has_reduce: dict[int, bool], o: LowerOpt
     into a local array that the loop then loads: before, each was a dot product along the head dim,
     horizontally summed, one an element of the row. ``w``: the lanes of the last output axis where
     they cover it (the values are then the same for every lane), else the register block of
-    ``lanes_last x lanes_prev`` accumulators (a kernel without lanes: one value a row). Only where
-    the row's values change with the innermost output loop (computed once a row) and the device has
-    register lanes."""
+    ``lanes_last x lanes_prev`` accumulators shared by a block of rows of the last axis (a kernel
+    without lanes, one value a row: ``Schedule.root_block``); a group of the lanes' row block
+    (``row_block``) computes its rows' values together, the loads of the shared operand once for all.
+    Only where the row's values change with the innermost output loop (computed once a row) and the
+    device has register lanes. Measured: docs/lowering.md, ``row dots`` (a kernel's own reduction)."""
     if s.hoist or s.row_stash or s.tile is not None or s.dot or s.blocks or "lanes" in o.disabled \
             or max(o.lanes_last, default=1) <= 1:
         return ()
     # (the reads first: under a trace, lower/trace.py, a size compared below is a guard of the trace)
-    reads = list(_root_dot_reads(root, has_reduce))
+    reads = list(_root_dot_reads(root))
     if not reads:
         return ()
     up = s.lane_map
@@ -1237,13 +1239,15 @@ def root_rows(root: KNode, s: Schedule, dots: tuple[tuple[KNode, int, int], ...]
     return tuple(n for n in cands if id(n) not in inside)
 
 
-def row_pack(root: KNode, o: LowerOptions) -> tuple[KNode, KNode] | None:
+def row_pack(root: KNode, o: LowerOptions) -> tuple[KNode | tuple[KNode, ...], KNode] | None:
     """``lane_pack``'s answer for a row-fused kernel: (the pack of an operand of a row-stash sum of
     products that the row's array keeps along an axis it reads with a stride -- attention's k,
     read along the keys a head dim apart --, copied with that axis innermost; ``root`` reading it
     back from buffer -1) where that lets the row-dots pass compute the sum as register blocks
-    (``RowDots``) and it could not before; None otherwise. Only an operand that is a view of one
-    buffer (a GEMM operand's movement ops), as ``lane_pack``."""
+    (``RowDots``) and it could not before; for a kernel without hoists, the packs its own
+    reduction's sums need (``_root_pack``: a tuple of packs, pack i read from buffer -1 - i); None
+    otherwise. Only an operand that is a view of one buffer (a GEMM operand's movement ops), as
+    ``lane_pack``."""
     if "row dots" in o.disabled or "lanes" in o.disabled or max(o.lanes_last, default=1) <= 1:
         return None
     # (the cheap conditions first: a sum below another reduction -- a resized plan's kernels, new
@@ -1261,49 +1265,41 @@ def _root_pack(root: KNode, o: LowerOptions) -> tuple[tuple[KNode, ...], KNode] 
     """``row_pack`` for a kernel's own reduction (``root_dots``): ((the packs, each an operand that a
     sum of products the reduction reads along its loop reads there with a stride, copied with that
     axis innermost -- k^T and v^T for a query row's scores and ``g . v``, q^T and g^T for a key
-    row's --), ``root`` reading pack i back from buffer -1 - i) where that gives the row-dots pass
-    more values than it had; None otherwise."""
-    def strided(body: KNode) -> list[tuple[KNode, int]]:
-        return [(x, a) for x, _, a, steps in _root_dot_reads(body, reduce_map(body)) if not set(steps) <= {0, 1}]
-    if not strided(root):
+    row's --, then what the values over them read across the row with a stride -- a causal mask
+    (i, j), which a key row's dk and dv read along the queries --), ``root`` reading pack i back
+    from buffer -1 - i) where that gives the row-dots pass more values than it had; None otherwise."""
+    if not any(not set(st) <= {0, 1} for *_, st in _root_dot_reads(root)):
         return None
     before = len(schedule_kernel(Kernel("row_pack", 0, root, root.buffers()), o).root_dots)
     packs: list[KNode] = []
     body = root
-    while True:
-        # (the packs made so far move one buffer down: the next one reads from -1)
-        shifted = body.replaced({id(n): KNode("BUF", (), n.arg - 1, n.shape, n.dtype) for n in body.walk()
-                                 if n.op == "BUF" and n.arg < 0}) if packs else body
-        # (only where the sum reads it: attention's dq reads k along the head dim as well)
-        nxt = next(((f, u, a, x) for x, a in strided(shifted) for f, u in _packable(x.src[0], a, o)
-                    if min(b.arg for b in u.walk() if b.op == "BUF") >= 0), None)
-        if nxt is None:
-            break
-        pack, body = _packed(shifted, *nxt)
-        packs.insert(0, pack)
-    if not packs or len(schedule_kernel(Kernel("row_pack", 0, body, body.buffers()), o).root_dots) <= before:
-        return None
-    # then what the values over them read across the row with a stride (a causal mask (i, j) read
-    # along the queries i by a key row's dk and dv: a gather a query in their row loop)
-    while (found := _strided_row_load(body, o)) is not None:
-        body = body.replaced({id(n): KNode("BUF", (), n.arg - 1, n.shape, n.dtype) for n in body.walk()
-                              if n.op == "BUF" and n.arg < 0})
-        found = _strided_row_load(body, o)
-        if found is None:
-            break
-        y, leaf, d = found
-        perm = tuple(a for a in range(len(leaf.shape)) if a != d) + (d,)
-        pack = KNode("PERMUTE", (leaf,), perm, tuple(leaf.shape[a] for a in perm), leaf.dtype)
-        back = KNode("PERMUTE", (KNode("BUF", (), -1, pack.shape, leaf.dtype),),
-                     tuple(perm.index(a) for a in range(len(perm))), leaf.shape, leaf.dtype)
-        body = body.replaced({id(y): y.replaced({id(leaf): back})})
-        packs.insert(0, pack)
+    for find in (_strided_operand, _strided_row_load):
+        while True:
+            # (the packs made so far move one buffer down: the next one reads from -1)
+            shifted = body.replaced({id(n): KNode("BUF", (), n.arg - 1, n.shape, n.dtype) for n in body.walk()
+                                     if n.op == "BUF" and n.arg < 0}) if packs else body
+            nxt = find(shifted, o)
+            if nxt is None:
+                break
+            pack, body = _packed(shifted, *nxt)
+            packs.insert(0, pack)
+        if find is _strided_operand and \
+                (not packs or len(schedule_kernel(Kernel("row_pack", 0, body, body.buffers()), o).root_dots) <= before):
+            return None
     return tuple(packs), body
 
 
-def _strided_row_load(body: KNode, o: LowerOptions) -> tuple[KNode, KNode, int] | None:
-    """(a ``root_rows`` value of ``body``, a buffer it reads -- not inside a reduction -- whose index
-    along the value's row is one of the buffer's axes alone, not its last, that axis) or None."""
+def _strided_operand(body: KNode, o: LowerOptions) -> tuple[KNode, KNode, int, KNode] | None:
+    """(factor, what a pack copies of it, axis, the sum of products) for an operand that a sum the
+    kernel's own reduction reads along its loop reads there with a stride (only inside that sum:
+    attention's dq reads k along the head dim as well), not packed yet; None where there is none."""
+    return next(((f, u, a, x) for x, _, a, st in _root_dot_reads(body) if not set(st) <= {0, 1}
+                 for f, u in _packable(x.src[0], a, o) if min(b.arg for b in u.walk() if b.op == "BUF") >= 0), None)
+
+
+def _strided_row_load(body: KNode, o: LowerOptions) -> tuple[KNode, KNode, int, KNode] | None:
+    """(a buffer, itself, its axis, a ``root_rows`` value that reads it -- not inside a reduction --
+    with its index along the value's row on that axis alone, not the buffer's last) or None."""
     s = schedule_kernel(Kernel("row_pack", 0, body, body.buffers()), o)
     found = own_reduction(body)
     if not s.root_rows or found is None:
@@ -1321,7 +1317,7 @@ def _strided_row_load(body: KNode, o: LowerOptions) -> tuple[KNode, KNode, int] 
             axes = [d for d, l in enumerate(idx) if "_t" in substitute_free(l)]
             big = [d for d, sz in enumerate(n.shape) if sz > 1]
             if len(axes) == 1 and idx[axes[0]] == t and axes[0] != big[-1]:
-                return y, n, axes[0]
+                return n, n, axes[0], y
     return None
 
 
