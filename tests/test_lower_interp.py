@@ -25,6 +25,8 @@ from eqgrad.lower.lowering import Lowerer, lower_kernel
 from eqgrad.lower.passes import LowerOptions, run_passes
 from eqgrad.lower.split import split_reduction
 from eqgrad.lower.symbolic import Lin
+from eqgrad.devices import Buffer, get_device
+from conftest import DEVICES
 
 
 def _t(*shape: int, seed: int = 0, dtype=np.float32) -> Tensor:
@@ -329,6 +331,14 @@ def test_a_kernels_own_reduction_reads_its_rows_dot_products_from_register_block
         assert any(x.op == "DEFLOCAL" for x in lk.insts)
         _same(_run(body, packed, pb), bufs[kk.out], f"{kk.name} with row dots")
         _same(_run(body, packed, pb, LowerOptions(disabled={"row dots"})), bufs[kk.out], f"{kk.name} without")
+        # and on the devices, the packs and the body as a plan of their own
+        for dev in DEVICES:
+            if dev == "NUMPY":
+                continue
+            bs = [Buffer.from_numpy(np.ascontiguousarray(b), dev) for b in bufs]
+            bs += [Buffer.empty(sh, dt, dev) for sh, dt in scratch]
+            get_device(dev).prepare(KernelPlan(packed.buffers, plan.n_inputs, pieces, [body.out], 0.0))(bs)
+            _same(bs[kk.out].numpy(), bufs[kk.out], f"{kk.name} on {dev}")
 
 
 def test_the_stash_is_stored_only_by_a_loop_over_the_unopened_row(plans):
