@@ -387,6 +387,7 @@ class PlanEvaluator:
         under_hoist: set[int] = set()
         slow: set[int] = set()
         fast: set[int] = set()             # inside a contraction at the root (cost.py: the class)
+        blocked: set[int] = set()          # a sum of products the root-dots pass blocks, and its product
         cflops = 0.0
         loads: dict[int, float] = {}       # materialized producer class -> element reads
         inputs: dict[int, float] = {}      # input position -> element reads
@@ -476,7 +477,7 @@ class PlanEvaluator:
                 # 1024^2 A @ B inside @ x ran at 1 GFLOP/s, 2.26 s, priced 14 ms at the contraction rate)
                 f *= p.unlaned
                 slow.add(c)
-            elif c in fast:
+            elif c in fast or c in blocked:
                 cflops += f
             elif reduce and op == "RSUM" and self._contraction(nodes_of, n, *((choice, read) if c in under_hoist else ())):
                 if c in under_hoist:
@@ -489,8 +490,10 @@ class PlanEvaluator:
                     # a sum of products the kernel's own reduction reads along its loop, computed
                     # for a block of rows as register blocks before it (lower/passes.py root_dots:
                     # the bounded attention backward's scores, 114-179 GFLOP/s measured; priced as
-                    # plain flops, its six kernels were predicted 88.6 ms against 36-45 measured)
+                    # plain flops, its six kernels were predicted 88.6 ms against 36-45 measured),
+                    # its product with it
                     cflops += f
+                    blocked.add(n.children[0])
             flops += f
             if op == "PAD" and e > size_k:
                 masked = True
