@@ -250,6 +250,8 @@ def test_attentions_bounded_backward_packs_each_operand_once_for_its_six_kernels
         assert m is None or [s_, s_] in [list(sh) for sh, _ in dp.scratch]
         assert sum("an earlier kernel made" in n for n in dp.notes) == 4, dp.notes
         assert all(schedule_kernel(kk).root_dots for kk in dp.plan.kernels if kk.out < len(ex.plan.buffers))
+        # explain() names them: a row-dots line for each of the six
+        assert sorted(k for k, p, _ in ex.lowering(dp) if p == "row dots") == sorted(kk.name for kk in ex.plan.kernels)
         Q, K, V, G = (x.astype(np.float64) for x in a)
         sn = Q @ K.transpose(0, 1, 3, 2) * 0.25 + (0 if m is None else m)
         p = np.exp(sn - sn.max(-1, keepdims=True))

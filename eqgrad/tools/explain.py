@@ -86,14 +86,16 @@ class Explanation:
     def lowering(self, dp: Any = None) -> list[tuple[str, str, str]]:
         """(kernel, pass, what it decided) for the lowering passes that change what a kernel of the
         device's plan computes where: row fusion (``hoist``), a value stored for reuse (``stash``:
-        softmax's exp computed once per element) and the values a row keeps in local arrays (``row
-        stash``: attention's scores, when it is one kernel); docs/lowering.md. ``dp``: the device
-        plan, when the caller has it already."""
+        softmax's exp computed once per element), the values a row keeps in local arrays (``row
+        stash``: attention's scores, when it is one kernel) and those computed as register blocks
+        before the loop that reads them (``row dots``: those scores, and the ones each kernel of
+        attention's bounded backward recomputes); docs/lowering.md. ``dp``: the device plan, when
+        the caller has it already."""
         options = LowerOptions.for_caps(get_device(self.device).caps)
         out = []
         for k in (dp if dp is not None else self.device_plan()).plan.kernels:
             for st in run_passes(k, options):
-                if st.name in ("hoist", "stash", "row stash") and st.status == "applied" \
+                if st.name in ("hoist", "stash", "row stash", "row dots") and st.status == "applied" \
                         and not st.detail.startswith("nothing"):
                     out.append((k.name, st.name, st.detail))
         return out
