@@ -91,8 +91,7 @@ def _lane_packed(k: Kernel, lp: tuple, first: int) -> tuple[list[Kernel], list]:
     kernel ``k``: (a pack, or a tuple of packs, the body reading pack i from buffer -1 - i)."""
     packs, body = lp
     packs = packs if isinstance(packs, tuple) else (packs,)
-    body = body.replaced({id(n): KNode("BUF", (), first - 1 - n.arg, n.shape, n.dtype) for n in body.walk()
-                          if n.op == "BUF" and n.arg < 0})
+    body = _rebuffered(body, {n.arg: first - 1 - n.arg for n in body.walk() if n.op == "BUF" and n.arg < 0})
     # (each piece keeps the plan kernel's kind and prediction: what it was priced as)
     pks = [Kernel(f"{k.name}p{i}", first + i, pack, pack.buffers(), k.predicted, 8 * numel(pack.shape), 0, k.kind,
                   k.stats) for i, pack in enumerate(packs)]
@@ -118,10 +117,15 @@ def _shared_packs(pieces: list[Kernel], scratch: list, first: int, made: dict[st
         kept_scratch.append(sc)
     body = pieces[-1]
     if any(a != b for a, b in remap.items()):
-        ast = body.ast.replaced({id(n): KNode("BUF", (), remap[n.arg], n.shape, n.dtype) for n in body.ast.walk()
-                                 if n.op == "BUF" and n.arg in remap and remap[n.arg] != n.arg})
+        ast = _rebuffered(body.ast, remap)
         body = dataclasses.replace(body, ast=ast, inputs=ast.buffers())
     return [*kept, body], kept_scratch
+
+
+def _rebuffered(root: KNode, ids: dict[int, int]) -> KNode:
+    """``root`` reading buffer ``ids[b]`` where it read buffer ``b``."""
+    return root.replaced({id(n): KNode("BUF", (), ids[n.arg], n.shape, n.dtype) for n in root.walk()
+                          if n.op == "BUF" and ids.get(n.arg, n.arg) != n.arg})
 
 
 def _detached(found: contraction.Found, root: Any) -> tuple:

@@ -153,6 +153,17 @@ def hoistable(root: KNode, idx: Index, has_reduce: dict[int, bool],
     return order
 
 
+def row_array_cap(extent: int) -> int:
+    """The elements a row's local array holds for a row of ``extent``: the power of two at or above
+    it, at least 16. The kernels of a growing row (a decode step's cache) then share their code
+    (devices/sizeargs.py: the extent is not a size) and a trace (lower/trace.py: comparisons guard a
+    band of lengths, where the length itself would pin the trace to one)."""
+    cap = 16
+    while cap < extent:
+        cap *= 2
+    return cap
+
+
 def stash_read(red: KNode, ix: Index, x: KNode, sources: Sources = dry_sources) -> Index | None:
     """The one index at which reduction ``red``, rendered at ``ix``, reads ``x`` in its own loop
     (a dry run: ``red``'s reduced axes are ``_k{id(red)}_{axis}`` variables; a reduction met on the

@@ -34,7 +34,7 @@ from eqgrad.graph.loopir import INDEX, NONNEG, LInst, LoopIRError, LoopKernel, v
 from eqgrad.graph.plan import GROUP, Kernel, KernelPlan, KNode
 from eqgrad.lower.collapse import collapse, merge_axes, merge_reduced
 from eqgrad.lower.indexing import (MOVES, REDUCES, dry_sources, flat_index, hoistable, move_index, reduce_map,
-                                   stash_layout, stash_read, strides_of)
+                                   row_array_cap, stash_layout, stash_read, strides_of)
 from eqgrad.lower.passes import LowerOptions, Schedule, describe_steps, run_passes
 from eqgrad.lower.sums import SUM_BLOCK, SUM_RADIX, sum_depth, sum_error_terms, sum_pieces
 from eqgrad.lower import symbolic
@@ -286,13 +286,7 @@ class Lowerer:
             extent = numel(tuple(x.shape[d] for d in axes))
             if extent * rows > ROW_STASH_MAX:
                 continue
-            # the array's extent is the power of two at or above the row's: the kernels of a
-            # growing row (a decode step's cache) share their code (devices/sizeargs.py: the extent
-            # is not a size) and a trace (lower/trace.py: comparisons guard a band of lengths,
-            # where the length itself would pin the trace to one)
-            cap = 16
-            while cap < extent:
-                cap *= 2
+            cap = row_array_cap(extent)
             arr = self.emit("DEFLOCAL", x.dtype, (), cap * rows, cse=False)
             self._rows[id(x)] = _RowArray(arr, red, axes, cap)
 
@@ -318,15 +312,26 @@ class Lowerer:
             reads = [stash_read(red, ix, x, self._dry_sources) for ix in ixs]
             if None in reads or x.shape[axis] % w or len(ixs) % rows_per:
                 continue
-            r = self.open_range(x.shape[axis] // w)
-            for g in range(0, len(ixs), rows_per):
-                idxs = tuple(xi[:axis] + (r * w + u,) + xi[axis + 1:] for xi in reads[g:g + rows_per] for u in range(w))
-                vals = self._render_lanes(x, idxs, (None,) * len(idxs))
-                for j, (idx, v) in enumerate(zip(idxs, vals)):
-                    self.emit("STORE", None, (row.arr, self.index(row.element(idx, x.shape, g + j // w)), v), cse=False)
+            self._dot_blocks(x, row, reads, w, rows_per)
+
+    def _dot_blocks(self, x: KNode, row: "_RowArray", reads: list[tuple[Lin, ...]], w: int, per: int) -> None:
+        """Sum of products ``x`` at the rows ``reads`` (its index at each, the array's axis free),
+        computed as register blocks into ``row``'s array: a loop over that axis in steps of ``w``,
+        and in it, for each group of ``per`` rows, a reduction with one accumulator a (row, element)
+        -- the rows' ``w`` values of one element are one vector, the operand the rows share one
+        vector load and the row's own a broadcast. The row-dots pass's values, of a hoisted
+        reduction (``_row_dots``) or of the kernel's own (``_root_dots``)."""
+        axis, n = row.axes[0], x.shape[row.axes[0]]
+        r = self.open_range(n // w) if n > w else Lin.num(0)
+        for g in range(0, len(reads), per):
+            idxs = tuple(xi[:axis] + (r * w + u,) + xi[axis + 1:] for xi in reads[g:g + per] for u in range(w))
+            vals = self._render_lanes(x, idxs, (None,) * len(idxs))
+            for j, (idx, v) in enumerate(zip(idxs, vals)):
+                self.emit("STORE", None, (row.arr, self.index(row.element(idx, x.shape, g + j // w)), v), cse=False)
+        if n > w:
             self.close_range(r)
-            row.rows = [row.pattern(xi) for xi in reads]
-            row.stored = row.done = True
+        row.rows = [row.pattern(xi) for xi in reads]
+        row.stored = row.done = True
 
     def _root_dots(self, lanes: list[tuple[Lin, ...]]) -> None:
         """The row-dots pass's values of the kernel's own reduction (``passes.root_dots``; the root,
@@ -346,18 +351,7 @@ class Lowerer:
             row = self._root_array(red, ixs, x)
             if row is None:
                 continue
-            reads, axis = row.rows, row.axes[0]
-            n = x.shape[axis]
-            r = self.open_range(n // w) if n > w else Lin.num(0)
-            for g in range(0, len(reads), per):
-                idxs = tuple(xi[:axis] + (r * w + u,) + xi[axis + 1:] for xi in reads[g:g + per] for u in range(w))
-                vals = self._render_lanes(x, idxs, (None,) * len(idxs))
-                for j, (idx, v) in enumerate(zip(idxs, vals)):
-                    self.emit("STORE", None, (row.arr, self.index(row.element(idx, x.shape, g + j // w)), v), cse=False)
-            if n > w:
-                self.close_range(r)
-            row.rows = [row.pattern(xi) for xi in reads]
-            row.stored = row.done = True
+            self._dot_blocks(x, row, row.rows, w, per)
             self._rows[id(x)] = row
         for y in self.sched.root_rows:
             row = self._root_array(red, ixs, y)
@@ -384,9 +378,7 @@ class Lowerer:
         if None in found or len({f[1] for f in found}) != 1 or len(found[0][1]) != 1:
             return None
         reads = list(dict.fromkeys(f[0] for f in found))
-        cap = 16
-        while cap < x.shape[found[0][1][0]]:
-            cap *= 2
+        cap = row_array_cap(x.shape[found[0][1][0]])
         row = _RowArray(self.emit("DEFLOCAL", x.dtype, (), cap * len(reads), cse=False), red, found[0][1], cap)
         row.rows = reads
         return row

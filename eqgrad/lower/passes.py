@@ -757,8 +757,9 @@ def row_block(root: KNode, body: int, lanes_prev: tuple[int, ...], body_max: int
     big = [d for d, n in enumerate(root.shape) if n > 1]
     if len(big) < 2:
         return 1
-    if not any(k == len(big) - 1 for k, _ in _row_entries(root)) and \
-            (_row_entries(root) or not any(set(st) <= {0, 1} and 1 in st for *_, st in _own_reads(root))):
+    entries = _row_entries(root)
+    if not any(k == len(big) - 1 for k, _ in entries) and \
+            (entries or not any(set(st) <= {0, 1} and 1 in st for *_, st in _own_reads(root))):
         return 1
     rows = root.shape[big[-2]]
     longest = max((numel(n.src[0].shape) // max(1, numel(n.shape)) for n in root.walk() if n.op in REDUCES), default=1)
@@ -1115,12 +1116,14 @@ def row_dot_steps(root: KNode, s: Schedule, has_reduce: dict[int, bool]) -> list
     """For each row-stash sum of products ``_row_dot_reads`` finds: the step along the axis its row
     keeps of each load below it (0: the row's own operand; 1: read in order; None: no constant
     step), and that axis's size."""
-    out = []
-    for x, xi, a in _row_dot_reads(root, s, has_reduce):
-        t = xi[:a] + (Lin.var("_t", x.shape[a]),) + xi[a + 1:]
-        steps = tuple(_step(flat_index(idx, n.shape), "_t") for n, idx, _ in _dry_loads(x, t, "_z", lambda n: True))
-        out.append((x, steps, x.shape[a]))
-    return out
+    return [(x, _steps_along(x, xi, a), x.shape[a]) for x, xi, a in _row_dot_reads(root, s, has_reduce)]
+
+
+def _steps_along(x: KNode, xi: tuple[Lin, ...], a: int) -> tuple[int | None, ...]:
+    """The step of each load below ``x`` (read at ``xi``) along its axis ``a`` (0: an operand that
+    keeps its index there; 1: read in order; None: no constant step)."""
+    t = xi[:a] + (Lin.var("_t", x.shape[a]),) + xi[a + 1:]
+    return tuple(_step(flat_index(idx, n.shape), "_t") for n, idx, _ in _dry_loads(x, t, "_z", lambda n: True))
 
 
 def own_reduction(root: KNode) -> tuple[KNode, tuple[Lin, ...]] | None:
@@ -1149,9 +1152,7 @@ def _root_dot_reads(root: KNode) -> Iterator[tuple[KNode, tuple[Lin, ...], int, 
         if lay is None or len(lay[1]) != 1:
             continue
         xi, (a,) = lay
-        t = xi[:a] + (Lin.var("_t", x.shape[a]),) + xi[a + 1:]
-        steps = tuple(_step(flat_index(i, n.shape), "_t") for n, i, _ in _dry_loads(x, t, "_z", lambda n: True))
-        yield x, xi, a, steps
+        yield x, xi, a, _steps_along(x, xi, a)
 
 
 def root_dots(root: KNode, s: Schedule, o: LowerOptions) -> tuple[tuple[KNode, int, int], ...]:
@@ -1268,7 +1269,7 @@ def _root_pack(root: KNode, o: LowerOptions) -> tuple[tuple[KNode, ...], KNode] 
     row's --, then what the values over them read across the row with a stride -- a causal mask
     (i, j), which a key row's dk and dv read along the queries --), ``root`` reading pack i back
     from buffer -1 - i) where that gives the row-dots pass more values than it had; None otherwise."""
-    if not any(not set(st) <= {0, 1} for *_, st in _root_dot_reads(root)):
+    if not any(not set(st) <= {0, 1} for *_, st in _own_reads(root)):
         return None
     before = len(schedule_kernel(Kernel("row_pack", 0, root, root.buffers()), o).root_dots)
     packs: list[KNode] = []
