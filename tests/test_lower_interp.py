@@ -341,6 +341,29 @@ def test_a_kernels_own_reduction_reads_its_rows_dot_products_from_register_block
             _same(bs[kk.out].numpy(), bufs[kk.out], f"{kk.name} on {dev}")
 
 
+def test_a_kernels_own_row_arrays_stay_within_a_threads_stack():
+    """The row dots of a kernel's own reduction keep a row of the reduction's extent for each row of
+    their block in local arrays (a thread's stack): each within ``ROW_STASH_MAX`` elements. At 4,096
+    keys the row statistics' block is 4 rows, not 8 (8 x 4,096 floats was 128 KB an array)."""
+    from eqgrad.graph.caps import ROW_STASH_MAX
+    from eqgrad.lower.indexing import row_array_cap
+    s_, d = 4096, 16
+    q, k, v = (Tensor(_t(1, 1, s_, d, seed=i).numpy(), device="NUMPY", requires_grad=True) for i in range(3))
+    ((q @ k.transpose(-1, -2) * 0.25).softmax(-1) @ v * _t(1, 1, s_, d, seed=3)).sum().backward()
+    with eqgrad.Context(PEAK_MEMORY=4 * (3 * s_ * d + 3 * s_)):
+        plan = engine.plan_for([q.grad.lazydata, k.grad.lazydata, v.grad.lazydata])[0].plan
+    blocks = []
+    for kk in plan.kernels:
+        body = passes.row_pack(kk.ast, LowerOptions())[1]
+        sched = passes.schedule_kernel(Kernel(kk.name, kk.out, body, body.buffers()))
+        assert sched.root_dots, kk.name
+        blocks.append(sched.root_block)
+        for x, w, r in sched.root_dots:
+            rows = sched.root_block or dict(sched.lanes).get(2, 1)
+            assert row_array_cap(s_) * rows <= ROW_STASH_MAX, (kk.name, w, r, rows)
+    assert sorted(blocks) == [0, 0, 0, 4, 4, 4]
+
+
 def test_the_stash_is_stored_only_by_a_loop_over_the_unopened_row(plans):
     """The emitter's check: a hoisted sum stores the stashed value only when it loops over exactly
     the output elements the output loops have not opened yet, read at the open loops' row (a

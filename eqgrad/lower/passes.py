@@ -39,7 +39,7 @@ from eqgrad.graph.plan import GROUP, Kernel, KNode, NodeMemo, broadcast_product,
 from eqgrad.graph.sizes import ELEMENTWISE
 from eqgrad.lower.contraction import GEMM_MOVES, candidate, find_contraction
 from eqgrad.lower.indexing import (MOVES, REDUCES, dry_sources, flat_index, hoistable, reduce_map, roots_of,
-                                   stash_layout)
+                                   row_array_cap, stash_layout)
 from eqgrad.lower.sums import SUM_BLOCK, SUM_RADIX
 from eqgrad.lower.symbolic import Lin, Var, substitute_free
 from eqgrad.ops import OPS, numel
@@ -1188,19 +1188,22 @@ def root_dots(root: KNode, s: Schedule, o: LowerOptions) -> tuple[tuple[KNode, i
     rows = up.get(big[-2], 1) if len(big) > 1 else 1
     vec = max(o.lanes_last)
     budget = vec * max(o.lanes_prev)
+    # (each value's local array, a row of the reduction's extent for each row of the block, within
+    # ROW_STASH_MAX: a thread's stack)
+    n0 = reads[0][0].shape[reads[0][2]]
     if not up:
         # without lanes the last output axis is the rows': a block of them (``Schedule.root_block``;
         # none where a trace holds their number as a symbol)
         nr = root.shape[big[-1]]
         rows = next((r for r in sorted(o.lanes_prev, reverse=True) if isinstance(nr, int) and r > 1
-                     and nr % r == 0 and nr > r), 1)
+                     and nr % r == 0 and nr > r and isinstance(n0, int) and row_array_cap(n0) * r <= ROW_STASH_MAX), 1)
     inner, lane_var = f"o{loops[-1]}", f"o{big[-1]}"
     out = []
     for x, xi, a, steps in reads:
         n = x.shape[a]
         free = {v for l in xi for v in substitute_free(l)}
         if not isinstance(n, int) or (lanes > 1 and lane_var in free) or inner not in free \
-                or not set(steps) <= {0, 1} or 1 not in steps:
+                or not set(steps) <= {0, 1} or 1 not in steps or row_array_cap(n) * rows > ROW_STASH_MAX:
             continue
         w = lanes if lanes > 1 else next((k for k in range(budget // rows, vec - 1, -vec) if n % k == 0), 0)
         if w > 1 and n % w == 0:
