@@ -186,3 +186,22 @@ def test_a_calibration_without_the_contraction_rate_reads_as_peak(tmp_path, monk
     (tmp_path / "calibration.json").write_text(json.dumps(
         {"version": CALIBRATION_VERSION, "entries": {f"LLVM|{machine_key('LLVM')}": entry}}))
     assert params_for("LLVM").contraction == 2e11
+
+
+def test_a_long_shared_chain_into_a_product_is_priced_without_unfolding_it():
+    """A kernel body is keyed by its structure for the lowering's answers (the register block of its
+    contraction, whether it keeps its rows): as nested tuples, a body whose values are each read twice
+    -- ``y = (y * 0.5 + 0.25) * tanh(y)``, 40 times, then ``y @ w`` -- hashed as the tree it unfolds
+    to (2^40 nodes), and extraction ran into its time limit (60 s) for a 1,328-op program. The key
+    is flat now (each class once, its sources by position): the search completes, and the numbers
+    are NumPy's."""
+    from eqgrad import engine
+    r = np.random.default_rng(0)
+    x0, w0 = r.uniform(-1, 1, (8, 16)).astype(np.float32), r.uniform(-1, 1, (16, 16)).astype(np.float32)
+    y, want = Tensor(x0), x0
+    for _ in range(40):
+        y, want = (y * 0.5 + 0.25) * y.tanh(), (want * 0.5 + 0.25) * np.tanh(want)
+    out = y @ Tensor(w0)
+    cp, _ = engine.plan_for([out.lazydata])
+    assert cp.result.status == "complete", cp.result.status
+    np.testing.assert_allclose(out.numpy(), want @ w0, rtol=1e-4, atol=1e-5)

@@ -191,20 +191,19 @@ _ROWS: dict[tuple, tuple[bool, bool, bool]] = {}   # PlanEvaluator._rows_kept's 
 _UNASKED = object()
 
 
-def _body(s: tuple, memo: dict[int, KNode]) -> KNode:
-    """The kernel body (KNodes) of a structure ``PlanEvaluator._fill`` built: (op, arg, sources,
-    shape, dtype), or a leaf ("BUF", i, shape, dtype) / ("CONST", shape, dtype); shared parts once."""
-    hit = memo.get(id(s))
-    if hit is not None:
-        return hit
-    if s[0] == "CONST":
-        out = KNode("CONST", (), 0, s[1], s[2])
-    elif s[0] == "BUF":
-        out = KNode("BUF", (), s[1], s[2], s[3])
-    else:
-        out = KNode(s[0], tuple(_body(x, memo) for x in s[2]), s[1], s[3], s[4])
-    memo[id(s)] = out
-    return out
+def _body(s: tuple) -> KNode:
+    """The kernel body (KNodes) of a structure ``PlanEvaluator._structure`` built: its nodes sources
+    first, each (op, arg, the positions of its sources, shape, dtype), or a leaf ("BUF", i, shape,
+    dtype) / ("CONST", shape, dtype); the last one the root."""
+    out: list[KNode] = []
+    for e in s:
+        if e[0] == "CONST":
+            out.append(KNode("CONST", (), 0, e[1], e[2]))
+        elif e[0] == "BUF":
+            out.append(KNode("BUF", (), e[1], e[2], e[3]))
+        else:
+            out.append(KNode(e[0], tuple(out[x] for x in e[2]), e[1], e[3], e[4]))
+    return out[-1]
 
 
 class PlanEvaluator:
@@ -239,36 +238,45 @@ class PlanEvaluator:
         if hit is None:
             if len(_FILLS) >= 4096:
                 _FILLS.clear()
-            hit = _FILLS[key] = self.cost.fill_parts(_body(struct, {}))
+            hit = _FILLS[key] = self.cost.fill_parts(_body(struct))
         return hit
 
     def _structure(self, k: int, order: list[int], nodes_of: dict[int, ENode]) -> tuple:
         """Kernel ``k``'s body as a structure ``_body`` builds KNodes of (buffers numbered in the
-        order first read): the key of the lowering's answers about it."""
+        order first read): the key of the lowering's answers about it. Flat -- each node once, its
+        sources by position, the root last -- so hashing and comparing it is linear in the body's
+        nodes: as nested tuples, a body whose values are shared many times (a post-norm encoder's
+        layers inlined into one row-fused kernel) hashed as the tree it unfolds to, minutes for
+        one move."""
         g = self.g
-        struct: dict[int, tuple] = {}
+        pos: dict[int, int] = {}
         bufs: dict[int, int] = {}
+        out: list[tuple] = []
         for c in reversed(order):               # sources first
             n = nodes_of[c]
             if n.op in _LEAVES or ((n.op == "REALIZE" or n.op == "CONTIGUOUS") and c != k):
-                struct[c] = ("CONST",) if n.op in ("CONST", "SIZE") else ("BUF", bufs.setdefault(c, len(bufs)))
+                e = ("CONST",) if n.op in ("CONST", "SIZE") else ("BUF", bufs.setdefault(c, len(bufs)))
             elif n.op in ("REALIZE", "CONTIGUOUS"):
-                struct[c] = struct[n.children[0]]
+                pos[c] = pos[n.children[0]]
                 continue
             else:
-                struct[c] = (n.op, n.arg, tuple(struct[ch] for ch in n.children))
-            struct[c] += (g.shapes[c], g.dtypes[c])
-        return struct[k]
+                e = (n.op, n.arg, tuple(pos[ch] for ch in n.children))
+            pos[c] = len(out)
+            out.append(e + (g.shapes[c], g.dtypes[c]))
+        if pos[k] != len(out) - 1:            # (the root through a Realize of its own class)
+            out.append(out[pos[k]])
+        return tuple(out)
 
-    def _rows_kept(self, k: int, order: list[int], nodes_of: dict[int, ENode]) -> tuple[bool, bool, bool]:
+    def _rows_kept(self, k: int, order: list[int], nodes_of: dict[int, ENode], blocked: bool
+                   ) -> tuple[bool, bool, bool]:
         """The lowering's ``rows_kept`` for kernel ``k``'s body (graph/caps.py: kept, streamed, blocked), by
         structure."""
-        struct = self._structure(k, order, nodes_of)
+        struct = (self._structure(k, order, nodes_of), blocked)
         hit = _ROWS.get(struct)
         if hit is None:
             if len(_ROWS) >= 4096:
                 _ROWS.clear()
-            hit = _ROWS[struct] = rows_kept(_body(struct, {}))
+            hit = _ROWS[struct] = rows_kept(_body(struct[0]), blocked)
         return hit
 
     @staticmethod
@@ -334,12 +342,14 @@ class PlanEvaluator:
         lowering would not, the kernel is priced again without (as before those rules)."""
         g, p = self.g, self.cost.params
         rows = self.rows if rows is None else rows
-        kept: list[tuple[bool, bool, bool]] = []   # the lowering's rows_kept answer, asked once
+        kept: dict[bool, tuple[bool, bool, bool]] = {}   # the lowering's rows_kept answers, asked once
 
-        def rows_kept_here() -> tuple[bool, bool, bool]:
-            if not kept:
-                kept.append(self._rows_kept(k, order, nodes_of))
-            return kept[0]
+        def rows_kept_here(blocked: bool = False) -> tuple[bool, bool, bool]:
+            """(blocked: with the third answer complete, the row-dots dry run, asked only for that)"""
+            hit = kept.get(blocked)
+            if hit is None:
+                hit = kept[blocked] = self._rows_kept(k, order, nodes_of, blocked)
+            return hit
         size, weight, elementwise, shapes = self._numel, self._flops, self._elementwise, g.shapes
         # body in topological order (consumers first): iterative DFS post-order, reversed. A class
         # is pushed as c, and again as ~c (< 0) to be emitted once its children are done; the
@@ -466,7 +476,7 @@ class PlanEvaluator:
                 # register blocks over the keys (lower/passes.py RowDots: 64 keys x 4 rows a step),
                 # at the contraction rate: b1 h4 s1024 d64 ran 6.4 ms, predicted 9.3 as plain flops
                 if op == "RSUM" and self._contraction(nodes_of, n):
-                    if rows_kept_here()[2]:
+                    if rows_kept_here(True)[2]:
                         cflops += f
                     elif not rows_kept_here()[1]:
                         f *= p.unlaned
@@ -486,7 +496,7 @@ class PlanEvaluator:
                 elif not nested.get(c, True):
                     cflops += f
                     fast.add(c)
-                elif rows and rows_kept_here()[2]:
+                elif rows and rows_kept_here(True)[2]:
                     # a sum of products the kernel's own reduction reads along its loop, computed
                     # for a block of rows as register blocks before it (lower/passes.py root_dots:
                     # the bounded attention backward's scores, 114-179 GFLOP/s measured; priced as

@@ -170,22 +170,24 @@ def block_of(body: Any, caps: Capabilities) -> tuple[int, int]:
 # (lower/passes.py ``rows_kept``, ``row_dots_streamed`` and ``row_dots_blocked`` register themselves
 # when imported): the cost model asks before it prices a reduction nested in a row's passes, or
 # below an operand a contraction's lanes share, once per element
-_ROWS_KEPT: Callable[[Any], tuple[bool, bool, bool]] | None = None
+_ROWS_KEPT: Callable[[Any, bool], tuple[bool, bool, bool]] | None = None
 
 
-def register_rows_rule(fn: Callable[[Any], tuple[bool, bool, bool]]) -> None:
-    """Install the lowering's answer to ``rows_kept`` (``fn(kernel body) -> (kept, streamed, blocked)``)."""
+def register_rows_rule(fn: Callable[[Any, bool], tuple[bool, bool, bool]]) -> None:
+    """Install the lowering's answer to ``rows_kept`` (``fn(kernel body, blocked) -> (kept, streamed, blocked)``)."""
     global _ROWS_KEPT
     _ROWS_KEPT = fn
 
 
-def rows_kept(body: Any) -> tuple[bool, bool, bool]:
+def rows_kept(body: Any, blocked: bool = True) -> tuple[bool, bool, bool]:
     """Whether the lowering computes every reduction of kernel body ``body`` (a KNode) once per row
     or once per output element (hoisted, kept by a hoisted loop, or the root's own), whether the
     kept ones read their loads with unit stride along their innermost reduced axis (vectorized
     along it), and whether it computes the kept sums of products as register blocks (lower/passes.py
-    ``RowDots``, after the device's pack); (False, False, False) before the lowering is imported."""
-    return _ROWS_KEPT(body) if _ROWS_KEPT is not None else (False, False, False)
+    ``RowDots``, after the device's pack); (False, False, False) before the lowering is imported.
+    ``blocked`` False: the third answer leaves out the row-dots pass's dry run (the costly part),
+    answering only for the kernel's own reduction."""
+    return _ROWS_KEPT(body, blocked) if _ROWS_KEPT is not None else (False, False, False)
 
 
 # the GEMM a kernel body is (lower/contraction.py ``gemm_shape`` registers itself when imported):

@@ -559,9 +559,12 @@ def row_dots_streamed(root: KNode) -> bool:
     return _rows_answers(root)[1]
 
 
-def _rows_answers(root: KNode) -> tuple[bool, bool, bool]:
+def _rows_answers(root: KNode, blocked: bool = True) -> tuple[bool, bool, bool]:
     """(``rows_kept``, ``row_dots_streamed`` and ``row_dots_blocked`` where it holds): what
-    graph/caps.py ``rows_kept`` answers the cost model, the hoist pass's dry run done once."""
+    graph/caps.py ``rows_kept`` answers the cost model, the hoist pass's dry run done once.
+    ``blocked`` False: the third answer without the row-dots pass's dry run (``_dots_blocked``, a
+    schedule of the body: most of the cost of the question; the cost model asks it only of a row's
+    sums of products)."""
     own = _own_reductions(root)
     rows = [n for _, ns in _row_entries(root) for n in ns]
     if not rows and not lanes_apply(root, any(n.op in REDUCES for n in root.walk())):
@@ -587,7 +590,7 @@ def _rows_answers(root: KNode) -> tuple[bool, bool, bool]:
         kept.update(id(x) for x in r.walk())
     if not all(id(n) in kept or id(n) in own for n in root.walk() if n.op in REDUCES):
         return False, False, own_blocked
-    return True, _dots_streamed(root, own, {id(n) for n in rows}), own_blocked or (bool(rows) and _dots_blocked(root))
+    return True, _dots_streamed(root, own, {id(n) for n in rows}), own_blocked or (bool(rows) and blocked and _dots_blocked(root))
 
 
 def row_dots_blocked(root: KNode) -> bool:
