@@ -316,6 +316,30 @@ def test_the_device_lowers_a_growing_cache_from_traces(monkeypatch):
     assert trace.TRACES.hits == h1
 
 
+def test_the_device_stage_does_not_ask_a_traced_body_for_a_pack_at_every_step(monkeypatch):
+    """The device stage asks each new kernel body whether packing an operand gives it register lanes
+    (``lane_pack``, ``row_pack``: dry runs of its schedule; a decode step's attention fused into its
+    output projection spent 3.5 ms a step there). A growing cache's kernels are new bodies at every
+    step: where a traced body's structure had no pack at sizes within MEASURED_SPAN x, it is not
+    asked again, and the answers stay NumPy's."""
+    from eqgrad.devices import cpustage
+    _new_process()
+    monkeypatch.setattr(get_device("LLVM").stage, "_no_pack", {}, raising=False)
+    asked: list[int] = []
+    for name in ("lane_pack", "row_pack"):
+        real = getattr(cpustage, name)
+        monkeypatch.setattr(cpustage, name, lambda root, o, real=real: (asked.append(1), real(root, o))[1])
+    late = 0
+    for T in range(5, 20):
+        before = len(asked)
+        ts = _decode(T)
+        eqgrad.realize(*ts)
+        if T >= 12:
+            late += len(asked) - before
+    assert asked and late == 0, (len(asked), late)
+    np.testing.assert_allclose(ts[0].numpy(), _decode_attention(19), rtol=1e-5, atol=1e-5)
+
+
 def test_a_growing_cache_is_traced_where_every_length_is_on_disk(tmp_path, monkeypatch):
     """A process that finds every size vector of a body on disk (kept by earlier processes that
     did not trace it: here with sized programs off) still traces the structure once its sizes keep

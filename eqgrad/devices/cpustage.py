@@ -149,6 +149,7 @@ class CPUStage:
     def __init__(self, device: Any) -> None:
         self.device = device
         self._no_gemm: dict[tuple, int] = {}        # body skeleton -> largest size where it had no GEMM that pays
+        self._no_pack: dict[tuple, int] = {}        # (body skeleton, lane widths) -> the last size where it had no lane pack
         self._unsplit_memo = NodeMemo()      # body -> what split left it alone for
         self._blas_memo = NodeMemo()         # body -> (what it depends on, its BLAS kernels, scratch)
         self._contraction_memo = NodeMemo()  # body -> (gemm_key, _contraction's answer, detached)
@@ -187,7 +188,7 @@ class CPUStage:
                 kernels.append(k)
                 continue
             found = self._contraction(k, plan, threads) if blas_on else None
-            if found is None and (lp := self._lane_pack(k, options)) is not None:
+            if found is None and (lp := self._lane_pack(k, options, plan)) is not None:
                 # generated, with the operand that kept it from register lanes packed first
                 first = len(plan.buffers) + len(extra)
                 memo = self._packed_memo.get(k.ast)
@@ -243,12 +244,27 @@ class CPUStage:
             return plan, []
         return dataclasses.replace(plan, buffers=plan.buffers + extra, kernels=kernels), extra
 
-    def _lane_pack(self, k, options: LowerOptions) -> tuple | None:
-        """``lower/passes.py lane_pack`` of ``k``'s body for ``options``' widths, once per body."""
+    def _lane_pack(self, k, options: LowerOptions, plan: KernelPlan) -> tuple | None:
+        """``lower/passes.py lane_pack`` of ``k``'s body for ``options``' widths, once per body; and,
+        as ``_contraction`` does for the BLAS, not asked again for a traced body whose structure had
+        no pack at sizes within MEASURED_SPAN x of these (a growing sequence's resized kernels are new
+        bodies at every step: a decode step's attention, fused into its output projection, spent
+        3.5 ms a step in ``row_pack`` to find no pack again)."""
         key = (options.lanes_last, options.lanes_prev, options.lane_body_max, options.dot_block, options.tile_min_stream)
         hit = self._lane_pack_memo.get(k.ast)
         if hit is None or hit[0] != key:
-            hit = self._lane_pack_memo.put(k.ast, (key, lane_pack(k.ast, options) or row_pack(k.ast, options)))
+            skeleton, sizes = body_sizes(k, plan)
+            scale = max(sizes, default=1)
+            seen = self._no_pack.get((skeleton, key))
+            if seen is not None and _near(seen, scale) and trace.TRACES.has_traces(k, plan, self.device.trace_key):
+                found = None
+            else:
+                found = lane_pack(k.ast, options) or row_pack(k.ast, options)
+                if found is None:
+                    if len(self._no_pack) >= 4096:
+                        self._no_pack.clear()
+                    self._no_pack[(skeleton, key)] = scale
+            hit = self._lane_pack_memo.put(k.ast, (key, found))
         return hit[1]
 
     def _blas_split(self, k, found: contraction.Found, first: int) -> tuple[list, list]:
@@ -331,7 +347,7 @@ class CPUStage:
         # version measured kept an FFN step's 480 x 1536 x 384 GEMM generated, 6.8 ms, where this one
         # times the BLAS at 2.2 ms and the generated kernel at 6.1
         # the generated side is the kernel with its lane pack where it has one (``lane_pack``)
-        lp = self._lane_pack(k, LowerOptions.for_caps(self.device.caps, threads=threads))
+        lp = self._lane_pack(k, LowerOptions.for_caps(self.device.caps, threads=threads), plan)
         ckey = hashlib.sha256(repr((skeleton, found.packs != (), threads, machine_key("LLVM"), source_digest())
                                    + (("lane pack",) if lp is not None else ())).encode()).hexdigest()[:24]
         seen = blas.CHOICES.get(ckey, None) or []
