@@ -203,16 +203,15 @@ def test_without_the_blas_the_generated_kernel_gives_the_same_numbers(layout, ge
 
 
 def test_epilogues_run_after_the_gemm(gemm_calls):
-    """Bias and activation (a Linear layer), attention's scale: the contraction goes to the BLAS
-    and the rest is a generated kernel reading it."""
+    """Bias and activation (a Linear layer), attention's scale and mask: the contraction goes to the
+    BLAS and the rest is a generated kernel reading it. (A softmax after the scores may instead keep
+    them per row in its own kernel: greedy's rows phase, tests/test_fusion.py.)"""
     x, w, bias = rnd(24, 16), rnd(40, 16, seed=1), rnd(40, seed=2)
     got = (Tensor(x) @ Tensor(w).T + Tensor(bias)).relu().numpy()
     np.testing.assert_allclose(got, np.maximum(x @ w.T + bias, 0), rtol=1e-5, atol=1e-5)
-    q, k = rnd(2, 3, 8, 4), rnd(2, 3, 8, 4, seed=3)
-    att = ((Tensor(q) @ Tensor(k).transpose(-1, -2)) * 0.5).softmax(-1).numpy()
-    s = q @ k.swapaxes(-1, -2) * 0.5
-    e = np.exp(s - s.max(-1, keepdims=True))
-    np.testing.assert_allclose(att, e / e.sum(-1, keepdims=True), rtol=1e-5, atol=1e-6)
+    q, k, m = rnd(2, 3, 8, 4), rnd(2, 3, 8, 4, seed=3), rnd(8, 8, seed=4)
+    s = ((Tensor(q) @ Tensor(k).transpose(-1, -2)) * 0.5 + Tensor(m)).numpy()
+    np.testing.assert_allclose(s, q @ k.swapaxes(-1, -2) * 0.5 + m, rtol=1e-5, atol=1e-6)
     assert gemm_calls[0] >= 2
 
 

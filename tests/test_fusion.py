@@ -58,7 +58,7 @@ def test_attention_probabilities_written_with_a_unit_axis_are_one_row_fused_kern
     s = Tensor(np.array([0.17], np.float32))
     p = (sc * s.reshape(1, 1, 1, 1)).softmax(-1)
     out = (p.reshape(32, 12, 15, 1, 15) * v.permute(0, 1, 3, 2).reshape(32, 12, 1, 32, 15)).sum(-1)
-    assert kernels(out) == 2
+    assert kernels(out) <= 2           # (one where the product's lanes share the probabilities)
     (soft,) = [k for k in engine.last_plan.plan.kernels if any(n.op == "RMAX" for n in k.ast.walk())]
     assert {n.op for n in soft.ast.walk()} >= {"RMAX", "RSUM", "EXP2"}
     x = sc.numpy() * 0.17
@@ -307,19 +307,27 @@ def test_a_product_is_not_inlined_into_another_products_loop():
     np.testing.assert_allclose(out.numpy(), (a.astype(np.float64) @ b) @ x, rtol=1e-4, atol=1e-3)
 
 
-def test_attention_scores_are_materialized_not_recomputed_per_pass():
-    """softmax(q @ k) @ v: the row-fused softmax makes three passes over each row without
-    register lanes, so the scores' contraction is not inlined into it (it would be recomputed
-    in every pass): scores, row-fused softmax, P @ v."""
+def test_attention_scores_are_computed_once_per_element_not_per_pass():
+    """softmax(q @ k) @ v: the row-fused softmax makes three passes over each row (max, sum,
+    output), so the scores' contraction is either materialized by a kernel of its own (scores,
+    row-fused softmax, P @ v) or, inlined into the row-fused kernel, kept per row in a local array
+    (the row stash) -- which the extractor prices once it asks the lowering (greedy's rows phase)
+    -- and never recomputed in every pass."""
+    from eqgrad.graph.caps import CPU
+    from eqgrad.lower.passes import LowerOptions, run_passes
     r = np.random.default_rng(3)
     q, kt, v = (r.uniform(-1, 1, s).astype(np.float32) for s in ((2, 3, 32, 16), (2, 3, 16, 32), (2, 3, 32, 16)))
     out = ((Tensor(q) @ Tensor(kt)) * 0.25).softmax(-1) @ Tensor(v)
-    assert kernels(out) == 3
+    assert kernels(out) <= 3
     s = (q @ kt) * 0.25
     e = np.exp(s - s.max(-1, keepdims=True))
     np.testing.assert_allclose(out.numpy(), (e / e.sum(-1, keepdims=True)) @ v, rtol=1e-4, atol=1e-5)
-    ops = [{n.op for n in k.ast.walk()} for k in engine.last_plan.plan.kernels]
-    assert "RMAX" in ops[1] and sum(1 for n in engine.last_plan.plan.kernels[1].ast.walk() if n.op == "RSUM") == 1
+    (row,) = [k for k in engine.last_plan.plan.kernels if any(n.op == "RMAX" for n in k.ast.walk())]
+    scores = [n for n in row.ast.walk() if n.op == "RSUM" and n.src[0].op == "MUL"
+              and not any(x.op in ("RSUM", "RMAX") for x in n.src[0].walk())]
+    if scores:                         # inlined: kept by the row stash, computed once per element
+        stash = {id(x) for x in run_passes(row, LowerOptions.for_caps(CPU))[-1].schedule.row_stash}
+        assert all(id(x) in stash for x in scores)
 
 
 @pytest.mark.parametrize("peak", [50e9, 101e9])

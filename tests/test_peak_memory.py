@@ -146,7 +146,7 @@ def test_attention_under_a_bound_writes_no_score_matrix_and_matches_torch(causal
         return (s + m if causal else s).softmax(-1) @ v
     out = attention(*(Tensor(a) for a in (qn, kn, vn)), Tensor(mask))
     bound = 4 * 256 * 32 * 4
-    free, _ = plan_for([out.lazydata])                  # the fastest plan, materializing the scores
+    free, _ = plan_for([out.lazydata])                  # the fastest plan (the rows phase's: one kernel too)
     with eqgrad.Context(PEAK_MEMORY=bound):
         cp, _ = plan_for([out.lazydata])
         text = str(eqgrad.explain(out, provenance=False))    # explain() names the lowering that keeps the rows
@@ -158,6 +158,58 @@ def test_attention_under_a_bound_writes_no_score_matrix_and_matches_torch(causal
     ref = attention(*(torch.tensor(a, dtype=torch.float64) for a in (qn, kn, vn)), torch.tensor(mask, dtype=torch.float64))
     np.testing.assert_allclose(got, ref.numpy(), rtol=1e-4, atol=1e-5)
     assert "k0 row stash: 2 value(s) (RSUM EXP2) kept per row in a local array" in text, text
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_without_a_bound_is_one_kernel_where_the_cost_model_says_it_pays(causal, monkeypatch):
+    """Greedy's rows phase (extract/greedy.py ``_rows_phase``): once the fastest plan priced without
+    the row stash is found, it is priced again as the lowering runs its row-fused kernels, and the
+    producers around them toggled again -- the probabilities inlined into ``p @ v``, then the
+    scores. With no bound, softmax(q @ k.T / 8 [+ causal mask]) @ v is then one kernel (and the
+    device's pack of k^T): no intermediate holds 10 % of the score matrix, the plan is predicted
+    faster than the one without the phase (three kernels, the scores written), and the numbers are
+    NumPy's."""
+    rng = np.random.default_rng(12)
+    qn, kn, vn = (rng.standard_normal((1, 4, 256, 32)).astype(np.float32) for _ in range(3))
+    mask = np.triu(np.full((256, 256), -np.inf, np.float32), 1)
+
+    def attention(q, k, v, m):
+        s = q @ k.transpose(-1, -2) / 8
+        return (s + m if causal else s).softmax(-1) @ v
+    def out() -> Tensor:
+        return attention(*(Tensor(a) for a in (qn, kn, vn)), Tensor(mask))
+    clear_cache()
+    cp, _ = plan_for([out().lazydata])
+    scores = 4 * 256 * 256 * 4
+    assert len(cp.plan.kernels) == 1, [k.ast.render()[:80] for k in cp.plan.kernels]
+    held = [numel(sh) * d.itemsize for i, (sh, d) in enumerate(cp.plan.buffers)
+            if i >= cp.plan.n_inputs and i not in cp.plan.outputs]
+    assert all(b < scores // 10 for b in held), held
+    s = qn @ kn.transpose(0, 1, 3, 2) / 8 + (mask if causal else 0)
+    e = np.exp(s - s.max(-1, keepdims=True))
+    np.testing.assert_allclose(out().numpy(), (e / e.sum(-1, keepdims=True)) @ vn, rtol=1e-4, atol=1e-5)
+    clear_cache()
+    monkeypatch.setattr(GreedyExtractor, "_rows_phase", lambda self, st, cur, deadline: (st, cur, ""))
+    without, _ = plan_for([out().lazydata])
+    assert len(without.plan.kernels) == 3 and cp.plan.predicted < without.plan.predicted
+    clear_cache()
+
+
+def test_row_dots_count_as_register_blocks_only_where_they_cover_every_kept_sum():
+    """The gradient of q alone as one kernel keeps each row's scores and g @ v.T in local arrays;
+    the device packs k^T, so the scores become register blocks, but g @ v.T reads v a head dim
+    apart and stays a streamed dot product. Priced as if both were blocks it was predicted 7.4 ms
+    against 17-23 measured at s = 1024 and chosen without a bound over the 4-kernel plan (11.6-14
+    ms): ``row_dots_blocked`` answers for all of them (attention's forward, one kernel: yes)."""
+    from eqgrad.lower.passes import row_dots_blocked
+    (qn, kn, vn, gn), loss = _attention_loss(5, False)
+    q = Tensor(qn, requires_grad=True)
+    loss(q, *(Tensor(a) for a in (kn, vn, gn))).backward()
+    fwd = (Tensor(qn) @ Tensor(kn).transpose(-1, -2) / 8).softmax(-1) @ Tensor(vn)
+    with eqgrad.Context(PEAK_MEMORY=256 * 32 * 4 * 4):
+        (dq,) = plan_for([q.grad.lazydata])[0].plan.kernels
+        (f,) = plan_for([fwd.lazydata])[0].plan.kernels
+    assert not row_dots_blocked(dq.ast) and row_dots_blocked(f.ast)
 
 
 def _attention_loss(seed: int, causal: bool) -> tuple:

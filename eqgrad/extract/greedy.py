@@ -143,6 +143,7 @@ class GreedyExtractor:
         # inline toggle -> the "apart" move it led to, or ("operand", producer, None): the apart move
         # that materializes the producer's broadcast operand as the plan is then (_search)
         self._follow: dict[tuple, tuple | None] = {}
+        self._only: set[int] | None = None     # _rows_phase: the producers toggled (None: every one)
         self._largest_first = False    # toggles of the largest producers first (the memory bound's search)
 
     # ------------------------------------------------------------------ step 1
@@ -275,9 +276,12 @@ class GreedyExtractor:
         # plan (a padded input or the window tensor built from it), the first improving move is
         # taken, and the smaller one writes and reads fewer bytes
         for prod in (reversed(self._by_size) if self._largest_first else self._by_size):
+            if self._only is not None and prod not in self._only:
+                continue
             if prod in used or self.realize_of[prod] in used:
                 specs += [("toggle", prod, True), ("toggle", prod, False)]
-        specs += self._sink_specs(choice, used)
+        if self._only is None:
+            specs += self._sink_specs(choice, used)
         if self.flips if flips is None else flips:
             for c in sorted(used):
                 specs += [("flip", c, n) for n in self.g.classes[c] if n.op != "REALIZE"]
@@ -459,18 +463,17 @@ class GreedyExtractor:
                 st2, cur2, stopped = self._search(st2, cur2, True, self.max_passes, deadline, seen2)
             if self.better(cur2, cur):
                 st, cur = st2, cur2
+        if not stopped:
+            st, cur, stopped = self._rows_phase(st, cur, deadline)
         self.peak_bound = bound
         memory_moves: list[str] = []
         if bound and self.over(cur) and not stopped:
             memory_moves.append(f"fastest plan: {cur.peak} bytes, {cur.total * 1e6:.1f} us")
-            # attention as one kernel that writes no score matrix (evaluate.py ``rows``) is priced
-            # from here on only: it is slower than the materializing plan on the CPU today, and a
-            # decode step's would be lowered and compiled again at every length below 64 keys
-            # (its lanes' offsets pin the traces, lower/trace.py): growing_seq x1.55 -> x4.3
-            self.ev.rows = True
-            self.ev.forget()
-            cur = self.ev.evaluate(st.choice)
-            st = PlanState(self.ev, st.choice, cur)
+            if not self.ev.rows:          # (every toggle priced as the lowering keeps rows: _rows_phase)
+                self.ev.rows = True
+                self.ev.forget()
+                cur = self.ev.evaluate(st.choice)
+                st = PlanState(self.ev, st.choice, cur)
             # the largest producers' toggles first: the first move that lowers the bytes over the
             # bound is taken, and one that stores a big buffer no longer saves the most
             self._largest_first = True
@@ -491,6 +494,31 @@ class GreedyExtractor:
             info["memory_moves"] = memory_moves       # explain(): what the bound made the search do
         return Result(choice, cur, self.name, alternatives_of=lambda: self.alternatives_from(choice),
                       candidates=cands, info=dict(info, **({"stopped": stopped} if stopped else {})))
+
+    def _rows_phase(self, st: PlanState, cur: Evaluation, deadline: float | None
+                    ) -> tuple[PlanState, Evaluation, str]:
+        """The plan priced again as the lowering runs a row-fused kernel that keeps its rows
+        (evaluate.py ``rows``: a row stash, row dots), and the toggles of the producers around its
+        row-fused kernels searched once more under that pricing: attention's scores and
+        probabilities inlined into its ``p @ v``, one kernel that writes no score matrix, which
+        single toggles reach from the three-kernel plan only when both are priced so (inlining the
+        probabilities alone is then the faster plan: 6.95 -> 5.0 ms predicted at b1 h4 s1024 d64,
+        measured 9.9-16.8 -> 7.9-13.7 ms on a noisy Zen 4). Only those producers are toggled -- the
+        rows pricing changes nothing else -- so a program with no row-fused kernel costs nothing
+        more (a whole second search had doubled extraction: llama 30 layers 0.27 -> 1.02 s). A plan
+        with none keeps the earlier pricing."""
+        rowed = [k for k, kc in cur.kernels.items() if "row-fused" in kc.kind]
+        if not rowed:
+            return st, cur, ""
+        self.ev.rows = True
+        self.ev.forget()
+        cur = self.ev.evaluate(st.choice)
+        st = PlanState(self.ev, st.choice, cur)
+        self._only = set(rowed) | {d for k in rowed for d in cur.deps[k]}
+        try:
+            return self._search(st, cur, False, self.max_passes, deadline, None)
+        finally:
+            self._only = None
 
     def _search(self, st: PlanState, cur: Evaluation, flips: bool, passes: int, deadline: float | None,
                 seen: "_Rejected | None", taken: list[str] | None = None) -> tuple[PlanState, Evaluation, str]:
@@ -600,7 +628,7 @@ class GreedyExtractor:
         d = ev.delta
         costs = [e[0] for e in d.fresh.values()] if d is not None else list(ev.kernels.values())
         found = tuple(sorted({r for kc in costs if not kc.legal for r in kc.recomputed}))
-        if self.ev.rows:
+        if self.peak_bound:
             # under the memory bound: a recomputed reduction inside another one's body is computed
             # by that one's kernel once it is materialized -- the scores inside a row's max that
             # attention's dv would recompute (storing them too stores the score matrix the bound
@@ -609,7 +637,7 @@ class GreedyExtractor:
         if not found or prod in found or any(r not in self.realize_of for r in found):
             return None
         operand = self._broadcast_operand(prod, choice, set(found))
-        if operand is not None or not self.ev.rows:
+        if operand is not None or not self.peak_bound:
             return ("apart", prod, (operand,) if operand is not None else found)
         return ("apart", prod, self._apart_more(prod, found, choice))
 

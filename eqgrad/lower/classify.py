@@ -13,11 +13,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from eqgrad.dtype import float32
 from eqgrad.graph.caps import CPU, Capabilities
 from eqgrad.graph.plan import Kernel, KNode, broadcast_product
 from eqgrad.lower.contraction import candidate, find_contraction
-from eqgrad.lower.indexing import REDUCES
-from eqgrad.lower.passes import LowerOptions, lane_pack, output_loops, run_passes
+from eqgrad.lower.indexing import MOVES, REDUCES
+from eqgrad.lower.passes import LowerOptions, lane_pack, output_loops, row_pack, run_passes
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,16 @@ def _pad_under_reduce(root: KNode) -> bool:
     return any(n.op == "PAD" and id(n) in inside for n in root.walk())
 
 
+def _own_sum(root: KNode) -> KNode | None:
+    """The kernel's own reduction (the root through movement ops) where it is a float32 sum of a
+    product: the root contraction of a kernel that has other reductions as well (attention as one
+    kernel: ``p @ v`` over the row's max and sum, which ``candidate`` leaves out)."""
+    n = root
+    while n.op in MOVES:
+        n = n.src[0]
+    return n if n.op == "RSUM" and n.dtype == float32 and n.src[0].op == "MUL" else None
+
+
 def classify(kernel: Kernel, caps: Capabilities = CPU, blas: bool = False) -> KernelClass:
     """What the lowering does with ``kernel`` on a device with ``caps``; ``blas``: the device hands
     a contraction it can run as a GEMM to the BLAS (its stage, devices/cpu.py)."""
@@ -88,15 +99,17 @@ def classify(kernel: Kernel, caps: Capabilities = CPU, blas: bool = False) -> Ke
     # (a reduction over a broadcast of a reduction: the inner one is not recomputed per step)
     nested = _under_reduce(root)
     row_fused = any(ns and (k < loops or any(id(n) in nested for n in ns)) for k, ns in hoist)
-    red = candidate(root)
+    red = candidate(root) or _own_sum(root)
     contraction = ""
     # a contraction as the cost model calls one (graph/plan.py): a sum of squares has the shape
     # the BLAS or the lanes pass take, but no operand reuse to price at the contraction rate
     if red is not None and broadcast_product(red.src[0], lambda n: n.op, lambda n: n.src):
         if blas and find_contraction(root) is not None:
             contraction = "blas"
-        elif lanes or lane_pack(root, LowerOptions.for_caps(caps)) is not None:
-            contraction = "lanes"              # (the device's stage packs an operand for them)
+        elif lanes or lane_pack(root, o := LowerOptions.for_caps(caps)) is not None or row_pack(root, o) is not None:
+            # (the device's stage packs an operand for them: a contraction's, or the one a row-fused
+            # kernel's root contraction reads its lanes from -- attention as one kernel, k^T)
+            contraction = "lanes"
         elif id(red) in hoisted and row_fused:
             contraction = "unlaned"
     return KernelClass(lanes, row_fused, contraction, _pad_under_reduce(root), len(hoisted))

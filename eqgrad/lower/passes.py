@@ -613,11 +613,24 @@ def _sum_in_reduction(root: KNode) -> bool:
 
 
 def _dots_blocked(root: KNode) -> bool:
+    """Whether the row-dots pass computes *every* sum of products the row stash keeps as register
+    blocks, as the body is or once the device has packed an operand (``_row_pack``). One of several
+    is not enough: the gradient of q alone as one kernel keeps the scores and ``g . v`` per row, and
+    only the scores get blocks (k^T packed; v is read a head dim apart) -- priced as if both had,
+    it was predicted 7.4 ms against 17-23 measured, and chosen over the 4-kernel plan (10 ms
+    predicted, 11.6-14 measured)."""
     if not _sum_in_reduction(root):
         return False
     o = LowerOptions()
     s = schedule_kernel(Kernel("row_dots", 0, root, root.buffers()), o)
-    return bool(s.row_dots) or (row_lanes(root) and _row_pack(root, o, s) is not None)
+    if not s.row_dots:
+        packed = _row_pack(root, o, s) if row_lanes(root) else None
+        if packed is None:
+            return False
+        root = packed[1]
+        s = schedule_kernel(Kernel("row_dots", 0, root, root.buffers()), o)
+    dotted = {id(x) for x, _ in s.row_dots}
+    return bool(dotted) and all(id(x) in dotted for x, *_ in _row_dot_reads(root, s, reduce_map(root)))
 
 
 def _own_dots_blocked(root: KNode, o: LowerOptions) -> bool:
