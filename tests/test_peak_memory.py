@@ -146,7 +146,7 @@ def test_attention_under_a_bound_writes_no_score_matrix_and_matches_torch(causal
         return (s + m if causal else s).softmax(-1) @ v
     out = attention(*(Tensor(a) for a in (qn, kn, vn)), Tensor(mask))
     bound = 4 * 256 * 32 * 4
-    free, _ = plan_for([out.lazydata])                  # the fastest plan (the rows phase's: one kernel too)
+    free, _ = plan_for([out.lazydata])                  # the fastest plan without a bound
     with eqgrad.Context(PEAK_MEMORY=bound):
         cp, _ = plan_for([out.lazydata])
         text = str(eqgrad.explain(out, provenance=False))    # explain() names the lowering that keeps the rows
@@ -167,8 +167,8 @@ def test_attention_without_a_bound_is_one_kernel_where_the_cost_model_says_it_pa
     producers around them toggled again -- the probabilities inlined into ``p @ v``, then the
     scores. With no bound, softmax(q @ k.T / 8 [+ causal mask]) @ v is then one kernel (and the
     device's pack of k^T): no intermediate holds 10 % of the score matrix, the plan is predicted
-    faster than the one without the phase (three kernels, the scores written), and the numbers are
-    NumPy's."""
+    faster than the one without the phase (three kernels, the scores written), explain() names the
+    moves, and the numbers are NumPy's."""
     rng = np.random.default_rng(12)
     qn, kn, vn = (rng.standard_normal((1, 4, 256, 32)).astype(np.float32) for _ in range(3))
     mask = np.triu(np.full((256, 256), -np.inf, np.float32), 1)
@@ -185,11 +185,15 @@ def test_attention_without_a_bound_is_one_kernel_where_the_cost_model_says_it_pa
     held = [numel(sh) * d.itemsize for i, (sh, d) in enumerate(cp.plan.buffers)
             if i >= cp.plan.n_inputs and i not in cp.plan.outputs]
     assert all(b < scores // 10 for b in held), held
+    moves = cp.result.info["rows_moves"]            # explain() names the phase's moves
+    text = str(eqgrad.explain(out(), provenance=False))
+    assert moves[0].startswith("priced as the lowering keeps rows") and len(moves) >= 2, moves
+    assert all(f"  rows phase: {m}" in text for m in moves), text
     s = qn @ kn.transpose(0, 1, 3, 2) / 8 + (mask if causal else 0)
     e = np.exp(s - s.max(-1, keepdims=True))
     np.testing.assert_allclose(out().numpy(), (e / e.sum(-1, keepdims=True)) @ vn, rtol=1e-4, atol=1e-5)
     clear_cache()
-    monkeypatch.setattr(GreedyExtractor, "_rows_phase", lambda self, st, cur, deadline: (st, cur, ""))
+    monkeypatch.setattr(GreedyExtractor, "_rows_phase", lambda self, st, cur, deadline, taken=None: (st, cur, ""))
     without, _ = plan_for([out().lazydata])
     assert len(without.plan.kernels) == 3 and cp.plan.predicted < without.plan.predicted
     clear_cache()

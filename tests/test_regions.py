@@ -125,7 +125,7 @@ def test_regions_keep_a_layer_norm_and_a_softmax_in_one_kernel_each(fresh, monke
     the whole program's norms into their readers across those very points -- 28 -> 13 kernels
     here, at D = 32 -- what separately planned regions cannot: the cuts are what this checks.)"""
     from eqgrad.extract.greedy import GreedyExtractor
-    monkeypatch.setattr(GreedyExtractor, "_rows_phase", lambda self, st, cur, deadline: (st, cur, ""))
+    monkeypatch.setattr(GreedyExtractor, "_rows_phase", lambda self, st, cur, deadline, taken=None: (st, cur, ""))
     x0 = np.random.default_rng(4).standard_normal((2, 6, D)).astype(np.float32)
     x, want = _post_norm(Tensor(x0), x0, 4)
     prog = program([x])

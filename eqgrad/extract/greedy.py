@@ -463,8 +463,9 @@ class GreedyExtractor:
                 st2, cur2, stopped = self._search(st2, cur2, True, self.max_passes, deadline, seen2)
             if self.better(cur2, cur):
                 st, cur = st2, cur2
+        rows_moves: list[str] = []
         if not stopped:
-            st, cur, stopped = self._rows_phase(st, cur, deadline)
+            st, cur, stopped = self._rows_phase(st, cur, deadline, rows_moves)
         self.peak_bound = bound
         memory_moves: list[str] = []
         if bound and self.over(cur) and not stopped:
@@ -492,10 +493,12 @@ class GreedyExtractor:
             info["peak_bound"] = self.peak_bound
         if memory_moves:
             info["memory_moves"] = memory_moves       # explain(): what the bound made the search do
+        if rows_moves:
+            info["rows_moves"] = rows_moves           # explain(): what pricing the rows kept made it do
         return Result(choice, cur, self.name, alternatives_of=lambda: self.alternatives_from(choice),
                       candidates=cands, info=dict(info, **({"stopped": stopped} if stopped else {})))
 
-    def _rows_phase(self, st: PlanState, cur: Evaluation, deadline: float | None
+    def _rows_phase(self, st: PlanState, cur: Evaluation, deadline: float | None, taken: list[str] | None = None
                     ) -> tuple[PlanState, Evaluation, str]:
         """The plan priced again as the lowering runs a row-fused kernel that keeps its rows
         (evaluate.py ``rows``: a row stash, row dots), and the toggles of the producers around its
@@ -506,7 +509,8 @@ class GreedyExtractor:
         measured 9.9-16.8 -> 7.9-13.7 ms on a noisy Zen 4). Only those producers are toggled -- the
         rows pricing changes nothing else -- so a program with no row-fused kernel costs nothing
         more (a whole second search had doubled extraction: llama 30 layers 0.27 -> 1.02 s). A plan
-        with none keeps the earlier pricing."""
+        with none keeps the earlier pricing. ``taken``: the plan priced so, then each move taken
+        (explain() shows them)."""
         rowed = [k for k, kc in cur.kernels.items() if "row-fused" in kc.kind]
         if not rowed:
             return st, cur, ""
@@ -515,8 +519,12 @@ class GreedyExtractor:
         cur = self.ev.evaluate(st.choice)
         st = PlanState(self.ev, st.choice, cur)
         self._only = set(rowed) | {d for k in rowed for d in cur.deps[k]}
+        moves: list[str] = [f"priced as the lowering keeps rows: {cur.n_kernels} kernels, {cur.total * 1e6:.1f} us"]
         try:
-            return self._search(st, cur, False, self.max_passes, deadline, None)
+            out = self._search(st, cur, False, self.max_passes, deadline, None, moves)
+            if taken is not None and len(moves) > 1:
+                taken += moves
+            return out
         finally:
             self._only = None
 

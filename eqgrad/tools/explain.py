@@ -141,6 +141,8 @@ class Explanation:
                         "before them had finished with: graph/plan.py shared_memory)" if owner else
                         "all held while the plan runs")
                      + (f" (EQGRAD_PEAK_MEMORY {bound}: {'within' if held <= bound else 'OVER'} it)" if bound else ""))
+        for m in (res.info.get("rows_moves", ()) if res else ()):
+            lines.append(f"  rows phase: {m}")         # the plan priced as rows are kept, then each move
         for m in (res.info.get("memory_moves", ()) if res else ()):
             lines.append(f"  for the bound: {m}")      # the fastest plan, then each move the bound made
         for k in self.kernels():
