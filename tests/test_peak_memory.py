@@ -129,6 +129,19 @@ def test_bad_bounds_are_refused_naming_what_was_expected():
         GreedyExtractor(None, cm, [], peak_bound=-5)          # noqa: the graph is not read before the check
 
 
+def _attention_forward(seed: int, causal: bool) -> tuple:
+    """q, k, v of b1 h4 s256 d32 (float32) and a causal mask of -inf, and ``attention(q, k, v, m)`` =
+    softmax(q @ k.T / 8 [+ m where ``causal``]) @ v, for eqgrad's and torch's tensors alike."""
+    rng = np.random.default_rng(seed)
+    arrays = tuple(rng.standard_normal((1, 4, 256, 32)).astype(np.float32) for _ in range(3))
+    mask = np.triu(np.full((256, 256), -np.inf, np.float32), 1)
+
+    def attention(q, k, v, m):
+        s = q @ k.transpose(-1, -2) / 8
+        return (s + m if causal else s).softmax(-1) @ v
+    return arrays + (mask,), attention
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_attention_under_a_bound_writes_no_score_matrix_and_matches_torch(causal):
     """softmax(q @ k.T / 8 [+ causal mask]) @ v under a bound of its output's bytes: one kernel that
@@ -137,13 +150,7 @@ def test_attention_under_a_bound_writes_no_score_matrix_and_matches_torch(causal
     too, below; a step that also computes k's and v's holds two score-sized buffers: those are
     column sums over the queries, which no kernel here computes from the rows' statistics.)"""
     torch = pytest.importorskip("torch")
-    rng = np.random.default_rng(11)
-    qn, kn, vn = (rng.standard_normal((1, 4, 256, 32)).astype(np.float32) for _ in range(3))
-    mask = np.triu(np.full((256, 256), -np.inf, np.float32), 1)
-
-    def attention(q, k, v, m):
-        s = q @ k.transpose(-1, -2) / 8
-        return (s + m if causal else s).softmax(-1) @ v
+    (qn, kn, vn, mask), attention = _attention_forward(11, causal)
     out = attention(*(Tensor(a) for a in (qn, kn, vn)), Tensor(mask))
     bound = 4 * 256 * 32 * 4
     free, _ = plan_for([out.lazydata])                  # the fastest plan without a bound
@@ -169,13 +176,8 @@ def test_attention_without_a_bound_is_one_kernel_where_the_cost_model_says_it_pa
     device's pack of k^T): no intermediate holds 10 % of the score matrix, the plan is predicted
     faster than the one without the phase (three kernels, the scores written), explain() names the
     moves, and the numbers are NumPy's."""
-    rng = np.random.default_rng(12)
-    qn, kn, vn = (rng.standard_normal((1, 4, 256, 32)).astype(np.float32) for _ in range(3))
-    mask = np.triu(np.full((256, 256), -np.inf, np.float32), 1)
+    (qn, kn, vn, mask), attention = _attention_forward(12, causal)
 
-    def attention(q, k, v, m):
-        s = q @ k.transpose(-1, -2) / 8
-        return (s + m if causal else s).softmax(-1) @ v
     def out() -> Tensor:
         return attention(*(Tensor(a) for a in (qn, kn, vn)), Tensor(mask))
     clear_cache()
