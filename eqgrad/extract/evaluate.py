@@ -187,7 +187,8 @@ def _unit_reshape(src: tuple, shape: tuple, rg: frozenset | None) -> frozenset |
 
 # PlanEvaluator._fill's answers, by kernel body structure (a bounded memo: cleared when full)
 _FILLS: dict[tuple, tuple[float, float]] = {}
-_ROWS: dict[tuple, tuple[bool, bool, bool]] = {}   # PlanEvaluator._rows_kept's answers, likewise
+# PlanEvaluator._rows_kept's answers, likewise: [the body, without the row-dots dry run, with it]
+_ROWS: dict[tuple, list] = {}
 _UNASKED = object()
 
 
@@ -271,13 +272,18 @@ class PlanEvaluator:
                    ) -> tuple[bool, bool, bool]:
         """The lowering's ``rows_kept`` for kernel ``k``'s body (graph/caps.py: kept, streamed, blocked), by
         structure."""
-        struct = (self._structure(k, order, nodes_of), blocked)
+        struct = self._structure(k, order, nodes_of)
         hit = _ROWS.get(struct)
         if hit is None:
             if len(_ROWS) >= 4096:
                 _ROWS.clear()
-            hit = _ROWS[struct] = rows_kept(_body(struct[0]), blocked)
-        return hit
+            body = _body(struct)
+            hit = _ROWS[struct] = [body, rows_kept(body, False), None]
+        if not blocked:
+            return hit[1]
+        if hit[2] is None:          # (the same body: the lowering's dry run of it is not done again)
+            hit[2] = rows_kept(hit[0], True)
+        return hit[2]
 
     @staticmethod
     def _contraction(nodes_of: dict[int, ENode], n: ENode, choice: Choice | None = None,

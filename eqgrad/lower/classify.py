@@ -17,8 +17,8 @@ from eqgrad.dtype import float32
 from eqgrad.graph.caps import CPU, Capabilities
 from eqgrad.graph.plan import Kernel, KNode, broadcast_product
 from eqgrad.lower.contraction import candidate, find_contraction
-from eqgrad.lower.indexing import MOVES, REDUCES
-from eqgrad.lower.passes import LowerOptions, lane_pack, output_loops, row_pack, run_passes
+from eqgrad.lower.indexing import REDUCES
+from eqgrad.lower.passes import LowerOptions, lane_pack, output_loops, own_reduction, row_pack, run_passes
 
 
 @dataclass(frozen=True)
@@ -76,13 +76,12 @@ def _pad_under_reduce(root: KNode) -> bool:
 
 
 def _own_sum(root: KNode) -> KNode | None:
-    """The kernel's own reduction (the root through movement ops) where it is a float32 sum of a
-    product: the root contraction of a kernel that has other reductions as well (attention as one
-    kernel: ``p @ v`` over the row's max and sum, which ``candidate`` leaves out)."""
-    n = root
-    while n.op in MOVES:
-        n = n.src[0]
-    return n if n.op == "RSUM" and n.dtype == float32 and n.src[0].op == "MUL" else None
+    """The kernel's own reduction (``own_reduction``: the root through movement ops) where it is a
+    float32 sum of a product: the root contraction of a kernel that has other reductions as well
+    (attention as one kernel: ``p @ v`` over the row's max and sum, which ``candidate`` leaves out)."""
+    found = own_reduction(root)
+    n = found[0] if found is not None else None
+    return n if n is not None and n.op == "RSUM" and n.dtype == float32 and n.src[0].op == "MUL" else None
 
 
 def classify(kernel: Kernel, caps: Capabilities = CPU, blas: bool = False) -> KernelClass:

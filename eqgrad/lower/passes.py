@@ -561,10 +561,23 @@ def row_dots_streamed(root: KNode) -> bool:
 
 def _rows_answers(root: KNode, blocked: bool = True) -> tuple[bool, bool, bool]:
     """(``rows_kept``, ``row_dots_streamed`` and ``row_dots_blocked`` where it holds): what
-    graph/caps.py ``rows_kept`` answers the cost model, the hoist pass's dry run done once.
-    ``blocked`` False: the third answer without the row-dots pass's dry run (``_dots_blocked``, a
-    schedule of the body: most of the cost of the question; the cost model asks it only of a row's
-    sums of products)."""
+    graph/caps.py ``rows_kept`` answers the cost model, the hoist pass's dry run done once a body
+    (``_rows_base``). ``blocked`` False: the third answer without the row-dots pass's dry run
+    (``_dots_blocked``, a schedule of the body: most of the cost of the question; the cost model
+    asks it only of a row's sums of products)."""
+    base = _ROWS_BASE.get(root)
+    if base is None:
+        base = _ROWS_BASE.put(root, _rows_base(root))
+    kept, streamed, own_blocked, dots = base
+    return kept, streamed, own_blocked or (dots and blocked and _dots_blocked(root))
+
+
+_ROWS_BASE = NodeMemo()
+
+
+def _rows_base(root: KNode) -> tuple[bool, bool, bool, bool]:
+    """``_rows_answers`` but the row-dots dry run: (kept, streamed, the kernel's own reduction's
+    sums blocked, whether the row-dots question applies)."""
     own = _own_reductions(root)
     rows = [n for _, ns in _row_entries(root) for n in ns]
     if not rows and not lanes_apply(root, any(n.op in REDUCES for n in root.walk())):
@@ -576,7 +589,7 @@ def _rows_answers(root: KNode, blocked: bool = True) -> tuple[bool, bool, bool]:
         # often than it has elements is illegal)
         rows = [n for _, ns in _row_entries(root, every=True) for n in ns]
         if rows:
-            return True, _dots_streamed(root, own, {id(n) for n in rows}), False
+            return True, _dots_streamed(root, own, {id(n) for n in rows}), False, False
     # a contraction whose lanes share a factor with reductions inside (``lane_shared``) computes
     # each element of that factor once where the one-axis block covers the whole axis: what varies
     # along its own loop (attention's probabilities in dv, g[i] . v[j] in dq) included
@@ -584,13 +597,13 @@ def _rows_answers(root: KNode, blocked: bool = True) -> tuple[bool, bool, bool]:
     # (a kernel without hoists: its own reduction's sums of products, root_dots)
     own_blocked = not rows and _own_dots_blocked(root, LowerOptions())
     if not rows and not shared:
-        return False, False, own_blocked
+        return False, False, own_blocked, False
     kept: set[int] = set()
     for r in (*rows, *shared):
         kept.update(id(x) for x in r.walk())
     if not all(id(n) in kept or id(n) in own for n in root.walk() if n.op in REDUCES):
-        return False, False, own_blocked
-    return True, _dots_streamed(root, own, {id(n) for n in rows}), own_blocked or (bool(rows) and blocked and _dots_blocked(root))
+        return False, False, own_blocked, False
+    return True, _dots_streamed(root, own, {id(n) for n in rows}), own_blocked, bool(rows)
 
 
 def row_dots_blocked(root: KNode) -> bool:
@@ -627,8 +640,7 @@ def _dots_blocked(root: KNode) -> bool:
         packed = _row_pack(root, o, s) if row_lanes(root) else None
         if packed is None:
             return False
-        root = packed[1]
-        s = schedule_kernel(Kernel("row_dots", 0, root, root.buffers()), o)
+        _, root, s = packed
     dotted = {id(x) for x, _ in s.row_dots}
     return bool(dotted) and all(id(x) in dotted for x, *_ in _row_dot_reads(root, s, reduce_map(root)))
 
@@ -1277,7 +1289,8 @@ def row_pack(root: KNode, o: LowerOptions) -> tuple[KNode | tuple[KNode, ...], K
     if row_lanes(root):
         s = schedule_kernel(Kernel("row_pack", 0, root, root.buffers()), o)
         if s.row_stash:
-            return _row_pack(root, o, s)
+            found = _row_pack(root, o, s)
+            return found[:2] if found is not None else None
     return _root_pack(root, o)
 
 
@@ -1341,8 +1354,8 @@ def _strided_row_load(body: KNode, o: LowerOptions) -> tuple[KNode, KNode, int, 
     return None
 
 
-def _row_pack(root: KNode, o: LowerOptions, s: Schedule) -> tuple[KNode, KNode] | None:
-    """``row_pack`` for ``root`` under its schedule ``s``."""
+def _row_pack(root: KNode, o: LowerOptions, s: Schedule) -> tuple[KNode, KNode, Schedule] | None:
+    """``row_pack`` for ``root`` under its schedule ``s``, and the packed body's schedule."""
     if s.row_dots or not s.row_stash:
         return None
     for x, _, a in _row_dot_reads(root, s, reduce_map(root)):
@@ -1350,8 +1363,9 @@ def _row_pack(root: KNode, o: LowerOptions, s: Schedule) -> tuple[KNode, KNode] 
             continue
         for f, u in _packable(x.src[0], a, o):
             pack, body = _packed(root, f, u, a)
-            if schedule_kernel(Kernel("row_pack", 0, body, body.buffers()), o).row_dots:
-                return pack, body
+            packed = schedule_kernel(Kernel("row_pack", 0, body, body.buffers()), o)
+            if packed.row_dots:
+                return pack, body, packed
     return None
 
 
