@@ -219,6 +219,29 @@ def test_attention_as_one_kernel_reads_a_packed_k_for_its_scores(threads, monkey
     assert all(row_pack(kk.ast, LowerOptions()) is None for kk in one.plan.kernels)
 
 
+def test_a_row_blocks_local_arrays_hold_its_rows_a_cache_line_off_the_page():
+    """Attention as one kernel keeps its scores and probabilities for a block of query rows in local
+    arrays, a row of 1,024 keys (4 KiB) each; rows a whole number of pages apart fall in one L1 set
+    and alias in the store-to-load check (the row-fused gradient of q ran 1.4-1.7x slower on one
+    thread), so each row starts a cache line later (lower/lowering.py ``row_pitch``): no array of
+    several rows is a multiple of a page. The output is NumPy's."""
+    from eqgrad.lower.lowering import lower_kernel
+    from eqgrad.lower.passes import CACHE_LINE, PAGE, schedule_kernel
+    q, k, v = _t(1, 1, 1024, 64), _t(1, 1, 1024, 64), _t(1, 1, 1024, 64)
+    o = (q @ k.transpose(-2, -1) * 0.125).softmax(-1) @ v
+    ex = eqgrad.explain(o)
+    dp = ex.device_plan()
+    body = [kk for kk in dp.plan.kernels if schedule_kernel(kk).row_stash]
+    assert len(body) == 1 and dict(schedule_kernel(body[0]).lanes).get(2, 1) > 1, dp.notes
+    rows = dict(schedule_kernel(body[0]).lanes)[2]
+    arrays = [x.arg for x in lower_kernel(body[0], dp.plan).insts if x.op == "DEFLOCAL"]
+    assert arrays and all(a == rows * (1024 + CACHE_LINE // 4) for a in arrays), arrays
+    assert all(a * 4 % PAGE for a in arrays)
+    sn = q.numpy() @ k.numpy().transpose(0, 1, 3, 2) * 0.125
+    p = np.exp(sn - sn.max(-1, keepdims=True))
+    np.testing.assert_allclose(o.numpy(), (p / p.sum(-1, keepdims=True)) @ v.numpy(), rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("threads", ["1", "2"])
 def test_attentions_bounded_backward_packs_each_operand_once_for_its_six_kernels(threads, monkeypatch):
     """Attention's backward under a memory bound: six kernels (the three row statistics, dq, dk,
