@@ -245,7 +245,8 @@ def test_a_row_blocks_local_arrays_hold_its_rows_a_cache_line_off_the_page():
 @pytest.mark.parametrize("threads", ["1", "2"])
 def test_attentions_bounded_backward_packs_each_operand_once_for_its_six_kernels(threads, monkeypatch):
     """Attention's backward under a memory bound: six kernels (the three row statistics, dq, dk,
-    dv), each recomputing the scores inside its own reduction. The device packs what they read a
+    dv), each recomputing the scores inside its own reduction; the device runs the statistics as one
+    kernel with three outputs. The device packs what they read a
     head dim apart along that reduction -- k^T and v^T for the query rows, q^T and g^T for the key
     rows, and a causal mask's transpose for the key rows -- each once for the plan (a later kernel reads the pack an earlier one made), and each
     kernel computes its dot products as register blocks (``root_dots``); the gradients are NumPy's,
@@ -269,12 +270,18 @@ def test_attentions_bounded_backward_packs_each_operand_once_for_its_six_kernels
         # four packs (k^T, v^T, q^T, g^T), each made once, and the mask's transpose, which dk and dv
         # read along the queries
         packs = 4 if m is None else 5
-        assert len(dp.scratch) == packs and len(dp.plan.kernels) == 6 + packs, dp.notes
+        # the three statistics of a query row (max, sum, sum(p * dp)) run as one kernel with three
+        # outputs (lower/merge.py), its scores and g . v computed once for all three
+        stats = [kk for kk in dp.plan.kernels if kk.also]
+        assert len(stats) == 1 and stats[0].name == "k0+k1+k2" and len(stats[0].also) == 2, dp.notes
+        assert len(schedule_kernel(stats[0]).root_dots) == 2
+        assert len(dp.scratch) == packs and len(dp.plan.kernels) == 4 + packs, dp.notes
         assert m is None or [s_, s_] in [list(sh) for sh, _ in dp.scratch]
         assert sum("an earlier kernel made" in n for n in dp.notes) == 4, dp.notes
         assert all(schedule_kernel(kk).root_dots for kk in dp.plan.kernels if kk.out < len(ex.plan.buffers))
-        # explain() names them: a row-dots line for each of the six
-        assert sorted(k for k, p, _ in ex.lowering(dp) if p == "row dots") == sorted(kk.name for kk in ex.plan.kernels)
+        # explain() names them: a row-dots line for each of the four
+        assert sorted(k for k, p, _ in ex.lowering(dp) if p == "row dots") == \
+            sorted(kk.name for kk in dp.plan.kernels if kk.out < len(ex.plan.buffers))
         Q, K, V, G = (x.astype(np.float64) for x in a)
         sn = Q @ K.transpose(0, 1, 3, 2) * 0.25 + (0 if m is None else m)
         p = np.exp(sn - sn.max(-1, keepdims=True))

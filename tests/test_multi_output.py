@@ -156,6 +156,43 @@ def test_siblings_with_a_reader_of_the_first_between_them_stay_apart():
         "(512 bytes fewer)" in notes[0]      # b0 (8 x 16 floats) read once
 
 
+def test_a_reduction_that_reads_a_siblings_row_value_inside_its_loop_takes_its_root_in():
+    """A row's statistics as kernels of their own (attention's backward under a memory bound): k1
+    sums exp2(x - m) over the row, reading the row's max m (k0's output) broadcast along its own
+    loop -- at the element it computes: one kernel computes m and uses it. k2 reads m along its
+    loop (m of every row, a reduction over rows): it stays apart. The merged kernel's numbers are
+    NumPy's."""
+    from eqgrad.devices import get_device
+    from eqgrad.graph.plan import Kernel, KernelPlan, KNode
+    from eqgrad.lower.passes import LowerOptions
+    from eqgrad.lower.merge import _reads_at_its_index
+    f32 = eqgrad.float32
+    x = KNode("BUF", (), 0, (8, 16), f32)
+    y = KNode("BUF", (), 1, (8, 8), f32)
+    m = KNode("BUF", (), 2, (8, 1), f32)
+    k0 = Kernel("k0", 2, KNode("RMAX", (x,), (1,), (8, 1), f32), (0,))
+    e = KNode("EXP2", (KNode("ADD", (x, KNode("NEG", (KNode("EXPAND", (m,), (8, 16), (8, 16), f32),), None, (8, 16), f32)),
+                             None, (8, 16), f32),), None, (8, 16), f32)
+    k1 = Kernel("k1", 3, KNode("RSUM", (e,), (1,), (8, 1), f32), (0, 2))
+    across = KNode("EXPAND", (KNode("RESHAPE", (m,), (1, 8), (1, 8), f32),), (8, 8), (8, 8), f32)
+    k2 = Kernel("k2", 4, KNode("RSUM", (KNode("MUL", (y, across), None, (8, 8), f32),), (1,), (8, 1), f32), (1, 2))
+    assert _reads_at_its_index(k1.ast, {2}) and not _reads_at_its_index(k2.ast, {2})
+    plan = KernelPlan([((8, 16), f32), ((8, 8), f32)] + [((8, 1), f32)] * 3, 2, [k0, k1, k2], [2, 3, 4])
+    notes: list[str] = []
+    out = get_device("LLVM").stage.merge_siblings(plan, LowerOptions(threads=1), notes)
+    assert [k.name for k in out.kernels] == ["k0+k1", "k2"], notes
+    from eqgrad.devices import Buffer
+    xs = RNG.standard_normal((8, 16)).astype(np.float32)
+    ys = RNG.standard_normal((8, 8)).astype(np.float32)
+    bufs = [Buffer.from_numpy(xs, "LLVM"), Buffer.from_numpy(ys, "LLVM")] + \
+        [Buffer.empty((8, 1), f32, "LLVM") for _ in range(3)]
+    get_device("LLVM").prepare(plan)(bufs)        # (the device's stage merges as above)
+    mx = xs.max(1, keepdims=True)
+    np.testing.assert_array_equal(bufs[2].numpy(), mx)
+    np.testing.assert_allclose(bufs[3].numpy(), np.exp2(xs - mx).sum(1, keepdims=True), rtol=1e-5)
+    np.testing.assert_allclose(bufs[4].numpy(), ys @ mx, rtol=1e-5, atol=1e-5)
+
+
 def test_layer_norm_backward_sums_its_weight_and_bias_gradients_in_one_kernel():
     """At (480, 384) the extracted plan sums dw = sum(dy * xhat) and db = sum(dy) over the rows in
     two kernels that both read dy (the default cost model; a smaller tensor gets another plan, whose

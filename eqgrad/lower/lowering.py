@@ -343,12 +343,17 @@ class Lowerer:
         loads them (``_row_values``)."""
         # (the values are the same in every lane of the last axis where lanes cover it: its first)
         last = max(d for d, n in enumerate(self.kernel.ast.shape) if n > 1)
-        red, ixs = self.kernel.ast, [l for l in lanes if l[last] is lanes[0][last]] if self.sched.lanes else lanes
-        while red.op in MOVES:
-            ixs, red = [self.move_index(red, ix) for ix in ixs], red.src[0]
-        ixs = list(dict.fromkeys(ixs))
+        top = [l for l in lanes if l[last] is lanes[0][last]] if self.sched.lanes else lanes
+        reds = []                          # each root's reduction (a GROUP's several) and its indices
+        for red in self.kernel.ast.src if self.kernel.ast.op == GROUP else (self.kernel.ast,):
+            ixs = top
+            while red.op in MOVES:
+                ixs, red = [self.move_index(red, ix) for ix in ixs], red.src[0]
+            reds.append((red, list(dict.fromkeys(ixs))))
+        red, ixs = reds[0]
         for x, w, per in self.sched.root_dots:
-            row = self._root_array(red, ixs, x)
+            # (in the array of the first root whose reduction reads it along its loop)
+            row = next((r for r in (self._root_array(rd, ix, x) for rd, ix in reds) if r is not None), None)
             if row is None:
                 continue
             self._dot_blocks(x, row, row.rows, w, per)

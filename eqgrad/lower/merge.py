@@ -3,7 +3,8 @@
 A plan's kernels each write one buffer. Kernels of one output shape that read a buffer in common
 (a layer norm's ``dw`` and ``db``, both sums over the rows of ``dy``), or where one reads what
 another writes only at the element it computes itself (an Adam step's parameter update, which
-reads the ``m`` and ``v`` the kernels before it wrote), are *siblings*: run as one kernel whose body
+reads the ``m`` and ``v`` the kernels before it wrote; a row's sum of ``exp2(x - max)``, which reads
+the row's max broadcast along its own loop), are *siblings*: run as one kernel whose body
 is a GROUP of their roots (graph/plan.py), they read each shared buffer once and never read back
 what they wrote. The lowering (lowering.py) opens the output loops once and stores each root to
 its own output; the emitter renders a node once per element, so a root that another root holds is
@@ -17,8 +18,9 @@ from typing import Any, Callable, NamedTuple
 
 from eqgrad import config
 from eqgrad.graph.plan import GROUP, Kernel, KernelPlan, KernelStats, KNode, NodeMemo
-from eqgrad.graph.sizes import ELEMENTWISE
+from eqgrad.lower.indexing import dry_sources
 from eqgrad.lower.passes import LowerOptions, schedule_kernel
+from eqgrad.lower.symbolic import Lin
 
 
 class SiblingMerger:
@@ -90,13 +92,13 @@ class SiblingMerger:
                              f"({mk.ast.shape} each), their common reads done once ({saved} bytes fewer)")
         return dataclasses.replace(plan, kernels=out)
 
-    def _schedule(self, k, options: LowerOptions) -> tuple[_Decisions, int]:
-        """The lowering's decisions for ``k`` alone (``_decisions``) and how many of its sums are
-        blocked, kept by its body."""
+    def _schedule(self, k, options: LowerOptions) -> tuple[_Decisions, int, list[tuple[tuple, int, int]]]:
+        """The lowering's decisions for ``k`` alone (``_decisions``), how many of its sums are
+        blocked and its row dots' blocks (``_dots``), kept by its body."""
         hit = self._schedule_memo.get(k.ast)
         if hit is None or hit[0] != options:
             s = schedule_kernel(k, options)
-            hit = (options, (_decisions(s), len(s.blocked)))
+            hit = (options, (_decisions(s), len(s.blocked), _dots(s)))
             self._schedule_memo.put(k.ast, hit)
         return hit[1]
 
@@ -119,23 +121,26 @@ class SiblingMerger:
         if not fed and not set(k.inputs) & {b for m in members for b in m.inputs}:
             return False                            # nothing to read once
         for m_i in g:                               # none between a member and k reads the member
-            if any(m_i < r < j for r in readers.get(kernels[m_i].out, ())):
+            if any(m_i < r < j and r not in g for r in readers.get(kernels[m_i].out, ())):
                 return False
-        want, blocked = self._schedule(k, options)
-        if want.hoist or want.stash or want.tile is not None or want.split:
+        want, blocked, dots = self._schedule(k, options)
+        if want.hoist or want.stash or want.tile is not None or want.split or want.root_rows:
             return False
         for m in members:
-            d, n = self._schedule(m, options)
+            d, n, md = self._schedule(m, options)
             if d != want:
                 return False
             blocked += n
+            dots = dots + md
         bodies = tuple(m.ast for m in members)
         memo = self._group_memo.get(k.ast)
         hit = memo.get(tuple(map(id, bodies))) if memo is not None else None
         if hit is not None and hit[0] == options and all(a is b for a, b in zip(hit[1], bodies)):
             return hit[2]
         got = schedule_kernel(_merged(members + [k], plan), options)
-        ok = _decisions(got) == want and len(got.blocked) == blocked     # (each root's long sums blocked)
+        # (each root's long sums blocked; each root's row dots kept, those the roots share once: as
+        # many as the members' distinct ones)
+        ok = _decisions(got) == want and len(got.blocked) == blocked and set(dots) <= set(_dots(got))
         if any(b is k.ast for b in bodies):         # (a memo's value must not hold its key)
             return ok
         if memo is None:
@@ -149,7 +154,8 @@ class SiblingMerger:
 
 class _Decisions(NamedTuple):
     """What of a schedule must be the same for a kernel alone and in a GROUP (``SiblingMerger.merge``;
-    the GROUP's blocked sums are its roots' together)."""
+    the GROUP's blocked sums are its roots' together, its row dots (``dots``: (w, per) of each) its
+    roots' without repeats)."""
     lanes: tuple
     parallel: int
     hoist: bool
@@ -158,29 +164,78 @@ class _Decisions(NamedTuple):
     split: bool
     sum_block: int
     sum_radix: int
+    root_block: int
+    root_rows: bool
 
 
 def _decisions(s: Any) -> _Decisions:
     return _Decisions(s.lanes, s.parallel, bool(s.hoist), s.stash is not None, s.tile, s.split is not None,
-                      s.sum_block, s.sum_radix)
+                      s.sum_block, s.sum_radix, s.root_block, bool(s.root_rows))
+
+
+def _dots(s: Any) -> list[tuple[tuple, int, int]]:
+    """A schedule's row dots of its own reduction as (the value's structure, w, per): a GROUP keeps
+    a member's register-blocked dot products where it has each of them so."""
+    return [(_structure(x), w, per) for x, w, per in s.root_dots]
+
+
+def _structure(n: KNode) -> tuple:
+    """``n``'s body as nested tuples (a row-dots value: a sum of products of two reads, a few nodes)."""
+    return (n.op, n.arg, n.shape, n.dtype, tuple(_structure(x) for x in n.src))
+
+
+def _shared(roots: list[KNode]) -> list[KNode]:
+    """``roots`` with the subtrees they have in common one node: the emitter computes a node once
+    per index and the row-dots pass keeps a value in one array (a row's statistics, each kernel's
+    scores ``q . k`` built apart, read by the max, the sum and ``sum(p * dp)``)."""
+    seen: dict[tuple, KNode] = {}
+    memo: dict[int, KNode] = {}
+    for r in roots:
+        for n in r.walk():
+            if id(n) in memo:
+                continue
+            src = tuple(memo[id(x)] for x in n.src)
+            key = (n.op, n.arg, n.shape, n.dtype, tuple(map(id, src)))
+            try:
+                m = seen.get(key)
+            except TypeError:             # (an argument that does not hash: not shared)
+                m, key = None, None
+            if m is None:
+                m = n if all(a is b for a, b in zip(src, n.src)) else KNode(n.op, src, n.arg, n.shape, n.dtype)
+                if key is not None:
+                    seen[key] = m
+            memo[id(n)] = m
+    return [memo[id(r)] for r in roots]
 
 
 def _reads_at_its_index(root: KNode, bufs: set[int]) -> bool:
-    """Whether every read of ``bufs`` in the body ``root`` is at the element the root computes:
-    reached from the root through elementwise ops only (no movement, reduction or pad on the way)."""
-    stack, seen = [(root, True)], set()
+    """Whether every read of ``bufs`` in the body ``root`` is at the element the root computes: a
+    dry run of the index function (``indexing.dry_sources``: a reduction's axes are variables of its
+    own) reads them at the root's own output index and nowhere else -- through elementwise ops, or
+    broadcast along a reduction's axes and read inside its loop (the variance's reads of the mean, a
+    softmax's sum's of the row's max), never through a pad."""
+    out = tuple(Lin.var(f"o{d}", n) if n > 1 else Lin.num(0) for d, n in enumerate(root.shape))
+    stack, seen = [(root, out)], set()
     while stack:
-        n, here = stack.pop()
-        if (id(n), here) in seen:
+        n, ix = stack.pop()
+        if (id(n), ix) in seen:
             continue
-        seen.add((id(n), here))
+        seen.add((id(n), ix))
         if n.op == "BUF":
-            if n.arg in bufs and (not here or n.shape != root.shape):
+            if n.arg in bufs and (n.shape != root.shape or ix != out):
                 return False
             continue
-        here = here and n.op in ELEMENTWISE
-        stack.extend((x, here) for x in n.src)
+        if n.op == "PAD":
+            if any(x.op == "BUF" and x.arg in bufs for x in n.walk()):
+                return False
+            continue
+        if len(seen) > MAX_DRY_NODES:
+            return False                  # (a body too large to check: not merged)
+        stack.extend(dry_sources(n, ix, "_g"))
     return True
+
+
+MAX_DRY_NODES = 4096          # (node, index) pairs ``_reads_at_its_index`` visits before it gives up
 
 
 def _merged(members: list, plan: KernelPlan) -> Kernel:
@@ -195,7 +250,7 @@ def _merged(members: list, plan: KernelPlan) -> Kernel:
         subs = {id(n): made[n.arg] for n in m.ast.walk() if n.op == "BUF" and n.arg in made}
         roots.append(m.ast.replaced(subs) if subs else m.ast)
         made[m.out] = roots[-1]
-    ast = KNode(GROUP, tuple(roots), None, members[0].ast.shape, members[0].ast.dtype)
+    ast = KNode(GROUP, tuple(_shared(roots)), None, members[0].ast.shape, members[0].ast.dtype)
     k = Kernel("+".join(m.name for m in members), members[0].out, ast, ast.buffers(),
                flops=sum(m.flops for m in members), kind=tuple(sorted({x for m in members for x in m.kind})),
                also=tuple(m.out for m in members[1:]))

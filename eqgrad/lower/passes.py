@@ -1165,22 +1165,30 @@ def own_reduction(root: KNode) -> tuple[KNode, tuple[Lin, ...]] | None:
     return (n, ix) if n.op in REDUCES else None
 
 
+def own_reductions(root: KNode) -> list[tuple[KNode, tuple[Lin, ...]]]:
+    """``own_reduction`` of each root of a kernel: its one root, or each of a GROUP's (a kernel with
+    several outputs, lower/merge.py); empty where one of them is not a reduction."""
+    found = [own_reduction(r) for r in (root.src if root.op == GROUP else (root,))]
+    return [] if None in found else found
+
+
 def _root_dot_reads(root: KNode) -> Iterator[tuple[KNode, tuple[Lin, ...], int, tuple[int | None, ...]]]:
     """(value, the index the kernel's own reduction reads it at, the one axis that reduction's loop
     runs along, the step of each load below it along that axis) for each sum of products without
-    reductions below that the kernel's own reduction reads at one index."""
-    found = own_reduction(root)
-    if found is None:
-        return
-    red, ix = found
-    for x in red.src[0].walk():
-        if x.op != "RSUM" or x.src[0].op != "MUL" or any(n.op in REDUCES for n in x.src[0].walk()):
-            continue
-        lay = stash_layout(red, ix, x)
-        if lay is None or len(lay[1]) != 1:
-            continue
-        xi, (a,) = lay
-        yield x, xi, a, _steps_along(x, xi, a)
+    reductions below that the kernel's own reduction reads at one index -- in a kernel with several
+    outputs, each root's, each value once (a row's statistics merged: the scores that the max, the
+    sum and ``sum(p * dp)`` read)."""
+    seen: set[int] = set()
+    for red, ix in own_reductions(root):
+        for x in red.src[0].walk():
+            if id(x) in seen or x.op != "RSUM" or x.src[0].op != "MUL" or any(n.op in REDUCES for n in x.src[0].walk()):
+                continue
+            lay = stash_layout(red, ix, x)
+            if lay is None or len(lay[1]) != 1:
+                continue
+            seen.add(id(x))
+            xi, (a,) = lay
+            yield x, xi, a, _steps_along(x, xi, a)
 
 
 def root_dots(root: KNode, s: Schedule, o: LowerOptions) -> tuple[tuple[KNode, int, int], ...]:
