@@ -246,7 +246,7 @@ def test_a_row_blocks_local_arrays_hold_its_rows_a_cache_line_off_the_page():
 def test_attentions_bounded_backward_packs_each_operand_once_for_its_six_kernels(threads, monkeypatch):
     """Attention's backward under a memory bound: six kernels (the three row statistics, dq, dk,
     dv), each recomputing the scores inside its own reduction; the device runs the statistics as one
-    kernel with three outputs. The device packs what they read a
+    kernel with three outputs, and the gradients as another. The device packs what they read a
     head dim apart along that reduction -- k^T and v^T for the query rows, q^T and g^T for the key
     rows, and a causal mask's transpose for the key rows -- each once for the plan (a later kernel reads the pack an earlier one made), and each
     kernel computes its dot products as register blocks (``root_dots``); the gradients are NumPy's,
@@ -271,15 +271,17 @@ def test_attentions_bounded_backward_packs_each_operand_once_for_its_six_kernels
         # read along the queries
         packs = 4 if m is None else 5
         # the three statistics of a query row (max, sum, sum(p * dp)) run as one kernel with three
-        # outputs (lower/merge.py), its scores and g . v computed once for all three
-        stats = [kk for kk in dp.plan.kernels if kk.also]
-        assert len(stats) == 1 and stats[0].name == "k0+k1+k2" and len(stats[0].also) == 2, dp.notes
-        assert len(schedule_kernel(stats[0]).root_dots) == 2
-        assert len(dp.scratch) == packs and len(dp.plan.kernels) == 4 + packs, dp.notes
+        # outputs (lower/merge.py), its scores and g . v computed once for all three; dq, dk and dv
+        # too, dk and dv sharing a key row's scores, g . v and p (dq's are a query row's)
+        stats, grads = [kk for kk in dp.plan.kernels if kk.also]
+        assert stats.name == "k0+k1+k2" and grads.name == "k3+k4+k5", dp.notes
+        assert len(schedule_kernel(stats).root_dots) == 2
+        assert len(schedule_kernel(grads).root_dots) == 4 and len(schedule_kernel(grads).root_rows) == 3
+        assert len(dp.scratch) == packs and len(dp.plan.kernels) == 2 + packs, dp.notes
         assert m is None or [s_, s_] in [list(sh) for sh, _ in dp.scratch]
         assert sum("an earlier kernel made" in n for n in dp.notes) == 4, dp.notes
         assert all(schedule_kernel(kk).root_dots for kk in dp.plan.kernels if kk.out < len(ex.plan.buffers))
-        # explain() names them: a row-dots line for each of the four
+        # explain() names them: a row-dots line for each of the two
         assert sorted(k for k, p, _ in ex.lowering(dp) if p == "row dots") == \
             sorted(kk.name for kk in dp.plan.kernels if kk.out < len(ex.plan.buffers))
         Q, K, V, G = (x.astype(np.float64) for x in a)

@@ -124,7 +124,7 @@ class SiblingMerger:
             if any(m_i < r < j and r not in g for r in readers.get(kernels[m_i].out, ())):
                 return False
         want, blocked, dots = self._schedule(k, options)
-        if want.hoist or want.stash or want.tile is not None or want.split or want.root_rows:
+        if want.hoist or want.stash or want.tile is not None or want.split:
             return False
         for m in members:
             d, n, md = self._schedule(m, options)
@@ -173,10 +173,11 @@ def _decisions(s: Any) -> _Decisions:
                       s.sum_block, s.sum_radix, s.root_block, bool(s.root_rows))
 
 
-def _dots(s: Any) -> list[tuple[tuple, int, int]]:
-    """A schedule's row dots of its own reduction as (the value's structure, w, per): a GROUP keeps
-    a member's register-blocked dot products where it has each of them so."""
-    return [(_structure(x), w, per) for x, w, per in s.root_dots]
+def _dots(s: Any) -> list[tuple]:
+    """A schedule's row dots of its own reduction as (the value's structure, w, per), and its root
+    rows as (the value's structure,): a GROUP keeps a member's register-blocked dot products and
+    the row values over them where it has each of them so."""
+    return [(_structure(x), w, per) for x, w, per in s.root_dots] + [(_structure(y),) for y in s.root_rows]
 
 
 def _structure(n: KNode) -> tuple:

@@ -280,8 +280,13 @@ class Lanes(Pass):
         shape = ctx.root.shape
         o, forced = ctx.options, ctx.options.upcast
         w1s, w0s = ((forced[0],), (forced[1],)) if forced is not None else (o.lanes_last, o.lanes_prev)
-        # the widths as the cost model prices them (graph/caps.py, Capabilities.block_fill)
-        w1, w0, second = _lane_widths(ctx.root, len(ctx.root.walk()), w1s, w0s, o.lane_body_max)
+        # the widths as the cost model prices them (graph/caps.py, Capabilities.block_fill); a GROUP
+        # of reductions (lower/merge.py) renders each root's loop nest in turn: its roots' widths
+        # where they agree, each as alone (its body the root's, not the GROUP's)
+        each = {_lane_widths(r, len(r.walk()), w1s, w0s, o.lane_body_max) for r in ctx.root.src} \
+            if ctx.root.op == GROUP and own_reductions(ctx.root) else set()
+        w1, w0, second = next(iter(each)) if len(each) == 1 else \
+            _lane_widths(ctx.root, len(ctx.root.walk()), w1s, w0s, o.lane_body_max)
         big = [d for d, n in enumerate(shape) if n > 1]
         up = {big[-1]: w1} if w1 > 1 else {}
         if w0 > 1:
@@ -1257,26 +1262,27 @@ def root_rows(root: KNode, s: Schedule, dots: tuple[tuple[KNode, int, int], ...]
     reduction's loop, they were scalar code (an exp2 a key) beside the lanes' vector FMAs."""
     if not dots or not s.lanes:
         return ()
-    found = own_reduction(root)
-    if found is None:
-        return ()
-    red, ix = found
     kept = {id(x) for x, _, _ in dots}
     lane_vars = {f"o{max(d for d, _ in s.lanes)}"}
-    ok: dict[int, bool] = {}                 # id -> no reduction below but row-dots values
-    for n in red.src[0].walk():
-        ok[id(n)] = id(n) in kept or (n.op not in REDUCES and all(ok[id(x)] for x in n.src))
-    cands = []
-    for n in red.src[0].walk():
-        if not ok[id(n)] or id(n) in kept or n.op in MOVES or n.op in ("BUF", "CONST") or n.dtype is bool_ \
-                or not any(id(x) in kept for x in n.walk()):
-            continue
-        lay = stash_layout(red, ix, n)
-        if lay is None or len(lay[1]) != 1 or {v for l in lay[0] for v in substitute_free(l)} & lane_vars:
-            continue
-        cands.append(n)
-    inside = {id(x) for n in cands for x in n.walk()[:-1]}
-    return tuple(n for n in cands if id(n) not in inside)
+    out: list[KNode] = []
+    # (each root's: a GROUP's dk reads ds, its dv p, which ds holds -- both kept, p first)
+    for red, ix in own_reductions(root):
+        ok: dict[int, bool] = {}                 # id -> no reduction below but row-dots values
+        for n in red.src[0].walk():
+            ok[id(n)] = id(n) in kept or (n.op not in REDUCES and all(ok[id(x)] for x in n.src))
+        cands = []
+        for n in red.src[0].walk():
+            if not ok[id(n)] or id(n) in kept or n.op in MOVES or n.op in ("BUF", "CONST") or n.dtype is bool_ \
+                    or not any(id(x) in kept for x in n.walk()):
+                continue
+            lay = stash_layout(red, ix, n)
+            if lay is None or len(lay[1]) != 1 or {v for l in lay[0] for v in substitute_free(l)} & lane_vars:
+                continue
+            cands.append(n)
+        inside = {id(x) for n in cands for x in n.walk()[:-1]}
+        out += [n for n in cands if id(n) not in inside and all(n is not m for m in out)]
+    # a value before the values that hold it: its array is stored first and their loops load it
+    return tuple(sorted(out, key=lambda n: len(n.walk())))
 
 
 def row_pack(root: KNode, o: LowerOptions) -> tuple[KNode | tuple[KNode, ...], KNode] | None:
