@@ -181,6 +181,11 @@ def test_a_reduction_that_reads_a_siblings_row_value_inside_its_loop_takes_its_r
     notes: list[str] = []
     out = get_device("LLVM").stage.merge_siblings(plan, LowerOptions(threads=1), notes)
     assert [k.name for k in out.kernels] == ["k0+k1", "k2"], notes
+    # the max is computed once a row, before the sum's loop, which reads it from a register: three
+    # loops (the rows, the max's, the sum's), not the max's loop again inside the sum's
+    from eqgrad.lower.lowering import lower_kernel
+    lk = lower_kernel(out.kernels[0], out, options=LowerOptions(threads=1))
+    assert sum(x.op == "RANGE" for x in lk.insts) == 3, str(lk)
     from eqgrad.devices import Buffer
     xs = RNG.standard_normal((8, 16)).astype(np.float32)
     ys = RNG.standard_normal((8, 8)).astype(np.float32)

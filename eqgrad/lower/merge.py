@@ -92,9 +92,9 @@ class SiblingMerger:
                              f"({mk.ast.shape} each), their common reads done once ({saved} bytes fewer)")
         return dataclasses.replace(plan, kernels=out)
 
-    def _schedule(self, k, options: LowerOptions) -> tuple[_Decisions, int, list[tuple[tuple, int, int]]]:
+    def _schedule(self, k, options: LowerOptions) -> tuple[_Decisions, int, list[tuple]]:
         """The lowering's decisions for ``k`` alone (``_decisions``), how many of its sums are
-        blocked and its row dots' blocks (``_dots``), kept by its body."""
+        blocked, and its row dots and root rows (``_dots``), kept by its body."""
         hit = self._schedule_memo.get(k.ast)
         if hit is None or hit[0] != options:
             s = schedule_kernel(k, options)
@@ -138,8 +138,8 @@ class SiblingMerger:
         if hit is not None and hit[0] == options and all(a is b for a, b in zip(hit[1], bodies)):
             return hit[2]
         got = schedule_kernel(_merged(members + [k], plan), options)
-        # (each root's long sums blocked; each root's row dots kept, those the roots share once: as
-        # many as the members' distinct ones)
+        # (each root's long sums blocked; each member's row dots and root rows kept, by structure:
+        # a value the roots share is one, ``_shared``)
         ok = _decisions(got) == want and len(got.blocked) == blocked and set(dots) <= set(_dots(got))
         if any(b is k.ast for b in bodies):         # (a memo's value must not hold its key)
             return ok
@@ -154,8 +154,8 @@ class SiblingMerger:
 
 class _Decisions(NamedTuple):
     """What of a schedule must be the same for a kernel alone and in a GROUP (``SiblingMerger.merge``;
-    the GROUP's blocked sums are its roots' together, its row dots (``dots``: (w, per) of each) its
-    roots' without repeats)."""
+    the GROUP's blocked sums are its roots' together, and its row dots and root rows hold each
+    root's: ``_dots``)."""
     lanes: tuple
     parallel: int
     hoist: bool
@@ -181,8 +181,12 @@ def _dots(s: Any) -> list[tuple]:
 
 
 def _structure(n: KNode) -> tuple:
-    """``n``'s body as nested tuples (a row-dots value: a sum of products of two reads, a few nodes)."""
-    return (n.op, n.arg, n.shape, n.dtype, tuple(_structure(x) for x in n.src))
+    """``n``'s body as nested tuples, a node read twice built once (a row-dots value, a sum of
+    products of two reads; a root-rows value, attention's ds = p * (dp - D): tens of nodes)."""
+    memo: dict[int, tuple] = {}
+    for x in n.walk():
+        memo[id(x)] = (x.op, x.arg, x.shape, x.dtype, tuple(memo[id(c)] for c in x.src))
+    return memo[id(n)]
 
 
 def _shared(roots: list[KNode]) -> list[KNode]:
