@@ -325,3 +325,18 @@ def test_opencl_runs_siblings_as_one_kernel_too():
     outs, names, names0 = _both(make)
     assert len(names) == 1 and len(names0) == 3
     check(outs)
+
+
+@pytest.mark.skipif("OPENCL" not in DEVICES, reason="no OpenCL platform")
+def test_opencl_computes_a_softmax_rows_max_and_sum_in_one_kernel():
+    """On OpenCL a softmax is three kernels (a work-group reduction each: the row's max, the sum of
+    exp2(x - max), the output); the sum reads the max broadcast along its own loop, at the element
+    it computes, so the device runs the two as one kernel with two outputs that computes the max
+    once a row. The same numbers as with EQGRAD_MERGE=0, bit for bit, and NumPy's."""
+    rng = np.random.default_rng(7)
+    x = Tensor(rng.standard_normal((64, 300), dtype=np.float32), device="OPENCL").realize()
+    (out,), names, names0 = _both(lambda: [x.softmax(-1)])
+    assert len(names) == len(names0) - 1 and any("+" in n for n in names), (names, names0)
+    X = x.numpy().astype(np.float64)
+    e = np.exp(X - X.max(-1, keepdims=True))
+    np.testing.assert_allclose(out, e / e.sum(-1, keepdims=True), rtol=1e-5, atol=1e-7)
