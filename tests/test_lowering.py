@@ -617,6 +617,57 @@ def test_the_thread_split_is_probed_one_thread_first_then_split(monkeypatch):
     assert ran[cpu.SPLIT_PROBES:] == ["one"] * 3, ran
 
 
+def test_the_thread_split_is_timed_again_at_runs_16_64_256_and_switches_where_the_other_way_is_faster(monkeypatch):
+    """A split probe that the other vCPU's work slowed (a hypervisor's steal, a compile on the other
+    core) kept attention as one kernel on one thread for the whole process: 14.0 ms a run against
+    7.3-8.7 split (bench_core, 2-vCPU Zen 4, 3 runs of 4). From run ``SPLIT_RECHECK`` (16) on, at
+    every power of 4, the way not chosen runs twice, timed, and the faster way is kept from then on.
+    Modelled with a clock: one-thread runs cost 3; split runs 10 while the other core is busy (the
+    probes), 2 after. And where the probes were right, the rechecks only confirm them."""
+    import eqgrad.devices.cpu as cpu
+    from eqgrad.devices import get_device
+    dev = get_device("LLVM")
+    now = [0.0]
+    ran: list[str] = []
+    busy = [True]
+
+    class Prg:
+        nontemporal = False
+
+        def __call__(self, *ptrs, lo, hi):
+            now[0] += 3.0
+            ran.append("one")
+
+    def split_run(prg, ptrs, n, threads):
+        now[0] += 10.0 if busy[0] else 2.0
+        ran.append("split")
+
+    class K:
+        predicted = (cpu.SPLIT_FLOOR + cpu.SPLIT_SURE) / 2
+    monkeypatch.setattr(cpu.time, "perf_counter", lambda: now[0])
+    monkeypatch.setattr(dev, "_split_run", split_run)
+    monkeypatch.setattr(cpu, "PARALLEL_MIN", None)
+    monkeypatch.setattr(dev, "start_threads", lambda threads: None)
+    prg = Prg()
+    for _ in range(cpu.SPLIT_PROBES):
+        dev.launch(K(), prg, [], 1024, 2)
+    busy[0] = False                  # the other core is free again
+    for _ in range(cpu.SPLIT_RECHECK - cpu.SPLIT_PROBES + 3):
+        dev.launch(K(), prg, [], 1024, 2)
+    half = cpu.SPLIT_PROBES // 2
+    assert ran[:cpu.SPLIT_PROBES] == ["one"] * half + ["split"] * half
+    kept = ran[cpu.SPLIT_PROBES:cpu.SPLIT_PROBES + cpu.SPLIT_RECHECK - cpu.SPLIT_PROBES]
+    assert kept == ["one"] * len(kept), ran                      # one thread, as the probes said
+    assert ran[cpu.SPLIT_RECHECK:cpu.SPLIT_RECHECK + 2] == ["split", "split"], ran   # run 16: split again
+    assert ran[cpu.SPLIT_RECHECK + 2:] == ["split"] * 2, ran     # and kept
+    # probes that were right: the recheck at run 64 times one thread twice and keeps the split
+    ran.clear()
+    prg2 = Prg()
+    for _ in range(70):
+        dev.launch(K(), prg2, [], 1024, 2)
+    assert ran.count("one") == half + 2 + 2 and ran[-1] == "split", ran   # probes, then runs 16 and 64
+
+
 def test_start_threads_makes_the_split_runs_threads():
     """``LLVMDevice.start_threads`` leaves the threads a split run takes running: the native
     workers where the platform has them, else the Python pool's threads."""

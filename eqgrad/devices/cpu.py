@@ -9,7 +9,9 @@ this machine, which differs by an order of magnitude between machines: ~10-20 us
 took 41 us on one thread and 284 us split in two, a 1M-element one 393 against 724 us). So whether a
 kernel is split is measured, per kernel: ``launch`` runs each one on one thread, then split, over its
 first ``SPLIT_PROBES`` runs (per loop extent within a factor of 2) and keeps the faster (a threshold
-on the predicted time would inherit the cost model's errors: it underestimates some kernels 5x).
+on the predicted time would inherit the cost model's errors: it underestimates some kernels 5x),
+timing the other way again from run ``SPLIT_RECHECK`` on, at every power of 4 (a probe the other
+vCPU's work slowed is not kept for the rest of the process).
 Kernels predicted below ``SPLIT_FLOOR`` always run on one thread, kernels predicted above
 ``SPLIT_SURE`` are always split; ``PARALLEL_MIN``, when set (tests), replaces the measurement by a
 threshold on the prediction. A kernel that reduces a
@@ -66,6 +68,7 @@ from eqgrad.devices.search import search_upcast
 PARALLEL_MIN: float | None = None   # predicted seconds above which a kernel is split; None: measured (launch)
 # the knobs below: docs/lowering.md, Constants (what each bounds, the measurement behind it)
 SPLIT_PROBES = 4          # first runs of a kernel timed by ``launch``: half on one thread, then half split (the best of each counts)
+SPLIT_RECHECK = 16        # from this run on, at every run that is a power of 4, the way not chosen is timed again (launch)
 SPLIT_FLOOR = 20e-6       # predicted seconds below which a kernel runs on one thread, unprobed: waking a
                           # thread costs about that on a fast host (10-20 us), far more on a VM
 SPLIT_SURE = 10e-3        # predicted seconds above which a kernel is split, unprobed: 30x the dearest
@@ -562,10 +565,23 @@ class LLVMDevice(Device):
         if runs == 0:
             self.start_threads(threads)
         if runs >= SPLIT_PROBES:
-            if seen[2] < seen[1]:
-                self._split_run(prg, ptrs, n, threads)
-            else:
-                prg(*ptrs, lo=0, hi=n)
+            split = seen[2] < seen[1]
+            seen[0] = runs + 1
+            if runs >= SPLIT_RECHECK and runs & (runs - 1) == 0 and runs.bit_length() % 2:
+                # runs 16, 64, 256, ...: the other way timed again, twice (its first run after the
+                # chosen one's pays for the caches that one left), and the faster kept from then on
+                for _ in range(2):
+                    t0 = time.perf_counter()
+                    self._split_run(prg, ptrs, n, threads) if not split else prg(*ptrs, lo=0, hi=n)
+                    t = time.perf_counter() - t0
+                    if t < seen[1 if split else 2]:
+                        seen[1 if split else 2] = t
+                return
+            t0 = time.perf_counter()
+            self._split_run(prg, ptrs, n, threads) if split else prg(*ptrs, lo=0, hi=n)
+            t = time.perf_counter() - t0
+            if t < seen[2 if split else 1]:
+                seen[2 if split else 1] = t
             return
         # in two blocks, one thread first: alternating, each one-thread probe ran just after a split
         # one had left half the output in the other core's cache, and came out 6x slower than in
