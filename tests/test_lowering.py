@@ -575,6 +575,34 @@ def test_index_expressions_are_interned_and_released_between_lowerings(monkeypat
     assert str(lower_kernel(k, plan)) == before
 
 
+def _split_clock(monkeypatch, ran: list[str], one_cost, split_cost):
+    """The LLVM device with a clock for ``launch``'s split probes: a program (weak-referenceable, as
+    launch keys its probes) whose run costs ``one_cost()``, a split run ``split_cost()``, each
+    appended to ``ran``; and a kernel predicted between SPLIT_FLOOR and SPLIT_SURE (probed)."""
+    import eqgrad.devices.cpu as cpu
+    from eqgrad.devices import get_device
+    dev = get_device("LLVM")
+    now = [0.0]
+
+    class Prg:
+        nontemporal = False
+
+        def __call__(self, *ptrs, lo, hi):
+            now[0] += one_cost()
+            ran.append("one")
+
+    def split_run(prg, ptrs, n, threads):
+        now[0] += split_cost()
+        ran.append("split")
+
+    class K:
+        predicted = (cpu.SPLIT_FLOOR + cpu.SPLIT_SURE) / 2
+    monkeypatch.setattr(cpu.time, "perf_counter", lambda: now[0])
+    monkeypatch.setattr(dev, "_split_run", split_run)
+    monkeypatch.setattr(cpu, "PARALLEL_MIN", None)
+    return dev, Prg, K
+
+
 def test_the_thread_split_is_probed_one_thread_first_then_split(monkeypatch):
     """``LLVMDevice.launch`` times a kernel's first SPLIT_PROBES runs, one thread first and then
     split, and keeps the faster. Probed in turn, each one-thread run came right after a split one
@@ -585,27 +613,8 @@ def test_the_thread_split_is_probed_one_thread_first_then_split(monkeypatch):
     (``start_threads``): a first split probe that compiled and started the native workers took
     42.7 ms where split runs take 12.5 and one thread 18.8, and the kernel stayed on one thread."""
     import eqgrad.devices.cpu as cpu
-    from eqgrad.devices import get_device
-    dev = get_device("LLVM")
-    now = [0.0]
     ran: list[str] = []
-
-    class Prg:                       # a compiled program as launch calls it (weak-referenceable)
-        nontemporal = False
-
-        def __call__(self, *ptrs, lo, hi):
-            now[0] += 6.0 if ran and ran[-1] == "split" else 1.0
-            ran.append("one")
-
-    def split_run(prg, ptrs, n, threads):
-        now[0] += 2.0
-        ran.append("split")
-
-    class K:
-        predicted = (cpu.SPLIT_FLOOR + cpu.SPLIT_SURE) / 2
-    monkeypatch.setattr(cpu.time, "perf_counter", lambda: now[0])
-    monkeypatch.setattr(dev, "_split_run", split_run)
-    monkeypatch.setattr(cpu, "PARALLEL_MIN", None)
+    dev, Prg, K = _split_clock(monkeypatch, ran, lambda: 6.0 if ran and ran[-1] == "split" else 1.0, lambda: 2.0)
     monkeypatch.setattr(dev, "start_threads", lambda threads: ran.append(f"start {threads}"))
     prg = Prg()
     for _ in range(cpu.SPLIT_PROBES + 3):
@@ -625,28 +634,9 @@ def test_the_thread_split_is_timed_again_at_runs_16_64_256_and_switches_where_th
     Modelled with a clock: one-thread runs cost 3; split runs 10 while the other core is busy (the
     probes), 2 after. And where the probes were right, the rechecks only confirm them."""
     import eqgrad.devices.cpu as cpu
-    from eqgrad.devices import get_device
-    dev = get_device("LLVM")
-    now = [0.0]
     ran: list[str] = []
     busy = [True]
-
-    class Prg:
-        nontemporal = False
-
-        def __call__(self, *ptrs, lo, hi):
-            now[0] += 3.0
-            ran.append("one")
-
-    def split_run(prg, ptrs, n, threads):
-        now[0] += 10.0 if busy[0] else 2.0
-        ran.append("split")
-
-    class K:
-        predicted = (cpu.SPLIT_FLOOR + cpu.SPLIT_SURE) / 2
-    monkeypatch.setattr(cpu.time, "perf_counter", lambda: now[0])
-    monkeypatch.setattr(dev, "_split_run", split_run)
-    monkeypatch.setattr(cpu, "PARALLEL_MIN", None)
+    dev, Prg, K = _split_clock(monkeypatch, ran, lambda: 3.0, lambda: 10.0 if busy[0] else 2.0)
     monkeypatch.setattr(dev, "start_threads", lambda threads: None)
     prg = Prg()
     for _ in range(cpu.SPLIT_PROBES):
