@@ -55,6 +55,14 @@ def gemm_key() -> tuple:
     return (config.BLAS.value, config.THREADS.value)
 
 
+def _note_miss(misses: dict, key: tuple, scale: int) -> None:
+    """Remember that a body structure found nothing at size ``scale`` (``CPUStage._missed_near``);
+    at most 4096 structures, then forgotten."""
+    if len(misses) >= 4096:
+        misses.clear()
+    misses[key] = scale
+
+
 def _near(a: int, b: int) -> bool:
     """Whether two sizes (or flop counts) are within MEASURED_SPAN x of each other."""
     return max(a, b) <= MEASURED_SPAN * max(1, min(a, b))
@@ -148,7 +156,7 @@ class CPUStage:
 
     def __init__(self, device: Any) -> None:
         self.device = device
-        self._no_gemm: dict[tuple, int] = {}        # body skeleton -> largest size where it had no GEMM that pays
+        self._no_gemm: dict[tuple, int] = {}        # (body skeleton, ()) -> the last size where it had no GEMM that pays
         self._no_pack: dict[tuple, int] = {}        # (body skeleton, lane widths) -> the last size where it had no lane pack
         self._unsplit_memo = NodeMemo()      # body -> what split left it alone for
         self._blas_memo = NodeMemo()         # body -> (what it depends on, its BLAS kernels, scratch)
@@ -253,17 +261,10 @@ class CPUStage:
         key = (options.lanes_last, options.lanes_prev, options.lane_body_max, options.dot_block, options.tile_min_stream)
         hit = self._lane_pack_memo.get(k.ast)
         if hit is None or hit[0] != key:
-            skeleton, sizes = body_sizes(k, plan)
-            scale = max(sizes, default=1)
-            seen = self._no_pack.get((skeleton, key))
-            if seen is not None and _near(seen, scale) and trace.TRACES.has_traces(k, plan, self.device.trace_key):
-                found = None
-            else:
-                found = lane_pack(k.ast, options) or row_pack(k.ast, options)
-                if found is None:
-                    if len(self._no_pack) >= 4096:
-                        self._no_pack.clear()
-                    self._no_pack[(skeleton, key)] = scale
+            miss, scale, skipped = self._missed_near(self._no_pack, key, k, plan)
+            found = None if skipped else lane_pack(k.ast, options) or row_pack(k.ast, options)
+            if found is None and not skipped:
+                _note_miss(self._no_pack, miss, scale)
             hit = self._lane_pack_memo.put(k.ast, (key, found))
         return hit[1]
 
@@ -286,6 +287,16 @@ class CPUStage:
         self._gemm_memo.put(ast, (gemm_key(), g))
         return kernels, extra
 
+    def _missed_near(self, misses: dict, extra: tuple, k, plan: KernelPlan) -> tuple[tuple, int, bool]:
+        """(the key of ``k``'s body structure and ``extra`` in ``misses``, its size, whether a traced
+        body of that structure found nothing at a size within MEASURED_SPAN x of it): the BLAS's
+        (``_no_gemm``) and the lane pack's (``_no_pack``) questions, not asked again each step."""
+        skeleton, sizes = body_sizes(k, plan)
+        scale, key = max(sizes, default=1), (skeleton, extra)
+        seen = misses.get(key)
+        return key, scale, seen is not None and _near(seen, scale) and \
+            trace.TRACES.has_traces(k, plan, self.device.trace_key)
+
     def _contraction(self, k, plan: KernelPlan, threads: int) -> contraction.Found | None:
         """The contraction of ``k``'s body (lower/contraction.py) when the BLAS runs it
         (``blas.pays``, or timed: ``_measured``), else None; worked out once per body."""
@@ -299,18 +310,14 @@ class CPUStage:
         # a body whose sizes keep changing (traced: a growing sequence's attention) lowers from its
         # trace in a fraction of a millisecond: where its structure had no GEMM that pays at sizes
         # within MEASURED_SPAN x of these, it is not looked at again each step (~0.25 ms a kernel)
-        skeleton, sizes = body_sizes(k, plan)
-        scale = max(sizes, default=1)
-        seen = self._no_gemm.get(skeleton)
-        if seen is not None and _near(seen, scale) and trace.TRACES.has_traces(k, plan, self.device.trace_key):
+        miss, scale, skipped = self._missed_near(self._no_gemm, (), k, plan)
+        if skipped:
             found = None
         else:
             found = contraction.find_contraction(k.ast)
             verdict = False if found is None else blas.pays(found.gemm, k.predicted, threads)
             if verdict is False:
-                if len(self._no_gemm) >= 4096:
-                    self._no_gemm.clear()
-                self._no_gemm[skeleton] = scale
+                _note_miss(self._no_gemm, miss, scale)
             elif verdict is None or found.packs:                     # (packing costs: timed)
                 verdict = self._measured(k, found, plan, threads)
             if not verdict:

@@ -471,10 +471,7 @@ class GreedyExtractor:
         if bound and self.over(cur) and not stopped:
             memory_moves.append(f"fastest plan: {cur.peak} bytes, {cur.total * 1e6:.1f} us")
             if not self.ev.rows:          # (every toggle priced as the lowering keeps rows: _rows_phase)
-                self.ev.rows = True
-                self.ev.forget()
-                cur = self.ev.evaluate(st.choice)
-                st = PlanState(self.ev, st.choice, cur)
+                st, cur = self._priced_with_rows(st)
             # the largest producers' toggles first: the first move that lowers the bytes over the
             # bound is taken, and one that stores a big buffer no longer saves the most
             self._largest_first = True
@@ -514,10 +511,7 @@ class GreedyExtractor:
         rowed = [k for k, kc in cur.kernels.items() if "row-fused" in kc.kind]
         if not rowed:
             return st, cur, ""
-        self.ev.rows = True
-        self.ev.forget()
-        cur = self.ev.evaluate(st.choice)
-        st = PlanState(self.ev, st.choice, cur)
+        st, cur = self._priced_with_rows(st)
         self._only = set(rowed) | {d for k in rowed for d in cur.deps[k]}
         moves: list[str] = [f"priced as the lowering keeps rows: {cur.n_kernels} kernels, {cur.total * 1e6:.1f} us"]
         try:
@@ -527,6 +521,14 @@ class GreedyExtractor:
             return out
         finally:
             self._only = None
+
+    def _priced_with_rows(self, st: PlanState) -> tuple[PlanState, Evaluation]:
+        """The evaluator switched to pricing row-fused kernels as the lowering keeps their rows
+        (evaluate.py ``rows``; its costed bodies forgotten), and ``st``'s plan priced so."""
+        self.ev.rows = True
+        self.ev.forget()
+        cur = self.ev.evaluate(st.choice)
+        return PlanState(self.ev, st.choice, cur), cur
 
     def _search(self, st: PlanState, cur: Evaluation, flips: bool, passes: int, deadline: float | None,
                 seen: "_Rejected | None", taken: list[str] | None = None) -> tuple[PlanState, Evaluation, str]:
