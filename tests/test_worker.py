@@ -344,10 +344,24 @@ def test_worker_directories_are_removed_when_it_stops(private_tmp):
         sat.run(TINY, timeout=60)
         js, rep = sat.run(_big_program(), timeout=1e-4)
         assert rep.stop_reason == "timeout"
+        # killed between requests: the next request sees it dead and starts a new worker
         sat.run(TINY, timeout=60)
-        os.kill(sat._proc.pid, signal.SIGKILL)
+        dead = sat._proc
+        os.kill(dead.pid, signal.SIGKILL)
+        dead.wait(timeout=60)
         js, rep = sat.run(TINY, timeout=60)
-        assert rep.stop_reason == "worker died"
+        assert rep.stop_reason == "completed" and sat.pid != dead.pid
+        assert len(_leftovers(private_tmp)) == 1                # the new worker's only
+
+        # killed with a request in flight: stopped first, so it cannot answer before the request's
+        # idle callback (run after the send) kills it
+        os.kill(sat.pid, signal.SIGSTOP)
+
+        def kill():
+            os.kill(sat.pid, signal.SIGKILL)
+            sat._proc.wait(timeout=60)
+        js, rep = sat.run(TINY, timeout=60, idle=kill)
+        assert rep.stop_reason == "worker died" and sat.pid is None
     finally:
         sat.close()
     assert _leftovers(private_tmp) == []
