@@ -77,11 +77,12 @@ def workloads(quick: bool) -> dict[str, Callable[[], Any]]:
 
 def _features(k: Any) -> dict[str, int]:
   """Facts of a kernel's body a cost model might read, for studying the misses (--json): its output
-  elements, the elements its reductions read, and its rows (output elements over the last axis)."""
+  elements, the elements its reductions read, its rows (output elements over the last axis) and the
+  buffers it writes and reads (a term per buffer fitted nothing: docs/extraction.md)."""
   out = int(np.prod(k.ast.shape)) if k.ast.shape else 1
   red = sum(int(np.prod(n.src[0].shape)) for n in k.ast.walk() if n.op in ("RSUM", "RMAX"))
   last = k.ast.shape[-1] if k.ast.shape else 1
-  return dict(out_elems=out, reduce_elems=red, rows=out // max(1, last))
+  return dict(out_elems=out, reduce_elems=red, rows=out // max(1, last), buffers=len(k.params))
 
 
 def check(name: str, step: Callable[[], Any], reps: int, warmup: int, prm: Any) -> dict[str, Any]:
