@@ -80,7 +80,7 @@ def test_bench_model_records_every_kernel_of_a_step(tmp_path, capsys):
     assert rc == 0, text
     assert GlobalCounters.kernel_log is None
     written = json.loads(out.read_text())
-    # the machine check before and after the measurements (its value is this machine's: not checked)
+    # the machine check after the first workload and at the end (its value is this machine's: not checked)
     assert len(written["two_core_speedup"]) == 2 and all(x > 0 for x in written["two_core_speedup"])
     assert "two threads did" in text
     res = {r["workload"]: r for r in written["results"]}
