@@ -571,29 +571,25 @@ class LLVMDevice(Device):
                 # runs 16, 64, 256, ...: the other way timed again, twice (its first run after the
                 # chosen one's pays for the caches that one left), and the faster kept from then on
                 for _ in range(2):
-                    t0 = time.perf_counter()
-                    self._split_run(prg, ptrs, n, threads) if not split else prg(*ptrs, lo=0, hi=n)
-                    t = time.perf_counter() - t0
-                    if t < seen[1 if split else 2]:
-                        seen[1 if split else 2] = t
+                    self._timed(prg, ptrs, n, threads, not split, seen)
                 return
-            t0 = time.perf_counter()
-            self._split_run(prg, ptrs, n, threads) if split else prg(*ptrs, lo=0, hi=n)
-            t = time.perf_counter() - t0
-            if t < seen[2 if split else 1]:
-                seen[2 if split else 1] = t
+            self._timed(prg, ptrs, n, threads, split, seen)
             return
         # in two blocks, one thread first: alternating, each one-thread probe ran just after a split
         # one had left half the output in the other core's cache, and came out 6x slower than in
         # steady state (a 256K-element multiply: ~235 against 38 us), so the split was kept
-        split = runs >= SPLIT_PROBES // 2
+        seen[0] = runs + 1
+        self._timed(prg, ptrs, n, threads, runs >= SPLIT_PROBES // 2, seen)
+
+    def _timed(self, prg: LLVMProgram, ptrs: list[int], n: int, threads: int, split: bool, seen: list) -> None:
+        """One run of [0, n), split or on one thread, its time kept in ``seen`` (``launch``'s [runs,
+        fastest on one thread, fastest split]) where it is that way's fastest."""
         t0 = time.perf_counter()
         if split:
             self._split_run(prg, ptrs, n, threads)
         else:
             prg(*ptrs, lo=0, hi=n)
         t = time.perf_counter() - t0
-        seen[0] = runs + 1
         i = 2 if split else 1
         if t < seen[i]:
             seen[i] = t

@@ -350,15 +350,16 @@ class Lowerer:
             while red.op in MOVES:
                 ixs, red = [self.move_index(red, ix) for ix in ixs], red.src[0]
             reds.append((red, list(dict.fromkeys(ixs))))
+        # a value's array is the first root's whose reduction reads it along its loop
+        array = lambda x: next((r for r in (self._root_array(rd, ix, x) for rd, ix in reds) if r is not None), None)
         for x, w, per in self.sched.root_dots:
-            # (in the array of the first root whose reduction reads it along its loop)
-            row = next((r for r in (self._root_array(rd, ix, x) for rd, ix in reds) if r is not None), None)
+            row = array(x)
             if row is None:
                 continue
             self._dot_blocks(x, row, row.rows, w, per)
             self._rows[id(x)] = row
         for y in self.sched.root_rows:
-            row = next((r for r in (self._root_array(rd, ix, y) for rd, ix in reds) if r is not None), None)
+            row = array(y)
             if row is None:
                 continue
             reads, axis = row.rows, row.axes[0]
