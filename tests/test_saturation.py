@@ -224,3 +224,82 @@ def test_no_warning_on_normal_programs(x):
     with warnings.catch_warnings():
         warnings.simplefilter("error", EqgradWarning)
         (Tensor(x).exp().sum(0) / 3).realize()
+
+
+def _counting_requests(monkeypatch) -> list[str]:
+    """The kinds of the requests every Saturator sends its worker from now on."""
+    from eqgrad.rules import saturate
+    asked: list[str] = []
+    real = saturate.Saturator._request
+
+    def request(self, kind, *args, **kw):
+        asked.append(kind)
+        return real(self, kind, *args, **kw)
+    monkeypatch.setattr(saturate.Saturator, "_request", request)
+    return asked
+
+
+def test_a_program_planned_again_for_another_device_or_extractor_is_saturated_once(x, monkeypatch):
+    """The engine's saturations are remembered per Saturator (run(memo=True)): the same program
+    planned for NUMPY, then LLVM, then under another extractor reads the first run's e-graph; the
+    report says so and carries the first run's phases and matches."""
+    asked = _counting_requests(monkeypatch)
+    sat = Saturator()
+    try:
+        reps, outs = [], []
+        for device, extractor in (("NUMPY", None), ("LLVM", None), ("LLVM", "ilp")):
+            with Session(saturator=sat, extractor=extractor):
+                outs.append(((Tensor(x, device=device) * 3.0).exp2() - 1.5).sum(1).numpy())
+                reps.append(engine.last_plan.report)
+        assert asked == ["run"]
+        assert [r.reused for r in reps] == [False, True, True]
+        assert all(r.stop_reason == "completed" for r in reps)
+        assert reps[2].enodes == reps[0].enodes and reps[2].matches == reps[0].matches and reps[2].phases
+        assert "reused" in str(reps[1]) and "reused" not in str(reps[0])
+        want = (np.exp2(x * np.float32(3.0)) - np.float32(1.5)).sum(1)
+        for got in outs:
+            np.testing.assert_allclose(got, want, rtol=1e-5)
+        # not for a direct caller (the tools, the soundness checker): each run is a run
+        sat.run(emitted_text_of(x), timeout=30)
+        sat.run(emitted_text_of(x), timeout=30)
+        assert asked == ["run"] * 3
+    finally:
+        sat.close()
+
+
+def emitted_text_of(x: np.ndarray) -> str:
+    from eqgrad.graph.program import linearize
+    from eqgrad.rules.ir import emit_program
+    return emit_program(linearize([((Tensor(x) * 3.0).exp2() - 1.5).sum(1).lazydata])).text
+
+
+def test_remembered_saturations_are_keyed_by_what_the_worker_runs_and_bounded(x, monkeypatch):
+    """Another node limit or other rules are another request; a timed-out run is not kept (the
+    next asks the worker again); the memo keeps SATURATED_BYTES, least recently used dropped first."""
+    from eqgrad.rules import saturate
+    from eqgrad.rules.book import builtin_config
+    asked = _counting_requests(monkeypatch)
+    text, other = emitted_text_of(x), emitted_text_of(x[:3])
+    sat = Saturator()
+    try:
+        js, rep = sat.run(text, timeout=30, memo=True)
+        assert sat.run(text, timeout=30, memo=True)[0] == js and len(asked) == 1
+        sat.run(text, timeout=30, node_limit=10**6, memo=True)            # another node limit
+        cfg = builtin_config()
+        fewer = type(cfg)(cfg.rulebooks[:-1], cfg.schedule, key="fewer")
+        sat.run(text, timeout=30, rules=fewer, memo=True)                  # other rulebook texts
+        assert len(asked) == 3
+        _, slow = sat.run(blowup_program_text(), timeout=1e-4, memo=True)
+        assert slow.stop_reason == "timeout"
+        _, again = sat.run(blowup_program_text(), timeout=60, memo=True)
+        assert again.stop_reason == "completed" and not again.reused and len(asked) == 5
+        # a bound of a little more than either entry: keeping another drops the least recently used
+        js_other = sat.run(other, timeout=30)[0]
+        monkeypatch.setattr(saturate, "SATURATED_BYTES", max(len(text) + len(js), len(other) + len(js_other)) + 100)
+        sat.run(other, timeout=30, memo=True)
+        n = len(asked)
+        assert sat.run(other, timeout=30, memo=True)[1].reused and len(asked) == n
+        assert not sat.run(text, timeout=30, memo=True)[1].reused and len(asked) == n + 1
+        assert sat._saturated_bytes <= saturate.SATURATED_BYTES and len(sat._saturated) == 1
+    finally:
+        sat.close()

@@ -140,7 +140,7 @@ def _compile(prog: Program, rules: RuleConfig, extraction: ExtractSettings | Non
         progress.phase("saturating")
         # the device's compiler is set up while the worker saturates (a first realize's ~0.1 s)
         sat = saturator or default_saturator()
-        js, report = sat.run(emitted.text, rules=rules, idle=lambda: dev.warm(len(prog.nodes), sat.working))
+        js, report = sat.run(emitted.text, rules=rules, idle=lambda: dev.warm(len(prog.nodes), sat.working), memo=True)
         GlobalCounters.saturations += 1
         record(report)
         if js is not None:

@@ -25,6 +25,7 @@ and starts its own on first use.
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import itertools
 import os
 import subprocess
@@ -50,6 +51,13 @@ SCHEDULE = "schedule.egg"
 # disk). Not part of EQGRAD_SATURATION_TIMEOUT, which covers the saturation alone and starts when the
 # worker is ready: a request waits at most STARTUP_LIMIT + EQGRAD_SATURATION_TIMEOUT (docs/env.md).
 STARTUP_LIMIT = 10.0
+
+# The bytes (program text and e-graph JSON, as characters) of the saturations a Saturator keeps for
+# ``run(memo=True)``, least recently used dropped first. A bound on memory, not a tuning knob: the
+# test suite's op files saturate ~900 distinct programs a process at 1-60 KB of JSON each (the same
+# programs again on NUMPY, LLVM and OPENCL: 56 % of their saturations); a 30-layer decoder's whole
+# program is a few MB.
+SATURATED_BYTES = 64 << 20
 
 
 @dataclass
@@ -99,6 +107,7 @@ class SaturationReport:
     seconds: float = 0.0             # the whole request, start-up included
     detail: str = ""
     startup: float = 0.0             # of ``seconds``, the wait for a new worker to be ready (STARTUP_LIMIT)
+    reused: bool = False             # the answer of an earlier run of the same request (run(memo=True))
 
     @property
     def ok(self) -> bool:
@@ -139,7 +148,8 @@ class SaturationReport:
     def __str__(self) -> str:
         lines = [f"saturation: {self.stop_reason}{' (' + self.detail + ')' if self.detail else ''}; "
                  f"{self.enodes_before} -> {self.enodes} e-nodes, {self.eclasses} e-classes, {self.seconds*1e3:.1f} ms"
-                 + (f" ({self.startup*1e3:.1f} ms of it starting the worker)" if self.startup else "")]
+                 + (f" ({self.startup*1e3:.1f} ms of it starting the worker)" if self.startup else "")
+                 + ("; reused: the same program saturated earlier in this process" if self.reused else "")]
         for p in self.phases:
             lines.append(f"  phase {p.name:<9} {p.seconds*1e3:8.2f} ms  {p.iterations:3d} iterations  {p.enodes:7d} e-nodes")
         fired = sorted(((v, k) for k, v in self.matches.items() if v), reverse=True)
@@ -246,6 +256,10 @@ class Saturator:
         self._idle = False                        # a request's idle callback is running (working())
         self._lock = threading.Lock()             # one request at a time on the channel
         self._ids = itertools.count(1)
+        # run(memo=True)'s answers: request -> (JSON, report), least recently used first; their bytes
+        self._saturated: dict[tuple, tuple[str, SaturationReport]] = {}
+        self._saturated_bytes = 0
+        self._memo_lock = threading.Lock()
         _instances.add(self)
 
     @property
@@ -290,6 +304,7 @@ class Saturator:
         launch.forget((self._proc, self._tmp, self._send, self._conn))
         self._proc = self._conn = self._send = self._tmp = None
         self._lock = threading.Lock()      # a parent thread may have held it at the fork
+        self._memo_lock = threading.Lock()
 
     def _request(self, kind: str, args: tuple, timeout: float,
                  idle: Callable[[], None] | None = None) -> dict | SaturationReport:
@@ -410,21 +425,31 @@ class Saturator:
 
     def run(self, program: str, timeout: float | None = None, node_limit: int | None = None,
             rules=None, idle: Callable[[], None] | None = None,
-            trace: bool | None = None) -> tuple[str | None, SaturationReport]:
+            trace: bool | None = None, memo: bool = False) -> tuple[str | None, SaturationReport]:
         """Saturate ``program`` (egglog text) with ``rules`` (default: the built-in books); returns
         (the e-graph as JSON or None, the report). ``idle``: called once the request is sent, to
         do work of the caller's while the worker saturates (its exceptions are dropped).
         ``trace`` (default: DEBUG>=4): run each phase step by step and measure the e-graph after every
         iteration (``PhaseReport.per_iteration``, ``SaturationReport.growth``); the same e-graph
         as without, slower (a size count per iteration). A run-schedule with ``let-scheduler`` still
-        runs whole: sizes after it only (worker._Tracer)."""
+        runs whole: sizes after it only (worker._Tracer).
+        ``memo``: answer a request this Saturator has run before -- the same program, rulebook texts,
+        phases, node limit and trace mode -- with that run's e-graph (its report marked ``reused``,
+        ``seconds`` the lookup's), where it completed or stopped at the node limit: both are functions
+        of the request alone (a timeout, a dead worker or an error is not kept). The engine asks for
+        it: one program planned for several devices or under several extraction settings (a tuning
+        sweep) is saturated once. Bounded by SATURATED_BYTES."""
         trace = config.DEBUG.value >= 4 if trace is None else bool(trace)
         timeout = config.SATURATION_TIMEOUT.value if timeout is None else timeout
         node_limit = config.EGRAPH_NODES.value if node_limit is None else node_limit
         cfg = rules or self.fixed or builtin_config()      # the engine passes the session's active rules
         phases = schedule_phases(cfg)
         t0 = time.perf_counter()
-        res = self._request("run", (program, node_limit, cfg.books, phases, cfg.generated, trace), timeout, idle)
+        args = (program, node_limit, cfg.books, phases, cfg.generated, trace)
+        key = (program, node_limit, tuple(cfg.books), tuple(phases), cfg.generated, trace) if memo else None
+        if key is not None and (hit := self._recall(key)) is not None:
+            return hit[0], dataclasses.replace(hit[1], seconds=time.perf_counter() - t0, startup=0.0, reused=True)
+        res = self._request("run", args, timeout, idle)
         if isinstance(res, SaturationReport):
             return None, res
         if not res["ok"]:
@@ -434,7 +459,31 @@ class Saturator:
                                seconds=time.perf_counter() - t0, startup=res["startup"])
         if rep.stop_reason == "node limit":
             rep.detail = f"{rep.enodes} > {node_limit} e-nodes after phase {phases_r[-1].name} (EQGRAD_EGRAPH_NODES)"
+        if key is not None and rep.ok:
+            self._keep(key, res["json"], rep)
         return res["json"], rep
+
+    def _recall(self, key: tuple) -> tuple[str, SaturationReport] | None:
+        with self._memo_lock:
+            hit = self._saturated.pop(key, None)
+            if hit is not None:
+                self._saturated[key] = hit           # the most recently used last
+            return hit
+
+    def _keep(self, key: tuple, js: str, rep: SaturationReport) -> None:
+        size = len(key[0]) + len(js)
+        if size > SATURATED_BYTES:
+            return
+        with self._memo_lock:
+            old = self._saturated.pop(key, None)
+            if old is not None:
+                self._saturated_bytes -= len(key[0]) + len(old[0])
+            self._saturated[key] = (js, dataclasses.replace(rep))    # the caller's copy may be changed
+            self._saturated_bytes += size
+            while self._saturated_bytes > SATURATED_BYTES:
+                k, (j, _) = next(iter(self._saturated.items()))
+                del self._saturated[k]
+                self._saturated_bytes -= len(k[0]) + len(j)
 
 
 def schedule_phases(cfg) -> list[tuple[str, str]]:
