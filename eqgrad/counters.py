@@ -16,7 +16,8 @@ class GlobalCounters:
     kernel_count = 0          # kernels launched
     realize_count = 0         # realize() calls that ran a plan
     plans_compiled = 0        # plan cache misses (compile_plan calls, disk-cache hits included)
-    saturations = 0
+    saturations = 0           # e-graphs the engine saturated, those reused from an earlier run included
+    saturations_reused = 0    # of which the answer of an earlier run of the same request (Saturator.run(memo=True))
     disk_hits = 0             # plans read from the disk cache (no saturation, no extraction)
     plans_resized = 0         # plan cache misses served by resizing a plan of other sizes (graph/resize.py)
     kernels_compiled = 0      # kernels compiled to machine code: LLVM's object code (devices/llvm.py), OpenCL's builds
@@ -36,7 +37,8 @@ class GlobalCounters:
 
     @classmethod
     def reset(cls) -> None:
-        cls.kernel_count = cls.realize_count = cls.plans_compiled = cls.saturations = cls.disk_hits = 0
+        cls.kernel_count = cls.realize_count = cls.plans_compiled = cls.disk_hits = 0
+        cls.saturations = cls.saturations_reused = 0
         cls.plans_resized = cls.kernels_compiled = cls.kernel_disk_hits = cls.lowered_disk_hits = 0
         cls.saturate_seconds = cls.extract_seconds = cls.compile_seconds = cls.load_seconds = 0.0
 

@@ -243,8 +243,10 @@ def test_a_program_planned_again_for_another_device_or_extractor_is_saturated_on
     """The engine's saturations are remembered per Saturator (run(memo=True)): the same program
     planned for NUMPY, then LLVM, then under another extractor reads the first run's e-graph; the
     report says so and carries the first run's phases and matches."""
+    from eqgrad import GlobalCounters
     asked = _counting_requests(monkeypatch)
     sat = Saturator()
+    GlobalCounters.reset()
     try:
         reps, outs = [], []
         for device, extractor in (("NUMPY", None), ("LLVM", None), ("LLVM", "ilp")):
@@ -253,6 +255,7 @@ def test_a_program_planned_again_for_another_device_or_extractor_is_saturated_on
                 reps.append(engine.last_plan.report)
         assert asked == ["run"]
         assert [r.reused for r in reps] == [False, True, True]
+        assert GlobalCounters.saturations == 3 and GlobalCounters.saturations_reused == 2
         assert all(r.stop_reason == "completed" for r in reps)
         assert reps[2].enodes == reps[0].enodes and reps[2].matches == reps[0].matches and reps[2].phases
         assert "reused" in str(reps[1]) and "reused" not in str(reps[0])

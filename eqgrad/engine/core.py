@@ -142,6 +142,7 @@ def _compile(prog: Program, rules: RuleConfig, extraction: ExtractSettings | Non
         sat = saturator or default_saturator()
         js, report = sat.run(emitted.text, rules=rules, idle=lambda: dev.warm(len(prog.nodes), sat.working), memo=True)
         GlobalCounters.saturations += 1
+        GlobalCounters.saturations_reused += report.reused
         record(report)
         if js is not None:
             g = from_json(js, emitted.roots)
