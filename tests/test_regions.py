@@ -328,3 +328,32 @@ def test_a_training_step_plans_its_repeated_layers_once(fresh, monkeypatch):
     plan = engine.last_plan.plan
     assert kernels <= len(plan.kernels) * 1.25 and predicted <= plan.predicted * 1.10, \
         (kernels, len(plan.kernels), predicted, plan.predicted)
+
+
+def test_explain_shows_the_stitched_plan_realize_runs_and_whole_plans_it_whole(fresh):
+    """explain() of a program of repeated layers shows the plan realize runs (stitched from its
+    regions: no e-graph, no alternatives, provenance said to need whole=True) without planning the
+    program again; explain(whole=True) plans it whole, with its e-graph and provenance, and realize
+    then runs that plan."""
+    from eqgrad.tools.explain import explain
+    ts, want = forward(12)
+    prog = program(ts)
+    assert regions.split(prog) is not None
+    GlobalCounters.reset()
+    ex = explain(*ts)
+    assert GlobalCounters.plans_compiled == 1 and ex.compiled.egraph is None and regions.stitched(ex.plan)
+    assert ex.provenance == {} and "whole=True" in ex.provenance_note
+    text = str(ex)
+    assert "planned by regions" in text and "whole=True" in text
+    with pytest.raises(ValueError, match="whole=True"):
+        ex.egraph_dot()
+    got = run(ts)                                       # the plan explain showed: nothing compiled again
+    assert GlobalCounters.plans_compiled == 1 and engine.last_plan.plan is ex.plan
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-4, atol=1e-4)
+    ts, want = forward(12)
+    whole = explain(*ts, whole=True)
+    assert whole.compiled.egraph is not None and not regions.stitched(whole.plan) and whole.provenance
+    assert "digraph egraph" in whole.egraph_dot()
+    got = run(ts)
+    assert engine.last_plan.plan is whole.plan
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-4, atol=1e-4)

@@ -506,10 +506,19 @@ def stitch(prog: Program, regions: list[Region], plans: list[KernelPlan]) -> Ker
     outputs = [of_node[r] for r in prog.roots]                    # type: ignore[index]
     predicted = sum(k.predicted for k in kernels)
     distinct = len({r.program.key for r in regions})
-    notes = [f"planned by regions: {len(regions)} regions, {distinct} distinct (engine/regions.py)"]
+    notes = [f"{STITCHED} {len(regions)} regions, {distinct} distinct (engine/regions.py)"]
     return KernelPlan(buffers, len(prog.input_specs), kernels, outputs, predicted, notes,
                       max((p.launch for p in plans), default=0.0), max((p.cold for p in plans), default=0.0),
                       max((p.stream_bytes for p in plans), default=0))
+
+
+STITCHED = "planned by regions:"        # the first note of a plan stitch() made
+
+
+def stitched(plan: KernelPlan) -> bool:
+    """Was ``plan`` stitched from separately planned regions (``stitch``; also when read back from
+    the disk cache)? Such a plan has no e-graph of the whole program."""
+    return bool(plan.notes) and plan.notes[0].startswith(STITCHED)
 
 
 def _renumbered(k: Kernel, m: dict[int, int], name: str) -> Kernel:

@@ -123,8 +123,10 @@ class Explanation:
         p = cm.params
         fn = "" if cm.fn is default_cost else \
             f"custom cost function {getattr(cm.fn, '__qualname__', type(cm.fn).__name__)} with "
+        how = f"extractor {res.extractor} [{res.status}]" if res else \
+            (self.plan.notes[0] if self.plan.notes else "extractor ?")
         lines = [f"plan: {len(self.plan.kernels)} kernel(s), predicted {self.plan.predicted * 1e6:.1f} us on {self.device} "
-                 f"(extractor {res.extractor + ' [' + res.status + ']' if res else '?'}; {fn}cost model {p.source}: "
+                 f"({how}; {fn}cost model {p.source}: "
                  f"launch {p.launch * 1e6:.1f} us, "
                  f"{p.bandwidth / 1e9:.1f} GB/s, {p.peak / 1e9:.1f} GFLOP/s"
                  + (f", {cold_words(p.cold, p.stream_bytes)}" if p.cold and p.stream_bytes else "")
@@ -209,6 +211,9 @@ class Explanation:
         """The e-graph near class ``around`` (default: the first root): every node of each class,
         the chosen node filled, edges to child classes."""
         g = self.compiled.egraph
+        if g is None:
+            raise ValueError("egraph_dot: this plan has no e-graph of the whole program (stitched from regions: "
+                             "engine/regions.py); explain(..., whole=True) plans it whole")
         choice = self.result.choice if self.result else {}
         start = g.roots[0] if around is None else around
         keep, frontier = {start}, {start}
@@ -266,15 +271,25 @@ def _by_rule(nodes: list[tuple[str, str]]) -> str:
     return ", ".join(f"{r}: {len(ops)} ({' '.join(dict.fromkeys(ops))})" for r, ops in groups.items())
 
 
-def explain(*tensors: Any, provenance: bool = True) -> Explanation:
+def explain(*tensors: Any, provenance: bool = True, whole: bool = False) -> Explanation:
     """Plan (without running) the graph of ``tensors`` and explain the plan. ``provenance``: also
     name the rule (or the input) that introduced each chosen e-node -- the graph is planned a second
     time under instrumented rules (rules/provenance.py), which costs about one more compile; when
     that plan differs from the real one (possible only near the e-graph node limit) it is not shown
-    and ``provenance_note`` says so."""
+    and ``provenance_note`` says so. A program of repeated layers is planned by regions
+    (engine/regions.py): that stitched plan is the one shown, as realize runs it, without the
+    extractor's alternatives and provenance (they are per region); ``whole=True`` plans the program
+    whole instead, with both (slower: a 30-layer decoder step ~9 s against ~1 s), and realize then
+    runs that plan."""
     lbs = [t.lazydata for t in tensors]
-    cp, device = plan_for(lbs)
+    cp, device = plan_for(lbs, whole=whole)
     ex = Explanation(cp, device, cost_model(device))         # the cost model in effect while planning
+    if cp.egraph is None:                                    # stitched from regions (plan_for)
+        if provenance:
+            ex.provenance, ex.provenance_note = {}, (
+                "the plan is stitched from separately planned regions (engine/regions.py); "
+                "explain(..., whole=True) plans the program whole, with provenance and alternatives")
+        return ex
     if provenance:
         pcp, _ = plan_for(lbs, provenance=True)
         if pcp.report.stop_reason not in ("completed", "node limit") or pcp.egraph is None:
