@@ -241,21 +241,24 @@ def _counting_requests(monkeypatch) -> list[str]:
 
 def test_a_program_planned_again_for_another_device_or_extractor_is_saturated_once(x, monkeypatch):
     """The engine's saturations are remembered per Saturator (run(memo=True)): the same program
-    planned for NUMPY, then LLVM, then under another extractor reads the first run's e-graph; the
-    report says so and carries the first run's phases and matches."""
+    planned for NUMPY, then LLVM, then under another extractor reads the first run's e-graph (parsed
+    once: engine/core.py _read_egraph); the report says so and carries the first run's phases and
+    matches."""
     from eqgrad import GlobalCounters
     asked = _counting_requests(monkeypatch)
     sat = Saturator()
     GlobalCounters.reset()
     try:
-        reps, outs = [], []
+        reps, outs, graphs = [], [], []
         for device, extractor in (("NUMPY", None), ("LLVM", None), ("LLVM", "ilp")):
             with Session(saturator=sat, extractor=extractor):
                 outs.append(((Tensor(x, device=device) * 3.0).exp2() - 1.5).sum(1).numpy())
                 reps.append(engine.last_plan.report)
+                graphs.append(engine.last_plan.egraph)
         assert asked == ["run"]
         assert [r.reused for r in reps] == [False, True, True]
         assert GlobalCounters.saturations == 3 and GlobalCounters.saturations_reused == 2
+        assert graphs[0] is not None and graphs[1] is graphs[0] and graphs[2] is graphs[0]   # read once
         assert all(r.stop_reason == "completed" for r in reps)
         assert reps[2].enodes == reps[0].enodes and reps[2].matches == reps[0].matches and reps[2].phases
         assert "reused" in str(reps[1]) and "reused" not in str(reps[0])
