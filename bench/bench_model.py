@@ -91,6 +91,37 @@ def _features(k: Any) -> dict[str, int]:
   return dict(out_elems=out, reduce_elems=red, rows=out // max(1, last), buffers=len(k.params))
 
 
+def _buffer_bytes(k: Any) -> dict[int, int]:
+  """The bytes of each buffer kernel ``k`` writes or reads, from its body (a read's BUF leaf, an
+  output's root; a GROUP's roots in ``outs`` order)."""
+  out: dict[int, int] = {}
+  for n in k.ast.walk():
+    if n.op == "BUF":
+      out[n.arg] = int(np.prod(n.shape)) * n.dtype.itemsize
+  roots = k.ast.src if k.ast.op == "GROUP" else (k.ast,)
+  for b, r in zip(k.outs, roots):
+    out[b] = int(np.prod(r.shape)) * r.dtype.itemsize
+  return out
+
+
+def reads_in_order(log: list[tuple]) -> dict[str, list[list]]:
+  """For each kernel of one run (by plan kernel name, over the pieces the device ran it as), each
+  buffer it reads: [its bytes, the bytes the kernels between the last one that touched it and this
+  one wrote and read (None: nothing touched it earlier in the step)] -- the reuse distance that says
+  whether a read comes from cache, for studying the misses (--json ``reads``; docs/extraction.md)."""
+  from eqgrad.graph.plan import plan_kernel_name as base
+  last: dict[int, int] = {}          # buffer -> bytes moved by the run when its last toucher ended
+  moved, out = 0, {}
+  for n, _, _, _, _, k in log:
+    sizes = _buffer_bytes(k)
+    out.setdefault(base(n), []).extend([sizes.get(b, 0), None if b not in last else moved - last[b]]
+                                       for b in k.inputs)
+    moved += sum(sizes.values())
+    for b in k.params:
+      last[b] = moved
+  return out
+
+
 def check(name: str, step: Callable[[], Any], reps: int, warmup: int, prm: Any) -> dict[str, Any]:
   from eqgrad import GlobalCounters
   from eqgrad.graph.plan import stream_share
@@ -132,6 +163,7 @@ def check(name: str, step: Callable[[], Any], reps: int, warmup: int, prm: Any) 
   # the predictions logged are each kernel's where it ran (KernelPlan.in_context: a kernel right after
   # one that moved more than about stream_bytes takes that one's launch-after-a-stream term, cost.py);
   # the share of it each kernel took, for --fit
+  reads = reads_in_order(runs[-1])
   priced = [kernels[n].stats.nbytes if n in kernels and kernels[n].stats is not None else 0 for n in names]
   after = [0.0] + [stream_share(b, prm.stream_bytes) for b in priced[:-1]]
   rows = []
@@ -149,6 +181,7 @@ def check(name: str, step: Callable[[], Any], reps: int, warmup: int, prm: Any) 
     rows.append(dict(kernel=n, measured_s=m, predicted_s=pred, ratio=pred / m if m > 0 else float("inf"), **feats,
                      gflops=flops / m / 1e9 if m > 0 else 0.0, gbs=nbytes / m / 1e9 if m > 0 else 0.0,
                      model_kind=model, lowering_kind=lowering, fill=fill, stats=stats, after=after[i],
+                     reads=reads.get(n, []),
                      body=k.ast.render()[:160] if k is not None else ""))
   within = sum(1 for r in rows if 0.5 <= r["ratio"] <= 2.0)
   return dict(workload=name, kernels=len(rows), within_2x=within, measured_s=sum(r["measured_s"] for r in rows),

@@ -89,7 +89,33 @@ def test_bench_model_records_every_kernel_of_a_step(tmp_path, capsys):
         assert r["kernels"] == len(r["rows"]) > 0 and 0 <= r["within_2x"] <= r["kernels"]
         assert all(k["measured_s"] > 0 and k["predicted_s"] > 0 and k["kernel"].startswith("k") for k in r["rows"])
         assert len({k["kernel"] for k in r["rows"]}) == r["kernels"]          # one row per plan kernel
+        assert all(all(len(x) == 2 and x[0] > 0 for x in k["reads"]) for k in r["rows"])
+    # the encoder's second kernel on reads what its first wrote
+    assert any(d is not None for k in res["bert_encoder"]["rows"] for _, d in k["reads"])
     assert "kernels within 2x" in text and "  k" not in text.split("workload")[0]
+
+
+def test_bench_model_reads_carry_their_reuse_distance():
+    """reads_in_order: each kernel's reads with the bytes moved since the buffer was last touched
+    (None for a buffer the step had not touched), over the pieces a plan kernel ran as."""
+    import numpy as np
+    from eqgrad import float32
+    from eqgrad.graph.plan import Kernel, KNode
+    bench = _script("bench_model")
+
+    def buf(b, n):
+        return KNode("BUF", (), b, (n,), float32)
+
+    def kern(name, out, srcs):                      # out = the sum of the sources, elementwise
+        ast = srcs[0] if len(srcs) == 1 else KNode("ADD", tuple(srcs), None, srcs[0].shape, float32)
+        return Kernel(name, out, ast, tuple(dict.fromkeys(s.arg for s in srcs)))
+    ks = [kern("k0", 2, [buf(0, 100)]),                  # 400 B in, 400 out
+          kern("k1g", 3, [buf(1, 1000)]),               # a piece of k1: 4000 in, 4000 out
+          kern("k1", 4, [buf(3, 1000), buf(2, 1000)]),  # 4000 + 4000 in (b2 viewed wider), 4000 out
+          kern("k2", 5, [buf(2, 100), buf(0, 100)])]
+    got = bench.reads_in_order([(k.name, 0.0, 0.0, 0, 0, k) for k in ks])
+    assert got == {"k0": [[400, None]], "k1": [[4000, None], [4000, 0], [4000, 8000]],
+                   "k2": [[400, 0], [400, 20000]]}       # b2 last touched by k1, b0 by k0
 
 
 def test_bench_model_fit_finds_parameters_that_explain_kernels_made_with_them():
