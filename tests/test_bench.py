@@ -90,7 +90,7 @@ def test_bench_model_records_every_kernel_of_a_step(tmp_path, capsys):
         assert all(k["measured_s"] > 0 and k["predicted_s"] > 0 and k["kernel"].startswith("k") for k in r["rows"])
         assert len({k["kernel"] for k in r["rows"]}) == r["kernels"]          # one row per plan kernel
         assert all(all(len(x) == 2 and x[0] > 0 for x in k["reads"]) for k in r["rows"])
-    # the encoder's second kernel on reads what its first wrote
+    # from the encoder's second kernel on, kernels read what earlier ones wrote (a reuse distance)
     assert any(d is not None for k in res["bert_encoder"]["rows"] for _, d in k["reads"])
     assert "kernels within 2x" in text and "  k" not in text.split("workload")[0]
 
@@ -98,7 +98,6 @@ def test_bench_model_records_every_kernel_of_a_step(tmp_path, capsys):
 def test_bench_model_reads_carry_their_reuse_distance():
     """reads_in_order: each kernel's reads with the bytes moved since the buffer was last touched
     (None for a buffer the step had not touched), over the pieces a plan kernel ran as."""
-    import numpy as np
     from eqgrad import float32
     from eqgrad.graph.plan import Kernel, KNode
     bench = _script("bench_model")
