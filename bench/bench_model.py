@@ -161,8 +161,8 @@ def check(name: str, step: Callable[[], Any], reps: int, warmup: int, prm: Any) 
         per[b].append(sec)
   info = {b: (pred, flops / len(runs), nbytes / len(runs)) for b, (pred, flops, nbytes) in info.items()}
   # the predictions logged are each kernel's where it ran (KernelPlan.in_context: a kernel right after
-  # one that moved more than about stream_bytes takes that one's launch-after-a-stream term, cost.py);
-  # the share of it each kernel took, for --fit
+  # one that moved more than about stream_bytes takes that one's launch-after-a-stream term, cost.py;
+  # its reads from cache, Kernel.warm, are taken off); the share of that term each kernel took, for --fit
   reads = reads_in_order(runs[-1])
   priced = [kernels[n].stats.nbytes if n in kernels and kernels[n].stats is not None else 0 for n in names]
   after = [0.0] + [stream_share(b, prm.stream_bytes) for b in priced[:-1]]

@@ -275,12 +275,15 @@ def test_calibration_is_stored_and_used(tmp_path, monkeypatch):
     p = calibrate("LLVM", reps=2, runs=2, spread=spread)
     assert 0 < p.launch < 1e-3 and p.bandwidth > 1e8 and p.peak > 1e8
     assert p.source.endswith("(median of 2 runs)") and set(spread) == {"launch", "bandwidth", "peak", "contraction", "cold",
-                                                                                 "row_pass"}
+                                                                                 "row_pass", "cache_bandwidth"}
     assert all(lo <= getattr(p, f) <= hi for f, (lo, hi) in spread.items())      # the median of the runs
     assert p.cold >= 0 and p.stream_bytes == params_for("LLVM").stream_bytes > 0
     assert 0 < p.row_pass < 1e-6          # measured: softmax over rows of 16 is slower than over rows of 512
-    save_calibration("LLVM", replace(p, cold=7.5e-6))
+    # reads from cache: copies whose input the run before left in the host's last-level cache
+    assert p.cache_bandwidth > 1e8 and p.cache_bytes == params_for("LLVM").cache_bytes > 0
+    save_calibration("LLVM", replace(p, cold=7.5e-6, cache_bandwidth=77e9))
     assert params_for("LLVM").source.startswith("calibrated") and params_for("LLVM").cold == 7.5e-6
+    assert params_for("LLVM").cache_bandwidth == 77e9
     assert json.loads((tmp_path / "calibration.json").read_text())["version"] == 1
     (tmp_path / "calibration.json").write_text("garbage")
     assert load_calibrations() == {} and params_for("LLVM").source == "default"
@@ -342,17 +345,24 @@ def test_the_fit_predicts_what_the_cost_model_predicted():
     assert np.allclose(got, own, rtol=1e-9), (got, own)
     got = predicted([KernelSample(1.0, k.stats, after=1.0) for k in kernels], point, p.cold, p.row_pass)[0]
     assert np.allclose(got, [o + p.cold for o in own], rtol=1e-9)
+    # and with the reads the plan's earlier kernels left in the cache (cost.py, reads from cache) as the
+    # plan ran them: the prediction less what they save (``Kernel.warm``, which in_context takes off)
+    assert p.cache_bandwidth and any(k.stats.hot for k in kernels) and any(k.warm for k in kernels)
+    got = predicted([KernelSample(1.0, k.stats) for k in kernels], point, p.cold, p.row_pass, p.cache_bandwidth)[0]
+    assert np.allclose(got, [o - k.warm for o, k in zip(own, kernels)], rtol=1e-9)
     for pl in _plans_of(outs):
         back = plan_from_json(plan_to_json(pl))
         assert [k.stats for k in back.kernels] == [k.stats for k in pl.kernels]
-    # the pieces the device runs (a GEMM split from its epilogue, packed operands) keep the stats
-    priced = {k.stats for k in kernels}
+    # the pieces the device runs (a GEMM split from its epilogue, packed operands) keep the stats of
+    # the plan kernel they run -- those priced alone, but for the reads from cache of the joint plan's order
+    alone = {replace(k.stats, hot=0.0) for k in kernels}
     GlobalCounters.kernel_log = log = []
     try:
         eqgrad.realize(*outs)
     finally:
         GlobalCounters.kernel_log = None
-    assert log and all(e[5].stats in priced for e in log)
+    priced = {k.stats for k in engine.last_plan.plan.kernels}
+    assert log and all(e[5].stats in priced and replace(e[5].stats, hot=0.0) in alone for e in log)
 
 
 def _plans_of(outs: list) -> list:
@@ -583,6 +593,86 @@ def test_a_launch_after_a_stream_is_charged_to_the_stream_and_moved_where_it_ran
             (tmp_path / name / f).write_text(v + "\n")
     assert private_cache_bytes(str(tmp_path)) == 1280 << 10
     assert private_cache_bytes(str(tmp_path / "missing")) == PRIVATE_CACHE_FALLBACK
+
+
+def test_reads_the_kernels_before_left_in_the_cache_are_priced_where_the_plan_runs_them(tmp_path):
+    """cost.py, reads from cache: a kernel reading a buffer that a kernel before it in its plan wrote or
+    read, with at most ``cache_bytes`` moved since (the buffer itself counted: its reuse distance), reads
+    it at ``cache_bandwidth``. Extraction does not know the order (its predictions stay cold);
+    ``cost.in_order`` sets each plan kernel's ``stats.hot`` and ``warm`` (the seconds those reads save,
+    by the cost function), which ``KernelPlan.in_context`` -- DEBUG=2, kernel_log -- takes off."""
+    from eqgrad.dtype import float32
+    from eqgrad.extract.cost import CostModel, in_order, kernel_time, moved_seconds
+    from eqgrad.graph.caps import LAST_CACHE_FALLBACK, last_cache_bytes
+    from eqgrad.graph.plan import Kernel, KernelPlan, KernelStats
+    mb = 1 << 20
+    # buffers: b0 an input of 4 MiB, b1..b4 intermediates of 1 MiB, 4 MiB, 1 MiB, 1 MiB (float32)
+    shapes = [(mb,), (mb // 4,), (mb,), (mb // 4,), (mb // 4,)]
+    bufs = [(s, float32) for s in shapes]
+    k = lambda n, out, ins, nbytes: Kernel(n, out, None, ins, 1e-4, nbytes, 0, stats=KernelStats(nbytes, 0.0, 1))
+    plan = KernelPlan(bufs, 1, [k("k0", 1, (0,), 5 * mb),            # reads the input: cold (its first read)
+                                k("k1", 2, (1, 0), 9 * mb),          # b1 and b0 just touched (by k0)
+                                k("k2", 3, (2,), mb // 2),           # a slice of b2: at most its priced bytes
+                                k("k3", 4, (1, 3), 2 * mb)], [4])    # b1: k2's 5 MiB moved since, b3 just written
+    assert plan.cache_reads(8 * mb) == [0, 5 * mb, mb // 2, 2 * mb]
+    assert plan.cache_reads(5 * mb) == [0, 5 * mb, mb // 2, mb]      # b1: 5 MiB + its own 1 > 5
+    assert plan.cache_reads(3 * mb) == [0, mb, 0, mb]                # b0 and b2: their own 4 MiB > 3
+    assert plan.cache_reads(0) == [0, 0, 0, 0]
+    # the cost model: hot bytes at the cache's rate, the rest at the bandwidth
+    p = DeviceParams(launch=5e-6, bandwidth=20e9, cache_bandwidth=80e9, cache_bytes=8 * mb)
+    assert math.isclose(moved_seconds(p, 9e6, 4e6), 5e6 / 20e9 + 4e6 / 80e9)
+    assert moved_seconds(p, 1e6, 4e6) == 1e6 / 80e9                      # (at most the kernel's bytes)
+    assert moved_seconds(replace(p, cache_bytes=0), 9e6, 4e6) == 9e6 / 20e9 == moved_seconds(p, 9e6)
+    assert math.isclose(kernel_time(p, 9e6, 1e3, hot=4e6), 5e-6 + 5e6 / 20e9 + 4e6 / 80e9)
+    # in plan order: stats.hot and warm set, predictions (extraction's) unchanged, in_context less warm
+    in_order(plan, CostModel(p))
+    assert [kk.stats.hot for kk in plan.kernels] == [0, 5 * mb, mb // 2, 2 * mb]
+    want = [0.0] + [h / 20e9 - h / 80e9 for h in (5 * mb, mb // 2, 2 * mb)]
+    assert np.allclose([kk.warm for kk in plan.kernels], want, rtol=1e-12)
+    assert [kk.predicted for kk in plan.kernels] == [1e-4] * 4
+    # the device's pieces of k1 ("k1g": its GEMM) share its place and its saving
+    run = [plan.kernels[0], Kernel("k1g", 2, None, (1, 0), 1e-4, 9 * mb, 0), *plan.kernels[1:]]
+    assert np.allclose(plan.in_context(run), [1e-4 - w for w in (want[0], want[1], *want[1:])], rtol=1e-12)
+    # a user's cost function decides what they save; parameters without the term: none do
+    in_order(plan, CostModel(p, fn=lambda s, prm: 1e-6 + (s.nbytes - s.hot) * 1e-12))
+    assert np.allclose([kk.warm for kk in plan.kernels], [0.0, 5 * mb * 1e-12, mb // 2 * 1e-12, 2 * mb * 1e-12])
+    in_order(plan, CostModel(replace(p, cache_bandwidth=0.0)))
+    assert [kk.warm for kk in plan.kernels] == [0.0] * 4 and [kk.stats.hot for kk in plan.kernels] == [0] * 4
+    # a realized plan: the layer norm's second kernel reads what the first wrote, from cache; as run
+    # (kernel_log) its prediction is less its warm, and the plan JSON keeps both
+    x = Tensor(np.random.default_rng(0).standard_normal((256, 512), dtype=np.float32))
+    w = Tensor(np.ones(512, np.float32))
+    prm = DeviceParams(launch=5e-6, cache_bandwidth=80e9, cache_bytes=8 * mb, row_fusion=False)
+    with using(params={"LLVM": prm}):
+        f = lambda: (F.layer_norm(x, (512,)) * w).softmax(-1)
+        f().realize()
+        got = engine.last_plan.plan
+        GlobalCounters.kernel_log = log = []
+        try:
+            f().realize()
+        finally:
+            GlobalCounters.kernel_log = None
+    warm = {kk.name: kk.warm for kk in got.kernels}
+    assert any(warm.values()) and all(kk.stats.hot > 0 for kk in got.kernels if kk.warm)
+    assert got.kernels[0].warm == 0.0            # (its input was not read earlier in the plan)
+    for name, _, pred, _, _, kk in log:
+        base = next(b for b in warm if name == b or name.startswith(b) and not name[len(b)].isdigit())
+        assert pred <= next(g.predicted for g in got.kernels if g.name == base) - warm[base] + 1e-12
+    from eqgrad.graph.plan import plan_from_json, plan_to_json
+    back = plan_from_json(plan_to_json(got))
+    assert [(kk.warm, kk.stats) for kk in back.kernels] == [(kk.warm, kk.stats) for kk in got.kernels]
+    # the window: the host's last-level cache from sysfs (the L3 where there is one), else a fallback
+    for name, (level, kind, size) in {"index0": ("1", "Data", "48K"), "index1": ("1", "Instruction", "32K"),
+                                      "index2": ("2", "Unified", "1280K"), "index3": ("3", "Unified", "54M")}.items():
+        (tmp_path / name).mkdir()
+        for f_, v in (("level", level), ("type", kind), ("size", size)):
+            (tmp_path / name / f_).write_text(v + "\n")
+    assert last_cache_bytes(str(tmp_path)) == 54 << 20
+    assert last_cache_bytes(str(tmp_path / "missing")) == LAST_CACHE_FALLBACK
+    for bad in (dict(cache_bandwidth=-1.0), dict(cache_bandwidth=float("inf")), dict(cache_bytes=1.5),
+                dict(cache_bytes=-1), dict(cache_bytes=True)):
+        with pytest.raises(ValueError, match="DeviceParams.cache_"):
+            DeviceParams(**bad)
 
 
 def test_a_row_fused_kernel_pays_for_its_loops_over_rows():

@@ -702,7 +702,7 @@ class LLVMDevice(Device):
         rewritten = self.rewrite(plan)
         if config.DEBUG.value >= 3:
             print(rewritten.describe(self.name))
-        plan, scratch = rewritten.plan, rewritten.scratch
+        given, (plan, scratch) = plan, (rewritten.plan, rewritten.scratch)
         engine = CodeEngine(compiler(target))     # this plan's new programs (its MCJIT engine made on the first)
         self._memo_now = (target, self._memo_key(target))
         try:
@@ -713,7 +713,8 @@ class LLVMDevice(Device):
             self._disk.clear()
             self._structures.clear()
             self._members.clear()
-        return self._runner(steps, scratch, threads, plan.in_context([s[0] for s in steps]))
+        # (the pieces are named after the plan kernels they run: the given plan prices them in context)
+        return self._runner(steps, scratch, threads, given.in_context([s[0] for s in steps]))
 
     def _build_all(self, plan: KernelPlan, target: Target | None, engine: CodeEngine, beam: int,
                    threads: int) -> list[tuple]:

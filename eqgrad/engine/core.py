@@ -26,6 +26,7 @@ from eqgrad.dtype import to_storage
 from eqgrad.engine import diskcache
 from eqgrad.engine import regions
 from eqgrad.extract import ExtractSettings, cost_model, extractor_name, make_extractor, settings_key
+from eqgrad.extract.cost import in_order
 from eqgrad.extract.egraph import EGraph, from_json, from_program
 from eqgrad.extract.plan import build_plan
 from eqgrad.graph.plan import KernelPlan
@@ -167,8 +168,10 @@ def _compile(prog: Program, rules: RuleConfig, extraction: ExtractSettings | Non
                       "found so far", EqgradWarning, stacklevel=6)
     choice, ev = result.choice, result.evaluation
     plan = build_plan(g, choice, specs, ev.kernels, n_params=n_params)
-    prm = cost_model(device, extraction).params
+    model = cost_model(device, extraction)
+    prm = model.params
     plan.launch, plan.cold, plan.stream_bytes = prm.launch, prm.cold, prm.stream_bytes
+    in_order(plan, model)                 # its kernels' reads from cache, in the order they run
     bound = result.info.get("peak_bound")
     if bound and ev.peak > bound:
         outs = sum(numel(plan.buffers[o][0]) * plan.buffers[o][1].itemsize for o in set(plan.outputs)
@@ -245,6 +248,7 @@ def _compile_regions(prog: Program, regs: list, rules: RuleConfig, extraction: E
         plans.append(hit[0])
         reports.append(hit)
     plan = regions.stitch(prog, regs, plans)
+    in_order(plan, cost_model(prog.device, extraction))     # across the regions, in the order they run
     t2 = time.perf_counter()
     progress.phase("compiling kernels", total=len(plan.kernels))
     run = dev.prepare(plan)

@@ -36,7 +36,7 @@ from eqgrad.engine.core import CompiledPlan, PlanCache, compile_plan
 from eqgrad.engine.validate import validate
 from eqgrad import extract
 from eqgrad.extract import DEFAULT as DEFAULT_EXTRACTION, DeviceParams, ExtractSettings, cost_model, settings_key
-from eqgrad.extract.cost import CALIBRATIONS, CostFn, rescaled
+from eqgrad.extract.cost import CALIBRATIONS, CostFn, in_order, rescaled
 from eqgrad.graph.plan import KernelPlan, shared_memory
 from eqgrad.graph import lazy
 from eqgrad.graph.lazy import LazyBuffer
@@ -391,6 +391,7 @@ class Session:
             if (kn.nbytes, kn.flops, passes[1]) != (ko.nbytes, ko.flops, passes[0]):
                 kn.predicted = rescaled(p, ko.predicted, ko.nbytes, ko.flops, kn.nbytes, kn.flops, *passes)
         new.predicted = sum(k.predicted for k in new.kernels)
+        in_order(new, cost_model(device, self.extraction))     # its reads from cache at the new sizes
 
     def _realize_on(self, device: str, targets: list[LazyBuffer]) -> None:
         t0 = time.perf_counter()

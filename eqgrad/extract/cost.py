@@ -1,6 +1,7 @@
 """The kernel cost model: one small function, with its units and assumptions.
 
-    time(kernel) = launch + max(bytes / bandwidth, flops / peak + cflops / contraction + passes * row_pass)    [seconds]
+    time(kernel) = launch + max((bytes - hot) / bandwidth + hot / cache_bandwidth,
+                                flops / peak + cflops / contraction + passes * row_pass)    [seconds]
     time(plan)   = sum over kernels, + cold * stream_share(bytes) for each kernel (the launch after it)
 
 - bytes: the kernel's output written once, plus each distinct input buffer read once (or only the
@@ -81,6 +82,22 @@
   ``cold`` is 6 us: the 10.8-16.4 us measured after a stream are 6-11 us over the default launch of
   5 us, the low end taken; ``tune calibrate`` measures it on the machine.
 
+- reads from cache: a kernel reading a buffer that a kernel just before it in its plan wrote or read
+  finds it in the cache, where the bytes moved since (its reuse distance, the buffer itself counted)
+  fit the host's last-level cache (``cache_bytes``: graph/caps.py ``last_cache_bytes``); those bytes
+  (``KernelStats.hot``, graph/plan.py ``KernelPlan.cache_reads``) move at ``cache_bandwidth``. Like the
+  launch after a stream it depends on the order kernels run in, which extraction does not know: its
+  kernels are priced cold (``hot`` 0), and ``in_order`` prices a built plan's kernels in their order
+  -- ``stats.hot`` and the seconds it saves, ``Kernel.warm``, which ``KernelPlan.in_context`` (DEBUG=2,
+  kernel_log) takes off; extraction's predictions and what a device decides from them are unchanged.
+  Measured (LLVM, 2-vCPU AMD EPYC, Zen 4, 32 MiB of L3): a copy whose input the run before left in the
+  cache, 1, 2, 4 and 8 MiB moved, ran at 43, 61, 90 and 51 GB/s against 47-52 from memory, and
+  bench_model's kernels that read what the kernel before them wrote ran at 60-80 GB/s, where
+  ``bandwidth`` (fitted to kernels as models run them, mostly cold) is 20; priced offline on a
+  bench_model run, the term took 81 % of its kernels within 2x to 84-88 % for windows of 4-32 MiB at
+  30-60 GB/s, 89 % at 100 (docs/extraction.md). The LLVM default is 60 GB/s (the middle of those
+  copies); ``tune calibrate`` measures it on the machine (tools/calibrate.py ``CACHE_SHARES``).
+
 Worked example (LLVM defaults below: 5 us launch, 20 GB/s, 50 GFLOP/s). ``(a+b+1)*2`` on 1M
 float32: unfused, 3 kernels each reading/writing ~8 MB: 3 * (5 us + 8e6/20e9 s) = 3 * 405 us =
 1.2 ms; fused, one kernel reading 8 MB and writing 4 MB: 5 us + 12e6/20e9 s = 605 us -> fused wins.
@@ -102,8 +119,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from eqgrad.cache import JsonCache, check_fields, machine_key
-from eqgrad.graph.caps import Capabilities, block_of, gemm_of, library_seconds, private_cache_bytes
-from eqgrad.graph.plan import KernelStats, stream_share   # the cost function's input (on the graph floor: plans keep it)
+from eqgrad.graph.caps import Capabilities, block_of, gemm_of, last_cache_bytes, library_seconds, private_cache_bytes
+from eqgrad.graph.plan import KernelPlan, KernelStats, stream_share   # the cost function's input (on the graph floor: plans keep it)
 
 CALIBRATION_VERSION = 1
 
@@ -123,11 +140,16 @@ class DeviceParams:
     cold: float = 0.0
     stream_bytes: int = 0
     row_pass: float = 0.0         # seconds a row-fused kernel's loop over one row costs ("row passes" above)
+    # reads the kernels just before it in its plan left in the cache (``KernelStats.hot``: within
+    # ``cache_bytes`` of reuse) run at ``cache_bandwidth`` ("reads from cache" above); 0 for either: none do
+    cache_bandwidth: float = 0.0
+    cache_bytes: int = 0
     source: str = "given"         # "default", "calibrated <date>", "given" (built by the user), or with overrides
 
     def __post_init__(self) -> None:
         # a zero bandwidth or peak would divide by zero deep inside extraction: refuse it here
-        for f in ("launch", "bandwidth", "peak", "masked_read", "unlaned", "contraction", "cold", "row_pass"):
+        for f in ("launch", "bandwidth", "peak", "masked_read", "unlaned", "contraction", "cold", "row_pass",
+                  "cache_bandwidth"):
             x = getattr(self, f)
             if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or x < 0 \
                     or (x == 0 and f in ("bandwidth", "peak")):
@@ -135,16 +157,19 @@ class DeviceParams:
                                  f"got {x!r}")
         if isinstance(self.max_nodes, bool) or not isinstance(self.max_nodes, int) or self.max_nodes < 1:
             raise ValueError(f"DeviceParams.max_nodes: expected an integer >= 1, got {self.max_nodes!r}")
-        if isinstance(self.stream_bytes, bool) or not isinstance(self.stream_bytes, int) or self.stream_bytes < 0:
-            raise ValueError(f"DeviceParams.stream_bytes: expected an integer >= 0, got {self.stream_bytes!r}")
+        for f in ("stream_bytes", "cache_bytes"):
+            x = getattr(self, f)
+            if isinstance(x, bool) or not isinstance(x, int) or x < 0:
+                raise ValueError(f"DeviceParams.{f}: expected an integer >= 0, got {x!r}")
 
 
 DEFAULT_PARAMS: dict[str, DeviceParams] = {
     # contraction: 250 GFLOP/s, what generated contractions run at (see "kernel classes" above)
     # cold: 6 us more after a stream larger than a core's L2 (see "launch after a stream" above);
-    # row_pass: 2 ns a loop over a row of a row-fused kernel ("row passes" above)
+    # row_pass: 2 ns a loop over a row of a row-fused kernel ("row passes" above);
+    # cache_bandwidth: 60 GB/s the reads within the host's last-level cache of reuse ("reads from cache")
     "LLVM": DeviceParams(contraction=250e9, cold=6e-6, stream_bytes=private_cache_bytes(), row_pass=2e-9,
-                         source="default"),
+                         cache_bandwidth=60e9, cache_bytes=last_cache_bytes(), source="default"),
     "NUMPY": DeviceParams(launch=20e-6, bandwidth=5e9, peak=2e9, source="default"),
     # PoCL 3.1, 2 cores (calibrated). No row fusion: PoCL vectorizes across work-items, not a
     # work-item's loops, so a row-fused softmax ran 19.8 ms vs 11.4 ms as three kernels
@@ -171,10 +196,17 @@ class KernelCost:
 
 
 def kernel_time(p: DeviceParams, nbytes: float, flops: float, cflops: float = 0.0, fill: float = 1.0,
-                passes: float = 0.0) -> float:
+                passes: float = 0.0, hot: float = 0.0) -> float:
     compute = (flops - cflops) / p.peak + (cflops / (p.contraction * fill) if p.contraction else cflops / p.peak) \
         + passes * p.row_pass
-    return p.launch + max(nbytes / p.bandwidth, compute)
+    return p.launch + max(moved_seconds(p, nbytes, hot), compute)
+
+
+def moved_seconds(p: DeviceParams, nbytes: float, hot: float = 0.0) -> float:
+    """The seconds a kernel's ``nbytes`` take to move, ``hot`` of them read from cache ("reads from
+    cache" above: at ``cache_bandwidth``, where the parameters have one), the rest at ``bandwidth``."""
+    hot = min(hot, nbytes) if p.cache_bandwidth and p.cache_bytes else 0.0
+    return (nbytes - hot) / p.bandwidth + (hot / p.cache_bandwidth if hot > 0 else 0.0)
 
 
 # A pass over a row shorter than this many elements costs that share of ``row_pass``: x86-64's
@@ -199,8 +231,25 @@ def after_stream(p: DeviceParams, nbytes: float) -> float:
     return p.cold * stream_share(nbytes, p.stream_bytes) if p.cold else 0.0
 
 
+def in_order(plan: KernelPlan, model: "CostModel") -> None:
+    """Price each kernel of ``plan`` where it runs, in the plan's order: the bytes it reads from
+    cache ("reads from cache" above; ``KernelPlan.cache_reads`` within ``cache_bytes``) go into its
+    stats (``KernelStats.hot``, what the cost function is then given) and what that takes off its
+    prediction into ``Kernel.warm``, which ``KernelPlan.in_context`` (DEBUG=2, kernel_log) subtracts.
+    Extraction's predictions (``Kernel.predicted``, the plan's total, what a device's decisions read)
+    stay as they were. Parameters without the term leave every kernel cold."""
+    p = model.params
+    on = p.cache_bandwidth > 0 and p.cache_bytes > 0
+    for k, hot in zip(plan.kernels, plan.cache_reads(p.cache_bytes) if on else [0.0] * len(plan.kernels)):
+        if k.stats is None:
+            continue
+        cold = replace(k.stats, hot=0.0)
+        k.stats = replace(k.stats, hot=float(hot)) if hot else cold
+        k.warm = max(0.0, model.fn(cold, p) - model.fn(k.stats, p)) if hot else 0.0
+
+
 def default_cost(s: KernelStats, p: DeviceParams) -> float:
-    return kernel_time(p, s.nbytes, s.flops, s.cflops, s.fill, s.passes)
+    return kernel_time(p, s.nbytes, s.flops, s.cflops, s.fill, s.passes, s.hot)
 
 
 CostFn = Callable[[KernelStats, DeviceParams], float]
@@ -362,6 +411,7 @@ def _params_for(device: str) -> DeviceParams:
         return replace(base, launch=float(e["launch"]), bandwidth=float(e["bandwidth"]), peak=float(e["peak"]),
                        contraction=_measured_of(e, "contraction", 0.0), cold=_measured_of(e, "cold", base.cold),
                        row_pass=_measured_of(e, "row_pass", base.row_pass),
+                       cache_bandwidth=_measured_of(e, "cache_bandwidth", base.cache_bandwidth),
                        source=str(e.get("source", "calibrated")))
     except (KeyError, TypeError, ValueError):
         return base

@@ -255,15 +255,15 @@ def library_seconds(call: float, rate: float, flops: float, batches: int, thread
 PRIVATE_CACHE_FALLBACK = 1 << 20          # docs/lowering.md, Constants
 
 
-def private_cache_bytes(sysfs: str = "/sys/devices/system/cpu/cpu0/cache") -> int:
-    """The bytes of the largest cache private to one core of this host (its L2, where the
-    interpreter's working set lives between kernels), from Linux's sysfs; PRIVATE_CACHE_FALLBACK where
-    that cannot be read. A level-3 cache is shared and left out."""
-    best = 0
+def _data_caches(sysfs: str) -> list[tuple[int, int]] | None:
+    """(level, bytes) of each data or unified cache Linux's sysfs lists for one core (``sysfs``: its
+    cache directory), or None where the directory cannot be read."""
     try:
         entries = os.listdir(sysfs)
     except OSError:
-        return PRIVATE_CACHE_FALLBACK
+        return None
+    out = []
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
     for e in entries:
         if not e.startswith("index"):
             continue
@@ -276,12 +276,34 @@ def private_cache_bytes(sysfs: str = "/sys/devices/system/cpu/cpu0/cache") -> in
                 size = f.read().strip()
         except (OSError, ValueError):
             continue
-        if level != 2 or kind == "Instruction":
+        if kind == "Instruction":
             continue
-        units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
         try:
             n = int(size[:-1]) * units[size[-1].upper()] if size[-1:].upper() in units else int(size)
         except (ValueError, IndexError):
             continue
-        best = max(best, n)
-    return best or PRIVATE_CACHE_FALLBACK
+        out.append((level, n))
+    return out
+
+
+def private_cache_bytes(sysfs: str = "/sys/devices/system/cpu/cpu0/cache") -> int:
+    """The bytes of the largest cache private to one core of this host (its L2, where the
+    interpreter's working set lives between kernels), from Linux's sysfs; PRIVATE_CACHE_FALLBACK where
+    that cannot be read. A level-3 cache is shared and left out."""
+    caches = _data_caches(sysfs)
+    return max((n for level, n in caches or () if level == 2), default=0) or PRIVATE_CACHE_FALLBACK
+
+
+# the cache a kernel's reads may still find the data of the kernels just before it in, where the host
+# does not say (no Linux sysfs): the smallest last-level cache of the two-core x86 hosts measured
+# (AMD Zen 3-5 VMs 32 MiB of L3, Intel Ice Lake / Sapphire Rapids VMs 48-105 MiB) -- 4 to 32 MiB
+# priced the reads of bench_model's kernels alike (docs/extraction.md, reads from cache)
+LAST_CACHE_FALLBACK = 32 << 20          # docs/lowering.md, Constants
+
+
+def last_cache_bytes(sysfs: str = "/sys/devices/system/cpu/cpu0/cache") -> int:
+    """The bytes of the largest data cache a core of this host reads through (its last level: the L3,
+    shared with the other cores, else the L2), from Linux's sysfs; LAST_CACHE_FALLBACK where that
+    cannot be read. The cost model's reads from cache (extract/cost.py) are those within it."""
+    caches = _data_caches(sysfs)
+    return max((n for _, n in caches or ()), default=0) or LAST_CACHE_FALLBACK

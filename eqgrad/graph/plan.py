@@ -230,7 +230,10 @@ class KernelStats:
     library GEMM runs it faster, whose FLOP/s are then ``library``, else 0). A plan kernel keeps the
     stats it was priced from (``Kernel.stats``), so calibration fits the cost function itself.
     ``passes``: the loops a row-fused kernel runs over its rows -- each of its rows' reductions
-    once per row, and the output once per row (extract/cost.py, row passes); 0 for any other."""
+    once per row, and the output once per row (extract/cost.py, row passes); 0 for any other.
+    ``hot``: of ``nbytes``, the bytes it reads that the kernels just before it in its plan left in
+    the cache (``KernelPlan.cache_reads``; extract/cost.py, reads from cache): 0 in extraction, which
+    does not know the order kernels run in; set on a plan's kernels by ``cost.in_order``."""
     nbytes: float
     flops: float
     nodes: int
@@ -238,6 +241,7 @@ class KernelStats:
     fill: float = 1.0
     library: float = 0.0
     passes: float = 0.0
+    hot: float = 0.0
 
 
 @dataclass
@@ -253,6 +257,9 @@ class Kernel:
     # what the cost function priced the plan kernel from (None: not priced, e.g. built by hand); the
     # pieces the device runs a plan kernel as (its GEMM, a split reduction's partials) keep it
     stats: KernelStats | None = None
+    # the seconds its prediction is less where it runs, in its plan's order, for its reads from cache
+    # (``stats.hot``; extract/cost.py ``in_order``): ``KernelPlan.in_context`` takes them off
+    warm: float = 0.0
     # more buffers written, by a kernel whose body is a GROUP of roots (one per output: ``out`` the
     # first root's, these the others', in order) that share the output loops (a device's stage
     # merges sibling kernels so, lower/merge.py)
@@ -373,20 +380,42 @@ class KernelPlan:
         """The predicted seconds of each kernel of ``run`` (this plan's kernels, or the pieces and
         merges a device stage runs them as, in the order they run) where it runs: its prediction less
         the launch-after-a-stream term it carries for the launch after it (extraction charges that to
-        the stream: it does not know the order), plus the term of the plan kernel that ran before it.
+        the stream: it does not know the order), plus the term of the plan kernel that ran before it,
+        less what its reads from cache save (``Kernel.warm``, priced in plan order by cost.in_order).
         The pieces of one plan kernel ("k4g", "k4p0", "k4a", "k4": the device's split; a merged
         "k3+k4" is k3's) share its prediction and its place: what DEBUG=2 and
         ``GlobalCounters.kernel_log`` show."""
         out: list[float] = []
         before = after = 0.0
         base_prev = None
+        warm = {k.name: k.warm for k in self.kernels if k.warm}
         for k in run:
             base = plan_kernel_name(k.name)
             nbytes = k.stats.nbytes if k.stats is not None else k.nbytes
             own = self.cold * stream_share(nbytes, self.stream_bytes)
             if base != base_prev:
                 before, after, base_prev = after, own, base
-            out.append(k.predicted - own + before)
+            out.append(k.predicted - own + before - warm.get(base, 0.0))
+        return out
+
+    def cache_reads(self, cache_bytes: int) -> list[float]:
+        """For each kernel, in plan order (the order a device runs them), the bytes of the buffers it
+        reads that an earlier kernel wrote or read with at most ``cache_bytes`` moved since, counting the
+        buffer itself: its reuse distance (what bench/bench_model.py --json ``reads`` shows for a run).
+        Each kernel moves each buffer it takes once (``traffic``); at most the kernel's priced bytes
+        (``stats.nbytes``: a slice reads part of its buffer). The plan's inputs are cold on their first
+        read (what ran before the plan is not known)."""
+        size = [math.prod(shp) * dt.itemsize for shp, dt in self.buffers]
+        last: dict[int, float] = {}
+        moved = 0.0
+        out: list[float] = []
+        for k in self.kernels:
+            hot = sum(size[b] for b in dict.fromkeys(k.inputs)
+                      if b in last and moved - last[b] + size[b] <= cache_bytes)
+            out.append(min(hot, k.stats.nbytes) if k.stats is not None else min(hot, k.nbytes))
+            moved += sum(size[b] for b in dict.fromkeys(k.params))
+            for b in k.params:
+                last[b] = moved
         return out
 
     def traffic(self, k: Kernel) -> int:

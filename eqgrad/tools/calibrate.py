@@ -135,9 +135,15 @@ def cold_launch(after: dict[int, list[float]], tight: float, stream_bytes: int) 
 PEAK_CHAINS = 8
 PEAK_DEPTH = 8
 
-FIELDS = ("launch", "bandwidth", "peak", "contraction", "cold", "row_pass")
+FIELDS = ("launch", "bandwidth", "peak", "contraction", "cold", "row_pass", "cache_bandwidth")
 
 ROW_PASS_ELEMENTS = 1 << 18    # softmax's elements when the row passes are timed (1 MB: from cache)
+
+# reads from cache (cost.py): a copy whose input the run before it left in the cache is timed moving
+# these shares of the cache the cost model reads within (``cache_bytes``, the host's last level), and
+# the median rate kept -- one size alone is the L2's, a core's share of the L3's or a neighbour's:
+# on a 2-vCPU AMD EPYC (Zen 4, 32 MiB of L3) 1, 2, 4 and 8 MiB moved ran at 43, 61, 90 and 51 GB/s
+CACHE_SHARES = (1 / 32, 1 / 16, 1 / 8, 1 / 4)
 
 
 def calibrate(device: str = "LLVM", reps: int = 7, progress: Callable[[str], None] | None = None,
@@ -236,7 +242,22 @@ def _calibrate_once(device: str, reps: int, rng: np.random.Generator,
     row_pass = max(0.0, (t_short - t_long) / (p_short - p_long)) if p_short > p_long else default.row_pass
     if progress:
         progress(f"{row_pass * 1e9:.2f} ns a row-fused kernel's loop over a row")
-    return dict(launch=launch, bandwidth=bandwidth, peak=peak, contraction=contraction, cold=cold, row_pass=row_pass)
+    cache_bandwidth = default.cache_bandwidth
+    if default.cache_bytes and default.cache_bandwidth:
+        rates = []
+        for share in CACHE_SHARES:
+            m = max(1, int(default.cache_bytes * share) // 8)
+            xs = Tensor(rng.random(m, dtype=np.float32), device=device)
+            t_hot, _ = timed(lambda: xs + 1)
+            rates.append(8 * m / max(t_hot - tight, 1e-9))
+        cache_bandwidth = float(np.median(rates))
+        if progress:
+            progress(f"reads from cache {cache_bandwidth / 1e9:.1f} GB/s (copies moving "
+                     + ", ".join(f"{default.cache_bytes * sh / 2 ** 20:g}" for sh in CACHE_SHARES)
+                     + f" MiB of a {default.cache_bytes / 2 ** 20:g} MiB cache: "
+                     + ", ".join(f"{r / 1e9:.0f}" for r in rates) + " GB/s)")
+    return dict(launch=launch, bandwidth=bandwidth, peak=peak, contraction=contraction, cold=cold, row_pass=row_pass,
+                cache_bandwidth=cache_bandwidth)
 
 
 # ------------------------------------------------------------------ fitting to kernels as models run them
@@ -427,13 +448,16 @@ def kernel_samples(programs: dict[str, Callable[[], list[Tensor]]], reps: int = 
     return out
 
 
-def predicted(samples: list[KernelSample], points: np.ndarray, cold: float = 0.0, row_pass: float = 0.0) -> np.ndarray:
+def predicted(samples: list[KernelSample], points: np.ndarray, cold: float = 0.0, row_pass: float = 0.0,
+              cache_bandwidth: float = 0.0) -> np.ndarray:
     """The default cost function (``cost.kernel_time``) of each sample at each of ``points`` (rows of
     launch, bandwidth, peak, contraction): an array (points, samples). Exactly the cost model's
     form: a root contraction's FLOPs at ``contraction * fill``, or at the library's FLOP/s where the
     library set the fill (``KernelStats.library``: its rate does not move with ``contraction``);
     ``cold`` more for a sample that ran ``after`` a stream (the kernel's own prediction where it ran,
-    graph/plan.py ``KernelPlan.in_context``); a row-fused kernel's passes at ``row_pass`` each."""
+    graph/plan.py ``KernelPlan.in_context``); a row-fused kernel's passes at ``row_pass`` each; the
+    bytes it read from cache (``KernelStats.hot``, as its plan ran them) at ``cache_bandwidth`` (0: at
+    ``bandwidth`` like the rest)."""
     nbytes = np.array([s.stats.nbytes for s in samples], dtype=float)[None, :]
     flops = np.array([s.stats.flops for s in samples], dtype=float)[None, :]
     cflops = np.array([s.stats.cflops for s in samples], dtype=float)[None, :]
@@ -445,7 +469,10 @@ def predicted(samples: list[KernelSample], points: np.ndarray, cold: float = 0.0
     compute = (flops - cflops) / peak + np.where(cflops > 0, cflops / np.where(rate > 0, rate, 1.0), 0.0) \
         + passes * row_pass
     after = np.array([s.after for s in samples], dtype=float)[None, :]
-    return launch + np.maximum(nbytes / bandwidth, compute) + cold * after
+    hot = np.minimum(np.array([s.stats.hot for s in samples], dtype=float)[None, :], nbytes) if cache_bandwidth \
+        else np.zeros_like(nbytes)
+    moved = (nbytes - hot) / bandwidth + (hot / cache_bandwidth if cache_bandwidth else 0.0)
+    return launch + np.maximum(moved, compute) + cold * after
 
 
 def _grid(samples: list[KernelSample], start: DeviceParams, span: dict[str, tuple[float, float, int]]
@@ -456,8 +483,9 @@ def _grid(samples: list[KernelSample], start: DeviceParams, span: dict[str, tupl
     st = replace(start, contraction=start.contraction or start.peak)
     grids = [getattr(st, f) * np.geomspace(lo, hi, n) for f, (lo, hi, n) in span.items()]
     pts = np.stack([g.ravel() for g in np.meshgrid(*grids, indexing="ij")], 1)       # (points, 4)
-    r0 = predicted(samples, np.array([[getattr(st, f) for f in FIT_FIELDS]]), st.cold, st.row_pass) / sec
-    return st, pts, predicted(samples, pts, st.cold, st.row_pass) / sec, r0[0]
+    cache = st.cache_bandwidth if st.cache_bytes else 0.0
+    r0 = predicted(samples, np.array([[getattr(st, f) for f in FIT_FIELDS]]), st.cold, st.row_pass, cache) / sec
+    return st, pts, predicted(samples, pts, st.cold, st.row_pass, cache) / sec, r0[0]
 
 
 def within_2x(samples: list[KernelSample], p: DeviceParams) -> float:

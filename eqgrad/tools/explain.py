@@ -114,6 +114,7 @@ class Explanation:
             ops = [n.op for n in k.ast.walk() if n.op not in ("BUF", "CONST") and not _scalar_read(n)]
             out.append(dict(name=k.name, out=k.out, shape=self.plan.buffers[k.out][0], ops=ops,
                             bytes=k.nbytes, flops=k.flops, predicted=k.predicted, body=k.ast.render(),
+                            hot=k.stats.hot if k.stats is not None else 0.0, warm=k.warm,
                             provenance=(self.provenance or {}).get(k.name, [])))
         return out
 
@@ -130,7 +131,9 @@ class Explanation:
                  f"launch {p.launch * 1e6:.1f} us, "
                  f"{p.bandwidth / 1e9:.1f} GB/s, {p.peak / 1e9:.1f} GFLOP/s"
                  + (f", {cold_words(p.cold, p.stream_bytes)}" if p.cold and p.stream_bytes else "")
-                 + (f", {p.row_pass * 1e9:.2f} ns a row-fused kernel's loop over a row" if p.row_pass else "") + ")",
+                 + (f", {p.row_pass * 1e9:.2f} ns a row-fused kernel's loop over a row" if p.row_pass else "")
+                 + (f", reads within {p.cache_bytes / 2 ** 20:g} MiB of reuse from cache at {p.cache_bandwidth / 1e9:.1f} GB/s"
+                    if p.cache_bandwidth and p.cache_bytes else "") + ")",
                  f"saturation: {cp.report.stop_reason}, {cp.report.enodes_before} -> {cp.report.enodes} e-nodes, "
                  f"{cp.report.eclasses} e-classes"]
         held = sum(numel(s) * d.itemsize for s, d in self.plan.buffers[self.plan.n_inputs:])
@@ -150,7 +153,9 @@ class Explanation:
         for k in self.kernels():
             fused = " ".join(dict.fromkeys(k["ops"])) or "(copy)"
             lines.append(f"  {k['name']}: b{k['out']}{list(k['shape'])}  fuses {len(k['ops'])} ops [{fused}]  "
-                         f"{k['bytes'] / 1e6:.3g} MB, {k['flops'] / 1e6:.3g} MFLOP, predicted {k['predicted'] * 1e6:.1f} us")
+                         f"{k['bytes'] / 1e6:.3g} MB, {k['flops'] / 1e6:.3g} MFLOP, predicted {k['predicted'] * 1e6:.1f} us"
+                         + (f" ({(k['predicted'] - k['warm']) * 1e6:.1f} us in plan order: {k['hot'] / 1e6:.3g} MB "
+                            "read from cache)" if k["warm"] else ""))
             lines.append(f"      = {k['body'][:160]}{'...' if len(k['body']) > 160 else ''}")
             if k["provenance"]:
                 lines.append("      introduced by: " + _by_rule(k["provenance"]))
