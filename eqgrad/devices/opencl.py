@@ -247,7 +247,7 @@ class OpenCLDevice(Device):
         rewritten = self.rewrite(plan)
         if config.DEBUG.value >= 3:
             print(rewritten.describe(self.name))
-        plan = rewritten.plan
+        given, plan = plan, rewritten.plan
         rendered = [(k, *self.sources.source(self, k, plan)) for k in plan.kernels]
         knls = self.build_kernels([(src, k) for k, _, src, _, _ in rendered])
         steps = []
@@ -260,7 +260,7 @@ class OpenCLDevice(Device):
                                                              self.cl.mem_flags.COPY_HOST_PTR, hostbuf=sizes),)
             steps.append((k, knl, gsize, geo.local_size, k.params, extra))
         names = ", ".join(k.name for k in plan.kernels)
-        predicted = plan.in_context([s[0] for s in steps])       # (DEBUG=2's, kernel_log's)
+        predicted = given.in_context([s[0] for s in steps])      # (DEBUG=2's, kernel_log's; by plan kernel)
 
         def run(bufs: list[Buffer]) -> None:
             dbg = config.DEBUG.value
