@@ -652,6 +652,8 @@ def test_reads_the_kernels_before_left_in_the_cache_are_priced_where_the_plan_ru
             f().realize()
         finally:
             GlobalCounters.kernel_log = None
+        said = str(eqgrad.explain(f()))
+    assert "reads within 8 MiB of reuse from cache at 80.0 GB/s" in said and " MB read from cache)" in said
     warm = {kk.name: kk.warm for kk in got.kernels}
     assert any(warm.values()) and all(kk.stats.hot > 0 for kk in got.kernels if kk.warm)
     assert got.kernels[0].warm == 0.0            # (its input was not read earlier in the plan)

@@ -241,11 +241,21 @@ def in_order(plan: KernelPlan, model: "CostModel") -> None:
     p = model.params
     on = p.cache_bandwidth > 0 and p.cache_bytes > 0
     for k, hot in zip(plan.kernels, plan.cache_reads(p.cache_bytes) if on else [0.0] * len(plan.kernels)):
-        if k.stats is None:
+        st = k.stats
+        if st is None:
             continue
-        cold = replace(k.stats, hot=0.0)
-        k.stats = replace(k.stats, hot=float(hot)) if hot else cold
-        k.warm = max(0.0, model.fn(cold, p) - model.fn(k.stats, p)) if hot else 0.0
+        if not hot:
+            if st.hot:
+                k.stats = replace(st, hot=0.0)
+            k.warm = 0.0
+            continue
+        if st.hot != hot:
+            k.stats = replace(st, hot=float(hot))
+        if model.fn is default_cost:        # (a grow step reprices its resized plan: no more objects than needed)
+            args = (p, st.nbytes, st.flops, st.cflops, st.fill, st.passes)
+            k.warm = max(0.0, kernel_time(*args) - kernel_time(*args, float(hot)))
+        else:
+            k.warm = max(0.0, model.fn(replace(st, hot=0.0), p) - model.fn(k.stats, p))
 
 
 def default_cost(s: KernelStats, p: DeviceParams) -> float:

@@ -405,16 +405,24 @@ class KernelPlan:
         Each kernel moves each buffer it takes once (``traffic``); at most the kernel's priced bytes
         (``stats.nbytes``: a slice reads part of its buffer). The plan's inputs are cold on their first
         read (what ran before the plan is not known)."""
-        size = [math.prod(shp) * dt.itemsize for shp, dt in self.buffers]
+        size: dict[int, int] = {}
         last: dict[int, float] = {}
         moved = 0.0
         out: list[float] = []
         for k in self.kernels:
-            hot = sum(size[b] for b in dict.fromkeys(k.inputs)
-                      if b in last and moved - last[b] + size[b] <= cache_bytes)
+            touched = set(k.params)
+            hot = step = 0
+            for b in touched:
+                n = size.get(b)
+                if n is None:
+                    shp, dt = self.buffers[b]
+                    n = size[b] = math.prod(shp) * dt.itemsize
+                step += n
+                if b in last and b != k.out and b not in k.also and moved - last[b] + n <= cache_bytes:
+                    hot += n
             out.append(min(hot, k.stats.nbytes) if k.stats is not None else min(hot, k.nbytes))
-            moved += sum(size[b] for b in dict.fromkeys(k.params))
-            for b in k.params:
+            moved += step
+            for b in touched:
                 last[b] = moved
         return out
 
