@@ -295,9 +295,9 @@ def private_cache_bytes(sysfs: str = "/sys/devices/system/cpu/cpu0/cache") -> in
 
 
 # the cache a kernel's reads may still find the data of the kernels just before it in, where the host
-# does not say (no Linux sysfs): the smallest last-level cache of the two-core x86 hosts measured
-# (AMD Zen 3-5 VMs 32 MiB of L3, Intel Ice Lake / Sapphire Rapids VMs 48-105 MiB) -- 4 to 32 MiB
-# priced the reads of bench_model's kernels alike (docs/extraction.md, reads from cache)
+# does not say (no Linux sysfs): the L3 of one AMD Zen 3-5 core complex (the 2-vCPU Zen 4 VM here
+# reads 32 MiB from sysfs; Intel's server parts have more per socket) -- windows of 4 to 32 MiB priced
+# the reads of bench_model's kernels alike (docs/extraction.md, reads from cache)
 LAST_CACHE_FALLBACK = 32 << 20          # docs/lowering.md, Constants
 
 
