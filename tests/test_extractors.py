@@ -586,13 +586,19 @@ def test_a_launch_after_a_stream_is_charged_to_the_stream_and_moved_where_it_ran
     assert math.isclose(cold_launch({1 << 21: [9e-6]}, 2e-6, 1 << 20), 7e-6)     # none within: the tight loop
     assert cold_launch(after, 2e-6, 1 << 30) == 0.0 and cold_launch(after, 2e-6, 0) == 0.0
     # the host's private cache from sysfs; the fallback where it cannot be read
-    for name, (level, kind, size) in {"index0": ("1", "Data", "48K"), "index1": ("1", "Instruction", "32K"),
-                                      "index2": ("2", "Unified", "1280K"), "index3": ("3", "Unified", "54M")}.items():
-        (tmp_path / name).mkdir()
-        for f, v in (("level", level), ("type", kind), ("size", size)):
-            (tmp_path / name / f).write_text(v + "\n")
+    _fake_caches(tmp_path)
     assert private_cache_bytes(str(tmp_path)) == 1280 << 10
     assert private_cache_bytes(str(tmp_path / "missing")) == PRIVATE_CACHE_FALLBACK
+
+
+def _fake_caches(where) -> None:
+    """A core's cache directory as Linux's sysfs lists it (graph/caps.py reads it): L1 data and
+    instruction, a 1.25 MiB L2, a 54 MiB L3."""
+    for name, (level, kind, size) in {"index0": ("1", "Data", "48K"), "index1": ("1", "Instruction", "32K"),
+                                      "index2": ("2", "Unified", "1280K"), "index3": ("3", "Unified", "54M")}.items():
+        (where / name).mkdir()
+        for f, v in (("level", level), ("type", kind), ("size", size)):
+            (where / name / f).write_text(v + "\n")
 
 
 def test_reads_the_kernels_before_left_in_the_cache_are_priced_where_the_plan_runs_them(tmp_path):
@@ -664,11 +670,7 @@ def test_reads_the_kernels_before_left_in_the_cache_are_priced_where_the_plan_ru
     back = plan_from_json(plan_to_json(got))
     assert [(kk.warm, kk.stats) for kk in back.kernels] == [(kk.warm, kk.stats) for kk in got.kernels]
     # the window: the host's last-level cache from sysfs (the L3 where there is one), else a fallback
-    for name, (level, kind, size) in {"index0": ("1", "Data", "48K"), "index1": ("1", "Instruction", "32K"),
-                                      "index2": ("2", "Unified", "1280K"), "index3": ("3", "Unified", "54M")}.items():
-        (tmp_path / name).mkdir()
-        for f_, v in (("level", level), ("type", kind), ("size", size)):
-            (tmp_path / name / f_).write_text(v + "\n")
+    _fake_caches(tmp_path)
     assert last_cache_bytes(str(tmp_path)) == 54 << 20
     assert last_cache_bytes(str(tmp_path / "missing")) == LAST_CACHE_FALLBACK
     for bad in (dict(cache_bandwidth=-1.0), dict(cache_bandwidth=float("inf")), dict(cache_bytes=1.5),
