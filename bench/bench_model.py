@@ -181,6 +181,7 @@ def check(name: str, step: Callable[[], Any], reps: int, warmup: int, prm: Any) 
     rows.append(dict(kernel=n, measured_s=m, predicted_s=pred, ratio=pred / m if m > 0 else float("inf"), **feats,
                      gflops=flops / m / 1e9 if m > 0 else 0.0, gbs=nbytes / m / 1e9 if m > 0 else 0.0,
                      model_kind=model, lowering_kind=lowering, fill=fill, stats=stats, after=after[i],
+                     warm=k.warm if k is not None else 0.0,
                      reads=reads.get(n, []),
                      body=k.ast.render()[:160] if k is not None else ""))
   within = sum(1 for r in rows if 0.5 <= r["ratio"] <= 2.0)
@@ -234,7 +235,7 @@ def fit(rows: list[dict[str, Any]], prm: Any, kinds: str = "model_kind") -> tupl
   the cost model's form, evaluated on the stats each kernel was priced from; with ``kinds``
   "lowering_kind", a kernel the lowering builds as a contraction and the cost model did not has all
   its FLOPs at the contraction rate, and the other way round none; the launch after a stream and
-  the row passes are ``prm``'s. And those parameters."""
+  the row passes and the reads from cache are ``prm``'s. And those parameters."""
   from eqgrad.extract.cost import DeviceParams, KernelStats
   from eqgrad.tools.calibrate import KernelSample, fit as fit_params
   samples = []
@@ -244,13 +245,14 @@ def fit(rows: list[dict[str, Any]], prm: Any, kinds: str = "model_kind") -> tupl
     s = KernelStats(**r["stats"])
     model, built = "contraction" in r["model_kind"], "contraction" in r[kinds]
     if built and not model:
-      s = KernelStats(s.nbytes, s.flops, s.nodes, s.flops, passes=s.passes)
+      s = KernelStats(s.nbytes, s.flops, s.nodes, s.flops, passes=s.passes, hot=s.hot)
     elif model and not built:
-      s = KernelStats(s.nbytes, s.flops, s.nodes, passes=s.passes)
+      s = KernelStats(s.nbytes, s.flops, s.nodes, passes=s.passes, hot=s.hot)
     samples.append(KernelSample(r["measured_s"], s, r.get("after", False)))
   if not samples:
     return 0.0, {}
-  start = DeviceParams(**FIT_CENTER, cold=prm.cold, stream_bytes=prm.stream_bytes, row_pass=prm.row_pass)
+  start = DeviceParams(**FIT_CENTER, cold=prm.cold, stream_bytes=prm.stream_bytes, row_pass=prm.row_pass,
+                       cache_bandwidth=prm.cache_bandwidth, cache_bytes=prm.cache_bytes)
   p, share, _ = fit_params(samples, start, FIT_WIDE)
   p, share, _ = fit_params(samples, p, FIT_FINE)
   return share, {f: getattr(p, f) for f in FIT_CENTER}
@@ -280,7 +282,9 @@ def main(argv=None) -> int:
   print(f"CPU: {core.cpu_model()}; cost model {prm.source}: launch {prm.launch * 1e6:.1f} us, "
         f"{prm.bandwidth / 1e9:.1f} GB/s, peak {prm.peak / 1e9:.1f} GFLOP/s, "
         f"contraction {(prm.contraction or prm.peak) / 1e9:.1f} GFLOP/s, {cold_words(prm.cold, prm.stream_bytes)}, "
-        f"{prm.row_pass * 1e9:.2f} ns a row pass")
+        f"{prm.row_pass * 1e9:.2f} ns a row pass"
+        + (f", reads within {prm.cache_bytes / 2 ** 20:g} MiB of reuse from cache at {prm.cache_bandwidth / 1e9:.1f} GB/s"
+           if prm.cache_bandwidth and prm.cache_bytes else ""))
   todo = workloads(args.quick)
   if args.only:
     wanted = [s.strip() for s in args.only.split(",") if s.strip()]
@@ -316,6 +320,12 @@ def main(argv=None) -> int:
   print(f"two threads did {speedup[0]:.2f}x one thread's work after the first workload, {speedup[1]:.2f}x at the end"
         + (" (under 1.5: a core ran slowly during this run; its times are not this machine's)"
            if min(speedup) < 1.5 else ""))
+  # the reads-from-cache term's share of that (cost.py; Kernel.warm, each kernel's saving as its plan runs)
+  rows = [w for r in results for w in r["rows"]]
+  warm = [w for w in rows if w["warm"] > 0]
+  cold = sum(1 for w in rows if w["measured_s"] > 0 and 0.5 <= (w["predicted_s"] + w["warm"]) / w["measured_s"] <= 2.0)
+  print(f"reads from cache: {len(warm)} kernels predicted {sum(w['warm'] for w in warm) * 1e3:.2f} ms faster for them; "
+        f"without that term {cold}/{total} within 2x ({100 * cold / max(1, total):.0f}%)")
   off = [w for r in results for w in r["rows"] if not 0.5 <= w["ratio"] <= 2.0]
   split = sum(1 for w in off if w["model_kind"] != w["lowering_kind"])
   print(f"of the {len(off)} outside 2x, {split} are kernels the cost model takes for another kind than the lowering "

@@ -92,6 +92,11 @@ def test_bench_model_records_every_kernel_of_a_step(tmp_path, capsys):
         assert all(all(len(x) == 2 and x[0] > 0 for x in k["reads"]) for k in r["rows"])
     # from the encoder's second kernel on, kernels read what earlier ones wrote (a reuse distance)
     assert any(d is not None for k in res["bert_encoder"]["rows"] for _, d in k["reads"])
+    # ... some of it from cache by the cost model (cost.py): each row keeps what that took off its
+    # prediction, and the run says what the share would be without that term
+    assert all(k["warm"] >= 0 for r in res.values() for k in r["rows"])
+    assert any(k["warm"] > 0 and k["stats"]["hot"] > 0 for k in res["bert_encoder"]["rows"])
+    assert "reads from cache:" in text and "without that term" in text
     assert "kernels within 2x" in text and "  k" not in text.split("workload")[0]
 
 
