@@ -709,3 +709,42 @@ def test_a_row_fused_kernel_pays_for_its_loops_over_rows():
         k, = kernels(Tensor(rng.standard_normal(((1 << 13) // r, r), dtype=np.float32)).softmax(-1))
         assert k.stats.passes == 3 * (1 << 13) // r, (r, k.stats.passes)
     assert any("resized" in n for n in engine.last_plan.plan.notes), engine.last_plan.plan.notes
+
+
+@pytest.mark.skipif("OPENCL" not in __import__("eqgrad.devices", fromlist=["DEVICES"]).DEVICES,
+                    reason="no OpenCL platform")
+def test_a_device_that_merges_kernels_prices_its_run_by_the_plan_it_was_given():
+    """cost.py, reads from cache, on a device whose stage rewrites the plan (OpenCL merges sibling
+    kernels into one, lower/merge.py): each kernel it runs, a merged one included ("k1+k2" is k1's),
+    is logged at its plan kernel's prediction less that kernel's saving (``Kernel.warm``), which the
+    plan the device was given holds."""
+    from eqgrad.devices import get_device
+    x = Tensor(np.random.default_rng(1).standard_normal((512, 256), dtype=np.float32), device="OPENCL")
+    prm = DeviceParams(launch=20e-6, bandwidth=25e9, peak=50e9, row_fusion=False, cache_bandwidth=100e9,
+                       cache_bytes=8 << 20)
+    with using(params={"OPENCL": prm}):
+        def f():
+            y = (x * 2 + 1).exp2()
+            return [(y * 3).sum(0), (y * 5).sum(0), y * 7, y + 1]
+        eqgrad.realize(*f())
+        plan = engine.last_plan.plan
+        GlobalCounters.kernel_log = log = []
+        try:
+            eqgrad.realize(*f())
+        finally:
+            GlobalCounters.kernel_log = None
+    by_name = {k.name: k for k in plan.kernels}
+    assert any(k.warm > 0 for k in plan.kernels)
+    ran = get_device("OPENCL").rewrite(plan).plan
+    assert len(ran.kernels) < len(plan.kernels) or not any("+" in k.name for k in ran.kernels)
+    assert log and {name for name, *_ in log} == {k.name for k in ran.kernels}
+    merged = {k.name: k for k in ran.kernels if "+" in k.name}
+    assert merged, [k.name for k in ran.kernels]
+    for name, _, pred, _, _, _ in log:
+        # a merged kernel: its own prediction and saving (lower/merge.py: its members', in the share
+        # of their bytes it moves); any other: its plan kernel's
+        k = merged.get(name) or by_name[name]
+        assert math.isclose(pred, k.predicted - k.warm, rel_tol=1e-12, abs_tol=1e-15), (name, pred, k.predicted, k.warm)
+    for name, k in merged.items():
+        members = [by_name[m] for m in name.split("+")]
+        assert 0 < k.warm <= sum(m.warm for m in members) and 0 < k.stats.hot <= k.stats.nbytes

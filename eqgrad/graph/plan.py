@@ -381,7 +381,8 @@ class KernelPlan:
         merges a device stage runs them as, in the order they run) where it runs: its prediction less
         the launch-after-a-stream term it carries for the launch after it (extraction charges that to
         the stream: it does not know the order), plus the term of the plan kernel that ran before it,
-        less what its reads from cache save (``Kernel.warm``, priced in plan order by cost.in_order).
+        less what its reads from cache save (``Kernel.warm``, priced in plan order by cost.in_order:
+        a merged kernel's own, lower/merge.py; a piece's, its plan kernel's).
         The pieces of one plan kernel ("k4g", "k4p0", "k4a", "k4": the device's split; a merged
         "k3+k4" is k3's) share its prediction and its place: what DEBUG=2 and
         ``GlobalCounters.kernel_log`` show."""
@@ -395,7 +396,7 @@ class KernelPlan:
             own = self.cold * stream_share(nbytes, self.stream_bytes)
             if base != base_prev:
                 before, after, base_prev = after, own, base
-            out.append(k.predicted - own + before - warm.get(base, 0.0))
+            out.append(k.predicted - own + before - (k.warm or warm.get(base, 0.0)))
         return out
 
     def cache_reads(self, cache_bytes: int) -> list[float]:

@@ -264,9 +264,14 @@ def _merged(members: list, plan: KernelPlan) -> Kernel:
     # of their bytes it does not move
     launch = plan.launch
     body = sum(max(0.0, m.predicted - launch) for m in members)
-    k.predicted = launch + body * min(1.0, k.nbytes / max(1, sum(map(plan.traffic, members))))
+    share = min(1.0, k.nbytes / max(1, sum(map(plan.traffic, members))))
+    k.predicted = launch + body * share
+    # and, where the plan's order has them read from cache (extract/cost.py ``in_order``), what that
+    # saves them, in the same share (KernelPlan.in_context takes a merged kernel's own)
+    k.warm = sum(m.warm for m in members) * share
     if all(m.stats is not None for m in members):
         st = [m.stats for m in members]
         k.stats = KernelStats(float(k.nbytes), sum(x.flops for x in st), sum(x.nodes for x in st),
-                              sum(x.cflops for x in st), min(x.fill for x in st), 0.0, sum(x.passes for x in st))
+                              sum(x.cflops for x in st), min(x.fill for x in st), 0.0, sum(x.passes for x in st),
+                              min(float(k.nbytes), sum(x.hot for x in st) * share))
     return k
