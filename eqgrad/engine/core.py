@@ -171,7 +171,8 @@ def _compile(prog: Program, rules: RuleConfig, extraction: ExtractSettings | Non
     model = cost_model(device, extraction)
     prm = model.params
     plan.launch, plan.cold, plan.stream_bytes = prm.launch, prm.cold, prm.stream_bytes
-    in_order(plan, model)                 # its kernels' reads from cache, in the order they run
+    if prepare:         # its kernels' reads from cache, in the order they run (a region's: once stitched)
+        in_order(plan, model)
     bound = result.info.get("peak_bound")
     if bound and ev.peak > bound:
         outs = sum(numel(plan.buffers[o][0]) * plan.buffers[o][1].itemsize for o in set(plan.outputs)
