@@ -230,12 +230,22 @@ FIT_WIDE = dict(launch=(1 / 6.3, 6.3, 12), bandwidth=(1 / 4.5, 4.5, 14), peak=(1
 FIT_FINE = {f: (0.7, 1.4, 7) for f in FIT_WIDE}
 
 
+def strided_cost(stats: dict[str, float], prm: Any) -> float:
+  """The seconds the strided-reads term (extract/cost.py) adds to a kernel priced from ``stats``
+  (a row's ``stats``) with parameters ``prm``: its prediction less the same kernel's with its
+  strided bytes at the bandwidth."""
+  from dataclasses import replace
+  from eqgrad.extract.cost import KernelStats, default_cost
+  s = KernelStats(**stats)
+  return default_cost(s, prm) - default_cost(replace(s, strided=0.0), prm) if s.strided else 0.0
+
+
 def fit(rows: list[dict[str, Any]], prm: Any, kinds: str = "model_kind") -> tuple[float, dict[str, float]]:
   """The largest share of ``rows`` within 2x that any (launch, bandwidth, peak, contraction) gives
   the cost model's form, evaluated on the stats each kernel was priced from; with ``kinds``
   "lowering_kind", a kernel the lowering builds as a contraction and the cost model did not has all
   its FLOPs at the contraction rate, and the other way round none; the launch after a stream and
-  the row passes and the reads from cache are ``prm``'s. And those parameters."""
+  the row passes, the reads from cache and the strided reads are ``prm``'s. And those parameters."""
   from eqgrad.extract.cost import DeviceParams, KernelStats
   from eqgrad.tools.calibrate import KernelSample, fit as fit_params
   samples = []
@@ -245,14 +255,15 @@ def fit(rows: list[dict[str, Any]], prm: Any, kinds: str = "model_kind") -> tupl
     s = KernelStats(**r["stats"])
     model, built = "contraction" in r["model_kind"], "contraction" in r[kinds]
     if built and not model:
-      s = KernelStats(s.nbytes, s.flops, s.nodes, s.flops, passes=s.passes, hot=s.hot)
+      s = KernelStats(s.nbytes, s.flops, s.nodes, s.flops, passes=s.passes, hot=s.hot, strided=s.strided)
     elif model and not built:
-      s = KernelStats(s.nbytes, s.flops, s.nodes, passes=s.passes, hot=s.hot)
+      s = KernelStats(s.nbytes, s.flops, s.nodes, passes=s.passes, hot=s.hot, strided=s.strided)
     samples.append(KernelSample(r["measured_s"], s, r.get("after", False)))
   if not samples:
     return 0.0, {}
   start = DeviceParams(**FIT_CENTER, cold=prm.cold, stream_bytes=prm.stream_bytes, row_pass=prm.row_pass,
-                       cache_bandwidth=prm.cache_bandwidth, cache_bytes=prm.cache_bytes)
+                       cache_bandwidth=prm.cache_bandwidth, cache_bytes=prm.cache_bytes,
+                       strided_bandwidth=prm.strided_bandwidth)
   p, share, _ = fit_params(samples, start, FIT_WIDE)
   p, share, _ = fit_params(samples, p, FIT_FINE)
   return share, {f: getattr(p, f) for f in FIT_CENTER}
@@ -284,7 +295,8 @@ def main(argv=None) -> int:
         f"contraction {(prm.contraction or prm.peak) / 1e9:.1f} GFLOP/s, {cold_words(prm.cold, prm.stream_bytes)}, "
         f"{prm.row_pass * 1e9:.2f} ns a row pass"
         + (f", reads within {prm.cache_bytes / 2 ** 20:g} MiB of reuse from cache at {prm.cache_bandwidth / 1e9:.1f} GB/s"
-           if prm.cache_bandwidth and prm.cache_bytes else ""))
+           if prm.cache_bandwidth and prm.cache_bytes else "")
+        + (f", strided reads at {prm.strided_bandwidth / 1e9:.1f} GB/s" if prm.strided_bandwidth else ""))
   todo = workloads(args.quick)
   if args.only:
     wanted = [s.strip() for s in args.only.split(",") if s.strip()]
@@ -326,6 +338,12 @@ def main(argv=None) -> int:
   cold = sum(1 for w in rows if w["measured_s"] > 0 and 0.5 <= (w["predicted_s"] + w["warm"]) / w["measured_s"] <= 2.0)
   print(f"reads from cache: {len(warm)} kernels predicted {sum(w['warm'] for w in warm) * 1e3:.2f} ms faster for them; "
         f"without that term {cold}/{total} within 2x ({100 * cold / max(1, total):.0f}%)")
+  # and the strided-reads term's (cost.py; KernelStats.strided, priced at strided_bandwidth in extraction)
+  slow = [(w, strided_cost(w["stats"], prm)) for w in rows if w["stats"] and w["stats"].get("strided")]
+  flat = sum(1 for w in rows if w["measured_s"] > 0 and 0.5 <= (
+      w["predicted_s"] - (strided_cost(w["stats"], prm) if w["stats"] else 0.0)) / w["measured_s"] <= 2.0)
+  print(f"strided reads: {len(slow)} kernels predicted {sum(c for _, c in slow) * 1e3:.2f} ms slower for them; "
+        f"without that term {flat}/{total} within 2x ({100 * flat / max(1, total):.0f}%)")
   off = [w for r in results for w in r["rows"] if not 0.5 <= w["ratio"] <= 2.0]
   split = sum(1 for w in off if w["model_kind"] != w["lowering_kind"])
   print(f"of the {len(off)} outside 2x, {split} are kernels the cost model takes for another kind than the lowering "

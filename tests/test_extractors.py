@@ -275,15 +275,18 @@ def test_calibration_is_stored_and_used(tmp_path, monkeypatch):
     p = calibrate("LLVM", reps=2, runs=2, spread=spread)
     assert 0 < p.launch < 1e-3 and p.bandwidth > 1e8 and p.peak > 1e8
     assert p.source.endswith("(median of 2 runs)") and set(spread) == {"launch", "bandwidth", "peak", "contraction", "cold",
-                                                                                 "row_pass", "cache_bandwidth"}
+                                                                                 "row_pass", "cache_bandwidth",
+                                                                                 "strided_bandwidth"}
     assert all(lo <= getattr(p, f) <= hi for f, (lo, hi) in spread.items())      # the median of the runs
     assert p.cold >= 0 and p.stream_bytes == params_for("LLVM").stream_bytes > 0
     assert 0 < p.row_pass < 1e-6          # measured: softmax over rows of 16 is slower than over rows of 512
     # reads from cache: copies whose input the run before left in the host's last-level cache
     assert p.cache_bandwidth > 1e8 and p.cache_bytes == params_for("LLVM").cache_bytes > 0
-    save_calibration("LLVM", replace(p, cold=7.5e-6, cache_bandwidth=77e9))
+    # strided reads: NCHW tensors permuted to NHWC, their strided bytes' rate (a plain copy's at most 4x)
+    assert 1e8 < p.strided_bandwidth <= 4 * spread["bandwidth"][1]
+    save_calibration("LLVM", replace(p, cold=7.5e-6, cache_bandwidth=77e9, strided_bandwidth=9e9))
     assert params_for("LLVM").source.startswith("calibrated") and params_for("LLVM").cold == 7.5e-6
-    assert params_for("LLVM").cache_bandwidth == 77e9
+    assert params_for("LLVM").cache_bandwidth == 77e9 and params_for("LLVM").strided_bandwidth == 9e9
     assert json.loads((tmp_path / "calibration.json").read_text())["version"] == 1
     (tmp_path / "calibration.json").write_text("garbage")
     assert load_calibrations() == {} and params_for("LLVM").source == "default"
@@ -329,7 +332,7 @@ def test_the_fit_predicts_what_the_cost_model_predicted():
     t = lambda *s: Tensor(rng.standard_normal(s, dtype=np.float32))
     a, w, x, img, cw = t(512, 768), t(768, 768), t(64, 300), t(4, 3, 16, 16), t(8, 3, 3, 3)
     outs = [(a @ w + 1).relu(), x.softmax(-1), F.layer_norm(x, (300,)), F.conv2d(img, cw, padding=1).relu(),
-            (x * 2).exp2()]
+            (x * 2).exp2(), img.permute(0, 2, 3, 1) * 2]
     p = params_for("LLVM")
     point = np.array([[p.launch, p.bandwidth, p.peak, p.contraction]])
     kernels = [k for pl in _plans_of(outs) for k in pl.kernels]
@@ -341,14 +344,18 @@ def test_the_fit_predicts_what_the_cost_model_predicted():
     own = [k.predicted - after_stream(p, k.stats.nbytes) for k in kernels]
     assert any(o != k.predicted for o, k in zip(own, kernels)) or not p.cold
     assert any(k.stats.passes for k in kernels) and p.row_pass     # (the softmax and the layer norm)
-    got = predicted([KernelSample(1.0, k.stats) for k in kernels], point, p.cold, p.row_pass)[0]
+    # (the permuted copy's reads are strided: cost.py, strided reads)
+    assert p.strided_bandwidth and any(k.stats.strided for k in kernels)
+    got = predicted([KernelSample(1.0, k.stats) for k in kernels], point, p.cold, p.row_pass, 0.0, p.strided_bandwidth)[0]
     assert np.allclose(got, own, rtol=1e-9), (got, own)
-    got = predicted([KernelSample(1.0, k.stats, after=1.0) for k in kernels], point, p.cold, p.row_pass)[0]
+    got = predicted([KernelSample(1.0, k.stats, after=1.0) for k in kernels], point, p.cold, p.row_pass, 0.0,
+                    p.strided_bandwidth)[0]
     assert np.allclose(got, [o + p.cold for o in own], rtol=1e-9)
     # and with the reads the plan's earlier kernels left in the cache (cost.py, reads from cache) as the
     # plan ran them: the prediction less what they save (``Kernel.warm``, which in_context takes off)
     assert p.cache_bandwidth and any(k.stats.hot for k in kernels) and any(k.warm for k in kernels)
-    got = predicted([KernelSample(1.0, k.stats) for k in kernels], point, p.cold, p.row_pass, p.cache_bandwidth)[0]
+    got = predicted([KernelSample(1.0, k.stats) for k in kernels], point, p.cold, p.row_pass, p.cache_bandwidth,
+                    p.strided_bandwidth)[0]
     assert np.allclose(got, [o - k.warm for o, k in zip(own, kernels)], rtol=1e-9)
     for pl in _plans_of(outs):
         back = plan_from_json(plan_to_json(pl))
@@ -676,6 +683,61 @@ def test_reads_the_kernels_before_left_in_the_cache_are_priced_where_the_plan_ru
     for bad in (dict(cache_bandwidth=-1.0), dict(cache_bandwidth=float("inf")), dict(cache_bytes=1.5),
                 dict(cache_bytes=-1), dict(cache_bytes=True)):
         with pytest.raises(ValueError, match="DeviceParams.cache_"):
+            DeviceParams(**bad)
+
+
+def test_reads_a_cache_line_apart_along_the_innermost_loop_are_priced_at_the_strided_rate():
+    """cost.py, strided reads: the bytes a kernel reads a cache line or more apart from one element of
+    its innermost output loop to the next (graph/caps.py ``strided_loads``, answered by the lowering:
+    a permute of NCHW to NHWC), outside reductions and root contractions, move at
+    ``strided_bandwidth`` -- a property of the kernel, so extraction prices it."""
+    from eqgrad.dtype import float32
+    from eqgrad.extract.cost import kernel_time, moved_seconds
+    from eqgrad.graph.caps import strided_loads
+    from eqgrad.graph.plan import GROUP, KNode, KernelStats, plan_from_json, plan_to_json
+    import eqgrad.lower.passes  # noqa: F401  (the lowering answers the question)
+    buf = lambda i, shape: KNode("BUF", (), i, shape, float32)
+    nchw = buf(0, (8, 64, 16, 16))
+    nhwc = KNode("PERMUTE", (nchw,), (0, 2, 3, 1), (8, 16, 16, 64), float32)
+    assert strided_loads(nhwc) == {0}                       # 256 elements (1 KiB) apart along C
+    assert strided_loads(nchw) == frozenset()               # in order
+    t8 = KNode("PERMUTE", (buf(0, (64, 8)),), (1, 0), (8, 64), float32)
+    t16 = KNode("PERMUTE", (buf(0, (64, 16)),), (1, 0), (16, 64), float32)
+    assert strided_loads(t8) == frozenset() and strided_loads(t16) == {0}   # 32 bytes apart; 64
+    both = KNode("ADD", (t16, KNode("EXPAND", (buf(1, (1, 64)),), (16, 64), (16, 64), float32)), None, (16, 64), float32)
+    assert strided_loads(both) == {0}                       # a broadcast steps by 0
+    red = KNode("RSUM", (KNode("PERMUTE", (buf(0, (64, 64)),), (1, 0), (64, 64), float32),), (1,), (64, 1), float32)
+    assert strided_loads(red) == frozenset()                # read inside the reduction: its loop's business
+    assert strided_loads(KNode(GROUP, (t16, both), None, (16, 64), float32)) == {0}
+    # the cost model: strided bytes at their rate, never from cache; parameters without it: at the bandwidth
+    p = DeviceParams(launch=5e-6, bandwidth=20e9, cache_bandwidth=80e9, cache_bytes=1 << 30, strided_bandwidth=10e9)
+    assert math.isclose(moved_seconds(p, 8e6, 0.0, 4e6), 4e6 / 20e9 + 4e6 / 10e9)
+    assert math.isclose(moved_seconds(p, 8e6, 8e6, 4e6), 4e6 / 80e9 + 4e6 / 10e9)     # (hot: the others)
+    assert moved_seconds(replace(p, strided_bandwidth=0.0), 8e6, 0.0, 4e6) == 8e6 / 20e9
+    assert math.isclose(kernel_time(p, 8e6, 1e3, strided=4e6), 5e-6 + 4e6 / 20e9 + 4e6 / 10e9)
+    # extraction: a permuted copy's stats and prediction; a contraction's transposed operand is not counted
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((8, 64, 16, 16), dtype=np.float32)
+    a, b = (rng.standard_normal((128, 128), dtype=np.float32) for _ in range(2))
+    with using(params={"LLVM": p}):
+        y = Tensor(x).permute(0, 2, 3, 1) * 2
+        np.testing.assert_allclose(y.numpy(), x.transpose(0, 2, 3, 1) * 2, rtol=1e-6)
+        (k,) = engine.last_plan.plan.kernels
+        assert k.stats.strided == x.nbytes and k.stats.nbytes == 2 * x.nbytes
+        assert k.predicted == pytest.approx(p.launch + x.nbytes / 20e9 + x.nbytes / 10e9, rel=1e-3)
+        back = plan_from_json(plan_to_json(engine.last_plan.plan))
+        assert back.kernels[0].stats == k.stats
+        # a plan resized to another batch (graph/resize.py) keeps the strided share of its bytes
+        x2 = rng.standard_normal((16, 64, 16, 16), dtype=np.float32)
+        (Tensor(x2).permute(0, 2, 3, 1) * 2).realize()
+        assert any("resized" in n for n in engine.last_plan.plan.notes)
+        assert engine.last_plan.plan.kernels[0].stats.strided == pytest.approx(x2.nbytes, rel=1e-4)
+        said = str(eqgrad.explain(Tensor(x).permute(0, 2, 3, 1) * 2))
+        assert "strided reads at 10.0 GB/s" in said and f"({x.nbytes / 1e6:.3g} MB read strided)" in said
+        np.testing.assert_allclose((Tensor(a) @ Tensor(b).T).numpy(), a @ b.T, rtol=1e-4, atol=1e-4)
+        assert all(kk.stats.strided == 0 for kk in engine.last_plan.plan.kernels)
+    for bad in (dict(strided_bandwidth=-1.0), dict(strided_bandwidth=float("nan")), dict(strided_bandwidth=True)):
+        with pytest.raises(ValueError, match="DeviceParams.strided_bandwidth"):
             DeviceParams(**bad)
 
 

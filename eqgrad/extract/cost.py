@@ -1,6 +1,7 @@
 """The kernel cost model: one small function, with its units and assumptions.
 
-    time(kernel) = launch + max((bytes - hot) / bandwidth + hot / cache_bandwidth,
+    time(kernel) = launch + max((bytes - hot - strided) / bandwidth + hot / cache_bandwidth
+                                + strided / strided_bandwidth,
                                 flops / peak + cflops / contraction + passes * row_pass)    [seconds]
     time(plan)   = sum over kernels, + cold * stream_share(bytes) for each kernel (the launch after it)
 
@@ -98,6 +99,20 @@
   30-60 GB/s, 89 % at 100 (docs/extraction.md). The LLVM default is 60 GB/s (the middle of those
   copies); ``tune calibrate`` measures it on the machine (tools/calibrate.py ``CACHE_SHARES``).
 
+- strided reads: a kernel that reads a buffer ``CACHE_LINE`` (64) bytes or more apart from one
+  element of its innermost output loop to the next (a permute of NCHW to NHWC: graph/caps.py
+  ``strided_loads``, which the lowering answers; outside reductions, in kernels without a root
+  contraction, whose operands the lanes and the pack read) touches a line for each element, and
+  those bytes (``KernelStats.strided``) move at ``strided_bandwidth``, from memory or cache alike.
+  Unlike the reads from cache it is a property of the kernel, so extraction prices it (a plan
+  that materializes a permuted copy pays for it there). Measured (LLVM, 2-vCPU AMD EPYC, Zen 4):
+  bench_model's NCHW -> NHWC copies and relu gradients read at 8.5-21.5 GB/s (their writes at
+  ``bandwidth``), where it had priced them at 20 GB/s and put one 0.40x off; NCHW tensors of 8 MiB
+  permuted at 1-16 KiB strides, as copies (in cache blocks) and under a select, 1.5-70 GB/s. The
+  LLVM default is 15 GB/s (the median of those 14 rates, 14.5); ``tune calibrate`` measures it on
+  the machine (tools/calibrate.py ``STRIDED_SHAPES``); other devices price none (0: at
+  ``bandwidth``).
+
 Worked example (LLVM defaults below: 5 us launch, 20 GB/s, 50 GFLOP/s). ``(a+b+1)*2`` on 1M
 float32: unfused, 3 kernels each reading/writing ~8 MB: 3 * (5 us + 8e6/20e9 s) = 3 * 405 us =
 1.2 ms; fused, one kernel reading 8 MB and writing 4 MB: 5 us + 12e6/20e9 s = 605 us -> fused wins.
@@ -144,12 +159,15 @@ class DeviceParams:
     # ``cache_bytes`` of reuse) run at ``cache_bandwidth`` ("reads from cache" above); 0 for either: none do
     cache_bandwidth: float = 0.0
     cache_bytes: int = 0
+    # reads a cache line apart along the innermost output loop (``KernelStats.strided``) run at
+    # ``strided_bandwidth`` ("strided reads" above); 0: at ``bandwidth``
+    strided_bandwidth: float = 0.0
     source: str = "given"         # "default", "calibrated <date>", "given" (built by the user), or with overrides
 
     def __post_init__(self) -> None:
         # a zero bandwidth or peak would divide by zero deep inside extraction: refuse it here
         for f in ("launch", "bandwidth", "peak", "masked_read", "unlaned", "contraction", "cold", "row_pass",
-                  "cache_bandwidth"):
+                  "cache_bandwidth", "strided_bandwidth"):
             x = getattr(self, f)
             if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or x < 0 \
                     or (x == 0 and f in ("bandwidth", "peak")):
@@ -167,9 +185,10 @@ DEFAULT_PARAMS: dict[str, DeviceParams] = {
     # contraction: 250 GFLOP/s, what generated contractions run at (see "kernel classes" above)
     # cold: 6 us more after a stream larger than a core's L2 (see "launch after a stream" above);
     # row_pass: 2 ns a loop over a row of a row-fused kernel ("row passes" above);
-    # cache_bandwidth: 60 GB/s the reads within the host's last-level cache of reuse ("reads from cache")
+    # cache_bandwidth: 60 GB/s the reads within the host's last-level cache of reuse ("reads from cache");
+    # strided_bandwidth: 15 GB/s the reads a cache line apart along the innermost loop ("strided reads")
     "LLVM": DeviceParams(contraction=250e9, cold=6e-6, stream_bytes=private_cache_bytes(), row_pass=2e-9,
-                         cache_bandwidth=60e9, cache_bytes=last_cache_bytes(), source="default"),
+                         cache_bandwidth=60e9, cache_bytes=last_cache_bytes(), strided_bandwidth=15e9, source="default"),
     "NUMPY": DeviceParams(launch=20e-6, bandwidth=5e9, peak=2e9, source="default"),
     # PoCL 3.1, 2 cores (calibrated). No row fusion: PoCL vectorizes across work-items, not a
     # work-item's loops, so a row-fused softmax ran 19.8 ms vs 11.4 ms as three kernels
@@ -196,17 +215,20 @@ class KernelCost:
 
 
 def kernel_time(p: DeviceParams, nbytes: float, flops: float, cflops: float = 0.0, fill: float = 1.0,
-                passes: float = 0.0, hot: float = 0.0) -> float:
+                passes: float = 0.0, hot: float = 0.0, strided: float = 0.0) -> float:
     compute = (flops - cflops) / p.peak + (cflops / (p.contraction * fill) if p.contraction else cflops / p.peak) \
         + passes * p.row_pass
-    return p.launch + max(moved_seconds(p, nbytes, hot), compute)
+    return p.launch + max(moved_seconds(p, nbytes, hot, strided), compute)
 
 
-def moved_seconds(p: DeviceParams, nbytes: float, hot: float = 0.0) -> float:
-    """The seconds a kernel's ``nbytes`` take to move, ``hot`` of them read from cache ("reads from
-    cache" above: at ``cache_bandwidth``, where the parameters have one), the rest at ``bandwidth``."""
-    hot = min(hot, nbytes) if p.cache_bandwidth and p.cache_bytes else 0.0
-    return (nbytes - hot) / p.bandwidth + (hot / p.cache_bandwidth if hot > 0 else 0.0)
+def moved_seconds(p: DeviceParams, nbytes: float, hot: float = 0.0, strided: float = 0.0) -> float:
+    """The seconds a kernel's ``nbytes`` take to move: ``strided`` of them read a cache line apart
+    ("strided reads" above: at ``strided_bandwidth``, where the parameters have one), ``hot`` of the
+    others read from cache ("reads from cache": at ``cache_bandwidth``), the rest at ``bandwidth``."""
+    strided = min(strided, nbytes) if p.strided_bandwidth else 0.0
+    hot = min(hot, nbytes - strided) if p.cache_bandwidth and p.cache_bytes else 0.0
+    return (nbytes - hot - strided) / p.bandwidth + (hot / p.cache_bandwidth if hot > 0 else 0.0) \
+        + (strided / p.strided_bandwidth if strided > 0 else 0.0)
 
 
 # A pass over a row shorter than this many elements costs that share of ``row_pass``: x86-64's
@@ -253,13 +275,13 @@ def in_order(plan: KernelPlan, model: "CostModel") -> None:
             k.stats = replace(st, hot=float(hot))
         if model.fn is default_cost:        # (a grow step reprices its resized plan: no more objects than needed)
             args = (p, st.nbytes, st.flops, st.cflops, st.fill, st.passes)
-            k.warm = max(0.0, kernel_time(*args) - kernel_time(*args, float(hot)))
+            k.warm = max(0.0, kernel_time(*args, 0.0, st.strided) - kernel_time(*args, float(hot), st.strided))
         else:
             k.warm = max(0.0, model.fn(replace(st, hot=0.0), p) - model.fn(k.stats, p))
 
 
 def default_cost(s: KernelStats, p: DeviceParams) -> float:
-    return kernel_time(p, s.nbytes, s.flops, s.cflops, s.fill, s.passes, s.hot)
+    return kernel_time(p, s.nbytes, s.flops, s.cflops, s.fill, s.passes, s.hot, s.strided)
 
 
 CostFn = Callable[[KernelStats, DeviceParams], float]
@@ -422,6 +444,7 @@ def _params_for(device: str) -> DeviceParams:
                        contraction=_measured_of(e, "contraction", 0.0), cold=_measured_of(e, "cold", base.cold),
                        row_pass=_measured_of(e, "row_pass", base.row_pass),
                        cache_bandwidth=_measured_of(e, "cache_bandwidth", base.cache_bandwidth),
+                       strided_bandwidth=_measured_of(e, "strided_bandwidth", base.strided_bandwidth),
                        source=str(e.get("source", "calibrated")))
     except (KeyError, TypeError, ValueError):
         return base

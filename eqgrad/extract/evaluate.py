@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterator
 from eqgrad.ops import OPS, REDUCE_OPS, numel
 from eqgrad.extract.cost import CostModel, KernelCost, after_stream, row_share
 from eqgrad.extract.egraph import EGraph, ENode
-from eqgrad.graph.caps import ROW_STASH_MAX, rows_kept
+from eqgrad.graph.caps import ROW_STASH_MAX, rows_kept, strided_loads
 from eqgrad.graph.plan import KernelStats, KNode, broadcast_product, lanes_axis
 
 Choice = dict[int, ENode]
@@ -189,6 +189,8 @@ def _unit_reshape(src: tuple, shape: tuple, rg: frozenset | None) -> frozenset |
 _FILLS: dict[tuple, tuple[float, float]] = {}
 # PlanEvaluator._rows_kept's answers, likewise: [the body, without the row-dots dry run, with it]
 _ROWS: dict[tuple, list] = {}
+# PlanEvaluator._strided's answers, likewise: the buffer numbers (``_body``'s) read strided
+_STRIDED: dict[tuple, frozenset[int]] = {}
 _UNASKED = object()
 
 
@@ -284,6 +286,26 @@ class PlanEvaluator:
         if hit[2] is None:          # (the same body: the lowering's dry run of it is not done again)
             hit[2] = rows_kept(hit[0], True)
         return hit[2]
+
+    def _strided(self, k: int, order: list[int], nodes_of: dict[int, ENode]) -> list[int]:
+        """The leaves (input BUF, Realize or Contiguous classes) of kernel ``k``'s body that the
+        lowering reads strided along its innermost output loop (graph/caps.py ``strided_loads``), by
+        structure."""
+        struct = self._structure(k, order, nodes_of)
+        hit = _STRIDED.get(struct)
+        if hit is None:
+            if len(_STRIDED) >= 4096:
+                _STRIDED.clear()
+            hit = _STRIDED[struct] = strided_loads(_body(struct))
+        if not hit:
+            return []
+        leaves: list[int] = []            # numbered as _structure numbers them: in the order first read
+        for c in reversed(order):
+            n = nodes_of[c]
+            if (n.op in _LEAVES and n.op not in ("CONST", "SIZE")) or ((n.op == "REALIZE" or n.op == "CONTIGUOUS") and c != k):
+                if c not in leaves:
+                    leaves.append(c)
+        return [leaves[i] for i in hit if i < len(leaves)]
 
     @staticmethod
     def _contraction(nodes_of: dict[int, ENode], n: ENode, choice: Choice | None = None,
@@ -408,7 +430,7 @@ class PlanEvaluator:
         loads: dict[int, float] = {}       # materialized producer class -> element reads
         inputs: dict[int, float] = {}      # input position -> element reads
         flops, nodes, legal, why = 0.0, 0, True, ""
-        hoisted = inner_reduce = any_reduce = masked = row_long = False
+        hoisted = inner_reduce = any_reduce = masked = row_long = permuted = False
         shared: set[int] = set()           # below an operand the root contraction's lanes share
         deps: list[int] = []
         fused: list[str] = []
@@ -454,6 +476,8 @@ class PlanEvaluator:
                 continue
             nodes += 1
             fused.append(op)
+            if op == "PERMUTE":
+                permuted = True
             mult = 1
             reduce = op in REDUCE_OPS
             any_reduce = any_reduce or reduce
@@ -606,7 +630,21 @@ class PlanEvaluator:
                 rows = max(size[c] for c in reds)
                 passes = sum(size[c] * row_share(size[nodes_of[c].children[0]] / max(1, size[c])) for c in reds) \
                     + rows * row_share(size_k / max(1, rows))
-        stats = KernelStats(nbytes, flops, nodes, cflops, fill, library, passes)
+        strided = 0.0
+        if permuted and not (fast or slow or blocked):
+            # reads a cache line apart along the innermost output loop (cost.py, strided reads): only
+            # through a permute; a contraction's operands are the lanes' and the pack's business
+            for c in self._strided(k, order, nodes_of):
+                n = nodes_of[c]
+                if n.op == "REALIZE":
+                    c = n.children[0]
+                    n = choice[c]
+                if n.op == "BUF":
+                    shape, dt = self.inputs[n.arg[0]]
+                    strided += min(inputs.get(n.arg[0], 0), numel(shape)) * dt.itemsize
+                elif n.op not in _SCALARS:
+                    strided += min(loads.get(c, 0), size[c]) * g.dtypes[c].itemsize
+        stats = KernelStats(nbytes, flops, nodes, cflops, fill, library, passes, strided=strided)
         t = self.cost.fn(stats, p) + after_stream(p, nbytes)     # (cost.py: launch after a stream)
         kind = _KINDS[(fused_rows, cflops > 0, bool(slow), masked)]
         return KernelCost(t, int(nbytes), int(flops), nodes, legal, why, tuple(reversed(fused)), kind, stats,

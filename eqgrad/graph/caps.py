@@ -207,6 +207,26 @@ def gemm_of(body: Any) -> tuple[int, int, int, int] | None:
     return _GEMM_OF(body) if _GEMM_OF is not None else None
 
 
+# the loads a kernel body reads a cache line or more apart along its innermost output loop (lower/
+# passes.py ``strided_loads`` registers itself when imported): the cost model prices their bytes at
+# the device's strided rate (extract/cost.py, strided reads)
+_STRIDED: Callable[[Any], frozenset[int]] | None = None
+
+
+def register_strided_rule(fn: Callable[[Any], frozenset[int]]) -> None:
+    """Install the lowering's answer to ``strided_loads`` (``fn(kernel body) -> buffer numbers``)."""
+    global _STRIDED
+    _STRIDED = fn
+
+
+def strided_loads(body: Any) -> frozenset[int]:
+    """The buffers (their BUF nodes' ``arg``) kernel body ``body`` (a KNode) reads a cache line or
+    more apart from one element of its innermost output loop to the next, outside any reduction (a
+    permute of NCHW to NHWC reads its input so): each element a line of its own, which the loop's
+    other elements do not share. Empty before the lowering is imported."""
+    return _STRIDED(body) if _STRIDED is not None else frozenset()
+
+
 # each device created in this process, by its name (devices/__init__.py get_device records it):
 # the cost model reads a device's capabilities from here, since the extractor's floor does not
 # import the devices; read at each use, so capabilities a user set on the device object count

@@ -233,7 +233,9 @@ class KernelStats:
     once per row, and the output once per row (extract/cost.py, row passes); 0 for any other.
     ``hot``: of ``nbytes``, the bytes it reads that the kernels just before it in its plan left in
     the cache (``KernelPlan.cache_reads``; extract/cost.py, reads from cache): 0 in extraction, which
-    does not know the order kernels run in; set on a plan's kernels by ``cost.in_order``."""
+    does not know the order kernels run in; set on a plan's kernels by ``cost.in_order``.
+    ``strided``: of ``nbytes``, the bytes it reads a cache line or more apart along its innermost
+    output loop (graph/caps.py ``strided_loads``; extract/cost.py, strided reads), never from cache."""
     nbytes: float
     flops: float
     nodes: int
@@ -242,6 +244,7 @@ class KernelStats:
     library: float = 0.0
     passes: float = 0.0
     hot: float = 0.0
+    strided: float = 0.0
 
 
 @dataclass

@@ -634,8 +634,10 @@ class _Resizer:
                 passes = ko.stats.passes
                 if passes and (rows := _rows(order)):
                     passes *= _rows(new_order) / rows
+                # its strided reads (cost.py): the same share of its bytes
+                strided = ko.stats.strided * k.nbytes / ko.stats.nbytes if ko.stats.strided and ko.stats.nbytes else 0.0
                 k.stats = replace(ko.stats, nbytes=float(k.nbytes), flops=ko.stats.flops * r, cflops=ko.stats.cflops * r,
-                                  passes=passes)
+                                  passes=passes, strided=strided)
             # (made node for node from the old body: its sizes are looked up in every stage after)
             built = self.built_sizes.get(id(ko))
             if built is not None and built[0] is k.ast:

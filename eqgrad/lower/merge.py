@@ -273,5 +273,6 @@ def _merged(members: list, plan: KernelPlan) -> Kernel:
         st = [m.stats for m in members]
         k.stats = KernelStats(float(k.nbytes), sum(x.flops for x in st), sum(x.nodes for x in st),
                               sum(x.cflops for x in st), min(x.fill for x in st), 0.0, sum(x.passes for x in st),
-                              min(float(k.nbytes), sum(x.hot for x in st) * share))
+                              min(float(k.nbytes), sum(x.hot for x in st) * share),
+                              min(float(k.nbytes), sum(x.strided for x in st)))
     return k

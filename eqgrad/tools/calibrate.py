@@ -135,7 +135,7 @@ def cold_launch(after: dict[int, list[float]], tight: float, stream_bytes: int) 
 PEAK_CHAINS = 8
 PEAK_DEPTH = 8
 
-FIELDS = ("launch", "bandwidth", "peak", "contraction", "cold", "row_pass", "cache_bandwidth")
+FIELDS = ("launch", "bandwidth", "peak", "contraction", "cold", "row_pass", "cache_bandwidth", "strided_bandwidth")
 
 ROW_PASS_ELEMENTS = 1 << 18    # softmax's elements when the row passes are timed (1 MB: from cache)
 
@@ -144,6 +144,13 @@ ROW_PASS_ELEMENTS = 1 << 18    # softmax's elements when the row passes are time
 # the median rate kept -- one size alone is the L2's, a core's share of the L3's or a neighbour's:
 # on a 2-vCPU AMD EPYC (Zen 4, 32 MiB of L3) 1, 2, 4 and 8 MiB moved ran at 43, 61, 90 and 51 GB/s
 CACHE_SHARES = (1 / 32, 1 / 16, 1 / 8, 1 / 4)
+
+# strided reads (cost.py): NCHW tensors of 8 MiB permuted to NHWC -- their reads 1, 4 and 16 KiB
+# apart along the output's last axis -- as plain copies (which the lowering runs in cache blocks)
+# and under a compare and select (a relu gradient's: not blocked), the median rate of their strided
+# bytes kept. On a 2-vCPU AMD EPYC (Zen 4) their reads ran at 3-70 GB/s, the copies 8-22, 4 KiB
+# apart under a select 3 (docs/extraction.md)
+STRIDED_SHAPES = ((64, 128, 16, 16), (32, 64, 32, 32), (16, 32, 64, 64))
 
 
 def calibrate(device: str = "LLVM", reps: int = 7, progress: Callable[[str], None] | None = None,
@@ -256,8 +263,25 @@ def _calibrate_once(device: str, reps: int, rng: np.random.Generator,
                      + ", ".join(f"{default.cache_bytes * sh / 2 ** 20:g}" for sh in CACHE_SHARES)
                      + f" MiB of a {default.cache_bytes / 2 ** 20:g} MiB cache: "
                      + ", ".join(f"{r / 1e9:.0f}" for r in rates) + " GB/s)")
+    strided_bandwidth = default.strided_bandwidth
+    if strided_bandwidth:
+        rates = []
+        for shape in STRIDED_SHAPES:
+            xs = Tensor(rng.random(shape, dtype=np.float32), device=device)
+            for make in (lambda: xs.permute(0, 2, 3, 1).contiguous(), lambda: (xs > 0.5).where(xs, 0.0).permute(0, 2, 3, 1)):
+                t_s, _ = timed(make)
+                st = [k.stats for k in engine.last_plan.plan.kernels if k.stats is not None]
+                strided = sum(x.strided for x in st)
+                if strided:         # the rest of its bytes (the write) at the copy's rate
+                    rest = sum(x.nbytes for x in st) - strided
+                    rates.append(strided / max(t_s - tight - rest / bandwidth, strided / (4 * bandwidth)))
+        if rates:
+            strided_bandwidth = float(np.median(rates))
+        if progress:
+            progress(f"strided reads {strided_bandwidth / 1e9:.1f} GB/s (NCHW to NHWC, copies and selects: "
+                     + ", ".join(f"{r / 1e9:.0f}" for r in rates) + " GB/s)")
     return dict(launch=launch, bandwidth=bandwidth, peak=peak, contraction=contraction, cold=cold, row_pass=row_pass,
-                cache_bandwidth=cache_bandwidth)
+                cache_bandwidth=cache_bandwidth, strided_bandwidth=strided_bandwidth)
 
 
 # ------------------------------------------------------------------ fitting to kernels as models run them
@@ -449,14 +473,15 @@ def kernel_samples(programs: dict[str, Callable[[], list[Tensor]]], reps: int = 
 
 
 def predicted(samples: list[KernelSample], points: np.ndarray, cold: float = 0.0, row_pass: float = 0.0,
-              cache_bandwidth: float = 0.0) -> np.ndarray:
+              cache_bandwidth: float = 0.0, strided_bandwidth: float = 0.0) -> np.ndarray:
     """The default cost function (``cost.kernel_time``) of each sample at each of ``points`` (rows of
     launch, bandwidth, peak, contraction): an array (points, samples). Exactly the cost model's
     form: a root contraction's FLOPs at ``contraction * fill``, or at the library's FLOP/s where the
     library set the fill (``KernelStats.library``: its rate does not move with ``contraction``);
     ``cold`` more for a sample that ran ``after`` a stream (the kernel's own prediction where it ran,
     graph/plan.py ``KernelPlan.in_context``); a row-fused kernel's passes at ``row_pass`` each; the
-    bytes it read from cache (``KernelStats.hot``, as its plan ran them) at ``cache_bandwidth`` (0: at
+    bytes it read from cache (``KernelStats.hot``, as its plan ran them) at ``cache_bandwidth``, and
+    those it read strided (``KernelStats.strided``) at ``strided_bandwidth`` (0 for either: at
     ``bandwidth`` like the rest)."""
     nbytes = np.array([s.stats.nbytes for s in samples], dtype=float)[None, :]
     flops = np.array([s.stats.flops for s in samples], dtype=float)[None, :]
@@ -469,9 +494,12 @@ def predicted(samples: list[KernelSample], points: np.ndarray, cold: float = 0.0
     compute = (flops - cflops) / peak + np.where(cflops > 0, cflops / np.where(rate > 0, rate, 1.0), 0.0) \
         + passes * row_pass
     after = np.array([s.after for s in samples], dtype=float)[None, :]
-    hot = np.minimum(np.array([s.stats.hot for s in samples], dtype=float)[None, :], nbytes) if cache_bandwidth \
-        else np.zeros_like(nbytes)
-    moved = (nbytes - hot) / bandwidth + (hot / cache_bandwidth if cache_bandwidth else 0.0)
+    strided = np.minimum(np.array([s.stats.strided for s in samples], dtype=float)[None, :], nbytes) \
+        if strided_bandwidth else np.zeros_like(nbytes)
+    hot = np.minimum(np.array([s.stats.hot for s in samples], dtype=float)[None, :], nbytes - strided) \
+        if cache_bandwidth else np.zeros_like(nbytes)
+    moved = (nbytes - hot - strided) / bandwidth + (hot / cache_bandwidth if cache_bandwidth else 0.0) \
+        + (strided / strided_bandwidth if strided_bandwidth else 0.0)
     return launch + np.maximum(moved, compute) + cold * after
 
 
@@ -484,8 +512,9 @@ def _grid(samples: list[KernelSample], start: DeviceParams, span: dict[str, tupl
     grids = [getattr(st, f) * np.geomspace(lo, hi, n) for f, (lo, hi, n) in span.items()]
     pts = np.stack([g.ravel() for g in np.meshgrid(*grids, indexing="ij")], 1)       # (points, 4)
     cache = st.cache_bandwidth if st.cache_bytes else 0.0
-    r0 = predicted(samples, np.array([[getattr(st, f) for f in FIT_FIELDS]]), st.cold, st.row_pass, cache) / sec
-    return st, pts, predicted(samples, pts, st.cold, st.row_pass, cache) / sec, r0[0]
+    r0 = predicted(samples, np.array([[getattr(st, f) for f in FIT_FIELDS]]), st.cold, st.row_pass, cache,
+                   st.strided_bandwidth) / sec
+    return st, pts, predicted(samples, pts, st.cold, st.row_pass, cache, st.strided_bandwidth) / sec, r0[0]
 
 
 def within_2x(samples: list[KernelSample], p: DeviceParams) -> float:

@@ -93,12 +93,12 @@ def _tune_calibrate(args: argparse.Namespace) -> int:
     print(f"{args.device}: launch {params.launch * 1e6:.1f} us, bandwidth {params.bandwidth / 1e9:.1f} GB/s, "
           f"peak {params.peak / 1e9:.1f} GFLOP/s, contraction {params.contraction / 1e9:.1f} GFLOP/s, "
           f"{params.cold * 1e6:.1f} us more a launch after a stream, {params.row_pass * 1e9:.2f} ns a row pass, "
-          f"reads from cache {params.cache_bandwidth / 1e9:.1f} GB/s"
+          f"reads from cache {params.cache_bandwidth / 1e9:.1f} GB/s, strided reads {params.strided_bandwidth / 1e9:.1f} GB/s"
           + (f" (median of {args.runs} runs)" if args.runs > 1 else ""))
     if args.runs > 1:
         unit = {"launch": (1e6, "us"), "bandwidth": (1e-9, "GB/s"), "peak": (1e-9, "GFLOP/s"),
                 "contraction": (1e-9, "GFLOP/s"), "cold": (1e6, "us"), "row_pass": (1e9, "ns"),
-                "cache_bandwidth": (1e-9, "GB/s")}
+                "cache_bandwidth": (1e-9, "GB/s"), "strided_bandwidth": (1e-9, "GB/s")}
         print("  spread (min-max over the runs): " + ", ".join(
             f"{f} {lo * unit[f][0]:.1f}-{hi * unit[f][0]:.1f} {unit[f][1]}" for f, (lo, hi) in spread.items()))
     if not args.dry_run:

@@ -115,6 +115,7 @@ class Explanation:
             out.append(dict(name=k.name, out=k.out, shape=self.plan.buffers[k.out][0], ops=ops,
                             bytes=k.nbytes, flops=k.flops, predicted=k.predicted, body=k.ast.render(),
                             hot=k.stats.hot if k.stats is not None else 0.0, warm=k.warm,
+                            strided=k.stats.strided if k.stats is not None else 0.0,
                             provenance=(self.provenance or {}).get(k.name, [])))
         return out
 
@@ -133,7 +134,8 @@ class Explanation:
                  + (f", {cold_words(p.cold, p.stream_bytes)}" if p.cold and p.stream_bytes else "")
                  + (f", {p.row_pass * 1e9:.2f} ns a row-fused kernel's loop over a row" if p.row_pass else "")
                  + (f", reads within {p.cache_bytes / 2 ** 20:g} MiB of reuse from cache at {p.cache_bandwidth / 1e9:.1f} GB/s"
-                    if p.cache_bandwidth and p.cache_bytes else "") + ")",
+                    if p.cache_bandwidth and p.cache_bytes else "")
+                 + (f", strided reads at {p.strided_bandwidth / 1e9:.1f} GB/s" if p.strided_bandwidth else "") + ")",
                  f"saturation: {cp.report.stop_reason}, {cp.report.enodes_before} -> {cp.report.enodes} e-nodes, "
                  f"{cp.report.eclasses} e-classes"]
         held = sum(numel(s) * d.itemsize for s, d in self.plan.buffers[self.plan.n_inputs:])
@@ -155,7 +157,8 @@ class Explanation:
             lines.append(f"  {k['name']}: b{k['out']}{list(k['shape'])}  fuses {len(k['ops'])} ops [{fused}]  "
                          f"{k['bytes'] / 1e6:.3g} MB, {k['flops'] / 1e6:.3g} MFLOP, predicted {k['predicted'] * 1e6:.1f} us"
                          + (f" ({(k['predicted'] - k['warm']) * 1e6:.1f} us in plan order: {k['hot'] / 1e6:.3g} MB "
-                            "read from cache)" if k["warm"] else ""))
+                            "read from cache)" if k["warm"] else "")
+                         + (f" ({k['strided'] / 1e6:.3g} MB read strided)" if k["strided"] else ""))
             lines.append(f"      = {k['body'][:160]}{'...' if len(k['body']) > 160 else ''}")
             if k["provenance"]:
                 lines.append("      introduced by: " + _by_rule(k["provenance"]))
