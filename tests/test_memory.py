@@ -195,6 +195,22 @@ def test_fresh_host_buffers_are_faulted_in_when_allocated(nbytes):
     assert faults <= 2, f"{faults} page faults writing a fresh {nbytes}-byte buffer"
 
 
+@pytest.mark.parametrize("nbytes", [64 << 10, (64 << 10) + 4, 1 << 20, (3 << 20) + 12, 4 << 20])
+def test_host_buffers_start_on_a_cache_line(nbytes):
+    """Every host buffer the pool hands out starts on a cache line (``hostmem.ALIGN``): below
+    HUGE_MIN NumPy's memory is 16-byte aligned (glibc), and a vector load of 64 bytes from it
+    crosses a line every time (a (32, 15, 384) layer norm, one thread: 30.6-34.1 us aligned against
+    34.8-36.9 at 16 bytes past a line)."""
+    from eqgrad.devices import Buffer, hostmem
+    from eqgrad.dtype import float32
+    a = hostmem.host_empty(nbytes)
+    assert a.ctypes.data % hostmem.ALIGN == 0 and a.nbytes == nbytes and a.dtype == np.uint8
+    a[:] = 3
+    assert int(a[-1]) == 3
+    b = Buffer.empty((nbytes // 4,), float32, "LLVM")
+    assert b.ptr % hostmem.ALIGN == 0
+
+
 def test_large_host_buffers_are_huge_page_mappings():
     """Buffers of HUGE_MIN bytes or more are page-aligned anonymous mappings (advised MADV_HUGEPAGE
     where Linux allows it), smaller ones plain NumPy memory; both hold what is written to them and

@@ -195,6 +195,18 @@ class _Signature(NamedTuple):
     params: tuple
 
 
+def _band(n: int) -> tuple[int, bool]:
+    """What ``launch``'s choice between one thread and the split is kept by, for a split loop of
+    ``n`` iterations: its bit length (extents within 2x share a choice: a growing sequence's kernels
+    are measured once per doubling, not per step) and whether the native workers are asleep as it
+    starts (spin.py ``asleep``: after the BLAS parked them, or past their polling window), where a
+    split run pays for waking the other CPU. Kept as one, a BERT encoder's layer-norm program --
+    twelve launches a step, half right after a BLAS product -- was split everywhere from the probes
+    of the launches that found the workers polling (40 us, against 56-72 on one thread), and its
+    launches after a product then ran split in 150-260 us (2-vCPU AMD EPYC, Zen 4)."""
+    return n.bit_length(), spin.asleep()
+
+
 class LLVMDevice(Device):
     name = "LLVM"
 
@@ -211,7 +223,7 @@ class LLVMDevice(Device):
         self._members: dict[int, tuple] = {}
         self._memo_now: tuple | None = None        # (target, _memo_key(target)) for the duration of a prepare
         self._gemms: dict[tuple, Any] = {}          # (Gemm, buffer ids, threads) -> its BLAS program
-        # program -> {bit length of the split loop's extent: [runs timed, fastest on one thread,
+        # program -> {_band of the split loop's extent: [runs timed, fastest on one thread,
         # fastest split]}: launch's probes
         self._ran: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         # what is worked out once per kernel body, for the plans that share it (a resized plan's
@@ -557,8 +569,8 @@ class LLVMDevice(Device):
         ran = self._ran.get(prg)
         if ran is None:
             ran = self._ran[prg] = {}
-        band = n.bit_length()            # extents within 2x share a decision: a growing sequence's
-        seen = ran.get(band)               # kernels are measured once per doubling, not per step
+        band = _band(n)
+        seen = ran.get(band)
         if seen is None:
             seen = ran[band] = [0, math.inf, math.inf]
         runs = seen[0]
@@ -616,8 +628,8 @@ class LLVMDevice(Device):
         first runs, one thread and split probes mixed: on a VM where waking a thread costs 100-300
         us, a 64x128x64 product timed 177 us generated against 61 us by the BLAS, and runs in 28 us
         generated on one thread."""
-        band = n.bit_length()
         for _ in range(SPLIT_PROBES):
+            band = _band(n)
             self.launch(k, prg, ptrs, n, threads)
             ran = self._ran.get(prg)
             seen = ran.get(band) if ran is not None else None

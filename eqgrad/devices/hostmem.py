@@ -16,6 +16,7 @@ import sys
 import numpy as np
 
 HUGE_MIN = 4 << 20          # bytes: smaller buffers would waste most of a 2 MiB page (docs/lowering.md, Constants)
+ALIGN = 64                  # bytes: every host buffer starts on a cache line (host_empty; docs/lowering.md, Constants)
 
 
 def _thp_available() -> bool:
@@ -66,17 +67,27 @@ def host_empty(nbytes: int) -> np.ndarray:
     return a
 
 
+def _aligned_empty(nbytes: int) -> np.ndarray:
+    """``np.empty(nbytes, uint8)`` starting on a cache line (``ALIGN`` bytes). Made through a
+    memoryview, so the array is the base of every view of it (a slice of ``raw`` would pass its
+    views' references on to ``raw``, and the pool, which counts the references to the array it
+    holds, would hand out memory a view still reads)."""
+    raw = np.empty(nbytes + ALIGN, np.uint8)
+    skip = -raw.ctypes.data % ALIGN
+    return np.frombuffer(memoryview(raw)[skip:skip + nbytes], np.uint8)
+
+
 def _unmapped(nbytes: int) -> np.ndarray:
     """``host_empty``'s array before its pages are touched."""
     if nbytes >= HUGE_MIN and hasattr(mmap, "MAP_ANONYMOUS"):
         try:
             m = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         except (OSError, ValueError):
-            return np.empty(nbytes, np.uint8)
+            return _aligned_empty(nbytes)
         if THP:
             try:
                 m.madvise(mmap.MADV_HUGEPAGE)
             except OSError:
                 pass
         return np.frombuffer(m, np.uint8)
-    return np.empty(nbytes, np.uint8)
+    return _aligned_empty(nbytes)

@@ -398,6 +398,14 @@ def workers(threads: int) -> Workers | None:
         return _WORKERS
 
 
+def asleep() -> bool:
+    """Whether a worker of this process is asleep now (past its polling window, or parked): the next
+    split run wakes it, which on a VM costs a wake-up of the other CPU (cpu.py ``launch`` decides
+    between one thread and the split separately for runs that find the workers so)."""
+    w = _WORKERS
+    return w is not None and w._pid == os.getpid() and w._ctx[_SLEEPERS] > 0
+
+
 def park() -> None:
     """Let the workers sleep now instead of polling (before work that wants every core: the
     BLAS's own threads; the next run wakes them)."""

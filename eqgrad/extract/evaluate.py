@@ -476,8 +476,8 @@ class PlanEvaluator:
                 continue
             nodes += 1
             fused.append(op)
-            if op == "PERMUTE":
-                permuted = True
+            if op == "PERMUTE" and n.arg[-1] != len(n.arg) - 1:
+                permuted = True          # (one that keeps the last axis last steps along it as its source)
             mult = 1
             reduce = op in REDUCE_OPS
             any_reduce = any_reduce or reduce
@@ -631,7 +631,7 @@ class PlanEvaluator:
                 passes = sum(size[c] * row_share(size[nodes_of[c].children[0]] / max(1, size[c])) for c in reds) \
                     + rows * row_share(size_k / max(1, rows))
         strided = 0.0
-        if permuted and not (fast or slow or blocked):
+        if permuted and p.strided_bandwidth and not (fast or slow or blocked):
             # reads a cache line apart along the innermost output loop (cost.py, strided reads): only
             # through a permute; a contraction's operands are the lanes' and the pack's business
             for c in self._strided(k, order, nodes_of):
