@@ -299,12 +299,9 @@ class PlanEvaluator:
             hit = _STRIDED[struct] = strided_loads(_body(struct))
         if not hit:
             return []
-        leaves: list[int] = []            # numbered as _structure numbers them: in the order first read
-        for c in reversed(order):
-            n = nodes_of[c]
-            if (n.op in _LEAVES and n.op not in ("CONST", "SIZE")) or ((n.op == "REALIZE" or n.op == "CONTIGUOUS") and c != k):
-                if c not in leaves:
-                    leaves.append(c)
+        # numbered as _structure numbers them: in the order first read (``order`` holds each class once)
+        leaves = [c for c in reversed(order) if (nodes_of[c].op in _LEAVES and nodes_of[c].op not in ("CONST", "SIZE"))
+                  or (nodes_of[c].op in ("REALIZE", "CONTIGUOUS") and c != k)]
         return [leaves[i] for i in hit if i < len(leaves)]
 
     @staticmethod
