@@ -331,9 +331,8 @@ def test_the_fit_predicts_what_the_cost_model_predicted():
     rng = np.random.default_rng(3)
     t = lambda *s: Tensor(rng.standard_normal(s, dtype=np.float32))
     a, w, x, img, cw = t(512, 768), t(768, 768), t(64, 300), t(4, 3, 16, 16), t(8, 3, 3, 3)
-    img2, x2 = t(4, 8, 16, 16), t(64, 300)
     outs = [(a @ w + 1).relu(), x.softmax(-1), F.layer_norm(x, (300,)), F.conv2d(img, cw, padding=1).relu(),
-            (x * 2).exp2(), img2.permute(0, 2, 3, 1) * 2, (x2 * 3).contiguous() + 1]
+            (x * 2).exp2(), img.permute(0, 2, 3, 1) * 2]
     p = params_for("LLVM")
     point = np.array([[p.launch, p.bandwidth, p.peak, p.contraction]])
     kernels = [k for pl in _plans_of(outs) for k in pl.kernels]
@@ -652,11 +651,6 @@ def test_reads_the_kernels_before_left_in_the_cache_are_priced_where_the_plan_ru
     assert np.allclose([kk.warm for kk in plan.kernels], [0.0, 5 * mb * 1e-12, mb // 2 * 1e-12, 2 * mb * 1e-12])
     in_order(plan, CostModel(replace(p, cache_bandwidth=0.0)))
     assert [kk.warm for kk in plan.kernels] == [0.0] * 4 and [kk.stats.hot for kk in plan.kernels] == [0] * 4
-    # a root contraction (cflops) is priced cold wherever it runs; the kernels after it are not
-    plan.kernels[1].stats = replace(plan.kernels[1].stats, flops=1e6, cflops=1e6)
-    in_order(plan, CostModel(p))
-    assert plan.kernels[1].warm == 0.0 and plan.kernels[1].stats.hot == 0.0
-    assert [kk.stats.hot for kk in plan.kernels] == [0, 0, mb // 2, 2 * mb] and plan.kernels[3].warm > 0
     # a realized plan: the layer norm's second kernel reads what the first wrote, from cache; as run
     # (kernel_log) its prediction is less its warm, and the plan JSON keeps both
     x = Tensor(np.random.default_rng(0).standard_normal((256, 512), dtype=np.float32))

@@ -98,10 +98,6 @@
   bench_model run, the term took 81 % of its kernels within 2x to 84-88 % for windows of 4-32 MiB at
   30-60 GB/s, 89 % at 100 (docs/extraction.md). The LLVM default is 60 GB/s (the middle of those
   copies); ``tune calibrate`` measures it on the machine (tools/calibrate.py ``CACHE_SHARES``).
-  A kernel with a root contraction (``cflops``) is priced cold wherever it runs: its bytes count
-  each operand once where the lowering streams them again for each block, and what its first read
-  finds in the cache does not show in its time (six bench_model runs' contractions that read from
-  cache, priced cold: 1-3 more kernels within 2x in four runs, none fewer in any).
 
 - strided reads: a kernel that reads a buffer ``CACHE_LINE`` (64) bytes or more apart from one
   element of its innermost output loop to the next (a permute of NCHW to NHWC: graph/caps.py
@@ -270,7 +266,7 @@ def in_order(plan: KernelPlan, model: "CostModel") -> None:
         st = k.stats
         if st is None:
             continue
-        if not hot or st.cflops:        # (a root contraction: priced cold, "reads from cache" above)
+        if not hot:
             if st.hot:
                 k.stats = replace(st, hot=0.0)
             k.warm = 0.0
