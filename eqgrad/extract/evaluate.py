@@ -194,6 +194,16 @@ _STRIDED: dict[tuple, frozenset[int]] = {}
 _UNASKED = object()
 
 
+def _memo(table: dict, key: Any, make: Callable[[], Any]) -> Any:
+    """``table[key]``, made by ``make()`` the first time (the table cleared when it holds 4096)."""
+    hit = table.get(key)
+    if hit is None:
+        if len(table) >= 4096:
+            table.clear()
+        hit = table[key] = make()
+    return hit
+
+
 def _body(s: tuple) -> KNode:
     """The kernel body (KNodes) of a structure ``PlanEvaluator._structure`` built: its nodes sources
     first, each (op, arg, the positions of its sources, shape, dtype), or a leaf ("BUF", i, shape,
@@ -237,12 +247,7 @@ class PlanEvaluator:
         if self._library is _UNASKED:             # the device's answer, once per evaluator
             self._library = self.cost.library_speed()
         key = (struct, self.cost.caps, self.cost.params.contraction, self._library, self.cost.threads)
-        hit = _FILLS.get(key)
-        if hit is None:
-            if len(_FILLS) >= 4096:
-                _FILLS.clear()
-            hit = _FILLS[key] = self.cost.fill_parts(_body(struct))
-        return hit
+        return _memo(_FILLS, key, lambda: self.cost.fill_parts(_body(struct)))
 
     def _structure(self, k: int, order: list[int], nodes_of: dict[int, ENode]) -> tuple:
         """Kernel ``k``'s body as a structure ``_body`` builds KNodes of (buffers numbered in the
@@ -275,12 +280,7 @@ class PlanEvaluator:
         """The lowering's ``rows_kept`` for kernel ``k``'s body (graph/caps.py: kept, streamed, blocked), by
         structure."""
         struct = self._structure(k, order, nodes_of)
-        hit = _ROWS.get(struct)
-        if hit is None:
-            if len(_ROWS) >= 4096:
-                _ROWS.clear()
-            body = _body(struct)
-            hit = _ROWS[struct] = [body, rows_kept(body, False), None]
+        hit = _memo(_ROWS, struct, lambda: [body := _body(struct), rows_kept(body, False), None])
         if not blocked:
             return hit[1]
         if hit[2] is None:          # (the same body: the lowering's dry run of it is not done again)
@@ -292,11 +292,7 @@ class PlanEvaluator:
         lowering reads strided along its innermost output loop (graph/caps.py ``strided_loads``), by
         structure."""
         struct = self._structure(k, order, nodes_of)
-        hit = _STRIDED.get(struct)
-        if hit is None:
-            if len(_STRIDED) >= 4096:
-                _STRIDED.clear()
-            hit = _STRIDED[struct] = strided_loads(_body(struct))
+        hit = _memo(_STRIDED, struct, lambda: strided_loads(_body(struct)))
         if not hit:
             return []
         # numbered as _structure numbers them: in the order first read (``order`` holds each class once)
