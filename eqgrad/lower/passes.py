@@ -356,9 +356,8 @@ def dot_widths(root: KNode, body: int, o: "LowerOptions | Capabilities") -> dict
     if not isinstance(steps, int) or steps * root.shape[big[-1]] * 4 < o.tile_min_stream:
         return {}
     var = f"r{id(red)}_{inner}"
-    out = tuple(Lin.var(f"o{d}", n) for d, n in enumerate(root.shape))
     unit = False
-    for n, idx, under in _dry_loads(root, out, "r", lambda n: True):
+    for n, idx, under in _output_loads(root):
         if under:
             step = _step(flat_index(idx, n.shape), var)
             if step not in (0, 1):
@@ -706,6 +705,12 @@ def _dry_loads(start: KNode, idx: tuple[Lin, ...], tag: str,
             stack.extend((x, cix, under) for x, cix in dry_sources(n, ix, tag))
 
 
+def _output_loads(root: KNode) -> Iterator[tuple[KNode, tuple[Lin, ...], bool]]:
+    """``_dry_loads`` of kernel body ``root`` at its output index (variables ``o0``, ``o1``, ...;
+    reductions' axes ``r`` variables): each load, the index it is read at, whether under a reduction."""
+    return _dry_loads(root, tuple(Lin.var(f"o{d}", n) for d, n in enumerate(root.shape)), "r", lambda n: True)
+
+
 def _step(flat: Lin, var: str) -> int | None:
     """The step of a flat index along loop variable ``var`` (0 where it does not depend on it);
     None where ``var`` is inside a division or modulo (no constant step)."""
@@ -814,10 +819,9 @@ def block_axis(root: KNode) -> int:
     Xeon, Rocket Lake, two threads, medians of 10): conv2d of (32, 32, 32, 32) by (64, 32, 3, 3),
     padding 1, its kernel 7.2 -> 3.4 ms (168 -> 358 GFLOP/s)."""
     big = [d for d, n in enumerate(root.shape) if n > 1]
-    out = tuple(Lin.var(f"o{d}", s) for d, s in enumerate(root.shape))
     last = f"o{big[-1]}"
     streamed = []
-    for n, idx, under in _dry_loads(root, out, "r", lambda n: True):
+    for n, idx, under in _output_loads(root):
         if not under:
             continue
         flat = flat_index(idx, n.shape)
@@ -873,10 +877,9 @@ def strided_loads(root: KNode) -> frozenset[int]:
     if not big:
         return frozenset()
     var = f"o{big[-1]}"
-    out = tuple(Lin.var(f"o{d}", n) for d, n in enumerate(root.shape))
     found: set[int] = set()
     for r in roots:
-        for n, idx, under in _dry_loads(r, out, "r", lambda n: True):
+        for n, idx, under in _output_loads(r):
             if under or n.arg in found:
                 continue
             step = _step(flat_index(idx, n.shape), var)
@@ -1471,8 +1474,7 @@ class CacheBlocks(Pass):
             return ()
         last = big[-1]
         line = max(1, CACHE_LINE // root.dtype.itemsize)
-        out = tuple(Lin.var(f"o{d}", n) for d, n in enumerate(root.shape))
-        for n, idx, _ in _dry_loads(root, out, "r", lambda n: True):
+        for n, idx, _ in _output_loads(root):
             flat = flat_index(idx, n.shape)
             step = _step(flat, f"o{last}")
             if step is None or abs(step) * n.dtype.itemsize < o.block_stride:
@@ -1573,10 +1575,9 @@ def contiguous_under_reduce(root: KNode, axis: int) -> bool:
     of a (32, 32, 16, 16) relu mask times a (32, 32, 1, 1) broadcast got lanes along the channels
     (the broadcast steps by 1 there, the mask by 256) and ran in 233 us, predicted 18 at the
     contraction rate; the same sum of a contiguous tensor ran in 92."""
-    out = tuple(Lin.var(f"o{d}", s) for d, s in enumerate(root.shape))
     target = f"o{axis}"
     unit = False
-    for n, idx, under in _dry_loads(root, out, "r", lambda n: True):
+    for n, idx, under in _output_loads(root):
         if not under:
             continue
         flat = flat_index(idx, n.shape)
