@@ -203,9 +203,9 @@ def test_kernel_source_golden(case, ext):
 
 
 def test_short_loops_over_strided_rows_are_not_vectorized():
-    """A loop of fewer than GATHER_TRIP iterations that holds the rows it strides over (an attention
-    score's 15 query rows of 15) keeps LLVM's loop vectorizer off (``!6``: it made one masked vector
-    of gathers and scatters of it, docs/lowering.md); the loop over a column sum's 15 columns, whose
+    """A loop of at most GATHER_TRIP iterations that holds the rows it strides over (an attention
+    score's 15 query rows of 15, rows of 16) keeps LLVM's loop vectorizer off (``!6``: it made one
+    vector of gathers and scatters of it, docs/lowering.md); the loop over a column sum's 15 columns, whose
     loads step by 1 along it, and a loop over 40 rows of 3 keep it -- the columns' loop, holding only
     short loops, left to LLVM to unroll too (``!0``, ``_short_nests``), the rows' loop, split across
     threads, not (``!4``). The LLVM device's numbers are NumPy's."""
@@ -226,12 +226,14 @@ def test_short_loops_over_strided_rows_are_not_vectorized():
                     out.add(next(ln for ln in src if ln.strip().startswith(f"br label %L{r}.cond, !llvm.loop")).split()[-1])
         return out
     x = data((2, 3, 15, 15), seed=4)
+    x16 = data((2, 3, 16, 16), seed=6)
     r = data((40, 3), seed=5)
     cases = {"rows": (lambda t: t - t.amax(-1, keepdim=True), x, lambda a: a - a.max(-1, keepdims=True), 15, "!6"),
+             "rows of 16": (lambda t: t - t.amax(-1, keepdim=True), x16, lambda a: a - a.max(-1, keepdims=True), 16, "!6"),
              "row sums": (lambda t: t.sum(-1), x, lambda a: a.sum(-1), 15, "!6"),
              "columns": (lambda t: t.sum(-2), x, lambda a: a.sum(-2), 15, "!0"),
              "rows of 3": (lambda t: t.sum(-1), r, lambda a: a.sum(-1), 40, "!4")}
-    assert GATHER_TRIP > 15
+    assert GATHER_TRIP >= 16
     for name, (f, a, ref, extent, tag) in cases.items():
         assert latches(f(Tensor(a, device="NUMPY")), extent) == {tag}, name
         np.testing.assert_allclose(f(Tensor(a, device="LLVM")).numpy(), ref(a), rtol=1e-5, atol=1e-5, err_msg=name)
