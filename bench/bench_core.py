@@ -6,6 +6,7 @@ Workloads (full size / --quick size):
   softmax      softmax over the last axis of (4096,1024) ((256,1024)) float32
   layernorm    (x-mean)/sqrt(var+1e-5) over the last axis, same shapes, no affine, composed
   layernorm_affine  each framework's layer norm with weight and bias (1024,), same shapes
+  transpose2048  x.T copied to a contiguous array, (2048,2048) ((512,512)) float32: a copy whose reads are 8 KB apart
   matmul64/128/256  square n x n @ n x n (n / 4) float32
   matmul512    512x512 @ 512x512 (128x128) float32
   matmul1024   1024x1024 @ 1024x1024 (256x256) float32
@@ -107,6 +108,8 @@ def layernorm(F, x):
   return d / F.sqrt(var + 1e-5)
 
 def layernorm_affine(F, x, w, b): return F.layer_norm(x, w, b)
+
+def transpose(F, x): return F.swap_copy(x)     # the transpose written out, as a layout change is
 
 def matmul(F, a, b): return a @ b
 
@@ -239,6 +242,7 @@ WORKLOADS = [
   Workload("softmax", softmax, ((4096, 1024),), ((256, 1024),)),
   Workload("layernorm", layernorm, ((4096, 1024),), ((256, 1024),)),
   Workload("layernorm_affine", layernorm_affine, ((4096, 1024), (1024,), (1024,)), ((256, 1024), (1024,), (1024,))),
+  Workload("transpose2048", transpose, ((2048, 2048),), ((512, 512),)),
   Workload("matmul64", matmul, ((64, 64),) * 2, ((16, 16),) * 2, matmul_tol=True, flops=_mm_flops),
   Workload("matmul128", matmul, ((128, 128),) * 2, ((32, 32),) * 2, matmul_tol=True, flops=_mm_flops),
   Workload("matmul256", matmul, ((256, 256),) * 2, ((64, 64),) * 2, matmul_tol=True, flops=_mm_flops),
@@ -351,6 +355,8 @@ class NumpyFW(Framework):
   @staticmethod
   def swap(x): return np.swapaxes(x, -1, -2)
   @staticmethod
+  def swap_copy(x): return np.ascontiguousarray(np.swapaxes(x, -1, -2))
+  @staticmethod
   def conv2d(x, w):         # im2col by a strided view, then one BLAS contraction
     xp = np.pad(x, ((0, 0), (0, 0), (1, 1), (1, 1)))
     win = np.lib.stride_tricks.sliding_window_view(xp, w.shape[2:], axis=(2, 3))   # (n, c, h, w, kh, kw)
@@ -437,6 +443,7 @@ class TorchFW(Framework):
   def layer_norm(self, x, w, b): return self.torch.nn.functional.layer_norm(x, x.shape[-1:], w, b)
   def conv2d(self, x, w): return self.torch.nn.functional.conv2d(x, w, padding=1)
   def swap(self, x): return x.transpose(-1, -2)
+  def swap_copy(self, x): return x.transpose(-1, -2).contiguous()
   def info(self): return {"version": self.torch.__version__, "threads": self.threads or self.all_threads}
   def to_input(self, arr): return self.torch.from_numpy(arr)
   def to_numpy(self, out): return out.numpy()
@@ -463,6 +470,8 @@ class LazyTensorFW(Framework):
   def conv2d(x, w): return x.conv2d(w, padding=1)
   @staticmethod
   def swap(x): return x.transpose(-1, -2)
+  @staticmethod
+  def swap_copy(x): return x.transpose(-1, -2).contiguous()
   def to_numpy(self, out): return out.numpy()
 
 
