@@ -697,7 +697,7 @@ class Lowerer:
                 if local is not None:     # a cache block's element, from the block's local copy
                     a, last = sorted(blocks)
                     vals = (self.emit("LOAD", r.dtype, (local, self.index(inner[last] * blocks[a] + inner[a]))),)
-                elif s.root_block:          # each row's reduction a loop of its own (LLVM may widen it)
+                elif s.root_block:        # each row's reduction a loop of its own (LLVM may widen it)
                     vals = tuple(self.render_lanes(r, (lane,), (None,))[0] for lane in lanes)
                 else:
                     vals = self.render_lanes(r, tuple(lanes), (None,) * len(lanes))
@@ -713,7 +713,6 @@ class Lowerer:
         return LoopKernel(self.kernel.name, self.params, self.insts, loop_vectorize=not s.lanes or s.dot,
                           parallel=s.parallel, vector_lanes=width,
                           row_loops=frozenset(self._row_ranges) if s.lanes else frozenset())
-
 
     def _block_tile(self, root: KNode, blocks: dict[int, int], out_idx: list) -> int:
         """A cache block (``passes.CacheBlocks``) copied into a local array first: its source read in
