@@ -124,17 +124,32 @@ def test_sigint_while_saturating_leaves_the_channel_clean(monkeypatch):
     """A real SIGINT, as a terminal's Ctrl-C delivers it (to the main thread and to the worker, which
     is in the same process group), at several delays after a request went out; then 20 programs.
     The interpreter's gc callbacks are off meanwhile: another test's hypothesis installs one, and a
-    KeyboardInterrupt raised inside it is swallowed as unraisable (seen once: 5 of 6 interrupted)."""
+    KeyboardInterrupt raised inside it is swallowed as unraisable (seen once: 5 of 6 interrupted).
+    Weak references' callbacks cannot be turned off (the plan floor's memos are weak-keyed, and a
+    freed body's entry goes in one): an interrupt that lands in one is swallowed the same way, by
+    CPython (seen once in a clean-clone run: ``WeakKeyDictionary ... remove``, 5 of 6), so such
+    an interrupt counts as delivered -- the signal reached the main thread; what it interrupted was
+    not eqgrad's to see -- and the channel is checked after all six as before."""
     import gc
     callbacks = gc.callbacks[:]
     gc.callbacks.clear()
+    swallowed: list = []
+    hook = sys.unraisablehook
+
+    def unraisable(u) -> None:
+        if u.exc_type is KeyboardInterrupt:
+            swallowed.append(u.object)
+        else:
+            hook(u)
+    sys.unraisablehook = unraisable
     try:
-        _sigint_while_saturating(monkeypatch)
+        _sigint_while_saturating(monkeypatch, swallowed)
     finally:
+        sys.unraisablehook = hook
         gc.callbacks.extend(callbacks)
 
 
-def _sigint_while_saturating(monkeypatch) -> None:
+def _sigint_while_saturating(monkeypatch, swallowed: list) -> None:
     engine.clear_cache()
     main = threading.main_thread().ident
     real_send = saturate.Channel.send
@@ -178,7 +193,7 @@ def _sigint_while_saturating(monkeypatch) -> None:
             if state["timer"] is not None:
                 state["timer"].join()
         assert not errors, errors
-        assert interrupted == len(delays)
+        assert interrupted + len(swallowed) == len(delays), (interrupted, swallowed)
         monkeypatch.setattr(saturate.Channel, "send", real_send)
         _all_right_after_interrupts()
     finally:
