@@ -695,8 +695,7 @@ class Lowerer:
             # parameter: 0 for the first root, then the next)
             for p, r in enumerate(root.src if root.op == GROUP else (root,)):
                 if local is not None:     # a cache block's element, from the block's local copy
-                    a, last = sorted(blocks)
-                    vals = (self.emit("LOAD", r.dtype, (local, self.index(inner[last] * blocks[a] + inner[a]))),)
+                    vals = (self.emit("LOAD", r.dtype, (local, self.index(_tile_element(blocks, inner)))),)
                 elif s.root_block:        # each row's reduction a loop of its own (LLVM may widen it)
                     vals = tuple(self.render_lanes(r, (lane,), (None,))[0] for lane in lanes)
                 else:
@@ -720,19 +719,25 @@ class Lowerer:
         written in order along the last axis from the array. Read straight, the block's rows of the
         source a power of two apart fell in one L1 set, more of them than its ways: a 1024 x 1024
         transpose ran 2.9 ns an element on one thread against 0.66 at 1008 x 1008 (2-vCPU AMD EPYC,
-        Zen 4). Returns the array (``a``-major within the last axis: element ``l * ta + t``)."""
+        Zen 4). Returns the array (its elements: ``_tile_element``)."""
         a, last = sorted(blocks)
-        ta, tb = blocks[a], blocks[last]
-        arr = self.emit("DEFLOCAL", root.dtype, (), ta * tb, cse=False)
-        rl = self.open_range(tb)
-        rt = self.open_range(ta)
+        arr = self.emit("DEFLOCAL", root.dtype, (), blocks[a] * blocks[last], cse=False)
+        at = {last: self.open_range(blocks[last])}
+        at[a] = self.open_range(blocks[a])
         idx = list(out_idx)
-        idx[a], idx[last] = idx[a] + rt, idx[last] + rl
+        idx[a], idx[last] = idx[a] + at[a], idx[last] + at[last]
         v = self.render(root, tuple(idx), None)
-        self.emit("STORE", None, (arr, self.index(rl * ta + rt), v), cse=False)
-        self.close_range(rt)
-        self.close_range(rl)
+        self.emit("STORE", None, (arr, self.index(_tile_element(blocks, at)), v), cse=False)
+        self.close_range(at[a])
+        self.close_range(at[last])
         return arr
+
+
+def _tile_element(blocks: dict[int, int], at: dict[int, Lin]) -> Lin:
+    """The element of a cache block's local array (``Lowerer._block_tile``) that holds the block's
+    element at offsets ``at`` (axis -> offset): ``a``-major within the last axis, ``l * ta + t``."""
+    a, last = sorted(blocks)
+    return at[last] * blocks[a] + at[a]
 
 
 def row_pitch(cap: int, rows: int, dtype: DType) -> int:
