@@ -272,16 +272,27 @@ def test_the_scores_of_a_row_block_are_register_blocks_over_the_keys(plans):
     computes a row block's scores before the row's max as register blocks -- one accumulator a
     (row, key) for the 8 keys of a lane width and the block's rows, one loop over the keys in steps
     of 8 -- and stores them into the row-stash array the max, the sum and the output read; its
-    values are the kernel reference's. Not with k read a head dim apart along the keys (the
-    device packs it first), nor where the lane width does not divide the keys."""
+    values are the kernel reference's. The probabilities p = e / sum that p @ v reads along its
+    loop, the same for every lane of the head dim, are computed once the row's sum is known, in a
+    loop over the block's rows' keys into a local array of their own (``root_rows``), which the
+    output's loop loads (it multiplied each e by 1 / sum there, a scalar and a broadcast a key and
+    row). Not with k read a head dim apart along the keys (the device packs it first), nor where
+    the lane width does not divide the keys."""
     plan = plans["attention_kt"]
     (k,) = plan.kernels
     sched = passes.schedule_kernel(k)
     rows = dict(sched.lanes)[1]
     assert [(x.op, r) for x, r in sched.row_dots] == [("RSUM", rows)] and rows == 8
+    (p,) = sched.root_rows
+    assert p.op == "MUL" and any(x is y for x in p.src for y in sched.row_stash) and \
+        any(x.op == "RECIP" for x in p.walk())
     lk = lower_kernel(k, plan)
     # the scores' accumulators: 8 keys x 8 rows, all zero to start with
     assert sum(x.op == "DEFACC" and x.arg == 0.0 for x in lk.insts) >= 64
+    # arrays: the scores, their exp2, and p; no RECIP inside the output's loop over the keys
+    assert sum(x.op == "DEFLOCAL" for x in lk.insts) == 3
+    last = max(j for j, x in enumerate(lk.insts) if x.op == "RANGE")
+    assert not any(x.op == "RECIP" for x in lk.insts[last:])
     bufs = _inputs(plan)
     _same(_run(k, plan, bufs), bufs[k.out], "row dots")
     off = LowerOptions(disabled={"row dots"})

@@ -363,7 +363,17 @@ class Lowerer:
             if row is None:
                 continue
             reads, axis = row.rows, row.axes[0]
-            for slot, yi in enumerate(reads):
+            if self.sched.hoist:
+                # over a row-fused kernel's hoisted reductions: the block's rows in one loop, rendered
+                # together (the hoist rendered those reductions for the block's rows at once, and
+                # they are found under that key, not recomputed)
+                self._row_ranges.add(len(self.insts))
+                r = self.open_range(y.shape[axis])
+                idxs = tuple(yi[:axis] + (r,) + yi[axis + 1:] for yi in reads)
+                for slot, (idx, v) in enumerate(zip(idxs, self.render_lanes(y, idxs, (None,) * len(idxs)))):
+                    self.emit("STORE", None, (row.arr, self.index(row.element(idx, y.shape, slot)), v), cse=False)
+                self.close_range(r)
+            for slot, yi in enumerate(reads if not self.sched.hoist else ()):
                 self._row_ranges.add(len(self.insts))    # (a row loop: LLVM's loop vectorizer may widen it)
                 r = self.open_range(y.shape[axis])
                 idx = yi[:axis] + (r,) + yi[axis + 1:]
@@ -689,7 +699,7 @@ class Lowerer:
             lanes = [tuple(out_idx)]
             for d in lane_axes:      # lanes: every combination of offsets on the upcast axes
                 lanes = [l[:d] + (l[d] + u,) + l[d + 1:] for l in lanes for u in range(up.get(d, root.shape[d]))]
-            if s.root_dots:
+            if s.root_dots or s.root_rows:
                 self._root_dots(lanes)
             # a GROUP's roots one after another in the same loops, each to its own output (its
             # parameter: 0 for the first root, then the next)
