@@ -567,3 +567,40 @@ def test_work_group_reductions_at_any_group_size(monkeypatch, group, case):
         np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5, equal_nan=True)
     else:
         np.testing.assert_array_equal(got, ref)
+
+
+def test_a_lane_kernels_widened_loops_may_use_the_widest_vectors():
+    """A kernel with register lanes whose loops the loop vectorizer may still widen (``_SCALAR_MD``:
+    a row-fused attention kernel's loops over a row's scores -- its max, its exp2 and sum, its
+    probabilities) asks LLVM for vectors as wide as its lanes' widest (``WIDE_LOOP_BITS``): x86's
+    tuning prefers 256-bit vectors there, and the exp2 loops of attention_t128 ran 8 wide beside
+    16-wide lanes (docs/lowering.md). LLVM clamps the width to the target's, so the same source
+    serves an AVX2 target. A kernel without lanes, or with lanes and no such loop, asks for
+    nothing; the LLVM device's numbers are NumPy's."""
+    from eqgrad.devices.llvm import WIDE_LOOP_BITS
+    assert WIDE_LOOP_BITS == 512
+    attr = f'"prefer-vector-width"="{WIDE_LOOP_BITS}"'
+    q, k, v = (data((2, 3, 32, 16), seed=s) for s in (1, 2, 3))
+
+    def attention(T, q, k, v):
+        return ((T(q) @ T(k).transpose(-1, -2)) * 0.25).softmax(-1) @ T(v)
+
+    def sources(t: Tensor) -> list[tuple[bool, bool, str]]:
+        t.realize()
+        plan = engine.last_plan.plan
+        out = []
+        for kern in plan.kernels:
+            lk = lower_kernel(kern, plan)
+            out.append((lk.vector_lanes >= 2, bool(lk.row_loops), render_llvm(lk)))
+        return out
+    found = sources(attention(lambda a: Tensor(a, device="NUMPY"), q, k, v))
+    assert any(lanes and rows for lanes, rows, _ in found)
+    for lanes, rows, src in found:
+        head = next(ln for ln in src.splitlines() if ln.startswith("define void @"))
+        assert (attr in src and head.endswith(" #0 {")) == (lanes and rows), src[:300]
+    (plain,) = sources(Tensor(data((64, 64), seed=4), device="NUMPY") + 1.0)
+    assert attr not in plain[2] and "#0" not in plain[2]
+    s = q @ np.swapaxes(k, -1, -2) * 0.25
+    p = np.exp(s - s.max(-1, keepdims=True))
+    np.testing.assert_allclose(attention(lambda a: Tensor(a, device="LLVM"), q, k, v).numpy(),
+                               (p / p.sum(-1, keepdims=True)) @ v, rtol=1e-5, atol=1e-5)

@@ -937,10 +937,11 @@ class _Kernel:
         args += ", i64 %lo, i64 %hi"
         body = "\n".join(c.lines)
         tiny = " (tiny)" if _iterations(k, self.sized) <= TINY_ITERATIONS else ""
+        wide = " #0" if self.scalar_loops else ""        # (_WIDE_ATTRS)
         return (f"; kernel {k.name}{tiny}\n" + "\n".join(sorted(c.decls)) + "\n\n"
-                f"define void @{k.name}({args}) nounwind {{\nentry:\n" + "\n".join(entry) + "\n"
+                f"define void @{k.name}({args}) nounwind{wide} {{\nentry:\n" + "\n".join(entry) + "\n"
                 f"{body}\n  ret void\n}}\n\n" + _LOOP_MD[k.loop_vectorize] + (_GATHERING_MD if self.gathering else "")
-                + (_SCALAR_MD if self.scalar_loops else ""))
+                + (_SCALAR_MD + _WIDE_ATTRS if self.scalar_loops else ""))
 
 
 _STRUCTURE = {op: getattr(_Kernel, op) for op in
@@ -1210,6 +1211,13 @@ _LOOP_MD = {
 _GATHERING_MD = '!6 = distinct !{!6, !1, !5, !7}\n!7 = !{!"llvm.loop.vectorize.width", i32 1}\n'
 # a lane kernel's loops with no lane group inside (_loops_without): the loop vectorizer may widen them
 _SCALAR_MD = '!8 = distinct !{!8, !1}\n!9 = distinct !{!9, !1, !5}\n'
+# ... as wide as the kernel's register lanes (a float32 vector of the widest of LANES_LAST: 512 bits,
+# AVX-512's): x86's tuning for AVX-512 cores prefers 256-bit vectors for what the vectorizers make
+# (so code that would use no 512-bit register does not pay for it), and a row-fused attention
+# kernel, whose lanes are 16-wide, computed each row's exp2 and sum 8 wide (docs/lowering.md, "wide
+# row loops"). LLVM clamps the width to the target's vectors: the same source serves an AVX2 target.
+WIDE_LOOP_BITS = 32 * max(LANES_LAST)
+_WIDE_ATTRS = f'attributes #0 = {{ "prefer-vector-width"="{WIDE_LOOP_BITS}" }}\n'
 
 # ------------------------------------------------------------------ compiler and runtime
 
