@@ -572,7 +572,8 @@ def test_work_group_reductions_at_any_group_size(monkeypatch, group, case):
 def test_a_lane_kernels_widened_loops_may_use_the_widest_vectors():
     """A kernel with register lanes whose loops the loop vectorizer may still widen (``_SCALAR_MD``:
     a row-fused attention kernel's loops over a row's scores -- its max, its exp2 and sum, its
-    probabilities) asks LLVM for vectors as wide as its lanes' widest (``WIDE_LOOP_BITS``): x86's
+    probabilities; or all of them, in a kernel whose register blocks are root dots alone) asks
+    LLVM for vectors as wide as its lanes' widest (``WIDE_LOOP_BITS``): x86's
     tuning prefers 256-bit vectors there, and the exp2 loops of attention_t128 ran 8 wide beside
     16-wide lanes (docs/lowering.md). LLVM clamps the width to the target's, so the same source
     serves an AVX2 target. A kernel without lanes, or with lanes and no such loop, asks for
@@ -591,7 +592,7 @@ def test_a_lane_kernels_widened_loops_may_use_the_widest_vectors():
         out = []
         for kern in plan.kernels:
             lk = lower_kernel(kern, plan)
-            out.append((lk.vector_lanes >= 2, bool(lk.row_loops), render_llvm(lk)))
+            out.append((lk.vector_lanes >= 2, bool(lk.row_loops) or lk.loop_vectorize, render_llvm(lk)))
         return out
     found = sources(attention(lambda a: Tensor(a, device="NUMPY"), q, k, v))
     assert any(lanes and rows for lanes, rows, _ in found)

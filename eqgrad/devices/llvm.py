@@ -937,11 +937,12 @@ class _Kernel:
         args += ", i64 %lo, i64 %hi"
         body = "\n".join(c.lines)
         tiny = " (tiny)" if _iterations(k, self.sized) <= TINY_ITERATIONS else ""
-        wide = " #0" if self.scalar_loops else ""        # (_WIDE_ATTRS)
+        # (_WIDE_ATTRS: a kernel with register lanes, and loops the loop vectorizer may widen)
+        wide = " #0" if self.lanes is not None and (k.loop_vectorize or self.scalar_loops) else ""
         return (f"; kernel {k.name}{tiny}\n" + "\n".join(sorted(c.decls)) + "\n\n"
                 f"define void @{k.name}({args}) nounwind{wide} {{\nentry:\n" + "\n".join(entry) + "\n"
                 f"{body}\n  ret void\n}}\n\n" + _LOOP_MD[k.loop_vectorize] + (_GATHERING_MD if self.gathering else "")
-                + (_SCALAR_MD + _WIDE_ATTRS if self.scalar_loops else ""))
+                + (_SCALAR_MD if self.scalar_loops else "") + (_WIDE_ATTRS if wide else ""))
 
 
 _STRUCTURE = {op: getattr(_Kernel, op) for op in
