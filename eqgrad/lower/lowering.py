@@ -340,7 +340,8 @@ class Lowerer:
         the row in steps of ``w`` elements, a reduction with one accumulator an element of a group
         of the block's rows) into a local array, then the values over them that every lane of a row
         reads alike (``passes.root_rows``), a loop over the row each; the reduction's loop then
-        loads them (``_row_values``)."""
+        loads them (``_row_values``). In a row-fused kernel (hoists, no root dots) the root rows
+        alone, once the row's hoisted reductions are known: softmax's p = e / sum, read by p @ v."""
         # (the values are the same in every lane of the last axis where lanes cover it: its first)
         last = max(d for d, n in enumerate(self.kernel.ast.shape) if n > 1)
         top = [l for l in lanes if l[last] is lanes[0][last]] if self.sched.lanes else lanes
@@ -365,21 +366,22 @@ class Lowerer:
             reads, axis = row.rows, row.axes[0]
             if self.sched.hoist:
                 # over a row-fused kernel's hoisted reductions: the block's rows in one loop, rendered
-                # together (the hoist rendered those reductions for the block's rows at once, and
-                # they are found under that key, not recomputed)
+                # together (the hoist rendered those reductions for the block's rows at once: they
+                # are found under that key, not computed again)
                 self._row_ranges.add(len(self.insts))
                 r = self.open_range(y.shape[axis])
                 idxs = tuple(yi[:axis] + (r,) + yi[axis + 1:] for yi in reads)
                 for slot, (idx, v) in enumerate(zip(idxs, self.render_lanes(y, idxs, (None,) * len(idxs)))):
                     self.emit("STORE", None, (row.arr, self.index(row.element(idx, y.shape, slot)), v), cse=False)
                 self.close_range(r)
-            for slot, yi in enumerate(reads if not self.sched.hoist else ()):
-                self._row_ranges.add(len(self.insts))    # (a row loop: LLVM's loop vectorizer may widen it)
-                r = self.open_range(y.shape[axis])
-                idx = yi[:axis] + (r,) + yi[axis + 1:]
-                self.emit("STORE", None, (row.arr, self.index(row.element(idx, y.shape, slot)),
-                                          self._render(y, idx, None)), cse=False)
-                self.close_range(r)
+            else:
+                for slot, yi in enumerate(reads):
+                    self._row_ranges.add(len(self.insts))    # (a row loop: LLVM's loop vectorizer may widen it)
+                    r = self.open_range(y.shape[axis])
+                    idx = yi[:axis] + (r,) + yi[axis + 1:]
+                    self.emit("STORE", None, (row.arr, self.index(row.element(idx, y.shape, slot)),
+                                              self._render(y, idx, None)), cse=False)
+                    self.close_range(r)
             row.rows = [row.pattern(yi) for yi in reads]
             row.stored = row.done = True
             self._rows[id(y)] = row

@@ -1135,7 +1135,8 @@ class RowDots(Pass):
             return replace(s, row_dots=found, root_rows=root_rows(ctx.root, s, held) if found else ())
         dots = root_dots(ctx.root, s, ctx.options)
         block = max((r for _, _, r in dots), default=1) if not s.lanes else 1
-        return replace(s, root_dots=dots, root_rows=root_rows(ctx.root, s, dots), root_block=block if block > 1 else 0)
+        return replace(s, root_dots=dots, root_rows=root_rows(ctx.root, s, tuple(x for x, _, _ in dots)),
+                       root_block=block if block > 1 else 0)
 
     def describe(self, s: Schedule) -> str:
         if s.root_dots:
@@ -1291,10 +1292,10 @@ def root_dots(root: KNode, s: Schedule, o: LowerOptions) -> tuple[tuple[KNode, i
     return tuple(out)
 
 
-def root_rows(root: KNode, s: Schedule, held: tuple) -> tuple[KNode, ...]:
+def root_rows(root: KNode, s: Schedule, held: tuple[KNode, ...]) -> tuple[KNode, ...]:
     """``Schedule.root_rows``: in a kernel whose lanes cover its last axis, the largest values above
-    the values ``held`` (the root dots ``(value, w, rows)``; or, in a row-fused kernel, its
-    row-stash values and hoisted reductions) that the kernel's own reduction reads at one index
+    the values ``held`` (its root dots; or, in a row-fused kernel, its row-stash values and
+    hoisted reductions) that the kernel's own reduction reads at one index
     along its loop, the same in every lane (no lane's variable in their index), with no other
     reduction below -- attention's ds = p * (dp - D) of dq and dk, p of dv: computed per element of
     the row in the reduction's loop, they were scalar code (an exp2 a key) beside the lanes' vector
@@ -1303,7 +1304,7 @@ def root_rows(root: KNode, s: Schedule, held: tuple) -> tuple[KNode, ...]:
     the p @ v loop took 42 % of attention_t128's kernel, its q k^T loop of as many FMAs 28 %)."""
     if not held or not s.lanes:
         return ()
-    kept = {id(x[0] if isinstance(x, tuple) else x) for x in held}
+    kept = {id(x) for x in held}
     lane_vars = {f"o{max(d for d, _ in s.lanes)}"}
     out: list[KNode] = []
     # (each root's: a GROUP's dk reads ds, its dv p, which ds holds -- both kept, p first)
