@@ -1212,11 +1212,13 @@ _LOOP_MD = {
 _GATHERING_MD = '!6 = distinct !{!6, !1, !5, !7}\n!7 = !{!"llvm.loop.vectorize.width", i32 1}\n'
 # a lane kernel's loops with no lane group inside (_loops_without): the loop vectorizer may widen them
 _SCALAR_MD = '!8 = distinct !{!8, !1}\n!9 = distinct !{!9, !1, !5}\n'
-# ... as wide as the kernel's register lanes (a float32 vector of the widest of LANES_LAST: 512 bits,
-# AVX-512's): x86's tuning for AVX-512 cores prefers 256-bit vectors for what the vectorizers make
-# (so code that would use no 512-bit register does not pay for it), and a row-fused attention
-# kernel, whose lanes are 16-wide, computed each row's exp2 and sum 8 wide (docs/lowering.md, "wide
-# row loops"). LLVM clamps the width to the target's vectors: the same source serves an AVX2 target.
+# In a kernel with register lanes, the loops the loop vectorizer widens (those above, or every loop
+# of a root-dots kernel without lanes) may be as wide as the lanes (a float32 vector of the widest
+# of LANES_LAST: 512 bits, AVX-512's): x86's tuning for AVX-512 cores prefers 256-bit vectors for
+# what the vectorizers make (so code that would use no 512-bit register does not pay for it), and
+# a row-fused attention kernel, whose lanes are 16-wide, computed each row's exp2 and sum 8 wide
+# (docs/lowering.md, "wide row loops"). LLVM clamps the width to the target's vectors: the same
+# source serves an AVX2 target.
 WIDE_LOOP_BITS = 32 * max(LANES_LAST)
 _WIDE_ATTRS = f'attributes #0 = {{ "prefer-vector-width"="{WIDE_LOOP_BITS}" }}\n'
 
