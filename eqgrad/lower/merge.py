@@ -59,19 +59,28 @@ class SiblingMerger:
                 readers.setdefault(b, []).append(i)
         outputs = set(plan.outputs)
         groups: list[list[int]] = []                       # kernel indices run as one, in plan order
-        open_by_shape: dict[tuple, list[int]] = {}         # output shape -> indices into groups
+        # (output shape, buffer) -> the groups of that shape with a member that reads or writes the
+        # buffer: a group that k neither reads from nor shares a read with cannot take it
+        # (``_joins``' first answer), so only these are asked -- asking every group of k's shape
+        # grew with the square of a model's depth (a 30-layer decoder's resized step: 10 ms)
+        touching: dict[tuple, list[int]] = {}
         for j, k in enumerate(kernels):
             # (the cheap conditions first: a resized plan's stage runs at every new size)
             if k.also or not k.inputs or not any(n > 1 for n in k.ast.shape) or (exclude is not None and exclude(k)):
                 continue
-            for gi in reversed(open_by_shape.get(k.ast.shape, [])):
-                g = groups[gi]
-                if self._joins(g, j, kernels, readers, outputs, plan, options):
-                    g.append(j)
+            shape = k.ast.shape
+            near = sorted({gi for b in k.inputs for gi in touching.get((shape, b), ())}, reverse=True)
+            for gi in near:
+                if self._joins(groups[gi], j, kernels, readers, outputs, plan, options):
+                    groups[gi].append(j)
                     break
             else:
-                open_by_shape.setdefault(k.ast.shape, []).append(len(groups))
+                gi = len(groups)
                 groups.append([j])
+            for b in (*k.inputs, k.out):
+                at = touching.setdefault((shape, b), [])
+                if not at or at[-1] != gi:
+                    at.append(gi)
         merged = {g[-1]: g for g in groups if len(g) > 1}
         if not merged:
             return plan
