@@ -64,23 +64,36 @@ class SiblingMerger:
         # (``_joins``' first answer), so only these are asked -- asking every group of k's shape
         # grew with the square of a model's depth (a 30-layer decoder's resized step: 10 ms)
         touching: dict[tuple, list[int]] = {}
+        # a group whose member's output a kernel outside it has read is closed: no kernel after that
+        # reader may join it (``_joins``: nothing between a member and k reads the member), so it is
+        # not asked again -- a layer's groups close as the next layer reads them
+        made_by: dict[int, int] = {}                       # a member's output -> its group
+        closed: set[int] = set()
         for j, k in enumerate(kernels):
+            gi = -1
             # (the cheap conditions first: a resized plan's stage runs at every new size)
-            if k.also or not k.inputs or not any(n > 1 for n in k.ast.shape) or (exclude is not None and exclude(k)):
-                continue
-            shape = k.ast.shape
-            near = sorted({gi for b in k.inputs for gi in touching.get((shape, b), ())}, reverse=True)
-            for gi in near:
-                if self._joins(groups[gi], j, kernels, readers, outputs, plan, options):
-                    groups[gi].append(j)
-                    break
-            else:
-                gi = len(groups)
-                groups.append([j])
-            for b in (*k.inputs, k.out):
-                at = touching.setdefault((shape, b), [])
-                if not at or at[-1] != gi:
-                    at.append(gi)
+            if not (k.also or not k.inputs or not any(n > 1 for n in k.ast.shape)
+                    or (exclude is not None and exclude(k))):
+                shape = k.ast.shape
+                near = sorted({g for b in k.inputs for g in touching.get((shape, b), ()) if g not in closed},
+                              reverse=True)
+                for g in near:
+                    if self._joins(groups[g], j, kernels, readers, outputs, plan, options):
+                        groups[g].append(j)
+                        gi = g
+                        break
+                else:
+                    gi = len(groups)
+                    groups.append([j])
+                for b in (*k.inputs, k.out):
+                    at = touching.setdefault((shape, b), [])
+                    if not at or at[-1] != gi:
+                        at.append(gi)
+                made_by[k.out] = gi
+            for b in k.inputs:
+                g = made_by.get(b)
+                if g is not None and g != gi:
+                    closed.add(g)
         merged = {g[-1]: g for g in groups if len(g) > 1}
         if not merged:
             return plan
