@@ -119,6 +119,54 @@ def test_kv_cache_grows():
     assert resolved[2] == resolved[3] == {8: (8, 9)}, resolved
 
 
+def test_a_trail_keeps_what_the_last_resize_kept_and_no_more():
+    """A resize from a resized plan, given the trail of the resize that made it (what a decode loop
+    does: ``Resized.trail``), skips looking at the kernels that resize kept -- and gives the plan
+    the resize without the trail gives, step after step; where a size those kernels hold moves
+    next, they are looked at again (and changed)."""
+    from eqgrad.graph import resize as R
+    rng = np.random.default_rng(0)
+    x = rand(rng, 3, 37)              # a part of the step the cache's length does not touch
+    ts, _ = attention_step(rng, 5)
+    prev, plan = compiled(*ts, (x * 2 + 1).sum(1))
+    prev_sizes, trail, looked, skipped = program_sizes(prev), None, [], 0
+    unchanged = R._Resizer.unchanged
+    for T in range(6, 12):
+        ts, arrays = attention_step(rng, T)
+        prog = program(*ts, (x * 2 + 1).sum(1))
+        slow = resize(prev_sizes, plan, prog)
+        R._Resizer.unchanged = lambda self, k: looked.append(k.name) or unchanged(self, k)
+        try:
+            fast = resize(prev_sizes, plan, prog, trail=trail)
+        finally:
+            R._Resizer.unchanged = unchanged
+        assert (fast.plan is None) == (slow.plan is None)
+        assert _bodies(fast.plan) == _bodies(slow.plan) and fast.plan.buffers == slow.plan.buffers
+        assert fast.trail == slow.trail
+        assert all(k.ast is ko.ast for k, ko, kept in zip(fast.plan.kernels, plan.kernels, fast.trail.kept) if kept)
+        close(run_interp(fast.plan, prog), attention_numpy(*arrays) + [(x.numpy() * 2 + 1).sum(1)])
+        if trail is not None and not fast.resolved:
+            # (the kept kernels were not looked at: only the others)
+            assert len(looked) == sum(not kept for kept in trail.kept), (looked, trail.kept)
+            skipped += 1
+        looked.clear()
+        prev_sizes, plan, trail = program_sizes(prog), fast.plan, fast.trail
+    assert skipped >= 2 and any(trail.kept)
+    # two parts that share no size: a resize that moves a's rows keeps b's kernel; the next moves
+    # b's rows, which that kernel holds -- the trail does not keep it then
+    def parts(n: int, m: int) -> list[Tensor]:
+        return [(rand(rng, n, 4) * 2).sum(0), (rand(rng, m, 3) + 1).sum(0)]
+    first, plan = compiled(*parts(6, 7))
+    one = resize(first, plan, program(*parts(10, 7)))
+    assert one.plan is not None and any(one.trail.kept) and not all(one.trail.kept)
+    prog = program(*parts(10, 11))
+    with_trail = resize(program_sizes(program(*parts(10, 7))), one.plan, prog, trail=one.trail)
+    without = resize(program_sizes(program(*parts(10, 7))), one.plan, prog)
+    assert with_trail.plan is not None and _bodies(with_trail.plan) == _bodies(without.plan)
+    assert [k.ast is ko.ast for k, ko in zip(with_trail.plan.kernels, one.plan.kernels)] == \
+        [not kept for kept in one.trail.kept]
+
+
 def test_unchanged_nodes_are_shared_and_structures_stay_right():
     """A resized plan keeps the old plan's node objects where the new sizes change nothing (so a
     kernel the new length does not touch keeps its body, and what was worked out for it), builds

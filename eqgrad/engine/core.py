@@ -46,6 +46,7 @@ class CompiledPlan:
     egraph: EGraph | None         # None: the plan came from the disk cache (compile_plan)
     seconds: dict[str, float]
     result: Any = None            # the extractor's Result (choice, evaluation, alternatives, info); None as egraph
+    trail: Any = None             # a resized plan's: what the next resize from it may take (graph/resize.py Trail)
 
 
 class PlanCache(OrderedDict):

@@ -365,7 +365,7 @@ class Session:
         no candidate resizes safely."""
         for old_ps, old in self._resizable.candidates(skey):
             t0 = time.perf_counter()
-            r = resize(old_ps, old.plan, ps, rule_writers=rules.constant_writers)
+            r = resize(old_ps, old.plan, ps, rule_writers=rules.constant_writers, trail=old.trail)
             if config.DEBUG.value >= 2:
                 print(f"plan cache miss: {r.describe()}")
             if r.plan is None:
@@ -376,7 +376,7 @@ class Session:
             # the e-graph and the extractor's result describe the old sizes: a resized plan has none
             # (explain() compiles its program fully, Session.plan_for)
             return CompiledPlan(r.plan, run, old.report, None,
-                                dict(saturate=0.0, extract=0.0, compile=time.perf_counter() - t0))
+                                dict(saturate=0.0, extract=0.0, compile=time.perf_counter() - t0), trail=r.trail)
         return None
 
     def _repredict(self, old: KernelPlan, new: KernelPlan, device: str) -> None:
