@@ -319,6 +319,25 @@ def test_a_long_reduction_is_sized_from_the_first_compile_and_the_programs_are_k
     assert hit_b.program is pb and list(hit_b.sizes) == [50]
 
 
+def test_a_sized_program_keeps_the_literal_of_a_long_reduction_that_never_changed():
+    """A family's first programs read their long reduction extents at run time (speculation); once
+    the family has been seen at CONCRETE_SIZES sizes, its sized program takes as arguments exactly
+    the sizes that differed -- a reduction extent that stayed (a head dim, while a cache's length
+    grows) is a literal there, and one that differs later is an argument of the next."""
+    fams = Families(native={})
+    key = ("k",)
+    for stride in (5, 7):
+        sh = split_sizes(kernel(64, stride))
+        assert sh.reductions == (0,) and fams.plan(key, sh) == {4: 0}
+        fams.add_sized(key, sh, {4: 0}, _Program())
+    third = split_sizes(kernel(64, 9))
+    assert fams.find(key, third) is None and fams.plan(key, third) == {5: 0}
+    bound = fams.add_sized(key, third, {5: 0}, _Program())
+    assert fams.find(key, split_sizes(kernel(64, 11))).program is bound.program
+    other = split_sizes(kernel(40, 13))
+    assert fams.find(key, other) is None and fams.plan(key, other) == {4: 0, 5: 1}
+
+
 def test_a_member_that_shares_a_live_skeleton_keeps_its_long_reductions():
     """shape_of gives a family's members one Skeleton object; the member that takes the live one
     keeps its reduction loops' positions (they were dropped with the skeleton swap, so a later
