@@ -385,13 +385,14 @@ class Session:
         keeps the rate share of its register block at the old sizes (cost.py ``fill``): working
         it out again per resize (the lanes pass's decision) made a growing KV cache's decode step
         1.7x a fixed-shape one's."""
-        p = cost_model(device, self.extraction).params
+        model = cost_model(device, self.extraction)     # (once: it stats the calibration file)
+        p = model.params
         for ko, kn in zip(old.kernels, new.kernels):
             passes = (ko.stats.passes, kn.stats.passes) if ko.stats is not None and kn.stats is not None else (0.0, 0.0)
             if (kn.nbytes, kn.flops, passes[1]) != (ko.nbytes, ko.flops, passes[0]):
                 kn.predicted = rescaled(p, ko.predicted, ko.nbytes, ko.flops, kn.nbytes, kn.flops, *passes)
         new.predicted = sum(k.predicted for k in new.kernels)
-        in_order(new, cost_model(device, self.extraction))     # its reads from cache at the new sizes
+        in_order(new, model)           # its reads from cache at the new sizes
 
     def _realize_on(self, device: str, targets: list[LazyBuffer]) -> None:
         t0 = time.perf_counter()
