@@ -338,6 +338,24 @@ def test_a_sized_program_keeps_the_literal_of_a_long_reduction_that_never_change
     assert fams.find(key, other) is None and fams.plan(key, other) == {4: 0, 5: 1}
 
 
+def test_an_instance_of_a_trace_compiles_sized_in_its_symbols_at_once():
+    """A loop kernel instantiated from a trace (its body's sizes keep changing: lower/trace.py)
+    that starts a family -- a growing cache traced again past a lane multiple -- compiles a sized
+    program with the trace's sizes as arguments at once, not CONCRETE_SIZES programs of literals
+    first; a short loop's extent among them stays a literal, as in any sized program, and so does a
+    long reduction's extent that the trace holds fixed (no speculation: the trace says what varies)."""
+    import dataclasses
+    fams = Families(native={})
+    key = ("k",)
+    sh = split_sizes(kernel(3, 5))
+    assert fams.plan(key, sh) is None                                        # not traced: literals
+    traced = dataclasses.replace(sh, traced=(0, 1))
+    assert traced.short == (0,) and fams.plan(key, traced) == {5: 0}         # the stride, not the short extent
+    long_traced = dataclasses.replace(split_sizes(kernel(SPECULATE_MIN, 5)), traced=(1,))
+    assert long_traced.reductions == (0,)
+    assert fams.plan(("j",), long_traced) == {5: 0}          # a long reduction the trace holds fixed: a literal
+
+
 def test_a_member_that_shares_a_live_skeleton_keeps_its_long_reductions():
     """shape_of gives a family's members one Skeleton object; the member that takes the live one
     keeps its reduction loops' positions (they were dropped with the skeleton swap, so a later

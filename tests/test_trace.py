@@ -249,7 +249,9 @@ def test_an_instantiated_kernel_computes_what_the_lowered_one_does():
 
 def test_a_guard_that_fails_falls_back_to_the_lowering():
     """Lanes: 16 of a last axis that 16 divides, fewer otherwise -- a trace made at 17, 18, 19
-    columns does not apply at 32, which lowers as usual (and the result is still its own IR)."""
+    columns does not apply at 32, which is traced again there (the body's trace was instantiated at
+    20: ``test_a_body_whose_traces_paid_is_traced_again_at_once_where_none_holds``) or lowered as
+    usual, the result its own IR either way."""
     tr = Traces()
     for n in (17, 18, 19, 20, 32, 21):
         eqgrad.realize(*_matmul(n - 3))
@@ -547,3 +549,32 @@ def test_grouped_query_attention_over_a_growing_cache_is_traced_once_for_every_l
                 late += len(lowered) - before
                 _runs_alike(lk, lower_kernel(k, plan), k, plan)
     assert tr.traced >= 1 and late == 0, (tr.traced, tr.hits, late)
+
+
+def test_a_body_whose_traces_paid_is_traced_again_at_once_where_none_holds():
+    """A growing cache that crosses a guard of its body's trace (the softmax's ``s0 > 16``, a lane
+    multiple) is traced again at that length with the symbols of the newest trace, where the body's
+    traces have each been instantiated: not lowered as usual at CONCRETE more lengths first, each of
+    which a device compiled as a program of its own (a decode step's attention: 3 programs, ~55 ms
+    a step, at lengths 16, 32 and 64). The instances give the lowering's numbers."""
+    tr = Traces()
+    plans = _plans(_gqa, list(range(8, 36)))
+    lowered: list[int] = []
+
+    def count(k, plan):
+        if not symbolic._tracing[0]:              # (a trace lowers with its sizes as symbols)
+            lowered.append(1)
+        return lower_kernel(k, plan)
+    bodies = set()
+    for i, plan in enumerate(plans):
+        for k in plan.kernels:
+            before = len(lowered)
+            lk = tr.lower(k, plan, count)
+            bodies.add(body_sizes(k, plan)[0])
+            if i >= CROSS_FROM:
+                assert len(lowered) == before, (8 + i, k.name)        # traced or instantiated, never lowered
+                _runs_alike(lk, lower_kernel(k, plan), k, plan)
+    assert tr.traced > len(bodies), (tr.traced, len(bodies))           # traced again past a guard
+
+
+CROSS_FROM = 4      # (lengths from 12: every body of the step has been traced by then)

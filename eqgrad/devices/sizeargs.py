@@ -96,14 +96,16 @@ class Shape:
     values: tuple[int, ...]       # those values, in that order
     reductions: tuple[int, ...] = ()   # indices into positions: reduction loops of >= SPECULATE_MIN iterations
     short: tuple[int, ...] = ()        # indices into positions: loops of < SPECULATE_MIN iterations (``plan``)
+    traced: tuple[int, ...] = ()       # indices into positions: sizes of a trace's symbols (``plan``)
 
 
 def _shape(skeleton: Skeleton, positions: tuple[int, ...], values: tuple[int, ...], loops: frozenset[int],
-           ranges: frozenset[int]) -> Shape:
+           ranges: frozenset[int], traced: tuple[int, ...] = ()) -> Shape:
     """The Shape of a member with these ``values``, whose reduction loops and loops (all of them)
-    are at the indices ``loops`` and ``ranges`` into ``positions``."""
+    are at the indices ``loops`` and ``ranges`` into ``positions``, and whose sizes at ``traced``
+    are its trace's symbols (an instance of a trace: lower/trace.py)."""
     return Shape(skeleton, positions, values, tuple(j for j in sorted(loops) if values[j] >= SPECULATE_MIN),
-                 tuple(j for j in sorted(ranges) if values[j] < SPECULATE_MIN))
+                 tuple(j for j in sorted(ranges) if values[j] < SPECULATE_MIN), traced)
 
 
 def split_sizes(lk: LoopKernel, launch_split: bool = True) -> Shape:
@@ -228,22 +230,24 @@ class Families:
         instructions and a comparison with its family's). None: work it out as usual."""
         memo = self._by_holes.get(id(holes))
         if memo is not None and memo[0]() is holes:
-            _, skeleton, positions, loops, ranges = memo
+            _, skeleton, positions, loops, ranges, traced = memo
             if skeleton is None:
                 return None
             insts = dk.insts
-            return _shape(skeleton, positions, tuple(int(insts[i].arg) for i in positions), loops, ranges)
+            return _shape(skeleton, positions, tuple(int(insts[i].arg) for i in positions), loops, ranges, traced)
         shape, loops, ranges = _split_sizes(dk, self.launch_split)
         at = set(shape.positions)
         if dk.parallel and self.launch_split:
             at.add(dk.parallel_ranges()[0])
         fits = all(f == "arg" and i in at for i, f in holes.holes)
         skeleton = self._canonical(shape.skeleton) if fits else None
-        self._by_holes[id(holes)] = (weakref.ref(holes), skeleton, shape.positions, loops, ranges)
+        put = {i for i, _ in holes.holes}
+        traced = tuple(j for j, i in enumerate(shape.positions) if i in put)
+        self._by_holes[id(holes)] = (weakref.ref(holes), skeleton, shape.positions, loops, ranges, traced)
         weakref.finalize(holes, self._by_holes.pop, id(holes), None)
         if skeleton is None:
             return None
-        return replace(shape, skeleton=skeleton)
+        return replace(shape, skeleton=skeleton, traced=traced)
 
     def rebound(self, tr: Any, env: tuple[int, ...]) -> tuple[Shape, int] | None:
         """(the Shape, the split loop's extent) of trace ``tr``'s instance for the symbols' values
@@ -257,7 +261,7 @@ class Families:
         memo = self._by_holes.get(id(h)) if h is not None else None
         if memo is None or memo[0]() is not h or memo[1] is None:
             return None
-        _, skeleton, positions, loops, ranges = memo
+        _, skeleton, positions, loops, ranges, traced = memo
         ir = tr.ir
         if type(ir.lk.parallel) is not int:
             return None
@@ -285,7 +289,7 @@ class Families:
             return None
         if any(type(v) is not int for v in values):
             return None
-        return _shape(skeleton, positions, values, loops, ranges), n
+        return _shape(skeleton, positions, values, loops, ranges, traced), n
 
     def _canonical(self, sk: Skeleton) -> Skeleton:
         """The Skeleton object equal to ``sk`` that a live kernel's Shape holds, else ``sk`` itself.
@@ -349,6 +353,13 @@ class Families:
                            if not any(v[j] != shape.values[j] and v[j] < SPECULATE_MIN for v in seen)}
                 varying = {j for j in range(len(shape.values))
                            if j not in literal and len({v[j] for v in vectors}) > 1}
+            elif shape.traced:
+                # an instance of a trace (lower/trace.py): its body's sizes keep changing, and the
+                # trace's symbols are where -- arguments at once, as a family's sized program would
+                # have them (a growing cache crossing a lane multiple is traced again there, and
+                # compiled 3 programs, ~55 ms a step, before the new family's was sized) -- but a
+                # short loop's extent, as ever, and no reduction extent the trace holds fixed
+                varying = set(shape.traced) - set(shape.short)
             else:
                 varying = set(shape.reductions if speculate else ())
             return {shape.positions[j]: n for n, j in enumerate(sorted(varying))} if varying else None
