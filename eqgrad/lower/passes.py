@@ -84,7 +84,19 @@ class LowerOptions:
     @classmethod
     def for_caps(cls, caps: Capabilities, **kw) -> "LowerOptions":
         """The options a device with ``caps`` lowers with: its register-block widths and thresholds,
-        and without the lanes and tiling passes where it has no register lanes (a GPU's work-items)."""
+        and without the lanes and tiling passes where it has no register lanes (a GPU's work-items).
+        The same object for the same arguments: the device stage compares a kernel's options with
+        its memo's at every prepare (a resized plan's, at every step), and 21 fields compare slower
+        than one identity."""
+        if cls is not LowerOptions:
+            return cls._for_caps(caps, **kw)
+        try:
+            return _options_for(caps, tuple(sorted(kw.items())))
+        except TypeError:                  # (an argument that does not hash)
+            return cls._for_caps(caps, **kw)
+
+    @classmethod
+    def _for_caps(cls, caps: Capabilities, **kw) -> "LowerOptions":
         no_lanes = frozenset() if caps.register_lanes else {"lanes", "dot lanes", "tiling"}
         disabled = frozenset(kw.pop("disabled", ())) | no_lanes
         return cls(lanes_last=caps.lanes_last, lanes_prev=caps.lanes_prev, lane_body_max=caps.lane_body_max,
@@ -100,6 +112,12 @@ class LowerOptions:
         if self.sum_block < 2 or self.sum_radix < 2:
             raise ValueError(f"LowerOptions: sum_block and sum_radix must be >= 2, "
                              f"got {self.sum_block}, {self.sum_radix}")
+
+
+@functools.lru_cache(maxsize=64)
+def _options_for(caps: Capabilities, kw: tuple) -> LowerOptions:
+    """``LowerOptions.for_caps``'s answer, one object per (capabilities, arguments)."""
+    return LowerOptions._for_caps(caps, **dict(kw))
 
 
 @dataclass(frozen=True)
