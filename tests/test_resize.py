@@ -464,6 +464,34 @@ def test_a_plain_constant_is_never_read_as_a_size():
     assert r.plan is not None and "MUL(b0, 9.0)" in r.plan.kernels[0].ast.render(), r.reason   # a Size still maps
 
 
+def test_a_size_constant_is_never_made_as_the_plain_constant_it_prints_as():
+    """A plain 8.0 and a Size 8.0 print alike, but only the Size takes the new size: the body with
+    the plain constant resized first (its body structure's builder is then made) must not lend the
+    Size's body that builder, which keeps its constants -- the Size stayed 8.0 for rows of 9 (wrong
+    numbers). And the builder's body refuses a plain constant where a rule computes constants from
+    sizes, as the walk does."""
+    from eqgrad.graph import resize as R
+    from eqgrad.graph.sizes import body_builder
+    rng = np.random.default_rng(15)
+    old, plan = compiled(*bcast_sum(rng, 6, 8))
+    prog = program(*bcast_sum(rng, 5, 9))
+    plain, sized = expand_sum_plan(old, plan, 8.0), expand_sum_plan(old, plan, 8.0, size=8)
+    assert body_builder(plain.kernels[0], plain) is not None and body_builder(sized.kernels[0], sized) is None
+    r = resize(old, plain, prog)
+    assert r.plan is not None and "MUL(b0, 8.0)" in r.plan.kernels[0].ast.render()
+    r = resize(old, sized, prog)
+    assert r.plan is not None and "MUL(b0, 9.0)" in r.plan.kernels[0].ast.render(), r.plan.kernels[0].ast.render()
+    close(run_interp(r.plan, prog), [np.asarray(a) for a in run_program(prog)])
+    built = []
+    real = R._Resizer._built
+    R._Resizer._built = lambda self, k, order: built.append(k.name) or real(self, k, order)
+    try:
+        r = resize(old, plain, prog, rule_writers=("mine",))
+    finally:
+        R._Resizer._built = real
+    assert built and r.plan is None and "mine" in r.reason, (built, r.reason)
+
+
 def test_a_size_survives_the_plan_file_and_a_pickle():
     """The size a CONST remembers is kept by the plan's JSON (the disk cache) and by pickling."""
     import pickle

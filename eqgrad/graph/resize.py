@@ -476,6 +476,10 @@ class _Resizer:
         build = body_builder(k, self.plan)
         if build is None:
             return None
+        for c in _body(k.ast)[2]:
+            # (the builder keeps a plain constant: the walk's ``const_value`` refuses it where a
+            # rule that computes constants from sizes runs, and so must this)
+            self.const_value(c.arg, c.dtype)
         sigma = self.sigma
         moving = body_size_set(k, self.plan) - self.kept
         if not moving <= sigma.keys() or any(sigma[x] in (0, 1) for x in moving):

@@ -278,7 +278,10 @@ def body_sizes(k: Kernel, plan: KernelPlan) -> tuple[tuple, tuple[int, ...]]:
         if op == "BUF":
             arg = ("buf", pos[n.arg])
         elif op == "CONST":
-            arg = ("const", repr(n.arg))
+            # (a constant that is a size of the program, ``size_value``, prints as its float but
+            # is another body: resize maps it to the new size, a plain constant it keeps -- one
+            # skeleton for both gave a Size body the builder of a plain one, which kept the size)
+            arg = ("size" if is_size(n.arg) else "const", repr(n.arg))
         elif op in sized:                   # (a GROUP root is not an op of the table)
             arg = _flat(n.arg, sizes)
         else:                           # axes, a permutation, a dtype: structure, not sizes
