@@ -47,6 +47,7 @@ import llvmlite.binding as llvm
 from eqgrad import config
 from eqgrad.graph.caps import Capabilities, cpu_caps
 from eqgrad.graph.plan import KernelPlan, NodeMemo
+from eqgrad.graph.sizes import body_sizes
 from eqgrad.devices import Buffer, Device, DevicePlan
 from eqgrad.lower import lowering, trace
 from eqgrad.lower.passes import LowerOptions
@@ -221,6 +222,10 @@ class LLVMDevice(Device):
         self._structures = {}                      # id of a kernel -> (it, plan, structure), per prepare
         # id of a kernel -> (it, plan, target, _member's answer[, a rebound one's program]), per prepare
         self._members: dict[int, tuple] = {}
+        # (body structure, its sizes, target) -> _rebound's (split extent, Shape, family key, program),
+        # per prepare: a model's layers change alike (a 30-layer decoder step: 90 changed kernels, 3
+        # distinct), and each bound its trace and looked its family up again
+        self._bound: dict[tuple, tuple] = {}
         self._memo_now: tuple | None = None        # (target, _memo_key(target)) for the duration of a prepare
         self._gemms: dict[tuple, Any] = {}          # (Gemm, buffer ids, threads) -> its BLAS program
         # program -> {_band of the split loop's extent: [runs timed, fastest on one thread,
@@ -341,16 +346,28 @@ class LLVMDevice(Device):
         shape_out, dt = plan.buffers[k.out]
         if numel(shape_out) * dt.itemsize >= NT_MIN:
             return None
-        found = trace.TRACES.bind(k, plan, self.trace_key)
-        r = self.families.rebound(*found) if found is not None else None
-        if r is None:
-            return None
-        shape, n = r
-        key = (shape.skeleton, False, target)
-        prg = self.families.find(key, shape)
-        if prg is None:
-            return None
+        same = (*body_sizes(k, plan), target)       # (its answer is a function of these alone)
+        hit = self._bound.get(same)
+        found = None
+        if hit is not None:
+            n, shape, key, prg = hit
+        else:
+            found = trace.TRACES.bind(k, plan, self.trace_key)
+            r = self.families.rebound(*found) if found is not None else None
+            if r is None:
+                return None
+            shape, n = r
+            key = (shape.skeleton, False, target)
+            prg = self.families.find(key, shape)
+            if prg is None:
+                return None
+            self._bound[same] = (n, shape, key, prg)
         if config.VERIFY.value:
+            if found is None:
+                found = trace.TRACES.bind(k, plan, self.trace_key)
+                if found is None:
+                    raise AssertionError(f"kernel {k.name}: bound as a kernel of its structure and sizes was, "
+                                         "but no trace of it holds")
             # the trace's instance, made: (loop IR that this process kept at these very sizes is
             # what ``lowered_kernel`` would return instead -- where a size equals another
             # constant, the plain lowering shares the two: another family, as right)
@@ -725,6 +742,7 @@ class LLVMDevice(Device):
             self._disk.clear()
             self._structures.clear()
             self._members.clear()
+            self._bound.clear()
         # (the pieces are named after the plan kernels they run: the given plan prices them in context)
         return self._runner(steps, scratch, threads, given.in_context([s[0] for s in steps]))
 
