@@ -319,11 +319,13 @@ def test_a_long_reduction_is_sized_from_the_first_compile_and_the_programs_are_k
     assert hit_b.program is pb and list(hit_b.sizes) == [50]
 
 
-def test_a_sized_program_keeps_the_literal_of_a_long_reduction_that_never_changed():
-    """A family's first programs read their long reduction extents at run time (speculation); once
-    the family has been seen at CONCRETE_SIZES sizes, its sized program takes as arguments exactly
-    the sizes that differed -- a reduction extent that stayed (a head dim, while a cache's length
-    grows) is a literal there, and one that differs later is an argument of the next."""
+def test_a_traced_instance_keeps_the_literal_of_a_long_reduction_its_trace_holds_fixed():
+    """An untraced family's sized program reads its long reduction extents at run time too (the
+    speculation of its first programs: a new batch size, whose extents the family's other kernels
+    did not vary, compiles nothing); an instance of a trace reads exactly its trace's sizes, so a
+    long reduction extent that the trace holds fixed (a head dim, while a cache's length grows) is
+    a literal in its program."""
+    import dataclasses
     fams = Families(native={})
     key = ("k",)
     for stride in (5, 7):
@@ -331,11 +333,8 @@ def test_a_sized_program_keeps_the_literal_of_a_long_reduction_that_never_change
         assert sh.reductions == (0,) and fams.plan(key, sh) == {4: 0}
         fams.add_sized(key, sh, {4: 0}, _Program())
     third = split_sizes(kernel(64, 9))
-    assert fams.find(key, third) is None and fams.plan(key, third) == {5: 0}
-    bound = fams.add_sized(key, third, {5: 0}, _Program())
-    assert fams.find(key, split_sizes(kernel(64, 11))).program is bound.program
-    other = split_sizes(kernel(40, 13))
-    assert fams.find(key, other) is None and fams.plan(key, other) == {4: 0, 5: 1}
+    assert fams.plan(key, third) == {4: 0, 5: 1}                    # untraced: speculated, and the stride
+    assert fams.plan(key, dataclasses.replace(third, traced=(1,))) == {5: 0}     # traced: the stride alone
 
 
 def test_an_instance_of_a_trace_compiles_sized_in_its_symbols_at_once():

@@ -29,10 +29,11 @@ each differing from its family in that one extent, nothing else. So a kernel's f
 the extents of its reduction loops of at least ``SPECULATE_MIN`` iterations at run time
 (``Shape.reductions``); the next batch size runs them with its own extents and compiles nothing.
 A short reduction loop (a 3x3 window, a loop over lanes) keeps its literal extent, which LLVM
-unrolls completely; a long one runs as a loop either way. A family's sized program, compiled once its sizes
-have been seen to change, reads exactly the sizes that differed between its vectors: a long
-reduction extent that never changed is a literal there (LLVM splits and vectorizes a loop it knows
-the count of: a decode step's dot products over the head dim, 0.39 -> 0.13 ms). A short loop of any kind keeps its literal
+unrolls completely; a long one runs as a loop either way. An instance of a trace (lower/trace.py: a body whose
+sizes keep changing) reads exactly its trace's sizes: a long reduction extent the trace holds fixed
+is a literal in its program (LLVM splits and vectorizes a loop it knows the count of: a decode
+step's dot products over the head dim, 0.39 -> 0.13 ms), and an instance that starts a family is
+compiled sized at once. A short loop of any kind keeps its literal
 in the sized program too, unless the family has counted through other short extents at that
 position (a cache growing from 5 positions, where each new length would compile): softmax over
 rows of 15 after rows of 64 and 128 ran 138 us with the row length read at run time, 91 us with it
@@ -336,32 +337,31 @@ class Families:
         reduction extents (if ``speculate``), and, once the family has been compiled for
         CONCRETE_SIZES other size vectors, every size that differs between them -- but a short
         loop's extent (``Shape.short``) where no other vector seen has another short extent there
-        (module docstring)."""
+        (module docstring). An instance of a trace (``Shape.traced``): exactly its trace's sizes,
+        but such a short extent."""
         with self._lock:
             fam = self._family(key)
             seen = [v for v in fam.seen if v != shape.values]
-            if len(seen) >= CONCRETE_SIZES:
-                # the family's sizes seen: exactly those that differ between its vectors are
-                # arguments -- a reduction extent that stayed keeps its literal (a decode step's
-                # dot products over the head dim, with the cache's length an argument, ran 0.39
-                # against 0.11 ms with their extent 64 read at run time: LLVM splits and
-                # vectorizes a loop of known extent around the rotary halves' select)
-                vectors = seen + [shape.values]
-                # a short loop keeps its literal extent unless the family counts through short
-                # extents there (a sequence growing from 5): see the docstring
-                literal = {j for j in shape.short
-                           if not any(v[j] != shape.values[j] and v[j] < SPECULATE_MIN for v in seen)}
-                varying = {j for j in range(len(shape.values))
-                           if j not in literal and len({v[j] for v in vectors}) > 1}
-            elif shape.traced:
+            # a short loop keeps its literal extent unless the family counts through short extents
+            # there (a sequence growing from 5): see the docstring
+            literal = {j for j in shape.short
+                       if not any(v[j] != shape.values[j] and v[j] < SPECULATE_MIN for v in seen)}
+            if shape.traced:
                 # an instance of a trace (lower/trace.py): its body's sizes keep changing, and the
-                # trace's symbols are where -- arguments at once, as a family's sized program would
-                # have them (a growing cache crossing a lane multiple is traced again there, and
-                # compiled 3 programs, ~55 ms a step, before the new family's was sized) -- but a
-                # short loop's extent, as ever, and no reduction extent the trace holds fixed
-                varying = set(shape.traced) - set(shape.short)
+                # trace's symbols say where -- exactly those are arguments, at once (a growing cache
+                # crossing a lane multiple is traced again there, and compiled 3 programs, ~55 ms a
+                # step, before the new family's was sized), and a long reduction's extent the trace
+                # holds fixed stays a literal: a decode step's dot products over the head dim, with
+                # the cache's length an argument, ran 0.39 against 0.14 ms with their extent 64 read
+                # at run time (LLVM splits and vectorizes a loop of known extent around the rotary
+                # halves' select)
+                varying = set(shape.traced) - literal
             else:
                 varying = set(shape.reductions if speculate else ())
+                if len(seen) >= CONCRETE_SIZES:
+                    vectors = seen + [shape.values]
+                    varying.update(j for j in range(len(shape.values))
+                                   if j not in literal and len({v[j] for v in vectors}) > 1)
             return {shape.positions[j]: n for n, j in enumerate(sorted(varying))} if varying else None
 
     def _saw(self, fam: _Family, values: tuple[int, ...]) -> None:
