@@ -366,8 +366,8 @@ class LLVMDevice(Device):
             if found is None:
                 found = trace.TRACES.bind(k, plan, self.trace_key)
                 if found is None:
-                    raise AssertionError(f"kernel {k.name}: bound as a kernel of its structure and sizes was, "
-                                         "but no trace of it holds")
+                    raise AssertionError(f"kernel {k.name}: a kernel of its structure and sizes was bound in "
+                                         "this prepare, but no trace of it holds")
             # the trace's instance, made: (loop IR that this process kept at these very sizes is
             # what ``lowered_kernel`` would return instead -- where a size equals another
             # constant, the plain lowering shares the two: another family, as right)

@@ -29,11 +29,11 @@ each differing from its family in that one extent, nothing else. So a kernel's f
 the extents of its reduction loops of at least ``SPECULATE_MIN`` iterations at run time
 (``Shape.reductions``); the next batch size runs them with its own extents and compiles nothing.
 A short reduction loop (a 3x3 window, a loop over lanes) keeps its literal extent, which LLVM
-unrolls completely; a long one runs as a loop either way. An instance of a trace (lower/trace.py: a body whose
-sizes keep changing) reads exactly its trace's sizes: a long reduction extent the trace holds fixed
-is a literal in its program (LLVM splits and vectorizes a loop it knows the count of: a decode
-step's dot products over the head dim, 0.39 -> 0.13 ms), and an instance that starts a family is
-compiled sized at once. A short loop of any kind keeps its literal
+unrolls completely; a long one runs as a loop either way. An instance of a trace (lower/trace.py: a
+body whose sizes keep changing) reads exactly its trace's sizes: a long reduction extent the trace
+holds fixed is a literal in its program (LLVM splits and vectorizes a loop it knows the count of: a
+decode step's dot products over the head dim, 0.39 -> 0.13 ms), and an instance that starts a
+family is compiled sized at once. A short loop of any kind keeps its literal
 in the sized program too, unless the family has counted through other short extents at that
 position (a cache growing from 5 positions, where each new length would compile): softmax over
 rows of 15 after rows of 64 and 128 ran 138 us with the row length read at run time, 91 us with it
