@@ -88,8 +88,6 @@ class LowerOptions:
         The same object for the same arguments: the device stage compares a kernel's options with
         its memo's at every prepare (a resized plan's, at every step), and 21 fields compare slower
         than one identity."""
-        if cls is not LowerOptions:
-            return cls._for_caps(caps, **kw)
         try:
             return _options_for(caps, tuple(sorted(kw.items())))
         except TypeError:                  # (an argument that does not hash)
