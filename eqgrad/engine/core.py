@@ -7,6 +7,7 @@ but the process-wide compile lock.
 """
 from __future__ import annotations
 
+import gc
 import hashlib
 import os
 import threading
@@ -96,6 +97,39 @@ def _new_lock_in_child() -> None:
 os.register_at_fork(after_in_child=_new_lock_in_child)
 
 
+# a compile that took GC_PAYS x the last full collection's time or more ends with one
+# (``_settled``): docs/lowering.md, Constants
+GC_PAYS = 20
+_LAST_FULL = [0.0, 0.0]         # the last full collection's seconds; when the one running began
+_COMPILES = [0]                 # compile_plan calls open (nested: a measured extractor's candidates)
+
+
+def _timed_full(phase: str, info: dict) -> None:
+    """gc callback: the seconds each full collection takes (``_settled`` reads the last)."""
+    if info["generation"] == 2:
+        if phase == "start":
+            _LAST_FULL[1] = time.perf_counter()
+        else:
+            _LAST_FULL[0] = time.perf_counter() - _LAST_FULL[1]
+
+
+gc.callbacks.append(_timed_full)
+
+
+def _settled(seconds: float) -> None:
+    """After a compile of ``seconds`` (the outermost): a full collection, where the last one took at
+    most 1/GC_PAYS of that. A compile leaves its plan, programs and the lowering's caches in the
+    old generation, and the full collection those call for otherwise comes at a later allocation
+    -- inside a short step of the user's: a jitted MLP step at a new batch size (bench_compile's
+    jit_batch) took 60-70 instead of 40 ms in one process of four, 17-20 ms of it one full
+    collection (~11 ms with numpy, scipy, egglog and llvmlite imported; 2-vCPU Intel Xeon). A
+    compile long enough to hide one pays it where it ends; a short one (a resize is not a
+    compile here) does not, nor a process whose heap makes one costly (a test worker's: 0.3 s).
+    docs/engine.md, "The garbage collector after a compile"."""
+    if _LAST_FULL[0] and seconds >= GC_PAYS * _LAST_FULL[0] and gc.isenabled():
+        gc.collect()
+
+
 def compile_plan(prog: Program, rules: RuleConfig, extraction: ExtractSettings | None = None,
                  saturator: Saturator | None = None, disk: bool = True) -> CompiledPlan:
     """Saturate ``prog`` under ``rules``, extract a plan under ``extraction`` (None: the default
@@ -109,8 +143,16 @@ def compile_plan(prog: Program, rules: RuleConfig, extraction: ExtractSettings |
     the e-graph and the extractor's alternatives -- and still stores the plan.
 
     A compile longer than EQGRAD_PROGRESS seconds shows its phase and sizes (eqgrad/progress.py)."""
-    with progress.compiling(f"{len(prog.nodes):,} ops on {prog.device}"):
-        return _compile(prog, rules, extraction, saturator, disk)
+    t0 = time.perf_counter()
+    _COMPILES[0] += 1
+    try:
+        with progress.compiling(f"{len(prog.nodes):,} ops on {prog.device}"):
+            cp = _compile(prog, rules, extraction, saturator, disk)
+    finally:
+        _COMPILES[0] -= 1
+    if not _COMPILES[0]:
+        _settled(time.perf_counter() - t0)
+    return cp
 
 
 def _compile(prog: Program, rules: RuleConfig, extraction: ExtractSettings | None, saturator: Saturator | None,
