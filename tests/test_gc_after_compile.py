@@ -104,3 +104,18 @@ def test_each_full_collection_is_timed():
     assert core._LAST_FULL[0] == 0.0
     gc.collect()
     assert 0.0 < core._LAST_FULL[0] < 60.0
+
+
+def test_a_fork_starts_the_child_with_no_compile_open():
+    """A fork while a compile is open (in another thread of the parent): the child's compiles end
+    with the rule, not inside a count that never closes there."""
+    import os
+    core._COMPILES[0] += 1
+    try:
+        pid = os.fork()
+        if pid == 0:                         # the child: report and leave at once
+            os._exit(0 if core._COMPILES == [0] else 1)
+        _, status = os.waitpid(pid, 0)
+    finally:
+        core._COMPILES[0] -= 1
+    assert os.waitstatus_to_exitcode(status) == 0

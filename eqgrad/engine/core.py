@@ -92,6 +92,7 @@ COMPILE_LOCK = threading.RLock()
 def _new_lock_in_child() -> None:
     global COMPILE_LOCK
     COMPILE_LOCK = threading.RLock()      # a parent thread may have held it at the fork
+    _COMPILES[0] = 0                      # (and been inside a compile that never ends here)
 
 
 os.register_at_fork(after_in_child=_new_lock_in_child)
