@@ -20,6 +20,8 @@ from eqgrad.graph.sizes import body_sizes, with_sizes
 from eqgrad.lower.trace import Sym, Traces, TraceError, _Recorder
 import eqgrad.nn.functional as F
 
+from conftest import forget_what_a_new_process_lacks
+
 
 # ------------------------------------------------------------------ the numbers themselves
 
@@ -295,11 +297,8 @@ def test_body_sizes_keeps_the_structure_apart_from_the_sizes():
 
 def _new_process() -> None:
     """What a new process starts without: plans, lowered loop IR, traces, size families."""
-    engine.clear_cache()
+    forget_what_a_new_process_lacks()
     gc.collect()
-    get_device("LLVM").families.clear()
-    devices._lowered.clear()
-    trace.TRACES.clear()
 
 
 def test_the_device_lowers_a_growing_cache_from_traces(monkeypatch):
