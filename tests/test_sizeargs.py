@@ -22,7 +22,7 @@ from eqgrad.devices.sizeargs import CONCRETE_SIZES, SPECULATE_MIN, Families, Siz
 from eqgrad.graph.loopir import INDEX, LInst, LoopKernel
 from eqgrad.dtype import float32
 
-from conftest import DEVICES
+from conftest import DEVICES, forget_what_a_new_process_lacks
 
 
 def decode(T: int, D: int = 8, seed: int = 0, device: str | None = None) -> tuple[list[Tensor], list[np.ndarray]]:
@@ -426,8 +426,7 @@ needs_cstyle = pytest.mark.skipif(not CSTYLE, reason="no OpenCL platform or CUDA
 
 @pytest.fixture(params=CSTYLE)
 def fresh_cstyle(request):
-    engine.clear_cache()
-    get_device(request.param).families.clear()
+    forget_what_a_new_process_lacks()           # (the lowered loop IR and traces of the test before too)
     yield request.param
     engine.clear_cache()
 
@@ -446,14 +445,12 @@ def test_cstyle_a_growing_cache_compiles_its_kernels_once_more_then_never(fresh_
 @needs_cstyle
 def test_cstyle_a_growing_cache_lowers_from_traces_of_its_own_lowering(fresh_cstyle, monkeypatch):
     """Its kernels' loop IR comes from traces (lower/trace.py) of the device's own lowering, kept
-    apart from the CPU's by the device's capabilities (a GPU's: no register blocks; here forced on
-    a CPU OpenCL, whose capabilities lower as the CPU's and share its traces)."""
-    import dataclasses
+    apart from the CPU's by the device's capabilities (a GPU's: no register blocks; a CPU OpenCL's:
+    row arrays in a work-item's private memory, sized to the row, not a thread's stack)."""
     from eqgrad.graph.caps import CPU
     from eqgrad.lower import trace
     dev = get_device(fresh_cstyle)
-    if dev.caps == CPU:
-        monkeypatch.setattr(dev, "caps", dataclasses.replace(dev.caps, register_lanes=False))
+    assert dev.caps != CPU and not dev.caps.row_arrays_full
     h0 = trace.TRACES.hits
     run_steps(range(5, 15), device=fresh_cstyle)
     assert trace.TRACES.hits > h0

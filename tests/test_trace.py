@@ -301,6 +301,32 @@ def _new_process() -> None:
     gc.collect()
 
 
+def _one_query(T: int, heads: int = 2, hd: int = 64) -> tuple[Tensor, np.ndarray]:
+    """A decode step's attention: one query a head over a cache of T positions, and NumPy's answer."""
+    rng = np.random.default_rng(T)
+    q = rng.standard_normal((1, heads, 1, hd)).astype(np.float32)
+    k, v = (rng.standard_normal((1, heads, T, hd)).astype(np.float32) for _ in range(2))
+    s = q @ k.transpose(0, 1, 3, 2) * 0.125
+    p = np.exp(s - s.max(-1, keepdims=True))
+    return ((Tensor(q) @ Tensor(k).transpose(-2, -1)) * 0.125).softmax(-1) @ Tensor(v), (p / p.sum(-1, keepdims=True)) @ v
+
+
+def test_a_lone_rows_arrays_keep_one_trace_and_one_program_as_the_cache_doubles():
+    """On the CPU a lone row's row-stash array holds ``ROW_STASH_MAX`` floats whatever the row
+    (lower/indexing.py ``row_array_size``), so a decode step's attention kernel, once traced, is
+    neither traced again nor compiled when its cache passes 16 or 32 positions: with the power of
+    two at or above the row, each doubling was another band, another trace and another program."""
+    _new_process()
+    seen = []
+    for T in range(12, 48):
+        c0, t0 = GlobalCounters.kernels_compiled, trace.TRACES.traced
+        out, want = _one_query(T)
+        np.testing.assert_allclose(out.numpy(), want, rtol=1e-4, atol=1e-5)
+        seen.append((T, GlobalCounters.kernels_compiled - c0, trace.TRACES.traced - t0))
+    assert sum(t for _, _, t in seen) >= 1, seen                      # traced
+    assert all(c == 0 and t == 0 for T, c, t in seen if T >= 16), seen
+
+
 def test_the_device_lowers_a_growing_cache_from_traces(monkeypatch):
     _new_process()                     # (an earlier test in this process may have lowered these sizes)
     h0 = trace.TRACES.hits

@@ -120,7 +120,8 @@ class CUDADevice(Device):
         self.renderer = CUDARenderer()
         # its own lowering choices: outputs are threads, a reduction's block shares its loop; no CPU
         # register blocks (graph/caps.py)
-        self.caps = Capabilities(f"CUDA {self.arch}", register_lanes=False, reduce_group=self.renderer.reduce_group)
+        self.caps = Capabilities(f"CUDA {self.arch}", register_lanes=False, row_arrays_full=False,
+                                 reduce_group=self.renderer.reduce_group)
         self.functions: dict[str, Any] = {}        # compiled once per distinct source
         self.modules: list[Any] = []               # kept alive with their functions
         # kernels whose sizes keep changing compile one program that reads them at run time (an nvcc

@@ -139,6 +139,7 @@ class OpenCLDevice(Device):
         # group shares its loop, without CPU register blocks; a CPU platform keeps them (20x on PoCL)
         self.caps = Capabilities(f"OPENCL {self.device.name.strip()}",
                                  register_lanes=bool(self.device.type & cl.device_type.CPU),
+                                 row_arrays_full=False,     # (a work-item's private array, on PoCL too)
                                  reduce_group=self.renderer.reduce_group)
         self.kernels: dict[str, Any] = {}          # compiled once per distinct source
         # kernels whose sizes keep changing build one program that reads them at run time: a

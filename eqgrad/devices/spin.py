@@ -48,6 +48,8 @@ from eqgrad.devices.llvm import COMPILE_LOCK
 MAX_ARGS = 64             # pointer arguments a kernel may take to run on the workers (buffers and the size array)
 MAX_CHUNKS = 1 << 20      # chunks of one run: a queue word holds a count and an index of 20 bits each
 JOIN_SECONDS = 10         # how long exit waits for a worker to stop (it takes microseconds) before leaving it
+WORKER_STACK = 8 << 20    # bytes of each worker's stack: a kernel's row arrays (lower/indexing.py row_array_size) live there
+_ATTR_BYTES = 64          # room for a pthread_attr_t (56 bytes on x86-64 glibc)
 
 # context slots (int64): the generation (a 32-bit futex word in slot 0), chunks finished, the
 # kernel (function, argument array, cuts array, argument count), sleeping workers, stop, the
@@ -309,19 +311,28 @@ class Workers:
         self._libc = ctypes.CDLL(None, use_errno=True)
         self._libc.pthread_create.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
         self._libc.pthread_timedjoin_np.argtypes = [ctypes.c_ulong, ctypes.c_void_p, ctypes.c_void_p]
+        self._libc.pthread_attr_setstacksize.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
         worker = self._engine.get_function_address("worker")
+        # each worker's stack set, not the C library's default (glibc's follows RLIMIT_STACK, musl's is
+        # 128 KB): a CPU kernel keeps its row arrays there, up to ROW_STASH_MAX floats each
+        attr = (ctypes.c_char * _ATTR_BYTES)()
+        err = self._libc.pthread_attr_init(attr) or self._libc.pthread_attr_setstacksize(attr, WORKER_STACK)
+        if err:
+            raise OSError(err, f"pthread_attr: {os.strerror(err)}")
         self._pid = os.getpid()              # (close() below, on a failed start, reads it)
         self._threads: list[ctypes.c_ulong] = []
         self._worker_args = []
         for t in range(1, threads):
             arg = (ctypes.c_int64 * 2)(ctypes.addressof(self._ctx), t)
             tid = ctypes.c_ulong()
-            err = self._libc.pthread_create(ctypes.byref(tid), None, worker, ctypes.addressof(arg))
+            err = self._libc.pthread_create(ctypes.byref(tid), attr, worker, ctypes.addressof(arg))
             if err:
+                self._libc.pthread_attr_destroy(attr)
                 self.close()
                 raise OSError(err, f"pthread_create: {os.strerror(err)}")
             self._worker_args.append(arg)
             self._threads.append(tid)
+        self._libc.pthread_attr_destroy(attr)
 
     def spin(self, us: int) -> None:
         """Poll for ``us`` microseconds after a chunk before sleeping (0: sleep at once)."""

@@ -54,6 +54,10 @@ class Capabilities:
     tile_blocks: int = TILE_BLOCKS
     tile_min_stream: int = TILE_MIN_STREAM
     dot_block: tuple[int, int] = DOT_BLOCK
+    # a lone row's row-stash local array holds the most a row may (``ROW_STASH_MAX``: a CPU thread's
+    # stack), not the power of two at or above the row (a GPU work-item's private memory):
+    # lower/indexing.py ``row_array_size``
+    row_arrays_full: bool = True
     reduce_group: int = field(default=0, compare=False)
 
     def register_block(self, shape: tuple[int, ...], body: int) -> tuple[int, int]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from eqgrad.graph.caps import ROW_STASH_MAX
 from eqgrad.graph.plan import GROUP, KNode
 from eqgrad.lower import symbolic
 from eqgrad.lower.symbolic import Lin, substitute_free
@@ -162,6 +163,22 @@ def row_array_cap(extent: int) -> int:
     while cap < extent:
         cap *= 2
     return cap
+
+
+def row_array_size(extent: int, rows: int, full: bool) -> int:
+    """The elements a row of a row-stash local array holds, for a row of ``extent`` in a block of
+    ``rows`` rows. ``full`` (a CPU thread's stack, ``Capabilities.row_arrays_full``) and a lone
+    row: ``ROW_STASH_MAX``, whatever the row's length -- a growing row (a decode step's one query
+    over its KV cache) then keeps one loop IR, one trace and one program from 16 positions to
+    ``ROW_STASH_MAX``, where the power of two at or above it (``row_array_cap``) started another band
+    at every doubling: a decode step traced its attention kernel again (~13 ms) and compiled it
+    (~40 ms) at lengths 16, 32 and 64. The row touches its own part; the rest is stack address space.
+    A block of rows keeps ``row_array_cap``: its rows a full array apart, each touching a short
+    part, fell into the same few L1 sets (attention b8 h8 s256 d64 in row blocks of 8: 4.9 -> 5.1 ms,
+    interleaved runs on a 2-vCPU Intel Xeon), and a prefill's row length does not grow."""
+    if full and rows == 1 and extent <= ROW_STASH_MAX:
+        return ROW_STASH_MAX
+    return row_array_cap(extent)
 
 
 def stash_read(red: KNode, ix: Index, x: KNode, sources: Sources = dry_sources) -> Index | None:

@@ -34,7 +34,7 @@ from eqgrad.graph.loopir import INDEX, NONNEG, LInst, LoopIRError, LoopKernel, v
 from eqgrad.graph.plan import GROUP, Kernel, KernelPlan, KNode
 from eqgrad.lower.collapse import collapse, merge_axes, merge_reduced
 from eqgrad.lower.indexing import (MOVES, REDUCES, dry_sources, flat_index, hoistable, move_index, reduce_map,
-                                   row_array_cap, stash_layout, stash_read, strides_of)
+                                   row_array_size, stash_layout, stash_read, strides_of)
 from eqgrad.lower.passes import CACHE_LINE, LowerOptions, Schedule, describe_steps, run_passes, tiled_blocks
 from eqgrad.lower.sums import SUM_BLOCK, SUM_RADIX, sum_depth, sum_error_terms, sum_pieces
 from eqgrad.lower import symbolic
@@ -286,7 +286,7 @@ class Lowerer:
             extent = numel(tuple(x.shape[d] for d in axes))
             if extent * rows > ROW_STASH_MAX:
                 continue
-            pitch = row_pitch(row_array_cap(extent), rows, x.dtype)
+            pitch = row_pitch(row_array_size(extent, rows, self.options.row_arrays_full), rows, x.dtype)
             arr = self.emit("DEFLOCAL", x.dtype, (), pitch * rows, cse=False)
             self._rows[id(x)] = _RowArray(arr, red, axes, pitch)
 
@@ -395,7 +395,8 @@ class Lowerer:
         if None in found or len({f[1] for f in found}) != 1 or len(found[0][1]) != 1:
             return None
         reads = list(dict.fromkeys(f[0] for f in found))
-        pitch = row_pitch(row_array_cap(x.shape[found[0][1][0]]), len(reads), x.dtype)
+        pitch = row_pitch(row_array_size(x.shape[found[0][1][0]], len(reads), self.options.row_arrays_full), len(reads),
+                          x.dtype)
         row = _RowArray(self.emit("DEFLOCAL", x.dtype, (), pitch * len(reads), cse=False), red, found[0][1], pitch)
         row.rows = reads
         return row

@@ -80,6 +80,7 @@ class LowerOptions:
     block_stride: int = PAGE                   # cache blocks: least stride (bytes) of a read along the last axis
     block_bytes: int = -1                      # and least output bytes (-1: a core's private cache)
     block_tile: bool = True                    # and each block copied through a local array (a CPU's)
+    row_arrays_full: bool = True               # row-stash arrays as large as allowed (indexing.row_array_size)
 
     @classmethod
     def for_caps(cls, caps: Capabilities, **kw) -> "LowerOptions":
@@ -99,7 +100,7 @@ class LowerOptions:
         disabled = frozenset(kw.pop("disabled", ())) | no_lanes
         return cls(lanes_last=caps.lanes_last, lanes_prev=caps.lanes_prev, lane_body_max=caps.lane_body_max,
                    tile_blocks=caps.tile_blocks, tile_min_stream=caps.tile_min_stream, dot_block=caps.dot_block,
-                   block_tile=caps.register_lanes, disabled=disabled, **kw)
+                   block_tile=caps.register_lanes, row_arrays_full=caps.row_arrays_full, disabled=disabled, **kw)
 
     def __post_init__(self) -> None:
         names = {self.disabled} if isinstance(self.disabled, str) else self.disabled
