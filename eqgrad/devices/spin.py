@@ -316,7 +316,11 @@ class Workers:
         # each worker's stack set, not the C library's default (glibc's follows RLIMIT_STACK, musl's is
         # 128 KB): a CPU kernel keeps its row arrays there, up to ROW_STASH_MAX floats each
         attr = (ctypes.c_char * _ATTR_BYTES)()
-        err = self._libc.pthread_attr_init(attr) or self._libc.pthread_attr_setstacksize(attr, WORKER_STACK)
+        err = self._libc.pthread_attr_init(attr)
+        if not err:
+            err = self._libc.pthread_attr_setstacksize(attr, WORKER_STACK)
+            if err:
+                self._libc.pthread_attr_destroy(attr)
         if err:
             raise OSError(err, f"pthread_attr: {os.strerror(err)}")
         self._pid = os.getpid()              # (close() below, on a failed start, reads it)
