@@ -406,13 +406,13 @@ def case_growing_seq(s: Sizes, args) -> dict:
     fixed_step(4 + i)
   split, late = probe.since(snap_all), probe.since(after4) if after4 else None
   grow_med, fixed_med = statistics.median(steps[4:] or steps), statistics.median(fixed[8:] or fixed)
-  # the median is the target's; the mean and the steps over twice the median show what it leaves out: a
-  # length crossing a power of two lowers and compiles the kernels whose local arrays hold a row of it
-  # (lower/indexing.py row_array_cap), 40-60 ms once per doubling of the cache
+  # the median is the target's; the mean and the steps over twice the median show what it leaves out (a
+  # kernel traced and compiled again where a length crosses a guard of its trace, 40-60 ms; a full
+  # garbage collection: docs/engine.md)
   late_steps = steps[4:] or steps
-  slow = [i for i, t in enumerate(steps) if i >= 4 and t > 2 * grow_med]
+  slow = [s.grow_prefix + i for i, t in enumerate(steps) if i >= 4 and t > 2 * grow_med]
   return dict(wall_s=grow_s, **split, step_s=steps, fixed_step_s=fixed, grow_median_s=grow_med, fixed_median_s=fixed_med,
-              grow_mean_s=statistics.mean(late_steps), slow_steps=[(i, s.grow_prefix + i) for i in slow],
+              grow_mean_s=statistics.mean(late_steps), slow_lengths=slow,
               ratio_value=grow_med / fixed_med, after_step4=late,
               checks=dict(no_saturation=bool(late) and late["saturations"] == 0,
                           no_extraction=bool(late) and late["extractions"] == 0))
@@ -879,9 +879,9 @@ def measured(row: dict, timeout: float) -> str:
             f"({d['rss_per_value_b'] / 1024:.1f} KB/value, {d['values']:,} of {d['values_asked']:,} values)")
   if base == "growing_seq":
     a = d.get("after_step4") or {}
-    slow = d.get("slow_steps") or []
+    slow = d.get("slow_lengths") or []
     return (f"x{v:.2f} ({d['grow_median_s'] * 1e3:.1f} vs {d['fixed_median_s'] * 1e3:.1f} ms/step; mean "
-            f"{d['grow_mean_s'] * 1e3:.1f}, {len(slow)} step(s) over 2x: lengths {','.join(str(n) for _, n in slow) or '-'}); "
+            f"{d['grow_mean_s'] * 1e3:.1f}, {len(slow)} step(s) over 2x: lengths {','.join(map(str, slow)) or '-'}); "
             f"after step 4: {a.get('saturations')} sat, {a.get('extractions')} extr")
   if base == "jit_batch":
     return f"{100 * v:.1f} % of {d['cold_s']:.2f} s; {row['saturations']} sat, {row['extractions']} extr"
