@@ -649,20 +649,27 @@ def _sum_in_reduction(root: KNode) -> bool:
 
 def _dots_blocked(root: KNode) -> bool:
     """Whether the row-dots pass computes *every* sum of products the row stash keeps as register
-    blocks, as the body is or once the device has packed an operand (``_row_pack``). One of several
-    is not enough: the gradient of q alone as one kernel keeps the scores and ``g . v`` per row, and
-    only the scores get blocks (k^T packed; v is read a head dim apart) -- priced as if both had,
-    it was predicted 7.4 ms against 17-23 measured, and chosen over the 4-kernel plan (10 ms
-    predicted, 11.6-14 measured)."""
+    blocks, as the body is or once the device has packed operands (``_row_pack``). One of several
+    is not enough: when the device packed only k^T for the gradient of q alone as one kernel (which
+    keeps the scores and ``g . v`` per row; v is read a head dim apart too), only the scores got
+    blocks -- priced as if both had, it was predicted 7.4 ms against 17-23 measured, and chosen over
+    the 4-kernel plan (10 ms predicted, 11.6-14 measured). Now both are packed; an operand that is
+    not a view of one buffer still cannot be."""
     if not _sum_in_reduction(root):
         return False
     o = LowerOptions()
     s = schedule_kernel(Kernel("row_dots", 0, root, root.buffers()), o)
-    if not s.row_dots:
+    if not _every_dot(root, s):
         packed = _row_pack(root, o, s) if row_lanes(root) else None
         if packed is None:
             return False
         _, root, s = packed
+    return _every_dot(root, s)
+
+
+def _every_dot(root: KNode, s: Schedule) -> bool:
+    """Whether schedule ``s`` of ``root`` has row dots, and for every sum of products its row stash
+    keeps (``_row_dot_reads``)."""
     dotted = {id(x) for x, _ in s.row_dots}
     return bool(dotted) and all(id(x) in dotted for x, *_ in _row_dot_reads(root, s, reduce_map(root)))
 
@@ -1345,12 +1352,12 @@ def root_rows(root: KNode, s: Schedule, held: tuple[KNode, ...]) -> tuple[KNode,
 
 
 def row_pack(root: KNode, o: LowerOptions) -> tuple[KNode | tuple[KNode, ...], KNode] | None:
-    """``lane_pack``'s answer for a row-fused kernel: (the pack of an operand of a row-stash sum of
-    products that the row's array keeps along an axis it reads with a stride -- attention's k,
-    read along the keys a head dim apart --, copied with that axis innermost; ``root`` reading it
-    back from buffer -1) where that lets the row-dots pass compute the sum as register blocks
-    (``RowDots``) and it could not before; for a kernel without hoists, the packs its own
-    reduction's sums need (``_root_pack``: a tuple of packs, pack i read from buffer -1 - i); None
+    """``lane_pack``'s answer for a row-fused kernel: (the packs, each an operand of a row-stash sum
+    of products that the row's array keeps along an axis it reads with a stride -- attention's k,
+    read along the keys a head dim apart, and v for ``g . v`` in the gradient of q --, copied with
+    that axis innermost; ``root`` reading pack i back from buffer -1 - i) where that lets the
+    row-dots pass compute more of the sums as register blocks (``RowDots``, ``_row_pack``); for a
+    kernel without hoists, the packs its own reduction's sums need (``_root_pack``); None
     otherwise. Only an operand that is a view of one buffer (a GEMM operand's movement ops), as
     ``lane_pack``."""
     if "row dots" in o.disabled or "lanes" in o.disabled or max(o.lanes_last, default=1) <= 1:
@@ -1427,19 +1434,46 @@ def _strided_row_load(body: KNode, o: LowerOptions) -> tuple[KNode, KNode, int, 
     return None
 
 
-def _row_pack(root: KNode, o: LowerOptions, s: Schedule) -> tuple[KNode, KNode, Schedule] | None:
-    """``row_pack`` for ``root`` under its schedule ``s``, and the packed body's schedule."""
-    if s.row_dots or not s.row_stash:
+def _row_pack(root: KNode, o: LowerOptions, s: Schedule) -> tuple[tuple[KNode, ...], KNode, Schedule] | None:
+    """``row_pack`` for ``root`` under its schedule ``s``: (the packs, pack i read back from buffer
+    -1 - i; the packed body; its schedule). One operand at a time, each pack kept where it gives the
+    row-dots pass more values than it had, until none does: the gradient of q alone as one kernel
+    keeps the scores ``q . k`` and ``g . v`` per row, and both k and v are read a head dim apart
+    along the keys -- with k^T packed alone, ``g . v`` stayed a horizontal dot product a key."""
+    if not s.row_stash:
         return None
-    for x, _, a in _row_dot_reads(root, s, reduce_map(root)):
-        if x.src[0].op != "MUL":
-            continue
-        for f, u in _packable(x.src[0], a, o):
-            pack, body = _packed(root, f, u, a)
-            packed = schedule_kernel(Kernel("row_pack", 0, body, body.buffers()), o)
-            if packed.row_dots:
-                return pack, body, packed
-    return None
+    packs: list[KNode] = []
+    body, sched = root, s
+    while True:
+        # (the packs made so far move one buffer down: the next one reads from -1)
+        if packs:
+            shifted = body.replaced({id(n): KNode("BUF", (), n.arg - 1, n.shape, n.dtype) for n in body.walk()
+                                     if n.op == "BUF" and n.arg < 0})
+            at = schedule_kernel(Kernel("row_pack", 0, shifted, shifted.buffers()), o)
+        else:
+            shifted, at = body, sched
+        have = {id(x) for x, _ in at.row_dots}
+        found = None
+        for x, _, a in _row_dot_reads(shifted, at, reduce_map(shifted)):
+            if x.src[0].op != "MUL" or id(x) in have:
+                continue
+            for f, u in _packable(x.src[0], a, o):
+                if min(b.arg for b in u.walk() if b.op == "BUF") < 0:
+                    continue                      # (a pack of a pack: not a view of one buffer)
+                # (only inside the sum: the kernel's own reduction may read the operand too, with
+                # unit stride along its lanes -- dq reads k along the head dim)
+                pack, nb = _packed(shifted, f, u, a, within=x)
+                packed = schedule_kernel(Kernel("row_pack", 0, nb, nb.buffers()), o)
+                if len(packed.row_dots) > len(at.row_dots):
+                    found = pack, nb, packed
+                    break
+            if found is not None:
+                break
+        if found is None:
+            break
+        packs.insert(0, found[0])
+        body, sched = found[1], found[2]
+    return (tuple(packs), body, sched) if packs else None
 
 
 class BlockedSums(Pass):
