@@ -243,14 +243,16 @@ def test_a_row_blocks_local_arrays_hold_its_rows_a_cache_line_off_the_page():
 
 
 @pytest.mark.parametrize("threads", ["1", "2"])
-def test_attentions_bounded_backward_packs_each_operand_once_for_its_six_kernels(threads, monkeypatch):
+def test_attentions_bounded_backward_packs_each_operand_once_and_dq_writes_the_row_statistics(threads, monkeypatch):
     """Attention's backward under a memory bound: six kernels (the three row statistics, dq, dk,
-    dv), each recomputing the scores inside its own reduction; the device runs the statistics as one
-    kernel with three outputs, and the gradients as another. The device packs what they read a
-    head dim apart along that reduction -- k^T and v^T for the query rows, q^T and g^T for the key
-    rows, and a causal mask's transpose for the key rows -- each once for the plan (a later kernel reads the pack an earlier one made), and each
-    kernel computes its dot products as register blocks (``root_dots``); the gradients are NumPy's,
-    with and without a causal mask."""
+    dv), each recomputing the scores inside its own reduction. The device runs the statistics in
+    dq's kernel (lower/merge.py ``absorb_rows``): a row-fused kernel that computes each query row's
+    scores and g . v once, as register blocks, reduces its max, sum and sum(p * dp) from them and
+    writes them for dk and dv, which run as one kernel with two outputs. The device packs what they
+    read a head dim apart -- k^T and v^T for the query rows, q^T and g^T for the key rows, and a
+    causal mask's transpose for the key rows -- each once for the plan (dv reads the packs dk made);
+    the gradients are NumPy's, with and without a causal mask."""
+    from eqgrad.lower.lowering import lower_kernel
     from eqgrad.lower.passes import schedule_kernel
     monkeypatch.setenv("EQGRAD_THREADS", threads)
     s_, d = 64, 16
@@ -270,17 +272,21 @@ def test_attentions_bounded_backward_packs_each_operand_once_for_its_six_kernels
         # four packs (k^T, v^T, q^T, g^T), each made once, and the mask's transpose, which dk and dv
         # read along the queries
         packs = 4 if m is None else 5
-        # the three statistics of a query row (max, sum, sum(p * dp)) run as one kernel with three
-        # outputs (lower/merge.py), its scores and g . v computed once for all three; dq, dk and dv
-        # too, dk and dv sharing a key row's scores, g . v and p (dq's are a query row's)
-        stats, grads = [kk for kk in dp.plan.kernels if kk.also]
-        assert stats.name == "k0+k1+k2" and grads.name == "k3+k4+k5", dp.notes
-        assert len(schedule_kernel(stats).root_dots) == 2
-        assert len(schedule_kernel(grads).root_dots) == 4 and len(schedule_kernel(grads).root_rows) == 3
+        stats_dq, grads = [kk for kk in dp.plan.kernels if kk.also]
+        assert stats_dq.name == "k3+k0+k1+k2" and len(stats_dq.also) == 3 and grads.name == "k4+k5", dp.notes
+        assert any("row statistics" in n and "computed by k3" in n for n in dp.notes), dp.notes
+        # dq's kernel: the statistics hoisted at its rows, the scores and g . v kept per row as
+        # register blocks; dk and dv: a key row's scores and g . v as register blocks, p and ds over them
+        sd = schedule_kernel(stats_dq)
+        assert sd.hoist and len(sd.row_stash) == 3 and len(sd.row_dots) == 2, dp.notes
+        assert len(schedule_kernel(grads).root_dots) == 2 and len(schedule_kernel(grads).root_rows) == 2
+        # each statistic stored once a row of the row block (not once an output lane), in its own shape
+        rows = dict(sd.lanes).get(2, 1)
+        stores = [i.src[0] for i in lower_kernel(stats_dq, dp.plan).insts if i.op == "STORE"]
+        assert rows > 1 and stores.count(0) == rows * d and all(stores.count(p) == rows for p in (1, 2, 3)), stores
         assert len(dp.scratch) == packs and len(dp.plan.kernels) == 2 + packs, dp.notes
         assert m is None or [s_, s_] in [list(sh) for sh, _ in dp.scratch]
-        assert sum("an earlier kernel made" in n for n in dp.notes) == 4, dp.notes
-        assert all(schedule_kernel(kk).root_dots for kk in dp.plan.kernels if kk.out < len(ex.plan.buffers))
+        assert sum("an earlier kernel made" in n for n in dp.notes) == 1, dp.notes
         # explain() names them: a row-dots line for each of the two
         assert sorted(k for k, p, _ in ex.lowering(dp) if p == "row dots") == \
             sorted(kk.name for kk in dp.plan.kernels if kk.out < len(ex.plan.buffers))
@@ -292,6 +298,24 @@ def test_attentions_bounded_backward_packs_each_operand_once_for_its_six_kernels
         ds = p * (dpn - (p * dpn).sum(-1, keepdims=True)) * 0.25
         for got, want in ((q.grad, ds @ K), (k.grad, ds.transpose(0, 1, 3, 2) @ Q), (v.grad, p.transpose(0, 1, 3, 2) @ G)):
             np.testing.assert_allclose(got.numpy(), want, rtol=1e-4, atol=1e-4)
+
+
+def test_row_statistics_stay_their_own_kernels_without_merging_or_where_the_reader_reads_them_elsewhere(monkeypatch):
+    """``absorb_rows`` (lower/merge.py) only under EQGRAD_MERGE=1 (off: the whole gradient's
+    statistics stay their own kernels), and only into a reader that reads the statistics at its own
+    row: attention's dk and dv read a query row's statistics along their reduction over the
+    queries, so with dq not wanted the statistics stay a kernel of their own."""
+    s_, d = 64, 16
+    a = [rng.standard_normal((1, 2, s_, d)).astype(np.float32) for _ in range(4)]
+    for merge, want in (("0", "qkv"), ("1", "kv")):
+        monkeypatch.setenv("EQGRAD_MERGE", merge)
+        t = [Tensor(x, device="LLVM", requires_grad=n in want) for x, n in zip(a[:3], "qkv")]
+        (((t[0] @ t[1].transpose(-2, -1) * 0.25).softmax(-1) @ t[2]) * Tensor(a[3], device="LLVM")).sum().backward()
+        grads = [x.grad for x, n in zip(t, "qkv") if n in want]
+        with eqgrad.Context(PEAK_MEMORY=4 * (len(want) * 2 * s_ * d + 3 * 2 * s_)):
+            dp = eqgrad.explain(*grads).device_plan()
+        assert not any("row statistics" in n for n in dp.notes), dp.notes
+        assert not any(kk.also and len(kk.ast.src) > 1 and kk.ast.src[1].op == "EXPAND" for kk in dp.plan.kernels)
 
 
 def test_the_blas_is_timed_against_the_packed_kernel(monkeypatch, capsys, tmp_path):

@@ -103,7 +103,7 @@ def _lane_packed(k: Kernel, lp: tuple, first: int) -> tuple[list[Kernel], list]:
     # (each piece keeps the plan kernel's kind and prediction: what it was priced as)
     pks = [Kernel(f"{k.name}p{i}", first + i, pack, pack.buffers(), k.predicted, 8 * numel(pack.shape), 0, k.kind,
                   k.stats) for i, pack in enumerate(packs)]
-    nk = Kernel(k.name, k.out, body, body.buffers(), k.predicted, k.nbytes, k.flops, k.kind, k.stats)
+    nk = Kernel(k.name, k.out, body, body.buffers(), k.predicted, k.nbytes, k.flops, k.kind, k.stats, also=k.also)
     return [*pks, nk], [(pack.shape, pack.dtype) for pack in packs]
 
 
@@ -171,6 +171,8 @@ class CPUStage:
         """``split`` with the device's options (its threads, the predicted time above which a
         full reduction is cut into partials), with what it did in words."""
         notes: list[str] = []
+        # (row statistics into their row-fused reader first: the reader's packs are then its own)
+        plan = self.merger.absorb_rows(plan, options, notes, exclude=lambda k: self.gemm_of(k, plan) is not None)
         out, scratch = self.split(plan, options, notes)
         out = self.merge_siblings(out, options, notes)
         return DevicePlan(out, scratch, notes)

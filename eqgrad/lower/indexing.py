@@ -122,6 +122,14 @@ def reduce_map(root: KNode) -> dict[int, bool]:
     return has
 
 
+def row_output(r: KNode) -> bool:
+    """Whether a GROUP's root ``r`` is a row statistic written by the row-fused kernel that computes
+    it (lower/merge.py ``absorb_rows``): a reduction broadcast along the kernel's last axis, hoisted
+    at the kernel's rows like the kernel's own reads of it -- not a reduction of the kernel's own --
+    and stored once a row in its own shape (lowering.py)."""
+    return r.op == "EXPAND" and r.src[0].op in REDUCES
+
+
 def roots_of(root: KNode) -> frozenset[int]:
     """The ids of a kernel body's roots: ``root``, or a GROUP and each of its roots (graph/plan.py)."""
     if root.op == GROUP:

@@ -34,7 +34,7 @@ from eqgrad.graph.loopir import INDEX, NONNEG, LInst, LoopIRError, LoopKernel, v
 from eqgrad.graph.plan import GROUP, Kernel, KernelPlan, KNode
 from eqgrad.lower.collapse import collapse, merge_axes, merge_reduced
 from eqgrad.lower.indexing import (MOVES, REDUCES, dry_sources, flat_index, hoistable, move_index, reduce_map,
-                                   row_array_size, stash_layout, stash_read, strides_of)
+                                   row_array_size, row_output, stash_layout, stash_read, strides_of)
 from eqgrad.lower.passes import CACHE_LINE, LowerOptions, Schedule, describe_steps, run_passes, tiled_blocks
 from eqgrad.lower.sums import SUM_BLOCK, SUM_RADIX, sum_depth, sum_error_terms, sum_pieces
 from eqgrad.lower import symbolic
@@ -713,6 +713,14 @@ class Lowerer:
                     vals = tuple(self.render_lanes(r, (lane,), (None,))[0] for lane in lanes)
                 else:
                     vals = self.render_lanes(r, tuple(lanes), (None,) * len(lanes))
+                if root.op == GROUP and row_output(r) and self.plan.buffers[self.kernel.outs[p]][0] == r.src[0].shape:
+                    # a row statistic (merge.py absorb_rows): once a row, in its own shape
+                    at = {}
+                    for idx, v in zip(lanes, vals):
+                        at.setdefault(self.move_index(r, idx), v)
+                    for idx, v in at.items():
+                        self.emit("STORE", None, (p, self.index(flat_index(idx, r.src[0].shape)), v), cse=False)
+                    continue
                 for idx, v in zip(lanes, vals):
                     # src[0]: the output's parameter
                     self.emit("STORE", None, (p, self.index(flat_index(idx, root.shape)), v), cse=False)

@@ -10,6 +10,13 @@ what they wrote. The lowering (lowering.py) opens the output loops once and stor
 its own output; the emitter renders a node once per element, so a root that another root holds is
 computed once. A device's stage runs :class:`SiblingMerger` on the extracted plan (the LLVM
 device's in devices/cpustage.py, OpenCL's in devices/opencl.py); ``EQGRAD_MERGE=0`` turns it off.
+
+Before that, the LLVM device's stage gives a row-fused kernel the *row statistics* it reads at its
+own rows and could compute from sums it computes already (``SiblingMerger.absorb_rows``): they are
+hoisted at its rows and written from there (a GROUP root broadcast along its last axis, stored once
+a row: lowering.py), instead of computed by kernels of their own that recomputed those sums --
+attention's bounded backward, where dq's kernel now writes each query row's max, sum and
+``sum(p * dp)`` for dk and dv.
 """
 from __future__ import annotations
 
@@ -18,7 +25,7 @@ from typing import Any, Callable, NamedTuple
 
 from eqgrad import config
 from eqgrad.graph.plan import GROUP, Kernel, KernelPlan, KernelStats, KNode, NodeMemo
-from eqgrad.lower.indexing import dry_sources
+from eqgrad.lower.indexing import REDUCES, dry_sources
 from eqgrad.lower.passes import LowerOptions, schedule_kernel
 from eqgrad.lower.symbolic import Lin
 
@@ -113,6 +120,93 @@ class SiblingMerger:
                 notes.append(f"{', '.join(k.name for k in members)}: one kernel with {len(members)} outputs "
                              f"({mk.ast.shape} each), their common reads done once ({saved} bytes fewer)")
         return dataclasses.replace(plan, kernels=out)
+
+    def absorb_rows(self, plan: KernelPlan, options: LowerOptions, notes: list[str] | None = None,
+                    exclude: Callable[[Kernel], bool] | None = None) -> KernelPlan:
+        """The plan with each kernel of *row statistics* -- a reduction to one value a row of a later
+        kernel ``K`` (its shape ``K``'s with the last axis 1), which ``K`` reads only at its own row --
+        computed by ``K`` itself and written from there: one kernel whose body is a GROUP of ``K``'s
+        root, with the statistics' roots in place of its reads of them, and each statistic broadcast
+        along ``K``'s last axis (the lowering stores it once a row, in its own shape: lowering.py
+        ``_store_roots``). Only where ``K`` then reduces the statistics over its rows in passes of its
+        own (hoisted: a row-fused kernel) and the sums of products under them are sums ``K`` already
+        computes (its own row's scores): attention's backward under a memory bound computed each query
+        row's max, sum and ``sum(p * dp)`` in a kernel that recomputed the scores and ``g . v`` over
+        every key, and then dq recomputed both again; now dq's kernel computes the statistics from its
+        own scores and writes them for dk and dv. No kernel between a statistic and ``K`` may read it
+        (``K`` now writes it where ``K`` ran), and ``K``'s lowering must be the same with the
+        statistics written or not (the GROUP's schedule: its register lanes, hoists, row stash and row
+        dots as the body's alone)."""
+        kernels = plan.kernels
+        if len(kernels) < 2 or not config.MERGE.value or not config.OPT.value \
+                or "row dots" in options.disabled or max(options.lanes_last, default=1) <= 1:
+            return plan
+        made = {k.out: i for i, k in enumerate(kernels)}
+        readers: dict[int, list[int]] = {}
+        for i, k in enumerate(kernels):
+            for b in k.inputs:
+                readers.setdefault(b, []).append(i)
+        taken: dict[int, tuple[list[int], KNode]] = {}
+        gone: set[int] = set()
+        for j, k in enumerate(kernels):
+            shape = k.ast.shape
+            if k.also or k.ast.op == GROUP or not shape or shape[-1] <= 1 or (exclude is not None and exclude(k)):
+                continue
+            row = shape[:-1] + (1,)
+            cands = sorted({made[b] for b in k.inputs if b in made and made[b] not in gone
+                            and _row_statistic(kernels[made[b]], row, exclude)})
+            if not cands:
+                continue
+            if any(i < r < j and r not in cands for i in cands for r in readers.get(kernels[i].out, ())):
+                continue                    # a kernel between a statistic and K reads it
+            if not _reads_at_its_index(k.ast, {kernels[i].out for i in cands}, row=True):
+                continue
+            group = _absorbed(k, [kernels[i] for i in cands])
+            if self._absorbs(k, [kernels[i] for i in cands], group, options):
+                taken[j] = (cands, group)
+                gone.update(cands)
+        if not taken:
+            return plan
+        out = []
+        for j, k in enumerate(kernels):
+            if j in gone:
+                continue
+            if j not in taken:
+                out.append(k)
+                continue
+            cands, group = taken[j]
+            stats = [kernels[i] for i in cands]
+            members = [k, *stats]
+            mk = Kernel("+".join(m.name for m in members), k.out, group, group.buffers(),
+                        flops=k.flops, kind=k.kind, also=tuple(m.out for m in stats))
+            mk.nbytes = plan.traffic(mk)
+            # its prediction: the reader's (the statistics are reduced from sums it computes already,
+            # and written a value a row); the statistics' kernels are gone with theirs
+            mk.predicted, mk.stats, mk.warm = k.predicted, k.stats, k.warm
+            out.append(mk)
+            if notes is not None:
+                notes.append(f"{', '.join(m.name for m in stats)} (row statistics of {k.ast.shape}): computed by "
+                             f"{k.name} from its own rows and written from there ({mk.name}: "
+                             f"{1 + len(stats)} outputs, {sum(map(plan.traffic, members)) - mk.nbytes} bytes fewer)")
+        return dataclasses.replace(plan, kernels=out)
+
+    def _absorbs(self, k: Kernel, stats: list[Kernel], group: KNode, options: LowerOptions) -> bool:
+        """``absorb_rows``' conditions on reader ``k`` and the GROUP that takes ``stats`` in: the
+        statistics hoisted at ``k``'s rows (row fusion with a row stash), the GROUP's schedule the same
+        as its first root's alone, and every sum of products under the statistics one ``k`` computes."""
+        body = group.src[0]
+        alone = schedule_kernel(Kernel("absorb", 0, body, body.buffers()), options)
+        if not alone.hoist or not alone.row_stash:
+            return False
+        hoisted = {id(n) for _, ns in alone.hoist for n in ns}
+        if not all(id(r.src[0]) in hoisted for r in group.src[1:]):
+            return False
+        mine = {_structure(x) for x in k.ast.walk() if _dot(x)}
+        if not all(_structure(x) in mine for m in stats for x in m.ast.walk() if _dot(x)):
+            return False
+        together = schedule_kernel(Kernel("absorb", 0, group, group.buffers()), options)
+        return (_decisions(together), len(together.row_stash), len(together.row_dots), len(together.blocked)) == \
+            (_decisions(alone), len(alone.row_stash), len(alone.row_dots), len(alone.blocked))
 
     def _schedule(self, k, options: LowerOptions) -> tuple[_Decisions, int, list[tuple]]:
         """The lowering's decisions for ``k`` alone (``_decisions``), how many of its sums are
@@ -235,13 +329,16 @@ def _shared(roots: list[KNode]) -> list[KNode]:
     return [memo[id(r)] for r in roots]
 
 
-def _reads_at_its_index(root: KNode, bufs: set[int]) -> bool:
+def _reads_at_its_index(root: KNode, bufs: set[int], row: bool = False) -> bool:
     """Whether every read of ``bufs`` in the body ``root`` is at the element the root computes: a
     dry run of the index function (``indexing.dry_sources``: a reduction's axes are variables of its
     own) reads them at the root's own output index and nowhere else -- through elementwise ops, or
     broadcast along a reduction's axes and read inside its loop (the variance's reads of the mean, a
-    softmax's sum's of the row's max), never through a pad."""
+    softmax's sum's of the row's max), never through a pad. ``row``: at the root's own row instead
+    (its index with the last axis 0, the buffers of that shape): a row's statistics read broadcast
+    along the last axis (``absorb_rows``)."""
     out = tuple(Lin.var(f"o{d}", n) if n > 1 else Lin.num(0) for d, n in enumerate(root.shape))
+    want, shape = (out[:-1] + (Lin.num(0),), root.shape[:-1] + (1,)) if row else (out, root.shape)
     stack, seen = [(root, out)], set()
     while stack:
         n, ix = stack.pop()
@@ -249,7 +346,7 @@ def _reads_at_its_index(root: KNode, bufs: set[int]) -> bool:
             continue
         seen.add((id(n), ix))
         if n.op == "BUF":
-            if n.arg in bufs and (n.shape != root.shape or ix != out):
+            if n.arg in bufs and (n.shape != shape or ix != want):
                 return False
             continue
         if n.op == "PAD":
@@ -263,6 +360,34 @@ def _reads_at_its_index(root: KNode, bufs: set[int]) -> bool:
 
 
 MAX_DRY_NODES = 4096          # (node, index) pairs ``_reads_at_its_index`` visits before it gives up
+
+
+def _row_statistic(s: Kernel, row: tuple, exclude: Callable[[Kernel], bool] | None) -> bool:
+    """Whether kernel ``s`` is a row statistic of shape ``row`` (``absorb_rows``): one output, its
+    root a reduction of that shape."""
+    return not s.also and s.ast.op in REDUCES and s.ast.shape == row and (exclude is None or not exclude(s))
+
+
+def _dot(x: KNode) -> bool:
+    """A sum of products with no reduction below it (a score ``q . k``)."""
+    return x.op == "RSUM" and x.src[0].op == "MUL" and not any(n.op in REDUCES for n in x.src[0].walk())
+
+
+def _absorbed(k: Kernel, stats: list[Kernel]) -> KNode:
+    """The GROUP ``absorb_rows`` runs ``k`` with ``stats`` as: ``k``'s root with its reads of the
+    statistics replaced by their roots (each statistic's reads of an earlier one likewise), then each
+    statistic's root broadcast to ``k``'s shape; subtrees they have in common one node (``_shared``)."""
+    made: dict[int, KNode] = {}
+    roots = []
+    for m in stats:
+        subs = {id(n): made[n.arg] for n in m.ast.walk() if n.op == "BUF" and n.arg in made}
+        made[m.out] = m.ast.replaced(subs) if subs else m.ast
+        roots.append(made[m.out])
+    subs = {id(n): made[n.arg] for n in k.ast.walk() if n.op == "BUF" and n.arg in made}
+    body = k.ast.replaced(subs)
+    shape = k.ast.shape
+    wide = [KNode("EXPAND", (r,), shape, shape, r.dtype) for r in roots]
+    return KNode(GROUP, tuple(_shared([body, *wide])), None, shape, k.ast.dtype)
 
 
 def _merged(members: list, plan: KernelPlan) -> Kernel:

@@ -39,7 +39,7 @@ from eqgrad.graph.plan import GROUP, Kernel, KNode, NodeMemo, broadcast_product,
 from eqgrad.graph.sizes import ELEMENTWISE
 from eqgrad.lower.contraction import GEMM_MOVES, candidate, find_contraction
 from eqgrad.lower.indexing import (MOVES, REDUCES, dry_sources, flat_index, hoistable, reduce_map, roots_of,
-                                   row_array_cap, stash_layout)
+                                   row_array_cap, row_output, stash_layout)
 from eqgrad.lower.sums import SUM_BLOCK, SUM_RADIX
 from eqgrad.lower.symbolic import Lin, Var, substitute_free
 from eqgrad.ops import OPS, numel
@@ -506,6 +506,8 @@ def _own_reductions(root: KNode) -> set[int]:
     """The ids of the roots and of what each is through movement ops (a root's own reduction)."""
     own: set[int] = set(roots_of(root))
     for n in (root.src if root.op == GROUP else (root,)):
+        if root.op == GROUP and row_output(n):
+            continue                      # (a row statistic the kernel hoists, lower/merge.py absorb_rows)
         while n.op in MOVES:
             n = n.src[0]
         own.add(id(n))
@@ -1235,7 +1237,8 @@ def own_reduction(root: KNode) -> tuple[KNode, tuple[Lin, ...]] | None:
 def own_reductions(root: KNode) -> list[tuple[KNode, tuple[Lin, ...]]]:
     """``own_reduction`` of each root of a kernel: its one root, or each of a GROUP's (a kernel with
     several outputs, lower/merge.py); empty where one of them is not a reduction."""
-    found = [own_reduction(r) for r in (root.src if root.op == GROUP else (root,))]
+    found = [own_reduction(r) for r in (root.src if root.op == GROUP else (root,))
+             if root.op != GROUP or not row_output(r)]
     return [] if None in found else found
 
 
