@@ -328,7 +328,8 @@ def main(argv=None) -> int:
   speedup.append(two_core_speedup())
   total = sum(r["kernels"] for r in results)
   within = sum(r["within_2x"] for r in results)
-  print(f"\nall: {within}/{total} kernels within 2x ({100 * within / max(1, total):.0f}%; target >= 90%)")
+  share = 100 * within / max(1, total)
+  print(f"\nall: {within}/{total} kernels within 2x ({share:.1f}%; target >= 90%: {'met' if share >= 90 else 'missed'})")
   print(f"two threads did {speedup[0]:.2f}x one thread's work after the first workload, {speedup[1]:.2f}x at the end"
         + (" (under 1.5: a core ran slowly during this run; its times are not this machine's)"
            if min(speedup) < 1.5 else ""))

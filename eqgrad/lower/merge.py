@@ -37,6 +37,9 @@ class SiblingMerger:
         self._schedule_memo = NodeMemo()     # body -> (options, its lowering decisions alone)
         # body -> {ids of the bodies of a group it may join: (options, those bodies, whether it may)}
         self._group_memo = NodeMemo()
+        # reader body -> (options, the statistics' bodies, the GROUP absorb_rows made of them or None):
+        # a resized plan's stage runs at every new size, and its unchanged bodies are asked again
+        self._absorb_memo = NodeMemo()
 
     def merge(self, plan: KernelPlan, options: LowerOptions, notes: list[str] | None = None,
               exclude: Callable[[Kernel], bool] | None = None) -> KernelPlan:
@@ -159,10 +162,21 @@ class SiblingMerger:
                 continue
             if any(i < r < j and r not in cands for i in cands for r in readers.get(kernels[i].out, ())):
                 continue                    # a kernel between a statistic and K reads it
-            if not _reads_at_its_index(k.ast, {kernels[i].out for i in cands}, row=True):
-                continue
-            group = _absorbed(k, [kernels[i] for i in cands])
-            if self._absorbs(k, [kernels[i] for i in cands], group, options):
+            stats = [kernels[i] for i in cands]
+            bodies = tuple(m.ast for m in stats)
+            hit = self._absorb_memo.get(k.ast)
+            if hit is not None and hit[0] == options and len(hit[1]) == len(bodies) and \
+                    all(a is b for a, b in zip(hit[1], bodies)):
+                group = hit[2]
+            else:
+                group = None
+                if _reads_at_its_index(k.ast, {m.out for m in stats}, row=True):
+                    group = _absorbed(k, stats)
+                    if not self._absorbs(k, stats, group, options):
+                        group = None
+                if group is None or all(n is not k.ast for n in group.walk()):   # (not holding its key)
+                    self._absorb_memo.put(k.ast, (options, bodies, group))
+            if group is not None:
                 taken[j] = (cands, group)
                 gone.update(cands)
         if not taken:
