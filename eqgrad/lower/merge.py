@@ -131,7 +131,7 @@ class SiblingMerger:
         computed by ``K`` itself and written from there: one kernel whose body is a GROUP of ``K``'s
         root, with the statistics' roots in place of its reads of them, and each statistic broadcast
         along ``K``'s last axis (the lowering stores it once a row, in its own shape: lowering.py
-        ``_store_roots``). Only where ``K`` then reduces the statistics over its rows in passes of its
+        ``Lowerer.emit_kernel``). Only where ``K`` then reduces the statistics over its rows in passes of its
         own (hoisted: a row-fused kernel) and the sums of products under them are sums ``K`` already
         computes (its own row's scores): attention's backward under a memory bound computed each query
         row's max, sum and ``sum(p * dp)`` in a kernel that recomputed the scores and ``g . v`` over
