@@ -224,6 +224,34 @@ def test_kernel_search_keeps_results_and_caches(tmp_path, monkeypatch):
         np.testing.assert_allclose((Tensor(a[:, :48]) @ Tensor(b)).numpy(), out, rtol=1e-5, atol=1e-5)
 
 
+def test_kernel_search_tries_a_covering_width_with_fewer_rows(tmp_path, monkeypatch):
+    """A row-fused kernel whose lanes cover a last axis wider than any of the search's settings
+    (attention's head dim of 64) is also tried at that width with 4, 2 and 1 rows a block, first
+    (devices/search.py ``candidates``): the gradient of q under a memory bound, EQGRAD_BEAM=2, keeps
+    NumPy's numbers and stores a pick the search made."""
+    import json
+    from eqgrad.devices.search import CANDIDATES, _check_entry, candidates
+    assert candidates(0) == CANDIDATES == candidates(32)
+    assert candidates(64) == [(64, 4), (64, 2), (64, 1)] + CANDIDATES
+    assert _check_entry(None) is None and _check_entry([64, 4]) is None and _check_entry(list(CANDIDATES[-1])) is None
+    assert _check_entry([64, 99]) and _check_entry([1 << 20, 4]) and _check_entry([64.0, 4]) and _check_entry("x")
+    monkeypatch.setenv("EQGRAD_CACHE_DIR", str(tmp_path))
+    rng = np.random.default_rng(5)
+    s_, d = 32, 64
+    qn, kn, vn, gn = (rng.standard_normal((1, 2, s_, d)).astype(np.float32) for _ in range(4))
+    q = Tensor(qn, requires_grad=True)
+    ((q @ Tensor(kn).transpose(-1, -2) * 0.125).softmax(-1) @ Tensor(vn) * Tensor(gn)).sum().backward()
+    with eqgrad.Context(BEAM=2, BEAM_TIME=5.0, PEAK_MEMORY=4 * 2 * s_ * d):
+        got = q.grad.numpy()
+    sn = qn @ kn.transpose(0, 1, 3, 2) * 0.125
+    p = np.exp(sn - sn.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    dp = gn @ vn.transpose(0, 1, 3, 2)
+    np.testing.assert_allclose(got, (p * (dp - (p * dp).sum(-1, keepdims=True)) * 0.125) @ kn, rtol=1e-4, atol=1e-4)
+    picks = json.loads((tmp_path / "beam.json").read_text())["entries"].values()
+    assert picks and all(v is None or tuple(v) in candidates(64) for v in picks)
+
+
 @pytest.mark.parametrize("n", [1, 7, 17, 31])
 def test_threaded_kernels_on_odd_sizes(n):
     """Kernels split across threads give the reference's numbers on sizes that do not divide."""

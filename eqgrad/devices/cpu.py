@@ -775,7 +775,8 @@ class LLVMDevice(Device):
                     src, prg, n = self.build(k, plan, up, target)
                     candidates.append(prg)
                     return src, lambda bufs: self.launch(k, prg, [bufs[i].ptr for i in k.params], n, threads)
-                upcast, tried = search_upcast(k, plan, beam, config.BEAM_TIME.value, build)
+                upcast, tried = search_upcast(k, plan, beam, config.BEAM_TIME.value, build,
+                                              covering=self.lowered_kernel(k, plan).vector_lanes)
                 if config.DEBUG.value >= 2:
                     print(f"  search {k.name}: picked {upcast or 'heuristic'} from {tried}")
             prg, n = self.build_member(k, plan, upcast, target, engine)

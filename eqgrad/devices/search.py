@@ -2,7 +2,8 @@
 fastest, remember it on disk.
 
 With ``EQGRAD_BEAM=k`` the LLVM device lowers each kernel with the heuristic setting and up to
-``k`` alternatives from :data:`CANDIDATES`, compiles and times each (median of 3 runs on random
+``k`` alternatives from :func:`candidates` (:data:`CANDIDATES`, and a row-fused kernel's covering
+width with fewer rows), compiles and times each (median of 3 runs on random
 inputs of the kernel's buffer shapes, threads as in a real run), checks that every candidate
 computes the same output as the heuristic one (a candidate that does not is discarded: the search
 never changes results), and keeps the fastest. Each kernel's search stops after
@@ -30,12 +31,30 @@ CANDIDATES: list[tuple[int, int]] = [(16, 4), (16, 8), (32, 4), (8, 8), (32, 2),
                                      (32, 1), (16, 1), (8, 2), (8, 1), (4, 1), (0, 0)]
 
 
+# the widest last-axis lanes a setting may have (a row-fused kernel's lanes cover its last axis:
+# ``covering`` below); a stored pick outside it is not one the search made
+MAX_LANES = 4096
+
+
 def _check_entry(v: object) -> str | None:
-    """Why a stored pick is unusable (neither null, meaning the heuristic, nor one of CANDIDATES), or None."""
+    """Why a stored pick is unusable (neither null, meaning the heuristic, nor a setting the search
+    tries: one of CANDIDATES or a covering width's, ``candidates``), or None."""
     if v is None or (isinstance(v, list) and len(v) == 2 and all(type(x) is int for x in v)
-                     and tuple(v) in CANDIDATES):
+                     and (tuple(v) in CANDIDATES or (0 < v[0] <= MAX_LANES and 0 < v[1] <= max(w for _, w in CANDIDATES)))):
         return None
     return f"expected null or one of the search's settings {[list(c) for c in CANDIDATES[:3]]}..., got {v!r}"
+
+
+def candidates(covering: int = 0) -> list[tuple[int, int]]:
+    """The settings tried, most promising first: CANDIDATES, and where the heuristic's lanes on the
+    last axis are wider than any of theirs (``covering``: a row-fused kernel's lanes cover its last
+    axis -- attention's head dim of 64, 4 vectors a row), that width with fewer rows a block first:
+    the bounded attention backward's kernels ran 5-8 % faster with 4 rows of 64 lanes than with the
+    heuristic's 8 (their 8 x 64 accumulators spill), where forward attention ran faster with 8
+    (lower/passes.py ``row_block``) -- which only timing tells apart."""
+    if covering <= max(w for w, _ in CANDIDATES):
+        return list(CANDIDATES)
+    return [(covering, r) for r in (4, 2, 1)] + list(CANDIDATES)
 
 
 CACHE = JsonCache("beam", CACHE_VERSION, check=_check_entry)
@@ -43,8 +62,10 @@ CACHE = JsonCache("beam", CACHE_VERSION, check=_check_entry)
 
 def search_upcast(k: Kernel, plan: KernelPlan, width: int, time_limit: float,
                   build: Callable[[tuple[int, int] | None], tuple[str, Callable[..., None]]],
-                  progress: Callable[[int, int], None] | None = None) -> tuple[tuple[int, int] | None, dict]:
-    """Best upcast for kernel ``k``. ``build(upcast)`` returns (source, run(bufs)) for a setting."""
+                  progress: Callable[[int, int], None] | None = None,
+                  covering: int = 0) -> tuple[tuple[int, int] | None, dict]:
+    """Best upcast for kernel ``k`` among the first ``width`` of ``candidates(covering)`` (the
+    heuristic's lanes on the last axis). ``build(upcast)`` returns (source, run(bufs)) for a setting."""
     base_src, base_run = build(None)
     key = hashlib.sha256((base_src + machine_key("LLVM")).encode()).hexdigest()[:24]
     cached = CACHE.get(key, "miss")
@@ -74,7 +95,7 @@ def search_upcast(k: Kernel, plan: KernelPlan, width: int, time_limit: float,
     t0 = time.perf_counter()
     best_t, ref = timed(base_run)
     best, seen, tried = None, {base_src}, {"heuristic": best_t}
-    cands = CANDIDATES[:width]
+    cands = candidates(covering)[:width]
     for i, up in enumerate(cands):
         if time.perf_counter() - t0 > time_limit:
             break
