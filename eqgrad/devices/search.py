@@ -32,15 +32,18 @@ CANDIDATES: list[tuple[int, int]] = [(16, 4), (16, 8), (32, 4), (8, 8), (32, 2),
 
 
 # the widest last-axis lanes a setting may have (a row-fused kernel's lanes cover its last axis:
-# ``covering`` below); a stored pick outside it is not one the search made
+# ``candidates``' covering width), and the rows a block such a width is tried with; a stored pick
+# outside them is not one the search made
 MAX_LANES = 4096
+COVERING_ROWS = (4, 2, 1)
+_WIDEST = max(w for w, _ in CANDIDATES)
 
 
 def _check_entry(v: object) -> str | None:
     """Why a stored pick is unusable (neither null, meaning the heuristic, nor a setting the search
     tries: one of CANDIDATES or a covering width's, ``candidates``), or None."""
     if v is None or (isinstance(v, list) and len(v) == 2 and all(type(x) is int for x in v)
-                     and (tuple(v) in CANDIDATES or (0 < v[0] <= MAX_LANES and 0 < v[1] <= max(w for _, w in CANDIDATES)))):
+                     and (tuple(v) in CANDIDATES or (_WIDEST < v[0] <= MAX_LANES and v[1] in COVERING_ROWS))):
         return None
     return f"expected null or one of the search's settings {[list(c) for c in CANDIDATES[:3]]}..., got {v!r}"
 
@@ -52,9 +55,9 @@ def candidates(covering: int = 0) -> list[tuple[int, int]]:
     the bounded attention backward's kernels ran 5-8 % faster with 4 rows of 64 lanes than with the
     heuristic's 8 (their 8 x 64 accumulators spill), where forward attention ran faster with 8
     (lower/passes.py ``row_block``) -- which only timing tells apart."""
-    if covering <= max(w for w, _ in CANDIDATES):
+    if covering <= _WIDEST:
         return list(CANDIDATES)
-    return [(covering, r) for r in (4, 2, 1)] + list(CANDIDATES)
+    return [(covering, r) for r in COVERING_ROWS] + list(CANDIDATES)
 
 
 CACHE = JsonCache("beam", CACHE_VERSION, check=_check_entry)
