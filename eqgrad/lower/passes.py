@@ -1354,7 +1354,7 @@ def root_rows(root: KNode, s: Schedule, held: tuple[KNode, ...]) -> tuple[KNode,
     return tuple(sorted(out, key=lambda n: len(n.walk())))
 
 
-def row_pack(root: KNode, o: LowerOptions) -> tuple[KNode | tuple[KNode, ...], KNode] | None:
+def row_pack(root: KNode, o: LowerOptions) -> tuple[tuple[KNode, ...], KNode] | None:
     """``lane_pack``'s answer for a row-fused kernel: (the packs, each an operand of a row-stash sum
     of products that the row's array keeps along an axis it reads with a stride -- attention's k,
     read along the keys a head dim apart, and v for ``g . v`` in the gradient of q --, copied with
@@ -1392,8 +1392,7 @@ def _root_pack(root: KNode, o: LowerOptions) -> tuple[tuple[KNode, ...], KNode] 
     for find in (_strided_operand, _strided_row_load):
         while True:
             # (the packs made so far move one buffer down: the next one reads from -1)
-            shifted = body.replaced({id(n): KNode("BUF", (), n.arg - 1, n.shape, n.dtype) for n in body.walk()
-                                     if n.op == "BUF" and n.arg < 0}) if packs else body
+            shifted = _packs_moved_down(body) if packs else body
             nxt = find(shifted, o)
             if nxt is None:
                 break
@@ -1437,6 +1436,13 @@ def _strided_row_load(body: KNode, o: LowerOptions) -> tuple[KNode, KNode, int, 
     return None
 
 
+def _packs_moved_down(body: KNode) -> KNode:
+    """``body`` reading each pack made so far one buffer further down (-1 -> -2, ...): the next pack
+    is then read from -1 (``_root_pack``, ``_row_pack``)."""
+    return body.replaced({id(n): KNode("BUF", (), n.arg - 1, n.shape, n.dtype) for n in body.walk()
+                          if n.op == "BUF" and n.arg < 0})
+
+
 def _row_pack(root: KNode, o: LowerOptions, s: Schedule) -> tuple[tuple[KNode, ...], KNode, Schedule] | None:
     """``row_pack`` for ``root`` under its schedule ``s``: (the packs, pack i read back from buffer
     -1 - i; the packed body; its schedule). One operand at a time, each pack kept where it gives the
@@ -1450,8 +1456,7 @@ def _row_pack(root: KNode, o: LowerOptions, s: Schedule) -> tuple[tuple[KNode, .
     while True:
         # (the packs made so far move one buffer down: the next one reads from -1)
         if packs:
-            shifted = body.replaced({id(n): KNode("BUF", (), n.arg - 1, n.shape, n.dtype) for n in body.walk()
-                                     if n.op == "BUF" and n.arg < 0})
+            shifted = _packs_moved_down(body)
             at = schedule_kernel(Kernel("row_pack", 0, shifted, shifted.buffers()), o)
         else:
             shifted, at = body, sched
