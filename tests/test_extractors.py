@@ -1,6 +1,7 @@
 """Extractors and cost models: agreement, optimality on crafted graphs, fuzzed validity, tuning."""
 import json
 import math
+import os
 from dataclasses import replace
 
 import numpy as np
@@ -269,6 +270,7 @@ def test_measured_extractor_is_cached_on_disk(tmp_path, monkeypatch):
 
 
 def test_calibration_is_stored_and_used(tmp_path, monkeypatch):
+    from eqgrad.extract.cost import DEFAULT_PARAMS
     monkeypatch.setenv("EQGRAD_CACHE_DIR", str(tmp_path))
     assert params_for("LLVM").source == "default"
     spread: dict = {}
@@ -280,7 +282,7 @@ def test_calibration_is_stored_and_used(tmp_path, monkeypatch):
     assert all(lo <= getattr(p, f) <= hi for f, (lo, hi) in spread.items())      # the median of the runs
     assert p.cold >= 0 and p.stream_bytes == params_for("LLVM").stream_bytes > 0
     assert 0 < p.row_pass < 1e-6          # measured: softmax over rows of 16 is slower than over rows of 512
-    # reads from cache: copies whose input the run before left in the host's last-level cache
+    # reads from cache: copies whose input the run before left in the cache (the window: the cores' L2s)
     assert p.cache_bandwidth > 1e8 and p.cache_bytes == params_for("LLVM").cache_bytes > 0
     # strided reads: NCHW tensors permuted to NHWC, their strided bytes' rate (a plain copy's at most 4x)
     assert 1e8 < p.strided_bandwidth <= 4 * spread["bandwidth"][1]
@@ -288,6 +290,15 @@ def test_calibration_is_stored_and_used(tmp_path, monkeypatch):
     assert params_for("LLVM").source.startswith("calibrated") and params_for("LLVM").cold == 7.5e-6
     assert params_for("LLVM").cache_bandwidth == 77e9 and params_for("LLVM").strided_bandwidth == 9e9
     assert json.loads((tmp_path / "calibration.json").read_text())["version"] == 1
+    # the window a calibration fitted is stored and read back (tools/calibrate.py fit_window); one
+    # stored before the fit (no ``cache_window``: its ``cache_bytes`` was the host's L3) keeps the default
+    save_calibration("LLVM", replace(p, cache_bytes=3 * p.cache_bytes))
+    assert params_for("LLVM").cache_bytes == 3 * p.cache_bytes
+    stored = json.loads((tmp_path / "calibration.json").read_text())
+    for e in stored["entries"].values():
+        del e["cache_window"]
+    (tmp_path / "calibration.json").write_text(json.dumps(stored))
+    assert params_for("LLVM").cache_bytes == DEFAULT_PARAMS["LLVM"].cache_bytes != 3 * p.cache_bytes
     (tmp_path / "calibration.json").write_text("garbage")
     assert load_calibrations() == {} and params_for("LLVM").source == "default"
 
@@ -398,9 +409,27 @@ def test_calibration_fitted_to_the_corpus_says_so(tmp_path, monkeypatch):
     monkeypatch.setitem(cal.kernel_samples.__globals__, "realize", real)
     with pytest.raises(ValueError, match="rounds must be >= 1"):
         cal.kernel_samples({}, rounds=0)
+    from eqgrad.graph.plan import KernelStats
+    # the window of reuse (tools/calibrate.py fit_window): each sample's reads from cache within each
+    # window, as its plan ran; the fit keeps the window whose fit has the smallest mean error
+    ws = (1 << 20, 8 << 20)
+    big = {"big_linear": whole("LLVM", np.random.default_rng(0))["big_linear"]}   # (its second kernel reads the first's 3.75 MiB)
+    win = cal.kernel_samples(big, reps=2, warmup=0, windows=ws)
+    assert len(win) == 2 and all(len(s.hot_at) == 2 and 0 <= s.hot_at[0] <= s.hot_at[1] <= s.stats.nbytes for s in win)
+    assert [s.hot_at for s in win] == [(0.0, 0.0), (0.0, 3840 * 1024.0)] and win[1].at_window(1).stats.hot == 3840 * 1024
+    prm = DeviceParams(launch=5e-6, bandwidth=20e9, peak=50e9, cache_bandwidth=80e9, cache_bytes=1 << 20)
+    cold = [cal.KernelSample((5e-6 + 2e6 / 20e9) * f, KernelStats(2e6, 0.0, 1), 0.0, (0.0, 0.0)) for f in (0.9, 1, 1.1)]
+    # kernels that ran as if their 4 MB came from cache: read again within 8 MiB, not within 1
+    hot = [cal.KernelSample((5e-6 + 4e6 / 80e9) * f, KernelStats(4e6, 0.0, 1), 0.0, (0.0, 4e6)) for f in (0.9, 1, 1.1)]
+    got, err, at = cal.fit_window(cold + hot, prm, ws)
+    assert got.cache_bytes == 8 << 20 and err < 1.2 and [s.stats.hot for s in at] == [0.0] * 3 + [4e6] * 3
+    slow = [replace(s, seconds=(5e-6 + 4e6 / 20e9) * f) for s, f in zip(hot, (0.9, 1, 1.1))]
+    assert cal.fit_window(cold + slow, prm, ws)[0].cache_bytes == 1 << 20       # (those ran from memory)
     said: list[str] = []
     p = calibrate("LLVM", reps=2, fit_corpus=True, progress=said.append)
     assert any(m.startswith("fitted to ") for m in said), said
+    assert any("of reuse" in m for m in said if m.startswith("fitted to ")), said
+    assert p.cache_bytes in {params_for("LLVM").cache_bytes * m for m in cal.CACHE_WINDOWS} or "fitted to " not in p.source
     assert ("fitted to " in p.source) == any("% -> " in m and _improved(m) for m in said)
 
 
@@ -616,7 +645,7 @@ def test_reads_the_kernels_before_left_in_the_cache_are_priced_where_the_plan_ru
     by the cost function), which ``KernelPlan.in_context`` -- DEBUG=2, kernel_log -- takes off."""
     from eqgrad.dtype import float32
     from eqgrad.extract.cost import CostModel, in_order, kernel_time, moved_seconds
-    from eqgrad.graph.caps import LAST_CACHE_FALLBACK, last_cache_bytes
+    from eqgrad.graph.caps import PRIVATE_CACHE_FALLBACK, reuse_cache_bytes
     from eqgrad.graph.plan import Kernel, KernelPlan, KernelStats
     mb = 1 << 20
     # buffers: b0 an input of 4 MiB, b1..b4 intermediates of 1 MiB, 4 MiB, 1 MiB, 1 MiB (float32)
@@ -676,10 +705,13 @@ def test_reads_the_kernels_before_left_in_the_cache_are_priced_where_the_plan_ru
     from eqgrad.graph.plan import plan_from_json, plan_to_json
     back = plan_from_json(plan_to_json(got))
     assert [(kk.warm, kk.stats) for kk in back.kernels] == [(kk.warm, kk.stats) for kk in got.kernels]
-    # the window: the host's last-level cache from sysfs (the L3 where there is one), else a fallback
+    # the default window: the private caches (L2s, from sysfs; else a fallback) of the cores the threads
+    # run on -- the shared L3 left out (``tune calibrate`` fits the window: tools/calibrate.py fit_window)
     _fake_caches(tmp_path)
-    assert last_cache_bytes(str(tmp_path)) == 54 << 20
-    assert last_cache_bytes(str(tmp_path / "missing")) == LAST_CACHE_FALLBACK
+    assert reuse_cache_bytes(2, str(tmp_path)) == 2 * (1280 << 10) and reuse_cache_bytes(1, str(tmp_path)) == 1280 << 10
+    assert reuse_cache_bytes(4, str(tmp_path / "missing")) == 4 * PRIVATE_CACHE_FALLBACK
+    assert reuse_cache_bytes() == (os.cpu_count() or 1) * reuse_cache_bytes(1) == params_for("LLVM").cache_bytes \
+        or params_for("LLVM").source != "default"
     for bad in (dict(cache_bandwidth=-1.0), dict(cache_bandwidth=float("inf")), dict(cache_bytes=1.5),
                 dict(cache_bytes=-1), dict(cache_bytes=True)):
         with pytest.raises(ValueError, match="DeviceParams.cache_"):

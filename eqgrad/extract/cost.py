@@ -85,7 +85,8 @@
 
 - reads from cache: a kernel reading a buffer that a kernel just before it in its plan wrote or read
   finds it in the cache, where the bytes moved since (its reuse distance, the buffer itself counted)
-  fit the host's last-level cache (``cache_bytes``: graph/caps.py ``last_cache_bytes``); those bytes
+  fit ``cache_bytes`` (by default the private caches of the cores the threads run on: graph/caps.py
+  ``reuse_cache_bytes``, which says why the shared L3 is left out; ``tune calibrate`` fits it); those bytes
   (``KernelStats.hot``, graph/plan.py ``KernelPlan.cache_reads``) move at ``cache_bandwidth``. Like the
   launch after a stream it depends on the order kernels run in, which extraction does not know: its
   kernels are priced cold (``hot`` 0), and ``in_order`` prices a built plan's kernels in their order
@@ -134,7 +135,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from eqgrad.cache import JsonCache, check_fields, machine_key
-from eqgrad.graph.caps import Capabilities, block_of, gemm_of, last_cache_bytes, library_seconds, private_cache_bytes
+from eqgrad.graph.caps import Capabilities, block_of, gemm_of, library_seconds, private_cache_bytes, reuse_cache_bytes
 from eqgrad.graph.plan import KernelPlan, KernelStats, stream_share   # the cost function's input (on the graph floor: plans keep it)
 
 CALIBRATION_VERSION = 1
@@ -185,10 +186,10 @@ DEFAULT_PARAMS: dict[str, DeviceParams] = {
     # contraction: 250 GFLOP/s, what generated contractions run at (see "kernel classes" above)
     # cold: 6 us more after a stream larger than a core's L2 (see "launch after a stream" above);
     # row_pass: 2 ns a loop over a row of a row-fused kernel ("row passes" above);
-    # cache_bandwidth: 60 GB/s the reads within the host's last-level cache of reuse ("reads from cache");
+    # cache_bandwidth: 60 GB/s the reads within the cores' L2s of reuse ("reads from cache");
     # strided_bandwidth: 15 GB/s the reads a cache line apart along the innermost loop ("strided reads")
     "LLVM": DeviceParams(contraction=250e9, cold=6e-6, stream_bytes=private_cache_bytes(), row_pass=2e-9,
-                         cache_bandwidth=60e9, cache_bytes=last_cache_bytes(), strided_bandwidth=15e9, source="default"),
+                         cache_bandwidth=60e9, cache_bytes=reuse_cache_bytes(), strided_bandwidth=15e9, source="default"),
     "NUMPY": DeviceParams(launch=20e-6, bandwidth=5e9, peak=2e9, source="default"),
     # PoCL 3.1, 2 cores (calibrated). No row fusion: PoCL vectorizes across work-items, not a
     # work-item's loops, so a row-fused softmax ran 19.8 ms vs 11.4 ms as three kernels
@@ -416,7 +417,10 @@ def load_calibrations() -> dict:
 
 
 def save_calibration(device: str, params: DeviceParams) -> Path | None:
-    return CALIBRATIONS.put(f"{device}|{machine_key(device)}", asdict(params))
+    # the window of reuse a calibration fitted (tools/calibrate.py ``fit_window``) is read back from
+    # ``cache_window``: the ``cache_bytes`` of calibrations stored before the fit was the host's
+    # last-level cache, not a measurement, and they keep the device's default window
+    return CALIBRATIONS.put(f"{device}|{machine_key(device)}", dict(asdict(params), cache_window=params.cache_bytes))
 
 
 _PARAMS: dict[tuple, DeviceParams] = {}     # (device, machine key, calibration file stamp) -> params_for's answer
@@ -444,6 +448,7 @@ def _params_for(device: str) -> DeviceParams:
                        contraction=_measured_of(e, "contraction", 0.0), cold=_measured_of(e, "cold", base.cold),
                        row_pass=_measured_of(e, "row_pass", base.row_pass),
                        cache_bandwidth=_measured_of(e, "cache_bandwidth", base.cache_bandwidth),
+                       cache_bytes=int(_measured_of(e, "cache_window", base.cache_bytes)),
                        strided_bandwidth=_measured_of(e, "strided_bandwidth", base.strided_bandwidth),
                        source=str(e.get("source", "calibrated")))
     except (KeyError, TypeError, ValueError):

@@ -140,10 +140,17 @@ FIELDS = ("launch", "bandwidth", "peak", "contraction", "cold", "row_pass", "cac
 ROW_PASS_ELEMENTS = 1 << 18    # softmax's elements when the row passes are timed (1 MB: from cache)
 
 # reads from cache (cost.py): a copy whose input the run before it left in the cache is timed moving
-# these shares of the cache the cost model reads within (``cache_bytes``, the host's last level), and
-# the median rate kept -- one size alone is the L2's, a core's share of the L3's or a neighbour's:
-# on a 2-vCPU AMD EPYC (Zen 4, 32 MiB of L3) 1, 2, 4 and 8 MiB moved ran at 43, 61, 90 and 51 GB/s
-CACHE_SHARES = (1 / 32, 1 / 16, 1 / 8, 1 / 4)
+# these shares of the window the cost model's default reads within (``cache_bytes``: the private
+# caches of the cores the threads run on), and the median rate kept -- one size alone is the L2's, a
+# core's share of the L3's or a neighbour's: on a 2-vCPU AMD EPYC (Zen 4, 1 MiB of L2 a core, 32 MiB of
+# L3) 1, 2, 4 and 8 MiB moved ran at 43, 61, 90 and 51 GB/s (half the window to twice it there)
+CACHE_SHARES = (1 / 4, 1 / 2, 1, 2)
+
+# the windows of reuse (multiples of the default ``cache_bytes``: the private caches of the cores the
+# threads run on, graph/caps.py ``reuse_cache_bytes``) at which the fit prices the corpus's reads
+# from cache, keeping the one that predicts it best (``fit_window``): 16 times a 2-vCPU machine's
+# window reaches the 32 MiB L3 of an AMD Zen core complex (1 MiB of L2 a core)
+CACHE_WINDOWS = (1, 2, 4, 8, 16)
 
 # strided reads (cost.py): NCHW tensors of 8 MiB permuted to NHWC -- their reads 1, 4 and 16 KiB
 # apart along the output's last axis -- as plain copies (which the lowering runs in cache blocks)
@@ -171,15 +178,19 @@ def calibrate(device: str = "LLVM", reps: int = 7, progress: Callable[[str], Non
     p = replace(DEFAULT_PARAMS.get(device, DeviceParams()), **med,
                 source=f"calibrated {time.strftime('%Y-%m-%d %H:%M')}{how}")
     if fit_corpus:
-        samples = kernel_samples(_corpus(device, np.random.default_rng(7)), rounds=max(runs, CORPUS_ROUNDS),
-                                 stream_bytes=p.stream_bytes)
-        fitted, err, err0 = fit_error(samples, p)
+        windows = tuple(p.cache_bytes * m for m in CACHE_WINDOWS) if p.cache_bytes and p.cache_bandwidth else ()
+        found = kernel_samples(_corpus(device, np.random.default_rng(7)), rounds=max(runs, CORPUS_ROUNDS),
+                               stream_bytes=p.stream_bytes, windows=windows)
+        fitted, err, samples = fit_window(found, p, windows)
+        samples0 = [s.at_window(0) for s in found]
+        err0 = fit_error(samples0, p, {f: (1.0, 1.0, 1) for f in FIT_FIELDS})[2]
         finer, err_fine, _ = fit_error(samples, fitted, FIT_FINE)
         if err_fine < err:              # (its grid steps around the first fit, not through it)
             fitted, err = finer, err_fine
-        share0, share = within_2x(samples, p), within_2x(samples, fitted)
+        share0, share = within_2x(samples0, p), within_2x(samples, fitted)
         said = (f"mean error x{err0:.3f} -> x{err:.3f}, {100 * share0:.0f}% -> {100 * share:.0f}% "
-                "predicted within 2x")
+                "predicted within 2x" + (f"; reads from cache within {fitted.cache_bytes / 2 ** 20:g} MiB of reuse"
+                                         if windows else ""))
         if progress:
             progress(f"fitted to {len(samples)} kernels of model-like programs: {said}")
         if round(err, 3) < round(err0, 3):         # (an improvement the message shows)
@@ -428,28 +439,43 @@ class KernelSample:
     seconds: float
     stats: KernelStats
     after: float = 0.0
+    # the bytes it read from cache with each of ``kernel_samples``' ``windows`` as ``cache_bytes``
+    # (graph/plan.py ``KernelPlan.cache_reads`` over its plan as run), for the fit of the window
+    hot_at: tuple[float, ...] = ()
+
+    def at_window(self, i: int) -> "KernelSample":
+        """This sample with its reads from cache those within the ``i``-th window (``hot_at``)."""
+        return replace(self, stats=replace(self.stats, hot=self.hot_at[i])) if self.hot_at else self
 
 
 def kernel_samples(programs: dict[str, Callable[[], list[Tensor]]], reps: int = 5,
-                   warmup: int = 2, rounds: int = 1, stream_bytes: int = 0) -> list[KernelSample]:
+                   warmup: int = 2, rounds: int = 1, stream_bytes: int = 0,
+                   windows: tuple[int, ...] = ()) -> list[KernelSample]:
     """Each kernel of each program, timed alone (``GlobalCounters.kernel_log``) ``reps`` times after
     ``warmup`` runs, in each of ``rounds`` passes over all the programs (a kernel's time is the
     median of its ``rounds * reps``); the pieces the device runs a plan kernel as (its BLAS call, a
     split reduction's partials) are summed into it. A kernel the cost model did not price (no
     stats) is left out; each carries in ``after`` the share of the launch after a stream that the
-    kernel priced right before it charges (``stream_share`` of ``stream_bytes``; 0: none)."""
+    kernel priced right before it charges (``stream_share`` of ``stream_bytes``; 0: none) and in
+    ``hot_at`` the bytes it read from cache within each of ``windows`` (a reuse distance in bytes)."""
     if rounds < 1 or reps < 1:
         raise ValueError(f"kernel_samples(): reps and rounds must be >= 1, got reps={reps}, rounds={rounds}")
     times: dict[tuple[str, str], list[float]] = {}
     stats: dict[tuple[str, str], KernelStats] = {}
     last: dict[str, list[str]] = {}
     after: dict[tuple[str, str], float] = {}
+    hot_at: dict[tuple[str, str], tuple[float, ...]] = {}
     for r in range(rounds):
         for name, make in programs.items():
             for _ in range(1 + warmup if r == 0 else 1):
                 realize(*make())
             for _ in range(reps):
                 log = _kernel_log(make())
+                if windows and (name, "") not in hot_at:       # (the plan's order, the same every run)
+                    hot_at[name, ""] = ()
+                    ran = engine.last_plan.plan
+                    for k, *hots in zip(ran.kernels, *(ran.cache_reads(w) for w in windows)):
+                        hot_at[name, k.name] = tuple(map(float, hots))
                 per: dict[str, float] = {}
                 before = 0.0              # the bytes of the plan kernel that ran last
                 for kname, sec, _pred, _flops, _nbytes, k in log:
@@ -468,7 +494,8 @@ def kernel_samples(programs: dict[str, Callable[[], list[Tensor]]], reps: int = 
         for base in bases:
             if (name, base) in stats:
                 secs = sorted(times[name, base])
-                out.append(KernelSample(secs[len(secs) // 2], stats[name, base], after[name, base]))
+                out.append(KernelSample(secs[len(secs) // 2], stats[name, base], after[name, base],
+                                        hot_at.get((name, base), (stats[name, base].hot,) * len(windows))))
     return out
 
 
@@ -560,3 +587,21 @@ def fit_error(samples: list[KernelSample], start: DeviceParams,
 
 
 FIT_FIELDS = ("launch", "bandwidth", "peak", "contraction")
+
+
+def fit_window(samples: list[KernelSample], start: DeviceParams, windows: tuple[int, ...]
+               ) -> tuple[DeviceParams, float, list[KernelSample]]:
+    """(the parameters ``fit_error`` finds with ``cache_bytes`` the one of ``windows`` (the reuse
+    distances the samples' ``hot_at`` were taken at) whose fit has the smallest mean error, that error,
+    the samples with their reads from cache within it). Where a hit in the shared last-level cache
+    runs faster than memory depends on the part, so the window is measured this way, per machine:
+    the reads the corpus's kernels make of what the kernels before them wrote, priced in or out of
+    cache at each window (graph/caps.py ``reuse_cache_bytes``, the default, is the first)."""
+    best: tuple[DeviceParams, float, list[KernelSample]] | None = None
+    for i, w in enumerate(windows or (start.cache_bytes,)):
+        at = [s.at_window(i) for s in samples] if windows else samples
+        p, err, _ = fit_error(at, replace(start, cache_bytes=w) if windows else start)
+        if best is None or round(err, 4) < round(best[1], 4):     # (a smaller window on a tie)
+            best = (p, err, at)
+    assert best is not None
+    return best

@@ -93,7 +93,7 @@ def _tune_calibrate(args: argparse.Namespace) -> int:
     print(f"{args.device}: launch {params.launch * 1e6:.1f} us, bandwidth {params.bandwidth / 1e9:.1f} GB/s, "
           f"peak {params.peak / 1e9:.1f} GFLOP/s, contraction {params.contraction / 1e9:.1f} GFLOP/s, "
           f"{params.cold * 1e6:.1f} us more a launch after a stream, {params.row_pass * 1e9:.2f} ns a row pass, "
-          f"reads from cache {params.cache_bandwidth / 1e9:.1f} GB/s, strided reads {params.strided_bandwidth / 1e9:.1f} GB/s"
+          f"reads from cache {params.cache_bandwidth / 1e9:.1f} GB/s within {params.cache_bytes / 2 ** 20:g} MiB of reuse, strided reads {params.strided_bandwidth / 1e9:.1f} GB/s"
           + (f" (median of {args.runs} runs)" if args.runs > 1 else ""))
     if args.runs > 1:
         unit = {"launch": (1e6, "us"), "bandwidth": (1e-9, "GB/s"), "peak": (1e-9, "GFLOP/s"),
