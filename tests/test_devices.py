@@ -343,6 +343,53 @@ def test_masked_reads_load_under_their_mask():
     assert _guarded_loads(stored) == {} and _guarded_loads(other) == {}
 
 
+def test_a_lane_group_of_padded_reads_is_one_masked_vector_load():
+    """Register lanes reading consecutive elements each under its own mask (a Pad inside a
+    reduction: a convolution's padded input along its rows) load one masked vector
+    (``_Lanes._masked_load``: ``llvm.masked.load``; the lanes whose mask is off are not read and
+    read as 0), where each lane's select of a safe index made them one scalar load a lane (a padded
+    convolution fused with its padding ran ~8x slower than on a padded copy). The lanes' masks are
+    built as the bits of one integer (most lanes share one; W inserts of an i1 became W mask-register
+    shifts on AVX-512). Numbers against NumPy/torch: borders on both sides, widths that are and are
+    not a lane multiple, wider pads than the window's reach, a pad along an axis that is not the
+    lanes' (one mask for every lane), forward and the input's gradient (a padded read as well)."""
+    import torch
+    import eqgrad.nn.functional as F
+    from dataclasses import replace
+    from eqgrad.extract import using
+    from eqgrad.extract.cost import params_for
+    rng = np.random.default_rng(11)
+    free = replace(params_for("LLVM"), masked_read=0.0)        # (the fused plan whatever the target)
+    seen = 0
+    for (n, c, h, wd, o, k, pad) in ((2, 3, 8, 16, 4, 3, 1), (1, 2, 7, 33, 3, 3, 1), (2, 4, 9, 12, 8, 5, 2),
+                                     (1, 1, 6, 32, 2, 3, 3), (1, 3, 5, 40, 4, 3, (0, 1))):
+        xn = rng.standard_normal((n, c, h, wd), dtype=np.float32)
+        wn = rng.standard_normal((o, c, k, k), dtype=np.float32)
+        xt = torch.tensor(xn, requires_grad=True)
+        ref = torch.nn.functional.conv2d(xt, torch.tensor(wn), padding=pad)
+        ref.backward(torch.ones_like(ref))
+        with using(params={"LLVM": free}):
+            x = Tensor(xn, requires_grad=True)
+            y = F.conv2d(x, Tensor(wn), padding=pad)
+            got = y.numpy()
+            plan = engine.last_plan.plan
+            seen += sum("@llvm.masked.load" in render_llvm(lower_kernel(kk, plan)) for kk in plan.kernels)
+            y.sum().backward()
+            grad = x.grad.numpy()
+        scale = np.abs(ref.detach().numpy()).max()
+        np.testing.assert_allclose(got, ref.detach().numpy(), rtol=1e-5, atol=1e-5 * scale, err_msg=str((n, c, h, wd, k, pad)))
+        np.testing.assert_allclose(grad, xt.grad.numpy(), rtol=1e-5, atol=1e-5 * np.abs(xt.grad.numpy()).max())
+    assert seen, "no padded read was a masked lane group"      # (which ones: the target's lane widths)
+    # a masked lane group's IR: one masked load of W floats under a mask built from an integer
+    with using(params={"LLVM": free}):
+        F.conv2d(Tensor(rng.standard_normal((1, 2, 6, 32), dtype=np.float32)), Tensor(np.ones((4, 2, 3, 3), np.float32)),
+                 padding=1).realize()
+        plan = engine.last_plan.plan
+    ir = render_llvm(lower_kernel(plan.kernels[-1], plan))
+    import re
+    assert "@llvm.masked.load.v" in ir and re.search(r"bitcast i\d+ %\w+ to <\d+ x i1>", ir) and not re.search(r"insertelement <\d+ x i1>", ir)
+
+
 # ---------------------------------------------------------------------------- CUDA C -> PTX (no GPU needed)
 def _cuda_corpus() -> list[tuple[str, str]]:
     r = CUDARenderer()

@@ -618,6 +618,9 @@ class _Lanes:
             if all(b == offs[0][0] and o == offs[0][1] + l for l, (b, o) in enumerate(offs)):
                 self.leaves.add(x0.src[1])
                 return ("load",)
+            masked = self._masked_load(xs)
+            if masked is not None:
+                return masked
         elif all(x.op == x0.op and x.dtype == x0.dtype and x.arg == x0.arg for x in xs) and self._vectorizes(x0) \
                 and all(self._operand_kinds(i) == self._operand_kinds(g[0]) for i in g):
             # (the operands' kinds too: a CMPLT is bool on floats and on indices alike -- cat's bounds
@@ -628,6 +631,25 @@ class _Lanes:
             return ("op", kids)
         self.leaves.update(g)
         return ("pack",)
+
+    def _masked_load(self, xs: list[LInst]) -> tuple | None:
+        """("masked_load", the lanes' masks) for loads of consecutive elements each behind its own
+        validity (a read under a PAD: ``LOAD(p, WHERE(valid, index, 0))``, lower/lowering.py), or None:
+        one masked vector load, where each lane's select of a safe index made them W scalar loads (a
+        convolution's padded input read inside its reduction: lanes along a row, only the edge lanes'
+        masks differ)."""
+        insts = self.k.insts
+        ws = [insts[x.src[1]] for x in xs]
+        if any(w.op != "WHERE" or insts[w.src[2]].op != "CONST" or w.src[2] in self.sized or insts[w.src[2]].arg != 0
+               for w in ws):
+            return None
+        offs = [self._offset(w.src[1]) for w in ws]
+        if not all(b == offs[0][0] and o == offs[0][1] + l for l, (b, o) in enumerate(offs)):
+            return None
+        masks = tuple(w.src[0] for w in ws)
+        self._tree(masks)
+        self.leaves.add(ws[0].src[1])
+        return ("masked_load", masks)
 
     def _operand_kinds(self, i: int) -> tuple[str, ...]:
         return tuple(self.kind(s) for s in self.k.insts[i].src)
@@ -866,12 +888,39 @@ class _Kernel:
             x = insts[g[0]]
             ptr = c(f"getelementptr inbounds {MT[kd]}, ptr {self.val[x.src[0]]}, i64 {self.val[x.src[1]]}")
             v = c(f"load {vt}, ptr {ptr}, align 4")
+        elif how == "masked_load":
+            # the lanes whose mask is off are not read (their index may lie outside the buffer: no
+            # inbounds), and read as 0, as the scalar selects of a safe index and a PAD make them
+            x, W = insts[g[0]], self.lanes.W
+            ptr = c(f"getelementptr {MT[kd]}, ptr {self.val[x.src[0]]}, i64 {self.val[insts[x.src[1]].src[1]]}")
+            name = f"llvm.masked.load.v{W}f32.p0"
+            c.decls.add(f"declare {vt} @{name}(ptr, i32, <{W} x i1>, {vt})")
+            v = c(f"call {vt} @{name}(ptr {ptr}, i32 4, <{W} x i1> {self.vec(node[1])}, {vt} zeroinitializer)")
         elif how == "op":
             v = self.vector_op(insts[g[0]], [self.vec(kg) for kg in node[1]], [_name(insts[kg[0]].dtype) for kg in node[1]])
-        else:                                      # "pack": from the lanes' scalars
-            v = "poison"
+        elif kd == "bool" and self.lanes.W <= 64:
+            # lanes of truth values as the bits of one integer: the value most lanes hold, the others'
+            # bits put in, then a bitcast (a masked load's lanes along a padded row share one mask but
+            # at its edges; W insertelements of i1 became W mask-register shifts and ors on AVX-512)
+            W = self.lanes.W
+            common = max(set(g), key=g.count)
+            v = c(f"sext i1 {self.val[common]} to i{W}")
             for lane, i in enumerate(g):
-                v = c(f"insertelement {vt} {v}, {ty} {self.val[i]}, i64 {lane}")
+                if i != common:
+                    bit = c(f"shl i{W} {c(f'zext i1 {self.val[i]} to i{W}')}, {lane}")
+                    v = c(f"or i{W} {c(f'and i{W} {v}, {~(1 << lane) if lane < W - 1 else (1 << lane) - 1}')}, {bit}")
+            v = c(f"bitcast i{W} {v} to {vt}")
+        else:                                      # "pack": from the lanes' scalars
+            # the value most lanes hold splat, the others put in
+            common = max(set(g), key=g.count)
+            if g.count(common) > 2:
+                one = c(f"insertelement {vt} poison, {ty} {self.val[common]}, i64 0")
+                v = c(f"shufflevector {vt} {one}, {vt} poison, <{self.lanes.W} x i32> zeroinitializer")
+            else:
+                v, common = "poison", None
+            for lane, i in enumerate(g):
+                if i != common:
+                    v = c(f"insertelement {vt} {v}, {ty} {self.val[i]}, i64 {lane}")
         self.remember(g, v)
         return v
 
