@@ -87,8 +87,9 @@
 
 - reads from cache: a kernel reading a buffer that a kernel just before it in its plan wrote or read
   finds it in the cache, where the bytes moved since (its reuse distance, the buffer itself counted)
-  fit ``cache_bytes`` (by default the private caches of the cores the threads run on: graph/caps.py
-  ``reuse_cache_bytes``, which says why the shared L3 is left out; ``tune calibrate`` fits it); those bytes
+  fit ``cache_bytes`` (by default the private caches of the cores the threads run on, and the L3 where
+  it is a core complex's: graph/caps.py ``reuse_cache_bytes``, which says why a mesh L3 is left out;
+  ``tune calibrate`` fits it); those bytes
   (``KernelStats.hot``, graph/plan.py ``KernelPlan.cache_reads``) move at ``cache_bandwidth``. Like the
   launch after a stream it depends on the order kernels run in, which extraction does not know: its
   kernels are priced cold (``hot`` 0), and ``in_order`` prices a built plan's kernels in their order
@@ -188,7 +189,7 @@ DEFAULT_PARAMS: dict[str, DeviceParams] = {
     # contraction: 250 GFLOP/s, what generated contractions run at (see "kernel classes" above)
     # cold: 6 us more after a stream larger than a core's L2 (see "launch after a stream" above);
     # row_pass: 2 ns a loop over a row of a row-fused kernel ("row passes" above);
-    # cache_bandwidth: 60 GB/s the reads within the cores' L2s of reuse ("reads from cache");
+    # cache_bandwidth: 60 GB/s the reads within the cores' L2s (and an AMD core complex's L3) of reuse ("reads from cache");
     # strided_bandwidth: 15 GB/s the reads a cache line apart along the innermost loop ("strided reads")
     "LLVM": DeviceParams(contraction=250e9, cold=6e-6, stream_bytes=private_cache_bytes(), row_pass=2e-9,
                          cache_bandwidth=60e9, cache_bytes=reuse_cache_bytes(), strided_bandwidth=15e9, source="default"),

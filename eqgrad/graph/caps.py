@@ -318,15 +318,46 @@ def private_cache_bytes(sysfs: str = "/sys/devices/system/cpu/cpu0/cache") -> in
     return max((n for level, n in caches or () if level == 2), default=0) or PRIVATE_CACHE_FALLBACK
 
 
-def reuse_cache_bytes(cores: int | None = None, sysfs: str = "/sys/devices/system/cpu/cpu0/cache") -> int:
-    """The bytes within which a kernel's reads find what the kernels just before it wrote or read: the
-    private caches (``private_cache_bytes``) of the ``cores`` its threads run on (default: this host's
-    CPUs, the device's threads), each thread's part of a buffer left in its own core's L2. The shared
-    last level is left out: what a hit there is worth depends on the part -- on a 2-vCPU Intel Xeon
-    (mesh L3; sysfs says 480 MiB) a re-read of 2.6 MB that the kernel before wrote ran 1.05-1.18x
-    faster than from memory, and a column sum of 0.74 MB read 16 MB after its producer ran at memory
-    speed; on a 2-vCPU AMD EPYC (Zen 4, 32 MiB of L3 a core complex) such reads ran at 60-80 GB/s
-    against 20 -- so where the L3 pays is what ``tune calibrate``'s fit measures (cost.py, reads from
-    cache)."""
+def private_caches_bytes(cores: int | None = None, sysfs: str = "/sys/devices/system/cpu/cpu0/cache") -> int:
+    """The private caches (``private_cache_bytes``: each core's L2) of the ``cores`` a kernel's threads
+    run on (default: this host's CPUs, the device's threads): what the kernels just before a kernel
+    wrote stays in, each thread's part of a buffer in its own core's L2."""
     n = cores if cores is not None else (os.cpu_count() or 1)
     return max(1, n) * private_cache_bytes(sysfs)
+
+
+# CPU vendors (/proc/cpuinfo ``vendor_id``) whose last-level cache belongs to a core complex of a few
+# cores and serves their re-reads fast (AMD Zen, and Hygon's: an L3 a CCX), which the cost model's
+# reads from cache count (``reuse_cache_bytes``); Intel's server parts spread their L3 over a mesh
+CORE_COMPLEX_L3 = ("AuthenticAMD", "HygonGenuine")
+
+
+def cpu_vendor(cpuinfo: str = "/proc/cpuinfo") -> str:
+    """This host's CPU vendor as Linux reports it (``vendor_id``: "GenuineIntel", "AuthenticAMD"), or
+    "" where that cannot be read."""
+    try:
+        with open(cpuinfo) as f:
+            for line in f:
+                if line.startswith("vendor_id"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
+def reuse_cache_bytes(cores: int | None = None, sysfs: str = "/sys/devices/system/cpu/cpu0/cache",
+                      vendor: str | None = None) -> int:
+    """The bytes within which a kernel's reads find what the kernels just before it wrote or read (the
+    cost model's reads from cache, extract/cost.py): the private caches of the ``cores`` its threads
+    run on (``private_caches_bytes``), and the last level where it is a core complex's
+    (``CORE_COMPLEX_L3``, by ``vendor``: default this host's). What a hit in the shared L3 is worth
+    depends on the part: on a 2-vCPU Intel Xeon (mesh L3; sysfs says 480 MiB) a re-read of 2.6 MB
+    that the kernel before wrote ran 1.05-1.18x faster than from memory and column sums read 3-66 MB
+    after their producer ran at memory speed (bench_model with the L3 as the window 133-138 of 153
+    kernels within 2x, with the L2s 143-145); on a 2-vCPU AMD EPYC (Zen 4, 32 MiB of L3 a core
+    complex) bench_model's kernels that read the kernel before them ran at 60-80 GB/s against 20.
+    ``tune calibrate`` fits the window on the machine (tools/calibrate.py ``fit_window``)."""
+    window = private_caches_bytes(cores, sysfs)
+    if (cpu_vendor() if vendor is None else vendor) in CORE_COMPLEX_L3:
+        window += max((n for level, n in _data_caches(sysfs) or () if level >= 3), default=0)
+    return window

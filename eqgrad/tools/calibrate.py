@@ -17,6 +17,7 @@ from eqgrad import config, engine, optim
 from eqgrad.devices import Buffer
 from eqgrad.extract.cost import DEFAULT_PARAMS, DeviceParams
 from eqgrad.counters import GlobalCounters
+from eqgrad.graph.caps import private_caches_bytes
 from eqgrad.graph.plan import STREAM_TO, KernelStats, plan_kernel_name, stream_share
 from eqgrad.frontend.tensor import Tensor, realize
 from eqgrad.nn import functional as F
@@ -140,16 +141,16 @@ FIELDS = ("launch", "bandwidth", "peak", "contraction", "cold", "row_pass", "cac
 ROW_PASS_ELEMENTS = 1 << 18    # softmax's elements when the row passes are timed (1 MB: from cache)
 
 # reads from cache (cost.py): a copy whose input the run before it left in the cache is timed moving
-# these shares of the window the cost model's default reads within (``cache_bytes``: the private
-# caches of the cores the threads run on), and the median rate kept -- one size alone is the L2's, a
-# core's share of the L3's or a neighbour's: on a 2-vCPU AMD EPYC (Zen 4, 1 MiB of L2 a core, 32 MiB of
-# L3) 1, 2, 4 and 8 MiB moved ran at 43, 61, 90 and 51 GB/s (half the window to twice it there)
+# these shares of the private caches of the cores the threads run on (graph/caps.py
+# ``private_caches_bytes``), and the median rate kept -- one size alone is the L2's, a core's share of
+# the L3's or a neighbour's: on a 2-vCPU AMD EPYC (Zen 4, 1 MiB of L2 a core, 32 MiB of L3) 1, 2, 4 and
+# 8 MiB moved ran at 43, 61, 90 and 51 GB/s (half those L2s to four times them there)
 CACHE_SHARES = (1 / 4, 1 / 2, 1, 2)
 
-# the windows of reuse (multiples of the default ``cache_bytes``: the private caches of the cores the
-# threads run on, graph/caps.py ``reuse_cache_bytes``) at which the fit prices the corpus's reads
-# from cache, keeping the one that predicts it best (``fit_window``): 16 times a 2-vCPU machine's
-# window reaches the 32 MiB L3 of an AMD Zen core complex (1 MiB of L2 a core)
+# the windows of reuse (multiples of the cores' private caches, graph/caps.py
+# ``private_caches_bytes``, and the default ``cache_bytes``) at which the fit prices the corpus's
+# reads from cache, keeping the one that predicts it best (``fit_window``): 16 times a 2-vCPU
+# machine's L2s reaches the 32 MiB L3 of an AMD Zen core complex (1 MiB of L2 a core)
 CACHE_WINDOWS = (1, 2, 4, 8, 16)
 
 # strided reads (cost.py): NCHW tensors of 8 MiB permuted to NHWC -- their reads 1, 4 and 16 KiB
@@ -178,11 +179,12 @@ def calibrate(device: str = "LLVM", reps: int = 7, progress: Callable[[str], Non
     p = replace(DEFAULT_PARAMS.get(device, DeviceParams()), **med,
                 source=f"calibrated {time.strftime('%Y-%m-%d %H:%M')}{how}")
     if fit_corpus:
-        windows = tuple(p.cache_bytes * m for m in CACHE_WINDOWS) if p.cache_bytes and p.cache_bandwidth else ()
+        windows = tuple(sorted({private_caches_bytes() * m for m in CACHE_WINDOWS} | {p.cache_bytes})) \
+            if p.cache_bytes and p.cache_bandwidth else ()
         found = kernel_samples(_corpus(device, np.random.default_rng(7)), rounds=max(runs, CORPUS_ROUNDS),
                                stream_bytes=p.stream_bytes, windows=windows)
         fitted, err, samples = fit_window(found, p, windows)
-        samples0 = [s.at_window(0) for s in found]
+        samples0 = [s.at_window(windows.index(p.cache_bytes)) for s in found] if windows else found
         err0 = fit_error(samples0, p, {f: (1.0, 1.0, 1) for f in FIT_FIELDS})[2]
         finer, err_fine, _ = fit_error(samples, fitted, FIT_FINE)
         if err_fine < err:              # (its grid steps around the first fit, not through it)
@@ -263,16 +265,17 @@ def _calibrate_once(device: str, reps: int, rng: np.random.Generator,
     cache_bandwidth = default.cache_bandwidth
     if default.cache_bytes and default.cache_bandwidth:
         rates = []
+        private = private_caches_bytes()
         for share in CACHE_SHARES:
-            m = max(1, int(default.cache_bytes * share) // 8)
+            m = max(1, int(private * share) // 8)
             xs = Tensor(rng.random(m, dtype=np.float32), device=device)
             t_hot, _ = timed(lambda: xs + 1)
             rates.append(8 * m / max(t_hot - tight, 1e-9))
         cache_bandwidth = float(np.median(rates))
         if progress:
             progress(f"reads from cache {cache_bandwidth / 1e9:.1f} GB/s (copies moving "
-                     + ", ".join(f"{default.cache_bytes * sh / 2 ** 20:g}" for sh in CACHE_SHARES)
-                     + f" MiB of a {default.cache_bytes / 2 ** 20:g} MiB cache: "
+                     + ", ".join(f"{private * sh / 2 ** 20:g}" for sh in CACHE_SHARES)
+                     + f" MiB, the cores' L2s {private / 2 ** 20:g} MiB: "
                      + ", ".join(f"{r / 1e9:.0f}" for r in rates) + " GB/s)")
     strided_bandwidth = default.strided_bandwidth
     if strided_bandwidth:
@@ -465,14 +468,15 @@ def kernel_samples(programs: dict[str, Callable[[], list[Tensor]]], reps: int = 
     last: dict[str, list[str]] = {}
     after: dict[tuple[str, str], float] = {}
     hot_at: dict[tuple[str, str], tuple[float, ...]] = {}
+    placed: set[str] = set()         # the programs whose kernels' reads from cache are in hot_at
     for r in range(rounds):
         for name, make in programs.items():
             for _ in range(1 + warmup if r == 0 else 1):
                 realize(*make())
             for _ in range(reps):
                 log = _kernel_log(make())
-                if windows and (name, "") not in hot_at:       # (the plan's order, the same every run)
-                    hot_at[name, ""] = ()
+                if windows and name not in placed:         # (the plan's order, the same every run)
+                    placed.add(name)
                     ran = engine.last_plan.plan
                     for k, *hots in zip(ran.kernels, *(ran.cache_reads(w) for w in windows)):
                         hot_at[name, k.name] = tuple(map(float, hots))
@@ -596,7 +600,7 @@ def fit_window(samples: list[KernelSample], start: DeviceParams, windows: tuple[
     the samples with their reads from cache within it). Where a hit in the shared last-level cache
     runs faster than memory depends on the part, so the window is measured this way, per machine:
     the reads the corpus's kernels make of what the kernels before them wrote, priced in or out of
-    cache at each window (graph/caps.py ``reuse_cache_bytes``, the default, is the first)."""
+    cache at each window (the default, graph/caps.py ``reuse_cache_bytes``, among them)."""
     best: tuple[DeviceParams, float, list[KernelSample]] | None = None
     for i, w in enumerate(windows or (start.cache_bytes,)):
         at = [s.at_window(i) for s in samples] if windows else samples
