@@ -639,17 +639,24 @@ class _Lanes:
         convolution's padded input read inside its reduction: lanes along a row, only the edge lanes'
         masks differ)."""
         insts = self.k.insts
-        ws = [insts[x.src[1]] for x in xs]
-        if any(w.op != "WHERE" or insts[w.src[2]].op != "CONST" or w.src[2] in self.sized or insts[w.src[2]].arg != 0
-               for w in ws):
+        masks: list[int | None] = []
+        index: list[int] = []
+        for x in xs:
+            w = insts[x.src[1]]
+            if w.op == "WHERE" and insts[w.src[2]].op == "CONST" and w.src[2] not in self.sized and insts[w.src[2]].arg == 0:
+                masks.append(w.src[0])
+                index.append(w.src[1])
+            else:                   # (a lane read unmasked: a ragged block's lanes inside the axis)
+                masks.append(None)
+                index.append(x.src[1])
+        if all(m is None for m in masks):
             return None
-        offs = [self._offset(w.src[1]) for w in ws]
+        offs = [self._offset(i) for i in index]
         if not all(b == offs[0][0] and o == offs[0][1] + l for l, (b, o) in enumerate(offs)):
             return None
-        masks = tuple(w.src[0] for w in ws)
-        self._tree(masks)
-        self.leaves.add(ws[0].src[1])
-        return ("masked_load", masks)
+        self.leaves.update(m for m in masks if m is not None)
+        self.leaves.add(index[0])
+        return ("masked_load", tuple(masks), index[0])
 
     def _operand_kinds(self, i: int) -> tuple[str, ...]:
         return tuple(self.kind(s) for s in self.k.insts[i].src)
@@ -892,24 +899,14 @@ class _Kernel:
             # the lanes whose mask is off are not read (their index may lie outside the buffer: no
             # inbounds), and read as 0, as the scalar selects of a safe index and a PAD make them
             x, W = insts[g[0]], self.lanes.W
-            ptr = c(f"getelementptr {MT[kd]}, ptr {self.val[x.src[0]]}, i64 {self.val[insts[x.src[1]].src[1]]}")
+            ptr = c(f"getelementptr {MT[kd]}, ptr {self.val[x.src[0]]}, i64 {self.val[node[2]]}")
             name = f"llvm.masked.load.v{W}f32.p0"
             c.decls.add(f"declare {vt} @{name}(ptr, i32, <{W} x i1>, {vt})")
-            v = c(f"call {vt} @{name}(ptr {ptr}, i32 4, <{W} x i1> {self.vec(node[1])}, {vt} zeroinitializer)")
+            v = c(f"call {vt} @{name}(ptr {ptr}, i32 4, <{W} x i1> {self._mask_vector(node[1])}, {vt} zeroinitializer)")
         elif how == "op":
             v = self.vector_op(insts[g[0]], [self.vec(kg) for kg in node[1]], [_name(insts[kg[0]].dtype) for kg in node[1]])
         elif kd == "bool" and self.lanes.W <= 64:
-            # lanes of truth values as the bits of one integer: the value most lanes hold, the others'
-            # bits put in, then a bitcast (a masked load's lanes along a padded row share one mask but
-            # at its edges; W insertelements of i1 became W mask-register shifts and ors on AVX-512)
-            W = self.lanes.W
-            common = max(set(g), key=g.count)
-            v = c(f"sext i1 {self.val[common]} to i{W}")
-            for lane, i in enumerate(g):
-                if i != common:
-                    bit = c(f"shl i{W} {c(f'zext i1 {self.val[i]} to i{W}')}, {lane}")
-                    v = c(f"or i{W} {c(f'and i{W} {v}, {~(1 << lane) if lane < W - 1 else (1 << lane) - 1}')}, {bit}")
-            v = c(f"bitcast i{W} {v} to {vt}")
+            v = self._mask_vector(g)
         else:                                      # "pack": from the lanes' scalars
             # the value most lanes hold splat, the others put in
             common = max(set(g), key=g.count)
@@ -923,6 +920,27 @@ class _Kernel:
                     v = c(f"insertelement {vt} {v}, {ty} {self.val[i]}, i64 {lane}")
         self.remember(g, v)
         return v
+
+    def _mask_vector(self, g: tuple[int | None, ...]) -> str:
+        """Lanes of truth values (None: true) as a ``<W x i1>``, built as the bits of one integer: the
+        value most lanes hold, the others' bits put in, then a bitcast (a masked load's lanes along a
+        padded row share one mask but at its edges; W ``insertelement``s of an ``i1`` became W
+        mask-register shifts and ors a vector on AVX-512)."""
+        c, W = self.c, len(g)
+        if W > 64:
+            v = "poison"
+            for lane, i in enumerate(g):
+                v = c(f"insertelement <{W} x i1> {v}, i1 {'true' if i is None else self.val[i]}, i64 {lane}")
+            return v
+        common = max(set(g), key=lambda i: (g.count(i), i is None))
+        v = "-1" if common is None else c(f"sext i1 {self.val[common]} to i{W}")
+        for lane, i in enumerate(g):
+            if i != common:
+                clear = ~(1 << lane) if lane < W - 1 else (1 << lane) - 1
+                bit = str(1 << lane if lane < W - 1 else -(1 << lane)) if i is None else \
+                    c(f"shl i{W} {c(f'zext i1 {self.val[i]} to i{W}')}, {lane}")
+                v = c(f"or i{W} {c(f'and i{W} {v}, {clear}')}, {bit}")
+        return c(f"bitcast i{W} {v} to <{W} x i1>")
 
     def vector_op(self, x: LInst, a: list[str], kinds: list[str]) -> str:
         """One op on <W x T> operands: the ops ``_Lanes._vectorizes`` admits, as LLVM_OPS renders

@@ -732,6 +732,19 @@ def _dry_loads(start: KNode, idx: tuple[Lin, ...], tag: str,
             stack.extend((x, cix, under) for x, cix in dry_sources(n, ix, tag))
 
 
+def _windowed(root: KNode, axis: int) -> bool:
+    """Does a load under a reduction read along output ``axis`` at an index that a reduce variable
+    moves too (a window sliding along it: a convolution's ``x[.., h + kh, w + kw]``)?"""
+    out = f"o{axis}"
+    for n, idx, under in _output_loads(root):
+        if under:
+            for ix in idx:
+                names = {a.name for a, _ in ix.terms if isinstance(a, Var)}
+                if out in names and any(v.startswith("r") for v in names):
+                    return True
+    return False
+
+
 def _output_loads(root: KNode) -> Iterator[tuple[KNode, tuple[Lin, ...], bool]]:
     """``_dry_loads`` of kernel body ``root`` at its output index (variables ``o0``, ``o1``, ...;
     reductions' axes ``r`` variables): each load, the index it is read at, whether under a reduction."""
@@ -767,11 +780,19 @@ def _lane_widths(root: KNode, body: int, lanes_last: tuple[int, ...], lanes_prev
         w1, _ = register_block((root.shape[big[-1]],), body, lanes_last, lanes_prev, body_max)
         rows = row_block(root, _lane_nodes(root) * w1, lanes_prev, body_max) if w1 > 1 else 1
         return w1, rows, big[-2] if rows > 1 else -1
+    # a contraction over windows along its last axis (a convolution's image rows) that no width
+    # divides gets its largest divisor within a vector (graph/caps.py register_block ``whole``): a
+    # convolution over a 7 x 7 image (32, 128 -> 128 channels) ran 123 ms without lanes, 3.2 with 7;
+    # 14 x 14 87 -> 2.1 ms, 30 x 30 177 -> 4.6 (15 lanes); on AVX2 (x86-64-v3) 14 x 14 3.4 ms (7
+    # lanes). Only windows: an image's size is its layer's, where a product's last axis may be a
+    # length that keeps changing, whose traces (lower/trace.py) one decision for every length that no
+    # width divides keeps shared (a decision per length gave up tracing a matmul family of 14 sizes)
+    whole = candidate(root) is not None and _windowed(root, big[-1])
     if len(big) < 2:
-        return (*register_block(root.shape, body, lanes_last, lanes_prev, body_max), -1)
+        return (*register_block(root.shape, body, lanes_last, lanes_prev, body_max, whole), -1)
     prev = block_axis(root)
     shape = tuple(root.shape[d] for d in big if d not in (prev, big[-1])) + (root.shape[prev], root.shape[big[-1]])
-    return (*register_block(shape, body, lanes_last, lanes_prev, body_max), prev)
+    return (*register_block(shape, body, lanes_last, lanes_prev, body_max, whole), prev)
 
 
 def _lane_nodes(root: KNode) -> int:
