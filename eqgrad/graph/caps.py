@@ -117,9 +117,10 @@ def register_block(shape: tuple[int, ...], body: int, lanes_last: tuple[int, ...
     axis gets the whole block on it: ``w1`` times the first of ``lanes_prev`` that divides what is
     left of it, as (w1 * w0, 1) -- or the whole axis, where it is no longer than a full block
     (``max(lanes_last) * max(lanes_prev)`` lanes). With ``whole`` (a contraction over windows along
-    that axis: lower/passes.py ``_windowed``), an axis up to the widest width that none of them
-    divides gets its largest divisor up to one vector register (half the widest width). (1, 1): no
-    lanes. The one definition the lowering and the cost model (``Capabilities.block_fill``) read.
+    that axis: lower/passes.py ``_windowed``), an axis up to a full block that none of them divides,
+    or only one narrower than a vector register (half the widest width), gets its largest divisor up
+    to a vector. (1, 1): no lanes. The one definition the lowering and the cost model
+    (``Capabilities.block_fill``) read.
 
     The one-axis block is for column sums (a bias gradient: a (480, 1536) tensor summed over its
     rows) and other reductions that stream along a lone output axis: with 16 lanes, one vector
@@ -139,15 +140,14 @@ def register_block(shape: tuple[int, ...], body: int, lanes_last: tuple[int, ...
         return 1, 1
     last = shape[big[-1]]
     w1 = next((w for w in lanes_last if w > 1 and last % w == 0 and body * w <= body_max), 1)
-    if w1 == 1 and whole and last <= max(lanes_last):
-        # no width divides a short axis (a 7 x 7 or 14 x 14 image, rows of 30) of a contraction
-        # (``whole``: the lanes pass asks for its sums of products): its largest divisor that fills at
-        # most one vector register (half the widest block row, ``cpu_caps``), a vector of that length
-        # (LLVM widens a <7 x float> to the register's width; a <30 x float> it split into pieces, 10x
-        # slower). Only up to the widest block row: a longer axis that sizes keep changing (a growing
-        # sequence's keys) keeps one lowering for all its lengths that no width divides (lower/trace.py)
+    if w1 < max(lanes_last) // 2 and whole and last <= max(lanes_last) * max(lanes_prev):
+        # no width divides an axis of a contraction over windows (``whole``: a 7 x 7 or 14 x 14 image,
+        # rows of 30), or only one narrower than a vector (rows of 28 or 52: 4 lanes): its largest
+        # divisor that fills at most one vector register (half the widest block row, ``cpu_caps``), a
+        # vector of that length (LLVM widens a <7 x float> to the register's width; a <30 x float> of
+        # the whole axis it split into pieces, 10x slower). Up to a full block's lanes
         vector = max(lanes_last) // 2
-        w1 = next((w for w in range(min(vector, last), 1, -1) if last % w == 0 and body * w <= body_max), 1)
+        w1 = next((w for w in range(min(vector, last), w1, -1) if last % w == 0 and body * w <= body_max), w1)
     if w1 == 1:
         return w1, 1
     if len(big) < 2:

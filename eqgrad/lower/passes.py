@@ -781,10 +781,10 @@ def _lane_widths(root: KNode, body: int, lanes_last: tuple[int, ...], lanes_prev
         rows = row_block(root, _lane_nodes(root) * w1, lanes_prev, body_max) if w1 > 1 else 1
         return w1, rows, big[-2] if rows > 1 else -1
     # a contraction over windows along its last axis (a convolution's image rows) that no width
-    # divides gets its largest divisor within a vector (graph/caps.py register_block ``whole``): a
-    # convolution over a 7 x 7 image (32, 128 -> 128 channels) ran 123 ms without lanes, 3.2 with 7;
-    # 14 x 14 87 -> 2.1 ms, 30 x 30 177 -> 4.6 (15 lanes); on AVX2 (x86-64-v3) 14 x 14 3.4 ms (7
-    # lanes). Only windows: an image's size is its layer's, where a product's last axis may be a
+    # divides, or only one narrower than a vector, gets its largest divisor within a vector
+    # (graph/caps.py register_block ``whole``): a convolution over a 7 x 7 image (32, 128 -> 128
+    # channels) ran 123 ms without lanes, 3.2 with 7; 14 x 14 87 -> 2.1 ms, 30 x 30 177 -> 4.6 (15
+    # lanes), 28 x 28 8.0 -> 3.8 (4 -> 14); on AVX2 (x86-64-v3) 14 x 14 3.4 ms (7 lanes). Only windows: an image's size is its layer's, where a product's last axis may be a
     # length that keeps changing, whose traces (lower/trace.py) one decision for every length that no
     # width divides keeps shared (a decision per length gave up tracing a matmul family of 14 sizes)
     whole = candidate(root) is not None and _windowed(root, big[-1])
