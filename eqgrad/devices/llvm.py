@@ -633,11 +633,13 @@ class _Lanes:
         return ("pack",)
 
     def _masked_load(self, xs: list[LInst]) -> tuple | None:
-        """("masked_load", the lanes' masks) for loads of consecutive elements each behind its own
-        validity (a read under a PAD: ``LOAD(p, WHERE(valid, index, 0))``, lower/lowering.py), or None:
-        one masked vector load, where each lane's select of a safe index made them W scalar loads (a
-        convolution's padded input read inside its reduction: lanes along a row, only the edge lanes'
-        masks differ)."""
+        """("masked_load", the lanes' masks (None: a lane read unmasked), the first lane's index) for
+        loads of consecutive elements each behind its own validity (a read under a PAD:
+        ``LOAD(p, WHERE(valid, index, 0))``, lower/lowering.py), or None: one masked vector load, where
+        each lane's select of a safe index made them W scalar loads (a convolution's padded input read
+        inside its reduction: lanes along a row, only the edge lanes' masks differ). A lane whose mask
+        is off reads 0 where it read element 0: the lowering reads under a mask only below the PAD
+        whose select discards that value (as ``_guarded_loads`` relies on for scalar loops)."""
         insts = self.k.insts
         masks: list[int | None] = []
         index: list[int] = []
@@ -646,7 +648,7 @@ class _Lanes:
             if w.op == "WHERE" and insts[w.src[2]].op == "CONST" and w.src[2] not in self.sized and insts[w.src[2]].arg == 0:
                 masks.append(w.src[0])
                 index.append(w.src[1])
-            else:                   # (a lane read unmasked: a ragged block's lanes inside the axis)
+            else:                   # (a lane read unmasked: one its Pad's bounds prove in range)
                 masks.append(None)
                 index.append(x.src[1])
         if all(m is None for m in masks):
