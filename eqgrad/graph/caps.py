@@ -107,7 +107,7 @@ def cpu_caps(vector_floats: int) -> Capabilities:
 
 
 def register_block(shape: tuple[int, ...], body: int, lanes_last: tuple[int, ...], lanes_prev: tuple[int, ...],
-                   body_max: int, whole: bool = False) -> tuple[int, int]:
+                   body_max: int, whole: "bool | Callable[[], bool]" = False) -> tuple[int, int]:
     """The lanes pass's widths (lower/passes.py ``Lanes``) for output ``shape``: on the last axis
     with more than one element, the first of ``lanes_last`` that divides it and keeps
     ``body * lanes <= body_max``; if one does, on the axis before it (with more than one element)
@@ -117,7 +117,8 @@ def register_block(shape: tuple[int, ...], body: int, lanes_last: tuple[int, ...
     axis gets the whole block on it: ``w1`` times the first of ``lanes_prev`` that divides what is
     left of it, as (w1 * w0, 1) -- or the whole axis, where it is no longer than a full block
     (``max(lanes_last) * max(lanes_prev)`` lanes). With ``whole`` (a contraction over windows along
-    that axis: lower/passes.py ``_windowed``), an axis up to a full block that none of them divides,
+    that axis: lower/passes.py ``_windowed``; a bool, or a function asked only where the answer can
+    change the widths), an axis up to a full block that none of them divides,
     or only one narrower than a vector register (half the widest width), gets its largest divisor up
     to a vector. (1, 1): no lanes. The one definition the lowering and the cost model
     (``Capabilities.block_fill``) read.
@@ -140,7 +141,8 @@ def register_block(shape: tuple[int, ...], body: int, lanes_last: tuple[int, ...
         return 1, 1
     last = shape[big[-1]]
     w1 = next((w for w in lanes_last if w > 1 and last % w == 0 and body * w <= body_max), 1)
-    if w1 < max(lanes_last) // 2 and whole and last <= max(lanes_last) * max(lanes_prev):
+    if w1 < max(lanes_last) // 2 and last <= max(lanes_last) * max(lanes_prev) \
+            and (whole() if callable(whole) else whole):       # (asked only where it can matter)
         # no width divides an axis of a contraction over windows (``whole``: a 7 x 7 or 14 x 14 image,
         # rows of 30), or only one narrower than a vector (rows of 28 or 52: 4 lanes): its largest
         # divisor that fills at most one vector register (half the widest block row, ``cpu_caps``), a

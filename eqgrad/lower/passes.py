@@ -787,7 +787,8 @@ def _lane_widths(root: KNode, body: int, lanes_last: tuple[int, ...], lanes_prev
     # lanes), 28 x 28 8.0 -> 3.8 (4 -> 14); on AVX2 (x86-64-v3) 14 x 14 3.4 ms (7 lanes). Only windows: an image's size is its layer's, where a product's last axis may be a
     # length that keeps changing, whose traces (lower/trace.py) one decision for every length that no
     # width divides keeps shared (a decision per length gave up tracing a matmul family of 14 sizes)
-    whole = candidate(root) is not None and _windowed(root, big[-1])
+    def whole() -> bool:          # (a dry run of the body: only where no vector's width divides)
+        return candidate(root) is not None and _windowed(root, big[-1])
     if len(big) < 2:
         return (*register_block(root.shape, body, lanes_last, lanes_prev, body_max, whole), -1)
     prev = block_axis(root)
